@@ -1,0 +1,159 @@
+// Graph IR: a DAG of primitive tensor ops with static shapes and dtypes.
+//
+// Nodes are appended in topological order by the builder (an operand always exists before its user), so
+// `nodes` is a valid schedule. Every node has a unique name (the SSA name of the text format). Shapes and dtypes
+// are inferred when a node is built; a bad operand throws GraphError with a precise message, and the text
+// parser adds file:line:col to it.
+//
+// Numerics (the contract every interpreter and kernel follows): values between ops are fp32; a node's dtype
+// only matters where a value is rounded: graph inputs (rounded to their declared dtype when fed), explicit
+// `cast` nodes, and graph outputs (rounded to their dtype when stored).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace comfuse {
+
+enum class DType : uint8_t { BF16, F16, F32 };
+
+const char* dtype_name(DType t);                       // "bf16", "f16", "f32"
+std::optional<DType> parse_dtype(const std::string& s);
+float round_to_dtype(float v, DType t);                // round-to-nearest-even into t, back to fp32
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);                 // "[16384, 1024]"
+int64_t numel(const Shape& s);
+
+// Every op of the IR. The groups (see is_unary/is_binary/...) matter more than the order.
+enum class OpKind : uint8_t {
+  // leaves
+  Input, Constant,
+  // contraction: [..., M, K] x [K, N] (or [N, K] with transpose_b); batched when both have leading dims
+  MatMul,
+  // unary elementwise
+  Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, Gelu, GeluTanh, Silu, Square, Reciprocal, Cast,
+  // binary elementwise, numpy broadcasting; Pow takes a constant exponent attribute instead of a 2nd operand
+  Add, Sub, Mul, Div, Max, Min, Pow,
+  // reductions over one dim (default the last), keepdim by default
+  Sum, Mean, ReduceMax, ReduceMin,
+  // layout ops an epilogue cannot absorb (kept so whole programs can be expressed)
+  Transpose, Reshape,
+  // composite ops: removed by decompose() before partition/lowering
+  LayerNorm, RmsNorm, Softmax, LogSoftmax, Var,
+};
+
+const char* op_name(OpKind k);  // the text-format spelling ("add", "gelu", "layer_norm", ...)
+bool is_unary(OpKind k);        // Neg..Cast (Pow is binary-with-constant, see is_binary)
+bool is_binary(OpKind k);       // Add..Pow
+bool is_elementwise(OpKind k);  // unary or binary
+bool is_reduction(OpKind k);    // Sum..ReduceMin
+bool is_composite(OpKind k);    // LayerNorm..Var
+
+struct SourceLoc {
+  int line = 0, col = 0;        // 1-based; 0 = not from a file
+};
+
+struct Node {
+  int id = -1;
+  std::string name;
+  OpKind op = OpKind::Input;
+  std::vector<int> inputs;      // node ids (operands)
+  Shape shape;
+  DType dtype = DType::F32;
+  SourceLoc loc;
+
+  // attributes (only those meaningful for `op` are set)
+  double value = 0.0;           // Constant: the scalar; Pow: exponent; LayerNorm/RmsNorm: eps
+  int dim = -1;                 // reductions, softmax, log_softmax, var: the (normalized, >= 0) dim
+  bool keepdim = true;          // reductions, var
+  bool transpose_a = false;     // MatMul
+  bool transpose_b = false;     // MatMul
+  std::vector<int64_t> perm;    // Transpose
+  DType cast_to = DType::F32;   // Cast
+  int64_t correction = 0;       // Var
+};
+
+struct Output {
+  std::string name;             // the output's name (the node's name in the text format)
+  int node = -1;
+};
+
+class GraphError : public std::runtime_error {
+ public:
+  GraphError(const std::string& msg, SourceLoc loc = {}) : std::runtime_error(msg), loc(loc) {}
+  SourceLoc loc;
+};
+
+// A handle to a node; thin so builder calls read like the math.
+struct Value {
+  int id = -1;
+  bool valid() const { return id >= 0; }
+};
+
+class Graph {
+ public:
+  std::vector<Node> nodes;        // topological order
+  std::vector<int> inputs;        // Input node ids in declaration order
+  std::vector<Output> outputs;
+
+  // ---- builder: each call infers shape + dtype and throws GraphError on bad operands ----
+  // `name` empty = generate a fresh one. The location set by set_loc() is stamped on every new node.
+  void set_loc(SourceLoc loc) { cur_loc_ = loc; }
+  Value input(const std::string& name, DType dt, const Shape& shape);
+  Value constant(double v, const std::string& name = "");
+  Value matmul(Value a, Value b, bool transpose_a = false, bool transpose_b = false, const std::string& name = "");
+  Value unary(OpKind op, Value x, const std::string& name = "");
+  Value cast(Value x, DType to, const std::string& name = "");
+  Value binary(OpKind op, Value a, Value b, const std::string& name = "");
+  Value pow(Value x, double exponent, const std::string& name = "");
+  Value reduce(OpKind op, Value x, int dim = -1, bool keepdim = true, const std::string& name = "");
+  Value transpose(Value x, const std::vector<int64_t>& perm = {}, const std::string& name = "");
+  Value reshape(Value x, const Shape& shape, const std::string& name = "");
+  // composites; w / b may be invalid Values (no affine part)
+  Value layer_norm(Value x, Value w, Value b, double eps = 1e-5, const std::string& name = "");
+  Value rms_norm(Value x, Value w, double eps = 1e-6, const std::string& name = "");
+  Value softmax(Value x, int dim = -1, const std::string& name = "");
+  Value log_softmax(Value x, int dim = -1, const std::string& name = "");
+  Value var(Value x, int dim = -1, int64_t correction = 0, bool keepdim = true, const std::string& name = "");
+  void output(Value v, const std::string& name = "");  // name defaults to the node's name
+
+  // shorthands
+  Value add(Value a, Value b) { return binary(OpKind::Add, a, b); }
+  Value sub(Value a, Value b) { return binary(OpKind::Sub, a, b); }
+  Value mul(Value a, Value b) { return binary(OpKind::Mul, a, b); }
+  Value div(Value a, Value b) { return binary(OpKind::Div, a, b); }
+
+  // ---- queries ----
+  const Node& node(Value v) const { return nodes.at(v.id); }
+  const Node& node(int id) const { return nodes.at(id); }
+  std::optional<int> find(const std::string& name) const;  // node id by name
+  bool is_output(int id) const;
+  std::vector<std::vector<int>> users() const;             // users()[id] = ids of nodes that read id
+
+  // Re-checks every invariant (ids, operand order, inferred shapes/dtypes, unique names, outputs exist).
+  void verify() const;
+
+ private:
+  Value add_node(Node n, const std::string& name);
+  std::string fresh_name();
+  std::map<std::string, int> by_name_;
+  SourceLoc cur_loc_;
+  int fresh_ = 0;
+};
+
+// numpy broadcasting of two shapes; throws GraphError naming both shapes when they don't broadcast
+Shape broadcast_shapes(const Shape& a, const Shape& b);
+
+// Replaces layer_norm, rms_norm, softmax, log_softmax and var by primitive ops. Names of the composite
+// nodes are kept on the node that produces their result, so outputs keep their names.
+Graph decompose(const Graph& g);
+
+// Removes nodes no output depends on.
+Graph eliminate_dead(const Graph& g);
+
+}  // namespace comfuse

@@ -1,0 +1,39 @@
+// Phi: Graph epilogue region -> Fusion Spec IR. The domain check lives here too, so partition asks Phi what it
+// accepts instead of keeping its own list (one home for the rule).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comfuse/graph.h"
+#include "comfuse/spec.h"
+
+namespace comfuse {
+
+// The GEMM's output space: `rows` = product of the leading dims, `n` = last dim.
+struct TileSpace {
+  int64_t rows = 0, n = 0;
+  bool is_tile(const Shape& s) const;     // [..., n] with product(leading) == rows
+  bool is_per_row(const Shape& s) const;  // [..., 1] with product(leading) == rows
+};
+
+// How an operand from outside the region is read, when the op's result has shape `out`: scalar, row [N],
+// column [rows, 1] or full tile. nullopt when the broadcast is partial (e.g. [S, 1] against [B, S, N]).
+std::optional<BroadcastKind> classify_operand(const Shape& operand, const Shape& out, const TileSpace& ts);
+
+// Why matmul `n` cannot be an epilogue root (nullopt: it can).
+std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n);
+
+// Why `n` cannot join a region (nullopt: Phi accepts it). in_region[id] marks the region's nodes so far;
+// `operand_ok(id)` returns an error (nullopt = fine) for an operand outside the region: partition's cycle rule.
+std::optional<std::string> phi_rejects(const Graph& g, const Node& n, const std::vector<char>& in_region,
+                                       const TileSpace& ts,
+                                       const std::function<std::optional<std::string>(int)>& operand_ok);
+
+// Lowers a region (root first, topological order) to its Spec. `stored` lists the region's nodes whose values
+// leave the kernel (graph outputs or read by the rest of the program), in the order outputs should appear.
+FusionSpec lower_region(const Graph& g, const std::vector<int>& region, const std::vector<int>& stored);
+
+}  // namespace comfuse

@@ -1,0 +1,121 @@
+// Fusion Spec IR: what a fused GEMM epilogue computes, as the kernel will execute it.
+//
+// A Spec is one *stage* S = <N, E, tau, A, C>:
+//   N    nodes, topologically ordered (AccEntry, Broadcast, Compute, Reduction, Placeholder, Store)
+//   E    edges: SpecNode::args, indices of earlier nodes of the same stage. An edge is a register channel,
+//        never a buffer.
+//   tau  the terminal: the stage's Reduction (which drives the next stage), or its last Store in the final stage
+//   A    the runtime parameters this stage reads (indices into FusionSpec::params)
+//   C    the nested PostOp: the stage run after the reduction completes (at most one per stage)
+// Stage 0 starts from the accumulator; stage i+1 starts from placeholders holding the reduction result of
+// stage i and the values stage i bypasses to it (computed before the reduction, used again after it).
+//
+// Every value is either per-element (a [rows, N] tile value) or per-row (one value per row: reduction
+// results and what is computed only from them). Per-row values broadcast along N when combined with tiles.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comfuse/graph.h"
+
+namespace comfuse {
+
+enum class SpecKind : uint8_t { AccEntry, Broadcast, Compute, Reduction, Placeholder, Store };
+enum class BroadcastKind : uint8_t {
+  Scalar,   // a compile-time constant (value) or a runtime scalar parameter (param >= 0)
+  Row,      // a length-N vector, the same for every row (e.g. bias, gamma)
+  Col,      // one value per row, [rows, 1]
+  Tile,     // a full [rows, N] tensor (e.g. a residual)
+};
+enum class PlaceholderKind : uint8_t { ReductionResult, Bypass };
+enum class ReduceKind : uint8_t { Sum, Mean, Max, Min };  // over N; Mean = Sum * (1/N)
+
+const char* spec_kind_name(SpecKind k);
+const char* broadcast_kind_name(BroadcastKind k);
+const char* reduce_kind_name(ReduceKind k);
+
+struct SpecNode {
+  SpecKind kind = SpecKind::Compute;
+  std::vector<int> args;        // E: operands, indices of earlier nodes in this stage
+  bool per_row = false;         // value is one per row (else one per element)
+  std::string origin;           // the Graph node this came from (readability only; not hashed)
+
+  // Broadcast
+  BroadcastKind bcast = BroadcastKind::Scalar;
+  int param = -1;               // index into FusionSpec::params, or -1 for a constant scalar
+  double value = 0.0;           // constant scalar value
+  // Compute: an elementwise OpKind of the Graph IR (unary or binary), with its attributes
+  OpKind op = OpKind::Add;
+  double exponent = 0.0;        // Pow
+  DType cast_to = DType::F32;   // Cast
+  // Reduction: reduces its one arg over N; the stage's PostOp (Spec::post) continues with the result
+  ReduceKind reduce = ReduceKind::Sum;
+  std::vector<int> bypass;      // values of this stage injected into the PostOp's Bypass placeholders
+  // Placeholder
+  PlaceholderKind placeholder = PlaceholderKind::ReductionResult;
+  int slot = 0;                 // Bypass: index into the parent reduction's bypass list
+  // Store
+  int output = -1;              // index into FusionSpec::outputs
+};
+
+struct Spec {
+  std::vector<SpecNode> nodes;  // N (with E inside)
+  int terminal = -1;            // tau
+  std::vector<int> params;      // A: the runtime params this stage reads
+  std::vector<Spec> post;       // C: empty, or exactly one nested stage (the PostOp of the terminal reduction)
+
+  bool has_post() const { return !post.empty(); }
+};
+
+// A runtime parameter: a graph value the kernel reads through a Broadcast node.
+struct RuntimeParam {
+  std::string name;             // graph value name
+  int node = -1;                // graph node id
+  BroadcastKind kind = BroadcastKind::Row;
+  DType dtype = DType::F32;
+  Shape shape;                  // the graph value's shape
+};
+
+struct SpecOutput {
+  std::string name;             // graph value name
+  int node = -1;                // graph node id
+  DType dtype = DType::F32;     // stored dtype
+  bool per_row = false;         // [rows, 1] instead of [rows, N]
+  Shape shape;                  // the graph value's shape
+};
+
+// The GEMM feeding the epilogue: rows = product of A's leading dims and M.
+struct GemmDesc {
+  int node = -1;                // the matmul graph node
+  int a = -1, b = -1;           // graph node ids of the operands
+  bool transpose_a = false, transpose_b = false;
+  DType dtype = DType::BF16;    // operand dtype
+  int64_t rows = 0, n = 0, k = 0;
+  Shape out_shape;              // the matmul's own (possibly >2-D) shape
+};
+
+struct FusionSpec {
+  GemmDesc gemm;
+  Spec root;                    // stage 0
+  std::vector<RuntimeParam> params;
+  std::vector<SpecOutput> outputs;
+
+  int num_stages() const;       // 1 + number of reductions
+  std::vector<const Spec*> stages() const;  // root first, then each PostOp in order
+};
+
+// Checks structural invariants (operands before use, kinds in the right stages, one AccEntry in stage 0,
+// one ReductionResult placeholder per later stage, bypass slots valid, per_row flags consistent, terminal
+// correct, param/output indices valid and every output stored exactly once). Throws std::logic_error.
+void verify_spec(const FusionSpec& fs);
+
+// Readable text form (used by `comfuse plan` and golden tests).
+std::string print_spec(const FusionSpec& fs);
+
+// A stable hash of the structure (kinds, ops, edges, attributes, dtypes, broadcast kinds, N and K) that ignores
+// names and the row count (a new batch size is the same kernel). Names the kernel.
+uint64_t spec_structural_hash(const FusionSpec& fs);
+
+}  // namespace comfuse

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds if needed and runs every test: C++ (ctest: CPU tests, GPU tests that skip without a GPU,
+# nvcc compile-only checks of the kernel headers) and Python (pytest).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+[ -f build/build.ninja ] || { echo "test: no build/ — run scripts/setup.sh first" >&2; exit 1; }
+cmake --build build -j "$(nproc)"
+(cd build && ctest --output-on-failure -j "$(nproc)")
+if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
+  PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/python -m pytest -q tests/python
+fi
+echo "test: all tests passed"

@@ -1,0 +1,592 @@
+// Graph IR: builder with shape/dtype inference, verifier, names.
+#include "comfuse/graph.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+namespace comfuse {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
+    case DType::F32: return "f32";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(const std::string& s) {
+  if (s == "bf16") return DType::BF16;
+  if (s == "f16") return DType::F16;
+  if (s == "f32") return DType::F32;
+  return std::nullopt;
+}
+
+float round_to_dtype(float v, DType t) {
+  switch (t) {
+    case DType::F32: return v;
+    case DType::F16: return static_cast<float>(static_cast<_Float16>(v));  // IEEE round-to-nearest-even
+    case DType::BF16: {
+      if (std::isnan(v)) return v;
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest, ties to even
+      u &= 0xFFFF0000u;
+      float r;
+      std::memcpy(&r, &u, 4);
+      return r;
+    }
+  }
+  return v;
+}
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+const char* op_name(OpKind k) {
+  switch (k) {
+    case OpKind::Input: return "input";
+    case OpKind::Constant: return "constant";
+    case OpKind::MatMul: return "matmul";
+    case OpKind::Neg: return "neg";
+    case OpKind::Abs: return "abs";
+    case OpKind::Exp: return "exp";
+    case OpKind::Log: return "log";
+    case OpKind::Sqrt: return "sqrt";
+    case OpKind::Rsqrt: return "rsqrt";
+    case OpKind::Tanh: return "tanh";
+    case OpKind::Sigmoid: return "sigmoid";
+    case OpKind::Relu: return "relu";
+    case OpKind::Gelu: return "gelu";
+    case OpKind::GeluTanh: return "gelu";  // printed with approximate="tanh"
+    case OpKind::Silu: return "silu";
+    case OpKind::Square: return "square";
+    case OpKind::Reciprocal: return "reciprocal";
+    case OpKind::Cast: return "cast";
+    case OpKind::Add: return "add";
+    case OpKind::Sub: return "sub";
+    case OpKind::Mul: return "mul";
+    case OpKind::Div: return "div";
+    case OpKind::Max: return "max";
+    case OpKind::Min: return "min";
+    case OpKind::Pow: return "pow";
+    case OpKind::Sum: return "sum";
+    case OpKind::Mean: return "mean";
+    case OpKind::ReduceMax: return "max";  // one operand = reduction, two = elementwise
+    case OpKind::ReduceMin: return "min";
+    case OpKind::Transpose: return "transpose";
+    case OpKind::Reshape: return "reshape";
+    case OpKind::LayerNorm: return "layer_norm";
+    case OpKind::RmsNorm: return "rms_norm";
+    case OpKind::Softmax: return "softmax";
+    case OpKind::LogSoftmax: return "log_softmax";
+    case OpKind::Var: return "var";
+  }
+  return "?";
+}
+
+bool is_unary(OpKind k) { return k >= OpKind::Neg && k <= OpKind::Cast; }
+bool is_binary(OpKind k) { return k >= OpKind::Add && k <= OpKind::Pow; }
+bool is_elementwise(OpKind k) { return is_unary(k) || is_binary(k); }
+bool is_reduction(OpKind k) { return k >= OpKind::Sum && k <= OpKind::ReduceMin; }
+bool is_composite(OpKind k) { return k >= OpKind::LayerNorm && k <= OpKind::Var; }
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  size_t r = std::max(a.size(), b.size());
+  Shape out(r);
+  for (size_t i = 0; i < r; ++i) {
+    int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    if (da != db && da != 1 && db != 1)
+      throw GraphError("shape mismatch: " + shape_str(a) + " and " + shape_str(b) + " do not broadcast (dim " +
+                       std::to_string(i) + ": " + std::to_string(da) + " vs " + std::to_string(db) + ")");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+namespace {
+
+std::string desc(const Node& n) { return "'" + n.name + "' " + dtype_name(n.dtype) + shape_str(n.shape); }
+
+int normalize_dim(int dim, size_t rank, const std::string& what) {
+  int r = static_cast<int>(rank);
+  if (r == 0) throw GraphError(what + ": operand is a scalar, there is no dim to reduce");
+  int d = dim < 0 ? dim + r : dim;
+  if (d < 0 || d >= r)
+    throw GraphError(what + ": dim=" + std::to_string(dim) + " out of range for rank " + std::to_string(r));
+  return d;
+}
+
+}  // namespace
+
+std::string Graph::fresh_name() {
+  for (;;) {
+    std::string n = "_" + std::to_string(++fresh_);
+    if (!by_name_.count(n)) return n;
+  }
+}
+
+Value Graph::add_node(Node n, const std::string& name) {
+  n.id = static_cast<int>(nodes.size());
+  n.name = name.empty() ? fresh_name() : name;
+  if (by_name_.count(n.name)) throw GraphError("duplicate name '" + n.name + "': it is already defined");
+  n.loc = cur_loc_;
+  by_name_[n.name] = n.id;
+  nodes.push_back(std::move(n));
+  return Value{nodes.back().id};
+}
+
+std::optional<int> Graph::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool Graph::is_output(int id) const {
+  return std::any_of(outputs.begin(), outputs.end(), [&](const Output& o) { return o.node == id; });
+}
+
+std::vector<std::vector<int>> Graph::users() const {
+  std::vector<std::vector<int>> u(nodes.size());
+  for (const auto& n : nodes)
+    for (int i : n.inputs)
+      if (std::find(u[i].begin(), u[i].end(), n.id) == u[i].end()) u[i].push_back(n.id);
+  return u;
+}
+
+Value Graph::input(const std::string& name, DType dt, const Shape& shape) {
+  for (auto d : shape)
+    if (d <= 0) throw GraphError("input '" + name + "': every dim must be positive, got " + shape_str(shape));
+  Node n;
+  n.op = OpKind::Input;
+  n.dtype = dt;
+  n.shape = shape;
+  Value v = add_node(n, name);
+  inputs.push_back(v.id);
+  return v;
+}
+
+Value Graph::constant(double v, const std::string& name) {
+  if (!std::isfinite(v)) throw GraphError("constant must be finite");
+  Node n;
+  n.op = OpKind::Constant;
+  n.value = v;
+  n.dtype = DType::F32;
+  return add_node(n, name);
+}
+
+Value Graph::matmul(Value a, Value b, bool ta, bool tb, const std::string& name) {
+  const Node &A = node(a), &B = node(b);
+  if (A.shape.size() < 2 || B.shape.size() < 2)
+    throw GraphError("matmul: both operands need rank >= 2, got " + desc(A) + " and " + desc(B));
+  if (A.dtype != B.dtype)
+    throw GraphError("dtype mismatch: matmul(" + desc(A) + ", " + desc(B) + "): operands must have the same dtype");
+  if (A.dtype == DType::F32)
+    throw GraphError("matmul: operands must be bf16 or f16 (tensor-core inputs), got f32 " + desc(A));
+  size_t ra = A.shape.size(), rb = B.shape.size();
+  int64_t m = ta ? A.shape[ra - 1] : A.shape[ra - 2];
+  int64_t ka = ta ? A.shape[ra - 2] : A.shape[ra - 1];
+  int64_t kb = tb ? B.shape[rb - 1] : B.shape[rb - 2];
+  int64_t nn = tb ? B.shape[rb - 2] : B.shape[rb - 1];
+  if (ka != kb)
+    throw GraphError("shape mismatch: matmul(" + desc(A) + ", " + desc(B) + "): contraction dims differ (K=" +
+                     std::to_string(ka) + " vs " + std::to_string(kb) + ")" +
+                     (tb ? "" : "; for an nn.Linear weight [N, K] use transpose_b=true"));
+  Shape la(A.shape.begin(), A.shape.end() - 2), lb(B.shape.begin(), B.shape.end() - 2);
+  Shape lead = broadcast_shapes(la, lb);
+  lead.push_back(m);
+  lead.push_back(nn);
+  Node n;
+  n.op = OpKind::MatMul;
+  n.inputs = {a.id, b.id};
+  n.transpose_a = ta;
+  n.transpose_b = tb;
+  n.shape = lead;
+  n.dtype = A.dtype;
+  return add_node(n, name);
+}
+
+Value Graph::unary(OpKind op, Value x, const std::string& name) {
+  if (!is_unary(op) || op == OpKind::Cast) throw GraphError(std::string("not a unary op: ") + op_name(op));
+  const Node& X = node(x);
+  Node n;
+  n.op = op;
+  n.inputs = {x.id};
+  n.shape = X.shape;
+  n.dtype = X.dtype;
+  return add_node(n, name);
+}
+
+Value Graph::cast(Value x, DType to, const std::string& name) {
+  const Node& X = node(x);
+  Node n;
+  n.op = OpKind::Cast;
+  n.inputs = {x.id};
+  n.shape = X.shape;
+  n.dtype = to;
+  n.cast_to = to;
+  return add_node(n, name);
+}
+
+Value Graph::binary(OpKind op, Value a, Value b, const std::string& name) {
+  if (!is_binary(op) || op == OpKind::Pow) throw GraphError(std::string("not a binary op: ") + op_name(op));
+  const Node &A = node(a), &B = node(b);
+  Shape s;
+  try {
+    s = broadcast_shapes(A.shape, B.shape);
+  } catch (const GraphError& e) {
+    throw GraphError(std::string(op_name(op)) + "(" + desc(A) + ", " + desc(B) + "): " + e.what());
+  }
+  // A scalar literal takes the other operand's dtype; two tensors must agree (casts are explicit).
+  DType dt;
+  if (A.op == OpKind::Constant) dt = B.dtype;
+  else if (B.op == OpKind::Constant) dt = A.dtype;
+  else if (A.dtype != B.dtype)
+    throw GraphError(std::string("dtype mismatch: ") + op_name(op) + "(" + desc(A) + ", " + desc(B) +
+                     "): operands must have the same dtype; insert cast(x, dtype=...)");
+  else dt = A.dtype;
+  Node n;
+  n.op = op;
+  n.inputs = {a.id, b.id};
+  n.shape = s;
+  n.dtype = dt;
+  return add_node(n, name);
+}
+
+Value Graph::pow(Value x, double exponent, const std::string& name) {
+  if (!std::isfinite(exponent)) throw GraphError("pow: exponent must be finite");
+  const Node& X = node(x);
+  Node n;
+  n.op = OpKind::Pow;
+  n.inputs = {x.id};
+  n.value = exponent;
+  n.shape = X.shape;
+  n.dtype = X.dtype;
+  return add_node(n, name);
+}
+
+Value Graph::reduce(OpKind op, Value x, int dim, bool keepdim, const std::string& name) {
+  if (!is_reduction(op)) throw GraphError(std::string("not a reduction: ") + op_name(op));
+  const Node& X = node(x);
+  Node n;
+  n.op = op;
+  n.inputs = {x.id};
+  n.dim = normalize_dim(dim, X.shape.size(), op_name(op));
+  n.keepdim = keepdim;
+  n.shape = X.shape;
+  if (keepdim) n.shape[n.dim] = 1;
+  else n.shape.erase(n.shape.begin() + n.dim);
+  n.dtype = X.dtype;
+  return add_node(n, name);
+}
+
+Value Graph::transpose(Value x, const std::vector<int64_t>& perm_in, const std::string& name) {
+  const Node& X = node(x);
+  size_t r = X.shape.size();
+  std::vector<int64_t> perm = perm_in;
+  if (perm.empty()) {
+    if (r < 2) throw GraphError("transpose: operand " + desc(X) + " has rank < 2");
+    for (size_t i = 0; i < r; ++i) perm.push_back(static_cast<int64_t>(i));
+    std::swap(perm[r - 1], perm[r - 2]);
+  }
+  if (perm.size() != r) throw GraphError("transpose: perm has " + std::to_string(perm.size()) + " entries, rank is " + std::to_string(r));
+  std::vector<bool> seen(r, false);
+  Node n;
+  for (auto p : perm) {
+    if (p < 0 || p >= static_cast<int64_t>(r) || seen[p]) throw GraphError("transpose: perm is not a permutation of 0.." + std::to_string(r - 1));
+    seen[p] = true;
+    n.shape.push_back(X.shape[p]);
+  }
+  n.op = OpKind::Transpose;
+  n.inputs = {x.id};
+  n.perm = perm;
+  n.dtype = X.dtype;
+  return add_node(n, name);
+}
+
+Value Graph::reshape(Value x, const Shape& shape_in, const std::string& name) {
+  const Node& X = node(x);
+  Shape shape = shape_in;
+  int infer = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      if (infer >= 0) throw GraphError("reshape: at most one dim may be -1");
+      infer = static_cast<int>(i);
+    } else if (shape[i] <= 0) {
+      throw GraphError("reshape: dims must be positive or -1, got " + shape_str(shape_in));
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel(X.shape) % known) throw GraphError("reshape: cannot infer -1 in " + shape_str(shape_in) + " from " + desc(X));
+    shape[infer] = numel(X.shape) / known;
+  }
+  if (numel(shape) != numel(X.shape))
+    throw GraphError("shape mismatch: reshape of " + desc(X) + " to " + shape_str(shape) + " changes the element count");
+  Node n;
+  n.op = OpKind::Reshape;
+  n.inputs = {x.id};
+  n.shape = shape;
+  n.dtype = X.dtype;
+  return add_node(n, name);
+}
+
+namespace {
+void check_affine(const Graph& g, const Node& X, Value p, const char* what, const char* pname) {
+  if (!p.valid()) return;
+  const Node& P = g.node(p);
+  if (P.shape != Shape{X.shape.back()})
+    throw GraphError(std::string("shape mismatch: ") + what + ": " + pname + " must be [" +
+                     std::to_string(X.shape.back()) + "] (the normalized dim), got " + desc(P));
+  if (P.dtype != X.dtype)
+    throw GraphError(std::string("dtype mismatch: ") + what + ": " + pname + " is " + dtype_name(P.dtype) + ", x is " +
+                     dtype_name(X.dtype));
+}
+}  // namespace
+
+Value Graph::layer_norm(Value x, Value w, Value b, double eps, const std::string& name) {
+  const Node& X = node(x);
+  if (X.shape.empty()) throw GraphError("layer_norm: operand is a scalar");
+  if (!(eps > 0)) throw GraphError("layer_norm: eps must be > 0");
+  check_affine(*this, X, w, "layer_norm", "weight");
+  check_affine(*this, X, b, "layer_norm", "bias");
+  Node n;
+  n.op = OpKind::LayerNorm;
+  n.inputs = {x.id};
+  if (w.valid()) n.inputs.push_back(w.id);
+  if (b.valid()) {
+    if (!w.valid()) throw GraphError("layer_norm: a bias needs a weight");
+    n.inputs.push_back(b.id);
+  }
+  n.value = eps;
+  n.dim = static_cast<int>(X.shape.size()) - 1;
+  n.shape = X.shape;
+  n.dtype = X.dtype;
+  return add_node(n, name);
+}
+
+Value Graph::rms_norm(Value x, Value w, double eps, const std::string& name) {
+  const Node& X = node(x);
+  if (X.shape.empty()) throw GraphError("rms_norm: operand is a scalar");
+  if (!(eps > 0)) throw GraphError("rms_norm: eps must be > 0");
+  check_affine(*this, X, w, "rms_norm", "weight");
+  Node n;
+  n.op = OpKind::RmsNorm;
+  n.inputs = {x.id};
+  if (w.valid()) n.inputs.push_back(w.id);
+  n.value = eps;
+  n.dim = static_cast<int>(X.shape.size()) - 1;
+  n.shape = X.shape;
+  n.dtype = X.dtype;
+  return add_node(n, name);
+}
+
+Value Graph::softmax(Value x, int dim, const std::string& name) {
+  const Node& X = node(x);
+  Node n;
+  n.op = OpKind::Softmax;
+  n.inputs = {x.id};
+  n.dim = normalize_dim(dim, X.shape.size(), "softmax");
+  n.shape = X.shape;
+  n.dtype = X.dtype;
+  return add_node(n, name);
+}
+
+Value Graph::log_softmax(Value x, int dim, const std::string& name) {
+  const Node& X = node(x);
+  Node n;
+  n.op = OpKind::LogSoftmax;
+  n.inputs = {x.id};
+  n.dim = normalize_dim(dim, X.shape.size(), "log_softmax");
+  n.shape = X.shape;
+  n.dtype = X.dtype;
+  return add_node(n, name);
+}
+
+Value Graph::var(Value x, int dim, int64_t correction, bool keepdim, const std::string& name) {
+  const Node& X = node(x);
+  Node n;
+  n.op = OpKind::Var;
+  n.inputs = {x.id};
+  n.dim = normalize_dim(dim, X.shape.size(), "var");
+  if (correction < 0 || correction >= X.shape[n.dim])
+    throw GraphError("var: correction=" + std::to_string(correction) + " must be in [0, " +
+                     std::to_string(X.shape[n.dim]) + ")");
+  n.correction = correction;
+  n.keepdim = keepdim;
+  n.shape = X.shape;
+  if (keepdim) n.shape[n.dim] = 1;
+  else n.shape.erase(n.shape.begin() + n.dim);
+  n.dtype = X.dtype;
+  return add_node(n, name);
+}
+
+void Graph::output(Value v, const std::string& name) {
+  const Node& n = node(v);
+  std::string nm = name.empty() ? n.name : name;
+  for (const auto& o : outputs)
+    if (o.name == nm) throw GraphError("duplicate output '" + nm + "'");
+  outputs.push_back({nm, v.id});
+}
+
+// Rebuilds `n` into `dst` with operands `ins` through the builder, so inference runs again.
+static Value rebuild(Graph& dst, const Node& n, const std::vector<Value>& ins, const std::string& name) {
+  switch (n.op) {
+    case OpKind::Input: return dst.input(name, n.dtype, n.shape);
+    case OpKind::Constant: return dst.constant(n.value, name);
+    case OpKind::MatMul: return dst.matmul(ins[0], ins[1], n.transpose_a, n.transpose_b, name);
+    case OpKind::Cast: return dst.cast(ins[0], n.cast_to, name);
+    case OpKind::Pow: return dst.pow(ins[0], n.value, name);
+    case OpKind::Transpose: return dst.transpose(ins[0], n.perm, name);
+    case OpKind::Reshape: return dst.reshape(ins[0], n.shape, name);
+    case OpKind::LayerNorm:
+      return dst.layer_norm(ins[0], ins.size() > 1 ? ins[1] : Value{}, ins.size() > 2 ? ins[2] : Value{}, n.value, name);
+    case OpKind::RmsNorm: return dst.rms_norm(ins[0], ins.size() > 1 ? ins[1] : Value{}, n.value, name);
+    case OpKind::Softmax: return dst.softmax(ins[0], n.dim, name);
+    case OpKind::LogSoftmax: return dst.log_softmax(ins[0], n.dim, name);
+    case OpKind::Var: return dst.var(ins[0], n.dim, n.correction, n.keepdim, name);
+    default: break;
+  }
+  if (is_unary(n.op)) return dst.unary(n.op, ins[0], name);
+  if (is_binary(n.op)) return dst.binary(n.op, ins[0], ins[1], name);
+  if (is_reduction(n.op)) return dst.reduce(n.op, ins[0], n.dim, n.keepdim, name);
+  throw GraphError(std::string("internal: cannot rebuild op ") + op_name(n.op));
+}
+
+void Graph::verify() const {
+  Graph re;
+  std::set<std::string> names;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = nodes[i];
+    if (n.id != static_cast<int>(i)) throw GraphError("verify: node '" + n.name + "' has id " + std::to_string(n.id) + " at position " + std::to_string(i));
+    if (!names.insert(n.name).second) throw GraphError("verify: duplicate name '" + n.name + "'");
+    std::vector<Value> ins;
+    for (int in : n.inputs) {
+      if (in < 0 || in >= n.id) throw GraphError("verify: node '" + n.name + "' reads a node that is not defined before it");
+      ins.push_back(Value{in});
+    }
+    re.set_loc(n.loc);
+    Value v = rebuild(re, n, ins, n.name);
+    const Node& r = re.node(v);
+    if (r.shape != n.shape || r.dtype != n.dtype)
+      throw GraphError("verify: node '" + n.name + "' is recorded as " + desc(n) + " but infers to " + desc(r), n.loc);
+  }
+  if (outputs.empty()) throw GraphError("graph has no outputs");
+  for (const auto& o : outputs)
+    if (o.node < 0 || o.node >= static_cast<int>(nodes.size())) throw GraphError("verify: output '" + o.name + "' names no node");
+}
+
+Graph eliminate_dead(const Graph& g) {
+  std::vector<bool> live(g.nodes.size(), false);
+  for (const auto& o : g.outputs) live[o.node] = true;
+  for (int i = static_cast<int>(g.nodes.size()) - 1; i >= 0; --i)
+    if (live[i])
+      for (int in : g.nodes[i].inputs) live[in] = true;
+  for (int id : g.inputs) live[id] = true;  // inputs are the program's signature: keep them
+  Graph out;
+  std::vector<Value> map(g.nodes.size());
+  for (const auto& n : g.nodes) {
+    if (!live[n.id]) continue;
+    std::vector<Value> ins;
+    for (int in : n.inputs) ins.push_back(map[in]);
+    out.set_loc(n.loc);
+    map[n.id] = rebuild(out, n, ins, n.name);
+  }
+  for (const auto& o : g.outputs) out.output(map[o.node], o.name);
+  return out;
+}
+
+Graph decompose(const Graph& g) {
+  Graph out;
+  std::vector<Value> map(g.nodes.size());
+  for (const auto& n : g.nodes) {
+    std::vector<Value> ins;
+    for (int in : n.inputs) ins.push_back(map[in]);
+    out.set_loc(n.loc);
+    if (!is_composite(n.op)) {
+      map[n.id] = rebuild(out, n, ins, n.name);
+      continue;
+    }
+    // Intermediates are named after the composite ("y.mean", ...) so plans stay readable.
+    const std::string& y = n.name;
+    auto nm = [&](const char* part) { return y + "." + part; };
+    Value x = ins[0];
+    int d = n.dim;
+    Value r;
+    switch (n.op) {
+      case OpKind::LayerNorm: {
+        // two-pass: mean, then the mean of squared deviations (exact, no E[x^2] - mean^2)
+        Value mu = out.reduce(OpKind::Mean, x, d, true, nm("mean"));
+        Value dx = out.binary(OpKind::Sub, x, mu, nm("centered"));
+        Value sq = out.unary(OpKind::Square, dx, nm("sq"));
+        Value v = out.reduce(OpKind::Mean, sq, d, true, nm("var"));
+        Value ve = out.binary(OpKind::Add, v, out.constant(n.value, nm("eps")), nm("var_eps"));
+        Value rs = out.unary(OpKind::Rsqrt, ve, nm("rstd"));
+        bool w = ins.size() > 1, b = ins.size() > 2;
+        r = out.binary(OpKind::Mul, dx, rs, w ? nm("normed") : y);
+        if (w) r = out.binary(OpKind::Mul, r, ins[1], b ? nm("scaled") : y);
+        if (b) r = out.binary(OpKind::Add, r, ins[2], y);
+        break;
+      }
+      case OpKind::RmsNorm: {
+        Value sq = out.unary(OpKind::Square, x, nm("sq"));
+        Value ms = out.reduce(OpKind::Mean, sq, d, true, nm("meansq"));
+        Value me = out.binary(OpKind::Add, ms, out.constant(n.value, nm("eps")), nm("meansq_eps"));
+        Value rs = out.unary(OpKind::Rsqrt, me, nm("rrms"));
+        bool w = ins.size() > 1;
+        r = out.binary(OpKind::Mul, x, rs, w ? nm("normed") : y);
+        if (w) r = out.binary(OpKind::Mul, r, ins[1], y);
+        break;
+      }
+      case OpKind::Softmax: {
+        Value m = out.reduce(OpKind::ReduceMax, x, d, true, nm("max"));
+        Value e = out.unary(OpKind::Exp, out.binary(OpKind::Sub, x, m, nm("shifted")), nm("exp"));
+        Value s = out.reduce(OpKind::Sum, e, d, true, nm("sum"));
+        r = out.binary(OpKind::Div, e, s, y);
+        break;
+      }
+      case OpKind::LogSoftmax: {
+        Value m = out.reduce(OpKind::ReduceMax, x, d, true, nm("max"));
+        Value sh = out.binary(OpKind::Sub, x, m, nm("shifted"));
+        Value s = out.reduce(OpKind::Sum, out.unary(OpKind::Exp, sh, nm("exp")), d, true, nm("sum"));
+        r = out.binary(OpKind::Sub, sh, out.unary(OpKind::Log, s, nm("logsum")), y);
+        break;
+      }
+      case OpKind::Var: {
+        Value mu = out.reduce(OpKind::Mean, x, d, true, nm("mean"));
+        Value sq = out.unary(OpKind::Square, out.binary(OpKind::Sub, x, mu, nm("centered")), nm("sq"));
+        int64_t len = g.node(n.inputs[0]).shape[d];
+        if (n.correction == 0) {
+          r = out.reduce(OpKind::Mean, sq, d, n.keepdim, y);
+        } else {
+          Value s = out.reduce(OpKind::Sum, sq, d, n.keepdim, nm("sum"));
+          r = out.binary(OpKind::Mul, s, out.constant(1.0 / static_cast<double>(len - n.correction), nm("scale")), y);
+        }
+        break;
+      }
+      default: throw GraphError("internal: unknown composite");
+    }
+    map[n.id] = r;
+  }
+  for (const auto& o : g.outputs) out.output(map[o.node], o.name);
+  return out;
+}
+
+}  // namespace comfuse

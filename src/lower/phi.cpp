@@ -1,0 +1,304 @@
+// Phi: lowering a Graph epilogue region to the Fusion Spec IR, and the domain check that decides what a region
+// may contain.
+//
+// Stage assignment is generic (nothing here knows LayerNorm or Softmax): the region's reductions are ordered
+// topologically, r_0 .. r_{L-1}; reduction r_k is the terminal of stage k and its result enters stage k+1 as a
+// placeholder. Every other node is computed in the earliest stage where its operands exist. A value computed
+// in stage a and read again in stage b > a is bypassed through each reduction in between (a Bypass placeholder
+// in every stage a+1..b), so nothing is recomputed and nothing goes through memory.
+#include "comfuse/lower.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+namespace comfuse {
+
+bool TileSpace::is_tile(const Shape& s) const {
+  return !s.empty() && s.back() == n && numel(s) == rows * n;
+}
+bool TileSpace::is_per_row(const Shape& s) const {
+  return !s.empty() && s.back() == 1 && numel(s) == rows && !is_tile(s);
+}
+
+std::optional<BroadcastKind> classify_operand(const Shape& operand, const Shape& out, const TileSpace& ts) {
+  if (operand.size() > out.size()) return std::nullopt;
+  Shape p(out.size() - operand.size(), 1);
+  p.insert(p.end(), operand.begin(), operand.end());
+  if (std::all_of(p.begin(), p.end(), [](int64_t d) { return d == 1; })) return BroadcastKind::Scalar;
+  bool tile = ts.is_tile(out), per_row = ts.is_per_row(out);
+  if (p == out) {
+    if (tile) return BroadcastKind::Tile;
+    if (per_row) return BroadcastKind::Col;
+    return std::nullopt;
+  }
+  if (!tile) return std::nullopt;
+  bool leading_ones = std::all_of(p.begin(), p.end() - 1, [](int64_t d) { return d == 1; });
+  if (leading_ones && p.back() == out.back()) return BroadcastKind::Row;
+  if (p.back() == 1 && std::equal(p.begin(), p.end() - 1, out.begin())) return BroadcastKind::Col;
+  return std::nullopt;
+}
+
+std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n) {
+  if (n.op != OpKind::MatMul) return "not a matmul";
+  const Node& b = g.node(n.inputs[1]);
+  if (b.shape.size() != 2)
+    return "batched matmul (B is " + shape_str(b.shape) + ", with batch dims): runs on the standard path";
+  if (n.transpose_a) return "transpose_a=true: the GEMM kernel reads A row-major [rows, K]";
+  return std::nullopt;
+}
+
+static std::string q(const Node& n) { return "'" + n.name + "'"; }
+
+std::optional<std::string> phi_rejects(const Graph& g, const Node& n, const std::vector<char>& in_region,
+                                       const TileSpace& ts,
+                                       const std::function<std::optional<std::string>(int)>& operand_ok) {
+  const Node& x = g.node(n.inputs.empty() ? n.id : n.inputs[0]);
+  switch (n.op) {
+    case OpKind::MatMul:
+      return "matmul reading the epilogue (a back-to-back GEMM) is not part of this GEMM's epilogue";
+    case OpKind::Transpose:
+      return "transpose reorders the tile across rows: not expressible as an epilogue";
+    case OpKind::Reshape:
+      if (!in_region[x.id]) return "reshape of a value outside the region";
+      if ((ts.is_tile(x.shape) && ts.is_tile(n.shape)) || (ts.is_per_row(x.shape) && ts.is_per_row(n.shape)))
+        return std::nullopt;  // regroups leading dims only: the same rows in the same order
+      return "reshape " + shape_str(x.shape) + " -> " + shape_str(n.shape) +
+             " changes the last dim: rows would no longer be GEMM rows";
+    default: break;
+  }
+  if (is_reduction(n.op)) {
+    if (!in_region[x.id]) return "reduction of a value outside the region";
+    if (n.dim != static_cast<int>(x.shape.size()) - 1)
+      return "reduces dim " + std::to_string(n.dim) + ", not the last (N) dim: the reduction crosses GEMM rows";
+    if (!n.keepdim) return "keepdim=false: the result is not a [rows, 1] column the epilogue can broadcast";
+    if (!ts.is_tile(x.shape)) return "reduces a per-row value (a dim of size 1): nothing to reduce over N";
+    return std::nullopt;
+  }
+  if (!is_elementwise(n.op)) return std::string("op '") + op_name(n.op) + "' is not an epilogue op";
+  if (!ts.is_tile(n.shape) && !ts.is_per_row(n.shape))
+    return "result " + shape_str(n.shape) + " is outside the GEMM's tile space [rows=" + std::to_string(ts.rows) +
+           ", N=" + std::to_string(ts.n) + "] (it broadcasts the tile)";
+  for (int in : n.inputs) {
+    if (in_region[in]) continue;
+    const Node& o = g.node(in);
+    if (o.op != OpKind::Constant)
+      if (auto err = operand_ok(in)) return err;
+    if (!classify_operand(o.shape, n.shape, ts))
+      return "operand " + q(o) + " " + shape_str(o.shape) + " broadcasts partially against " + shape_str(n.shape) +
+             " (a kernel reads a scalar, a row [N], a column [rows, 1] or a full tile)";
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+ReduceKind reduce_kind(OpKind op) {
+  switch (op) {
+    case OpKind::Sum: return ReduceKind::Sum;
+    case OpKind::Mean: return ReduceKind::Mean;
+    case OpKind::ReduceMax: return ReduceKind::Max;
+    case OpKind::ReduceMin: return ReduceKind::Min;
+    default: throw std::logic_error("not a reduction");
+  }
+}
+
+// Builds the stages of one region.
+class Lowering {
+ public:
+  Lowering(const Graph& g, const std::vector<int>& region, const std::vector<int>& stored)
+      : g_(g), region_(region), stored_(stored) {}
+
+  FusionSpec run() {
+    const Node& root = g_.node(region_.front());
+    if (auto why = phi_rejects_root(g_, root)) throw std::logic_error("lower_region: root rejected: " + *why);
+    describe_gemm(root);
+    assign_stages();
+    for (int v : stored_) {
+      const Node& n = g_.node(v);
+      fs_.outputs.push_back({n.name, v, n.dtype, ts_.is_per_row(n.shape), n.shape});
+    }
+    fs_.root = build_stage(0);
+    return fs_;
+  }
+
+ private:
+  void describe_gemm(const Node& root) {
+    const Node& a = g_.node(root.inputs[0]);
+    GemmDesc& d = fs_.gemm;
+    d.node = root.id;
+    d.a = root.inputs[0];
+    d.b = root.inputs[1];
+    d.transpose_a = root.transpose_a;
+    d.transpose_b = root.transpose_b;
+    d.dtype = a.dtype;
+    d.out_shape = root.shape;
+    d.n = root.shape.back();
+    d.rows = numel(root.shape) / d.n;
+    d.k = a.shape.back();
+    ts_ = TileSpace{d.rows, d.n};
+  }
+
+  // value(id): the node whose value `id` is (row-merging reshapes are aliases of their operand)
+  int value(int id) const {
+    while (g_.node(id).op == OpKind::Reshape) id = g_.node(id).inputs[0];
+    return id;
+  }
+
+  void assign_stages() {
+    in_region_.insert(region_.begin(), region_.end());
+    for (int id : region_) {
+      const Node& n = g_.node(id);
+      if (n.op == OpKind::Reshape) continue;
+      int s = 0;
+      for (int in : n.inputs)
+        if (in_region_.count(in)) s = std::max(s, stage_.at(value(in)));
+      if (is_reduction(n.op)) {
+        if (s > static_cast<int>(reductions_.size()))
+          throw std::logic_error("lower_region: reduction operand computed after its stage");
+        s = static_cast<int>(reductions_.size()) + 1;  // its result lives in the next stage
+        reductions_.push_back(id);
+      }
+      stage_[id] = s;
+    }
+    int L = static_cast<int>(reductions_.size());
+    // needed[k]: values read in stage k
+    std::vector<std::set<int>> needed(L + 1);
+    for (int id : region_) {
+      const Node& n = g_.node(id);
+      if (n.op == OpKind::Reshape || id == region_.front()) continue;
+      int at = is_reduction(n.op) ? stage_[id] - 1 : stage_[id];
+      for (int in : n.inputs)
+        if (in_region_.count(in)) needed[at].insert(value(in));
+    }
+    for (int v : stored_) needed[stage_.at(value(v))].insert(value(v));
+    // bypass[k]: values entering stage k from an earlier one that stage k or a later stage reads
+    bypass_.assign(L + 1, {});
+    for (int k = 1; k <= L; ++k)
+      for (int b = k; b <= L; ++b)
+        for (int v : needed[b])
+          if (stage_[v] < k && std::find(bypass_[k].begin(), bypass_[k].end(), v) == bypass_[k].end())
+            bypass_[k].push_back(v);
+    for (auto& bp : bypass_) std::sort(bp.begin(), bp.end());
+  }
+
+  int param_index(int node, BroadcastKind kind) {
+    for (size_t i = 0; i < fs_.params.size(); ++i)
+      if (fs_.params[i].node == node && fs_.params[i].kind == kind) return static_cast<int>(i);
+    const Node& n = g_.node(node);
+    fs_.params.push_back({n.name, node, kind, n.dtype, n.shape});
+    return static_cast<int>(fs_.params.size()) - 1;
+  }
+
+  Spec build_stage(int k) {
+    Spec st;
+    std::map<int, int> local;                       // graph value -> spec node in this stage
+    std::map<std::pair<int, int>, int> broadcasts;  // (graph node, kind) -> spec node
+    auto push = [&](SpecNode sn) {
+      st.nodes.push_back(std::move(sn));
+      return static_cast<int>(st.nodes.size()) - 1;
+    };
+    int L = static_cast<int>(reductions_.size());
+    if (k == 0) {
+      SpecNode acc;
+      acc.kind = SpecKind::AccEntry;
+      acc.origin = g_.node(region_.front()).name;
+      local[region_.front()] = push(acc);
+    } else {
+      SpecNode res;
+      res.kind = SpecKind::Placeholder;
+      res.placeholder = PlaceholderKind::ReductionResult;
+      res.per_row = true;
+      res.origin = g_.node(reductions_[k - 1]).name;
+      local[reductions_[k - 1]] = push(res);
+      for (size_t i = 0; i < bypass_[k].size(); ++i) {
+        int v = bypass_[k][i];
+        SpecNode ph;
+        ph.kind = SpecKind::Placeholder;
+        ph.placeholder = PlaceholderKind::Bypass;
+        ph.slot = static_cast<int>(i);
+        ph.per_row = ts_.is_per_row(g_.node(v).shape);
+        ph.origin = g_.node(v).name;
+        local[v] = push(ph);
+      }
+    }
+    auto operand = [&](int in, const Node& user) -> int {
+      if (in_region_.count(in)) return local.at(value(in));
+      const Node& o = g_.node(in);
+      BroadcastKind kind = *classify_operand(o.shape, user.shape, ts_);
+      int param = o.op == OpKind::Constant ? -1 : param_index(in, kind);
+      auto key = std::make_pair(in, static_cast<int>(kind));
+      if (auto it = broadcasts.find(key); it != broadcasts.end()) return it->second;
+      SpecNode b;
+      b.kind = SpecKind::Broadcast;
+      b.bcast = kind;
+      b.param = param;
+      b.value = o.op == OpKind::Constant ? o.value : 0.0;
+      b.per_row = kind == BroadcastKind::Scalar || kind == BroadcastKind::Col;
+      b.origin = o.name;
+      if (param >= 0 && std::find(st.params.begin(), st.params.end(), param) == st.params.end())
+        st.params.push_back(param);
+      return broadcasts[key] = push(b);
+    };
+    for (int id : region_) {
+      const Node& n = g_.node(id);
+      if (id == region_.front() || n.op == OpKind::Reshape || is_reduction(n.op) || stage_[id] != k) continue;
+      SpecNode c;
+      c.kind = SpecKind::Compute;
+      c.op = n.op;
+      c.exponent = n.op == OpKind::Pow ? n.value : 0.0;
+      c.cast_to = n.cast_to;
+      c.origin = n.name;
+      for (int in : n.inputs) c.args.push_back(operand(in, n));
+      c.per_row = ts_.is_per_row(n.shape);
+      local[id] = push(c);
+    }
+    for (size_t o = 0; o < stored_.size(); ++o) {
+      int v = value(stored_[o]);
+      if (stage_.at(v) != k) continue;
+      SpecNode s;
+      s.kind = SpecKind::Store;
+      s.args = {local.at(v)};
+      s.output = static_cast<int>(o);
+      s.per_row = fs_.outputs[o].per_row;
+      s.origin = g_.node(stored_[o]).name;
+      st.terminal = push(s);
+    }
+    if (k < L) {
+      const Node& r = g_.node(reductions_[k]);
+      SpecNode red;
+      red.kind = SpecKind::Reduction;
+      red.reduce = reduce_kind(r.op);
+      red.args = {local.at(value(r.inputs[0]))};
+      red.per_row = true;
+      red.origin = r.name;
+      for (int v : bypass_[k + 1]) red.bypass.push_back(local.at(v));
+      st.terminal = push(red);
+      st.post.push_back(build_stage(k + 1));
+    }
+    std::sort(st.params.begin(), st.params.end());
+    return st;
+  }
+
+  const Graph& g_;
+  const std::vector<int>& region_;
+  const std::vector<int>& stored_;
+  FusionSpec fs_;
+  TileSpace ts_;
+  std::set<int> in_region_;
+  std::map<int, int> stage_;
+  std::vector<int> reductions_;
+  std::vector<std::vector<int>> bypass_;
+};
+
+}  // namespace
+
+FusionSpec lower_region(const Graph& g, const std::vector<int>& region, const std::vector<int>& stored) {
+  if (region.empty()) throw std::logic_error("lower_region: empty region");
+  FusionSpec fs = Lowering(g, region, stored).run();
+  verify_spec(fs);
+  return fs;
+}
+
+}  // namespace comfuse

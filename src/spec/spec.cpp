@@ -1,0 +1,298 @@
+// Fusion Spec IR: verifier, printer, structural hash.
+#include "comfuse/spec.h"
+
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+#include <stdexcept>
+
+namespace comfuse {
+
+const char* spec_kind_name(SpecKind k) {
+  switch (k) {
+    case SpecKind::AccEntry: return "acc";
+    case SpecKind::Broadcast: return "broadcast";
+    case SpecKind::Compute: return "compute";
+    case SpecKind::Reduction: return "reduce";
+    case SpecKind::Placeholder: return "placeholder";
+    case SpecKind::Store: return "store";
+  }
+  return "?";
+}
+
+const char* broadcast_kind_name(BroadcastKind k) {
+  switch (k) {
+    case BroadcastKind::Scalar: return "scalar";
+    case BroadcastKind::Row: return "row";
+    case BroadcastKind::Col: return "col";
+    case BroadcastKind::Tile: return "tile";
+  }
+  return "?";
+}
+
+const char* reduce_kind_name(ReduceKind k) {
+  switch (k) {
+    case ReduceKind::Sum: return "sum";
+    case ReduceKind::Mean: return "mean";
+    case ReduceKind::Max: return "max";
+    case ReduceKind::Min: return "min";
+  }
+  return "?";
+}
+
+std::vector<const Spec*> FusionSpec::stages() const {
+  std::vector<const Spec*> out;
+  for (const Spec* s = &root;; s = &s->post.front()) {
+    out.push_back(s);
+    if (!s->has_post()) break;
+  }
+  return out;
+}
+
+int FusionSpec::num_stages() const { return static_cast<int>(stages().size()); }
+
+namespace {
+
+[[noreturn]] void fail(int stage, int node, const std::string& msg) {
+  throw std::logic_error("spec verify: stage " + std::to_string(stage) + " node " + std::to_string(node) + ": " + msg);
+}
+
+std::string compute_name(const SpecNode& n) {
+  std::string s = op_name(n.op);
+  if (n.op == OpKind::GeluTanh) s += "_tanh";
+  return s;
+}
+
+}  // namespace
+
+void verify_spec(const FusionSpec& fs) {
+  std::vector<int> stores(fs.outputs.size(), 0);
+  auto st = fs.stages();
+  const Spec* parent = nullptr;
+  for (size_t si = 0; si < st.size(); ++si) {
+    const Spec& s = *st[si];
+    int stage = static_cast<int>(si);
+    if (s.post.size() > 1) fail(stage, -1, "more than one PostOp");
+    int accs = 0, results = 0;
+    std::vector<int> used_params;
+    for (size_t i = 0; i < s.nodes.size(); ++i) {
+      const SpecNode& n = s.nodes[i];
+      int id = static_cast<int>(i);
+      for (int a : n.args)
+        if (a < 0 || a >= id) fail(stage, id, "operand " + std::to_string(a) + " is not an earlier node");
+      bool args_per_row = true;
+      for (int a : n.args) args_per_row = args_per_row && s.nodes[a].per_row;
+      auto want_args = [&](size_t k) {
+        if (n.args.size() != k) fail(stage, id, std::string(spec_kind_name(n.kind)) + " needs " + std::to_string(k) + " operand(s)");
+      };
+      switch (n.kind) {
+        case SpecKind::AccEntry:
+          want_args(0);
+          if (stage != 0) fail(stage, id, "acc entry outside stage 0");
+          if (n.per_row) fail(stage, id, "acc entry is per element");
+          ++accs;
+          break;
+        case SpecKind::Broadcast: {
+          want_args(0);
+          bool pr = n.bcast == BroadcastKind::Scalar || n.bcast == BroadcastKind::Col;
+          if (n.per_row != pr) fail(stage, id, "broadcast per_row flag does not match its kind");
+          if (n.param >= 0) {
+            if (n.param >= static_cast<int>(fs.params.size())) fail(stage, id, "param index out of range");
+            if (fs.params[n.param].kind != n.bcast) fail(stage, id, "param kind differs from broadcast kind");
+            used_params.push_back(n.param);
+          } else if (n.bcast != BroadcastKind::Scalar) {
+            fail(stage, id, "only a scalar broadcast may be a constant");
+          }
+          break;
+        }
+        case SpecKind::Compute:
+          if (!is_elementwise(n.op)) fail(stage, id, "compute op is not elementwise");
+          want_args(is_binary(n.op) && n.op != OpKind::Pow ? 2 : 1);
+          if (n.per_row != args_per_row) fail(stage, id, "per_row flag does not match operands");
+          break;
+        case SpecKind::Reduction:
+          want_args(1);
+          if (s.nodes[n.args[0]].per_row) fail(stage, id, "reduces a per-row value");
+          if (!n.per_row) fail(stage, id, "reduction result must be per row");
+          if (id != s.terminal) fail(stage, id, "reduction is not the stage terminal");
+          if (!s.has_post()) fail(stage, id, "reduction without PostOp");
+          for (int b : n.bypass)
+            if (b < 0 || b >= id) fail(stage, id, "bypassed value is not an earlier node");
+          break;
+        case SpecKind::Placeholder:
+          want_args(0);
+          if (stage == 0) fail(stage, id, "placeholder in stage 0");
+          if (n.placeholder == PlaceholderKind::ReductionResult) {
+            ++results;
+            if (!n.per_row) fail(stage, id, "reduction result must be per row");
+          } else {
+            const SpecNode& red = parent->nodes[parent->terminal];
+            if (n.slot < 0 || n.slot >= static_cast<int>(red.bypass.size())) fail(stage, id, "bypass slot out of range");
+            if (parent->nodes[red.bypass[n.slot]].per_row != n.per_row) fail(stage, id, "bypass per_row differs from source");
+          }
+          break;
+        case SpecKind::Store:
+          want_args(1);
+          if (n.output < 0 || n.output >= static_cast<int>(fs.outputs.size())) fail(stage, id, "output index out of range");
+          if (fs.outputs[n.output].per_row != s.nodes[n.args[0]].per_row) fail(stage, id, "stored value's per_row differs from the output");
+          ++stores[n.output];
+          break;
+      }
+    }
+    if (stage == 0 && accs != 1) fail(stage, -1, "stage 0 needs exactly one acc entry");
+    if (stage > 0 && results != 1) fail(stage, -1, "a PostOp needs exactly one reduction-result placeholder");
+    if (s.terminal < 0 || s.terminal >= static_cast<int>(s.nodes.size())) fail(stage, -1, "no terminal");
+    SpecKind tk = s.nodes[s.terminal].kind;
+    if (s.has_post() ? tk != SpecKind::Reduction : tk != SpecKind::Store)
+      fail(stage, s.terminal, "terminal must be the reduction (or a store in the last stage)");
+    for (int p : used_params) {
+      bool listed = false;
+      for (int q : s.params) listed = listed || q == p;
+      if (!listed) fail(stage, -1, "param " + std::to_string(p) + " read but missing from A");
+    }
+    parent = &s;
+  }
+  for (size_t o = 0; o < stores.size(); ++o)
+    if (stores[o] != 1) throw std::logic_error("spec verify: output '" + fs.outputs[o].name + "' stored " + std::to_string(stores[o]) + " times");
+}
+
+namespace {
+
+void print_stage(std::ostringstream& o, const FusionSpec& fs, const Spec& s, int stage, const std::string& ind) {
+  o << ind << "stage " << stage << " (A: ";
+  if (s.params.empty()) o << "-";
+  for (size_t i = 0; i < s.params.size(); ++i) o << (i ? ", " : "") << "p" << s.params[i];
+  o << ")\n";
+  for (size_t i = 0; i < s.nodes.size(); ++i) {
+    const SpecNode& n = s.nodes[i];
+    std::ostringstream line;
+    line << "%" << i << " = ";
+    switch (n.kind) {
+      case SpecKind::AccEntry: line << "acc"; break;
+      case SpecKind::Broadcast:
+        line << "broadcast." << broadcast_kind_name(n.bcast) << " ";
+        if (n.param >= 0) line << "p" << n.param;
+        else line << std::setprecision(9) << n.value;
+        break;
+      case SpecKind::Compute:
+        line << compute_name(n);
+        if (n.op == OpKind::Pow) line << "[" << n.exponent << "]";
+        if (n.op == OpKind::Cast) line << "[" << dtype_name(n.cast_to) << "]";
+        break;
+      case SpecKind::Reduction: line << "reduce." << reduce_kind_name(n.reduce); break;
+      case SpecKind::Placeholder:
+        if (n.placeholder == PlaceholderKind::ReductionResult) line << "placeholder.result";
+        else line << "placeholder.bypass[" << n.slot << "]";
+        break;
+      case SpecKind::Store: line << "store o" << n.output; break;
+    }
+    for (size_t a = 0; a < n.args.size(); ++a) line << (a ? ", %" : " %") << n.args[a];
+    if (n.kind == SpecKind::Reduction) {
+      line << " -> stage " << stage + 1 << " bypass(";
+      for (size_t b = 0; b < n.bypass.size(); ++b) line << (b ? ", %" : "%") << n.bypass[b];
+      line << ")";
+    }
+    std::string text = line.str();
+    o << ind << "  " << text << std::string(text.size() < 44 ? 44 - text.size() : 1, ' ') << "# "
+      << (n.per_row ? "row " : "elem") << " " << n.origin << (static_cast<int>(i) == s.terminal ? "  [terminal]" : "")
+      << "\n";
+  }
+  if (s.has_post()) print_stage(o, fs, s.post.front(), stage + 1, ind + "  ");
+}
+
+}  // namespace
+
+std::string print_spec(const FusionSpec& fs) {
+  std::ostringstream o;
+  const GemmDesc& g = fs.gemm;
+  o << "gemm: rows=" << g.rows << " N=" << g.n << " K=" << g.k << " " << dtype_name(g.dtype)
+    << (g.transpose_b ? " B=[N,K]" : " B=[K,N]") << ", " << fs.num_stages() << " stage(s), hash " << std::hex
+    << std::setw(16) << std::setfill('0') << spec_structural_hash(fs) << std::dec << std::setfill(' ') << "\n";
+  o << "params:";
+  if (fs.params.empty()) o << " -";
+  o << "\n";
+  for (size_t i = 0; i < fs.params.size(); ++i) {
+    const auto& p = fs.params[i];
+    o << "  p" << i << " " << broadcast_kind_name(p.kind) << " " << p.name << " : " << dtype_name(p.dtype)
+      << shape_str(p.shape) << "\n";
+  }
+  o << "outputs:\n";
+  for (size_t i = 0; i < fs.outputs.size(); ++i) {
+    const auto& out = fs.outputs[i];
+    o << "  o" << i << " " << (out.per_row ? "row " : "tile") << " " << out.name << " : " << dtype_name(out.dtype)
+      << shape_str(out.shape) << "\n";
+  }
+  print_stage(o, fs, fs.root, 0, "");
+  return o.str();
+}
+
+namespace {
+
+struct Hasher {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  void bytes(const void* p, size_t n) {
+    auto c = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
+  }
+  void i64(int64_t v) { bytes(&v, sizeof v); }
+  void f64(double v) { bytes(&v, sizeof v); }
+};
+
+void hash_stage(Hasher& h, const Spec& s) {
+  h.i64(static_cast<int64_t>(s.nodes.size()));
+  h.i64(s.terminal);
+  for (int p : s.params) h.i64(p);
+  for (const SpecNode& n : s.nodes) {
+    h.i64(static_cast<int64_t>(n.kind));
+    h.i64(n.per_row);
+    h.i64(static_cast<int64_t>(n.args.size()));
+    for (int a : n.args) h.i64(a);
+    switch (n.kind) {
+      case SpecKind::Broadcast:
+        h.i64(static_cast<int64_t>(n.bcast));
+        h.i64(n.param);
+        if (n.param < 0) h.f64(n.value);  // constants are compiled in
+        break;
+      case SpecKind::Compute:
+        h.i64(static_cast<int64_t>(n.op));
+        h.f64(n.exponent);
+        h.i64(static_cast<int64_t>(n.cast_to));
+        break;
+      case SpecKind::Reduction:
+        h.i64(static_cast<int64_t>(n.reduce));
+        h.i64(static_cast<int64_t>(n.bypass.size()));
+        for (int b : n.bypass) h.i64(b);
+        break;
+      case SpecKind::Placeholder:
+        h.i64(static_cast<int64_t>(n.placeholder));
+        h.i64(n.slot);
+        break;
+      case SpecKind::Store: h.i64(n.output); break;
+      case SpecKind::AccEntry: break;
+    }
+  }
+  h.i64(static_cast<int64_t>(s.post.size()));
+  for (const Spec& p : s.post) hash_stage(h, p);
+}
+
+}  // namespace
+
+uint64_t spec_structural_hash(const FusionSpec& fs) {
+  Hasher h;
+  h.i64(fs.gemm.n);
+  h.i64(fs.gemm.k);
+  h.i64(fs.gemm.transpose_b);
+  h.i64(static_cast<int64_t>(fs.gemm.dtype));
+  for (const auto& p : fs.params) {
+    h.i64(static_cast<int64_t>(p.kind));
+    h.i64(static_cast<int64_t>(p.dtype));
+  }
+  for (const auto& o : fs.outputs) {
+    h.i64(static_cast<int64_t>(o.dtype));
+    h.i64(o.per_row);
+  }
+  hash_stage(h, fs.root);
+  return h.h;
+}
+
+}  // namespace comfuse

@@ -1,0 +1,136 @@
+// Phi pins: the stage structure of the named patterns, derived from primitives with no pattern-specific code.
+#include <gtest/gtest.h>
+
+#include "comfuse/partition.h"
+#include "comfuse/spec.h"
+
+using namespace comfuse;
+
+namespace {
+
+struct Gemm {
+  Graph g;
+  Value x, w, h;
+  Gemm(int64_t m = 64, int64_t k = 32, int64_t n = 48) {
+    x = g.input("X", DType::BF16, {m, k});
+    w = g.input("W", DType::BF16, {k, n});
+    h = g.matmul(x, w, false, false, "h");
+  }
+  Value row(const std::string& name) { return g.input(name, DType::BF16, {g.node(h).shape.back()}); }
+};
+
+// Kinds of a stage's nodes, e.g. "acc broadcast compute reduce".
+std::string kinds(const Spec& s) {
+  std::string out;
+  for (const auto& n : s.nodes) out += std::string(out.empty() ? "" : " ") + spec_kind_name(n.kind);
+  return out;
+}
+
+const Region& only_region(const Partition& p) {
+  EXPECT_EQ(p.regions.size(), 1u);
+  EXPECT_TRUE(p.fallback.empty()) << print_partition(p, true);
+  return p.regions.at(0);
+}
+
+}  // namespace
+
+TEST(Stages, LayerNormIsMeanThenCenteredSquaresWithBypass) {
+  Gemm t;
+  Value b = t.row("b"), gamma = t.row("g"), beta = t.row("beta");
+  t.g.output(t.g.layer_norm(t.g.add(t.h, b), gamma, beta, 1e-5, "y"));
+  Partition p = partition(t.g);
+  const FusionSpec& fs = only_region(p).spec;
+  auto st = fs.stages();
+  ASSERT_EQ(st.size(), 3u) << print_spec(fs);
+  // stage 0: x = acc + b, reduce.mean(x), x bypassed
+  const SpecNode& r0 = st[0]->nodes[st[0]->terminal];
+  EXPECT_EQ(r0.kind, SpecKind::Reduction);
+  EXPECT_EQ(r0.reduce, ReduceKind::Mean);
+  ASSERT_EQ(r0.bypass.size(), 1u);
+  EXPECT_EQ(st[0]->nodes[r0.bypass[0]].origin, "_1");  // add(h, b), named by the builder
+  // stage 1: x - mean, square, reduce.mean, (x - mean) bypassed
+  const SpecNode& r1 = st[1]->nodes[st[1]->terminal];
+  EXPECT_EQ(r1.reduce, ReduceKind::Mean);
+  ASSERT_EQ(r1.bypass.size(), 1u);
+  EXPECT_EQ(st[1]->nodes[r1.bypass[0]].origin, "y.centered");
+  EXPECT_EQ(kinds(*st[1]), "placeholder placeholder compute compute reduce");
+  // stage 2: rsqrt(var + eps) per row, times centered, gamma, beta; one store
+  EXPECT_EQ(kinds(*st[2]),
+            "placeholder placeholder broadcast compute compute compute broadcast compute broadcast compute store");
+  EXPECT_EQ(fs.params.size(), 3u);
+  EXPECT_EQ(fs.outputs.size(), 1u);
+}
+
+TEST(Stages, RmsNormIsOneReduction) {
+  Gemm t;
+  Value r = t.g.input("R", DType::BF16, {64, 48});
+  t.g.output(t.g.rms_norm(t.g.add(t.h, r), t.row("g"), 1e-6, "y"));
+  Partition p = partition(t.g);
+  const FusionSpec& fs = only_region(p).spec;
+  auto st = fs.stages();
+  ASSERT_EQ(st.size(), 2u) << print_spec(fs);
+  EXPECT_EQ(st[0]->nodes[st[0]->terminal].reduce, ReduceKind::Mean);
+  EXPECT_EQ(fs.params.at(0).kind, BroadcastKind::Tile);
+  EXPECT_EQ(fs.params.at(1).kind, BroadcastKind::Row);
+}
+
+TEST(Stages, SoftmaxIsMaxThenSumExpThenNormalize) {
+  Gemm t;
+  t.g.output(t.g.softmax(t.g.add(t.h, t.row("b")), -1, "y"));
+  Partition p = partition(t.g);
+  const FusionSpec& fs = only_region(p).spec;
+  auto st = fs.stages();
+  ASSERT_EQ(st.size(), 3u) << print_spec(fs);
+  EXPECT_EQ(st[0]->nodes[st[0]->terminal].reduce, ReduceKind::Max);
+  EXPECT_EQ(st[1]->nodes[st[1]->terminal].reduce, ReduceKind::Sum);
+  EXPECT_EQ(kinds(*st[2]), "placeholder placeholder compute store");  // exp(x - max) bypassed, divided
+  EXPECT_EQ(st[2]->nodes[2].op, OpKind::Div);
+}
+
+TEST(Stages, LogSoftmaxBypassesShiftedValues) {
+  Gemm t;
+  t.g.output(t.g.log_softmax(t.h, -1, "y"));
+  Partition p = partition(t.g);
+  const FusionSpec& fs = only_region(p).spec;
+  auto st = fs.stages();
+  ASSERT_EQ(st.size(), 3u) << print_spec(fs);
+  EXPECT_EQ(st[0]->nodes[st[0]->terminal].reduce, ReduceKind::Max);
+  EXPECT_EQ(st[1]->nodes[st[1]->terminal].reduce, ReduceKind::Sum);
+  EXPECT_EQ(st[2]->nodes[1].origin, "y.shifted");
+  EXPECT_EQ(kinds(*st[2]), "placeholder placeholder compute compute store");  // log(sum), shifted - log
+}
+
+TEST(Stages, PrenormTwoOutputsStoresResidualInStageZero) {
+  Graph g;
+  Value x = g.input("X", DType::BF16, {64, 32});
+  Value wt = g.input("Wt", DType::BF16, {48, 32});  // nn.Linear layout [N, K]
+  Value b = g.input("b", DType::BF16, {48}), gm = g.input("g", DType::BF16, {48}), bt = g.input("beta", DType::BF16, {48});
+  Value r = g.input("R", DType::BF16, {64, 48});
+  Value h = g.add(g.add(g.matmul(x, wt, false, true, "xw"), b), r);
+  g.output(h, "");
+  g.output(g.layer_norm(h, gm, bt, 1e-5, "y"));
+  Partition p = partition(g);
+  const FusionSpec& fs = only_region(p).spec;
+  EXPECT_TRUE(fs.gemm.transpose_b);
+  auto st = fs.stages();
+  ASSERT_EQ(st.size(), 3u) << print_spec(fs);
+  ASSERT_EQ(fs.outputs.size(), 2u);
+  // the residual stream h is stored as soon as it exists (stage 0); y at the end
+  int store0 = -1;
+  for (const auto& n : st[0]->nodes)
+    if (n.kind == SpecKind::Store) store0 = n.output;
+  EXPECT_EQ(fs.outputs.at(store0).node, h.id);
+  EXPECT_EQ(st[2]->nodes[st[2]->terminal].kind, SpecKind::Store);
+}
+
+TEST(Stages, StructuralHashIgnoresNamesAndRowsButNotOps) {
+  auto build = [](int64_t m, const char* bias, OpKind act) {
+    Graph g;
+    Value x = g.input("X", DType::BF16, {m, 32});
+    Value w = g.input("W", DType::BF16, {32, 48});
+    g.output(g.unary(act, g.add(g.matmul(x, w), g.input(bias, DType::BF16, {48}))));
+    return spec_structural_hash(partition(g).regions.at(0).spec);
+  };
+  EXPECT_EQ(build(64, "b", OpKind::Relu), build(1000, "bias", OpKind::Relu));
+  EXPECT_NE(build(64, "b", OpKind::Relu), build(64, "b", OpKind::Silu));
+}
