@@ -117,7 +117,7 @@ class Lowering {
     assign_stages();
     for (int v : stored_) {
       const Node& n = g_.node(v);
-      fs_.outputs.push_back({n.name, v, n.dtype, ts_.is_per_row(n.shape), n.shape});
+      fs_.outputs.push_back({n.name, v, n.dtype, false, n.shape});  // per_row set where it is stored
     }
     fs_.root = build_stage(0);
     return fs_;
@@ -191,6 +191,8 @@ class Lowering {
     return static_cast<int>(fs_.params.size()) - 1;
   }
 
+  // per_row is propagated from the operands (not read off shapes, which are ambiguous when N == 1):
+  // acc and tile/row broadcasts are per element, reductions per row, compute per row iff all operands are.
   Spec build_stage(int k) {
     Spec st;
     std::map<int, int> local;                       // graph value -> spec node in this stage
@@ -199,28 +201,32 @@ class Lowering {
       st.nodes.push_back(std::move(sn));
       return static_cast<int>(st.nodes.size()) - 1;
     };
+    auto bind = [&](int graph_value, SpecNode sn) {
+      per_row_[graph_value] = sn.per_row;
+      return local[graph_value] = push(std::move(sn));
+    };
     int L = static_cast<int>(reductions_.size());
     if (k == 0) {
       SpecNode acc;
       acc.kind = SpecKind::AccEntry;
       acc.origin = g_.node(region_.front()).name;
-      local[region_.front()] = push(acc);
+      bind(region_.front(), acc);
     } else {
       SpecNode res;
       res.kind = SpecKind::Placeholder;
       res.placeholder = PlaceholderKind::ReductionResult;
       res.per_row = true;
       res.origin = g_.node(reductions_[k - 1]).name;
-      local[reductions_[k - 1]] = push(res);
+      bind(reductions_[k - 1], res);
       for (size_t i = 0; i < bypass_[k].size(); ++i) {
         int v = bypass_[k][i];
         SpecNode ph;
         ph.kind = SpecKind::Placeholder;
         ph.placeholder = PlaceholderKind::Bypass;
         ph.slot = static_cast<int>(i);
-        ph.per_row = ts_.is_per_row(g_.node(v).shape);
+        ph.per_row = per_row_.at(v);
         ph.origin = g_.node(v).name;
-        local[v] = push(ph);
+        bind(v, ph);
       }
     }
     auto operand = [&](int in, const Node& user) -> int {
@@ -250,9 +256,12 @@ class Lowering {
       c.exponent = n.op == OpKind::Pow ? n.value : 0.0;
       c.cast_to = n.cast_to;
       c.origin = n.name;
-      for (int in : n.inputs) c.args.push_back(operand(in, n));
-      c.per_row = ts_.is_per_row(n.shape);
-      local[id] = push(c);
+      c.per_row = true;
+      for (int in : n.inputs) {
+        c.args.push_back(operand(in, n));
+        c.per_row = c.per_row && st.nodes[c.args.back()].per_row;
+      }
+      bind(id, c);
     }
     for (size_t o = 0; o < stored_.size(); ++o) {
       int v = value(stored_[o]);
@@ -261,7 +270,7 @@ class Lowering {
       s.kind = SpecKind::Store;
       s.args = {local.at(v)};
       s.output = static_cast<int>(o);
-      s.per_row = fs_.outputs[o].per_row;
+      s.per_row = fs_.outputs[o].per_row = st.nodes[s.args[0]].per_row;
       s.origin = g_.node(stored_[o]).name;
       st.terminal = push(s);
     }
@@ -288,6 +297,7 @@ class Lowering {
   TileSpace ts_;
   std::set<int> in_region_;
   std::map<int, int> stage_;
+  std::map<int, bool> per_row_;  // graph value -> per_row, as lowered
   std::vector<int> reductions_;
   std::vector<std::vector<int>> bypass_;
 };
