@@ -7,7 +7,8 @@
 //
 // Numerics (the contract every interpreter and kernel follows): values between ops are fp32; a node's dtype
 // only matters where a value is rounded: graph inputs (rounded to their declared dtype when fed), explicit
-// `cast` nodes, and graph outputs (rounded to their dtype when stored).
+// `cast` nodes, matmul operands (rounded to the matmul's dtype: they are tensor-core inputs) and graph outputs
+// (rounded to their dtype when stored).
 #pragma once
 
 #include <cstdint>

@@ -99,8 +99,10 @@ Arr<T> eval(const Node& n, const std::vector<const Arr<T>*>& in) {
   }
   switch (n.op) {
     case OpKind::MatMul: {
-      const Arr<T>& A = *in[0];
-      const Arr<T>& B = *in[1];
+      // operands are tensor-core inputs: rounded to the matmul's dtype
+      Arr<T> A = *in[0], B = *in[1];
+      for (T& v : A.data) v = static_cast<T>(round_to_dtype(static_cast<float>(v), n.dtype));
+      for (T& v : B.data) v = static_cast<T>(round_to_dtype(static_cast<float>(v), n.dtype));
       size_t ra = A.shape.size();
       int64_t m = n.shape[n.shape.size() - 2], nn = n.shape.back();
       int64_t k = n.transpose_a ? A.shape[ra - 2] : A.shape[ra - 1];
@@ -202,8 +204,10 @@ Tensor eval_node(const Node& n, const std::vector<const Tensor*>& operands) {
   return t;
 }
 
-Tensor gemm_reference(const Tensor& a, const Tensor& b, const GemmDesc& g) {
-  Tensor c(Shape{g.rows, g.n});
+Tensor gemm_reference(const Tensor& a_in, const Tensor& b_in, const GemmDesc& g) {
+  Tensor a = a_in, b = b_in, c(Shape{g.rows, g.n});
+  for (float& v : a.data) v = round_to_dtype(v, g.dtype);  // tensor-core inputs
+  for (float& v : b.data) v = round_to_dtype(v, g.dtype);
   detail::gemm_rows<float>(a.data.data(), b.data.data(), c.data.data(), g.rows, g.k, g.n, g.transpose_b);
   return c;
 }

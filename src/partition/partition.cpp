@@ -106,10 +106,11 @@ Partition partition(const Graph& input) {
     r.root = root.id;
     r.nodes = nodes;
     r.spec = lower_region(g, nodes, stored);
-    // Values handed to the rest of the program stay fp32 (graph outputs are rounded when the program
-    // ends), so partitioning never adds a rounding step.
+    // Values handed to the rest of the program stay fp32 (graph outputs are rounded when the program ends),
+    // so partitioning never adds a rounding step. Only matmuls reading it: its dtype, which they round to.
     for (auto& o : r.spec.outputs)
-      if (std::any_of(users[o.node].begin(), users[o.node].end(), [&](int u) { return !in_region[u]; }))
+      if (std::any_of(users[o.node].begin(), users[o.node].end(),
+                      [&](int u) { return !in_region[u] && g.node(u).op != OpKind::MatMul; }))
         o.dtype = DType::F32;
     for (int id : nodes) {
       claimed[id] = ri;

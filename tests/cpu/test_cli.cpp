@@ -1,0 +1,141 @@
+// The comfuse CLI end to end: plan on every example, interp through .npy files in both modes, and clear errors
+// with exit code 2.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sys/wait.h>
+
+#include "comfuse/interp.h"
+#include "comfuse/tensor.h"
+#include "comfuse/text.h"
+
+using namespace comfuse;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CliRun {
+  int code;
+  std::string out;  // stdout + stderr
+};
+
+CliRun run(const std::string& args) {
+  std::string cmd = std::string(COMFUSE_CLI) + " " + args + " 2>&1";
+  CliRun r{-1, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::vector<fs::path> examples(const std::string& sub) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(fs::path(COMFUSE_SOURCE_DIR) / sub))
+    if (e.path().extension() == ".cf") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("comfuse_cli_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+double rel_err(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    if (!std::isfinite(a.data[i])) return INFINITY;
+    num += (a.data[i] - b.data[i]) * double(a.data[i] - b.data[i]);
+    den += double(b.data[i]) * b.data[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+}  // namespace
+
+TEST(Cli, PlanEveryExample) {
+  auto files = examples("examples");
+  ASSERT_GE(files.size(), 6u);
+  for (const auto& f : files) {
+    CliRun r = run("plan " + f.string() + " --explain");
+    EXPECT_EQ(r.code, 0) << f << "\n" << r.out;
+    EXPECT_NE(r.out.find("fused region"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("explain:"), std::string::npos) << r.out;
+  }
+}
+
+TEST(Cli, InterpGraphAndSpecModesAgreeOnSmallExamples) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (const auto& f : examples("examples/small")) {
+    Graph g = parse_cf_file(f.string());
+    fs::path in = temp_dir(f.stem().string() + "_in");
+    TensorMap inputs;
+    for (int id : g.inputs) {
+      Tensor t(g.node(id).shape);
+      for (float& v : t.data) v = u(rng);
+      write_npy((in / (g.node(id).name + ".npy")).string(), t);
+      inputs[g.node(id).name] = t;
+    }
+    TensorMap want = interpret_graph(g, inputs);
+    for (std::string mode : {"--mode graph", "--mode spec --ctas 3", "--mode spec --ctas 16"}) {
+      fs::path out = temp_dir(f.stem().string() + "_out");
+      CliRun r = run("interp " + f.string() + " --inputs " + in.string() + " --outputs " + out.string() + " " + mode);
+      ASSERT_EQ(r.code, 0) << f << " " << mode << "\n" << r.out;
+      for (const auto& [name, t] : want) {
+        Tensor got = read_npy((out / (name + ".npy")).string());
+        ASSERT_EQ(got.shape, t.shape) << name;
+        EXPECT_LE(rel_err(got, t), 1e-5) << f << " " << mode << " output " << name;
+      }
+      fs::remove_all(out);
+    }
+    fs::remove_all(in);
+  }
+}
+
+TEST(Cli, ErrorsExitWithCode2AndSaySo) {
+  fs::path d = temp_dir("errors");
+  std::ofstream(d / "bad.cf") << "input X : bf16[4, 8]\ny = frobnicate(X)\noutput y\n";
+  CliRun r = run("plan " + (d / "bad.cf").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("bad.cf:2:5: error:"), std::string::npos) << r.out;
+
+  r = run("plan " + (d / "missing.cf").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+
+  fs::path ex = fs::path(COMFUSE_SOURCE_DIR) / "examples/small/softmax.cf";
+  r = run("interp " + ex.string() + " --inputs " + d.string() + " --outputs " + (d / "o").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("missing input file"), std::string::npos) << r.out;
+
+  r = run("interp " + ex.string() + " --inputs " + d.string() + " --outputs " + d.string() + " --mode spec --ctas 0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--ctas must be a positive integer"), std::string::npos) << r.out;
+
+  r = run("interp " + ex.string() + " --inputs " + d.string());
+  EXPECT_EQ(r.code, 2);
+  r = run("plan " + ex.string() + " --bogus");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("unknown option --bogus"), std::string::npos) << r.out;
+  r = run("launch " + ex.string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("unknown command 'launch'"), std::string::npos) << r.out;
+
+  // an input .npy with the wrong shape
+  Graph g = parse_cf_file(ex.string());
+  for (int id : g.inputs) write_npy((d / (g.node(id).name + ".npy")).string(), Tensor(Shape{3, 3}, 1.f));
+  r = run("interp " + ex.string() + " --inputs " + d.string() + " --outputs " + (d / "o").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("does not match input"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
