@@ -1,0 +1,127 @@
+// Partition decisions and their reasons, the cycle rule, and the Spec verifier.
+#include <gtest/gtest.h>
+
+#include "comfuse/interp.h"
+#include "comfuse/partition.h"
+#include "comfuse/text.h"
+
+using namespace comfuse;
+
+namespace {
+
+Partition plan(const std::string& text) { return partition(parse_cf(text, "t.cf")); }
+
+const NodeDecision& decision(const Partition& p, const std::string& name) {
+  auto id = p.graph.find(name);
+  EXPECT_TRUE(id.has_value()) << name;
+  return p.decisions.at(*id);
+}
+
+const char* kHead =
+    "input X : bf16[6, 8]\n"
+    "input W : bf16[8, 10]\n"
+    "input b : bf16[10]\n"
+    "h = matmul(X, W)\n";
+
+}  // namespace
+
+TEST(Partition, TransposeFallsBackAndSaysWhy) {
+  Partition p = plan(std::string(kHead) + "t = transpose(add(h, b))\nu = relu(t)\noutput u\n");
+  ASSERT_EQ(p.regions.size(), 1u);
+  EXPECT_EQ(decision(p, "t").kind, NodeDecision::Kind::Fallback);
+  EXPECT_NE(decision(p, "t").reason.find("transpose reorders the tile"), std::string::npos) << decision(p, "t").reason;
+  EXPECT_EQ(decision(p, "u").kind, NodeDecision::Kind::Fallback);
+  EXPECT_NE(decision(p, "u").reason.find("reads no GEMM epilogue value"), std::string::npos);
+  // the add is fused and stored (fp32: a fallback node reads it)
+  ASSERT_EQ(p.regions[0].spec.outputs.size(), 1u);
+  EXPECT_EQ(p.regions[0].spec.outputs[0].dtype, DType::F32);
+}
+
+TEST(Partition, ReductionOverRowsAndPartialBroadcastFallBack) {
+  Partition p = plan(std::string(kHead) +
+                     "input c : bf16[6, 10]\n"
+                     "s = sum(h, dim=0)\n"
+                     "k = mean(h, keepdim=false)\n"
+                     "y = add(h, c)\n"
+                     "output s, k, y\n");
+  EXPECT_NE(decision(p, "s").reason.find("not the last (N) dim"), std::string::npos) << decision(p, "s").reason;
+  EXPECT_NE(decision(p, "k").reason.find("keepdim=false"), std::string::npos);
+  EXPECT_EQ(decision(p, "y").kind, NodeDecision::Kind::Fused);  // [6, 10] residual: a tile param
+
+  Partition q = partition(parse_cf(
+      "input X : bf16[2, 3, 8]\ninput W : bf16[8, 10]\ninput c : bf16[3, 1]\n"
+      "h = matmul(X, W)\ny = add(h, c)\noutput y\n", "q.cf"));
+  EXPECT_NE(decision(q, "y").reason.find("broadcasts partially"), std::string::npos) << decision(q, "y").reason;
+}
+
+TEST(Partition, LeadingDimsBecomeRowsAndRegroupingReshapeIsFused) {
+  Partition p = partition(parse_cf(
+      "input X : bf16[2, 3, 8]\ninput W : bf16[8, 10]\ninput c : bf16[2, 3, 1]\n"
+      "h = matmul(X, W)\nr = reshape(add(h, c), shape=[6, 10])\ny = softmax(r)\n"
+      "z = reshape(r, shape=[60])\noutput y, z\n", "lead.cf"));
+  ASSERT_EQ(p.regions.size(), 1u);
+  EXPECT_EQ(p.regions[0].spec.gemm.rows, 6);
+  EXPECT_EQ(p.regions[0].spec.params.at(0).kind, BroadcastKind::Col);
+  EXPECT_EQ(decision(p, "r").kind, NodeDecision::Kind::Fused);
+  EXPECT_EQ(decision(p, "y").kind, NodeDecision::Kind::Fused);
+  EXPECT_NE(decision(p, "z").reason.find("changes the last dim"), std::string::npos) << decision(p, "z").reason;
+}
+
+TEST(Partition, BatchedWeightAndTransposedAAreNotRoots) {
+  Partition p = partition(parse_cf(
+      "input Q : bf16[4, 16, 8]\ninput K : bf16[4, 16, 8]\ninput A : bf16[8, 6]\ninput W : bf16[8, 5]\n"
+      "s = matmul(Q, K, transpose_b=true)\nt = matmul(A, W, transpose_a=true)\noutput s, t\n", "b.cf"));
+  EXPECT_TRUE(p.regions.empty());
+  EXPECT_NE(decision(p, "s").reason.find("batched matmul"), std::string::npos);
+  EXPECT_NE(decision(p, "t").reason.find("transpose_a"), std::string::npos);
+}
+
+TEST(Partition, OperandFromALaterGemmWouldCycleSoTheLaterRegionTakesIt) {
+  // y reads both GEMMs; region 0 may not take it (GEMM 1 is later), region 1 takes it with h0 as a tile param.
+  Partition p = plan(std::string(kHead) +
+                     "input X2 : bf16[6, 8]\n"
+                     "h2 = matmul(X2, W)\n"
+                     "y = add(relu(h), h2)\n"
+                     "output y\n");
+  ASSERT_EQ(p.regions.size(), 2u);
+  EXPECT_EQ(decision(p, "y").region, 1);
+  EXPECT_EQ(p.regions[1].spec.params.at(0).kind, BroadcastKind::Tile);
+  ASSERT_EQ(p.schedule.size(), 2u);
+  EXPECT_EQ(p.schedule[0].index, 0);  // region 0 produces relu(h) before region 1 reads it
+}
+
+TEST(Partition, ThroughUnfusedNodeIsRejectedNotMiscompiled) {
+  Partition p = plan(std::string(kHead) + "t = transpose(transpose(h))\ny = add(h, t)\noutput y\n");
+  EXPECT_EQ(decision(p, "y").kind, NodeDecision::Kind::Fallback);
+  EXPECT_NE(decision(p, "y").reason.find("depends on this GEMM through a node outside"), std::string::npos)
+      << decision(p, "y").reason;
+}
+
+TEST(Partition, DeadNodesAreDropped) {
+  Partition p = plan(std::string(kHead) + "dead = exp(h)\ny = add(h, b)\noutput y\n");
+  EXPECT_FALSE(p.graph.find("dead").has_value());
+}
+
+TEST(Partition, ExplainListsEveryNode) {
+  Partition p = plan(std::string(kHead) + "y = softmax(add(h, b))\noutput y\n");
+  std::string text = print_partition(p, true);
+  for (const Node& n : p.graph.nodes) EXPECT_NE(text.find("  " + n.name + " = "), std::string::npos) << n.name;
+}
+
+TEST(SpecVerify, RejectsCorruptedSpecs) {
+  Partition p = plan(std::string(kHead) + "y = layer_norm(add(h, b))\noutput y\n");
+  const FusionSpec good = p.regions.at(0).spec;
+  EXPECT_NO_THROW(verify_spec(good));
+  auto expect_bad = [&](auto mutate, const char* what) {
+    FusionSpec fs = good;
+    mutate(fs);
+    EXPECT_THROW(verify_spec(fs), std::logic_error) << what;
+  };
+  expect_bad([](FusionSpec& fs) { fs.root.nodes[2].args = {5}; }, "operand after use");
+  expect_bad([](FusionSpec& fs) { fs.root.post[0].nodes[1].slot = 7; }, "bypass slot out of range");
+  expect_bad([](FusionSpec& fs) { fs.root.terminal = 0; }, "terminal not the reduction");
+  expect_bad([](FusionSpec& fs) { fs.root.post[0].nodes.erase(fs.root.post[0].nodes.begin()); }, "no result placeholder");
+  expect_bad([](FusionSpec& fs) { fs.outputs.push_back(fs.outputs[0]); }, "output never stored");
+  expect_bad([](FusionSpec& fs) { fs.root.params.clear(); }, "param missing from A");
+  expect_bad([](FusionSpec& fs) { fs.root.nodes[0].per_row = true; }, "acc per row");
+}
