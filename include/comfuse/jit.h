@@ -1,0 +1,52 @@
+// JIT: CUDA C++ source -> sm_90a cubin through nvcc, with an on-disk cache shared by threads and processes.
+//
+// Cache key = hash(source, flags, nvcc version, kernel-header version). Entries live in
+// $COMFUSE_CACHE_DIR (default ~/.cache/comfuse) as <key>/{kernel.cu, kernel.cubin, meta}; `meta` records the
+// cubin's size and hash, so a truncated or corrupt entry is detected and rebuilt, never trusted. A new entry is
+// built in a private temporary directory and renamed into place (atomic), under a per-key file lock so two
+// processes asking for the same kernel compile it once. No CUDA driver is needed.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace comfuse::jit {
+
+class JitError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct JitOptions {
+  std::string cache_dir;                  // empty: $COMFUSE_CACHE_DIR, else ~/.cache/comfuse
+  std::string nvcc;                       // empty: $COMFUSE_NVCC, $CUDA_HOME/bin/nvcc, nvcc on PATH, /usr/local/cuda/bin/nvcc
+  std::vector<std::string> include_dirs;  // kernel headers, CUTLASS
+  std::vector<std::string> flags;         // empty: default_flags()
+  std::string header_version;             // identifies the kernel headers (see hash_tree); part of the key
+};
+
+struct CompileResult {
+  std::string key;          // 32 hex digits
+  std::string cubin_path;
+  std::vector<char> cubin;  // the file's bytes
+  bool cache_hit = false;
+  double seconds = 0;       // compile time (0 on a hit)
+};
+
+std::vector<std::string> default_flags();  // -gencode arch=compute_90a,code=sm_90a -std=c++17 ... -O3 -DNDEBUG
+std::string find_nvcc(const JitOptions& o);  // resolved path; throws JitError naming what was tried
+std::string nvcc_version(const std::string& nvcc);  // `nvcc --version`, memoized
+std::string default_cache_dir();
+
+// Content hash of every regular file under `dir` (paths and bytes): the kernel-header version.
+std::string hash_tree(const std::string& dir);
+
+// Compiles (or finds in the cache) `source`; `name` labels progress and error messages. Thread-safe.
+CompileResult compile(const std::string& source, const std::string& name, const JitOptions& o);
+
+// 128-bit FNV-1a of a byte string, as 32 hex digits (stable across runs and machines).
+std::string hash_hex(const std::string& bytes);
+
+}  // namespace comfuse::jit

@@ -1,0 +1,296 @@
+// nvcc driver and on-disk kernel cache (see include/comfuse/jit.h for the contract).
+#include "comfuse/jit.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+extern char** environ;
+
+namespace comfuse::jit {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+enum class Log { Quiet, Info, Debug };
+Log log_level() {
+  const char* v = std::getenv("COMFUSE_LOG");
+  std::string s = v ? v : "info";
+  if (s == "debug") return Log::Debug;
+  if (s == "quiet" || s == "warn" || s == "error" || s == "off") return Log::Quiet;
+  return Log::Info;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) return {};
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << bytes;
+  f.close();
+  if (!f) throw JitError("cannot write " + p.string());
+}
+
+// Runs argv with stdout+stderr to `log` (no shell involved); returns the exit status (127: could not start).
+int run_process(const std::vector<std::string>& argv, const fs::path& log) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid;
+  int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return 127;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+bool executable(const fs::path& p) { return !p.empty() && access(p.c_str(), X_OK) == 0 && fs::is_regular_file(p); }
+
+// A held flock on <dir>/<key>.lock; released on destruction.
+class FileLock {
+ public:
+  explicit FileLock(const fs::path& p) {
+    fd_ = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw JitError("cannot open lock file " + p.string());
+    while (flock(fd_, LOCK_EX) != 0)
+      if (errno != EINTR) throw JitError("cannot lock " + p.string());
+  }
+  ~FileLock() {
+    flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Prints "comfuse: compiling NAME ... Ns" every few seconds while alive (stderr, at log level info).
+class Progress {
+ public:
+  Progress(std::string name, bool on) : name_(std::move(name)), on_(on) {
+    if (!on_) return;
+    std::cerr << "comfuse: compiling " << name_ << " with nvcc ...\n";
+    ticker_ = std::thread([this] {
+      std::unique_lock<std::mutex> lk(m_);
+      while (!cv_.wait_for(lk, std::chrono::seconds(5), [this] { return done_; }))
+        std::cerr << "comfuse: compiling " << name_ << " ... " << static_cast<int>(elapsed()) << " s\n";
+    });
+  }
+  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  ~Progress() {
+    if (!on_) return;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    ticker_.join();
+  }
+
+ private:
+  std::string name_;
+  bool on_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread ticker_;
+};
+
+struct Entry {
+  fs::path dir;
+  fs::path cubin() const { return dir / "kernel.cubin"; }
+  fs::path meta() const { return dir / "meta"; }
+};
+
+// A valid entry has a meta file whose recorded size and hash match the cubin.
+bool load_entry(const Entry& e, std::vector<char>& out) {
+  std::string meta = read_file(e.meta());
+  if (meta.empty()) return false;
+  std::string bytes = read_file(e.cubin());
+  std::ostringstream want;
+  want << "size " << bytes.size() << "\nhash " << hash_hex(bytes) << "\n";
+  if (bytes.empty() || meta != want.str()) return false;
+  out.assign(bytes.begin(), bytes.end());
+  return true;
+}
+
+std::atomic<uint64_t> g_tmp_counter{0};
+
+}  // namespace
+
+std::string hash_hex(const std::string& bytes) {
+  // two independent 64-bit FNV-1a streams (different offset bases) = 128 bits
+  uint64_t h1 = 14695981039346656037ull, h2 = 0x6c62272e07bb0142ull;
+  for (unsigned char c : bytes) {
+    h1 = (h1 ^ c) * 1099511628211ull;
+    h2 = (h2 ^ c) * 0x100000001b3ull;
+    h2 ^= h2 >> 29;
+  }
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h1), static_cast<unsigned long long>(h2));
+  return buf;
+}
+
+std::vector<std::string> default_flags() {
+  return {"-gencode", "arch=compute_90a,code=sm_90a", "-std=c++17", "--expt-relaxed-constexpr", "-O3", "-DNDEBUG"};
+}
+
+std::string default_cache_dir() {
+  if (const char* d = std::getenv("COMFUSE_CACHE_DIR"); d && *d) return d;
+  const char* home = std::getenv("HOME");
+  return (fs::path(home && *home ? home : "/tmp") / ".cache" / "comfuse").string();
+}
+
+std::string find_nvcc(const JitOptions& o) {
+  std::vector<std::string> tried;
+  auto consider = [&](const fs::path& p, const std::string& why) {
+    tried.push_back(p.string() + " (" + why + ")");
+    return executable(p);
+  };
+  if (!o.nvcc.empty()) {
+    if (consider(o.nvcc, "JitOptions::nvcc")) return o.nvcc;
+    throw JitError("nvcc not found: " + o.nvcc + " (JitOptions::nvcc) is not an executable file");
+  }
+  if (const char* e = std::getenv("COMFUSE_NVCC"); e && *e) {
+    if (consider(e, "COMFUSE_NVCC")) return e;
+    throw JitError(std::string("nvcc not found: COMFUSE_NVCC=") + e + " is not an executable file");
+  }
+  if (const char* c = std::getenv("CUDA_HOME"); c && *c)
+    if (consider(fs::path(c) / "bin" / "nvcc", "CUDA_HOME")) return (fs::path(c) / "bin" / "nvcc").string();
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream ss(path);
+    for (std::string d; std::getline(ss, d, ':');)
+      if (!d.empty() && executable(fs::path(d) / "nvcc")) return (fs::path(d) / "nvcc").string();
+    tried.push_back("nvcc on PATH");
+  }
+  if (consider("/usr/local/cuda/bin/nvcc", "default location")) return "/usr/local/cuda/bin/nvcc";
+  std::string msg = "nvcc not found (needed to compile fused kernels); tried:";
+  for (const auto& t : tried) msg += "\n  " + t;
+  throw JitError(msg + "\nset CUDA_HOME or COMFUSE_NVCC, or use kernels compiled ahead of time");
+}
+
+std::string nvcc_version(const std::string& nvcc) {
+  static std::mutex m;
+  static std::map<std::string, std::string> memo;
+  std::lock_guard<std::mutex> lk(m);
+  if (auto it = memo.find(nvcc); it != memo.end()) return it->second;
+  fs::path log = fs::temp_directory_path() /
+                 ("comfuse-nvcc-version-" + std::to_string(getpid()) + "-" + std::to_string(g_tmp_counter++));
+  int rc = run_process({nvcc, "--version"}, log);
+  std::string out = read_file(log);
+  fs::remove(log);
+  if (rc != 0) throw JitError("'" + nvcc + " --version' failed (exit " + std::to_string(rc) + "): " + out);
+  return memo[nvcc] = out;
+}
+
+std::string hash_tree(const std::string& dir) {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::string all;
+  for (const auto& f : files) all += fs::relative(f, dir).string() + '\0' + read_file(f) + '\0';
+  return hash_hex(all);
+}
+
+CompileResult compile(const std::string& source, const std::string& name, const JitOptions& o) {
+  const std::string nvcc = find_nvcc(o);
+  std::vector<std::string> flags = o.flags.empty() ? default_flags() : o.flags;
+  for (const auto& inc : o.include_dirs) flags.push_back("-I" + inc);
+  std::string key_material = source + '\0' + nvcc_version(nvcc) + '\0' + o.header_version;
+  for (const auto& f : flags) key_material += '\0' + f;
+  CompileResult r;
+  r.key = hash_hex(key_material);
+  const fs::path root = o.cache_dir.empty() ? default_cache_dir() : o.cache_dir;
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw JitError("cannot create the kernel cache " + root.string() + ": " + ec.message());
+  Entry entry{root / r.key};
+  const Log level = log_level();
+
+  auto hit = [&]() {
+    if (!load_entry(entry, r.cubin)) return false;
+    r.cache_hit = true;
+    r.cubin_path = entry.cubin().string();
+    if (level == Log::Debug) std::cerr << "comfuse: cache hit " << name << " " << entry.dir.string() << "\n";
+    return true;
+  };
+  if (hit()) return r;  // fast path: no lock
+
+  FileLock lock(root / (r.key + ".lock"));
+  if (hit()) return r;  // another process or thread finished it while we waited
+  if (fs::exists(entry.dir)) {
+    if (level != Log::Quiet) std::cerr << "comfuse: cache entry " << entry.dir.string() << " is corrupt; rebuilding\n";
+    fs::remove_all(entry.dir);
+  }
+  fs::path tmp = root / ("tmp-" + r.key + "-" + std::to_string(getpid()) + "-" + std::to_string(g_tmp_counter++));
+  fs::create_directories(tmp);
+  write_file(tmp / "kernel.cu", source);
+  std::vector<std::string> argv{nvcc};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), {"-cubin", "-o", (tmp / "kernel.cubin").string(), (tmp / "kernel.cu").string()});
+  if (level == Log::Debug) {
+    std::cerr << "comfuse:";
+    for (const auto& a : argv) std::cerr << " " << a;
+    std::cerr << "\n";
+  }
+  int rc;
+  {
+    Progress progress(name, level != Log::Quiet);
+    rc = run_process(argv, tmp / "nvcc.log");
+    r.seconds = progress.elapsed();
+  }
+  std::string bytes = read_file(tmp / "kernel.cubin");
+  if (rc != 0 || bytes.empty()) {
+    fs::path failed = root / ("failed-" + r.key);
+    fs::remove_all(failed);
+    fs::rename(tmp, failed);
+    std::string log = read_file(failed / "nvcc.log");
+    if (log.size() > 4000) log = log.substr(0, 4000) + "\n[... truncated]";
+    throw JitError("nvcc failed on " + name + " (exit " + std::to_string(rc) + (rc == 127 ? ": could not run " + nvcc : "") +
+                   "); source: " + (failed / "kernel.cu").string() + ", log: " + (failed / "nvcc.log").string() +
+                   "\n" + log);
+  }
+  std::ostringstream meta;
+  meta << "size " << bytes.size() << "\nhash " << hash_hex(bytes) << "\n";
+  write_file(tmp / "meta", meta.str());  // written last: an entry without a matching meta is never trusted
+  fs::rename(tmp, entry.dir);
+  if (level != Log::Quiet)
+    std::cerr << "comfuse: compiled " << name << " in " << std::fixed << std::setprecision(1) << r.seconds << " s\n";
+  r.cubin.assign(bytes.begin(), bytes.end());
+  r.cubin_path = entry.cubin().string();
+  return r;
+}
+
+}  // namespace comfuse::jit

@@ -1,0 +1,156 @@
+// The JIT cache with a stand-in compiler (hit, miss, corrupt entry, concurrent processes, failures), and one
+// real nvcc compile for sm_90a when nvcc is installed.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "comfuse/jit.h"
+
+using namespace comfuse::jit;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct FakeNvcc {
+  fs::path dir, nvcc, count;
+  // A stand-in for nvcc: `--version` prints a version; otherwise writes "CUBIN" + the source into the -o file,
+  // after an optional delay, and counts its runs. FAIL in the source makes it fail like a compile error.
+  explicit FakeNvcc(const std::string& tag, double delay = 0) {
+    dir = fs::temp_directory_path() / ("comfuse_jit_" + std::to_string(getpid()) + "_" + tag);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    nvcc = dir / "nvcc";
+    count = dir / "count";
+    std::ofstream(nvcc) << "#!/bin/sh\n"
+                           "if [ \"$1\" = --version ]; then echo 'fake nvcc 1.0'; exit 0; fi\n"
+                           "out=''; src=''\n"
+                           "while [ $# -gt 0 ]; do case \"$1\" in -o) out=\"$2\"; shift;; *.cu) src=\"$1\";; esac; shift; done\n"
+                           "echo run >> " << count.string() << "\n"
+                           "sleep " << delay << "\n"
+                           "if grep -q FAIL \"$src\"; then echo \"$src(1): error: FAIL here\" >&2; exit 1; fi\n"
+                           "{ echo CUBIN; cat \"$src\"; } > \"$out\"\n";
+    fs::permissions(nvcc, fs::perms::owner_all);
+  }
+  ~FakeNvcc() { fs::remove_all(dir); }
+  int runs() const {
+    std::ifstream f(count);
+    int n = 0;
+    for (std::string l; std::getline(f, l);) ++n;
+    return n;
+  }
+  JitOptions options() const {
+    JitOptions o;
+    o.nvcc = nvcc.string();
+    o.cache_dir = (dir / "cache").string();
+    o.header_version = "test";
+    return o;
+  }
+};
+
+}  // namespace
+
+TEST(Jit, MissThenHitThenNewSourceMisses) {
+  setenv("COMFUSE_LOG", "quiet", 1);
+  FakeNvcc fake("hit");
+  auto o = fake.options();
+  CompileResult a = compile("kernel A", "a", o);
+  EXPECT_FALSE(a.cache_hit);
+  EXPECT_EQ(std::string(a.cubin.begin(), a.cubin.end()), "CUBIN\nkernel A");
+  CompileResult b = compile("kernel A", "a", o);
+  EXPECT_TRUE(b.cache_hit);
+  EXPECT_EQ(b.key, a.key);
+  EXPECT_EQ(b.cubin, a.cubin);
+  EXPECT_EQ(fake.runs(), 1);
+  CompileResult c = compile("kernel B", "b", o);
+  EXPECT_FALSE(c.cache_hit);
+  EXPECT_NE(c.key, a.key);
+  o.header_version = "other headers";  // a header change is a different kernel
+  EXPECT_FALSE(compile("kernel A", "a", o).cache_hit);
+  o.flags = {"-O0"};
+  EXPECT_FALSE(compile("kernel A", "a", o).cache_hit);
+  EXPECT_EQ(fake.runs(), 4);
+}
+
+TEST(Jit, CorruptOrTruncatedEntryIsRebuilt) {
+  setenv("COMFUSE_LOG", "quiet", 1);
+  FakeNvcc fake("corrupt");
+  auto o = fake.options();
+  CompileResult a = compile("kernel C", "c", o);
+  std::ofstream(a.cubin_path, std::ios::trunc) << "CUB";  // truncated
+  CompileResult b = compile("kernel C", "c", o);
+  EXPECT_FALSE(b.cache_hit);
+  EXPECT_EQ(b.cubin, a.cubin);
+  fs::remove(fs::path(b.cubin_path).parent_path() / "meta");  // half-written entry
+  EXPECT_FALSE(compile("kernel C", "c", o).cache_hit);
+  EXPECT_EQ(fake.runs(), 3);
+  EXPECT_TRUE(compile("kernel C", "c", o).cache_hit);
+}
+
+TEST(Jit, TwoProcessesCompilingTheSameKeyCompileOnce) {
+  setenv("COMFUSE_LOG", "quiet", 1);
+  FakeNvcc fake("procs", 1.0);
+  auto o = fake.options();
+  pid_t kids[2];
+  for (pid_t& k : kids) {
+    k = fork();
+    if (k == 0) {
+      try {
+        CompileResult r = compile("shared kernel", "s", o);
+        _exit(std::string(r.cubin.begin(), r.cubin.end()) == "CUBIN\nshared kernel" ? 0 : 3);
+      } catch (...) {
+        _exit(4);
+      }
+    }
+  }
+  for (pid_t k : kids) {
+    int status = 0;
+    waitpid(k, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  EXPECT_EQ(fake.runs(), 1);
+  // no temporary directories left behind
+  for (const auto& e : fs::directory_iterator(o.cache_dir))
+    EXPECT_EQ(e.path().filename().string().rfind("tmp-", 0), std::string::npos) << e.path();
+}
+
+TEST(Jit, FailuresAreClearAndKeepTheLog) {
+  setenv("COMFUSE_LOG", "quiet", 1);
+  FakeNvcc fake("fail");
+  auto o = fake.options();
+  try {
+    compile("FAIL", "broken_kernel", o);
+    FAIL();
+  } catch (const JitError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("nvcc failed on broken_kernel"), std::string::npos) << m;
+    EXPECT_NE(m.find("error: FAIL here"), std::string::npos) << m;
+    EXPECT_NE(m.find("nvcc.log"), std::string::npos) << m;
+  }
+  o.nvcc = (fake.dir / "no-such-nvcc").string();
+  try {
+    compile("x", "x", o);
+    FAIL();
+  } catch (const JitError& e) {
+    EXPECT_NE(std::string(e.what()).find("nvcc not found"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Jit, RealNvccBuildsAnSm90aCubin) {
+  JitOptions o;
+  try {
+    o.nvcc = find_nvcc(JitOptions{});
+  } catch (const JitError&) {
+    GTEST_SKIP() << "skipped: no nvcc";
+  }
+  o.cache_dir = (fs::temp_directory_path() / ("comfuse_jit_real_" + std::to_string(getpid()))).string();
+  setenv("COMFUSE_LOG", "quiet", 1);
+  CompileResult r = compile("extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }\n", "k", o);
+  ASSERT_GE(r.cubin.size(), 4u);
+  EXPECT_EQ(std::string(r.cubin.begin(), r.cubin.begin() + 4), "\x7f" "ELF");
+  EXPECT_TRUE(compile("extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }\n", "k", o).cache_hit);
+  fs::remove_all(o.cache_dir);
+}
