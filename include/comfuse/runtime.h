@@ -1,0 +1,71 @@
+// Runtime: the CUDA driver, loaded at run time (dlopen), so the library, `comfuse plan`, `emit` and `aot` work
+// on machines with no driver. Kernels run in the device's primary context (the one PyTorch uses) on a
+// caller-given stream.
+#pragma once
+
+#include <cuda.h>  // types only; nothing is linked against libcuda
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace comfuse::rt {
+
+class RuntimeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The device cannot run ComFuse kernels (no driver, no GPU, not compute capability 9.0): callers fall back.
+class UnsupportedDevice : public RuntimeError {
+ public:
+  using RuntimeError::RuntimeError;
+};
+
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  int sms = 0;
+  int smem_per_block_optin = 0;  // bytes
+};
+
+// Why ComFuse kernels cannot run here ("" = they can): no driver library, no device, or not sm_90.
+std::string unsupported_reason(int device = 0);
+
+// The device's properties, with its primary context made current. Throws UnsupportedDevice.
+DeviceInfo require_hopper(int device = 0);
+
+// A loaded cubin.
+class Module {
+ public:
+  explicit Module(const std::vector<char>& cubin);  // cuModuleLoadData in the primary context
+  ~Module();
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  CUfunction function(const std::string& name) const;
+
+ private:
+  CUmodule mod_ = nullptr;
+};
+
+struct LaunchConfig {
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned cluster[3] = {1, 1, 1};  // > 1 in any dim: cluster launch (non-portable sizes enabled when > 8)
+  unsigned smem_bytes = 0;          // dynamic shared memory (the function's limit is raised to it)
+  bool cooperative = false;         // fails instead of hanging when the grid cannot be co-resident
+  CUstream stream = nullptr;
+};
+
+void launch(CUfunction f, const LaunchConfig& cfg, void** args);
+
+// Thin checked wrappers used by tools and tests.
+CUdeviceptr mem_alloc(size_t bytes);
+void mem_free(CUdeviceptr p);
+void copy_to_device(CUdeviceptr dst, const void* src, size_t bytes);
+void copy_to_host(void* dst, CUdeviceptr src, size_t bytes);
+void synchronize(CUstream s = nullptr);
+
+}  // namespace comfuse::rt

@@ -1,0 +1,194 @@
+// The CUDA driver API, resolved with dlopen/dlsym on first use.
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include "comfuse/runtime.h"
+
+namespace comfuse::rt {
+
+namespace {
+
+struct Api {
+  std::string error;  // why the driver is unusable ("" = loaded)
+  CUresult (*cuInit)(unsigned) = nullptr;
+  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
+  CUresult (*cuDeviceGetCount)(int*) = nullptr;
+  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*cuDeviceGetName)(char*, int, CUdevice) = nullptr;
+  CUresult (*cuDeviceGetAttribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
+  CUresult (*cuModuleUnload)(CUmodule) = nullptr;
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*cuFuncSetAttribute)(CUfunction, CUfunction_attribute, int) = nullptr;
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
+  CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t) = nullptr;
+  CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t) = nullptr;
+  CUresult (*cuStreamSynchronize)(CUstream) = nullptr;
+  CUresult (*cuCtxSynchronize)() = nullptr;
+};
+
+template <class F>
+bool bind(void* lib, F& fn, const char* name, std::string& error) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (!fn && error.empty()) error = std::string("the CUDA driver has no ") + name + " (driver too old?)";
+  return fn != nullptr;
+}
+
+Api& api() {
+  static Api a;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      a.error = "no CUDA driver (libcuda.so.1 not found): ComFuse kernels need an NVIDIA GPU and its driver";
+      return;
+    }
+    std::string& e = a.error;
+    bind(lib, a.cuInit, "cuInit", e);
+    bind(lib, a.cuGetErrorString, "cuGetErrorString", e);
+    bind(lib, a.cuDeviceGetCount, "cuDeviceGetCount", e);
+    bind(lib, a.cuDeviceGet, "cuDeviceGet", e);
+    bind(lib, a.cuDeviceGetName, "cuDeviceGetName", e);
+    bind(lib, a.cuDeviceGetAttribute, "cuDeviceGetAttribute", e);
+    bind(lib, a.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", e);
+    bind(lib, a.cuCtxSetCurrent, "cuCtxSetCurrent", e);
+    bind(lib, a.cuModuleLoadData, "cuModuleLoadData", e);
+    bind(lib, a.cuModuleUnload, "cuModuleUnload", e);
+    bind(lib, a.cuModuleGetFunction, "cuModuleGetFunction", e);
+    bind(lib, a.cuFuncSetAttribute, "cuFuncSetAttribute", e);
+    bind(lib, a.cuLaunchKernelEx, "cuLaunchKernelEx", e);
+    bind(lib, a.cuMemAlloc, "cuMemAlloc_v2", e);
+    bind(lib, a.cuMemFree, "cuMemFree_v2", e);
+    bind(lib, a.cuMemcpyHtoD, "cuMemcpyHtoD_v2", e);
+    bind(lib, a.cuMemcpyDtoH, "cuMemcpyDtoH_v2", e);
+    bind(lib, a.cuStreamSynchronize, "cuStreamSynchronize", e);
+    bind(lib, a.cuCtxSynchronize, "cuCtxSynchronize", e);
+    if (e.empty()) {
+      CUresult r = a.cuInit(0);
+      if (r != CUDA_SUCCESS) e = "cuInit failed (error " + std::to_string(static_cast<int>(r)) + "): no usable GPU";
+    }
+  });
+  return a;
+}
+
+Api& loaded() {
+  Api& a = api();
+  if (!a.error.empty()) throw UnsupportedDevice(a.error);
+  return a;
+}
+
+void check(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return;
+  const char* s = nullptr;
+  if (api().cuGetErrorString) api().cuGetErrorString(r, &s);
+  throw RuntimeError(std::string(what) + " failed: " + (s ? s : "unknown CUDA error") + " (" +
+                     std::to_string(static_cast<int>(r)) + ")");
+}
+
+}  // namespace
+
+std::string unsupported_reason(int device) {
+  try {
+    require_hopper(device);
+    return "";
+  } catch (const RuntimeError& e) {
+    return e.what();
+  }
+}
+
+DeviceInfo require_hopper(int ordinal) {
+  Api& a = loaded();
+  int count = 0;
+  check(a.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  if (ordinal < 0 || ordinal >= count)
+    throw UnsupportedDevice("no CUDA device " + std::to_string(ordinal) + " (" + std::to_string(count) + " found)");
+  CUdevice dev;
+  check(a.cuDeviceGet(&dev, ordinal), "cuDeviceGet");
+  DeviceInfo d;
+  d.ordinal = ordinal;
+  char name[256] = {0};
+  check(a.cuDeviceGetName(name, sizeof name, dev), "cuDeviceGetName");
+  d.name = name;
+  check(a.cuDeviceGetAttribute(&d.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute");
+  check(a.cuDeviceGetAttribute(&d.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute");
+  check(a.cuDeviceGetAttribute(&d.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute");
+  check(a.cuDeviceGetAttribute(&d.smem_per_block_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+        "cuDeviceGetAttribute");
+  if (d.cc_major != 9 || d.cc_minor != 0)
+    throw UnsupportedDevice(d.name + " is compute capability " + std::to_string(d.cc_major) + "." +
+                            std::to_string(d.cc_minor) + "; ComFuse kernels need 9.0 (H100/H200, sm_90a)");
+  CUcontext ctx;
+  check(a.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  check(a.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  return d;
+}
+
+Module::Module(const std::vector<char>& cubin) { check(loaded().cuModuleLoadData(&mod_, cubin.data()), "cuModuleLoadData"); }
+
+Module::~Module() {
+  if (mod_) api().cuModuleUnload(mod_);
+}
+
+CUfunction Module::function(const std::string& name) const {
+  CUfunction f;
+  check(loaded().cuModuleGetFunction(&f, mod_, name.c_str()), ("cuModuleGetFunction(" + name + ")").c_str());
+  return f;
+}
+
+void launch(CUfunction f, const LaunchConfig& c, void** args) {
+  Api& a = loaded();
+  if (c.smem_bytes > 48 * 1024)
+    check(a.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(c.smem_bytes)),
+          "cuFuncSetAttribute(max dynamic shared memory)");
+  CUlaunchAttribute attrs[2];
+  unsigned n = 0;
+  unsigned cluster = c.cluster[0] * c.cluster[1] * c.cluster[2];
+  if (cluster > 1) {
+    if (cluster > 8)
+      check(a.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+            "cuFuncSetAttribute(non-portable cluster size)");
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[n].value.clusterDim.x = c.cluster[0];
+    attrs[n].value.clusterDim.y = c.cluster[1];
+    attrs[n].value.clusterDim.z = c.cluster[2];
+    ++n;
+  }
+  if (c.cooperative) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[n].value.cooperative = 1;
+    ++n;
+  }
+  CUlaunchConfig cfg = {};
+  cfg.gridDimX = c.grid[0];
+  cfg.gridDimY = c.grid[1];
+  cfg.gridDimZ = c.grid[2];
+  cfg.blockDimX = c.block[0];
+  cfg.blockDimY = c.block[1];
+  cfg.blockDimZ = c.block[2];
+  cfg.sharedMemBytes = c.smem_bytes;
+  cfg.hStream = c.stream;
+  cfg.attrs = n ? attrs : nullptr;
+  cfg.numAttrs = n;
+  check(a.cuLaunchKernelEx(&cfg, f, args, nullptr), "cuLaunchKernelEx");
+}
+
+CUdeviceptr mem_alloc(size_t bytes) {
+  CUdeviceptr p;
+  check(loaded().cuMemAlloc(&p, bytes), "cuMemAlloc");
+  return p;
+}
+void mem_free(CUdeviceptr p) { check(loaded().cuMemFree(p), "cuMemFree"); }
+void copy_to_device(CUdeviceptr dst, const void* src, size_t bytes) { check(loaded().cuMemcpyHtoD(dst, src, bytes), "cuMemcpyHtoD"); }
+void copy_to_host(void* dst, CUdeviceptr src, size_t bytes) { check(loaded().cuMemcpyDtoH(dst, src, bytes), "cuMemcpyDtoH"); }
+void synchronize(CUstream s) {
+  Api& a = loaded();
+  check(s ? a.cuStreamSynchronize(s) : a.cuCtxSynchronize(), "synchronize");
+}
+
+}  // namespace comfuse::rt
