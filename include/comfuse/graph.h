@@ -80,7 +80,7 @@ struct Node {
 };
 
 struct Output {
-  std::string name;             // the output's name (the node's name in the text format)
+  std::string name;             // the output's name = its node's name
   int node = -1;
 };
 
@@ -121,7 +121,9 @@ class Graph {
   Value softmax(Value x, int dim = -1, const std::string& name = "");
   Value log_softmax(Value x, int dim = -1, const std::string& name = "");
   Value var(Value x, int dim = -1, int64_t correction = 0, bool keepdim = true, const std::string& name = "");
-  void output(Value v, const std::string& name = "");  // name defaults to the node's name
+  // Marks v as an output. Outputs are named by their node: `name` renames a node that has a generated name
+  // ("_7"); naming a named node differently is an error.
+  void output(Value v, const std::string& name = "");
 
   // shorthands
   Value add(Value a, Value b) { return binary(OpKind::Add, a, b); }

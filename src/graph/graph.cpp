@@ -331,6 +331,7 @@ Value Graph::reshape(Value x, const Shape& shape_in, const std::string& name) {
     } else if (shape[i] <= 0) {
       throw GraphError("reshape: dims must be positive or -1, got " + shape_str(shape_in));
     } else {
+      if (shape[i] > (int64_t{1} << 62) / known) throw GraphError("reshape: " + shape_str(shape_in) + " is too large");
       known *= shape[i];
     }
   }
@@ -364,7 +365,7 @@ void check_affine(const Graph& g, const Node& X, Value p, const char* what, cons
 Value Graph::layer_norm(Value x, Value w, Value b, double eps, const std::string& name) {
   const Node& X = node(x);
   if (X.shape.empty()) throw GraphError("layer_norm: operand is a scalar");
-  if (!(eps > 0)) throw GraphError("layer_norm: eps must be > 0");
+  if (!(eps > 0) || !std::isfinite(eps)) throw GraphError("layer_norm: eps must be finite and > 0");
   check_affine(*this, X, w, "layer_norm", "weight");
   check_affine(*this, X, b, "layer_norm", "bias");
   Node n;
@@ -385,7 +386,7 @@ Value Graph::layer_norm(Value x, Value w, Value b, double eps, const std::string
 Value Graph::rms_norm(Value x, Value w, double eps, const std::string& name) {
   const Node& X = node(x);
   if (X.shape.empty()) throw GraphError("rms_norm: operand is a scalar");
-  if (!(eps > 0)) throw GraphError("rms_norm: eps must be > 0");
+  if (!(eps > 0) || !std::isfinite(eps)) throw GraphError("rms_norm: eps must be finite and > 0");
   check_affine(*this, X, w, "rms_norm", "weight");
   Node n;
   n.op = OpKind::RmsNorm;
@@ -439,11 +440,20 @@ Value Graph::var(Value x, int dim, int64_t correction, bool keepdim, const std::
 }
 
 void Graph::output(Value v, const std::string& name) {
-  const Node& n = node(v);
-  std::string nm = name.empty() ? n.name : name;
+  Node& n = nodes.at(v.id);
+  // An output is named by its node, so the text format (`output y`) says everything. A node with a
+  // generated name ("_7") takes the output's name; a named node cannot be output under another name.
+  if (!name.empty() && name != n.name) {
+    bool generated = n.name.size() > 1 && n.name[0] == '_';
+    if (!generated || by_name_.count(name))
+      throw GraphError("output '" + name + "' must be named like its node '" + n.name + "'");
+    by_name_.erase(n.name);
+    n.name = name;
+    by_name_[name] = n.id;
+  }
   for (const auto& o : outputs)
-    if (o.name == nm) throw GraphError("duplicate output '" + nm + "'");
-  outputs.push_back({nm, v.id});
+    if (o.node == v.id) throw GraphError("duplicate output '" + n.name + "'");
+  outputs.push_back({n.name, v.id});
 }
 
 // Rebuilds `n` into `dst` with operands `ins` through the builder, so inference runs again.
