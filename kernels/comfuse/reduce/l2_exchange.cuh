@@ -1,0 +1,104 @@
+// Cross-CTA row reduction through L2: the C CTAs holding the tiles of one row block exchange their per-row
+// partials in a global workspace and each combines all C partials itself, in the same order, so all C
+// CTAs get bit-identical results.
+//
+// Protocol for one (row block, stage) slot, per consumer warp group of 128 threads:
+//   1. quad leaders write this CTA's partials:       partial[rb][stage][c][row]
+//   2. group barrier; thread 0: fence + atomic add (release) on arrive[rb][stage]
+//   3. thread 0 spins (acquire) until arrive == C; group barrier
+//   4. every thread combines partial[..][0..C-1][row] in column-block order (L2 loads, no L1)
+//   5. group barrier; thread 0: atomic add on depart; the last of the C resets arrive and depart to 0.
+// Each slot is used once per launch, so no CTA can overwrite partials a peer still reads, and the last
+// departure leaves the counters at zero for the next launch: no host-supplied epoch, so back-to-back launches
+// and CUDA-graph replays stay correct. (A launch aborted mid-way leaves counters dirty: the runtime zeroes the
+// workspace when it allocates it, and after any launch error.)
+//
+// Progress needs every CTA of a row block to be resident: a persistent grid of G >= C co-resident CTAs taking
+// tiles in increasing row-block-major order (see tile_scheduler.cuh for the argument), launched cooperatively
+// so that a grid that cannot be co-resident fails instead of hanging.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cute/config.hpp"
+
+namespace comfuse::reduce {
+
+struct L2Workspace {
+  float* partials = nullptr;  // [row_blocks][stages][cols][tile_m]
+  int* counters = nullptr;    // [row_blocks][stages][2]: arrive, depart (zero between launches)
+  int stages = 0, cols = 0, tile_m = 0;
+
+  CUTE_HOST_DEVICE static size_t partial_bytes(int row_blocks, int stages, int cols, int tile_m) {
+    return size_t(row_blocks) * stages * cols * tile_m * sizeof(float);
+  }
+  CUTE_HOST_DEVICE static size_t counter_bytes(int row_blocks, int stages) {
+    return size_t(row_blocks) * stages * 2 * sizeof(int);
+  }
+};
+
+namespace detail {
+
+CUTE_DEVICE void red_release_gpu(int* p, int v) {
+  asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+CUTE_DEVICE int ld_acquire_gpu(int const* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+CUTE_DEVICE int atom_add_acq_rel_gpu(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+CUTE_DEVICE void st_relaxed_gpu(int* p, int v) {
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+CUTE_DEVICE void named_barrier(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+
+}  // namespace detail
+
+// Combines per-row partials across the C column blocks of row block `rb`.
+//   Rows:      number of rows this thread holds (slots); row_of(s) gives slot s's row inside the tile
+//   v[s]:      in: this CTA's partial for the row (already reduced across the quad: every lane holds it);
+//              out: the combination over all C column blocks
+//   leader:    true for the one lane of each quad that writes the quad's rows
+//   combine:   associative operator (sum / max / min)
+// All 128 threads of the consumer group call it (barrier_id names the group's barrier).
+template <int Rows, class RowOf, class Combine>
+CUTE_DEVICE void l2_exchange(L2Workspace const& ws, int rb, int stage, int c, int thread, bool leader,
+                             int barrier_id, float (&v)[Rows], RowOf row_of, Combine combine) {
+  const size_t slot = size_t(rb) * ws.stages + stage;
+  float* base = ws.partials + slot * ws.cols * ws.tile_m;
+  int* arrive = ws.counters + slot * 2;
+  int* depart = arrive + 1;
+  if (leader) {
+#pragma unroll
+    for (int s = 0; s < Rows; ++s) __stcg(base + size_t(c) * ws.tile_m + row_of(s), v[s]);
+  }
+  detail::named_barrier(barrier_id, 128);
+  if (thread == 0) {
+    detail::red_release_gpu(arrive, 1);
+    while (detail::ld_acquire_gpu(arrive) < ws.cols) {
+    }
+  }
+  detail::named_barrier(barrier_id, 128);
+#pragma unroll
+  for (int s = 0; s < Rows; ++s) {
+    const float* col = base + row_of(s);
+    float acc = __ldcg(col);
+    for (int cc = 1; cc < ws.cols; ++cc) acc = combine(acc, __ldcg(col + size_t(cc) * ws.tile_m));
+    v[s] = acc;
+  }
+  detail::named_barrier(barrier_id, 128);
+  if (thread == 0) {
+    if (detail::atom_add_acq_rel_gpu(depart, 1) == ws.cols - 1) {  // last reader: reset for the next launch
+      detail::st_relaxed_gpu(arrive, 0);
+      detail::st_relaxed_gpu(depart, 0);
+    }
+  }
+}
+
+}  // namespace comfuse::reduce
