@@ -25,6 +25,9 @@ fi
 # shellcheck disable=SC2086
 .venv/bin/python -m pip install -q $COMFUSE_PIP_PACKAGES
 .venv/bin/python -m pip install -q --no-deps "$COMFUSE_CUTLASS_PIP"
+# shellcheck disable=SC2086
+.venv/bin/python -m pip install -q --no-deps $COMFUSE_TORCH_PIP $COMFUSE_TORCH_DEPS $COMFUSE_TORCH_CUDA_LIBS
+.venv/bin/python -c 'import torch' || { echo "setup: 'import torch' fails (see scripts/versions.sh)" >&2; exit 1; }
 
 cutlass_inc="$(.venv/bin/python -c 'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include"))')"
 [ -f "$cutlass_inc/cutlass/cutlass.h" ] || { echo "setup: CUTLASS headers not found at $cutlass_inc" >&2; exit 1; }
@@ -33,4 +36,10 @@ echo "setup: CUTLASS headers at $cutlass_inc"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCOMFUSE_CUTLASS_INCLUDE="$cutlass_inc" \
       -DPython3_EXECUTABLE="$root/.venv/bin/python"
 cmake --build build -j "$(nproc)"
+
+# The Python package (python/comfuse + the nanobind module comfuse._core), built by scikit-build-core in
+# build/python-<tag> (incremental) and installed into .venv (its entry point registers backend="comfuse").
+# The extension is also copied into python/comfuse so the source tree works with PYTHONPATH=python.
+.venv/bin/python -m pip install -q --no-build-isolation --no-deps .
+cp "$(.venv/bin/python -c 'import comfuse._core as c; print(c.__file__)')" python/comfuse/
 echo "setup: done. Run scripts/test.sh"

@@ -2,6 +2,13 @@
 # Debian packages (the machine image ships most of them; setup.sh installs what is missing).
 COMFUSE_APT_PACKAGES="cmake ninja-build g++ libgtest-dev python3-venv"
 # PyPI packages installed into the project-local virtualenv .venv
-COMFUSE_PIP_PACKAGES="numpy==2.1.3 pytest==8.3.3"
+COMFUSE_PIP_PACKAGES="numpy==2.1.3 pytest==8.3.3 nanobind==2.9.2 scikit-build-core==0.11.6"
+# PyTorch for the frontend (python/comfuse) and its CPU tests: the GPU machine's version. PyPI's wheel is a CUDA
+# build; it is installed with --no-deps plus its pure-Python deps and only the three CUDA libraries the machine's
+# CUDA toolkit lacks (the toolkit provides cudart, cuBLAS, cuDNN, NCCL, ...), not the several GB of nvidia-*
+# wheels; triton is not needed on CPU.
+COMFUSE_TORCH_PIP="torch==2.11.0"
+COMFUSE_TORCH_DEPS="filelock==4.3.1 typing-extensions==4.16.0 sympy==1.14.0 mpmath==1.3.0 networkx==3.6.1 jinja2==3.1.6 markupsafe==3.0.4 fsspec==2026.9.0"
+COMFUSE_TORCH_CUDA_LIBS="nvidia-cufile==1.15.1.6 nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5"
 # CUTLASS C++ headers (installed with --no-deps: we only want cutlass_library/source/include)
 COMFUSE_CUTLASS_PIP="nvidia-cutlass==4.2.0.0"

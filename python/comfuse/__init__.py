@@ -1,0 +1,45 @@
+"""ComFuse: fuses post-GEMM epilogues (bias, activations, residuals, LayerNorm/RMSNorm/Softmax) into Hopper
+GEMM kernels.
+
+    import torch, comfuse
+    model = torch.compile(model.eval(), backend="comfuse")   # the backend is found by name, no import needed
+    comfuse.explain(model, x)                                 # what would be fused, and why not
+
+`comfuse._core` is the compiler core (Graph IR builder, partition, Phi, CPU reference interpreters). The torch
+parts (capture, convert, program, backend, explain) import torch lazily, so `import comfuse` is cheap.
+"""
+from . import _core
+from ._core import DType, Graph, OpKind, interpret_graph, interpret_partitioned, interpret_spec, parse_cf, partition
+
+__version__ = "0.1.0"
+
+
+def explain(model, *example_inputs, **kwargs):
+    from .report import explain as _explain
+
+    return _explain(model, *example_inputs, **kwargs)
+
+
+def capture(model, *example_inputs) -> list:
+    """Captures `model` with Dynamo on `example_inputs` (under torch.no_grad()) and analyzes each graph: a list
+    of backend.GraphReport, each with `.analysis` (conversion, partition, program), `.gm` and `.example_inputs`
+    (the Dynamo graph and its inputs, parameters included, in placeholder order)."""
+    import torch
+
+    from .backend import analyze_graph
+
+    reports = []
+
+    def collect(gm, ex):
+        rep = analyze_graph(gm, ex, index=len(reports))
+        rep.gm, rep.example_inputs = gm, list(ex)
+        reports.append(rep)
+        return gm.forward
+
+    with torch.no_grad():
+        torch.compile(model, backend=collect)(*example_inputs)
+    return reports
+
+
+__all__ = ["DType", "Graph", "OpKind", "capture", "explain", "interpret_graph", "interpret_partitioned",
+           "interpret_spec", "parse_cf", "partition"]

@@ -1,0 +1,177 @@
+"""The torch.compile backend `comfuse` (registered through the `torch_dynamo_backends` entry point).
+
+    model = torch.compile(model, backend="comfuse")
+
+For each graph Dynamo captures: decide whether ComFuse kernels may be used at all (inference, static shapes,
+a Hopper GPU, bf16/f16 GEMMs); capture the inference ATen graph, convert it to the Graph IR, partition it, and
+log (INFO, logger "comfuse") the regions that become ComFuse kernels. The GPU kernels (code generation, JIT,
+launch) are not implemented yet, so today every graph runs through TorchInductor (or eager) — the log says why
+for each graph. `Program.rewrite()` already produces the graph in which each region is a
+`comfuse::fused_region` call; once kernels exist the backend compiles that graph instead.
+
+Options (torch.compile(..., options={...})):
+  fallback   "inductor" (default) or "eager": what runs the graph
+  reference  True: on CPU tensors, run the rewritten graph with the CPU reference implementation of
+             `comfuse::fused_region` (slow; checks capture, conversion and rewrite end to end)
+  ctas       column blocks per row in the reference implementation (default 1)
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger("comfuse")
+_GRAPH_IDS = itertools.count()
+
+GEMM_DTYPES = (torch.bfloat16, torch.float16)
+_GEMM_TARGETS = None
+
+
+def _gemm_targets():
+    global _GEMM_TARGETS
+    if _GEMM_TARGETS is None:
+        aten = torch.ops.aten
+        _GEMM_TARGETS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.linear.default}
+    return _GEMM_TARGETS
+
+
+@dataclasses.dataclass
+class GraphReport:
+    """What ComFuse decided for one captured graph."""
+    index: int
+    fallback: str | None = None       # why the graph does not use ComFuse kernels (None: it would)
+    analysis: Any = None              # program.Analysis, when the graph could be analyzed
+    error: str | None = None          # why analysis failed, if it did
+    gm: Any = None                    # the Dynamo graph and the inputs it was captured with (comfuse.capture)
+    example_inputs: Any = None
+
+    @property
+    def regions(self) -> list:
+        return list(self.analysis.part.regions) if self.analysis else []
+
+
+def _tensors(xs):
+    return [x for x in xs if isinstance(x, torch.Tensor)]
+
+
+def _symbolic_inputs(gm, example_inputs) -> list[str]:
+    out = []
+    for n, x in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs):
+        ev = n.meta.get("example_value", x)
+        if isinstance(ev, torch.SymInt) or isinstance(x, torch.SymInt):
+            out.append(f"{n.name} (a size)")
+        elif isinstance(ev, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in ev.shape):
+            out.append(f"{n.name}{list(ev.shape)}")
+    return out
+
+
+def precheck(gm, example_inputs) -> str | None:
+    """Reasons that need no analysis: gradients and dynamic shapes."""
+    ts = _tensors(example_inputs)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in ts):
+        return ("graph needs gradients (autograd is on and an input requires grad): ComFuse compiles inference "
+                "graphs; run the model under torch.no_grad() or torch.inference_mode()")
+    sym = _symbolic_inputs(gm, example_inputs)
+    if sym:
+        return ("dynamic shapes (symbolic sizes in " + ", ".join(sym[:4]) + (", ..." if len(sym) > 4 else "") +
+                "): ComFuse compiles static shapes (a new batch size M without recompiling is future work)")
+    return None
+
+
+def device_reason(example_inputs) -> str | None:
+    ts = _tensors(example_inputs)
+    if not ts:
+        return None
+    if any(t.device.type == "cpu" for t in ts):
+        return "CPU tensors: ComFuse kernels run on NVIDIA Hopper GPUs (sm_90)"
+    devs = {t.device for t in ts if t.device.type == "cuda"}
+    for d in devs:
+        cc = torch.cuda.get_device_capability(d)
+        if cc != (9, 0):
+            return (f"GPU {torch.cuda.get_device_name(d)} has compute capability {cc[0]}.{cc[1]}: ComFuse kernels "
+                    f"need 9.0 (H100/H200)")
+    if any(t.device.type not in ("cpu", "cuda") for t in ts):
+        return f"{ts[0].device.type} tensors: ComFuse kernels run on NVIDIA Hopper GPUs"
+    return None
+
+
+def dtype_reason(aten_gm) -> str | None:
+    for n in aten_gm.graph.nodes:
+        if n.op == "call_function" and n.target in _gemm_targets():
+            dt = n.meta["val"].dtype
+            if dt not in GEMM_DTYPES:
+                return (f"dtype {str(dt).replace('torch.', '')} GEMM '{n.name}': ComFuse kernels take bf16/f16 "
+                        f"operands (cast the model with .to(torch.bfloat16))")
+    return None
+
+
+def analyze_graph(gm, example_inputs, index: int | None = None) -> GraphReport:
+    """Capture + convert + partition one Dynamo graph, and the reason it falls back (if it does)."""
+    from . import program, tracing
+
+    rep = GraphReport(next(_GRAPH_IDS) if index is None else index)
+    rep.fallback = precheck(gm, example_inputs)
+    if rep.fallback and rep.fallback.startswith("dynamic shapes"):
+        return rep  # nothing static to analyze
+    try:
+        aten_gm = tracing.aten_graph(gm, example_inputs)
+        rep.analysis = program.analyze(aten_gm)
+    except Exception as e:  # analysis must never break the user's model
+        rep.error = f"{type(e).__name__}: {e}"
+        rep.fallback = rep.fallback or f"ComFuse could not analyze the graph ({rep.error})"
+        return rep
+    rep.fallback = (rep.fallback or dtype_reason(aten_gm) or
+                    (None if rep.regions else "no GEMM with a fusable epilogue in this graph") or
+                    device_reason(example_inputs))
+    if rep.fallback is None:
+        rep.fallback = (f"GPU kernels are not implemented yet (code generation/JIT/launch): "
+                        f"{len(rep.regions)} region(s) would be fused")
+    return rep
+
+
+def log_report(rep: GraphReport) -> None:
+    if rep.analysis is not None:
+        a = rep.analysis
+        pg = a.part.graph
+        for i, r in enumerate(a.part.regions):
+            g = r.spec.gemm
+            log.info("comfuse: graph %d region %d: GEMM '%s' [rows=%d N=%d K=%d %s] + %d epilogue node(s), "
+                     "%d stage(s) -> one ComFuse kernel", rep.index, i, pg.node(r.root).name, g.rows, g.n, g.k,
+                     str(g.dtype).split(".")[-1].lower(), len(r.nodes) - 1, r.spec.num_stages())
+        log.info("comfuse: graph %d: %d region(s), %d Graph IR node(s) on the standard path, %d node(s) left in torch",
+                 rep.index, len(a.part.regions), len(a.part.fallback), len(a.conv.torch_nodes))
+    if rep.fallback:
+        log.info("comfuse: graph %d runs without ComFuse kernels: %s", rep.index, rep.fallback)
+
+
+def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
+    opts = dict(options or {})
+    runner = opts.pop("fallback", "inductor")
+    reference = bool(opts.pop("reference", False))
+    ctas = int(opts.pop("ctas", 1))
+    if opts:
+        raise ValueError(f"comfuse backend: unknown options {sorted(opts)}")
+    if runner not in ("inductor", "eager"):
+        raise ValueError(f"comfuse backend: fallback must be 'inductor' or 'eager', got {runner!r}")
+
+    rep = analyze_graph(gm, example_inputs)
+    if rep.fallback and rep.fallback.startswith("graph needs gradients"):
+        log.warning("comfuse: graph %d: %s; running it with %s", rep.index, rep.fallback, runner)
+    log_report(rep)
+
+    target = gm
+    if (reference and rep.analysis is not None and rep.regions and
+            all(t.device.type == "cpu" for t in _tensors(example_inputs)) and
+            not (rep.fallback or "").startswith(("graph needs gradients", "dynamic shapes"))):
+        target = rep.analysis.program.rewrite(ctas)
+        log.info("comfuse: graph %d: running %d region(s) through the CPU reference implementation",
+                 rep.index, len(rep.regions))
+    if runner == "eager":
+        return target.forward
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(target, example_inputs)

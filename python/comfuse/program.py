@@ -1,0 +1,314 @@
+"""The partitioned program: fused regions, standard-path Graph IR nodes and torch nodes in one schedule.
+
+`analyze(aten_gm)` converts an ATen graph (convert.py), partitions the Graph IR with the core and orders three
+kinds of steps into one program:
+
+  region  a fused GEMM + epilogue (one ComFuse kernel; its FusionSpec)
+  node    a Graph IR node on the standard path (transpose, a reduction over rows, ...)
+  torch   an ATen node the Graph IR does not cover (it stays as it was)
+
+The core's partition sees only the Graph IR, in which a torch node's result is a plain input. A region can
+therefore read a value that a torch node computes from that same region's output (matmul -> cumsum -> add
+with the matmul): a cycle. `analyze` finds such cycles and leaves the region node that closes one in torch
+(with that reason), then converts again, until the program is acyclic.
+
+The program runs on the CPU reference interpreters (`run`: regions through interpret_spec, Graph IR nodes
+through eval_node, torch nodes through torch), or is written back as an FX graph in which each region is one
+call of the `comfuse::fused_region` custom op (`rewrite`) — the graph TorchInductor compiles.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import operator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from . import _core as C
+from .convert import DT_TO_TORCH, OK, Conversion, convert
+
+
+@dataclasses.dataclass
+class Step:
+    kind: str                 # "region" | "node" | "torch"
+    index: Any                # region index | p.graph node id | fx.Node
+    reads: list
+    writes: list
+    first: int                # position of its first FX node (stable tie-break)
+
+
+class Program:
+    def __init__(self, conv: Conversion, part):
+        self.conv = conv
+        self.part = part                  # _core.Partition of conv.graph
+        self.pg = part.graph              # decomposed, dead-code-free Graph IR (names kept)
+        self.regions = list(part.regions)
+        self.gm = conv.gm
+        self.fx_by_name = {n.name: n for n in self.gm.graph.nodes}
+        self.pos = {n: i for i, n in enumerate(self.gm.graph.nodes)}
+        self.nodes = self.pg.nodes
+        self.steps: list[Step] = []
+        self.cycle: tuple | None = None   # (torch fx.Node, region index, [region node ids]) when not acyclic
+
+    # ------------------------------------------------------------ value keys
+    def fx_of(self, name: str) -> fx.Node | None:
+        return self.fx_by_name.get(name.split(".")[0])
+
+    def key_of_g(self, gid: int):
+        """What provides Graph IR value gid: None (always there), ("fx", node) or ("g", name)."""
+        n = self.nodes[gid]
+        if n.op == OK.Input:
+            src = self.conv.input_source[n.name]
+            return ("fx", src) if src in self.conv.torch_nodes else None
+        if n.op == OK.Constant:
+            return None
+        return ("g", n.name)
+
+    def key_of_fx(self, a: fx.Node):
+        if a in self.conv.torch_nodes:
+            return ("fx", a)
+        v = self.conv.value.get(a)
+        if v is None:
+            return None  # placeholder / get_attr
+        gid = self.pg.find(self.conv.graph.node(v).name)
+        if gid is None:
+            # an input / constant the core dropped as dead cannot be read here; a converted value always exists
+            src = self.conv.graph.node(v)
+            return ("fx", self.conv.input_source[src.name]) if src.op == OK.Input and \
+                self.conv.input_source[src.name] in self.conv.torch_nodes else None
+        return self.key_of_g(gid)
+
+    def first_pos(self, names) -> int:
+        ps = [self.pos[f] for f in (self.fx_of(nm) for nm in names) if f is not None]
+        return min(ps) if ps else 0
+
+    # ------------------------------------------------------------ schedule
+    def build(self, with_regions: bool = True) -> bool:
+        steps: list[Step] = []
+        in_region = set()
+        if with_regions:
+            for ri, r in enumerate(self.regions):
+                fs = r.spec
+                reads = [self.key_of_g(fs.gemm.a), self.key_of_g(fs.gemm.b)] + [self.key_of_g(p.node) for p in fs.params]
+                writes = [("g", o.name) for o in fs.outputs]
+                steps.append(Step("region", ri, [k for k in reads if k], writes,
+                                  self.first_pos([self.nodes[i].name for i in r.nodes])))
+                in_region.update(r.nodes)
+            order = [i for fused, i in self.part.schedule if not fused]
+        else:
+            order = [n.id for n in self.nodes if n.op not in (OK.Input, OK.Constant)]
+        for gid in order:
+            n = self.nodes[gid]
+            reads = [self.key_of_g(i) for i in n.inputs]
+            steps.append(Step("node", gid, [k for k in reads if k], [("g", n.name)], self.first_pos([n.name])))
+        for t in self.conv.torch_nodes:
+            reads = [self.key_of_fx(a) for a in t.all_input_nodes]
+            steps.append(Step("torch", t, [k for k in reads if k], [("fx", t)], self.pos[t]))
+        # Kahn, ties broken by FX position
+        producer = {}
+        for si, s in enumerate(steps):
+            for w in s.writes:
+                producer[w] = si
+        succ = [set() for _ in steps]
+        indeg = [0] * len(steps)
+        for si, s in enumerate(steps):
+            for r in s.reads:
+                p = producer.get(r)
+                if p is None:
+                    raise AssertionError(f"program: no step provides {r}")
+                if p != si and si not in succ[p]:
+                    succ[p].add(si)
+                    indeg[si] += 1
+        ready = [(s.first, si) for si, s in enumerate(steps) if indeg[si] == 0]
+        heapq.heapify(ready)
+        out = []
+        while ready:
+            _, si = heapq.heappop(ready)
+            out.append(steps[si])
+            for t in succ[si]:
+                indeg[t] -= 1
+                if indeg[t] == 0:
+                    heapq.heappush(ready, (steps[t].first, t))
+        if len(out) != len(steps):
+            self.cycle = self._find_cycle(steps, [si for si in range(len(steps)) if indeg[si] > 0])
+            return False
+        self.steps = out
+        return True
+
+    def _find_cycle(self, steps, stuck):
+        """A torch node on a cycle and the region nodes that read its result."""
+        stuck_regions = [steps[si].index for si in stuck if steps[si].kind == "region"]
+        stuck_torch = {steps[si].index for si in stuck if steps[si].kind == "torch"}
+        for ri in stuck_regions:
+            r = self.regions[ri]
+            for gid in r.nodes:
+                for i in self.nodes[gid].inputs:
+                    k = self.key_of_g(i)
+                    if k and k[0] == "fx" and k[1] in stuck_torch:
+                        readers = [g for g in r.nodes if i in self.nodes[g].inputs]
+                        return (k[1], ri, readers)
+        raise AssertionError("program: cycle without a torch node between regions")
+
+    # ------------------------------------------------------------ CPU reference
+    def run(self, args, mode: str = "spec", ctas: int = 1) -> list:
+        """Evaluates the program on CPU tensors: mode "spec" runs regions through interpret_spec (with `ctas`
+        column blocks per row), mode "graph" evaluates every Graph IR node with eval_node."""
+        if mode == "graph":
+            p = Program(self.conv, self.part)
+            if not p.build(with_regions=False):
+                raise AssertionError("program: graph mode cannot have cycles")
+            steps = p.steps
+        else:
+            steps = self.steps
+        phs = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        if len(phs) != len(args):
+            raise ValueError(f"expected {len(phs)} inputs, got {len(args)}")
+        env_fx = {n: a for n, a in zip(phs, args)}
+        env_g: dict[str, np.ndarray] = {}
+        pg = self.pg
+
+        def np32(t):
+            return np.ascontiguousarray(t.detach().to("cpu", torch.float32).numpy())
+
+        def get_g(gid):
+            n = self.nodes[gid]
+            if n.name in env_g:
+                return env_g[n.name]
+            if n.op == OK.Input:
+                src = self.conv.input_source[n.name]
+                v = C.round_to_dtype(np32(env_fx[src]), n.dtype)
+            elif n.op == OK.Constant:
+                v = C.eval_node(pg, gid, [])
+            else:
+                raise AssertionError(f"program: '{n.name}' read before it is computed")
+            env_g[n.name] = v
+            return v
+
+        def get_fx(a):
+            if a in env_fx:
+                return env_fx[a]
+            v = self.conv.value.get(a)
+            node = self.conv.graph.node(v)
+            gid = pg.find(node.name)
+            m = a.meta["val"]
+            if gid is None or self.nodes[gid].op in (OK.Input, OK.Constant):
+                if node.op == OK.Input:
+                    val = env_fx[self.conv.input_source[node.name]]
+                    return val.to(m.dtype)
+                raise AssertionError(f"program: '{a.name}' is not available")
+            arr = C.round_to_dtype(get_g(gid), self.nodes[gid].dtype)
+            return torch.from_numpy(arr).to(m.dtype)
+
+        for s in steps:
+            if s.kind == "region":
+                fs = self.regions[s.index].spec
+                outs = C.interpret_spec(fs, get_g(fs.gemm.a), get_g(fs.gemm.b),
+                                        [get_g(p.node) for p in fs.params], ctas)
+                for o, v in zip(fs.outputs, outs):
+                    env_g[o.name] = v
+            elif s.kind == "node":
+                n = self.nodes[s.index]
+                env_g[n.name] = C.eval_node(pg, s.index, [get_g(i) for i in n.inputs])
+            else:
+                t = s.index
+                a_, k_ = fx.node.map_arg((t.args, t.kwargs), get_fx)
+                env_fx[t] = t.target(*a_, **k_)
+        out = next(n for n in self.gm.graph.nodes if n.op == "output")
+        return list(fx.node.map_arg(out.args[0], get_fx))
+
+    # ------------------------------------------------------------ FX rewrite
+    def rewrite(self, ctas: int = 1) -> fx.GraphModule:
+        """The program as an FX graph: each region one `comfuse::fused_region` call, standard-path Graph IR
+        nodes as torch ops (fp32 math, as the Graph IR defines them), torch nodes copied."""
+        from . import ops
+
+        g = fx.Graph()
+        env_fx: dict = {}
+        env_g: dict = {}
+        pg = self.pg
+        for n in self.gm.graph.nodes:
+            if n.op == "placeholder":
+                env_fx[n] = g.placeholder(n.name)
+                env_fx[n].meta = dict(n.meta)
+            elif n.op == "get_attr":
+                env_fx[n] = g.get_attr(n.target)
+
+        def get_g(gid):
+            n = self.nodes[gid]
+            if n.name in env_g:
+                return env_g[n.name]
+            if n.op == OK.Input:
+                src = self.conv.input_source[n.name]
+                v = g.call_function(torch.ops.prims.convert_element_type.default,
+                                    (env_fx[src], DT_TO_TORCH[n.dtype]))
+            elif n.op == OK.Constant:
+                v = n.value
+            else:
+                raise AssertionError(f"rewrite: '{n.name}' read before it is computed")
+            env_g[n.name] = v
+            return v
+
+        def get_fx(a):
+            if a in env_fx:
+                return env_fx[a]
+            node = self.conv.graph.node(self.conv.value[a])
+            gid = pg.find(node.name)
+            dt = a.meta["val"].dtype
+            if gid is None or self.nodes[gid].op in (OK.Input, OK.Constant):
+                src = env_fx[self.conv.input_source[node.name]]
+            else:
+                src = get_g(gid)
+            return g.call_function(torch.ops.prims.convert_element_type.default, (src, dt))
+
+        for s in self.steps:
+            if s.kind == "region":
+                fs = self.regions[s.index].spec
+                key = ops.register_region(fs, ctas)
+                ins = [get_g(fs.gemm.a), get_g(fs.gemm.b)] + [get_g(p.node) for p in fs.params]
+                call = g.call_function(torch.ops.comfuse.fused_region.default, (key, ins))
+                for j, o in enumerate(fs.outputs):
+                    env_g[o.name] = g.call_function(operator.getitem, (call, j))
+            elif s.kind == "node":
+                n = self.nodes[s.index]
+                env_g[n.name] = g.call_function(ops.eval_graph_node, (_node_spec(n), *[get_g(i) for i in n.inputs]))
+            else:
+                t = s.index
+                env_fx[t] = g.node_copy(t, get_fx)
+        out = next(n for n in self.gm.graph.nodes if n.op == "output")
+        g.output(fx.node.map_arg(out.args[0], get_fx))
+        gm = fx.GraphModule(self.gm, g)
+        return gm
+
+
+def _node_spec(n) -> tuple:
+    """A hashable description of a Graph IR node for ops.eval_graph_node."""
+    return (n.op.value, tuple(n.shape), n.dtype.value, float(n.value), int(n.dim), bool(n.keepdim),
+            bool(n.transpose_a), bool(n.transpose_b), tuple(n.perm), n.cast_to.value)
+
+
+@dataclasses.dataclass
+class Analysis:
+    conv: Conversion
+    part: Any
+    program: Program
+    demoted: dict            # fx.Node -> reason (region nodes left in torch to break a cycle)
+
+
+def analyze(aten_gm: fx.GraphModule, gemm_dtype=C.DType.BF16, max_rounds: int = 64) -> Analysis:
+    force: dict = {}
+    for _ in range(max_rounds):
+        conv = convert(aten_gm, gemm_dtype, force)
+        part = C.partition(conv.graph)
+        prog = Program(conv, part)
+        if prog.build():
+            return Analysis(conv, part, prog, {n: r for n, r in force.items()})
+        t, ri, readers = prog.cycle
+        root = prog.nodes[prog.regions[ri].root].name
+        for gid in readers:
+            f = prog.fx_of(prog.nodes[gid].name)
+            force[f] = (f"reads '{t.name}', which stays in torch and depends on GEMM '{root}' whose epilogue "
+                        f"this would join: fusing it would create a cycle")
+    raise RuntimeError("comfuse: could not make the partitioned program acyclic")

@@ -1,0 +1,81 @@
+"""Real nn.Modules the frontend tests capture (fp32; small sizes so CPU interpretation is fast)."""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class PostNormEncoderLayer(nn.Module):
+    """BERT-style post-norm Transformer encoder layer: self-attention, then Linear + GELU + Linear, each with a
+    residual add and nn.LayerNorm."""
+
+    def __init__(self, d=32, heads=2, ffn=64):
+        super().__init__()
+        self.h, self.dh = heads, d // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.ln1 = nn.LayerNorm(d)
+        self.fc1, self.fc2 = nn.Linear(d, ffn), nn.Linear(ffn, d)
+        self.act = nn.GELU()
+        self.ln2 = nn.LayerNorm(d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        split = lambda t: t.view(b, s, self.h, self.dh).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.dh), dim=-1)
+        ctx = (att @ v).transpose(1, 2).reshape(b, s, d)
+        x = self.ln1(x + self.o(ctx))
+        return self.ln2(x + self.fc2(self.act(self.fc1(x))))
+
+
+class RMSNormMLP(nn.Module):
+    """Post-norm MLP block with nn.RMSNorm: RMSNorm(x + W2 · GELU_tanh(W1 x + b1))."""
+
+    def __init__(self, d=32, hidden=96):
+        super().__init__()
+        self.up = nn.Linear(d, hidden)
+        self.down = nn.Linear(hidden, d, bias=False)
+        self.norm = nn.RMSNorm(d, eps=1e-6)
+
+    def forward(self, x):
+        return self.norm(x + self.down(F.gelu(self.up(x), approximate="tanh")))
+
+
+class ClassifierHead(nn.Module):
+    """Pooler (Linear + tanh) and a classifier Linear followed by softmax over the classes."""
+
+    def __init__(self, d=32, classes=10):
+        super().__init__()
+        self.pool = nn.Linear(d, d)
+        self.cls = nn.Linear(d, classes)
+
+    def forward(self, x):
+        return torch.softmax(self.cls(torch.tanh(self.pool(x))), dim=-1)
+
+
+class CumsumBeforeNorm(nn.Module):
+    """An op the Graph IR does not have (cumsum) between the matmul and the LayerNorm, and a transpose (which the
+    IR has but an epilogue cannot absorb) before a softmax."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return self.ln(h.cumsum(-1)), torch.softmax(h.transpose(-1, -2), dim=-1)
+
+
+class CumsumCycle(nn.Module):
+    """cumsum of the GEMM output added back to it: fusing the add would make a cycle through torch."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return self.ln(h + h.cumsum(-1))
