@@ -67,8 +67,8 @@ exchange_kernel(L2Workspace ws, const float* in, float* out, int row_blocks) {
 #pragma unroll
       for (int k = 0; k < kRows; ++k) v[k] = in[off + row_of(k)] + 0.0f * carry[k];  // chained like a PostOp
       if constexpr (kExchange) {
-        if (s % 2) comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, leader, 8 + group, v, row_of, Max{});
-        else comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, leader, 8 + group, v, row_of, Sum{});
+        if (s % 2) comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, leader, 8 + group, v, kRows, row_of, Max{});
+        else comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, leader, 8 + group, v, kRows, row_of, Sum{});
       }
 #pragma unroll
       for (int k = 0; k < kRows; ++k) carry[k] = v[k];

@@ -61,7 +61,7 @@ CUTE_DEVICE void named_barrier(int id, int threads) { asm volatile("bar.sync %0,
 }  // namespace detail
 
 // Combines per-row partials across the C column blocks of row block `rb`.
-//   Rows:      number of rows this thread holds (slots); row_of(s) gives slot s's row inside the tile
+//   Rows:      capacity of v; the first `slots` entries are used; row_of(s) gives slot s's row in the tile
 //   v[s]:      in: this CTA's partial for the row (already reduced across the quad: every lane holds it);
 //              out: the combination over all C column blocks
 //   leader:    true for the one lane of each quad that writes the quad's rows
@@ -69,14 +69,15 @@ CUTE_DEVICE void named_barrier(int id, int threads) { asm volatile("bar.sync %0,
 // All 128 threads of the consumer group call it (barrier_id names the group's barrier).
 template <int Rows, class RowOf, class Combine>
 CUTE_DEVICE void l2_exchange(L2Workspace const& ws, int rb, int stage, int c, int thread, bool leader,
-                             int barrier_id, float (&v)[Rows], RowOf row_of, Combine combine) {
+                             int barrier_id, float (&v)[Rows], int slots, RowOf row_of, Combine combine) {
   const size_t slot = size_t(rb) * ws.stages + stage;
   float* base = ws.partials + slot * ws.cols * ws.tile_m;
   int* arrive = ws.counters + slot * 2;
   int* depart = arrive + 1;
   if (leader) {
 #pragma unroll
-    for (int s = 0; s < Rows; ++s) __stcg(base + size_t(c) * ws.tile_m + row_of(s), v[s]);
+    for (int s = 0; s < Rows; ++s)
+      if (s < slots) __stcg(base + size_t(c) * ws.tile_m + row_of(s), v[s]);
   }
   detail::named_barrier(barrier_id, 128);
   if (thread == 0) {
@@ -87,6 +88,7 @@ CUTE_DEVICE void l2_exchange(L2Workspace const& ws, int rb, int stage, int c, in
   detail::named_barrier(barrier_id, 128);
 #pragma unroll
   for (int s = 0; s < Rows; ++s) {
+    if (s >= slots) break;
     const float* col = base + row_of(s);
     float acc = __ldcg(col);
     for (int cc = 1; cc < ws.cols; ++cc) acc = combine(acc, __ldcg(col + size_t(cc) * ws.tile_m));

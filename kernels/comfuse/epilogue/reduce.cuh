@@ -1,0 +1,216 @@
+// Stage-Stream reductions: a row reduction inside the epilogue whose result flows back into the tile that
+// is still in registers, to drive the next stage (the PostOp).
+//
+//   StageStream<Stage<T0, Stage<T1, Stage<T2>>>>     the epilogue of a Spec with two reductions
+//
+// Stage<Tree, Post>: Tree is one stage's node tree, visited as its own stage 0; Post is the next stage. The
+//   value Tree returns for a fragment is written back into the accumulator registers (the "carried" tile), so
+//   in the next stage AccEntry reads the value the Spec bypasses (x for LayerNorm's second stage, the
+//   exponentials for softmax's last). Registers hold one carried tile value; per-row values need none.
+// Reduce<Kind, Id, Child, Map>: folds Map(child value) per row (thread-local, over the fragments of the stage),
+//   returns the child's value unchanged. At the end of its stage: the 4 lanes of a quad (which together hold
+//   a row of the tile) combine by shuffles, then the C CTAs of the row block combine through the L2 exchange
+//   (kernels/comfuse/reduce/l2_exchange.cuh); the result goes to SMEM, one float per row.
+// RowResult<Id>: in later stages, the result of reduction Id for the fragment's row.
+// StageStream<Root>: the tree root. Owns the per-row result rows in SMEM and tells the driver to carry the tile.
+//
+// A row block whose tiles lie past M does no exchange (all its CTAs skip it alike); columns past N are not
+// folded; Mean divides by the true N.
+#pragma once
+#include <cmath>
+
+#include "comfuse/epilogue/core.cuh"
+#include "comfuse/epilogue/ops.cuh"
+#include "comfuse/reduce/l2_exchange.cuh"
+
+namespace comfuse::epi {
+
+enum class RowReduce { Sum, Mean, Max, Min };
+
+constexpr int kMaxReductions = 4;
+constexpr int kMaxRowSlots = 2 * (kMaxTileM / 64);  // rows one consumer thread holds
+
+struct Identity {
+  using Params = ops::NoParams;
+  CUTE_DEVICE float operator()(Params const&, float x) const { return x; }
+};
+
+template <RowReduce Kind>
+struct RowCombine {
+  CUTE_DEVICE static float identity() {
+    if constexpr (Kind == RowReduce::Max) return -INFINITY;
+    else if constexpr (Kind == RowReduce::Min) return INFINITY;
+    else return 0.f;
+  }
+  CUTE_DEVICE float operator()(float a, float b) const {
+    if constexpr (Kind == RowReduce::Max) return fmaxf(a, b);
+    else if constexpr (Kind == RowReduce::Min) return fminf(a, b);
+    else return a + b;
+  }
+};
+
+template <RowReduce Kind, int Id, class Child, class Map = Identity>
+struct Reduce {
+  static_assert(Id >= 0 && Id < kMaxReductions, "reduction id");
+  struct Arguments {
+    typename Child::Arguments child{};
+    reduce::L2Workspace ws{};  // used when the row block has more than one column block
+  };
+  struct SharedStorage {
+    typename Child::SharedStorage child;
+  };
+  static constexpr int kStage = Child::kStage;
+  static constexpr bool kUsesSmem = Child::kUsesSmem;
+
+  Child child;
+  reduce::L2Workspace ws;
+  TileCtx const& ctx;
+  float part[kMaxRowSlots];
+  int row_l[kMaxRowSlots];
+
+  CUTE_DEVICE Reduce(Arguments const& a, SharedStorage& s, TileCtx const& c) : child(a.child, s.child, c), ws(a.ws), ctx(c) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kMaxRowSlots; ++k) {
+      part[k] = RowCombine<Kind>::identity();
+      row_l[k] = 0;
+    }
+  }
+  CUTE_DEVICE void prefetch() { child.prefetch(); }
+  template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(child, f); }
+
+  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
+    Frag v = child.template visit<S>(f, acc);
+    row_l[f.row_slot] = f.row_l;
+    if (f.pred) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kFragSize; ++j) part[f.row_slot] = RowCombine<Kind>{}(part[f.row_slot], Map{}({}, v.x[j]));
+    }
+    return v;
+  }
+
+  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
+    child.template end_stage<S>(c);
+    constexpr int kRows = kMaxRowSlots;
+    // (1) the quad: lanes 4q .. 4q+3 hold the columns of the same rows
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kRows; ++k) {
+      part[k] = RowCombine<Kind>{}(part[k], __shfl_xor_sync(0xffffffffu, part[k], 1));
+      part[k] = RowCombine<Kind>{}(part[k], __shfl_xor_sync(0xffffffffu, part[k], 2));
+    }
+    // (2) the CTAs of the row block
+    const int cols = (c.N + c.tile_n - 1) / c.tile_n;
+    if (cols > 1 && c.m0 < c.M && c.n0 < c.N) {
+      reduce::L2Workspace w = ws;
+      w.cols = cols;
+      const int slots = c.tile_m / 32;  // 2 rows per 64-row atom
+      int const* rl = row_l;
+      reduce::l2_exchange<kRows>(w, c.m0 / c.tile_m, Id, c.n0 / c.tile_n, c.thread, c.thread % 4 == 0,
+                                 8 + c.group, part, slots, [&](int k) { return rl[k]; }, RowCombine<Kind>{});
+    }
+    // (3) back to the tile: one float per row in SMEM, read by RowResult<Id>
+    float scale = Kind == RowReduce::Mean ? 1.f / float(c.N) : 1.f;
+    if (c.thread % 4 == 0) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < kRows; ++k)
+        if (k < c.tile_m / 32) c.row_results[Id * kMaxTileM + row_l[k]] = part[k] * scale;
+    }
+    group_barrier(c.group);
+  }
+};
+
+template <int Id>
+struct RowResult {
+  struct Arguments {};
+  struct SharedStorage {};
+  static constexpr int kStage = 0;
+  static constexpr bool kUsesSmem = false;
+  float const* rows;
+  CUTE_DEVICE RowResult(Arguments const&, SharedStorage&, TileCtx const& c) : rows(c.row_results + Id * kMaxTileM) {}
+  CUTE_DEVICE void prefetch() {}
+  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
+    float v = rows[f.row_l];
+    return {{v, v}};
+  }
+  template <int S> CUTE_DEVICE void end_stage(TileCtx const&) {}
+};
+
+// One stage and the stages after it. Each tree is visited as its own stage 0.
+template <class Tree, class Post = void>
+struct Stage {
+  struct Arguments {
+    typename Tree::Arguments tree{};
+    typename Post::Arguments post{};
+  };
+  struct SharedStorage {
+    typename Tree::SharedStorage tree;
+    typename Post::SharedStorage post;
+  };
+  static constexpr int kStage = 1 + Post::kStage;
+  static constexpr bool kUsesSmem = Tree::kUsesSmem || Post::kUsesSmem;
+  Tree tree;
+  Post post;
+  CUTE_DEVICE Stage(Arguments const& a, SharedStorage& s, TileCtx const& c) : tree(a.tree, s.tree, c), post(a.post, s.post, c) {}
+  CUTE_DEVICE void prefetch() {
+    tree.prefetch();
+    post.prefetch();
+  }
+  template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
+    if constexpr (S == 0) ::comfuse::epi::preload<0>(tree, f);
+    else ::comfuse::epi::preload<S - 1>(post, f);
+  }
+  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
+    if constexpr (S == 0) return tree.template visit<0>(f, acc);
+    else return post.template visit<S - 1>(f, acc);
+  }
+  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
+    if constexpr (S == 0) tree.template end_stage<0>(c);
+    else post.template end_stage<S - 1>(c);
+  }
+};
+
+template <class Tree>
+struct Stage<Tree, void> {
+  struct Arguments {
+    typename Tree::Arguments tree{};
+  };
+  struct SharedStorage {
+    typename Tree::SharedStorage tree;
+  };
+  static constexpr int kStage = 0;
+  static constexpr bool kUsesSmem = Tree::kUsesSmem;
+  Tree tree;
+  CUTE_DEVICE Stage(Arguments const& a, SharedStorage& s, TileCtx const& c) : tree(a.tree, s.tree, c) {}
+  CUTE_DEVICE void prefetch() { tree.prefetch(); }
+  template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<0>(tree, f); }
+  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) { return tree.template visit<0>(f, acc); }
+  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { tree.template end_stage<0>(c); }
+};
+
+// The root of a Stage-Stream epilogue.
+template <class Root>
+struct StageStream {
+  using Arguments = typename Root::Arguments;
+  struct SharedStorage {
+    typename Root::SharedStorage root;
+    alignas(16) float results[kMaxReductions * kMaxTileM];
+  };
+  static constexpr int kStage = Root::kStage;
+  static constexpr bool kUsesSmem = Root::kUsesSmem;
+  static constexpr bool kCarriesTile = true;     // the driver writes each stage's value back to the registers
+  static constexpr bool kNeedsCoResidency = true;  // the row block's CTAs exchange: cooperative launch
+
+  TileCtx ctx;  // the caller's, plus where the per-row results live
+  Root root;
+  CUTE_DEVICE static TileCtx with_results(TileCtx c, SharedStorage& s) {
+    c.row_results = s.results;
+    return c;
+  }
+  CUTE_DEVICE StageStream(Arguments const& a, SharedStorage& s, TileCtx const& c)
+      : ctx(with_results(c, s)), root(a, s.root, ctx) {}
+  CUTE_DEVICE void prefetch() { root.prefetch(); }
+  template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(root, f); }
+  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) { return root.template visit<S>(f, acc); }
+  template <int S> CUTE_DEVICE void end_stage(TileCtx const&) { root.template end_stage<S>(ctx); }
+};
+
+}  // namespace comfuse::epi

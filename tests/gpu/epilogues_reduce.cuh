@@ -1,0 +1,105 @@
+// The reduction epilogues of issue 4, composed by hand from the node library exactly as the code generator
+// emits them from a Spec: one Stage per Spec stage, the value a stage's tree returns is the tile value the Spec
+// bypasses to the next stage (AccEntry reads it there), RowResult<k> is the result of the k-th reduction.
+#pragma once
+#include "comfuse/epilogue/all.cuh"
+#include "comfuse/epilogue/reduce.cuh"
+
+namespace comfuse::composed {
+using namespace comfuse::epi;
+using bf16 = cutlass::bfloat16_t;
+
+// x = X·W + b + R
+using XBiasRes = Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoad<bf16>>;
+
+// y = LayerNorm(x) * gamma + beta    stages: mean(x) | mean((x - mean)^2) | normalize
+using PostNorm = StageStream<Stage<
+    Reduce<RowReduce::Mean, 0, XBiasRes>,                                                     // carries x
+    Stage<Outputs<Compute<ops::Sub, AccEntry, RowResult<0>>,                                  // carries d = x - mean
+                  Reduce<RowReduce::Mean, 1, Compute<ops::Sub, AccEntry, RowResult<0>>, ops::Square>>,
+          Stage<Store<bf16, Compute<ops::Add,
+                                    Compute<ops::Mul,
+                                            Compute<ops::Mul, AccEntry,
+                                                    Compute<ops::Rsqrt, Compute<ops::Add, RowResult<1>, Scalar>>>,
+                                            RowBroadcast<bf16>>,
+                                    RowBroadcast<bf16>>>>>>>;
+
+// y = x * rsqrt(mean(x^2) + eps) * gamma    stages: mean(x^2) | normalize
+using RmsNorm = StageStream<Stage<
+    Reduce<RowReduce::Mean, 0, XBiasRes, ops::Square>,                                        // carries x
+    Stage<Store<bf16, Compute<ops::Mul,
+                              Compute<ops::Mul, AccEntry,
+                                      Compute<ops::Rsqrt, Compute<ops::Add, RowResult<0>, Scalar>>>,
+                              RowBroadcast<bf16>>>>>>;
+
+// y = softmax(X·W + b)    stages: max | sum(exp(x - max)) | divide
+using Softmax = StageStream<Stage<
+    Reduce<RowReduce::Max, 0, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>,                // carries x
+    Stage<Reduce<RowReduce::Sum, 1, Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<0>>>>,  // carries e
+          Stage<Store<bf16, Compute<ops::Div, AccEntry, RowResult<1>>>>>>>;
+
+// y = softmax(LayerNorm(x) * gamma + beta): two chained normalizations, four reductions
+using LnSoftmax = StageStream<Stage<
+    Reduce<RowReduce::Mean, 0, XBiasRes>,
+    Stage<Outputs<Compute<ops::Sub, AccEntry, RowResult<0>>,
+                  Reduce<RowReduce::Mean, 1, Compute<ops::Sub, AccEntry, RowResult<0>>, ops::Square>>,
+          Stage<Reduce<RowReduce::Max, 2,
+                       Compute<ops::Add,
+                               Compute<ops::Mul,
+                                       Compute<ops::Mul, AccEntry,
+                                               Compute<ops::Rsqrt, Compute<ops::Add, RowResult<1>, Scalar>>>,
+                                       RowBroadcast<bf16>>,
+                               RowBroadcast<bf16>>>,                                          // carries y
+                Stage<Reduce<RowReduce::Sum, 3, Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<2>>>>,
+                      Stage<Store<bf16, Compute<ops::Div, AccEntry, RowResult<3>>>>>>>>>;
+
+struct ReducePointers {
+  bf16* out = nullptr;              // [M, N]
+  bf16 const* bias = nullptr;       // [N]
+  bf16 const* residual = nullptr;   // [M, N]
+  bf16 const* gamma = nullptr;      // [N]
+  bf16 const* beta = nullptr;       // [N]
+  int64_t ld = 0;
+  float eps = 1e-5f;
+  reduce::L2Workspace ws{};
+};
+
+inline PostNorm::Arguments make_args(PostNorm*, ReducePointers const& e) {
+  XBiasRes::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
+  PostNorm::Arguments a{};
+  a.tree = {x, e.ws};
+  a.post.tree.a = {{}, {}};
+  a.post.tree.b = {{{}, {}}, e.ws};
+  a.post.post.tree = {e.out, e.ld, {{{{}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}, {e.beta}}};
+  return a;
+}
+
+inline RmsNorm::Arguments make_args(RmsNorm*, ReducePointers const& e) {
+  XBiasRes::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
+  RmsNorm::Arguments a{};
+  a.tree = {x, e.ws};
+  a.post.tree = {e.out, e.ld, {{{}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}};
+  return a;
+}
+
+inline Softmax::Arguments make_args(Softmax*, ReducePointers const& e) {
+  Softmax::Arguments a{};
+  a.tree = {{{}, {e.bias}}, e.ws};
+  a.post.tree = {{{{}, {}}}, e.ws};
+  a.post.post.tree = {e.out, e.ld, {{}, {}}};
+  return a;
+}
+
+inline LnSoftmax::Arguments make_args(LnSoftmax*, ReducePointers const& e) {
+  XBiasRes::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
+  LnSoftmax::Arguments a{};
+  a.tree = {x, e.ws};
+  a.post.tree.a = {{}, {}};
+  a.post.tree.b = {{{}, {}}, e.ws};
+  a.post.post.tree = {{{{{}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}, {e.beta}}, e.ws};
+  a.post.post.post.tree = {{{{}, {}}}, e.ws};
+  a.post.post.post.post.tree = {e.out, e.ld, {{}, {}}};
+  return a;
+}
+
+}  // namespace comfuse::composed
