@@ -1,0 +1,254 @@
+// ComFuse epilogue core: the types every epilogue node shares, and the driver that streams the
+// accumulator tile (still in registers) through a tree of nodes.
+//
+// Node concept (see docs/kernel-gemm.md for the full contract):
+//
+//   struct Node {
+//     struct Arguments;                 // host-filled, trivially copyable, passed in the kernel params
+//     struct SharedStorage;             // per consumer warp group (may be an empty struct)
+//     static constexpr int  kStage;     // the stage in which this node's value is final
+//     static constexpr bool kUsesSmem;  // prefetch() writes SharedStorage (driver adds the group barrier)
+//     Node(Arguments const&, SharedStorage&, TileCtx const&);   // once per tile
+//     void prefetch();                  // before the tile's mainloop: issue async loads (cp.async)
+//     template <int S> void preload(FragCtx const&);   // optional; stage S: start per-fragment loads
+//     template <int S> Frag visit(FragCtx const&, Frag const& acc);  // one fragment of stage S
+//     template <int S> void end_stage(TileCtx const&);              // after every fragment of stage S
+//   };
+//
+// A Fragment is kFragSize = 2 accumulator values of one row and two adjacent columns: the pair a
+// WGMMA accumulator register pair holds, and the unit the stores and broadcast loads vectorize over.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/numeric_types.h"
+
+namespace comfuse::epi {
+
+constexpr int kFragSize = 2;
+
+struct Frag {
+  float x[kFragSize];
+};
+
+// The tile a consumer warp group is working on. Everything a node may need to place itself.
+struct TileCtx {
+  int m0, n0;          // tile origin in the output [M, N]
+  int M, N;            // problem extents (runtime)
+  int tile_m, tile_n;  // tile extents (compile-time constants after inlining)
+  int thread;          // 0..127, thread index inside the consumer warp group
+  int group;           // consumer warp group 0 or 1 (PingPong)
+  float* row_results = nullptr;   // per-row reduction results in SMEM (set by StageStream, reduce.cuh)
+};
+
+// Where a fragment lives. Element j of the fragment is output (row, col + j).
+struct FragCtx {
+  int row, col;        // global output coordinates of element 0
+  int row_l, col_l;    // the same, relative to the tile origin
+  int row_slot;        // which of this thread's rows (0 .. kRowsPerThread-1): per-row folds index by it
+  int col_slot;        // which of this thread's column pairs (0 .. kColPairsPerThread-1)
+  int index;           // fragment index in the thread's tile (0 .. kFrags-1), compile-time after unrolling
+  bool pred;           // row < M && col < N (N % 8 == 0, so a fragment is all in or all out)
+};
+
+// Upper bounds on the tile shapes any kernel instantiates.
+constexpr int kMaxTileM = 128;
+constexpr int kMaxTileN = 256;
+// The driver walks a stage in chunks of this many fragments: preload() on the whole chunk, then
+// visit() on it, so a chunk's global loads are in flight together while bounding their registers.
+constexpr int kPreloadChunk = 32;
+
+// ---- small device helpers -------------------------------------------------------------------
+
+// Named barrier of one consumer warp group (128 threads). IDs 8 and 9: CUTLASS's reserved
+// named barriers (1..7) stay untouched, 0 is __syncthreads.
+CUTE_DEVICE void group_barrier(int group) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(8 + group) : "memory");
+}
+
+// 16-byte global -> shared async copy; bytes beyond src_bytes (0..16) are zero-filled.
+CUTE_DEVICE void cp_async_16(void* smem, void const* gmem, int src_bytes) {
+  uint32_t s = cute::cast_smem_ptr_to_uint(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+CUTE_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Two adjacent elements from shared memory, as a volatile load: the compiler must not keep a
+// broadcast vector's values live across the tile (CSE across rows costs TileN/4 registers per
+// thread, which the accumulators need); re-reading SMEM per fragment is cheap.
+CUTE_DEVICE uint32_t lds_b32(void const* smem) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(cute::cast_smem_ptr_to_uint(smem)));
+  return v;
+}
+CUTE_DEVICE uint2 lds_b64(void const* smem) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(cute::cast_smem_ptr_to_uint(smem)));
+  return v;
+}
+
+// Element type traits: load/store two adjacent elements as one vector access.
+template <class T> struct Elem;
+template <> struct Elem<float> {
+  CUTE_DEVICE static Frag load2(float const* p) {
+    float2 v = *reinterpret_cast<float2 const*>(p);
+    return {{v.x, v.y}};
+  }
+  CUTE_DEVICE static Frag load2_nc(float const* p) {
+    float2 v = __ldg(reinterpret_cast<float2 const*>(p));
+    return {{v.x, v.y}};
+  }
+  CUTE_DEVICE static void store2(float* p, Frag const& f) {
+    *reinterpret_cast<float2*>(p) = make_float2(f.x[0], f.x[1]);
+  }
+  CUTE_DEVICE static float to_float(float v) { return v; }
+  CUTE_DEVICE static Frag load2_smem(float const* p) {
+    uint2 v = lds_b64(p);
+    return {{__uint_as_float(v.x), __uint_as_float(v.y)}};
+  }
+};
+template <> struct Elem<cutlass::bfloat16_t> {
+  using T = cutlass::bfloat16_t;
+  CUTE_DEVICE static Frag load2(T const* p) {
+    float2 v = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(p));
+    return {{v.x, v.y}};
+  }
+  CUTE_DEVICE static Frag load2_nc(T const* p) {
+    unsigned u = __ldg(reinterpret_cast<unsigned const*>(p));
+    __nv_bfloat162 b = *reinterpret_cast<__nv_bfloat162*>(&u);
+    float2 v = __bfloat1622float2(b);
+    return {{v.x, v.y}};
+  }
+  CUTE_DEVICE static void store2(T* p, Frag const& f) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(f.x[0], f.x[1]);
+  }
+  CUTE_DEVICE static float to_float(T v) { return float(v); }
+  CUTE_DEVICE static Frag load2_smem(T const* p) {
+    uint32_t u = lds_b32(p);
+    return load2(reinterpret_cast<T const*>(&u));
+  }
+};
+template <> struct Elem<cutlass::half_t> {
+  using T = cutlass::half_t;
+  CUTE_DEVICE static Frag load2(T const* p) {
+    float2 v = __half22float2(*reinterpret_cast<__half2 const*>(p));
+    return {{v.x, v.y}};
+  }
+  CUTE_DEVICE static Frag load2_nc(T const* p) {
+    unsigned u = __ldg(reinterpret_cast<unsigned const*>(p));
+    __half2 h = *reinterpret_cast<__half2*>(&u);
+    float2 v = __half22float2(h);
+    return {{v.x, v.y}};
+  }
+  CUTE_DEVICE static void store2(T* p, Frag const& f) {
+    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(f.x[0], f.x[1]);
+  }
+  CUTE_DEVICE static float to_float(T v) { return float(v); }
+  CUTE_DEVICE static Frag load2_smem(T const* p) {
+    uint32_t u = lds_b32(p);
+    return load2(reinterpret_cast<T const*>(&u));
+  }
+};
+
+// ---- the driver ------------------------------------------------------------------------------
+
+// A root with kCarriesTile = true (StageStream, reduce.cuh) gets each fragment's value written back
+// into the accumulator registers after every visit: the next stage reads it through AccEntry.
+template <class Node, class = void> struct CarriesTile : std::false_type {};
+template <class Node> struct CarriesTile<Node, std::void_t<decltype(Node::kCarriesTile)>>
+    : std::bool_constant<Node::kCarriesTile> {};
+
+// preload() is optional for a node: composite nodes forward it with epi::preload(child, f).
+template <class Node, int S, class = void> struct HasPreload : std::false_type {};
+template <class Node, int S>
+struct HasPreload<Node, S, std::void_t<decltype(std::declval<Node&>().template preload<S>(std::declval<FragCtx const&>()))>>
+    : std::true_type {};
+template <int S, class Node> CUTE_DEVICE void preload(Node& n, FragCtx const& f) {
+  if constexpr (HasPreload<Node, S>::value) n.template preload<S>(f);
+}
+
+template <class AccTensor, class CoordTensor>
+CUTE_DEVICE FragCtx frag_ctx(int i, AccTensor const& acc, CoordTensor const& tCcD, TileCtx const& ctx) {
+  using namespace cute;
+  constexpr int kV1 = size<0, 1>(AccTensor{});   // rows per atom per thread (2)
+  constexpr int kV2 = size<0, 2>(AccTensor{});   // column pairs per atom per thread (N/8)
+  auto crd = idx2crd(i, shape(acc));             // ((v0, v1, v2), mma_m, mma_n), v0 == 0
+  auto c = tCcD(i);
+  FragCtx f;
+  f.row_l = get<0>(c);
+  f.col_l = get<1>(c);
+  f.row = ctx.m0 + f.row_l;
+  f.col = ctx.n0 + f.col_l;
+  f.row_slot = get<0, 1>(crd) + kV1 * get<1>(crd);
+  f.col_slot = get<0, 2>(crd) + kV2 * get<2>(crd);
+  f.index = i / kFragSize;
+  f.pred = f.row < ctx.M && f.col < ctx.N;
+  return f;
+}
+
+template <int S, class Tree, class AccTensor, class CoordTensor>
+CUTE_DEVICE void run_stage(Tree& tree, AccTensor& acc, CoordTensor const& tCcD,
+                           TileCtx const& ctx) {
+  using namespace cute;
+  constexpr int kElems = size(AccTensor{});
+  // Tiles with more than 64 fragments per thread (128x192) have less register room: half chunks.
+  constexpr int kChunkElems = (kElems / kFragSize > 64 ? kPreloadChunk / 2 : kPreloadChunk) * kFragSize;
+  CUTLASS_PRAGMA_UNROLL
+  for (int c = 0; c < kElems; c += kChunkElems) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = c; i < c + kChunkElems && i < kElems; i += kFragSize)
+      ::comfuse::epi::preload<S>(tree, frag_ctx(i, acc, tCcD, ctx));
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = c; i < c + kChunkElems && i < kElems; i += kFragSize) {
+      FragCtx f = frag_ctx(i, acc, tCcD, ctx);
+      Frag a{{acc(i), acc(i + 1)}};
+      Frag r = tree.template visit<S>(f, a);
+      if constexpr (CarriesTile<Tree>::value) {
+        acc(i) = r.x[0];
+        acc(i + 1) = r.x[1];
+      }
+    }
+  }
+  tree.template end_stage<S>(ctx);
+}
+
+template <class Tree, class AccTensor, class CoordTensor, int... S>
+CUTE_DEVICE void run_stages(Tree& tree, AccTensor& acc, CoordTensor const& tCcD,
+                            TileCtx const& ctx, std::integer_sequence<int, S...>) {
+  (run_stage<S>(tree, acc, tCcD, ctx), ...);
+}
+
+// Streams every fragment of the thread's accumulator tile through `tree`, stage by stage.
+// acc:  the WGMMA accumulator fragment, shape ((2,2,N/8), MMA_M, MMA_N) per thread
+// tCcD: the identity tensor partitioned exactly like acc: tCcD(i) = (row, col) inside the tile
+template <class Tree, class AccTensor, class CoordTensor>
+CUTE_DEVICE void run_epilogue(Tree& tree, AccTensor& acc, CoordTensor const& tCcD,
+                              TileCtx const& ctx) {
+  using namespace cute;
+  static_assert(rank(AccTensor{}) == 3, "expect (MMA, MMA_M, MMA_N)");
+  static_assert(size<0, 0>(AccTensor{}) == 2 && size<0, 1>(AccTensor{}) == 2,
+                "expect the GMMA accumulator value layout (2 cols, 2 rows, N/8)");
+  if constexpr (Tree::kUsesSmem) {
+    cp_async_wait_all();        // this thread's prefetch copies have landed ...
+    group_barrier(ctx.group);   // ... and everyone else's too
+  }
+  run_stages<Tree>(tree, acc, tCcD, ctx, std::make_integer_sequence<int, Tree::kStage + 1>{});
+  if constexpr (Tree::kUsesSmem) {
+    group_barrier(ctx.group);   // nobody reads the staged vectors any more: next prefetch may write
+  }
+}
+
+// Rows / column pairs one consumer thread holds, for a tile of TileM x TileN (PingPong: one warp
+// group owns the whole tile, each warp 16 rows of every 64-row GMMA atom).
+template <int TileM, int TileN> struct ThreadTile {
+  static constexpr int kRowsPerThread = 2 * (TileM / 64);
+  static constexpr int kColPairsPerThread = TileN / 8;
+};
+
+}  // namespace comfuse::epi

@@ -1,0 +1,71 @@
+// Elementwise operators of the epilogue, fp32 in and out. Each has a Params struct (empty unless
+// the op takes a constant) so Compute<Op, ...>::Arguments can carry it.
+// Fast hardware approximations are used where their error is far below bf16/f16 rounding
+// (tanh.approx: 2^-10.99 relative; ex2.approx-based exp/sigmoid/silu: ~2 ulp).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include "cute/config.hpp"
+
+namespace comfuse::epi::ops {
+
+struct NoParams {};
+
+CUTE_DEVICE float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+#define COMFUSE_UNARY_OP(Name, expr)                                             \
+  struct Name {                                                                  \
+    using Params = NoParams;                                                     \
+    CUTE_DEVICE float operator()(Params const&, float x) const { return expr; } \
+  };
+
+COMFUSE_UNARY_OP(Neg, -x)
+COMFUSE_UNARY_OP(Abs, fabsf(x))
+COMFUSE_UNARY_OP(Exp, __expf(x))
+COMFUSE_UNARY_OP(Log, __logf(x))
+COMFUSE_UNARY_OP(Sqrt, sqrtf(x))
+COMFUSE_UNARY_OP(Rsqrt, rsqrtf(x))
+COMFUSE_UNARY_OP(Tanh, tanh_approx(x))
+COMFUSE_UNARY_OP(Sigmoid, __fdividef(1.f, 1.f + __expf(-x)))
+COMFUSE_UNARY_OP(Relu, x < 0.f ? 0.f : x)   // NaN propagates, as torch.relu
+COMFUSE_UNARY_OP(GeluErf, 0.5f * x * (1.f + erff(x * 0.70710678118654752f)))
+COMFUSE_UNARY_OP(GeluTanh,
+                 0.5f * x * (1.f + tanh_approx(0.79788456080286536f * x * (1.f + 0.044715f * x * x))))
+COMFUSE_UNARY_OP(Silu, __fdividef(x, 1.f + __expf(-x)))
+COMFUSE_UNARY_OP(Square, x * x)
+COMFUSE_UNARY_OP(Reciprocal, 1.f / x)
+COMFUSE_UNARY_OP(RoundBf16, __bfloat162float(__float2bfloat16_rn(x)))   // cast to bf16 and back
+COMFUSE_UNARY_OP(RoundF16, __half2float(__float2half_rn(x)))            // cast to f16 and back
+#undef COMFUSE_UNARY_OP
+
+// x ** exponent, exponent a constant given in the arguments.
+struct PowConst {
+  struct Params {
+    float exponent = 1.f;
+  };
+  CUTE_DEVICE float operator()(Params const& p, float x) const {
+    if (p.exponent == 2.f) return x * x;
+    if (p.exponent == 0.5f) return sqrtf(x);
+    return powf(x, p.exponent);
+  }
+};
+
+#define COMFUSE_BINARY_OP(Name, expr)                                                     \
+  struct Name {                                                                           \
+    using Params = NoParams;                                                              \
+    CUTE_DEVICE float operator()(Params const&, float a, float b) const { return expr; } \
+  };
+
+COMFUSE_BINARY_OP(Add, a + b)
+COMFUSE_BINARY_OP(Sub, a - b)
+COMFUSE_BINARY_OP(Mul, a * b)
+COMFUSE_BINARY_OP(Div, a / b)
+COMFUSE_BINARY_OP(Max, fmaxf(a, b))
+COMFUSE_BINARY_OP(Min, fminf(a, b))
+#undef COMFUSE_BINARY_OP
+
+}  // namespace comfuse::epi::ops

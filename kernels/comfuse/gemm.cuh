@@ -1,0 +1,333 @@
+// ComFuse GEMM for sm_90a: D = Epilogue(A · B), a persistent, warp-specialized PingPong kernel.
+//
+//   A  [M, K] row-major, bf16 or f16                     (M runtime)
+//   B  [K, N] row-major (BLayout::KN) or [N, K] row-major, the nn.Linear weight (BLayout::NK)
+//   accumulators fp32 in registers; the epilogue is a tree of nodes (comfuse/epilogue/*.cuh)
+//   that reads the accumulator tile in registers and writes the outputs itself.
+//
+// Structure (modeled on CUTLASS's KernelTmaWarpSpecializedPingpong, written for ComFuse):
+//   warp group 0, warp 0:  producer. TMA loads of A / B k-tiles into a multi-stage SMEM ring
+//                          (CUTLASS CollectiveMma::load, PipelineTmaAsync), tile after tile.
+//   warp groups 1 and 2:   consumers. Each takes every other tile of the CTA; WGMMA mainloop
+//                          (CollectiveMma::mma), then the epilogue, while the other group runs the
+//                          mainloop of the next tile. An OrderedSequenceBarrier alternates the two
+//                          groups' mainloops and, separately, their epilogues, so the epilogues of
+//                          a CTA run in tile order.
+//   tile order:            RowBlockScheduler (tile_scheduler.cuh): row-block-major, persistent.
+//
+// What is ours and what is CUTLASS's: the mainloop collective and its pipeline come from CUTLASS
+// (CollectiveBuilder for KernelTmaWarpSpecializedPingpong); the kernel body, the scheduler and
+// the epilogue are ComFuse's.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/pipeline/pipeline.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/collective/collective_builder_decl.hpp"
+#include "cutlass/gemm/collective/collective_mma.hpp"
+#include "cutlass/gemm/collective/builders/sm90_gmma_builder.inl"
+
+#include "comfuse/epilogue/core.cuh"
+#include "comfuse/tile_scheduler.cuh"
+
+namespace comfuse {
+
+enum class BLayout { KN, NK };
+
+// A compile-time kernel configuration: element type, B layout, tile, cluster.
+template <class Element_, BLayout LayoutB_, int TileM_, int TileN_, int TileK_, int ClusterM_,
+          int ClusterN_>
+struct GemmConfig {
+  using Element = Element_;
+  static constexpr BLayout kLayoutB = LayoutB_;
+  static constexpr int kTileM = TileM_, kTileN = TileN_, kTileK = TileK_;
+  static constexpr int kClusterM = ClusterM_, kClusterN = ClusterN_;
+  static_assert(kTileM == 64 || kTileM == 128, "PingPong: one warp group owns a 64- or 128-row tile");
+  static_assert(kTileN % 16 == 0 && kTileN <= epi::kMaxTileN, "tile N");
+  static_assert(kTileM * kTileN <= 128 * 192, "PingPong: the accumulators of one tile must fit one warp group's registers");
+};
+
+template <class Cfg, class Tree>
+struct GemmKernel {
+  using Element = typename Cfg::Element;
+  using TileShape = cute::Shape<cute::Int<Cfg::kTileM>, cute::Int<Cfg::kTileN>, cute::Int<Cfg::kTileK>>;
+  using ClusterShape = cute::Shape<cute::Int<Cfg::kClusterM>, cute::Int<Cfg::kClusterN>, cute::_1>;
+  using LayoutBTag = std::conditional_t<Cfg::kLayoutB == BLayout::KN, cutlass::layout::RowMajor,
+                                        cutlass::layout::ColumnMajor>;
+  using OrderBarrier = cutlass::OrderedSequenceBarrier<2, 2>;   // {mainloop, epilogue} x 2 groups
+  using EpiStorage = typename Tree::SharedStorage;
+  static constexpr int kCarveout =
+      int(2 * sizeof(EpiStorage) + sizeof(typename OrderBarrier::SharedStorage)) + 64;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, cutlass::layout::RowMajor, 16 / sizeof(Element),
+      Element, LayoutBTag, 16 / sizeof(Element),
+      float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>,
+      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+  static_assert(cute::size(TiledMma{}) == 128, "one warp group per tile");
+
+  static constexpr int kThreads = 384;
+  static constexpr uint32_t kProducerRegs = 40;
+  static constexpr uint32_t kConsumerRegs = 232;
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage mainloop;                       // the A / B stage ring
+    alignas(16) typename Mainloop::PipelineStorage pipeline;         // full / empty mbarriers
+    alignas(16) typename OrderBarrier::SharedStorage order;
+    alignas(16) EpiStorage epi[2];                                   // one per consumer group
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 232448, "shared memory");
+
+  using StrideA = typename Mainloop::StrideA;
+  using StrideB = typename Mainloop::StrideB;
+
+  struct Params {
+    typename Mainloop::Params mainloop;
+    typename Tree::Arguments epi;
+    int M, N, K;
+    int k_tiles;
+    int cl_tiles_n;   // cluster tiles per row of cluster tiles
+    int total;        // cluster tiles
+  };
+
+  static CUTE_DEVICE void run(Params const& p, char* smem_raw) {
+    using namespace cute;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
+    int const thread_idx = int(threadIdx.x);
+    int const warp_idx = cutlass::canonical_warp_idx_sync();
+    int const warp_group = cutlass::canonical_warp_group_idx();
+    int const wg_thread = thread_idx % 128;
+    int const lane_predicate = cute::elect_one_sync();
+    uint32_t const block_rank_in_cluster = cute::block_rank_in_cluster();
+
+    if (warp_idx == 0 && lane_predicate) Mainloop::prefetch_tma_descriptors(p.mainloop);
+
+    typename Pipeline::Params pp;
+    if (warp_group == 0 && warp_idx == 0) pp.role = Pipeline::ThreadCategory::Producer;
+    if (warp_group > 0) pp.role = Pipeline::ThreadCategory::Consumer;
+    pp.is_leader = wg_thread == 0;
+    pp.num_consumers = 128;   // one consumer warp group per stage
+    pp.transaction_bytes = p.mainloop.tma_transaction_bytes;
+    Pipeline pipeline(ss.pipeline, pp, ClusterShape{});
+
+    typename OrderBarrier::Params op;
+    op.group_id = warp_group > 0 ? warp_group - 1 : 0;
+    op.group_size = 128;
+    OrderBarrier order(ss.order, op);
+
+    // Barrier initialization is visible to the whole cluster before anyone uses it.
+    if constexpr (size(ClusterShape{}) > 1) {
+      cute::cluster_arrive_relaxed();
+      cute::cluster_wait();
+    } else {
+      __syncthreads();
+    }
+
+    int const rx = int(blockIdx.x) % Cfg::kClusterM;   // position inside the cluster
+    int const ry = int(blockIdx.y);
+    RowBlockScheduler<Cfg::kClusterM, Cfg::kClusterN> sched{
+        p.cl_tiles_n, p.total, int(blockIdx.x) / Cfg::kClusterM, int(gridDim.x) / Cfg::kClusterM};
+    auto problem = make_shape(p.M, p.N, p.K, 1);
+
+    if (warp_group == 0) {
+      // ---------------- producer ----------------
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+      if (warp_idx == 0) {
+        Mainloop mainloop;
+        auto load_inputs = mainloop.load_init(problem, p.mainloop);
+        PipelineState state = cutlass::make_producer_start_state<Pipeline>();
+        for (int u = sched.first; u < sched.total; u += sched.stride) {
+          auto t = sched.tile(u, rx, ry);
+          auto blk = make_coord(t.m, t.n, _, 0);
+          auto k_iter = cute::make_coord_iterator(shape<3>(get<0>(load_inputs)));
+          mainloop.load(p.mainloop, pipeline, state, load_inputs, blk, k_iter, p.k_tiles,
+                        cutlass::canonical_lane_idx(), block_rank_in_cluster, ss.mainloop);
+          state.advance(p.k_tiles);
+        }
+        mainloop.load_tail(pipeline, state);   // keep the CTA alive until peers stop signalling it
+      }
+    } else {
+      // ---------------- consumers ----------------
+      cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+      int const group = warp_group - 1;
+      Mainloop mainloop;
+      TiledMma tiled_mma;
+      auto thr_mma = tiled_mma.get_thread_slice(wg_thread);
+      Tensor tCcD = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
+      PipelineState state;   // consumer: stage 0, phase 0
+      if (group == 1) state.advance(p.k_tiles);   // group 1 starts at the CTA's second tile
+
+      for (int u = sched.first + group * sched.stride; u < sched.total; u += 2 * sched.stride) {
+        auto t = sched.tile(u, rx, ry);
+        epi::TileCtx ctx{t.m * Cfg::kTileM, t.n * Cfg::kTileN, p.M, p.N,
+                         Cfg::kTileM, Cfg::kTileN, wg_thread, group};
+        Tree tree(p.epi, ss.epi[group], ctx);
+        tree.prefetch();   // epilogue inputs staged in SMEM while the MMAs run
+
+        Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+        order.wait();      // our turn for the tensor cores
+        mainloop.mma(pipeline, state, accum, p.k_tiles, wg_thread, ss.mainloop, p.mainloop);
+        order.arrive();    // the other group may start its mainloop
+        mainloop.mma_tail(pipeline, state, p.k_tiles);
+        state.advance(p.k_tiles * 2);   // skip the other group's tile in the stage ring
+
+        order.wait();      // epilogues in tile order
+        epi::run_epilogue(tree, accum, tCcD, ctx);
+        order.arrive();
+      }
+    }
+#else
+    if (threadIdx.x == 0) printf("comfuse::GemmKernel needs sm_90a (-gencode=arch=compute_90a,code=sm_90a)\n");
+#endif
+  }
+};
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1)
+    gemm_kernel_entry(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
+  extern __shared__ __align__(128) char comfuse_smem[];
+  Kernel::run(params, comfuse_smem);
+}
+
+// Host side: argument checking and launch.
+template <class Cfg, class Tree>
+struct Gemm {
+  using Kernel = GemmKernel<Cfg, Tree>;
+  using Element = typename Cfg::Element;
+
+  struct Arguments {
+    Element const* A = nullptr;   // [M, K], row stride lda
+    Element const* B = nullptr;   // [K, N] (KN) or [N, K] (NK), row stride ldb
+    int M = 0, N = 0, K = 0;
+    int64_t lda = 0, ldb = 0;
+    typename Tree::Arguments epi{};
+  };
+
+  // nullptr when the kernel can run these arguments, else the reason it cannot.
+  static char const* can_implement(Arguments const& a) {
+    if (a.M <= 0 || a.N <= 0 || a.K <= 0) return "empty problem";
+    if (a.N % 8 != 0) return "N must be a multiple of 8 (16-byte rows for TMA and vector stores)";
+    if (a.K % 8 != 0) return "K must be a multiple of 8 (16-byte rows for TMA)";
+    if (a.lda % 8 != 0 || a.ldb % 8 != 0) return "row strides must be multiples of 8 elements";
+    if ((reinterpret_cast<uintptr_t>(a.A) | reinterpret_cast<uintptr_t>(a.B)) % 16 != 0)
+      return "A and B must be 16-byte aligned";
+    return nullptr;
+  }
+
+  struct Launch {
+    dim3 grid, block;
+    int smem;
+    int ctas;
+    int tiles;
+  };
+
+  // Resident clusters of this kernel on the current device (cached).
+  static int max_resident_clusters() {
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    auto kernel = &gemm_kernel_entry<Kernel>;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    constexpr int cs = Cfg::kClusterM * Cfg::kClusterN;
+    if constexpr (cs == 1) {
+      cached = sms;
+    } else {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(Cfg::kClusterM * (sms / cs), Cfg::kClusterN, 1);
+      cfg.blockDim = dim3(Kernel::kThreads);
+      cfg.dynamicSmemBytes = Kernel::kSmemBytes;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim = {unsigned(Cfg::kClusterM), unsigned(Cfg::kClusterN), 1};
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n <= 0) n = sms / cs;
+      cached = n;
+    }
+    return cached;
+  }
+
+  static int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+  static typename Kernel::Params make_params(Arguments const& a) {
+    using namespace cute;
+    typename Kernel::StrideA dA{};
+    get<0>(dA) = a.lda;
+    typename Kernel::StrideB dB{};
+    if constexpr (Cfg::kLayoutB == BLayout::KN) get<1>(dB) = a.ldb;   // B(n, k) at k * ldb + n
+    else get<0>(dB) = a.ldb;                                          // B(n, k) at n * ldb + k
+    typename Kernel::Mainloop::Arguments ml{a.A, dA, a.B, dB};
+    typename Kernel::Params p;
+    p.mainloop = Kernel::Mainloop::to_underlying_arguments(make_shape(a.M, a.N, a.K, 1), ml, nullptr);
+    p.epi = a.epi;
+    p.M = a.M;
+    p.N = a.N;
+    p.K = a.K;
+    p.k_tiles = (a.K + Cfg::kTileK - 1) / Cfg::kTileK;
+    int tiles_m = round_up((a.M + Cfg::kTileM - 1) / Cfg::kTileM, Cfg::kClusterM);
+    int tiles_n = round_up((a.N + Cfg::kTileN - 1) / Cfg::kTileN, Cfg::kClusterN);
+    p.cl_tiles_n = tiles_n / Cfg::kClusterN;
+    p.total = RowBlockScheduler<Cfg::kClusterM, Cfg::kClusterN>::num_cluster_tiles(tiles_m, tiles_n);
+    return p;
+  }
+
+  // max_clusters > 0 caps the persistent grid (tests use it to force many tiles per CTA).
+  static Launch launch_shape(typename Kernel::Params const& p, int max_clusters = 0) {
+    int clusters = max_resident_clusters();
+    if (max_clusters > 0 && max_clusters < clusters) clusters = max_clusters;
+    if (p.total < clusters) clusters = p.total;
+    Launch l;
+    l.grid = dim3(Cfg::kClusterM * clusters, Cfg::kClusterN, 1);
+    l.block = dim3(Kernel::kThreads);
+    l.smem = Kernel::kSmemBytes;
+    l.ctas = clusters * Cfg::kClusterM * Cfg::kClusterN;
+    l.tiles = p.total * Cfg::kClusterM * Cfg::kClusterN;
+    return l;
+  }
+
+  static cudaError_t run(Arguments const& a, cudaStream_t stream = nullptr, int max_clusters = 0) {
+    if (can_implement(a) != nullptr) return cudaErrorInvalidValue;
+    return launch(make_params(a), stream, max_clusters);
+  }
+
+  // Launch with prepared params (make_params encodes the TMA descriptors on the host: a runtime
+  // that launches the same problem repeatedly prepares them once).
+  static cudaError_t launch(typename Kernel::Params const& p, cudaStream_t stream = nullptr, int max_clusters = 0) {
+    (void)max_resident_clusters();   // also raises the SMEM limit
+    Launch l = launch_shape(p, max_clusters);
+    auto kernel = &gemm_kernel_entry<Kernel>;
+    if constexpr (Cfg::kClusterM * Cfg::kClusterN == 1) {
+      kernel<<<l.grid, l.block, l.smem, stream>>>(p);
+      return cudaGetLastError();
+    } else {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = l.grid;
+      cfg.blockDim = l.block;
+      cfg.dynamicSmemBytes = l.smem;
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim = {unsigned(Cfg::kClusterM), unsigned(Cfg::kClusterN), 1};
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      return cudaLaunchKernelEx(&cfg, kernel, p);
+    }
+  }
+};
+
+}  // namespace comfuse

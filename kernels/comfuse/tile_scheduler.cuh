@@ -1,0 +1,53 @@
+// Persistent tile scheduler in row-block-major order.
+//
+// Tiles are numbered t = m * tiles_n + n (m: row block, n: column block), so the C = tiles_n tiles of
+// one row block have consecutive numbers. CTA (cluster) i of a grid of G takes i, i + G, i + 2G, ...;
+// in PingPong its two consumer warp groups take alternate ones (group 0: i, i + 2G, ...; group 1:
+// i + G, i + 3G, ...), and their epilogues run in that same order (OrderedSequenceBarrier).
+//
+// With clusters of CM x CN CTAs the unit is a cluster tile (CM row blocks x CN column blocks); the
+// same order applies to cluster tiles, and each CTA of the cluster takes its (rx, ry) tile in it.
+// tiles_m / tiles_n are rounded up to cluster multiples: a CTA whose tile lies past M or N still
+// runs the mainloop (TMA zero-fills, keeping the cluster's multicast pipeline in step) and stores
+// nothing.
+//
+// Why this order (the next issue's cross-CTA row reductions rely on it): the CTAs that hold the
+// tiles of one row block must all be running at the same time, or an exchange among them waits
+// forever. With G resident CTAs taking tiles in increasing order, consider the lowest row block r
+// that is not finished. Every tile numbered below r's first tile belongs to an earlier row block,
+// which is finished. A CTA holding a tile of r has therefore finished every earlier tile it took
+// (its tiles come in increasing order and its epilogues are ordered), so it is at r's tile, or
+// will reach it without waiting on anything but r. If G >= C, the tiles of r are at most C
+// consecutive numbers and land on distinct CTAs, all resident: r completes. By induction every
+// row block completes. PingPong holds two tiles per CTA (one per consumer group), t and t + G:
+// the group with t + G may wait on row block r' > r only after group t's epilogue, which is
+// ordered before it, so the argument holds per consumer group in epilogue order.
+#pragma once
+#include "cute/config.hpp"
+
+namespace comfuse {
+
+template <int ClusterM, int ClusterN>
+struct RowBlockScheduler {
+  int cl_tiles_n;   // column blocks of cluster tiles
+  int total;        // cluster tiles in the problem
+  int first;        // this cluster's first cluster tile (its index in the grid)
+  int stride;       // number of clusters in the grid
+
+  // tiles_m, tiles_n: tile counts already rounded up to multiples of the cluster shape.
+  CUTE_HOST_DEVICE static int num_cluster_tiles(int tiles_m, int tiles_n) {
+    return (tiles_m / ClusterM) * (tiles_n / ClusterN);
+  }
+
+  struct Tile {
+    int m, n;   // row block, column block
+  };
+  // Cluster tile u -> this CTA's tile; (rx, ry) is the CTA's position inside its cluster.
+  CUTE_DEVICE Tile tile(int u, int rx, int ry) const {
+    int cm = u / cl_tiles_n;
+    int cn = u - cm * cl_tiles_n;
+    return {cm * ClusterM + rx, cn * ClusterN + ry};
+  }
+};
+
+}  // namespace comfuse

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# GPU check: ONE command for the device machine. Builds the GPU tests and the bench (standalone CMake
+# project tests/gpu, parallel), runs the GPU tests, compute-sanitizer memcheck and racecheck on the
+# odd shape, the bench and a torch.matmul cross-check; logs go under $OUT; a short table is printed last.
+#
+#   scripts/gpu-check.sh --prepare   here, before a device call: copy the CUTLASS headers from .venv
+#                                    into .carry/cutlass/include (git-ignored; carried to the device)
+#   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--no-tests]   on the device (carry: .carry)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+if [ "${1:-}" = "--prepare" ]; then
+  src="$(ls -d .venv/lib/python3*/site-packages/cutlass_library/source/include 2>/dev/null | head -1)"
+  [ -f "$src/cutlass/cutlass.h" ] || { echo "gpu-check: no CUTLASS headers under .venv (run scripts/setup.sh)" >&2; exit 1; }
+  rm -rf .carry/cutlass && mkdir -p .carry/cutlass
+  cp -r "$src" .carry/cutlass/include
+  du -sh .carry/cutlass
+  exit 0
+fi
+
+do_tests=1 do_san=1 do_bench=1
+for a in "$@"; do
+  case "$a" in
+    --no-sanitizer) do_san=0 ;;
+    --no-bench) do_bench=0 ;;
+    --no-tests) do_tests=0 ;;
+    *) echo "gpu-check: unknown option $a" >&2; exit 2 ;;
+  esac
+done
+
+OUT="${OUT:-$root/build/gpu-check/out}"
+mkdir -p "$OUT"
+cutlass="$root/.carry/cutlass/include"
+[ -f "$cutlass/cutlass/cutlass.h" ] || cutlass="$(ls -d .venv/lib/python3*/site-packages/cutlass_library/source/include 2>/dev/null | head -1)"
+[ -f "$cutlass/cutlass/cutlass.h" ] || { echo "gpu-check: no CUTLASS headers (.carry/cutlass/include): run --prepare here and carry .carry" >&2; exit 1; }
+
+declare -A status
+t0=$(date +%s)
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv || true
+  nvcc --version | tail -1
+  cmake -S tests/gpu -B build/gpu-check -G Ninja -DCMAKE_BUILD_TYPE=Release -DCOMFUSE_BUILD_GPU_TESTS=ON \
+        -DCOMFUSE_PTXAS_VERBOSE=ON -DCOMFUSE_CUTLASS_INCLUDE="$cutlass" &&
+  cmake --build build/gpu-check -j16
+} > "$OUT/build.log" 2>&1
+status[build]=$?
+t1=$(date +%s)
+echo "gpu-check: build rc=${status[build]} in $((t1 - t0)) s"
+grep -E "spill stores|error" "$OUT/build.log" | grep -v " 0 bytes spill stores" | head -20
+if [ "${status[build]}" != 0 ]; then
+  grep -B2 -A10 -m5 "error" "$OUT/build.log" | head -80
+  echo "| step | result |"; echo "|---|---|"; echo "| build | FAILED (see build.log) |"
+  exit 1
+fi
+
+bin=build/gpu-check
+# SASS summary of a few instances (wgmma present, store/load widths, local memory).
+for o in "$bin"/CMakeFiles/comfuse_gpu_instances.dir/instances/gemm_128x128x64_c1x1_kn_e{0,1,2}.cu.o; do
+  [ -f "$o" ] || continue
+  echo "== $(basename "$o")"
+  cuobjdump --dump-sass "$o" 2>/dev/null | grep -oE "HGMMA[.0-9A-Z]*|STG[.0-9A-Z]*|LDG[.0-9A-Z]*|LDS[.0-9A-Z]*|STS[.0-9A-Z]*|LDGSTS[.0-9A-Z]*|STL[.0-9A-Z]*|LDL[.0-9A-Z]*|MUFU[.0-9A-Z]*|BAR[.0-9A-Z]*" | sort | uniq -c | sort -rn | head -14
+done >> "$OUT/build.log" 2>&1
+if [ $do_tests = 1 ]; then
+  timeout 150 "$bin/comfuse_gpu_test_gemm" > "$OUT/test.log" 2>&1
+  status[tests]=$?
+  grep -E "FAIL|PASSED|FAILED|seed" "$OUT/test.log" | head -40
+fi
+if [ $do_san = 1 ]; then
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/comfuse_gpu_test_gemm" --shape 1000,520,264 \
+    > "$OUT/memcheck.log" 2>&1
+  status[memcheck]=$?
+  timeout 100 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
+    "$bin/comfuse_gpu_test_gemm" --shape 1000,520,264 --filter 128x128x64_c1x1 > "$OUT/racecheck.log" 2>&1
+  status[racecheck]=$?
+  tail -3 "$OUT/memcheck.log"; tail -3 "$OUT/racecheck.log"
+fi
+if [ $do_bench = 1 ]; then
+  timeout 180 "$bin/comfuse_gpu_bench" --out "$OUT" > "$OUT/bench.log" 2>&1
+  status[bench]=$?
+  PYTHONUNBUFFERED=1 timeout 90 python3 bench/torch_ref.py > "$OUT/torch.log" 2>&1
+  status[torch]=$?
+  sed -n '/^shape/,$p' "$OUT/bench.log" | grep -v SUMMARY | head -150
+  cat "$OUT/torch.log"
+fi
+t2=$(date +%s)
+
+echo
+echo "gpu-check summary ($((t2 - t0)) s; logs in $OUT)"
+echo "| step | rc |"
+echo "|---|---|"
+for k in build tests memcheck racecheck bench torch; do
+  [ -n "${status[$k]+x}" ] && echo "| $k | ${status[$k]} |"
+done
+[ -f "$OUT/summary.md" ] && { echo; cat "$OUT/summary.md"; }
+rc=0
+for k in "${!status[@]}"; do [ "${status[$k]}" = 0 ] || rc=1; done
+exit $rc

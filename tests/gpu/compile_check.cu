@@ -1,0 +1,39 @@
+// Compile-only check of the kernel headers for sm_90a (run by ctest where nvcc exists, GPU or not).
+// One kernel instantiation whose epilogue touches every node and every operator, plus the
+// cluster path of the kernel through a plain-GEMM instantiation.
+#include "comfuse/gemm.cuh"
+#include "comfuse/epilogue/all.cuh"
+
+namespace {
+using namespace comfuse;
+using namespace comfuse::epi;
+using bf16 = cutlass::bfloat16_t;
+using f16 = cutlass::half_t;
+
+template <class Op, class X> using U = Compute<Op, X>;
+template <class Op, class X, class Y> using Bi = Compute<Op, X, Y>;
+// A linear chain (no subtree appears twice: a tree node is visited once per copy in the type).
+using X0 = Bi<ops::Add, AccEntry, RowBroadcast<bf16>>;
+using X1 = Bi<ops::Mul, U<ops::Neg, X0>, ColBroadcast<float>>;
+using X2 = Bi<ops::Sub, U<ops::Abs, X1>, TileLoad<bf16>>;
+using X3 = Bi<ops::Div, U<ops::Exp, X2>, Scalar>;
+using X4 = Bi<ops::Max, U<ops::Log, X3>, RowBroadcast<f16>>;
+using X5 = Bi<ops::Min, U<ops::Sqrt, X4>, Scalar>;
+using X6 = U<ops::Tanh, U<ops::Square, U<ops::Rsqrt, X5>>>;
+using X7 = U<ops::GeluErf, U<ops::Relu, U<ops::Sigmoid, X6>>>;
+using X8 = U<ops::Reciprocal, U<ops::Silu, U<ops::GeluTanh, X7>>>;
+using X9 = U<ops::RoundF16, U<ops::RoundBf16, U<ops::PowConst, X8>>>;
+using Everything = Outputs<Store<f16, X9>, Store<float, ColBroadcast<f16>>>;
+
+using CfgA = GemmConfig<bf16, BLayout::NK, 128, 128, 64, 1, 1>;
+using CfgB = GemmConfig<f16, BLayout::KN, 128, 128, 64, 2, 1>;
+using StoreF16 = Store<f16, AccEntry>;
+}  // namespace
+
+// The host launch paths instantiate both kernels (device code for sm_90a).
+cudaError_t compile_check_launch_a(Gemm<CfgA, Everything>::Arguments const& a) {
+  return Gemm<CfgA, Everything>::run(a);
+}
+cudaError_t compile_check_launch_b(Gemm<CfgB, StoreF16>::Arguments const& a) {
+  return Gemm<CfgB, StoreF16>::run(a);
+}
