@@ -223,6 +223,11 @@ struct Gemm {
     if (a.lda % 8 != 0 || a.ldb % 8 != 0) return "row strides must be multiples of 8 elements";
     if ((reinterpret_cast<uintptr_t>(a.A) | reinterpret_cast<uintptr_t>(a.B)) % 16 != 0)
       return "A and B must be 16-byte aligned";
+    if constexpr (epi::NeedsCoResidency<Tree>::value) {
+      int row_clusters = (a.N + Cfg::kTileN * Cfg::kClusterN - 1) / (Cfg::kTileN * Cfg::kClusterN);
+      if (row_clusters > max_resident_clusters())
+        return "a row reduction needs every CTA of a row block resident: N / TileN exceeds the resident CTAs";
+    }
     return nullptr;
   }
 
@@ -290,6 +295,10 @@ struct Gemm {
   static Launch launch_shape(typename Kernel::Params const& p, int max_clusters = 0) {
     int clusters = max_resident_clusters();
     if (max_clusters > 0 && max_clusters < clusters) clusters = max_clusters;
+    // A row block's CTAs exchange partials: they must hold distinct CTAs, all resident (see
+    // tile_scheduler.cuh), so the grid never drops below one row block (can_implement checks it fits).
+    if constexpr (epi::NeedsCoResidency<Tree>::value)
+      if (clusters < p.cl_tiles_n) clusters = p.cl_tiles_n;
     if (p.total < clusters) clusters = p.total;
     Launch l;
     l.grid = dim3(Cfg::kClusterM * clusters, Cfg::kClusterN, 1);
@@ -311,7 +320,11 @@ struct Gemm {
     (void)max_resident_clusters();   // also raises the SMEM limit
     Launch l = launch_shape(p, max_clusters);
     auto kernel = &gemm_kernel_entry<Kernel>;
-    if constexpr (Cfg::kClusterM * Cfg::kClusterN == 1) {
+    constexpr bool kCluster = Cfg::kClusterM * Cfg::kClusterN > 1;
+    // CTAs of a row block that exchange partials must all be resident: a cooperative launch fails
+    // instead of hanging when the persistent grid cannot be.
+    constexpr bool kCoop = epi::NeedsCoResidency<Tree>::value;
+    if constexpr (!kCluster && !kCoop) {
       kernel<<<l.grid, l.block, l.smem, stream>>>(p);
       return cudaGetLastError();
     } else {
@@ -320,11 +333,20 @@ struct Gemm {
       cfg.blockDim = l.block;
       cfg.dynamicSmemBytes = l.smem;
       cfg.stream = stream;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim = {unsigned(Cfg::kClusterM), unsigned(Cfg::kClusterN), 1};
+      cudaLaunchAttribute attr[2];
+      int n = 0;
+      if (kCluster) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim = {unsigned(Cfg::kClusterM), unsigned(Cfg::kClusterN), 1};
+        ++n;
+      }
+      if (kCoop) {
+        attr[n].id = cudaLaunchAttributeCooperative;
+        attr[n].val.cooperative = 1;
+        ++n;
+      }
       cfg.attrs = attr;
-      cfg.numAttrs = 1;
+      cfg.numAttrs = n;
       return cudaLaunchKernelEx(&cfg, kernel, p);
     }
   }

@@ -132,6 +132,113 @@ __global__ void reference_epilogue(int kind, float const* acc, __nv_bfloat16 con
   }
 }
 
+// Reference row epilogues (issue 4), one block of 256 threads per row, fp64 statistics:
+//   kind 3 postnorm:   LayerNorm(acc + b + R) * gamma + beta      kind 4 rmsnorm: RMSNorm(acc + b + R) * gamma
+//   kind 5 softmax:    softmax(acc + b)                            kind 6: softmax(LayerNorm(acc + b + R) * g + b)
+__global__ void reference_row_epilogue(int kind, float const* acc, __nv_bfloat16 const* bias,
+                                       __nv_bfloat16 const* R, __nv_bfloat16 const* gamma,
+                                       __nv_bfloat16 const* beta, float eps, float* out, int M, int N) {
+  __shared__ double red[256];
+  auto block_sum = [&](double v) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = 128; s; s >>= 1) {
+      if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+      __syncthreads();
+    }
+    double r = red[0];
+    __syncthreads();
+    return r;
+  };
+  auto block_max = [&](double v) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = 128; s; s >>= 1) {
+      if (threadIdx.x < s) red[threadIdx.x] = fmax(red[threadIdx.x], red[threadIdx.x + s]);
+      __syncthreads();
+    }
+    double r = red[0];
+    __syncthreads();
+    return r;
+  };
+  for (int m = blockIdx.x; m < M; m += gridDim.x) {
+    float const* a = acc + int64_t(m) * N;
+    float* o = out + int64_t(m) * N;
+    auto x = [&](int n) {
+      double v = double(a[n]) + double(__bfloat162float(bias[n]));
+      if (kind != 5) v += double(__bfloat162float(R[int64_t(m) * N + n]));
+      return v;
+    };
+    if (kind == 3 || kind == 6) {
+      double s = 0;
+      for (int n = threadIdx.x; n < N; n += 256) s += x(n);
+      double mean = block_sum(s) / N;
+      double q = 0;
+      for (int n = threadIdx.x; n < N; n += 256) q += (x(n) - mean) * (x(n) - mean);
+      double rstd = 1.0 / sqrt(block_sum(q) / N + eps);
+      for (int n = threadIdx.x; n < N; n += 256)
+        o[n] = float((x(n) - mean) * rstd * __bfloat162float(gamma[n]) + __bfloat162float(beta[n]));
+    } else if (kind == 4) {
+      double q = 0;
+      for (int n = threadIdx.x; n < N; n += 256) q += x(n) * x(n);
+      double r = 1.0 / sqrt(block_sum(q) / N + eps);
+      for (int n = threadIdx.x; n < N; n += 256) o[n] = float(x(n) * r * __bfloat162float(gamma[n]));
+    } else {
+      for (int n = threadIdx.x; n < N; n += 256) o[n] = float(x(n));
+    }
+    __syncthreads();
+    if (kind == 5 || kind == 6) {
+      double mx = -INFINITY;
+      for (int n = threadIdx.x; n < N; n += 256) mx = fmax(mx, double(o[n]));
+      mx = block_max(mx);
+      double s = 0;
+      for (int n = threadIdx.x; n < N; n += 256) s += exp(double(o[n]) - mx);
+      s = block_sum(s);
+      __syncthreads();
+      for (int n = threadIdx.x; n < N; n += 256) o[n] = float(exp(double(o[n]) - mx) / s);
+    }
+    __syncthreads();
+  }
+}
+
+// Worst per-row normwise relative error ||out_row - ref_row|| / ||ref_row|| (NaN/Inf counts as +inf).
+__global__ void row_errors(__nv_bfloat16 const* out, float const* ref, int M, int N, float* worst) {
+  __shared__ double d2s[256], r2s[256];
+  for (int m = blockIdx.x; m < M; m += gridDim.x) {
+    double d2 = 0, r2 = 0;
+    for (int n = threadIdx.x; n < N; n += 256) {
+      float o = __bfloat162float(out[int64_t(m) * N + n]), r = ref[int64_t(m) * N + n];
+      d2 += isfinite(o) ? (double(o) - r) * (double(o) - r) : INFINITY;
+      r2 += double(r) * r;
+    }
+    d2s[threadIdx.x] = d2;
+    r2s[threadIdx.x] = r2;
+    __syncthreads();
+    for (int s = 128; s; s >>= 1) {
+      if (threadIdx.x < s) {
+        d2s[threadIdx.x] += d2s[threadIdx.x + s];
+        r2s[threadIdx.x] += r2s[threadIdx.x + s];
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      float e = float(sqrt(d2s[0] / fmax(r2s[0], 1e-30)));
+      if (!(e <= 1e30f)) e = INFINITY;
+      atomicMax(reinterpret_cast<int*>(worst), __float_as_int(e));  // e >= 0: int order = float order
+    }
+    __syncthreads();
+  }
+}
+
+inline float worst_row_error(__nv_bfloat16 const* out, float const* ref, int M, int N, float* d_worst) {
+  CF_CHECK(cudaMemset(d_worst, 0, sizeof(float)));
+  row_errors<<<1024, 256>>>(out, ref, M, N, d_worst);
+  CF_CHECK(cudaGetLastError());
+  float h = 0;
+  CF_CHECK(cudaMemcpy(&h, d_worst, sizeof(h), cudaMemcpyDeviceToHost));
+  return h;
+}
+
 // sums[0] += sum (out - ref)^2, sums[1] += sum ref^2, sums[2] += count of non-finite outputs.
 __global__ void error_norms(__nv_bfloat16 const* out, float const* ref, int64_t n, double* sums) {
   double d2 = 0, r2 = 0, bad = 0;

@@ -10,15 +10,33 @@
 
 namespace comfuse::gpu {
 
-enum class Epi { Identity = 0, BiasGelu = 1, BiasResidual2 = 2 };
+enum class Epi { Identity = 0, BiasGelu = 1, BiasResidual2 = 2, PostNorm = 3, RmsNorm = 4, Softmax = 5, LnSoftmax = 6 };
 inline char const* epi_name(Epi e) {
   switch (e) {
     case Epi::Identity: return "identity";
     case Epi::BiasGelu: return "bias_gelu";
     case Epi::BiasResidual2: return "bias_res_2out";
+    case Epi::PostNorm: return "postnorm";
+    case Epi::RmsNorm: return "rmsnorm";
+    case Epi::Softmax: return "softmax";
+    case Epi::LnSoftmax: return "ln_softmax";
   }
   return "?";
 }
+inline bool epi_reduces(Epi e) { return int(e) >= 3; }
+// Reductions per epilogue: the L2 workspace has one slot per (row block, reduction).
+inline int epi_reductions(Epi e) {
+  switch (e) {
+    case Epi::PostNorm: return 2;
+    case Epi::RmsNorm: return 1;
+    case Epi::Softmax: return 2;
+    case Epi::LnSoftmax: return 4;
+    default: return 0;
+  }
+}
+// Bytes of L2 workspace any instance needs for an M x N problem (partials; counters are separate).
+inline size_t reduce_workspace_bytes(int M, int N) { return size_t(M + 128) * 4 * (N / 64 + 2) * sizeof(float); }
+inline size_t reduce_counter_bytes(int M) { return size_t(M / 64 + 2) * 4 * 2 * sizeof(int); }
 inline int epi_outputs(Epi e) { return e == Epi::BiasResidual2 ? 2 : 1; }
 
 // bf16 everywhere (passed as void* so this header needs no CUDA half types).
@@ -31,6 +49,11 @@ struct Problem {
   void const* bias = nullptr;      // [N]
   void const* residual = nullptr;  // [M, N]
   void const* v = nullptr;         // [N]
+  void const* gamma = nullptr;     // [N]  LayerNorm / RMSNorm weight
+  void const* beta = nullptr;      // [N]  LayerNorm bias
+  float eps = 1e-5f;
+  float* ws_partials = nullptr;    // reduce_workspace_bytes(M, N)
+  int* ws_counters = nullptr;      // reduce_counter_bytes(M), zero before the first launch
   int max_clusters = 0;      // > 0: cap the persistent grid
 };
 

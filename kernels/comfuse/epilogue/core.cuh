@@ -160,6 +160,9 @@ template <> struct Elem<cutlass::half_t> {
 
 // A root with kCarriesTile = true (StageStream, reduce.cuh) gets each fragment's value written back
 // into the accumulator registers after every visit: the next stage reads it through AccEntry.
+template <class Node, class = void> struct NeedsCoResidency : std::false_type {};
+template <class Node> struct NeedsCoResidency<Node, std::void_t<decltype(Node::kNeedsCoResidency)>>
+    : std::bool_constant<Node::kNeedsCoResidency> {};
 template <class Node, class = void> struct CarriesTile : std::false_type {};
 template <class Node> struct CarriesTile<Node, std::void_t<decltype(Node::kCarriesTile)>>
     : std::bool_constant<Node::kCarriesTile> {};

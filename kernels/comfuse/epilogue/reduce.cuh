@@ -195,7 +195,9 @@ struct StageStream {
     alignas(16) float results[kMaxReductions * kMaxTileM];
   };
   static constexpr int kStage = Root::kStage;
-  static constexpr bool kUsesSmem = Root::kUsesSmem;
+  // The result rows live in SMEM: the driver's end-of-tile barrier keeps the next tile's writes behind
+  // this tile's reads.
+  static constexpr bool kUsesSmem = true;
   static constexpr bool kCarriesTile = true;     // the driver writes each stage's value back to the registers
   static constexpr bool kNeedsCoResidency = true;  // the row block's CTAs exchange: cooperative launch
 

@@ -88,11 +88,12 @@ CUTE_DEVICE void l2_exchange(L2Workspace const& ws, int rb, int stage, int c, in
   detail::named_barrier(barrier_id, 128);
 #pragma unroll
   for (int s = 0; s < Rows; ++s) {
-    if (s >= slots) break;
-    const float* col = base + row_of(s);
-    float acc = __ldcg(col);
-    for (int cc = 1; cc < ws.cols; ++cc) acc = combine(acc, __ldcg(col + size_t(cc) * ws.tile_m));
-    v[s] = acc;
+    if (s < slots) {
+      const float* col = base + row_of(s);
+      float acc = __ldcg(col);
+      for (int cc = 1; cc < ws.cols; ++cc) acc = combine(acc, __ldcg(col + size_t(cc) * ws.tile_m));
+      v[s] = acc;
+    }
   }
   detail::named_barrier(barrier_id, 128);
   if (thread == 0) {
