@@ -297,8 +297,12 @@ struct Gemm {
     if (max_clusters > 0 && max_clusters < clusters) clusters = max_clusters;
     // A row block's CTAs exchange partials: they must hold distinct CTAs, all resident (see
     // tile_scheduler.cuh), so the grid never drops below one row block (can_implement checks it fits).
-    if constexpr (epi::NeedsCoResidency<Tree>::value)
+    // With a grid that is a multiple of the row-block width, a row block's tiles are always in the
+    // same wave, on the same C CTAs: no exchange waits for a CTA that is still a tile behind.
+    if constexpr (epi::NeedsCoResidency<Tree>::value) {
       if (clusters < p.cl_tiles_n) clusters = p.cl_tiles_n;
+      clusters -= clusters % p.cl_tiles_n;
+    }
     if (p.total < clusters) clusters = p.total;
     Launch l;
     l.grid = dim3(Cfg::kClusterM * clusters, Cfg::kClusterN, 1);
