@@ -173,6 +173,7 @@ struct GemmKernel {
         auto t = sched.tile(u, rx, ry);
         epi::TileCtx ctx{t.m * Cfg::kTileM, t.n * Cfg::kTileN, p.M, p.N,
                          Cfg::kTileM, Cfg::kTileN, wg_thread, group};
+        epi::bind<Tree>(ctx, ss.epi[group]);
         Tree tree(p.epi, ss.epi[group], ctx);
         tree.prefetch();   // epilogue inputs staged in SMEM while the MMAs run
 

@@ -58,6 +58,7 @@ exchange_kernel(L2Workspace ws, const float* in, float* out, int row_blocks) {
   const int tiles = row_blocks * C;
   const RowOf row_of{thread};
   const bool leader = thread % 4 == 0;
+  __shared__ float rows[2][kTileM];  // per group: the exchanged result of every row of the tile
   for (int t = blockIdx.x + group * G; t < tiles; t += 2 * G) {
     const int rb = t / C, c = t % C;
     float carry[kRows] = {};
@@ -67,8 +68,11 @@ exchange_kernel(L2Workspace ws, const float* in, float* out, int row_blocks) {
 #pragma unroll
       for (int k = 0; k < kRows; ++k) v[k] = in[off + row_of(k)] + 0.0f * carry[k];  // chained like a PostOp
       if constexpr (kExchange) {
-        if (s % 2) comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, leader, 8 + group, v, kRows, row_of, Max{});
-        else comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, leader, 8 + group, v, kRows, row_of, Sum{});
+        float* res = rows[group];
+        if (s % 2) comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, leader, 8 + group, v, kRows, row_of, Max{}, 1.f, res);
+        else comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, leader, 8 + group, v, kRows, row_of, Sum{}, 1.f, res);
+#pragma unroll
+        for (int k = 0; k < kRows; ++k) v[k] = res[row_of(k)];
       }
 #pragma unroll
       for (int k = 0; k < kRows; ++k) carry[k] = v[k];

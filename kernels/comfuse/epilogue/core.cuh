@@ -160,6 +160,14 @@ template <> struct Elem<cutlass::half_t> {
 
 // A root with kCarriesTile = true (StageStream, reduce.cuh) gets each fragment's value written back
 // into the accumulator registers after every visit: the next stage reads it through AccEntry.
+// bind(ctx, smem): a root may point the tile context at its SMEM before the tree is built (StageStream).
+template <class Node, class = void> struct HasBind : std::false_type {};
+template <class Node>
+struct HasBind<Node, std::void_t<decltype(Node::bind(std::declval<TileCtx&>(), std::declval<typename Node::SharedStorage&>()))>>
+    : std::true_type {};
+template <class Node> CUTE_DEVICE void bind(TileCtx& c, typename Node::SharedStorage& s) {
+  if constexpr (HasBind<Node>::value) Node::bind(c, s);
+}
 template <class Node, class = void> struct NeedsCoResidency : std::false_type {};
 template <class Node> struct NeedsCoResidency<Node, std::void_t<decltype(Node::kNeedsCoResidency)>>
     : std::bool_constant<Node::kNeedsCoResidency> {};

@@ -64,23 +64,22 @@ struct Reduce {
 
   Child child;
   reduce::L2Workspace ws;
-  TileCtx const& ctx;
   float part[kMaxRowSlots];
-  int row_l[kMaxRowSlots];
 
-  CUTE_DEVICE Reduce(Arguments const& a, SharedStorage& s, TileCtx const& c) : child(a.child, s.child, c), ws(a.ws), ctx(c) {
+  CUTE_DEVICE Reduce(Arguments const& a, SharedStorage& s, TileCtx const& c) : child(a.child, s.child, c), ws(a.ws) {
     CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < kMaxRowSlots; ++k) {
-      part[k] = RowCombine<Kind>::identity();
-      row_l[k] = 0;
-    }
+    for (int k = 0; k < kMaxRowSlots; ++k) part[k] = RowCombine<Kind>::identity();
+  }
+  // The tile row of this thread's row slot k: WGMMA m64 layout, warp w owns rows 16w..16w+15 of each
+  // 64-row atom, lane l rows l/4 and l/4 + 8 (slot = half + 2 * atom, as FragCtx::row_slot counts them).
+  CUTE_DEVICE static int row_of(int thread, int k) {
+    return (k / 2) * 64 + (thread / 32) * 16 + (thread % 32) / 4 + 8 * (k % 2);
   }
   CUTE_DEVICE void prefetch() { child.prefetch(); }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(child, f); }
 
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
     Frag v = child.template visit<S>(f, acc);
-    row_l[f.row_slot] = f.row_l;
     if (f.pred) {
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kFragSize; ++j) part[f.row_slot] = RowCombine<Kind>{}(part[f.row_slot], Map{}({}, v.x[j]));
@@ -97,22 +96,24 @@ struct Reduce {
       part[k] = RowCombine<Kind>{}(part[k], __shfl_xor_sync(0xffffffffu, part[k], 1));
       part[k] = RowCombine<Kind>{}(part[k], __shfl_xor_sync(0xffffffffu, part[k], 2));
     }
-    // (2) the CTAs of the row block
+    // (2) the CTAs of the row block combine through L2, or (one column block) the CTA's result is final;
+    // (3) either way the result goes back to the tile as one float per row in SMEM, read by RowResult<Id>
     const int cols = (c.N + c.tile_n - 1) / c.tile_n;
+    const int slots = c.tile_m / 32;  // 2 rows per 64-row atom
+    const float scale = Kind == RowReduce::Mean ? 1.f / float(c.N) : 1.f;
+    float* out = c.row_results + Id * kMaxTileM;
     if (cols > 1 && c.m0 < c.M && c.n0 < c.N) {
       reduce::L2Workspace w = ws;
       w.cols = cols;
-      const int slots = c.tile_m / 32;  // 2 rows per 64-row atom
-      int const* rl = row_l;
-      reduce::l2_exchange<kRows>(w, c.m0 / c.tile_m, Id, c.n0 / c.tile_n, c.thread, c.thread % 4 == 0,
-                                 8 + c.group, part, slots, [&](int k) { return rl[k]; }, RowCombine<Kind>{});
+      const int t = c.thread;
+      reduce::l2_exchange<kRows>(w, c.m0 / c.tile_m, Id, c.n0 / c.tile_n, t, t % 4 == 0, 8 + c.group, part, slots,
+                                 [t](int k) { return row_of(t, k); }, RowCombine<Kind>{}, scale, out);
+      return;  // the exchange ends with a group barrier: `out` is complete
     }
-    // (3) back to the tile: one float per row in SMEM, read by RowResult<Id>
-    float scale = Kind == RowReduce::Mean ? 1.f / float(c.N) : 1.f;
     if (c.thread % 4 == 0) {
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < kRows; ++k)
-        if (k < c.tile_m / 32) c.row_results[Id * kMaxTileM + row_l[k]] = part[k] * scale;
+        if (k < slots) out[row_of(c.thread, k)] = part[k] * scale;
     }
     group_barrier(c.group);
   }
@@ -201,18 +202,16 @@ struct StageStream {
   static constexpr bool kCarriesTile = true;     // the driver writes each stage's value back to the registers
   static constexpr bool kNeedsCoResidency = true;  // the row block's CTAs exchange: cooperative launch
 
-  TileCtx ctx;  // the caller's, plus where the per-row results live
   Root root;
-  CUTE_DEVICE static TileCtx with_results(TileCtx c, SharedStorage& s) {
-    c.row_results = s.results;
-    return c;
-  }
-  CUTE_DEVICE StageStream(Arguments const& a, SharedStorage& s, TileCtx const& c)
-      : ctx(with_results(c, s)), root(a, s.root, ctx) {}
+  // Called by the kernel before the tree is built (epi::bind): the per-row results live in this group's
+  // SMEM. (Keeping a TileCtx copy in the tree instead would make the nodes reference a member, and put the
+  // whole tree - accumulator-sized arrays included - in local memory.)
+  CUTE_DEVICE static void bind(TileCtx& c, SharedStorage& s) { c.row_results = s.results; }
+  CUTE_DEVICE StageStream(Arguments const& a, SharedStorage& s, TileCtx const& c) : root(a, s.root, c) {}
   CUTE_DEVICE void prefetch() { root.prefetch(); }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(root, f); }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) { return root.template visit<S>(f, acc); }
-  template <int S> CUTE_DEVICE void end_stage(TileCtx const&) { root.template end_stage<S>(ctx); }
+  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { root.template end_stage<S>(c); }
 };
 
 }  // namespace comfuse::epi

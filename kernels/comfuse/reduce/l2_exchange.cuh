@@ -60,16 +60,17 @@ CUTE_DEVICE void named_barrier(int id, int threads) { asm volatile("bar.sync %0,
 
 }  // namespace detail
 
-// Combines per-row partials across the C column blocks of row block `rb`.
-//   Rows:      capacity of v; the first `slots` entries are used; row_of(s) gives slot s's row in the tile
-//   v[s]:      in: this CTA's partial for the row (already reduced across the quad: every lane holds it);
-//              out: the combination over all C column blocks
-//   leader:    true for the one lane of each quad that writes the quad's rows
-//   combine:   associative operator (sum / max / min)
-// All 128 threads of the consumer group call it (barrier_id names the group's barrier).
+// Combines per-row partials across the C column blocks of row block `rb` and writes the result of every row
+// of the tile to out[row] (typically SMEM), scaled by `scale`; out is complete when the call returns.
+//   part[s], row_of(s): this thread's partial for slot s (already reduced across its quad) and its tile row;
+//                       the first `slots` entries are used; quad leaders (`leader`) publish them
+//   combine:            associative operator (sum / max / min)
+// All 128 threads of the consumer group call it (barrier_id names the group's barrier). Thread t combines row
+// t: one row per thread, its C loads independent and in flight together.
 template <int Rows, class RowOf, class Combine>
 CUTE_DEVICE void l2_exchange(L2Workspace const& ws, int rb, int stage, int c, int thread, bool leader,
-                             int barrier_id, float (&v)[Rows], int slots, RowOf row_of, Combine combine) {
+                             int barrier_id, float const (&part)[Rows], int slots, RowOf row_of, Combine combine,
+                             float scale, float* out) {
   const size_t slot = size_t(rb) * ws.stages + stage;
   float* base = ws.partials + slot * ws.cols * ws.tile_m;
   int* arrive = ws.counters + slot * 2;
@@ -77,7 +78,7 @@ CUTE_DEVICE void l2_exchange(L2Workspace const& ws, int rb, int stage, int c, in
   if (leader) {
 #pragma unroll
     for (int s = 0; s < Rows; ++s)
-      if (s < slots) __stcg(base + size_t(c) * ws.tile_m + row_of(s), v[s]);
+      if (s < slots) __stcg(base + size_t(c) * ws.tile_m + row_of(s), part[s]);
   }
   detail::named_barrier(barrier_id, 128);
   if (thread == 0) {
@@ -86,14 +87,12 @@ CUTE_DEVICE void l2_exchange(L2Workspace const& ws, int rb, int stage, int c, in
     }
   }
   detail::named_barrier(barrier_id, 128);
-#pragma unroll
-  for (int s = 0; s < Rows; ++s) {
-    if (s < slots) {
-      const float* col = base + row_of(s);
-      float acc = __ldcg(col);
-      for (int cc = 1; cc < ws.cols; ++cc) acc = combine(acc, __ldcg(col + size_t(cc) * ws.tile_m));
-      v[s] = acc;
-    }
+  if (thread < ws.tile_m) {
+    const float* col = base + thread;
+    float acc = __ldcg(col);
+#pragma unroll 8
+    for (int cc = 1; cc < ws.cols; ++cc) acc = combine(acc, __ldcg(col + size_t(cc) * ws.tile_m));
+    out[thread] = acc * scale;
   }
   detail::named_barrier(barrier_id, 128);
   if (thread == 0) {
