@@ -1,8 +1,10 @@
 // Compile-only check of the kernel headers for sm_90a (run by ctest where nvcc exists, GPU or not).
 // One kernel instantiation whose epilogue touches every node and every operator, plus the
-// cluster path of the kernel through a plain-GEMM instantiation.
+// cluster path of the kernel through a plain-GEMM instantiation, plus the Stage-Stream reduction nodes and
+// the cooperative launch through the four-reduction LayerNorm + softmax epilogue.
 #include "comfuse/gemm.cuh"
 #include "comfuse/epilogue/all.cuh"
+#include "epilogues_reduce.cuh"
 
 namespace {
 using namespace comfuse;
@@ -36,4 +38,7 @@ cudaError_t compile_check_launch_a(Gemm<CfgA, Everything>::Arguments const& a) {
 }
 cudaError_t compile_check_launch_b(Gemm<CfgB, StoreF16>::Arguments const& a) {
   return Gemm<CfgB, StoreF16>::run(a);
+}
+cudaError_t compile_check_launch_c(Gemm<CfgA, composed::LnSoftmax>::Arguments const& a) {
+  return Gemm<CfgA, composed::LnSoftmax>::run(a);
 }
