@@ -2,14 +2,17 @@
 //   comfuse plan FILE.cf [--explain]
 //   comfuse interp FILE.cf --inputs DIR --outputs DIR [--mode graph|spec] [--ctas N]
 //   comfuse print FILE.cf [--decomposed]
+//   comfuse emit FILE.cf -o DIR
 // Exit codes: 0 ok, 2 bad input (file, arguments, data), 1 internal error.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "comfuse/codegen.h"
 #include "comfuse/interp.h"
 #include "comfuse/partition.h"
 #include "comfuse/tensor.h"
@@ -26,7 +29,8 @@ const char* kUsage =
     "  comfuse interp FILE.cf --inputs DIR --outputs DIR [--mode graph|spec] [--ctas N]\n"
     "                                       CPU reference run: reads DIR/NAME.npy per input (float32,\n"
     "                                       rounded to the declared dtype), writes NAME.npy (float32) per output\n"
-    "  comfuse print FILE.cf [--decomposed] the graph in canonical .cf form (composites expanded with --decomposed)\n";
+    "  comfuse print FILE.cf [--decomposed] the graph in canonical .cf form (composites expanded with --decomposed)\n"
+    "  comfuse emit FILE.cf -o DIR          the generated CUDA C++ of each fused region (DIR/comfuse_<hash>.cu)\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -52,8 +56,8 @@ Args parse_args(int argc, char** argv, const std::vector<std::string>& flags, co
   a.cmd = argv[1];
   for (int i = 2; i < argc; ++i) {
     std::string s = argv[i];
-    if (s.rfind("--", 0) == 0) {
-      std::string key = s.substr(2), val;
+    if (s.rfind("--", 0) == 0 || s == "-o") {
+      std::string key = s.substr(s[1] == '-' ? 2 : 1), val;
       if (auto eq = key.find('='); eq != std::string::npos) {
         val = key.substr(eq + 1);
         key = key.substr(0, eq);
@@ -85,6 +89,24 @@ int cmd_plan(const Args& a) {
 int cmd_print(const Args& a) {
   Graph g = parse_cf_file(a.file);
   std::cout << print_cf(a.flag("decomposed") ? decompose(g) : g);
+  return 0;
+}
+
+int cmd_emit(const Args& a) {
+  std::string dir = a.get("o");
+  if (dir.empty()) throw UsageError("emit needs -o DIR");
+  Partition p = partition(parse_cf_file(a.file));
+  fs::create_directories(dir);
+  for (size_t i = 0; i < p.regions.size(); ++i) {
+    try {
+      GeneratedKernel k = generate_kernel(p.regions[i].spec);
+      fs::path out = fs::path(dir) / (k.name + ".cu");
+      std::ofstream(out) << k.source;
+      std::cout << "region " << i << ": wrote " << out.string() << "\n";
+    } catch (const CodegenError& e) {
+      std::cout << "region " << i << ": not generated (falls back): " << e.what() << "\n";
+    }
+  }
   return 0;
 }
 
@@ -135,6 +157,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
+    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;

@@ -1,0 +1,67 @@
+// Psi: golden generated source for every small example (COMFUSE_UPDATE_GOLDEN=1 rewrites the goldens), and
+// the Specs it must decline with a reason. tests/gpu compiles generated examples with nvcc for sm_90a.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "comfuse/codegen.h"
+#include "comfuse/partition.h"
+#include "comfuse/text.h"
+
+using namespace comfuse;
+namespace fs = std::filesystem;
+
+TEST(Codegen, GoldenSourceForEveryExample) {
+  const fs::path golden = fs::path(COMFUSE_SOURCE_DIR) / "tests/cpu/golden";
+  const bool update = std::getenv("COMFUSE_UPDATE_GOLDEN") != nullptr;
+  int checked = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(COMFUSE_SOURCE_DIR) / "examples/small")) {
+    if (e.path().extension() != ".cf") continue;
+    Partition p = partition(parse_cf_file(e.path().string()));
+    for (size_t r = 0; r < p.regions.size(); ++r) {
+      GeneratedKernel k = generate_kernel(p.regions[r].spec);
+      fs::path g = golden / (e.path().stem().string() + "_r" + std::to_string(r) + ".cu");
+      if (update) std::ofstream(g) << k.source;
+      std::ifstream in(g);
+      ASSERT_TRUE(in) << "missing golden " << g << " (COMFUSE_UPDATE_GOLDEN=1 writes it)";
+      std::stringstream want;
+      want << in.rdbuf();
+      EXPECT_EQ(k.source, want.str()) << g;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 7);
+}
+
+TEST(Codegen, StagesNestAndCarryTheBypassedTile) {
+  Partition p = partition(parse_cf(
+      "input X : bf16[8, 16]\ninput W : bf16[16, 24]\ninput b : bf16[24]\n"
+      "y = softmax(add(matmul(X, W), b))\noutput y\n", "sm.cf"));
+  std::string src = generate_kernel(p.regions.at(0).spec).source;
+  // max(x) carries x; sum(exp(x - max)) carries the exponentials; the last stage divides them
+  EXPECT_NE(src.find("StageStream<Stage<Reduce<RowReduce::Max, 0, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>, "
+                     "Stage<Reduce<RowReduce::Sum, 1, Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<0>>>>, "
+                     "Stage<Store<bf16, Compute<ops::Div, AccEntry, RowResult<1>>>>>>>"),
+            std::string::npos)
+      << src;
+}
+
+TEST(Codegen, DeclinesWhatTheTemplatesCannotExpress) {
+  auto reason = [](const std::string& text) -> std::string {
+    Partition p = partition(parse_cf(text, "d.cf"));
+    try {
+      generate_kernel(p.regions.at(0).spec);
+    } catch (const CodegenError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string head = "input X : bf16[8, 16]\ninput W : bf16[16, 24]\nh = matmul(X, W)\n";
+  EXPECT_NE(reason(head + "m = mean(h)\noutput m\n").find("per row"), std::string::npos);
+  // two tile values (h and exp(h)) both needed after the reduction
+  EXPECT_NE(reason(head + "e = exp(h)\ns = sum(e)\ny = add(div(e, s), h)\noutput y\n").find("two tile-sized values"),
+            std::string::npos);
+}
