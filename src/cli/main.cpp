@@ -15,6 +15,7 @@
 #include "comfuse/codegen.h"
 #include "comfuse/interp.h"
 #include "comfuse/partition.h"
+#include "comfuse/plan.h"
 #include "comfuse/tensor.h"
 #include "comfuse/text.h"
 
@@ -81,8 +82,19 @@ Args parse_args(int argc, char** argv, const std::vector<std::string>& flags, co
 }
 
 int cmd_plan(const Args& a) {
-  Graph g = parse_cf_file(a.file);
-  std::cout << print_partition(partition(g), a.flag("explain"));
+  Partition p = partition(parse_cf_file(a.file));
+  std::cout << print_partition(p, a.flag("explain"));
+  std::cout << "\nplan (from src/plan/measured.csv):\n";
+  for (size_t i = 0; i < p.regions.size(); ++i) {
+    PlanDecision d = plan_region(p.regions[i].spec);
+    std::cout << "  region " << i << ": ";
+    if (d.fuse)
+      std::cout << "fuse, " << d.config.tile_m << "x" << d.config.tile_n << "x" << d.config.tile_k << " cluster "
+                << d.config.cluster_m << "x" << d.config.cluster_n << ", transport " << d.transport << ": " << d.reason
+                << "\n";
+    else
+      std::cout << "declined (runs unfused): " << d.reason << "\n";
+  }
   return 0;
 }
 

@@ -1,0 +1,38 @@
+// plan: for each fused region, which kernel configuration runs it — or whether fusing pays at all.
+//
+// Decisions come from measurements, not guesses: src/plan/measured.csv is the benchmark's output (bench/,
+// docs/PERF.md), compiled in. A region is declined, with the reason, when no kernel can serve it (alignment,
+// an epilogue the templates cannot express) or when the measured fused kernel is slower than running the GEMM
+// and its epilogue as separate kernels would be.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comfuse/codegen.h"
+#include "comfuse/spec.h"
+
+namespace comfuse {
+
+struct MeasuredRow {
+  int64_t m = 0, k = 0, n = 0;
+  std::string config;    // "128x128x64_c1x1", or "cublas"
+  std::string epilogue;  // identity, bias_gelu, bias_res_2out, postnorm, rmsnorm, softmax, ln_softmax
+  double us = 0;
+};
+
+const std::vector<MeasuredRow>& measured_table();             // the compiled-in src/plan/measured.csv
+std::vector<MeasuredRow> parse_measured_table(const std::string& csv);
+
+struct PlanDecision {
+  bool fuse = false;
+  std::string reason;          // why (fused: what the choice rests on; declined: what prevents it)
+  KernelConfig config;
+  std::string transport;       // "none" (one stage) or "l2" (cross-CTA row reductions)
+  double fused_us = -1;        // estimates for this region's shape (-1: unknown)
+  double unfused_us = -1;
+};
+
+PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table = measured_table());
+
+}  // namespace comfuse

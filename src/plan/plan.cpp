@@ -1,0 +1,142 @@
+// The planner (see include/comfuse/plan.h).
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+#include "comfuse/plan.h"
+
+namespace comfuse {
+
+namespace {
+
+// Effective bandwidth of a separate memory-bound epilogue kernel on an H200 (WORKLOADS.md: copies reach
+// 4.24 TB/s; a norm kernel that also reduces gets ~70% of that).
+constexpr double kUnfusedBytesPerSecond = 3.0e12;
+
+std::string fmt(const char* f, double a, double b = 0, double c = 0) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, f, a, b, c);
+  return buf;
+}
+
+bool parse_config(const std::string& s, KernelConfig& c) {
+  return std::sscanf(s.c_str(), "%dx%dx%d_c%dx%d", &c.tile_m, &c.tile_n, &c.tile_k, &c.cluster_m, &c.cluster_n) == 5;
+}
+
+// The measured epilogue closest to this Spec: by its number of reductions, else by what its one stage reads.
+std::string measured_class(const FusionSpec& fs) {
+  auto st = fs.stages();
+  int reductions = static_cast<int>(st.size()) - 1;
+  if (reductions == 1) return "rmsnorm";
+  if (reductions == 2)
+    return st[0]->nodes[st[0]->terminal].reduce == ReduceKind::Max ? "softmax" : "postnorm";
+  if (reductions >= 3) return "ln_softmax";
+  bool tile = false, compute = false;
+  for (const auto& p : fs.params) tile = tile || p.kind == BroadcastKind::Tile;
+  for (const auto& n : fs.root.nodes) compute = compute || n.kind == SpecKind::Compute || n.kind == SpecKind::Broadcast;
+  if (tile || fs.outputs.size() > 1) return "bias_res_2out";
+  return compute ? "bias_gelu" : "identity";
+}
+
+bool has_tile_param(const FusionSpec& fs) {
+  for (const auto& p : fs.params)
+    if (p.kind == BroadcastKind::Tile) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<MeasuredRow> parse_measured_table(const std::string& csv) {
+  std::vector<MeasuredRow> rows;
+  std::istringstream in(csv);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#' || line[0] == 'M') continue;  // comments, header
+    std::vector<std::string> f;
+    std::stringstream ls(line);
+    for (std::string cell; std::getline(ls, cell, ',');) f.push_back(cell);
+    if (f.size() < 7) continue;
+    MeasuredRow r;
+    r.m = std::stoll(f[0]);
+    r.k = std::stoll(f[1]);
+    r.n = std::stoll(f[2]);
+    r.config = f[3] == "cublas" ? "cublas" : f[4];
+    r.epilogue = f[5];
+    r.us = std::stod(f[6]);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
+  PlanDecision d;
+  const GemmDesc& g = fs.gemm;
+  d.transport = fs.num_stages() > 1 ? "l2" : "none";
+  auto decline = [&](std::string why) {
+    d.fuse = false;
+    d.reason = std::move(why);
+    return d;
+  };
+  if (g.n % 8) return decline("N = " + std::to_string(g.n) + " is not a multiple of 8: rows of B and of the outputs are not 16-byte aligned for TMA");
+  if (g.k % 8) return decline("K = " + std::to_string(g.k) + " is not a multiple of 8: rows of A are not 16-byte aligned for TMA");
+
+  // The nearest measured shape (log distance in M, N, K) with cuBLAS and this epilogue class measured.
+  const std::string cls = measured_class(fs);
+  const MeasuredRow* best = nullptr;
+  const MeasuredRow* cublas = nullptr;
+  double best_dist = std::numeric_limits<double>::infinity();
+  for (const auto& r : table) {
+    if (r.config != "cublas") continue;
+    double dist = std::fabs(std::log(double(g.rows) / r.m)) + std::fabs(std::log(double(g.n) / r.n)) +
+                  std::fabs(std::log(double(g.k) / r.k));
+    if (dist >= best_dist) continue;
+    const MeasuredRow* fused = nullptr;
+    for (const auto& f : table) {
+      KernelConfig c;
+      if (f.m != r.m || f.k != r.k || f.n != r.n || f.epilogue != cls || !parse_config(f.config, c)) continue;
+      if (has_tile_param(fs) && c.tile_n > 128) continue;  // 128x192 + a residual tile spills (docs/PERF.md)
+      if (!fused || f.us < fused->us) fused = &f;
+    }
+    if (!fused) continue;
+    best_dist = dist;
+    best = fused;
+    cublas = &r;
+  }
+  if (!best) return decline("no measurement of a '" + cls + "' kernel to plan from (src/plan/measured.csv)");
+  parse_config(best->config, d.config);
+
+  // Kernels the templates cannot express are declined here, with Psi's reason.
+  try {
+    generate_kernel(fs, d.config);
+  } catch (const CodegenError& e) {
+    return decline(std::string("no kernel template: ") + e.what());
+  }
+  if (fs.num_stages() > 1) {
+    int cols = static_cast<int>((g.n + d.config.tile_n - 1) / d.config.tile_n);
+    if (cols > 132)
+      return decline("a row spans " + std::to_string(cols) + " tiles: more than the 132 CTAs that can be resident to exchange");
+  }
+
+  // Fused: the measured ratio to cuBLAS at the nearest shape, applied to this shape's GEMM time (scaled by FLOPs).
+  // Unfused: the GEMM, plus one memory-bound pass that reads the GEMM output and the tile params and writes the
+  // outputs (a plain GEMM region has no pass: cuBLAS alone).
+  const double flops_ratio = double(g.rows) * g.n * g.k / (double(cublas->m) * cublas->n * cublas->k);
+  const double gemm_us = cublas->us * flops_ratio;
+  const double ratio = best->us / cublas->us;
+  d.fused_us = ratio * gemm_us;
+  double tiles = 1;  // the GEMM output, read back
+  for (const auto& p : fs.params) tiles += p.kind == BroadcastKind::Tile;
+  for (const auto& o : fs.outputs) tiles += o.per_row ? 0 : 1;
+  const bool plain = cls == "identity";
+  d.unfused_us = gemm_us + (plain ? 0.0 : 2.0 * g.rows * g.n * tiles / kUnfusedBytesPerSecond * 1e6);
+  const std::string basis = fmt("measured %.3fx cuBLAS", ratio) + " for '" + cls + "' [" + best->config + "] at " +
+                            std::to_string(best->m) + "x" + std::to_string(best->k) + "x" + std::to_string(best->n) +
+                            fmt(" (M x K x N); this shape: fused ~%.0f us, GEMM + separate epilogue ~%.0f us", d.fused_us,
+                                d.unfused_us);
+  if (d.fused_us > d.unfused_us) return decline("fusion does not pay: " + basis);
+  d.fuse = true;
+  d.reason = basis;
+  return d;
+}
+
+}  // namespace comfuse

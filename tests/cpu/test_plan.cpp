@@ -1,0 +1,68 @@
+// The planner: decisions from the measured table, and every decline reason.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "comfuse/partition.h"
+#include "comfuse/plan.h"
+#include "comfuse/text.h"
+
+using namespace comfuse;
+
+namespace {
+
+FusionSpec spec_of(const std::string& text) { return partition(parse_cf(text, "p.cf")).regions.at(0).spec; }
+
+std::string gemm(int m, int k, int n, const std::string& body) {
+  return "input X : bf16[" + std::to_string(m) + ", " + std::to_string(k) + "]\ninput W : bf16[" + std::to_string(k) +
+         ", " + std::to_string(n) + "]\ninput b : bf16[" + std::to_string(n) + "]\ninput g : bf16[" + std::to_string(n) +
+         "]\ninput beta : bf16[" + std::to_string(n) + "]\nh = matmul(X, W)\n" + body;
+}
+
+}  // namespace
+
+TEST(Plan, MeasuredTableIsCompiledIn) {
+  const auto& t = measured_table();
+  EXPECT_GT(t.size(), 100u);
+  int cublas = 0;
+  for (const auto& r : t) cublas += r.config == "cublas";
+  EXPECT_EQ(cublas, 5);  // one baseline per WORKLOADS.md shape
+}
+
+TEST(Plan, ElementwiseEpilogueIsFusedWithAMeasuredConfig) {
+  PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, "y = gelu(add(h, b), approximate=\"tanh\")\noutput y\n")));
+  ASSERT_TRUE(d.fuse) << d.reason;
+  EXPECT_EQ(d.transport, "none");
+  EXPECT_EQ(d.config.tile_m, 128);
+  EXPECT_LT(d.fused_us, d.unfused_us);
+  EXPECT_NE(d.reason.find("bias_gelu"), std::string::npos) << d.reason;
+}
+
+TEST(Plan, DeclinesWhatIsSlowerThanUnfused) {
+  PlanDecision ln = plan_region(spec_of(gemm(16384, 1024, 1024, "y = layer_norm(add(h, b), g, beta)\noutput y\n")));
+  EXPECT_FALSE(ln.fuse);
+  EXPECT_NE(ln.reason.find("fusion does not pay"), std::string::npos) << ln.reason;
+  PlanDecision plain = plan_region(spec_of(gemm(8192, 4096, 4096, "output h\n")));
+  EXPECT_FALSE(plain.fuse) << "cuBLAS is measured faster than our plain GEMM";
+}
+
+TEST(Plan, FusesAReductionWhenTheMeasurementsSaySo) {
+  // a table in which the fused LayerNorm costs what the GEMM costs
+  auto table = parse_measured_table(
+      "M,K,N,variant,config,epilogue,us\n"
+      "16384,1024,1024,cublas,x,identity,50.0\n"
+      "16384,1024,1024,128x128x64_c1x1_kn_postnorm,128x128x64_c1x1,postnorm,50.5\n");
+  PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, "y = layer_norm(add(h, b), g, beta)\noutput y\n")), table);
+  ASSERT_TRUE(d.fuse) << d.reason;
+  EXPECT_EQ(d.transport, "l2");
+}
+
+TEST(Plan, DeclineReasons) {
+  auto why = [](const std::string& text) { return plan_region(spec_of(text)).reason; };
+  EXPECT_NE(why(gemm(64, 16, 20, "y = relu(h)\noutput y\n")).find("N = 20 is not a multiple of 8"), std::string::npos);
+  EXPECT_NE(why(gemm(64, 12, 24, "y = relu(h)\noutput y\n")).find("K = 12"), std::string::npos);
+  EXPECT_NE(why(gemm(64, 16, 24, "m = mean(h)\noutput m\n")).find("no kernel template"), std::string::npos);
+  auto none = parse_measured_table("M,K,N,variant,config,epilogue,us\n");
+  EXPECT_NE(plan_region(spec_of(gemm(64, 16, 24, "y = relu(h)\noutput y\n")), none).reason.find("no measurement"),
+            std::string::npos);
+}
