@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "comfuse/jit.h"
 
@@ -115,6 +116,22 @@ TEST(Jit, TwoProcessesCompilingTheSameKeyCompileOnce) {
   // no temporary directories left behind
   for (const auto& e : fs::directory_iterator(o.cache_dir))
     EXPECT_EQ(e.path().filename().string().rfind("tmp-", 0), std::string::npos) << e.path();
+}
+
+TEST(Jit, ThreadsSharingTheCacheCompileEachKeyOnce) {
+  setenv("COMFUSE_LOG", "quiet", 1);
+  FakeNvcc fake("threads", 0.3);
+  auto o = fake.options();
+  std::vector<std::string> got(8);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 8; ++t)
+    pool.emplace_back([&, t] {
+      CompileResult r = compile(t % 2 ? "kernel odd" : "kernel even", "k", o);
+      got[t] = std::string(r.cubin.begin(), r.cubin.end());
+    });
+  for (auto& th : pool) th.join();
+  for (int t = 0; t < 8; ++t) EXPECT_EQ(got[t], t % 2 ? "CUBIN\nkernel odd" : "CUBIN\nkernel even");
+  EXPECT_EQ(fake.runs(), 2);  // one compile per key, however many threads asked
 }
 
 TEST(Jit, FailuresAreClearAndKeepTheLog) {
