@@ -6,6 +6,7 @@
 
 #include "comfuse/interp.h"
 #include "interp/elementwise.h"
+#include "interp/inputs.h"
 
 namespace comfuse {
 
@@ -141,7 +142,6 @@ Arr<T> eval(const Node& n, const std::vector<const Arr<T>*>& in) {
 
 namespace detail {
 
-// Inputs checked against the graph and rounded to their declared dtype.
 std::vector<Tensor> prepare_inputs(const Graph& g, const TensorMap& inputs) {
   std::vector<Tensor> out;
   for (int id : g.inputs) {

@@ -12,12 +12,9 @@
 
 #include "comfuse/interp.h"
 #include "interp/elementwise.h"
+#include "interp/inputs.h"
 
 namespace comfuse {
-
-namespace detail {
-std::vector<Tensor> prepare_inputs(const Graph& g, const TensorMap& inputs);
-}
 
 namespace {
 

@@ -13,8 +13,10 @@
 #include "comfuse/interp.h"
 #include "comfuse/tensor.h"
 #include "comfuse/text.h"
+#include "norms.h"
 
 using namespace comfuse;
+using comfuse::test::rel_err;
 namespace fs = std::filesystem;
 
 namespace {
@@ -49,16 +51,6 @@ fs::path temp_dir(const std::string& name) {
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
-}
-
-double rel_err(const Tensor& a, const Tensor& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    if (!std::isfinite(a.data[i])) return INFINITY;
-    num += (a.data[i] - b.data[i]) * double(a.data[i] - b.data[i]);
-    den += double(b.data[i]) * b.data[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 }  // namespace

@@ -12,27 +12,16 @@
 #include "comfuse/interp.h"
 #include "comfuse/partition.h"
 #include "comfuse/text.h"
+#include "norms.h"
 
 using namespace comfuse;
+using comfuse::test::rel_err;
 
 namespace {
 
 uint64_t base_seed() {
   const char* s = std::getenv("COMFUSE_SEED");
   return s ? std::strtoull(s, nullptr, 10) : 20261130ull;
-}
-
-// Normwise relative error ||a - b|| / ||b|| (absolute when b is zero); infinity on NaN/Inf or a shape mismatch.
-double rel_err(const Tensor& a, const Tensor& b) {
-  if (a.shape != b.shape) return INFINITY;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    if (!std::isfinite(a.data[i]) || !std::isfinite(b.data[i])) return INFINITY;
-    double d = static_cast<double>(a.data[i]) - b.data[i];
-    num += d * d;
-    den += static_cast<double>(b.data[i]) * b.data[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 double max_err(const TensorMap& a, const TensorMap& b) {

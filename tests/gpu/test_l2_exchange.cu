@@ -17,17 +17,10 @@
 #include <vector>
 
 #include "comfuse/reduce/l2_exchange.cuh"
+#include "gpu_common.cuh"
 
 using comfuse::reduce::L2Workspace;
 
-#define CHECK(x)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 constexpr int kTileM = 128;
 constexpr int kRows = 2 * kTileM / 64;  // rows per thread in the WGMMA accumulator layout
@@ -101,17 +94,8 @@ std::vector<float> expected(const Problem& p, const std::vector<float>& in) {
 }
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("skipped: no GPU\n");
-    return 77;
-  }
   cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, 0));
-  if (prop.major != 9) {
-    std::printf("skipped: %s is not compute capability 9.0\n", prop.name);
-    return 77;
-  }
+  if (!comfuse::gpu::have_hopper(&prop)) return comfuse::gpu::kSkip;
   const int G = prop.multiProcessorCount;
   const unsigned seed = static_cast<unsigned>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
   std::printf("l2 exchange test on %s, %d SMs, seed %u\n", prop.name, G, seed);
@@ -122,7 +106,7 @@ int main() {
   auto launch = [&](bool exchange, L2Workspace ws, const float* din, float* dout, int rbs, cudaStream_t st) {
     void* args[] = {&ws, &din, &dout, &rbs};
     void* fn = exchange ? reinterpret_cast<void*>(exchange_kernel<true>) : reinterpret_cast<void*>(exchange_kernel<false>);
-    CHECK(cudaLaunchCooperativeKernel(fn, dim3(G), dim3(256), args, 0, st));
+    CF_CHECK(cudaLaunchCooperativeKernel(fn, dim3(G), dim3(256), args, 0, st));
   };
 
   for (Problem p : {Problem{64, 2, 3}, Problem{128, 8, 3}, Problem{32, 16, 2}, Problem{32, 64, 2}, Problem{9, 5, 4}}) {
@@ -131,13 +115,13 @@ int main() {
     ws.stages = p.stages;
     ws.cols = p.C;
     ws.tile_m = kTileM;
-    CHECK(cudaMalloc(&din, p.n() * 4));
-    CHECK(cudaMalloc(&dout, p.n() * 4));
-    CHECK(cudaMalloc(&ws.partials, L2Workspace::partial_bytes(p.row_blocks, p.stages, p.C, kTileM)));
-    CHECK(cudaMalloc(&ws.counters, L2Workspace::counter_bytes(p.row_blocks, p.stages)));
-    CHECK(cudaMemset(ws.counters, 0, L2Workspace::counter_bytes(p.row_blocks, p.stages)));
+    CF_CHECK(cudaMalloc(&din, p.n() * 4));
+    CF_CHECK(cudaMalloc(&dout, p.n() * 4));
+    CF_CHECK(cudaMalloc(&ws.partials, L2Workspace::partial_bytes(p.row_blocks, p.stages, p.C, kTileM)));
+    CF_CHECK(cudaMalloc(&ws.counters, L2Workspace::counter_bytes(p.row_blocks, p.stages)));
+    CF_CHECK(cudaMemset(ws.counters, 0, L2Workspace::counter_bytes(p.row_blocks, p.stages)));
     cudaStream_t st;
-    CHECK(cudaStreamCreate(&st));
+    CF_CHECK(cudaStreamCreate(&st));
     std::vector<float> in(p.n()), got(p.n());
     auto check = [&](const char* what, int iter) {
       std::vector<float> want = expected(p, in);
@@ -152,50 +136,50 @@ int main() {
     // back-to-back launches, fresh inputs each time, outputs poisoned
     for (int iter = 0; iter < 5; ++iter) {
       for (float& f : in) f = u(rng);
-      CHECK(cudaMemcpyAsync(din, in.data(), p.n() * 4, cudaMemcpyHostToDevice, st));
-      CHECK(cudaMemsetAsync(dout, 0xFF, p.n() * 4, st));
+      CF_CHECK(cudaMemcpyAsync(din, in.data(), p.n() * 4, cudaMemcpyHostToDevice, st));
+      CF_CHECK(cudaMemsetAsync(dout, 0xFF, p.n() * 4, st));
       launch(true, ws, din, dout, p.row_blocks, st);
       launch(true, ws, din, dout, p.row_blocks, st);  // a second launch right behind the first
-      CHECK(cudaMemcpyAsync(got.data(), dout, p.n() * 4, cudaMemcpyDeviceToHost, st));
-      CHECK(cudaStreamSynchronize(st));
+      CF_CHECK(cudaMemcpyAsync(got.data(), dout, p.n() * 4, cudaMemcpyDeviceToHost, st));
+      CF_CHECK(cudaStreamSynchronize(st));
       check("launch", iter);
     }
     // CUDA graph: capture once, replay with new inputs
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CF_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     launch(true, ws, din, dout, p.row_blocks, st);
-    CHECK(cudaStreamEndCapture(st, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CF_CHECK(cudaStreamEndCapture(st, &graph));
+    CF_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (int iter = 0; iter < 5; ++iter) {
       for (float& f : in) f = u(rng);
-      CHECK(cudaMemcpyAsync(din, in.data(), p.n() * 4, cudaMemcpyHostToDevice, st));
-      CHECK(cudaMemsetAsync(dout, 0xFF, p.n() * 4, st));
-      CHECK(cudaGraphLaunch(exec, st));
-      CHECK(cudaMemcpyAsync(got.data(), dout, p.n() * 4, cudaMemcpyDeviceToHost, st));
-      CHECK(cudaStreamSynchronize(st));
+      CF_CHECK(cudaMemcpyAsync(din, in.data(), p.n() * 4, cudaMemcpyHostToDevice, st));
+      CF_CHECK(cudaMemsetAsync(dout, 0xFF, p.n() * 4, st));
+      CF_CHECK(cudaGraphLaunch(exec, st));
+      CF_CHECK(cudaMemcpyAsync(got.data(), dout, p.n() * 4, cudaMemcpyDeviceToHost, st));
+      CF_CHECK(cudaStreamSynchronize(st));
       check("graph replay", iter);
     }
     std::vector<int> counters(p.row_blocks * p.stages * 2);
-    CHECK(cudaMemcpy(counters.data(), ws.counters, counters.size() * 4, cudaMemcpyDeviceToHost));
+    CF_CHECK(cudaMemcpy(counters.data(), ws.counters, counters.size() * 4, cudaMemcpyDeviceToHost));
     if (std::any_of(counters.begin(), counters.end(), [](int x) { return x != 0; })) {
       ++failures;
       std::printf("FAIL counters not reset after the launches\n");
     }
     // latency: kernel with exchanges minus the same kernel without, per exchange on the critical path
     cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
+    CF_CHECK(cudaEventCreate(&e0));
+    CF_CHECK(cudaEventCreate(&e1));
     float ms[2] = {0, 0};
     for (int x = 0; x < 2; ++x) {
       std::vector<float> times;
       for (int rep = 0; rep < 11; ++rep) {
-        CHECK(cudaEventRecord(e0, st));
+        CF_CHECK(cudaEventRecord(e0, st));
         launch(x == 1, ws, din, dout, p.row_blocks, st);
-        CHECK(cudaEventRecord(e1, st));
-        CHECK(cudaEventSynchronize(e1));
+        CF_CHECK(cudaEventRecord(e1, st));
+        CF_CHECK(cudaEventSynchronize(e1));
         float t;
-        CHECK(cudaEventElapsedTime(&t, e0, e1));
+        CF_CHECK(cudaEventElapsedTime(&t, e0, e1));
         times.push_back(t);
       }
       std::sort(times.begin(), times.end());
@@ -204,13 +188,13 @@ int main() {
     int tiles = p.row_blocks * p.C, waves = (tiles + 2 * G - 1) / (2 * G);
     std::printf("| exchange C=%-3d | row blocks %4d | stages %d | %7.1f us total | %6.2f us per exchange (critical path) |\n",
                 p.C, p.row_blocks, p.stages, (ms[1] - ms[0]) * 1e3, (ms[1] - ms[0]) * 1e3 / (waves * p.stages));
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
-    CHECK(cudaStreamDestroy(st));
-    CHECK(cudaFree(din));
-    CHECK(cudaFree(dout));
-    CHECK(cudaFree(ws.partials));
-    CHECK(cudaFree(ws.counters));
+    CF_CHECK(cudaGraphExecDestroy(exec));
+    CF_CHECK(cudaGraphDestroy(graph));
+    CF_CHECK(cudaStreamDestroy(st));
+    CF_CHECK(cudaFree(din));
+    CF_CHECK(cudaFree(dout));
+    CF_CHECK(cudaFree(ws.partials));
+    CF_CHECK(cudaFree(ws.counters));
   }
   std::printf(failures ? "l2 exchange: FAILED (%d)\n" : "l2 exchange: all checks passed\n", failures);
   return failures ? 1 : 0;
