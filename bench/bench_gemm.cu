@@ -131,6 +131,13 @@ struct Result {
   double tflops = 0;
   double rel_err = -1;
   int ctas = 0, tiles = 0;
+  std::string transport = "-";   // reductions' cross-CTA transport (l2, dsmem_p2p, dsmem_leader)
+};
+
+// One timed variant: an instance and, for row-reduction epilogues, the cross-CTA transport.
+struct Variant {
+  Instance const* inst;
+  int transport;
 };
 
 }  // namespace
@@ -158,10 +165,10 @@ int main(int argc, char** argv) {
     shapes = {{16384, 1024, 1024}, {16384, 4096, 1024}, {8192, 4096, 4096}, {8192, 16384, 4096}, {4096, 4096, 8192}};
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
 
-  std::vector<Instance const*> insts;
+  std::vector<Instance const*> sorted;
   for (auto const& i : registry())
-    if (!i.b_nk) insts.push_back(&i);
-  std::sort(insts.begin(), insts.end(), [](auto a, auto b) { return a->name < b->name; });
+    if (!i.b_nk) sorted.push_back(&i);
+  std::sort(sorted.begin(), sorted.end(), [](auto a, auto b) { return a->name < b->name; });
 
   std::vector<std::pair<Shape, std::vector<Result>>> all;
   double* d_sums;
@@ -222,17 +229,29 @@ int main(int argc, char** argv) {
       return p;
     };
 
+    std::vector<Variant> insts;   // the variants that can run this shape
+    for (Instance const* i : sorted)
+      for (int tp = 0; tp < (epi_reduces(i->epi) ? 3 : 1); ++tp) {
+        Problem p = problem(sets[0], 0);
+        p.transport = tp;
+        if (i->can_implement(p) == nullptr) insts.push_back({i, tp});
+        else if (tp == 0) std::printf("  %s cannot run this shape: %s\n", i->name.c_str(), i->can_implement(p));
+      }
     std::vector<Result> results(1 + insts.size());
     std::vector<std::vector<float>> samples(results.size());
     results[0].variant = "cublas";
     results[0].epi = "identity";
     for (size_t j = 0; j < insts.size(); ++j) {
-      results[j + 1].variant = insts[j]->name;
-      results[j + 1].config = insts[j]->config;
-      results[j + 1].epi = epi_name(insts[j]->epi);
+      Instance const* in = insts[j].inst;
+      bool red = epi_reduces(in->epi);
+      results[j + 1].variant = in->name + (red ? std::string("_") + transport_name(insts[j].transport) : "");
+      results[j + 1].config = in->config;
+      results[j + 1].epi = epi_name(in->epi);
+      if (red) results[j + 1].transport = transport_name(insts[j].transport);
       Problem p = problem(sets[0], 0);
+      p.transport = insts[j].transport;
       int smem;
-      insts[j]->launch_shape(p, &results[j + 1].ctas, &results[j + 1].tiles, &smem);
+      in->launch_shape(p, &results[j + 1].ctas, &results[j + 1].tiles, &smem);
     }
     // Warm the clocks up (~0.3 s of cuBLAS) before the first timed variant.
     {
@@ -264,8 +283,12 @@ int main(int argc, char** argv) {
         if (j == 0) {
           us = time_launches([&](int k) { cub.run(sets[k], nullptr); }, nsets, 10, reps);
         } else {
-          Instance const* in = insts[j - 1];
-          us = time_launches([&](int k) { CF_CHECK(in->run(problem(sets[k], k), nullptr)); }, nsets, 10, reps);
+          Variant const v = insts[j - 1];
+          us = time_launches([&](int k) {
+            Problem p = problem(sets[k], k);
+            p.transport = v.transport;
+            CF_CHECK(v.inst->run(p, nullptr));
+          }, nsets, 10, reps);
         }
         round_med[round].push_back(median(us));
         samples[j].insert(samples[j].end(), us.begin(), us.end());
@@ -280,9 +303,9 @@ int main(int argc, char** argv) {
     }
     // Identity instances vs cuBLAS output on set 0.
     for (size_t j = 0; j < insts.size(); ++j) {
-      if (insts[j]->epi != Epi::Identity) continue;
+      if (insts[j].inst->epi != Epi::Identity) continue;
       CF_CHECK(cudaMemset(sets[0].d0, 0xFF, MN * 2));
-      CF_CHECK(insts[j]->run(problem(sets[0], 0), nullptr));
+      CF_CHECK(insts[j].inst->run(problem(sets[0], 0), nullptr));
       CF_CHECK(cudaDeviceSynchronize());
       Norms nm = compare(sets[0].d0, ref, MN, d_sums);
       results[j + 1].rel_err = nm.nonfinite > 0 ? 1e30 : nm.rel;
@@ -348,19 +371,19 @@ int main(int argc, char** argv) {
         continue;
       }
       Result const* r = best[e];
-      std::snprintf(line, sizeof line, " %.1f %.3f %.3f [%s] |", r->us, r->us / cu, plain > 0 ? r->us / plain : 0.0,
-                    r->config.c_str());
+      std::snprintf(line, sizeof line, " %.1f %.3f %.3f [%s %s] |", r->us, r->us / cu, plain > 0 ? r->us / plain : 0.0,
+                    r->config.c_str(), r->transport.c_str());
       md += line;
     }
     md += "\n";
   }
   if (!out_dir.empty()) {
-    std::string csv = "M,K,N,variant,config,epilogue,us,spread,tflops,ratio_cublas,ctas,tiles,rel_err\n";
+    std::string csv = "M,K,N,variant,config,epilogue,us,spread,tflops,ratio_cublas,ctas,tiles,rel_err,transport\n";
     for (auto const& [s, res] : all)
       for (auto const& r : res) {
-        std::snprintf(line, sizeof line, "%d,%d,%d,%s,%s,%s,%.2f,%.4f,%.1f,%.4f,%d,%d,%.3e\n", s.M, s.K, s.N,
+        std::snprintf(line, sizeof line, "%d,%d,%d,%s,%s,%s,%.2f,%.4f,%.1f,%.4f,%d,%d,%.3e,%s\n", s.M, s.K, s.N,
                       r.variant.c_str(), r.config.c_str(), r.epi.c_str(), r.us, r.spread, r.tflops, r.us / res[0].us,
-                      r.ctas, r.tiles, r.rel_err);
+                      r.ctas, r.tiles, r.rel_err, r.transport.c_str());
         csv += line;
       }
     FILE* f = std::fopen((out_dir + "/bench.csv").c_str(), "w");

@@ -5,7 +5,10 @@
 #
 #   scripts/gpu-check.sh --prepare   here, before a device call: copy the CUTLASS headers from .venv
 #                                    into .carry/cutlass/include (git-ignored; carried to the device)
-#   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--no-tests]   on the device (carry: .carry)
+#   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--no-tests] [--prebuilt DIR]
+#                                    on the device (carry: .carry). --prebuilt: run the binaries in DIR
+#                                    (built here: cmake -S tests/gpu -DCOMFUSE_BUILD_GPU_TESTS=ON, then copied)
+#                                    instead of building them there, saving device minutes
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -19,14 +22,16 @@ if [ "${1:-}" = "--prepare" ]; then
   exit 0
 fi
 
-do_tests=1 do_san=1 do_bench=1
-for a in "$@"; do
-  case "$a" in
+do_tests=1 do_san=1 do_bench=1 prebuilt=""
+while [ $# -gt 0 ]; do
+  case "$1" in
     --no-sanitizer) do_san=0 ;;
     --no-bench) do_bench=0 ;;
     --no-tests) do_tests=0 ;;
-    *) echo "gpu-check: unknown option $a" >&2; exit 2 ;;
+    --prebuilt) prebuilt="$2"; shift ;;
+    *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
+  shift
 done
 
 OUT="${OUT:-$root/build/gpu-check/out}"
@@ -37,6 +42,13 @@ cutlass="$root/.carry/cutlass/include"
 
 declare -A status
 t0=$(date +%s)
+bin=build/gpu-check
+if [ -n "$prebuilt" ]; then
+  bin="$prebuilt"
+  export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/build.log" 2>&1
+  status[build]=0
+else
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv || true
   nvcc --version | tail -1
@@ -45,6 +57,7 @@ t0=$(date +%s)
   cmake --build build/gpu-check -j16
 } > "$OUT/build.log" 2>&1
 status[build]=$?
+fi
 t1=$(date +%s)
 echo "gpu-check: build rc=${status[build]} in $((t1 - t0)) s"
 grep -E "spill stores|error" "$OUT/build.log" | grep -v " 0 bytes spill stores" | head -20
@@ -54,7 +67,6 @@ if [ "${status[build]}" != 0 ]; then
   exit 1
 fi
 
-bin=build/gpu-check
 # SASS summary of a few instances (wgmma present, store/load widths, local memory).
 for o in "$bin"/CMakeFiles/comfuse_gpu_instances.dir/instances/gemm_128x128x64_c1x1_kn_e{0,1,2}.cu.o; do
   [ -f "$o" ] || continue
@@ -65,15 +77,31 @@ if [ $do_tests = 1 ]; then
   timeout 150 "$bin/comfuse_gpu_test_gemm" > "$OUT/test.log" 2>&1
   status[tests]=$?
   grep -E "FAIL|PASSED|FAILED|seed" "$OUT/test.log" | head -40
+  if [ "${status[tests]}" != 0 ]; then   # a broken kernel may hang the rest too: stop here, keep the minutes
+    tail -5 "$OUT/test.log"
+    echo "gpu-check: tests failed (rc ${status[tests]}): skipping sanitizers, trace and bench"
+    do_san=0 do_bench=0
+  fi
 fi
 if [ $do_san = 1 ]; then
-  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/comfuse_gpu_test_gemm" --shape 1000,520,264 \
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/comfuse_gpu_test_gemm" --shape 1000,520,264 \
     > "$OUT/memcheck.log" 2>&1
   status[memcheck]=$?
-  timeout 100 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
-    "$bin/comfuse_gpu_test_gemm" --shape 1000,520,264 --filter 128x128x64_c1x1 > "$OUT/racecheck.log" 2>&1
+  timeout 120 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
+    "$bin/comfuse_gpu_test_gemm" --shape 1000,520,264 --filter 128x128x64_c1x --no-graph > "$OUT/racecheck.log" 2>&1
   status[racecheck]=$?
   tail -3 "$OUT/memcheck.log"; tail -3 "$OUT/racecheck.log"
+fi
+if [ $do_tests = 1 ]; then
+  timeout 60 "$bin/comfuse_gpu_test_l2_exchange" > "$OUT/l2_exchange.log" 2>&1
+  status[l2_exchange]=$?
+  tail -8 "$OUT/l2_exchange.log"
+fi
+if [ $do_bench = 1 ] && [ -x "$bin/comfuse_gpu_trace" ]; then
+  # where the epilogues' time goes (trace-instrumented build of the same kernels)
+  timeout 90 "$bin/comfuse_gpu_trace" --shape 16384,1024,1024 --shape 16384,4096,1024 --shape 4096,4096,8192 \
+    > "$OUT/trace.log" 2>&1
+  status[trace]=$?
 fi
 if [ $do_bench = 1 ]; then
   timeout 180 "$bin/comfuse_gpu_bench" --out "$OUT" > "$OUT/bench.log" 2>&1
@@ -89,7 +117,7 @@ echo
 echo "gpu-check summary ($((t2 - t0)) s; logs in $OUT)"
 echo "| step | rc |"
 echo "|---|---|"
-for k in build tests memcheck racecheck bench torch; do
+for k in build tests memcheck racecheck l2_exchange trace bench torch; do
   [ -n "${status[$k]+x}" ] && echo "| $k | ${status[$k]} |"
 done
 [ -f "$OUT/summary.md" ] && { echo; cat "$OUT/summary.md"; }

@@ -19,7 +19,11 @@ struct MeasuredRow {
   std::string config;    // "128x128x64_c1x1", or "cublas"
   std::string epilogue;  // identity, bias_gelu, bias_res_2out, postnorm, rmsnorm, softmax, ln_softmax
   double us = 0;
+  std::string transport;  // row reductions' cross-CTA transport: l2, dsmem_p2p, dsmem_leader ("" if none)
 };
+
+// The most CTAs per row block the DSMEM transport serves (StageStream's default kDsmemCols, reduce.cuh).
+constexpr int kDsmemMaxCols = 8;
 
 const std::vector<MeasuredRow>& measured_table();             // the compiled-in src/plan/measured.csv
 std::vector<MeasuredRow> parse_measured_table(const std::string& csv);
@@ -28,7 +32,8 @@ struct PlanDecision {
   bool fuse = false;
   std::string reason;          // why (fused: what the choice rests on; declined: what prevents it)
   KernelConfig config;
-  std::string transport;       // "none" (one stage) or "l2" (cross-CTA row reductions)
+  std::string transport;       // "none" (one stage), or the measured best for the row reductions' cross-CTA
+                               // exchange: "l2", "dsmem_p2p" or "dsmem_leader" (kernels/comfuse/reduce/)
   double fused_us = -1;        // estimates for this region's shape (-1: unknown)
   double unfused_us = -1;
 };

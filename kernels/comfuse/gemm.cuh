@@ -33,6 +33,7 @@
 #include "cutlass/gemm/collective/builders/sm90_gmma_builder.inl"
 
 #include "comfuse/epilogue/core.cuh"
+#include "comfuse/reduce/dsmem_exchange.cuh"
 #include "comfuse/tile_scheduler.cuh"
 
 namespace comfuse {
@@ -99,6 +100,7 @@ struct GemmKernel {
     int k_tiles;
     int cl_tiles_n;   // cluster tiles per row of cluster tiles
     int total;        // cluster tiles
+    int transport;    // reduce::Transport of the row reductions' cross-CTA exchanges
   };
 
   static CUTE_DEVICE void run(Params const& p, char* smem_raw) {
@@ -127,6 +129,11 @@ struct GemmKernel {
     op.group_size = 128;
     OrderBarrier order(ss.order, op);
 
+    if (thread_idx == 0) {   // the epilogue's own mbarriers (DSMEM exchange)
+      epi::init<Tree>(ss.epi[0]);
+      epi::init<Tree>(ss.epi[1]);
+      cutlass::arch::fence_barrier_init();
+    }
     // Barrier initialization is visible to the whole cluster before anyone uses it.
     if constexpr (size(ClusterShape{}) > 1) {
       cute::cluster_arrive_relaxed();
@@ -173,19 +180,31 @@ struct GemmKernel {
         auto t = sched.tile(u, rx, ry);
         epi::TileCtx ctx{t.m * Cfg::kTileM, t.n * Cfg::kTileN, p.M, p.N,
                          Cfg::kTileM, Cfg::kTileN, wg_thread, group};
+        ctx.iter = (u - sched.first) / (2 * sched.stride);
+        ctx.transport = p.transport;
+        ctx.exchange_ctas = Cfg::kClusterN;   // DSMEM: the cluster is the row block, its rank the column block
+        ctx.exchange_rank = ry;
+#ifdef COMFUSE_TRACE
+        ctx.trace = trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), group, ctx.iter);
+        if (ctx.trace && wg_thread == 0) ctx.trace[trace::TileIndex] = trace::Stamp{(unsigned long long)u, 0ull};
+#endif
         epi::bind<Tree>(ctx, ss.epi[group]);
         Tree tree(p.epi, ss.epi[group], ctx);
         tree.prefetch();   // epilogue inputs staged in SMEM while the MMAs run
 
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
         order.wait();      // our turn for the tensor cores
+        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlStart);
         mainloop.mma(pipeline, state, accum, p.k_tiles, wg_thread, ss.mainloop, p.mainloop);
         order.arrive();    // the other group may start its mainloop
         mainloop.mma_tail(pipeline, state, p.k_tiles);
         state.advance(p.k_tiles * 2);   // skip the other group's tile in the stage ring
+        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlEnd);
 
         order.wait();      // epilogues in tile order
+        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
         epi::run_epilogue(tree, accum, tCcD, ctx);
+        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
         order.arrive();
       }
     }
@@ -207,6 +226,9 @@ template <class Cfg, class Tree>
 struct Gemm {
   using Kernel = GemmKernel<Cfg, Tree>;
   using Element = typename Cfg::Element;
+  using Transport = reduce::Transport;
+  static constexpr bool kReduces = epi::NeedsCoResidency<Tree>::value;
+  static constexpr bool kMainloopCluster = Cfg::kClusterM * Cfg::kClusterN > 1;
 
   struct Arguments {
     Element const* A = nullptr;   // [M, K], row stride lda
@@ -214,7 +236,13 @@ struct Gemm {
     int M = 0, N = 0, K = 0;
     int64_t lda = 0, ldb = 0;
     typename Tree::Arguments epi{};
+    // How the CTAs of a row block exchange row-reduction partials (epilogues with reductions only):
+    // L2 (any N; no mainloop cluster; cooperative launch) or DSMEM (a 1 x ClusterN mainloop cluster that
+    // covers the row block: N <= TileN * ClusterN, ClusterN <= the tree's kDsmemCols).
+    Transport transport = Transport::L2;
   };
+
+  static int column_blocks(int N) { return (N + Cfg::kTileN - 1) / Cfg::kTileN; }
 
   // nullptr when the kernel can run these arguments, else the reason it cannot.
   static char const* can_implement(Arguments const& a) {
@@ -224,7 +252,20 @@ struct Gemm {
     if (a.lda % 8 != 0 || a.ldb % 8 != 0) return "row strides must be multiples of 8 elements";
     if ((reinterpret_cast<uintptr_t>(a.A) | reinterpret_cast<uintptr_t>(a.B)) % 16 != 0)
       return "A and B must be 16-byte aligned";
-    if constexpr (epi::NeedsCoResidency<Tree>::value) {
+    if (reduce::is_dsmem(a.transport)) {
+      if constexpr (!kReduces) {
+        return "the DSMEM transport is for epilogues with row reductions";
+      } else {
+        if (Cfg::kClusterM != 1 || Cfg::kClusterN < 2)
+          return "the DSMEM transport needs a 1 x C cluster (C >= 2) whose CTAs hold one row block";
+        if (Cfg::kClusterN > Tree::kDsmemCols)
+          return "the DSMEM transport: the cluster is wider than the epilogue's DSMEM buffers (kDsmemCols)";
+        if (column_blocks(a.N) > Cfg::kClusterN)
+          return "the DSMEM transport needs the row block in one cluster: N / TileN exceeds the cluster width (use L2)";
+      }
+    } else if constexpr (kReduces) {
+      if (kMainloopCluster)
+        return "the L2 transport runs without a mainloop cluster (cooperative launch): use a 1x1 config or DSMEM";
       int row_clusters = (a.N + Cfg::kTileN * Cfg::kClusterN - 1) / (Cfg::kTileN * Cfg::kClusterN);
       if (row_clusters > max_resident_clusters())
         return "a row reduction needs every CTA of a row block resident: N / TileN exceeds the resident CTAs";
@@ -239,12 +280,21 @@ struct Gemm {
     int tiles;
   };
 
+  static void set_smem_limit() {
+    static bool done = false;
+    if (done) return;
+    auto kernel = &gemm_kernel_entry<Kernel>;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    done = true;
+  }
+
   // Resident clusters of this kernel on the current device (cached).
   static int max_resident_clusters() {
     static int cached = -1;
     if (cached >= 0) return cached;
+    set_smem_limit();
     auto kernel = &gemm_kernel_entry<Kernel>;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
     int dev = 0, sms = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
@@ -262,7 +312,10 @@ struct Gemm {
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n <= 0) n = sms / cs;
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        n = sms / cs;
+      }
       cached = n;
     }
     return cached;
@@ -289,6 +342,7 @@ struct Gemm {
     int tiles_n = round_up((a.N + Cfg::kTileN - 1) / Cfg::kTileN, Cfg::kClusterN);
     p.cl_tiles_n = tiles_n / Cfg::kClusterN;
     p.total = RowBlockScheduler<Cfg::kClusterM, Cfg::kClusterN>::num_cluster_tiles(tiles_m, tiles_n);
+    p.transport = int(a.transport);
     return p;
   }
 
@@ -296,11 +350,12 @@ struct Gemm {
   static Launch launch_shape(typename Kernel::Params const& p, int max_clusters = 0) {
     int clusters = max_resident_clusters();
     if (max_clusters > 0 && max_clusters < clusters) clusters = max_clusters;
-    // A row block's CTAs exchange partials: they must hold distinct CTAs, all resident (see
+    // L2 transport: a row block's CTAs exchange partials: they must hold distinct CTAs, all resident (see
     // tile_scheduler.cuh), so the grid never drops below one row block (can_implement checks it fits).
     // With a grid that is a multiple of the row-block width, a row block's tiles are always in the
     // same wave, on the same C CTAs: no exchange waits for a CTA that is still a tile behind.
-    if constexpr (epi::NeedsCoResidency<Tree>::value) {
+    // (DSMEM: the cluster holds the whole row block, cl_tiles_n == 1.)
+    if constexpr (kReduces) {
       if (clusters < p.cl_tiles_n) clusters = p.cl_tiles_n;
       clusters -= clusters % p.cl_tiles_n;
     }
@@ -322,38 +377,37 @@ struct Gemm {
   // Launch with prepared params (make_params encodes the TMA descriptors on the host: a runtime
   // that launches the same problem repeatedly prepares them once).
   static cudaError_t launch(typename Kernel::Params const& p, cudaStream_t stream = nullptr, int max_clusters = 0) {
-    (void)max_resident_clusters();   // also raises the SMEM limit
+    set_smem_limit();
     Launch l = launch_shape(p, max_clusters);
     auto kernel = &gemm_kernel_entry<Kernel>;
-    constexpr bool kCluster = Cfg::kClusterM * Cfg::kClusterN > 1;
-    // CTAs of a row block that exchange partials must all be resident: a cooperative launch fails
-    // instead of hanging when the persistent grid cannot be.
-    constexpr bool kCoop = epi::NeedsCoResidency<Tree>::value;
-    if constexpr (!kCluster && !kCoop) {
+    // With the L2 transport, the CTAs of a row block that exchange partials must all be resident: a
+    // cooperative launch fails instead of hanging when the persistent grid cannot be. (With DSMEM the row
+    // block is one cluster, which the hardware schedules as a whole.)
+    const bool coop = kReduces && !reduce::is_dsmem(Transport(p.transport));
+    if (!kMainloopCluster && !coop) {
       kernel<<<l.grid, l.block, l.smem, stream>>>(p);
       return cudaGetLastError();
-    } else {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = l.grid;
-      cfg.blockDim = l.block;
-      cfg.dynamicSmemBytes = l.smem;
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[2];
-      int n = 0;
-      if (kCluster) {
-        attr[n].id = cudaLaunchAttributeClusterDimension;
-        attr[n].val.clusterDim = {unsigned(Cfg::kClusterM), unsigned(Cfg::kClusterN), 1};
-        ++n;
-      }
-      if (kCoop) {
-        attr[n].id = cudaLaunchAttributeCooperative;
-        attr[n].val.cooperative = 1;
-        ++n;
-      }
-      cfg.attrs = attr;
-      cfg.numAttrs = n;
-      return cudaLaunchKernelEx(&cfg, kernel, p);
     }
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = l.grid;
+    cfg.blockDim = l.block;
+    cfg.dynamicSmemBytes = l.smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    int n = 0;
+    if (kMainloopCluster) {
+      attr[n].id = cudaLaunchAttributeClusterDimension;
+      attr[n].val.clusterDim = {unsigned(Cfg::kClusterM), unsigned(Cfg::kClusterN), 1};
+      ++n;
+    }
+    if (coop) {
+      attr[n].id = cudaLaunchAttributeCooperative;
+      attr[n].val.cooperative = 1;
+      ++n;
+    }
+    cfg.attrs = attr;
+    cfg.numAttrs = n;
+    return cudaLaunchKernelEx(&cfg, kernel, p);
   }
 };
 

@@ -63,6 +63,7 @@ std::vector<MeasuredRow> parse_measured_table(const std::string& csv) {
     r.config = f[3] == "cublas" ? "cublas" : f[4];
     r.epilogue = f[5];
     r.us = std::stod(f[6]);
+    if (f.size() > 13 && f[13] != "-") r.transport = f[13];
     rows.push_back(r);
   }
   return rows;
@@ -71,7 +72,8 @@ std::vector<MeasuredRow> parse_measured_table(const std::string& csv) {
 PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
   PlanDecision d;
   const GemmDesc& g = fs.gemm;
-  d.transport = fs.num_stages() > 1 ? "l2" : "none";
+  const bool reduces = fs.num_stages() > 1;
+  d.transport = reduces ? "l2" : "none";
   auto decline = [&](std::string why) {
     d.fuse = false;
     d.reason = std::move(why);
@@ -95,6 +97,8 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
       KernelConfig c;
       if (f.m != r.m || f.k != r.k || f.n != r.n || f.epilogue != cls || !parse_config(f.config, c)) continue;
       if (has_tile_param(fs) && c.tile_n > 128) continue;  // 128x192 + a residual tile spills (docs/PERF.md)
+      // A DSMEM measurement only applies where this shape's row block fits one cluster.
+      if (reduces && f.transport.rfind("dsmem", 0) == 0 && (g.n + c.tile_n - 1) / c.tile_n > kDsmemMaxCols) continue;
       if (!fused || f.us < fused->us) fused = &f;
     }
     if (!fused) continue;
@@ -104,6 +108,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   }
   if (!best) return decline("no measurement of a '" + cls + "' kernel to plan from (src/plan/measured.csv)");
   parse_config(best->config, d.config);
+  if (reduces && !best->transport.empty()) d.transport = best->transport;
 
   // Kernels the templates cannot express are declined here, with Psi's reason.
   try {
@@ -111,7 +116,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   } catch (const CodegenError& e) {
     return decline(std::string("no kernel template: ") + e.what());
   }
-  if (fs.num_stages() > 1) {
+  if (reduces && d.transport == "l2") {
     int cols = static_cast<int>((g.n + d.config.tile_n - 1) / d.config.tile_n);
     if (cols > 132)
       return decline("a row spans " + std::to_string(cols) + " tiles: more than the 132 CTAs that can be resident to exchange");
@@ -129,7 +134,8 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   for (const auto& o : fs.outputs) tiles += o.per_row ? 0 : 1;
   const bool plain = cls == "identity";
   d.unfused_us = gemm_us + (plain ? 0.0 : 2.0 * g.rows * g.n * tiles / kUnfusedBytesPerSecond * 1e6);
-  const std::string basis = fmt("measured %.3fx cuBLAS", ratio) + " for '" + cls + "' [" + best->config + "] at " +
+  const std::string basis = fmt("measured %.3fx cuBLAS", ratio) + " for '" + cls + "' [" + best->config +
+                            (reduces ? ", " + d.transport : std::string()) + "] at " +
                             std::to_string(best->m) + "x" + std::to_string(best->k) + "x" + std::to_string(best->n) +
                             fmt(" (M x K x N); this shape: fused ~%.0f us, GEMM + separate epilogue ~%.0f us", d.fused_us,
                                 d.unfused_us);

@@ -57,6 +57,22 @@ TEST(Plan, FusesAReductionWhenTheMeasurementsSaySo) {
   EXPECT_EQ(d.transport, "l2");
 }
 
+TEST(Plan, PicksTheMeasuredTransportWhereItCanServeTheShape) {
+  auto table = parse_measured_table(
+      "M,K,N,variant,config,epilogue,us,spread,tflops,ratio_cublas,ctas,tiles,rel_err,transport\n"
+      "16384,1024,1024,cublas,x,identity,50.0,0,0,1,0,0,0,-\n"
+      "16384,1024,1024,a,128x128x64_c1x1,postnorm,52.0,0,0,1,0,0,0,l2\n"
+      "16384,1024,1024,b,128x128x64_c1x1,postnorm,51.0,0,0,1,0,0,0,dsmem_p2p\n");
+  const std::string ln = "y = layer_norm(add(h, b), g, beta)\noutput y\n";
+  PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, ln)), table);
+  ASSERT_TRUE(d.fuse) << d.reason;
+  EXPECT_EQ(d.transport, "dsmem_p2p");
+  EXPECT_NE(d.reason.find("dsmem_p2p"), std::string::npos) << d.reason;
+  // N = 2048: 16 column blocks of 128 do not fit the DSMEM buffers: the L2 measurement is used
+  PlanDecision wide = plan_region(spec_of(gemm(16384, 1024, 2048, ln)), table);
+  EXPECT_EQ(wide.transport, "l2") << wide.reason;
+}
+
 TEST(Plan, DeclineReasons) {
   auto why = [](const std::string& text) { return plan_region(spec_of(text)).reason; };
   EXPECT_NE(why(gemm(64, 16, 20, "y = relu(h)\noutput y\n")).find("N = 20 is not a multiple of 8"), std::string::npos);

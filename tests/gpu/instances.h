@@ -55,7 +55,9 @@ struct Problem {
   float* ws_partials = nullptr;    // reduce_workspace_bytes(M, N)
   int* ws_counters = nullptr;      // reduce_counter_bytes(M), zero before the first launch
   int max_clusters = 0;      // > 0: cap the persistent grid
+  int transport = 0;         // reductions' cross-CTA exchange: 0 L2, 1 DSMEM peer-to-peer, 2 DSMEM leader-follower
 };
+inline char const* transport_name(int t) { return t == 0 ? "l2" : t == 1 ? "dsmem_p2p" : "dsmem_leader"; }
 
 struct Instance {
   std::string name;          // e.g. "128x128x64_c1x1_kn_bias_gelu"
@@ -66,6 +68,9 @@ struct Instance {
   cudaError_t (*run)(Problem const&, cudaStream_t);
   char const* (*can_implement)(Problem const&);
   void (*launch_shape)(Problem const&, int* ctas, int* tiles, int* smem);
+  // Trace builds (-DCOMFUSE_TRACE) only, else nullptr: point the kernel's timeline buffer
+  // (comfuse/trace.cuh; nullptr turns tracing off).
+  cudaError_t (*set_trace)(void* buffer);
 };
 
 std::vector<Instance>& registry();

@@ -27,6 +27,7 @@
 
 #include "cute/tensor.hpp"
 #include "cutlass/numeric_types.h"
+#include "comfuse/trace.cuh"
 
 namespace comfuse::epi {
 
@@ -44,6 +45,16 @@ struct TileCtx {
   int thread;          // 0..127, thread index inside the consumer warp group
   int group;           // consumer warp group 0 or 1 (PingPong)
   float* row_results = nullptr;   // per-row reduction results in SMEM (set by StageStream, reduce.cuh)
+  // Cross-CTA exchanges of a Stage-Stream epilogue (reduce.cuh):
+  int iter = 0;                    // this group's tile iteration: the same on every CTA of a row block
+  int transport = 0;               // reduce::Transport of the launch
+  int exchanges = 0;               // reductions per tile (set by StageStream)
+  int exchange_ctas = 1;           // DSMEM: CTAs of the cluster (= the row block) and this CTA's rank in it
+  int exchange_rank = 0;
+  float4* dsmem_data = nullptr;    // DSMEM buffers of this group (set by StageStream)
+  uint64_t* dsmem_full = nullptr;
+  int dsmem_cols = 0;
+  trace::Stamp* trace = nullptr;  // this tile's timeline (COMFUSE_TRACE builds only, trace.cuh)
 };
 
 // Where a fragment lives. Element j of the fragment is output (row, col + j).
@@ -168,6 +179,14 @@ struct HasBind<Node, std::void_t<decltype(Node::bind(std::declval<TileCtx&>(), s
 template <class Node> CUTE_DEVICE void bind(TileCtx& c, typename Node::SharedStorage& s) {
   if constexpr (HasBind<Node>::value) Node::bind(c, s);
 }
+// init(smem): one thread initializes a root's SMEM objects (mbarriers) before the kernel-wide barrier.
+template <class Node, class = void> struct HasInit : std::false_type {};
+template <class Node>
+struct HasInit<Node, std::void_t<decltype(Node::init(std::declval<typename Node::SharedStorage&>()))>>
+    : std::true_type {};
+template <class Node> CUTE_DEVICE void init(typename Node::SharedStorage& s) {
+  if constexpr (HasInit<Node>::value) Node::init(s);
+}
 template <class Node, class = void> struct NeedsCoResidency : std::false_type {};
 template <class Node> struct NeedsCoResidency<Node, std::void_t<decltype(Node::kNeedsCoResidency)>>
     : std::bool_constant<Node::kNeedsCoResidency> {};
@@ -226,7 +245,9 @@ CUTE_DEVICE void run_stage(Tree& tree, AccTensor& acc, CoordTensor const& tCcD,
       }
     }
   }
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::StageVisited + 2 * S);
   tree.template end_stage<S>(ctx);
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::StageEnded + 2 * S);
 }
 
 template <class Tree, class AccTensor, class CoordTensor, int... S>
@@ -249,6 +270,7 @@ CUTE_DEVICE void run_epilogue(Tree& tree, AccTensor& acc, CoordTensor const& tCc
     cp_async_wait_all();        // this thread's prefetch copies have landed ...
     group_barrier(ctx.group);   // ... and everyone else's too
   }
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::SmemReady);
   run_stages<Tree>(tree, acc, tCcD, ctx, std::make_integer_sequence<int, Tree::kStage + 1>{});
   if constexpr (Tree::kUsesSmem) {
     group_barrier(ctx.group);   // nobody reads the staged vectors any more: next prefetch may write

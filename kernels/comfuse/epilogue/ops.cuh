@@ -1,7 +1,8 @@
 // Elementwise operators of the epilogue, fp32 in and out. Each has a Params struct (empty unless
 // the op takes a constant) so Compute<Op, ...>::Arguments can carry it.
 // Fast hardware approximations are used where their error is far below bf16/f16 rounding
-// (tanh.approx: 2^-10.99 relative; ex2.approx-based exp/sigmoid/silu: ~2 ulp).
+// (tanh.approx: 2^-10.99 relative; ex2.approx-based exp/sigmoid/silu: ~2 ulp; division through the
+// rounded reciprocal: 1.5 ulp).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -37,7 +38,7 @@ COMFUSE_UNARY_OP(GeluTanh,
                  0.5f * x * (1.f + tanh_approx(0.79788456080286536f * x * (1.f + 0.044715f * x * x))))
 COMFUSE_UNARY_OP(Silu, __fdividef(x, 1.f + __expf(-x)))
 COMFUSE_UNARY_OP(Square, x * x)
-COMFUSE_UNARY_OP(Reciprocal, 1.f / x)
+COMFUSE_UNARY_OP(Reciprocal, __frcp_rn(x))
 COMFUSE_UNARY_OP(RoundBf16, __bfloat162float(__float2bfloat16_rn(x)))   // cast to bf16 and back
 COMFUSE_UNARY_OP(RoundF16, __half2float(__float2half_rn(x)))            // cast to f16 and back
 #undef COMFUSE_UNARY_OP
@@ -63,7 +64,10 @@ struct PowConst {
 COMFUSE_BINARY_OP(Add, a + b)
 COMFUSE_BINARY_OP(Sub, a - b)
 COMFUSE_BINARY_OP(Mul, a * b)
-COMFUSE_BINARY_OP(Div, a / b)
+// a * (correctly rounded 1/b), within 1.5 ulp of a / b. The IEEE division a / b takes a slow software path
+// whenever the quotient or the dividend is tiny or zero (FCHK), which softmax hits for every exp(x - max)
+// that underflows: 3x the time of the whole GEMM at K = 4096 (docs/PERF.md).
+COMFUSE_BINARY_OP(Div, a * __frcp_rn(b))
 COMFUSE_BINARY_OP(Max, fmaxf(a, b))
 COMFUSE_BINARY_OP(Min, fminf(a, b))
 #undef COMFUSE_BINARY_OP

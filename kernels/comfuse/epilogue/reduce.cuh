@@ -17,10 +17,12 @@
 // A row block whose tiles lie past M does no exchange (all its CTAs skip it alike); columns past N are not
 // folded; Mean divides by the true N.
 #pragma once
+#include <algorithm>
 #include <cmath>
 
 #include "comfuse/epilogue/core.cuh"
 #include "comfuse/epilogue/ops.cuh"
+#include "comfuse/reduce/dsmem_exchange.cuh"
 #include "comfuse/reduce/l2_exchange.cuh"
 
 namespace comfuse::epi {
@@ -102,12 +104,22 @@ struct Reduce {
     const int slots = c.tile_m / 32;  // 2 rows per 64-row atom
     const float scale = Kind == RowReduce::Mean ? 1.f / float(c.N) : 1.f;
     float* out = c.row_results + Id * kMaxTileM;
+    const int t = c.thread;
+    if (c.exchange_ctas > 1 && reduce::is_dsmem(reduce::Transport(c.transport))) {
+      // The row block is one cluster (rank = column block; ranks past N fold nothing and send identities);
+      // every tile of it exchanges, in the same order.
+      reduce::dsmem_exchange<kRows>(c.dsmem_data, c.dsmem_full, c.dsmem_cols, reduce::Transport(c.transport),
+                                    c.exchange_ctas, c.exchange_rank, uint32_t(c.iter * c.exchanges + Id), t,
+                                    8 + c.group, part,
+                                    slots, [t](int k) { return row_of(t, k); }, RowCombine<Kind>{}, scale, out,
+                                    c.trace, trace::ExchangeArrived + 2 * Id);
+      return;
+    }
     if (cols > 1 && c.m0 < c.M && c.n0 < c.N) {
       reduce::L2Workspace w = ws;
       w.cols = cols;
-      const int t = c.thread;
       reduce::l2_exchange<kRows>(w, c.m0 / c.tile_m, Id, c.n0 / c.tile_n, t, t % 4 == 0, 8 + c.group, part, slots,
-                                 [t](int k) { return row_of(t, k); }, RowCombine<Kind>{}, scale, out);
+                                 [t](int k) { return row_of(t, k); }, RowCombine<Kind>{}, scale, out, c.trace);
       return;  // the exchange ends with a group barrier: `out` is complete
     }
     if (c.thread % 4 == 0) {
@@ -187,14 +199,33 @@ struct Stage<Tree, void> {
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { tree.template end_stage<0>(c); }
 };
 
-// The root of a Stage-Stream epilogue.
-template <class Root>
+// Reduce nodes in a tree, and the highest reduction id (ids must be 0 .. count-1: they number the exchanges).
+template <class T> struct CountReduce {
+  static constexpr int count = 0, max_id = -1;
+};
+template <template <class...> class Node, class... Args> struct CountReduce<Node<Args...>> {
+  static constexpr int count = (0 + ... + CountReduce<Args>::count);
+  static constexpr int max_id = std::max({-1, CountReduce<Args>::max_id...});
+};
+template <RowReduce Kind, int Id, class Child, class Map> struct CountReduce<Reduce<Kind, Id, Child, Map>> {
+  static constexpr int count = 1 + CountReduce<Child>::count;
+  static constexpr int max_id = std::max(Id, CountReduce<Child>::max_id);
+};
+
+// The root of a Stage-Stream epilogue. DsmemCols: the most CTAs per row block the DSMEM transport serves (its
+// buffers take DsmemCols KB of SMEM per consumer group).
+template <class Root, int DsmemCols = 8>
 struct StageStream {
   using Arguments = typename Root::Arguments;
   struct SharedStorage {
     typename Root::SharedStorage root;
     alignas(16) float results[kMaxReductions * kMaxTileM];
+    reduce::DsmemBuffers<DsmemCols> dsmem;
   };
+  static constexpr int kReductions = CountReduce<Root>::count;
+  static_assert(kReductions >= 1 && CountReduce<Root>::max_id == kReductions - 1,
+                "reduction ids must be 0 .. (number of reductions - 1)");
+  static constexpr int kDsmemCols = DsmemCols;
   static constexpr int kStage = Root::kStage;
   // The result rows live in SMEM: the driver's end-of-tile barrier keeps the next tile's writes behind
   // this tile's reads.
@@ -206,7 +237,14 @@ struct StageStream {
   // Called by the kernel before the tree is built (epi::bind): the per-row results live in this group's
   // SMEM. (Keeping a TileCtx copy in the tree instead would make the nodes reference a member, and put the
   // whole tree - accumulator-sized arrays included - in local memory.)
-  CUTE_DEVICE static void bind(TileCtx& c, SharedStorage& s) { c.row_results = s.results; }
+  CUTE_DEVICE static void bind(TileCtx& c, SharedStorage& s) {
+    c.row_results = s.results;
+    c.exchanges = kReductions;
+    c.dsmem_data = &s.dsmem.data[0][0][0];
+    c.dsmem_full = s.dsmem.full;
+    c.dsmem_cols = DsmemCols;
+  }
+  CUTE_DEVICE static void init(SharedStorage& s) { reduce::dsmem_init(s.dsmem); }
   CUTE_DEVICE StageStream(Arguments const& a, SharedStorage& s, TileCtx const& c) : root(a, s.root, c) {}
   CUTE_DEVICE void prefetch() { root.prefetch(); }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(root, f); }

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "cute/config.hpp"
+#include "comfuse/trace.cuh"
 
 namespace comfuse::reduce {
 
@@ -70,7 +71,7 @@ CUTE_DEVICE void named_barrier(int id, int threads) { asm volatile("bar.sync %0,
 template <int Rows, class RowOf, class Combine>
 CUTE_DEVICE void l2_exchange(L2Workspace const& ws, int rb, int stage, int c, int thread, bool leader,
                              int barrier_id, float const (&part)[Rows], int slots, RowOf row_of, Combine combine,
-                             float scale, float* out) {
+                             float scale, float* out, trace::Stamp* stamps = nullptr) {
   const size_t slot = size_t(rb) * ws.stages + stage;
   float* base = ws.partials + slot * ws.cols * ws.tile_m;
   int* arrive = ws.counters + slot * 2;
@@ -83,8 +84,10 @@ CUTE_DEVICE void l2_exchange(L2Workspace const& ws, int rb, int stage, int c, in
   detail::named_barrier(barrier_id, 128);
   if (thread == 0) {
     detail::red_release_gpu(arrive, 1);
+    COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeArrived + 2 * stage);
     while (detail::ld_acquire_gpu(arrive) < ws.cols) {
     }
+    COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeComplete + 2 * stage);
   }
   detail::named_barrier(barrier_id, 128);
   if (thread < ws.tile_m) {

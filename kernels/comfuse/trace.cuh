@@ -1,0 +1,59 @@
+// Opt-in timeline of the persistent GEMM (compile with -DCOMFUSE_TRACE; without it every mark compiles to
+// nothing). Thread 0 of each consumer warp group stamps fixed events of every tile it handles with
+// %globaltimer (ns, comparable across SMs) and clock64 (SM cycles), into a buffer the host reads back:
+//
+//   buffer[((cta * 2 + group) * kMaxIters + iter) * kEvents + event] = {globaltimer, clock64}
+//
+// It answers where an epilogue's time goes (mainloop, waiting for the epilogue turn, each stage's visits,
+// each cross-CTA exchange's wait for the slowest peer) without a profiler. tests/gpu/trace_epilogue.cu reads it.
+#pragma once
+#include <cstdint>
+#include "cute/config.hpp"
+
+namespace comfuse::trace {
+
+constexpr int kEvents = 32;
+constexpr int kMaxIters = 64;   // tiles per consumer group that are recorded (later ones are not)
+
+enum Event : int {
+  MlStart = 0,     // the group's turn for the tensor cores came (mainloop starts)
+  MlEnd = 1,       // accumulators complete
+  EpiStart = 2,    // the group's turn for the epilogue came
+  EpiEnd = 3,      // epilogue done (before handing the turn to the other group)
+  SmemReady = 4,   // staged epilogue inputs landed (after the group barrier)
+  StageVisited = 5,     // + 2 * stage: every fragment of the stage visited
+  StageEnded = 6,       // + 2 * stage: end_stage done (reductions combined, exchanges finished)
+  ExchangeArrived = 16,  // + 2 * reduction id: partials published, counter raised
+  ExchangeComplete = 17, // + 2 * reduction id: every peer has published
+  TileIndex = 31,        // {tile index u, 0}
+};
+
+struct Stamp {
+  unsigned long long global_ns, clock;
+};
+
+#ifdef COMFUSE_TRACE
+// One buffer per translation unit (set by the host through cudaMemcpyToSymbol in the same TU).
+static __device__ Stamp* g_buffer = nullptr;
+
+CUTE_DEVICE Stamp* slot(int cta, int group, int iter) {
+  if (g_buffer == nullptr || iter >= kMaxIters) return nullptr;
+  return g_buffer + (size_t(cta * 2 + group) * kMaxIters + iter) * kEvents;
+}
+CUTE_DEVICE void mark(Stamp* s, int event) {
+  if (s == nullptr) return;
+  unsigned long long g;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+  s[event] = Stamp{g, (unsigned long long)clock64()};
+}
+#define COMFUSE_TRACE_MARK(stamps, thread, event)                 \
+  do {                                                            \
+    if ((thread) == 0) ::comfuse::trace::mark((stamps), (event)); \
+  } while (0)
+#else
+#define COMFUSE_TRACE_MARK(stamps, thread, event) \
+  do {                                            \
+  } while (0)
+#endif
+
+}  // namespace comfuse::trace
