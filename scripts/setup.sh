@@ -24,6 +24,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # shellcheck disable=SC2086
 .venv/bin/python -m pip install -q $COMFUSE_PIP_PACKAGES
+.venv/bin/python -m pip install -q $COMFUSE_PLOT_PIP
 .venv/bin/python -m pip install -q --no-deps "$COMFUSE_CUTLASS_PIP"
 # shellcheck disable=SC2086
 .venv/bin/python -m pip install -q --no-deps $COMFUSE_TORCH_PIP $COMFUSE_TORCH_DEPS $COMFUSE_TORCH_CUDA_LIBS
