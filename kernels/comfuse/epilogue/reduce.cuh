@@ -9,8 +9,9 @@
 //   exponentials for softmax's last). Registers hold one carried tile value; per-row values need none.
 // Reduce<Kind, Id, Child, Map>: folds Map(child value) per row (thread-local, over the fragments of the stage),
 //   returns the child's value unchanged. At the end of its stage: the 4 lanes of a quad (which together hold
-//   a row of the tile) combine by shuffles, then the C CTAs of the row block combine through the L2 exchange
-//   (kernels/comfuse/reduce/l2_exchange.cuh); the result goes to SMEM, one float per row.
+//   a row of the tile) combine by shuffles, then the C CTAs of the row block combine through the launch's
+//   transport: L2 (kernels/comfuse/reduce/l2_exchange.cuh) or DSMEM within the row block's cluster
+//   (kernels/comfuse/reduce/dsmem_exchange.cuh); the result goes to SMEM, one float per row.
 // RowResult<Id>: in later stages, the result of reduction Id for the fragment's row.
 // StageStream<Root>: the tree root. Owns the per-row result rows in SMEM and tells the driver to carry the tile.
 //
