@@ -19,17 +19,23 @@ class JitError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What nvcc produces. A cubin holds the device code only (cuModuleLoadData); a shared object holds a generated
+// kernel's device code *and* its host half - the CUTLASS host code that encodes TMA descriptors and builds the
+// kernel's parameters - behind the C entry points of kernels/comfuse/abi.h (rt::KernelLibrary loads it).
+enum class Artifact { Cubin, SharedObject };
+
 struct JitOptions {
   std::string cache_dir;                  // empty: $COMFUSE_CACHE_DIR, else ~/.cache/comfuse
   std::string nvcc;                       // empty: $COMFUSE_NVCC, $CUDA_HOME/bin/nvcc, nvcc on PATH, /usr/local/cuda/bin/nvcc
   std::vector<std::string> include_dirs;  // kernel headers, CUTLASS
   std::vector<std::string> flags;         // empty: default_flags()
   std::string header_version;             // identifies the kernel headers (see hash_tree); part of the key
+  Artifact artifact = Artifact::Cubin;
 };
 
 struct CompileResult {
   std::string key;          // 32 hex digits
-  std::string cubin_path;
+  std::string cubin_path;   // the artifact: kernel.cubin or kernel.so in the cache entry
   std::vector<char> cubin;  // the file's bytes
   bool cache_hit = false;
   double seconds = 0;       // compile time (0 on a hit)

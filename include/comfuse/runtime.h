@@ -5,6 +5,8 @@
 
 #include <cuda.h>  // types only; nothing is linked against libcuda
 
+#include "comfuse/abi.h"  // kernels/comfuse/abi.h: the C interface of generated kernel libraries
+
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -66,6 +68,45 @@ CUdeviceptr mem_alloc(size_t bytes);
 void mem_free(CUdeviceptr p);
 void copy_to_device(CUdeviceptr dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, CUdeviceptr src, size_t bytes);
+void mem_set(CUdeviceptr p, unsigned char byte, size_t bytes);
 void synchronize(CUstream s = nullptr);
+
+// CUDA events around work on a stream.
+class Timer {
+ public:
+  Timer();
+  ~Timer();
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  void start(CUstream s = nullptr);
+  double stop_us(CUstream s = nullptr);  // waits for the stop event
+
+ private:
+  CUevent start_ = nullptr, stop_ = nullptr;
+};
+
+// A generated kernel compiled by the JIT into a shared object (jit::Artifact::SharedObject): its host half builds
+// the CUTLASS parameters and launches through the CUDA runtime in the same primary context. The C entry points
+// are those of kernels/comfuse/abi.h; a library whose ABI differs is refused.
+class KernelLibrary {
+ public:
+  explicit KernelLibrary(const std::string& path);  // dlopen; throws RuntimeError naming the path and dlerror()
+  ~KernelLibrary();
+  KernelLibrary(const KernelLibrary&) = delete;
+  KernelLibrary& operator=(const KernelLibrary&) = delete;
+
+  const std::string& name() const { return name_; }  // comfuse_<spec hash>
+  // Workspace of the L2 transport for an M x N problem: partials and counters (zeroed once), in bytes.
+  void workspace_bytes(int64_t m, int64_t n, int64_t* partials, int64_t* counters) const;
+  std::string check(const ComfuseKernelArgs& a) const;  // "" when the kernel can run these arguments
+  void launch(const ComfuseKernelArgs& a, CUstream stream) const;  // throws RuntimeError with the kernel's reason
+
+ private:
+  void* handle_ = nullptr;
+  std::string path_, name_;
+  int (*workspace_)(int64_t, int64_t, int64_t*, int64_t*) = nullptr;
+  ComfuseKernelCheckFn check_ = nullptr;
+  ComfuseKernelLaunchFn launch_ = nullptr;
+};
 
 }  // namespace comfuse::rt

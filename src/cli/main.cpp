@@ -5,6 +5,11 @@
 //   comfuse emit FILE.cf -o DIR
 // Exit codes: 0 ok, 2 bad input (file, arguments, data), 1 internal error.
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +18,7 @@
 #include <vector>
 
 #include "comfuse/codegen.h"
+#include "comfuse/compiler.h"
 #include "comfuse/interp.h"
 #include "comfuse/partition.h"
 #include "comfuse/plan.h"
@@ -31,7 +37,16 @@ const char* kUsage =
     "                                       CPU reference run: reads DIR/NAME.npy per input (float32,\n"
     "                                       rounded to the declared dtype), writes NAME.npy (float32) per output\n"
     "  comfuse print FILE.cf [--decomposed] the graph in canonical .cf form (composites expanded with --decomposed)\n"
-    "  comfuse emit FILE.cf -o DIR          the generated CUDA C++ of each fused region (DIR/comfuse_<hash>.cu)\n";
+    "  comfuse emit FILE.cf -o DIR          the generated CUDA C++ of each fused region (DIR/comfuse_<hash>.cu)\n"
+    "  comfuse run FILE.cf [--inputs DIR] [--outputs DIR] [--check] [--transport T] [--aot DIR] [--seed S]\n"
+    "                                       runs the graph's fused kernels on the GPU (JIT-compiled and cached, or\n"
+    "                                       from --aot DIR); inputs from DIR/NAME.npy, else fresh random ones;\n"
+    "                                       --check compares every output with the CPU interpreter (exit 1 if off)\n"
+    "  comfuse bench FILE.cf [--iters N] [--transport T]\n"
+    "                                       median time of the whole graph on the GPU, TFLOP/s\n"
+    "  comfuse aot FILE.cf -o DIR           compiles every fused region into DIR (kernel libraries + manifest.txt)\n"
+    "                                       for 'run --aot DIR' on a machine without nvcc\n"
+    "  (T: l2 | dsmem_p2p | dsmem_leader, the row reductions' cross-CTA transport; default: the planner's)\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -158,6 +173,231 @@ int cmd_interp(const Args& a) {
   return 0;
 }
 
+// ---- GPU commands ---------------------------------------------------------------------------------------
+
+// Device memory of one graph value, freed on scope exit.
+struct DeviceBuffer {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t b) : ptr(rt::mem_alloc(b)), bytes(b) {}
+  ~DeviceBuffer() {
+    if (ptr) rt::mem_free(ptr);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+std::vector<char> to_device_bytes(const Tensor& t, DType d) {
+  std::vector<char> out(t.data.size() * dtype_bytes(d));
+  for (size_t i = 0; i < t.data.size(); ++i) {
+    if (d == DType::F32) {
+      std::memcpy(out.data() + 4 * i, &t.data[i], 4);
+    } else {
+      uint16_t h = d == DType::BF16 ? float_to_bf16(t.data[i]) : float_to_f16(t.data[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+Tensor from_device_bytes(const std::vector<char>& b, DType d, const Shape& shape) {
+  Tensor t(shape);
+  for (size_t i = 0; i < t.data.size(); ++i) {
+    if (d == DType::F32) {
+      std::memcpy(&t.data[i], b.data() + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, b.data() + 2 * i, 2);
+      t.data[i] = d == DType::BF16 ? bf16_to_float(h) : f16_to_float(h);
+    }
+  }
+  return t;
+}
+
+// The graph's inputs: DIR/NAME.npy when a directory is given, else uniform in [-1, 1) from `seed`; either way
+// rounded to the input's dtype, so the GPU and the CPU reference see the same values.
+TensorMap make_inputs(const Graph& g, const std::string& dir, uint64_t seed) {
+  TensorMap inputs;
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int id : g.inputs) {
+    const Node& n = g.node(id);
+    Tensor t;
+    if (!dir.empty()) {
+      fs::path p = fs::path(dir) / (n.name + ".npy");
+      if (!fs::exists(p)) throw UsageError("missing input file " + p.string() + " for input '" + n.name + "' " + shape_str(n.shape));
+      t = read_npy(p.string());
+      if (t.shape != n.shape)
+        throw UsageError(p.string() + ": shape " + shape_str(t.shape) + " does not match input '" + n.name + "' " +
+                         shape_str(n.shape));
+    } else {
+      t = Tensor(n.shape);
+      for (float& v : t.data) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        v = static_cast<float>((state >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f;
+      }
+    }
+    if (n.dtype != DType::F32) t = from_device_bytes(to_device_bytes(t, n.dtype), n.dtype, n.shape);
+    inputs[n.name] = std::move(t);
+  }
+  return inputs;
+}
+
+CompilerOptions compiler_options(const Args& a) {
+  CompilerOptions o;
+  o.transport = a.get("transport");
+  return o;
+}
+
+// Uploads the inputs, allocates (and poisons) the outputs.
+struct GraphBuffers {
+  std::map<std::string, std::unique_ptr<DeviceBuffer>> owned;
+  std::map<std::string, CUdeviceptr> map;
+  GraphBuffers(const CompiledGraph& cg, const TensorMap& inputs) {
+    const Graph& g = cg.partition().graph;
+    for (const auto& [name, t] : inputs) {
+      const Node& n = g.node(*g.find(name));
+      auto b = std::make_unique<DeviceBuffer>(cg.bytes_of(name));
+      std::vector<char> bytes = to_device_bytes(t, n.dtype);
+      rt::copy_to_device(b->ptr, bytes.data(), bytes.size());
+      map[name] = b->ptr;
+      owned[name] = std::move(b);
+    }
+    for (const auto& o : g.outputs) {
+      auto b = std::make_unique<DeviceBuffer>(cg.bytes_of(o.name));
+      rt::mem_set(b->ptr, 0xFF, b->bytes);  // NaN in bf16/f16/f32: a value the kernel did not write shows up
+      map[o.name] = b->ptr;
+      owned[o.name] = std::move(b);
+    }
+  }
+};
+
+uint64_t seed_of(const Args& a) {
+  std::string s = a.get("seed");
+  if (s.empty()) return static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
+  try {
+    return std::stoull(s);
+  } catch (const std::exception&) {
+    throw UsageError("--seed must be an unsigned integer, got '" + s + "'");
+  }
+}
+
+CompiledGraph compile_for_run(const Args& a, const Graph& g) {
+  Compiler c(compiler_options(a));
+  if (std::string dir = a.get("aot"); !dir.empty()) {
+    if (!a.get("transport").empty()) throw UsageError("--transport is fixed when the kernels were compiled: not with --aot");
+    return c.load(g, dir);
+  }
+  return c.compile(g);
+}
+
+int cmd_run(const Args& a) {
+  Graph g = parse_cf_file(a.file);
+  const uint64_t seed = seed_of(a);
+  TensorMap inputs = make_inputs(g, a.get("inputs"), seed);
+  if (a.get("inputs").empty()) std::cout << "inputs: uniform [-1, 1), seed " << seed << "\n";
+  if (std::string why = rt::unsupported_reason(); !why.empty()) throw rt::UnsupportedDevice(why);
+  auto t0 = std::chrono::steady_clock::now();
+  CompiledGraph cg = compile_for_run(a, g);
+  double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << cg.explain();
+  std::printf("compile: %.1f ms (partition, plan, Psi, and the JIT or its cache, for every region)\n", compile_ms);
+  GraphBuffers buf(cg, inputs);
+  cg.run(buf.map);
+  rt::synchronize();
+  TensorMap outs;
+  for (const auto& o : cg.partition().graph.outputs) {
+    const Node& n = cg.partition().graph.node(o.node);
+    std::vector<char> bytes(cg.bytes_of(o.name));
+    rt::copy_to_host(bytes.data(), buf.map.at(o.name), bytes.size());
+    outs[o.name] = from_device_bytes(bytes, n.dtype, n.shape);
+  }
+  if (std::string dir = a.get("outputs"); !dir.empty()) {
+    fs::create_directories(dir);
+    for (const auto& [name, t] : outs) {
+      fs::path p = fs::path(dir) / (name + ".npy");
+      write_npy(p.string(), t);
+      std::cout << "wrote " << p.string() << " " << shape_str(t.shape) << "\n";
+    }
+  }
+  if (!a.flag("check")) return 0;
+  // The CPU interpreter on the same (dtype-rounded) inputs, in fp32; bf16/f16 outputs within 1e-2 normwise.
+  TensorMap ref = interpret_graph(g, inputs);
+  bool ok = true;
+  std::printf("%-16s %14s %12s %12s %10s  %s\n", "output", "shape", "max_abs_err", "rel_err", "nonfinite", "result");
+  for (const auto& [name, t] : outs) {
+    const Tensor& r = ref.at(name);
+    const Node& n = g.node(*g.find(name));
+    double num = 0, den = 0, max_abs = 0;
+    size_t nonfinite = 0;
+    for (size_t i = 0; i < t.data.size(); ++i) {
+      if (!std::isfinite(t.data[i])) {
+        ++nonfinite;
+        continue;
+      }
+      double d = double(t.data[i]) - double(r.data[i]);
+      num += d * d;
+      den += double(r.data[i]) * double(r.data[i]);
+      max_abs = std::max(max_abs, std::fabs(d));
+    }
+    double rel = std::sqrt(num / std::max(den, 1e-30));
+    double tol = n.dtype == DType::F32 ? 1e-4 : 1e-2;
+    bool pass = nonfinite == 0 && rel <= tol;
+    ok = ok && pass;
+    std::printf("%-16s %14s %12.3e %12.3e %10zu  %s (tolerance %.0e)\n", name.c_str(), shape_str(t.shape).c_str(),
+                max_abs, rel, nonfinite, pass ? "ok" : "FAIL", tol);
+  }
+  std::cout << (ok ? "check: all outputs within tolerance\n" : "check: FAILED\n");
+  return ok ? 0 : 1;
+}
+
+int cmd_bench(const Args& a) {
+  Graph g = parse_cf_file(a.file);
+  int iters = 50;
+  if (std::string s = a.get("iters"); !s.empty()) {
+    try {
+      iters = std::stoi(s);
+    } catch (const std::exception&) {
+      iters = -1;
+    }
+    if (iters < 1) throw UsageError("--iters must be a positive integer, got '" + s + "'");
+  }
+  TensorMap inputs = make_inputs(g, "", 1);
+  if (std::string why = rt::unsupported_reason(); !why.empty()) throw rt::UnsupportedDevice(why);
+  CompiledGraph cg = compile_for_run(a, g);
+  std::cout << cg.explain();
+  GraphBuffers buf(cg, inputs);
+  double flops = 0;
+  for (const auto& r : cg.partition().regions)
+    flops += 2.0 * double(r.spec.gemm.rows) * double(r.spec.gemm.n) * double(r.spec.gemm.k);
+  for (int i = 0; i < 5; ++i) cg.run(buf.map);
+  rt::synchronize();
+  rt::Timer timer;
+  std::vector<double> us;
+  for (int i = 0; i < iters; ++i) {
+    timer.start();
+    for (int j = 0; j < 10; ++j) cg.run(buf.map);
+    us.push_back(timer.stop_us() / 10.0);
+  }
+  std::sort(us.begin(), us.end());
+  double med = us[us.size() / 2];
+  std::printf("%s: median %.1f us over %d x 10 launches (min %.1f, max %.1f), %.1f TFLOP/s\n", a.file.c_str(), med,
+              iters, us.front(), us.back(), flops / (med * 1e-6) / 1e12);
+  std::cout << "(÷ cuBLAS of the same GEMM shapes: bench/bench_gemm.cu measures it; not in the CLI yet)\n";
+  return 0;
+}
+
+int cmd_aot(const Args& a) {
+  std::string dir = a.get("o");
+  if (dir.empty()) throw UsageError("aot needs -o DIR");
+  Graph g = parse_cf_file(a.file);
+  CompiledGraph cg = Compiler(compiler_options(a)).save(g, dir);
+  std::cout << cg.explain() << "wrote " << (fs::path(dir) / "manifest.txt").string() << " and "
+            << cg.regions().size() << " kernel librar" << (cg.regions().size() == 1 ? "y" : "ies") << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -171,6 +411,9 @@ int main(int argc, char** argv) {
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
     if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas"}));
+    if (cmd == "run") return cmd_run(parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "aot", "seed"}));
+    if (cmd == "bench") return cmd_bench(parse_args(argc, argv, {}, {"iters", "transport", "aot"}));
+    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const ParseError& e) {
@@ -180,6 +423,18 @@ int main(int argc, char** argv) {
     std::cerr << "comfuse " << cmd << ": " << e.what() << "\n";
     return 2;
   } catch (const GraphError& e) {
+    std::cerr << "comfuse " << cmd << ": error: " << e.what() << "\n";
+    return 2;
+  } catch (const rt::UnsupportedDevice& e) {
+    std::cerr << "comfuse " << cmd << ": no usable GPU: " << e.what() << "\n";
+    return 3;
+  } catch (const CompileError& e) {
+    std::cerr << "comfuse " << cmd << ": cannot compile: " << e.what() << "\n";
+    return 2;
+  } catch (const jit::JitError& e) {
+    std::cerr << "comfuse " << cmd << ": " << e.what() << "\n";
+    return 2;
+  } catch (const std::invalid_argument& e) {
     std::cerr << "comfuse " << cmd << ": error: " << e.what() << "\n";
     return 2;
   } catch (const std::runtime_error& e) {  // data errors: npy files, input shapes

@@ -129,7 +129,8 @@ class Progress {
 
 struct Entry {
   fs::path dir;
-  fs::path cubin() const { return dir / "kernel.cubin"; }
+  std::string file = "kernel.cubin";  // or kernel.so (Artifact::SharedObject)
+  fs::path cubin() const { return dir / file; }
   fs::path meta() const { return dir / "meta"; }
 };
 
@@ -228,7 +229,9 @@ CompileResult compile(const std::string& source, const std::string& name, const 
   const std::string nvcc = find_nvcc(o);
   std::vector<std::string> flags = o.flags.empty() ? default_flags() : o.flags;
   for (const auto& inc : o.include_dirs) flags.push_back("-I" + inc);
-  std::string key_material = source + '\0' + nvcc_version(nvcc) + '\0' + o.header_version;
+  const bool so = o.artifact == Artifact::SharedObject;
+  const std::string artifact = so ? "kernel.so" : "kernel.cubin";
+  std::string key_material = source + '\0' + nvcc_version(nvcc) + '\0' + o.header_version + '\0' + artifact;
   for (const auto& f : flags) key_material += '\0' + f;
   CompileResult r;
   r.key = hash_hex(key_material);
@@ -236,7 +239,7 @@ CompileResult compile(const std::string& source, const std::string& name, const 
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) throw JitError("cannot create the kernel cache " + root.string() + ": " + ec.message());
-  Entry entry{root / r.key};
+  Entry entry{root / r.key, artifact};
   const Log level = log_level();
 
   auto hit = [&]() {
@@ -259,7 +262,9 @@ CompileResult compile(const std::string& source, const std::string& name, const 
   write_file(tmp / "kernel.cu", source);
   std::vector<std::string> argv{nvcc};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  argv.insert(argv.end(), {"-cubin", "-o", (tmp / "kernel.cubin").string(), (tmp / "kernel.cu").string()});
+  if (so) argv.insert(argv.end(), {"-shared", "-Xcompiler", "-fPIC"});
+  else argv.push_back("-cubin");
+  argv.insert(argv.end(), {"-o", (tmp / artifact).string(), (tmp / "kernel.cu").string()});
   if (level == Log::Debug) {
     std::cerr << "comfuse:";
     for (const auto& a : argv) std::cerr << " " << a;
@@ -271,7 +276,7 @@ CompileResult compile(const std::string& source, const std::string& name, const 
     rc = run_process(argv, tmp / "nvcc.log");
     r.seconds = progress.elapsed();
   }
-  std::string bytes = read_file(tmp / "kernel.cubin");
+  std::string bytes = read_file(tmp / artifact);
   if (rc != 0 || bytes.empty()) {
     fs::path failed = root / ("failed-" + r.key);
     fs::remove_all(failed);

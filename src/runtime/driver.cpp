@@ -30,6 +30,12 @@ struct Api {
   CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t) = nullptr;
   CUresult (*cuStreamSynchronize)(CUstream) = nullptr;
   CUresult (*cuCtxSynchronize)() = nullptr;
+  CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t) = nullptr;
+  CUresult (*cuEventCreate)(CUevent*, unsigned) = nullptr;
+  CUresult (*cuEventDestroy)(CUevent) = nullptr;
+  CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
+  CUresult (*cuEventSynchronize)(CUevent) = nullptr;
+  CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent) = nullptr;
 };
 
 template <class F>
@@ -69,6 +75,12 @@ Api& api() {
     bind(lib, a.cuMemcpyDtoH, "cuMemcpyDtoH_v2", e);
     bind(lib, a.cuStreamSynchronize, "cuStreamSynchronize", e);
     bind(lib, a.cuCtxSynchronize, "cuCtxSynchronize", e);
+    bind(lib, a.cuMemsetD8, "cuMemsetD8_v2", e);
+    bind(lib, a.cuEventCreate, "cuEventCreate", e);
+    bind(lib, a.cuEventDestroy, "cuEventDestroy_v2", e);
+    bind(lib, a.cuEventRecord, "cuEventRecord", e);
+    bind(lib, a.cuEventSynchronize, "cuEventSynchronize", e);
+    bind(lib, a.cuEventElapsedTime, "cuEventElapsedTime", e);
     if (e.empty()) {
       CUresult r = a.cuInit(0);
       if (r != CUDA_SUCCESS) e = "cuInit failed (error " + std::to_string(static_cast<int>(r)) + "): no usable GPU";
@@ -186,9 +198,74 @@ CUdeviceptr mem_alloc(size_t bytes) {
 void mem_free(CUdeviceptr p) { check(loaded().cuMemFree(p), "cuMemFree"); }
 void copy_to_device(CUdeviceptr dst, const void* src, size_t bytes) { check(loaded().cuMemcpyHtoD(dst, src, bytes), "cuMemcpyHtoD"); }
 void copy_to_host(void* dst, CUdeviceptr src, size_t bytes) { check(loaded().cuMemcpyDtoH(dst, src, bytes), "cuMemcpyDtoH"); }
+void mem_set(CUdeviceptr p, unsigned char byte, size_t bytes) { check(loaded().cuMemsetD8(p, byte, bytes), "cuMemsetD8"); }
+
+Timer::Timer() {
+  check(loaded().cuEventCreate(&start_, CU_EVENT_DEFAULT), "cuEventCreate");
+  check(loaded().cuEventCreate(&stop_, CU_EVENT_DEFAULT), "cuEventCreate");
+}
+Timer::~Timer() {
+  api().cuEventDestroy(start_);
+  api().cuEventDestroy(stop_);
+}
+void Timer::start(CUstream s) { check(loaded().cuEventRecord(start_, s), "cuEventRecord"); }
+double Timer::stop_us(CUstream s) {
+  Api& a = loaded();
+  check(a.cuEventRecord(stop_, s), "cuEventRecord");
+  check(a.cuEventSynchronize(stop_), "cuEventSynchronize");
+  float ms = 0;
+  check(a.cuEventElapsedTime(&ms, start_, stop_), "cuEventElapsedTime");
+  return ms * 1000.0;
+}
+
 void synchronize(CUstream s) {
   Api& a = loaded();
   check(s ? a.cuStreamSynchronize(s) : a.cuCtxSynchronize(), "synchronize");
+}
+
+}  // namespace comfuse::rt
+
+namespace comfuse::rt {
+
+KernelLibrary::KernelLibrary(const std::string& path) : path_(path) {
+  handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle_) {
+    const char* e = dlerror();
+    throw RuntimeError("cannot load kernel library " + path + ": " + (e ? e : "unknown dlopen error"));
+  }
+  auto sym = [&](const char* n) {
+    void* p = dlsym(handle_, n);
+    if (!p) throw RuntimeError("kernel library " + path + " has no " + n + ": not a ComFuse kernel (or stale)");
+    return p;
+  };
+  auto abi = reinterpret_cast<ComfuseKernelAbiFn>(sym("comfuse_kernel_abi"));
+  if (abi() != COMFUSE_KERNEL_ABI)
+    throw RuntimeError("kernel library " + path + " has ABI " + std::to_string(abi()) + ", this runtime " +
+                       std::to_string(COMFUSE_KERNEL_ABI) + ": recompile it (clear the kernel cache or re-run aot)");
+  name_ = reinterpret_cast<ComfuseKernelNameFn>(sym("comfuse_kernel_name"))();
+  workspace_ = reinterpret_cast<int (*)(int64_t, int64_t, int64_t*, int64_t*)>(sym("comfuse_kernel_workspace"));
+  check_ = reinterpret_cast<ComfuseKernelCheckFn>(sym("comfuse_kernel_check"));
+  launch_ = reinterpret_cast<ComfuseKernelLaunchFn>(sym("comfuse_kernel_launch"));
+}
+
+KernelLibrary::~KernelLibrary() {
+  if (handle_) dlclose(handle_);
+}
+
+void KernelLibrary::workspace_bytes(int64_t m, int64_t n, int64_t* partials, int64_t* counters) const {
+  workspace_(m, n, partials, counters);
+}
+
+std::string KernelLibrary::check(const ComfuseKernelArgs& a) const {
+  char why[512] = {0};
+  return check_(&a, why, sizeof why) == 0 ? std::string() : std::string(why);
+}
+
+void KernelLibrary::launch(const ComfuseKernelArgs& a, CUstream stream) const {
+  char why[512] = {0};
+  int rc = launch_(&a, stream, why, sizeof why);
+  if (rc == 1) throw RuntimeError(name_ + " cannot run these arguments: " + why);
+  if (rc != 0) throw RuntimeError(name_ + " launch failed: " + why);
 }
 
 }  // namespace comfuse::rt

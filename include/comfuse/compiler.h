@@ -1,0 +1,106 @@
+// The C++ API: a Graph in, a CompiledGraph out, whose fused regions run as generated kernels on the GPU.
+//
+//   comfuse::Compiler c;                       // finds nvcc, the kernel headers and CUTLASS (see CompilerOptions)
+//   comfuse::CompiledGraph cg = c.compile(g);  // partition, plan, Psi, JIT (cached), per region
+//   cg.run({{"X", x_ptr}, {"W", w_ptr}, ..., {"y", y_ptr}}, stream);
+//
+// Scope today: every step of the partitioned program must be a fused region (regions cover most GEMM+epilogue
+// graphs; the examples are all such). Fallback nodes need the plain GPU path (cuBLAS and one kernel per op),
+// which is not built yet: compile() refuses such graphs with the nodes' names instead of skipping them. A region
+// the planner declines *for speed* still runs fused (correct, and said in explain()); one it declines because no
+// kernel can serve it (alignment, a Spec the templates cannot express) makes compile() throw with that reason.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "comfuse/codegen.h"
+#include "comfuse/graph.h"
+#include "comfuse/jit.h"
+#include "comfuse/partition.h"
+#include "comfuse/plan.h"
+#include "comfuse/runtime.h"
+
+namespace comfuse {
+
+class CompileError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct CompilerOptions {
+  jit::JitOptions jit;            // cache dir, nvcc; include dirs are filled in from the fields below
+  std::string kernel_dir;         // kernels/ (comfuse/gemm.cuh ...): empty = $COMFUSE_KERNEL_DIR, else the build's
+  std::string cutlass_dir;        // CUTLASS include dir: empty = $COMFUSE_CUTLASS_DIR, else the build's
+  std::string transport;          // "" = the planner's; or l2 | dsmem_p2p | dsmem_leader (tests, benchmarks)
+  bool ahead_of_time = false;     // compile only (no driver needed): CompiledGraph::run refuses
+};
+
+// One fused region, compiled.
+struct CompiledRegion {
+  int region = -1;
+  PlanDecision plan;              // the planner's decision (fuse = false: declined for speed, run fused anyway)
+  GeneratedKernel kernel;         // Psi's source
+  std::string library_path;       // the JIT's shared object
+  bool cache_hit = false;
+  double compile_seconds = 0;
+};
+
+class CompiledGraph {
+ public:
+  // Launches every step on `stream`. `buffers` maps every graph input and output name to device memory holding
+  // (inputs) or receiving (outputs) a dense row-major tensor of the graph's shape and dtype. Checks names and
+  // 16-byte alignment first and throws std::invalid_argument naming the problem; kernel errors throw
+  // rt::RuntimeError. Intermediate values and the L2 workspaces are owned here, per stream.
+  void run(const std::map<std::string, CUdeviceptr>& buffers, CUstream stream = nullptr);
+
+  const Partition& partition() const { return partition_; }
+  const std::vector<CompiledRegion>& regions() const { return regions_; }
+  std::string explain() const;    // one line per region: config, transport, plan, cache
+  // Bytes of one buffer of graph value `name` (its dtype and shape).
+  size_t bytes_of(const std::string& name) const;
+
+  CompiledGraph() = default;
+  CompiledGraph(CompiledGraph&&) = default;
+  CompiledGraph& operator=(CompiledGraph&&) = default;
+  ~CompiledGraph();
+
+ private:
+  friend class Compiler;
+  struct Workspace {
+    CUdeviceptr partials = 0, counters = 0;
+  };
+  Partition partition_;
+  std::vector<CompiledRegion> regions_;
+  std::vector<std::shared_ptr<rt::KernelLibrary>> libs_;     // per region (loaded on first run)
+  std::string transport_override_;
+  bool aot_ = false;
+  std::map<CUstream, std::vector<Workspace>> workspaces_;    // per stream, per region
+  std::map<std::string, CUdeviceptr> intermediates_;         // values passed between regions
+};
+
+class Compiler {
+ public:
+  explicit Compiler(CompilerOptions o = {});
+  CompiledGraph compile(const Graph& g) const;
+  // Ahead of time: compile(g) and copy every region's kernel library into `dir` with a manifest
+  // (dir/manifest.txt); load() then runs them with no nvcc, after checking they were built from this graph.
+  CompiledGraph save(const Graph& g, const std::string& dir) const;
+  CompiledGraph load(const Graph& g, const std::string& dir) const;
+  const CompilerOptions& options() const { return opts_; }
+
+ private:
+  CompilerOptions opts_;
+};
+
+// Host conversions for the CLI and tests: fp32 <-> bf16 / f16 bits, round to nearest even.
+uint16_t float_to_bf16(float f);
+float bf16_to_float(uint16_t b);
+uint16_t float_to_f16(float f);
+float f16_to_float(uint16_t h);
+size_t dtype_bytes(DType d);
+
+}  // namespace comfuse

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# On the device machine: every examples/*.cf through `comfuse run --check` on fresh random inputs, the JIT's
+# first compile and its cache hit timed there, and the generated postnorm / softmax kernels benched (to compare
+# with the hand-composed instances of bench/bench_gemm.cu). Logs under $OUT; a table last.
+#
+#   scripts/gpu-examples.sh [CLI] [AOT_DIR]
+#     CLI      the comfuse binary (default build/bin/comfuse; one built here runs there)
+#     AOT_DIR  kernels compiled ahead of time here: AOT_DIR/<example>/ from `comfuse aot examples/<example>.cf`
+#              (saves nvcc minutes on the device); without it every example is JIT-compiled there
+# Needs the CUTLASS headers at .carry/cutlass/include (scripts/gpu-check.sh --prepare) for the JIT.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+cli="${1:-build/bin/comfuse}"
+aot="${2:-}"
+OUT="${OUT:-$root/build/gpu-examples}"
+mkdir -p "$OUT"
+export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include"
+export COMFUSE_CACHE_DIR="$OUT/cache"
+declare -A status
+
+run_check() {   # name, then arguments of `comfuse run`
+  local name="$1"
+  shift
+  "$cli" run "$@" --check > "$OUT/run_$name.log" 2>&1
+  status[$name]=$?
+  grep -E "transport|^[a-z_]+ +\[|check:|error" "$OUT/run_$name.log" | sed "s/^/  [$name] /"
+}
+
+for ex in bias_gelu ffn_b2b postnorm prenorm_two_outputs rmsnorm softmax; do
+  if [ -n "$aot" ] && [ -d "$aot/$ex" ]; then run_check "$ex" "examples/$ex.cf" --aot "$aot/$ex"
+  else run_check "$ex" "examples/$ex.cf"; fi
+done
+for v in postnorm_l2:postnorm softmax_leader:softmax; do   # the other transports, ahead of time
+  name="${v%%:*}" ex="${v##*:}"
+  [ -n "$aot" ] && [ -d "$aot/$name" ] && run_check "$name" "examples/$ex.cf" --aot "$aot/$name"
+done
+# The JIT on this machine: a first compile (empty cache), then a cache hit.
+run_check jit_first examples/small/postnorm.cf
+run_check jit_hit examples/small/postnorm.cf
+grep -h "compile:" "$OUT/run_jit_first.log" "$OUT/run_jit_hit.log"
+# The generated kernels' speed (hand-composed: comfuse_gpu_bench, same shapes and configs).
+for ex in postnorm softmax; do
+  if [ -n "$aot" ] && [ -d "$aot/$ex" ]; then "$cli" bench "examples/$ex.cf" --aot "$aot/$ex" --iters 30 > "$OUT/bench_$ex.log" 2>&1
+  else "$cli" bench "examples/$ex.cf" --iters 30 > "$OUT/bench_$ex.log" 2>&1; fi
+  status[bench_$ex]=$?
+  grep -E "median|transport" "$OUT/bench_$ex.log"
+done
+
+echo
+echo "| step | rc |"
+echo "|---|---|"
+rc=0
+for k in $(echo "${!status[@]}" | tr ' ' '\n' | sort); do
+  echo "| $k | ${status[$k]} |"
+  [ "${status[$k]}" = 0 ] || rc=1
+done
+exit $rc

@@ -1,0 +1,293 @@
+// Compiler::compile: partition -> plan -> Psi -> JIT (shared objects, in parallel) per region;
+// CompiledGraph::run: the regions in schedule order, each through its kernel library.
+#include "comfuse/compiler.h"
+
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <sstream>
+#include <stdexcept>
+
+#include "comfuse/codegen.h"
+
+namespace comfuse {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string env_or(const char* var, const std::string& fallback) {
+  const char* v = std::getenv(var);
+  return v && *v ? std::string(v) : fallback;
+}
+
+int transport_code(const std::string& t) {
+  if (t == "l2" || t == "none" || t.empty()) return 0;
+  if (t == "dsmem_p2p") return 1;
+  if (t == "dsmem_leader") return 2;
+  throw CompileError("unknown transport '" + t + "' (l2, dsmem_p2p, dsmem_leader)");
+}
+
+}  // namespace
+
+size_t dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }
+
+uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+float bf16_to_float(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t float_to_f16(float f) { return static_cast<uint16_t>(std::bit_cast<uint16_t>(static_cast<_Float16>(f))); }
+float f16_to_float(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
+
+Compiler::Compiler(CompilerOptions o) : opts_(std::move(o)) {
+  if (opts_.kernel_dir.empty()) opts_.kernel_dir = env_or("COMFUSE_KERNEL_DIR", COMFUSE_DEFAULT_KERNEL_DIR);
+  if (opts_.cutlass_dir.empty()) opts_.cutlass_dir = env_or("COMFUSE_CUTLASS_DIR", COMFUSE_DEFAULT_CUTLASS_DIR);
+}
+
+CompiledGraph Compiler::compile(const Graph& g) const {
+  if (!fs::exists(fs::path(opts_.kernel_dir) / "comfuse" / "gemm.cuh"))
+    throw CompileError("kernel headers not found: " + opts_.kernel_dir +
+                       "/comfuse/gemm.cuh (set COMFUSE_KERNEL_DIR to the kernels/ folder)");
+  if (!fs::exists(fs::path(opts_.cutlass_dir) / "cutlass" / "cutlass.h"))
+    throw CompileError("CUTLASS headers not found: '" + opts_.cutlass_dir +
+                       "' has no cutlass/cutlass.h (set COMFUSE_CUTLASS_DIR to site-packages/cutlass_library/source/include)");
+  if (!opts_.transport.empty()) transport_code(opts_.transport);  // validates the name
+
+  CompiledGraph cg;
+  cg.partition_ = partition(g);
+  cg.transport_override_ = opts_.transport;
+  cg.aot_ = opts_.ahead_of_time;
+  const Partition& p = cg.partition_;
+  if (!p.fallback.empty()) {
+    std::string names;
+    for (int id : p.fallback) names += (names.empty() ? "" : ", ") + p.graph.node(id).name;
+    throw CompileError("the graph has nodes outside fused regions (" + names +
+                       "); they need the plain GPU path (cuBLAS and one kernel per op), which is not built yet");
+  }
+
+  jit::JitOptions jo = opts_.jit;
+  jo.artifact = jit::Artifact::SharedObject;
+  jo.include_dirs = {opts_.kernel_dir, opts_.cutlass_dir};
+  if (jo.header_version.empty()) jo.header_version = jit::hash_tree((fs::path(opts_.kernel_dir) / "comfuse").string());
+
+  cg.regions_.resize(p.regions.size());
+  std::vector<std::future<jit::CompileResult>> jobs;
+  for (size_t i = 0; i < p.regions.size(); ++i) {
+    CompiledRegion& r = cg.regions_[i];
+    r.region = static_cast<int>(i);
+    r.plan = plan_region(p.regions[i].spec);
+    // Declined because no kernel can serve it: cannot run. Declined for speed: runs fused (said by explain()).
+    if (!r.plan.fuse && r.plan.reason.rfind("fusion does not pay", 0) != 0)
+      throw CompileError("region " + std::to_string(i) + " (" + p.graph.node(p.regions[i].root).name +
+                         ") cannot run as a fused kernel: " + r.plan.reason);
+    if (!opts_.transport.empty() && p.regions[i].spec.num_stages() > 1) r.plan.transport = opts_.transport;
+    // The DSMEM transport needs the row block in one 1 x C cluster; L2 needs no mainloop cluster.
+    if (p.regions[i].spec.num_stages() > 1) {
+      KernelConfig& c = r.plan.config;
+      const int cols = static_cast<int>((p.regions[i].spec.gemm.n + c.tile_n - 1) / c.tile_n);
+      if (r.plan.transport == "l2") {
+        c.cluster_m = c.cluster_n = 1;
+      } else if (cols <= kDsmemMaxCols) {
+        c.cluster_m = 1;
+        c.cluster_n = 2;
+        while (c.cluster_n < cols) c.cluster_n *= 2;
+      } else {
+        throw CompileError("region " + std::to_string(i) + ": transport " + r.plan.transport + " cannot serve N = " +
+                           std::to_string(p.regions[i].spec.gemm.n) + " (" + std::to_string(cols) +
+                           " column blocks; DSMEM holds at most " + std::to_string(kDsmemMaxCols) + ")");
+      }
+    }
+    r.kernel = generate_kernel(p.regions[i].spec, r.plan.config);
+    jobs.push_back(std::async(std::launch::async, [src = r.kernel.source, name = r.kernel.name, jo] {
+      return jit::compile(src, name, jo);
+    }));
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    jit::CompileResult res = jobs[i].get();  // rethrows JitError with nvcc's log
+    cg.regions_[i].library_path = res.cubin_path;
+    cg.regions_[i].cache_hit = res.cache_hit;
+    cg.regions_[i].compile_seconds = res.seconds;
+  }
+  return cg;
+}
+
+CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
+  CompiledGraph cg = compile(g);
+  fs::create_directories(dir);
+  std::ostringstream m;
+  m << "# ComFuse ahead-of-time kernels (comfuse aot); one line per fused region:\n"
+    << "# region kernel-name library transport tile_m tile_n tile_k cluster_m cluster_n\n";
+  for (auto& r : cg.regions_) {
+    const std::string file = r.kernel.name + ".so";
+    fs::copy_file(r.library_path, fs::path(dir) / file, fs::copy_options::overwrite_existing);
+    r.library_path = (fs::path(dir) / file).string();
+    const auto& c = r.plan.config;
+    m << r.region << " " << r.kernel.name << " " << file << " " << r.plan.transport << " " << c.tile_m << " "
+      << c.tile_n << " " << c.tile_k << " " << c.cluster_m << " " << c.cluster_n << "\n";
+  }
+  std::ofstream(fs::path(dir) / "manifest.txt") << m.str();
+  return cg;
+}
+
+CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
+  std::ifstream in(fs::path(dir) / "manifest.txt");
+  if (!in) throw CompileError("no manifest.txt in " + dir + " (made by 'comfuse aot FILE.cf -o DIR')");
+  CompiledGraph cg;
+  cg.partition_ = partition(g);
+  const Partition& p = cg.partition_;
+  if (!p.fallback.empty()) throw CompileError("the graph has nodes outside fused regions: it cannot have been compiled ahead of time");
+  cg.regions_.resize(p.regions.size());
+  std::vector<bool> seen(p.regions.size(), false);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    int idx;
+    std::string name, file, transport;
+    KernelConfig c;
+    if (!(ls >> idx >> name >> file >> transport >> c.tile_m >> c.tile_n >> c.tile_k >> c.cluster_m >> c.cluster_n) ||
+        idx < 0 || idx >= static_cast<int>(p.regions.size()))
+      throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or more regions than this graph has)");
+    CompiledRegion& r = cg.regions_[idx];
+    r.region = idx;
+    r.plan = plan_region(p.regions[idx].spec);
+    r.plan.config = c;
+    r.plan.transport = transport;
+    r.kernel = generate_kernel(p.regions[idx].spec, c);
+    if (r.kernel.name != name)
+      throw CompileError(dir + ": region " + std::to_string(idx) + " was compiled from another Spec (" + name +
+                         ", this graph's is " + r.kernel.name + "): re-run comfuse aot");
+    r.library_path = (fs::path(dir) / file).string();
+    r.cache_hit = true;
+    if (!fs::exists(r.library_path)) throw CompileError("missing kernel library " + r.library_path);
+    seen[idx] = true;
+  }
+  for (size_t i = 0; i < seen.size(); ++i)
+    if (!seen[i]) throw CompileError(dir + "/manifest.txt has no kernel for region " + std::to_string(i));
+  return cg;
+}
+
+size_t CompiledGraph::bytes_of(const std::string& name) const {
+  auto id = partition_.graph.find(name);
+  if (!id) throw std::invalid_argument("no value named '" + name + "' in the graph");
+  const Node& n = partition_.graph.node(*id);
+  return static_cast<size_t>(numel(n.shape)) * dtype_bytes(n.dtype);
+}
+
+std::string CompiledGraph::explain() const {
+  std::ostringstream o;
+  for (const auto& r : regions_) {
+    const auto& c = r.plan.config;
+    o << "region " << r.region << ": " << r.kernel.name << " tile " << c.tile_m << "x" << c.tile_n << "x" << c.tile_k
+      << " cluster " << c.cluster_m << "x" << c.cluster_n << ", transport " << r.plan.transport << ", "
+      << (r.cache_hit ? "cache hit" : "compiled in " + std::to_string(r.compile_seconds) + " s") << "\n"
+      << "  plan: " << (r.plan.fuse ? "fuse: " : "declined for speed, run fused anyway: ") << r.plan.reason << "\n";
+  }
+  return o.str();
+}
+
+CompiledGraph::~CompiledGraph() {
+  try {
+    for (auto& [s, ws] : workspaces_)
+      for (auto& w : ws) {
+        if (w.partials) rt::mem_free(w.partials);
+        if (w.counters) rt::mem_free(w.counters);
+      }
+    for (auto& [n, ptr] : intermediates_) rt::mem_free(ptr);
+  } catch (...) {  // the driver is gone at exit: nothing to free
+  }
+}
+
+void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstream stream) {
+  if (aot_) throw std::logic_error("compiled ahead of time only (CompilerOptions::ahead_of_time): load it to run");
+  const Graph& g = partition_.graph;
+  // Every graph input and output must be given, 16-byte aligned.
+  for (const Node& n : g.nodes) {
+    bool needed = n.op == OpKind::Input || g.is_output(n.id);
+    if (!needed) continue;
+    auto it = buffers.find(n.name);
+    if (it == buffers.end() || it->second == 0)
+      throw std::invalid_argument(std::string(g.is_output(n.id) ? "output" : "input") + " '" + n.name +
+                                  "' has no device buffer");
+    if (it->second % 16 != 0)
+      throw std::invalid_argument("buffer of '" + n.name + "' is not 16-byte aligned (TMA and vector accesses need it)");
+  }
+  rt::require_hopper();
+  if (libs_.empty())
+    for (const auto& r : regions_) libs_.push_back(std::make_shared<rt::KernelLibrary>(r.library_path));
+  auto& ws = workspaces_[stream];
+  ws.resize(regions_.size());
+
+  auto ptr_of = [&](int node) -> CUdeviceptr {
+    const Node& n = g.node(node);
+    if (auto it = buffers.find(n.name); it != buffers.end()) return it->second;
+    auto& slot = intermediates_[n.name];
+    if (!slot) slot = rt::mem_alloc(bytes_of(n.name));
+    return slot;
+  };
+  for (const Step& step : partition_.schedule) {
+    const Region& reg = partition_.regions[step.index];
+    const FusionSpec& fs = reg.spec;
+    const CompiledRegion& cr = regions_[step.index];
+    const rt::KernelLibrary& lib = *libs_[step.index];
+    ComfuseKernelArgs a{};
+    a.abi = COMFUSE_KERNEL_ABI;
+    a.a = reinterpret_cast<const void*>(ptr_of(fs.gemm.a));
+    a.b = reinterpret_cast<const void*>(ptr_of(fs.gemm.b));
+    a.m = fs.gemm.rows;
+    a.n = fs.gemm.n;
+    a.k = fs.gemm.k;
+    a.lda = fs.gemm.k;
+    a.ldb = fs.gemm.transpose_b ? fs.gemm.k : fs.gemm.n;
+    a.ld = fs.gemm.n;
+    for (size_t i = 0; i < fs.outputs.size(); ++i) a.out[i] = reinterpret_cast<void*>(ptr_of(fs.outputs[i].node));
+    for (size_t i = 0; i < fs.params.size(); ++i) {
+      const RuntimeParam& prm = fs.params[i];
+      if (prm.node < 0) throw std::logic_error("runtime parameter '" + prm.name + "' has no graph node");
+      a.param[i] = reinterpret_cast<const void*>(ptr_of(prm.node));
+    }
+    a.transport = transport_code(cr.plan.transport);
+    if (fs.num_stages() > 1) {
+      Workspace& w = ws[step.index];
+      if (!w.partials) {
+        int64_t pb = 0, cb = 0;
+        lib.workspace_bytes(a.m, a.n, &pb, &cb);
+        w.partials = rt::mem_alloc(static_cast<size_t>(std::max<int64_t>(pb, 16)));
+        w.counters = rt::mem_alloc(static_cast<size_t>(std::max<int64_t>(cb, 16)));
+        rt::mem_set(w.counters, 0, static_cast<size_t>(std::max<int64_t>(cb, 16)));
+      }
+      a.ws_partials = reinterpret_cast<float*>(w.partials);
+      a.ws_counters = reinterpret_cast<int*>(w.counters);
+    }
+    if (std::string why = lib.check(a); !why.empty())
+      throw std::invalid_argument("region " + std::to_string(step.index) + " (" + cr.kernel.name + "): " + why);
+    try {
+      lib.launch(a, stream);
+    } catch (...) {
+      // an aborted launch may leave the exchange counters dirty: zero them before anyone reuses them
+      if (ws[step.index].counters) {
+        int64_t pb = 0, cb = 0;
+        lib.workspace_bytes(a.m, a.n, &pb, &cb);
+        try {
+          rt::mem_set(ws[step.index].counters, 0, static_cast<size_t>(std::max<int64_t>(cb, 16)));
+        } catch (...) {
+        }
+      }
+      throw;
+    }
+  }
+}
+
+}  // namespace comfuse

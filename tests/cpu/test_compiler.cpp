@@ -1,0 +1,141 @@
+// The C++ API without a GPU: what compile() refuses and why, the ahead-of-time manifest and its checks, the
+// host dtype conversions, and the GPU commands' behaviour on a machine without a driver. (Compiling and running
+// real kernels: ctest's aot_compile_* tests and scripts/gpu-check.sh on the device.)
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sys/wait.h>
+
+#include "comfuse/compiler.h"
+#include "comfuse/runtime.h"
+#include "comfuse/text.h"
+
+using namespace comfuse;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("comfuse_compiler_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+Graph small(const std::string& name) {
+  return parse_cf_file((fs::path(COMFUSE_SOURCE_DIR) / "examples/small" / (name + ".cf")).string());
+}
+
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+int run_cli(const std::string& args, std::string* out) {
+  std::string cmd = std::string(COMFUSE_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out->append(buf.data(), n);
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST(Compiler, RefusesGraphsWithNodesOutsideFusedRegionsByName) {
+  // a transpose between the matmul and the norm stays outside the region: the plain GPU path would run it
+  Graph g = parse_cf(
+      "input X : bf16[64, 32]\ninput W : bf16[32, 64]\nh = matmul(X, W)\nt = transpose(h)\ny = relu(t)\noutput y\n",
+      "t.cf");
+  std::string why = message_of<CompileError>([&] { Compiler().compile(g); });
+  EXPECT_NE(why.find("outside fused regions"), std::string::npos) << why;
+  EXPECT_NE(why.find("t"), std::string::npos) << why;
+  EXPECT_NE(why.find("not built yet"), std::string::npos) << why;
+}
+
+TEST(Compiler, RefusesRegionsNoKernelCanServeWithThePlannersReason) {
+  Graph g = parse_cf("input X : bf16[64, 16]\ninput W : bf16[16, 20]\ny = relu(matmul(X, W))\noutput y\n", "n.cf");
+  std::string why = message_of<CompileError>([&] { Compiler().compile(g); });
+  EXPECT_NE(why.find("N = 20 is not a multiple of 8"), std::string::npos) << why;
+}
+
+TEST(Compiler, SaysWhereHeadersAreMissing) {
+  CompilerOptions o;
+  o.kernel_dir = "/nonexistent/kernels";
+  std::string why = message_of<CompileError>([&] { Compiler(o).compile(small("bias_gelu")); });
+  EXPECT_NE(why.find("COMFUSE_KERNEL_DIR"), std::string::npos) << why;
+  o = {};
+  o.cutlass_dir = "/nonexistent/cutlass";
+  why = message_of<CompileError>([&] { Compiler(o).compile(small("bias_gelu")); });
+  EXPECT_NE(why.find("COMFUSE_CUTLASS_DIR"), std::string::npos) << why;
+  o = {};
+  o.transport = "carrier-pigeon";
+  why = message_of<CompileError>([&] { Compiler(o).compile(small("softmax")); });
+  EXPECT_NE(why.find("unknown transport 'carrier-pigeon'"), std::string::npos) << why;
+}
+
+TEST(Compiler, AheadOfTimeManifestIsCheckedAgainstTheGraph) {
+  fs::path d = temp_dir("aot");
+  Compiler c;
+  std::string why = message_of<CompileError>([&] { c.load(small("postnorm"), d.string()); });
+  EXPECT_NE(why.find("no manifest.txt"), std::string::npos) << why;
+
+  // a manifest written for another graph's kernel
+  std::ofstream(d / "manifest.txt") << "# test\n0 comfuse_0123456789abcdef k.so l2 128 128 64 1 1\n";
+  why = message_of<CompileError>([&] { c.load(small("postnorm"), d.string()); });
+  EXPECT_NE(why.find("compiled from another Spec"), std::string::npos) << why;
+
+  // the right kernel name, but its library is missing
+  Partition p = partition(small("postnorm"));
+  std::string name = generate_kernel(p.regions[0].spec).name;
+  std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so l2 128 128 64 1 1\n";
+  why = message_of<CompileError>([&] { c.load(small("postnorm"), d.string()); });
+  EXPECT_NE(why.find("missing kernel library"), std::string::npos) << why;
+
+  // present: it loads (running needs a GPU) and keeps the manifest's transport and config
+  std::ofstream(d / (name + ".so")) << "not really a library";
+  CompiledGraph cg = c.load(small("postnorm"), d.string());
+  ASSERT_EQ(cg.regions().size(), 1u);
+  EXPECT_EQ(cg.regions()[0].plan.transport, "l2");
+  EXPECT_TRUE(cg.regions()[0].cache_hit);
+
+  std::ofstream(d / "manifest.txt") << "3 " + name + " x.so l2 128 128 64 1 1\n";
+  why = message_of<CompileError>([&] { c.load(small("postnorm"), d.string()); });
+  EXPECT_NE(why.find("bad line"), std::string::npos) << why;
+  fs::remove_all(d);
+}
+
+TEST(Compiler, HostDtypeConversionsRoundToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
+  EXPECT_EQ(float_to_bf16(1.00390625f), 0x3f80);   // halfway between 0x3f80 and 0x3f81: even
+  EXPECT_EQ(float_to_bf16(1.01171875f), 0x3f82);   // halfway between 0x3f81 and 0x3f82: even
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
+  EXPECT_EQ(f16_to_float(float_to_f16(0.5f)), 0.5f);
+  EXPECT_EQ(float_to_f16(65504.f), 0x7bff);
+  EXPECT_EQ(dtype_bytes(DType::BF16), 2u);
+  EXPECT_EQ(dtype_bytes(DType::F32), 4u);
+}
+
+TEST(Compiler, GpuCommandsSayWhenThereIsNoGpu) {
+  if (rt::unsupported_reason().empty()) GTEST_SKIP() << "a usable GPU is present";
+  fs::path ex = fs::path(COMFUSE_SOURCE_DIR) / "examples/small/postnorm.cf";
+  std::string out;
+  EXPECT_EQ(run_cli("run " + ex.string() + " --check", &out), 3) << out;
+  EXPECT_NE(out.find("no usable GPU"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run_cli("bench " + ex.string() + " --iters 0", &out), 2) << out;
+  EXPECT_NE(out.find("--iters must be a positive integer"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run_cli("aot " + ex.string(), &out), 2) << out;
+  EXPECT_NE(out.find("aot needs -o DIR"), std::string::npos) << out;
+}
