@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On the device machine: every examples/*.cf through `comfuse run --check` on fresh random inputs, the JIT's
-# first compile and its cache hit timed there, and the generated postnorm / softmax kernels benched (to compare
-# with the hand-composed instances of bench/bench_gemm.cu). Logs under $OUT; a table last.
+# On the device machine: every examples/*.cf and 50 random programs through `comfuse run --check` on fresh
+# random inputs, the JIT's first compile and its cache hit timed there, and the generated postnorm / softmax
+# kernels benched (to compare with the hand-composed instances of bench/bench_gemm.cu). Logs under $OUT; a
+# table last.
 #
 #   scripts/gpu-examples.sh [CLI] [AOT_DIR]
 #     CLI      the comfuse binary (default build/bin/comfuse; one built here runs there)
@@ -35,10 +36,28 @@ for v in postnorm_l2:postnorm softmax_leader:softmax; do   # the other transport
   name="${v%%:*}" ex="${v##*:}"
   [ -n "$aot" ] && [ -d "$aot/$name" ] && run_check "$name" "examples/$ex.cf" --aot "$aot/$name"
 done
+# Random programs from the compiler-core generator (odd M; comfuse_random_graphs beside the CLI), with --check:
+# from AOT_DIR/random/<gNNN> when compiled ahead of time (AOT_DIR/random/cf holds their .cf files), else
+# generated and JIT-compiled here, 16 at a time.
+gen="$(dirname "$cli")/comfuse_random_graphs"
+rdir="$OUT/random"
+if [ -n "$aot" ] && [ -d "$aot/random/cf" ]; then rdir="$aot/random/cf"
+elif [ -x "$gen" ]; then "$gen" --count 50 -o "$rdir" > "$OUT/random_gen.log" 2>&1; fi
+if ls "$rdir"/*.cf > /dev/null 2>&1; then
+  mkdir -p "$OUT/random_logs"
+  ls "$rdir"/*.cf | xargs -P 16 -I{} sh -c 'b=$(basename {} .cf); a=""; [ -d "$3/random/$b" ] && a="--aot $3/random/$b";
+    "$1" run {} --check $a > "$2/random_logs/$b.log" 2>&1; echo "$? $b"' _ "$cli" "$OUT" "${aot:-/nonexistent}" \
+    | sort -k2 > "$OUT/random_results.txt"
+  total=$(wc -l < "$OUT/random_results.txt")
+  passed=$(grep -c "^0 " "$OUT/random_results.txt")
+  echo "random graphs: $passed of $total passed --check (logs: random_logs/)"
+  grep -v "^0 " "$OUT/random_results.txt" | head -5
+  status[random]=$([ "$passed" = "$total" ] && [ "$total" -gt 0 ] && echo 0 || echo 1)
+fi
 # The JIT on this machine: a first compile (empty cache), then a cache hit.
 run_check jit_first examples/small/postnorm.cf
 run_check jit_hit examples/small/postnorm.cf
-grep -h "compile:" "$OUT/run_jit_first.log" "$OUT/run_jit_hit.log"
+grep -h "compile:\|cache hit in" "$OUT/run_jit_first.log" "$OUT/run_jit_hit.log"
 # The generated kernels' speed (hand-composed: comfuse_gpu_bench, same shapes and configs).
 for ex in postnorm softmax; do
   if [ -n "$aot" ] && [ -d "$aot/$ex" ]; then "$cli" bench "examples/$ex.cf" --aot "$aot/$ex" --iters 30 > "$OUT/bench_$ex.log" 2>&1

@@ -47,6 +47,7 @@ struct CompiledRegion {
   std::string library_path;       // the JIT's shared object
   bool cache_hit = false;
   double compile_seconds = 0;
+  double lookup_ms = 0;           // a cache hit's JIT call
 };
 
 class CompiledGraph {

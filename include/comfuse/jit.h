@@ -39,6 +39,7 @@ struct CompileResult {
   std::vector<char> cubin;  // the file's bytes
   bool cache_hit = false;
   double seconds = 0;       // compile time (0 on a hit)
+  double lookup_ms = 0;     // on a hit: the whole call (key hashing, entry check, read)
 };
 
 std::vector<std::string> default_flags();  // -gencode arch=compute_90a,code=sm_90a -std=c++17 ... -O3 -DNDEBUG

@@ -85,6 +85,22 @@ class Timer {
   CUevent start_ = nullptr, stop_ = nullptr;
 };
 
+// A cuBLASLt bf16/f16 GEMM (fp32 accumulation) of one shape, with its own buffers: the baseline of
+// `comfuse bench`. cuBLASLt is loaded at run time (libcublasLt.so.13); available() says whether it was found.
+class CublasGemm {
+ public:
+  static bool available();
+  CublasGemm(int64_t m, int64_t n, int64_t k, bool b_nk, bool f16);  // throws RuntimeError
+  ~CublasGemm();
+  CublasGemm(const CublasGemm&) = delete;
+  CublasGemm& operator=(const CublasGemm&) = delete;
+  void run(CUstream s = nullptr);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
 // A generated kernel compiled by the JIT into a shared object (jit::Artifact::SharedObject): its host half builds
 // the CUTLASS parameters and launches through the CUDA runtime in the same primary context. The C entry points
 // are those of kernels/comfuse/abi.h; a library whose ABI differs is refused.

@@ -328,7 +328,6 @@ int cmd_run(const Args& a) {
   std::printf("%-16s %14s %12s %12s %10s  %s\n", "output", "shape", "max_abs_err", "rel_err", "nonfinite", "result");
   for (const auto& [name, t] : outs) {
     const Tensor& r = ref.at(name);
-    const Node& n = g.node(*g.find(name));
     double num = 0, den = 0, max_abs = 0;
     size_t nonfinite = 0;
     for (size_t i = 0; i < t.data.size(); ++i) {
@@ -342,7 +341,9 @@ int cmd_run(const Args& a) {
       max_abs = std::max(max_abs, std::fabs(d));
     }
     double rel = std::sqrt(num / std::max(den, 1e-30));
-    double tol = n.dtype == DType::F32 ? 1e-4 : 1e-2;
+    // bf16 tolerance for every output: even an f32 output comes from bf16 operands, a GEMM summed in another
+    // order, and the kernels' fast approximations (tanh.approx, ex2.approx; ops.cuh)
+    double tol = 1e-2;
     bool pass = nonfinite == 0 && rel <= tol;
     ok = ok && pass;
     std::printf("%-16s %14s %12.3e %12.3e %10zu  %s (tolerance %.0e)\n", name.c_str(), shape_str(t.shape).c_str(),
@@ -384,7 +385,28 @@ int cmd_bench(const Args& a) {
   double med = us[us.size() / 2];
   std::printf("%s: median %.1f us over %d x 10 launches (min %.1f, max %.1f), %.1f TFLOP/s\n", a.file.c_str(), med,
               iters, us.front(), us.back(), flops / (med * 1e-6) / 1e12);
-  std::cout << "(÷ cuBLAS of the same GEMM shapes: bench/bench_gemm.cu measures it; not in the CLI yet)\n";
+  // The baseline: cuBLASLt GEMMs of the regions' shapes alone (no epilogue), timed the same way in this run.
+  if (!rt::CublasGemm::available()) {
+    std::cout << "cuBLASLt not found (libcublasLt.so.13): no ÷cuBLAS\n";
+    return 0;
+  }
+  double gemm_us = 0;
+  for (const auto& r : cg.partition().regions) {
+    const GemmDesc& gd = r.spec.gemm;
+    rt::CublasGemm cub(gd.rows, gd.n, gd.k, gd.transpose_b, gd.dtype == DType::F16);
+    for (int i = 0; i < 5; ++i) cub.run();
+    std::vector<double> t;
+    for (int i = 0; i < iters; ++i) {
+      timer.start();
+      for (int j = 0; j < 10; ++j) cub.run();
+      t.push_back(timer.stop_us() / 10.0);
+    }
+    std::sort(t.begin(), t.end());
+    gemm_us += t[t.size() / 2];
+  }
+  std::printf("cuBLASLt GEMM%s of the same shape%s alone: %.1f us; fused graph ÷ cuBLAS = %.3f\n",
+              cg.partition().regions.size() > 1 ? "s" : "", cg.partition().regions.size() > 1 ? "s" : "", gemm_us,
+              med / gemm_us);
   return 0;
 }
 

@@ -32,6 +32,14 @@ int transport_code(const std::string& t) {
   throw CompileError("unknown transport '" + t + "' (l2, dsmem_p2p, dsmem_leader)");
 }
 
+std::string fixed(double v, int digits) {
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(digits);
+  o << v;
+  return o.str();
+}
+
 }  // namespace
 
 size_t dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }
@@ -120,6 +128,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
     cg.regions_[i].library_path = res.cubin_path;
     cg.regions_[i].cache_hit = res.cache_hit;
     cg.regions_[i].compile_seconds = res.seconds;
+    cg.regions_[i].lookup_ms = res.lookup_ms;
   }
   return cg;
 }
@@ -192,7 +201,9 @@ std::string CompiledGraph::explain() const {
     const auto& c = r.plan.config;
     o << "region " << r.region << ": " << r.kernel.name << " tile " << c.tile_m << "x" << c.tile_n << "x" << c.tile_k
       << " cluster " << c.cluster_m << "x" << c.cluster_n << ", transport " << r.plan.transport << ", "
-      << (r.cache_hit ? "cache hit" : "compiled in " + std::to_string(r.compile_seconds) + " s") << "\n"
+      << (r.cache_hit ? (r.lookup_ms > 0 ? "cache hit in " + fixed(r.lookup_ms, 2) + " ms" : std::string("ahead of time"))
+                      : "compiled in " + fixed(r.compile_seconds, 1) + " s")
+      << "\n"
       << "  plan: " << (r.plan.fuse ? "fuse: " : "declined for speed, run fused anyway: ") << r.plan.reason << "\n";
   }
   return o.str();

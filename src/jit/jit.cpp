@@ -226,6 +226,7 @@ std::string hash_tree(const std::string& dir) {
 }
 
 CompileResult compile(const std::string& source, const std::string& name, const JitOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
   const std::string nvcc = find_nvcc(o);
   std::vector<std::string> flags = o.flags.empty() ? default_flags() : o.flags;
   for (const auto& inc : o.include_dirs) flags.push_back("-I" + inc);
@@ -246,6 +247,7 @@ CompileResult compile(const std::string& source, const std::string& name, const 
     if (!load_entry(entry, r.cubin)) return false;
     r.cache_hit = true;
     r.cubin_path = entry.cubin().string();
+    r.lookup_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (level == Log::Debug) std::cerr << "comfuse: cache hit " << name << " " << entry.dir.string() << "\n";
     return true;
   };

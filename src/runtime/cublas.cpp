@@ -1,0 +1,127 @@
+// cuBLASLt, loaded at run time like the driver: the baseline `comfuse bench` divides by. Only its types come
+// from <cublasLt.h>; nothing links against it, so the library and CLI load where it is absent.
+#include <dlfcn.h>
+
+#include <cublasLt.h>
+
+#include "comfuse/runtime.h"
+
+namespace comfuse::rt {
+
+namespace {
+
+struct LtApi {
+  void* lib = nullptr;
+  cublasStatus_t (*create)(cublasLtHandle_t*) = nullptr;
+  cublasStatus_t (*destroy)(cublasLtHandle_t) = nullptr;
+  cublasStatus_t (*desc_create)(cublasLtMatmulDesc_t*, cublasComputeType_t, cudaDataType_t) = nullptr;
+  cublasStatus_t (*desc_destroy)(cublasLtMatmulDesc_t) = nullptr;
+  cublasStatus_t (*desc_set)(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, const void*, size_t) = nullptr;
+  cublasStatus_t (*layout_create)(cublasLtMatrixLayout_t*, cudaDataType, uint64_t, uint64_t, int64_t) = nullptr;
+  cublasStatus_t (*layout_destroy)(cublasLtMatrixLayout_t) = nullptr;
+  cublasStatus_t (*pref_create)(cublasLtMatmulPreference_t*) = nullptr;
+  cublasStatus_t (*pref_destroy)(cublasLtMatmulPreference_t) = nullptr;
+  cublasStatus_t (*pref_set)(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t, const void*, size_t) = nullptr;
+  cublasStatus_t (*heuristic)(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int,
+                              cublasLtMatmulHeuristicResult_t*, int*) = nullptr;
+  cublasStatus_t (*matmul)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void*, const void*, cublasLtMatrixLayout_t,
+                           const void*, cublasLtMatrixLayout_t, const void*, const void*, cublasLtMatrixLayout_t,
+                           void*, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t*, void*, size_t,
+                           cudaStream_t) = nullptr;
+};
+
+LtApi& lt() {
+  static LtApi a = [] {
+    LtApi x;
+    for (const char* n : {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"})
+      if ((x.lib = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!x.lib) return x;
+    auto bind = [&](auto& fn, const char* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(x.lib, name)); };
+    bind(x.create, "cublasLtCreate");
+    bind(x.destroy, "cublasLtDestroy");
+    bind(x.desc_create, "cublasLtMatmulDescCreate");
+    bind(x.desc_destroy, "cublasLtMatmulDescDestroy");
+    bind(x.desc_set, "cublasLtMatmulDescSetAttribute");
+    bind(x.layout_create, "cublasLtMatrixLayoutCreate");
+    bind(x.layout_destroy, "cublasLtMatrixLayoutDestroy");
+    bind(x.pref_create, "cublasLtMatmulPreferenceCreate");
+    bind(x.pref_destroy, "cublasLtMatmulPreferenceDestroy");
+    bind(x.pref_set, "cublasLtMatmulPreferenceSetAttribute");
+    bind(x.heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    bind(x.matmul, "cublasLtMatmul");
+    if (!x.create || !x.matmul || !x.heuristic || !x.layout_create || !x.desc_create || !x.pref_create) x.lib = nullptr;
+    return x;
+  }();
+  return a;
+}
+
+void ok(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw RuntimeError(std::string("cuBLASLt ") + what + " failed (status " + std::to_string(int(s)) + ")");
+}
+
+}  // namespace
+
+struct CublasGemm::Impl {
+  cublasLtHandle_t h = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  CUdeviceptr a = 0, b = 0, c = 0, ws = 0;
+  size_t ws_size = 64ull << 20;
+};
+
+bool CublasGemm::available() { return lt().lib != nullptr; }
+
+CublasGemm::CublasGemm(int64_t m, int64_t n, int64_t k, bool b_nk, bool f16) : p_(new Impl) {
+  LtApi& L = lt();
+  if (!L.lib) throw RuntimeError("cuBLASLt not found (libcublasLt.so.13): no baseline");
+  const cudaDataType_t t = f16 ? CUDA_R_16F : CUDA_R_16BF;
+  // Row-major C[M,N] = A[M,K] B  <=>  column-major C^T[N,M] = B^T A^T: B^T is [N,K] col-major = B [K,N]
+  // row-major (no transpose), or, for B given as [N,K] row-major, its transpose.
+  ok(L.create(&p_->h), "create");
+  ok(L.desc_create(&p_->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+  cublasOperation_t ta = b_nk ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  ok(L.desc_set(p_->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "desc attr");
+  ok(L.desc_set(p_->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "desc attr");
+  if (b_nk) ok(L.layout_create(&p_->la, t, k, n, k), "layout");
+  else ok(L.layout_create(&p_->la, t, n, k, n), "layout");
+  ok(L.layout_create(&p_->lb, t, k, m, k), "layout");
+  ok(L.layout_create(&p_->lc, t, n, m, n), "layout");
+  cublasLtMatmulPreference_t pref;
+  ok(L.pref_create(&pref), "preference");
+  ok(L.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &p_->ws_size, sizeof p_->ws_size), "preference");
+  cublasLtMatmulHeuristicResult_t res[1];
+  int found = 0;
+  ok(L.heuristic(p_->h, p_->op, p_->la, p_->lb, p_->lc, p_->lc, pref, 1, res, &found), "heuristic");
+  L.pref_destroy(pref);
+  if (found < 1) throw RuntimeError("cuBLASLt has no algorithm for this GEMM");
+  p_->algo = res[0].algo;
+  p_->a = mem_alloc(size_t(m) * k * 2);
+  p_->b = mem_alloc(size_t(k) * n * 2);
+  p_->c = mem_alloc(size_t(m) * n * 2);
+  p_->ws = mem_alloc(p_->ws_size);
+  mem_set(p_->a, 0x3c, size_t(m) * k * 2);   // finite values; the time does not depend on them
+  mem_set(p_->b, 0x3c, size_t(k) * n * 2);
+}
+
+CublasGemm::~CublasGemm() {
+  LtApi& L = lt();
+  for (CUdeviceptr q : {p_->a, p_->b, p_->c, p_->ws})
+    if (q) mem_free(q);
+  L.layout_destroy(p_->la);
+  L.layout_destroy(p_->lb);
+  L.layout_destroy(p_->lc);
+  L.desc_destroy(p_->op);
+  L.destroy(p_->h);
+}
+
+void CublasGemm::run(CUstream s) {
+  float alpha = 1.f, beta = 0.f;
+  ok(lt().matmul(p_->h, p_->op, &alpha, reinterpret_cast<void*>(p_->b), p_->la, reinterpret_cast<void*>(p_->a), p_->lb,
+                 &beta, reinterpret_cast<void*>(p_->c), p_->lc, reinterpret_cast<void*>(p_->c), p_->lc, &p_->algo,
+                 reinterpret_cast<void*>(p_->ws), p_->ws_size, reinterpret_cast<cudaStream_t>(s)),
+     "matmul");
+}
+
+}  // namespace comfuse::rt
