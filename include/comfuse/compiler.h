@@ -4,11 +4,10 @@
 //   comfuse::CompiledGraph cg = c.compile(g);  // partition, plan, Psi, JIT (cached), per region
 //   cg.run({{"X", x_ptr}, {"W", w_ptr}, ..., {"y", y_ptr}}, stream);
 //
-// Scope today: every step of the partitioned program must be a fused region (regions cover most GEMM+epilogue
-// graphs; the examples are all such). Fallback nodes need the plain GPU path (cuBLAS and one kernel per op),
-// which is not built yet: compile() refuses such graphs with the nodes' names instead of skipping them. A region
-// the planner declines *for speed* still runs fused (correct, and said in explain()); one it declines because no
-// kernel can serve it (alignment, a Spec the templates cannot express) makes compile() throw with that reason.
+// Nodes outside fused regions, and regions no fused kernel can serve (alignment, a Spec the templates cannot
+// express), run on the plain GPU path: one simple kernel per op (kernels/comfuse/std/plain_path.cu), correct
+// and general but not fast — never skipped. A region the planner declines *for speed* still runs fused: the
+// planner's "unfused" means cuBLAS plus one tuned pass, which the plain path is not (explain() says so).
 #pragma once
 
 #include <map>
@@ -26,6 +25,8 @@
 
 namespace comfuse {
 
+class PlainPath;  // src/compiler/plain_path.h
+
 class CompileError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -42,6 +43,7 @@ struct CompilerOptions {
 // One fused region, compiled.
 struct CompiledRegion {
   int region = -1;
+  bool plain = false;             // no fused kernel can serve it: its nodes run on the plain GPU path
   PlanDecision plan;              // the planner's decision (fuse = false: declined for speed, run fused anyway)
   GeneratedKernel kernel;         // Psi's source
   std::string library_path;       // the JIT's shared object
@@ -60,7 +62,7 @@ class CompiledGraph {
 
   const Partition& partition() const { return partition_; }
   const std::vector<CompiledRegion>& regions() const { return regions_; }
-  std::string explain() const;    // one line per region: config, transport, plan, cache
+  std::string explain() const;    // one line per region: config, transport, plan, cache; plain-path nodes
   // Bytes of one buffer of graph value `name` (its dtype and shape).
   size_t bytes_of(const std::string& name) const;
 
@@ -77,6 +79,9 @@ class CompiledGraph {
   Partition partition_;
   std::vector<CompiledRegion> regions_;
   std::vector<std::shared_ptr<rt::KernelLibrary>> libs_;     // per region (loaded on first run)
+  std::string plain_library_;                                // the plain GPU path's library ("" = not needed)
+  std::shared_ptr<PlainPath> plain_;
+  std::map<int, CUdeviceptr> constants_;                     // Constant nodes' values (f32) for the plain path
   std::string transport_override_;
   bool aot_ = false;
   std::map<CUstream, std::vector<Workspace>> workspaces_;    // per stream, per region

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "comfuse/codegen.h"
+#include "plain_path.h"
 
 namespace comfuse {
 
@@ -79,12 +80,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   cg.transport_override_ = opts_.transport;
   cg.aot_ = opts_.ahead_of_time;
   const Partition& p = cg.partition_;
-  if (!p.fallback.empty()) {
-    std::string names;
-    for (int id : p.fallback) names += (names.empty() ? "" : ", ") + p.graph.node(id).name;
-    throw CompileError("the graph has nodes outside fused regions (" + names +
-                       "); they need the plain GPU path (cuBLAS and one kernel per op), which is not built yet");
-  }
+  bool need_plain = !p.fallback.empty();
 
   jit::JitOptions jo = opts_.jit;
   jo.artifact = jit::Artifact::SharedObject;
@@ -97,10 +93,12 @@ CompiledGraph Compiler::compile(const Graph& g) const {
     CompiledRegion& r = cg.regions_[i];
     r.region = static_cast<int>(i);
     r.plan = plan_region(p.regions[i].spec);
-    // Declined because no kernel can serve it: cannot run. Declined for speed: runs fused (said by explain()).
-    if (!r.plan.fuse && r.plan.reason.rfind("fusion does not pay", 0) != 0)
-      throw CompileError("region " + std::to_string(i) + " (" + p.graph.node(p.regions[i].root).name +
-                         ") cannot run as a fused kernel: " + r.plan.reason);
+    // Declined because no kernel can serve it: its nodes run on the plain path. Declined for speed: runs fused.
+    if (!r.plan.fuse && r.plan.reason.rfind("fusion does not pay", 0) != 0) {
+      r.plain = true;
+      need_plain = true;
+      continue;
+    }
     if (!opts_.transport.empty() && p.regions[i].spec.num_stages() > 1) r.plan.transport = opts_.transport;
     // The DSMEM transport needs the row block in one 1 x C cluster; L2 needs no mainloop cluster.
     if (p.regions[i].spec.num_stages() > 1) {
@@ -123,13 +121,21 @@ CompiledGraph Compiler::compile(const Graph& g) const {
       return jit::compile(src, name, jo);
     }));
   }
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    jit::CompileResult res = jobs[i].get();  // rethrows JitError with nvcc's log
-    cg.regions_[i].library_path = res.cubin_path;
-    cg.regions_[i].cache_hit = res.cache_hit;
-    cg.regions_[i].compile_seconds = res.seconds;
-    cg.regions_[i].lookup_ms = res.lookup_ms;
+  std::future<jit::CompileResult> plain_job;
+  if (need_plain)
+    plain_job = std::async(std::launch::async, [src = PlainPath::source(opts_.kernel_dir), jo] {
+      return jit::compile(src, "comfuse_plain_path", jo);
+    });
+  size_t j = 0;
+  for (auto& r : cg.regions_) {
+    if (r.plain) continue;
+    jit::CompileResult res = jobs[j++].get();  // rethrows JitError with nvcc's log
+    r.library_path = res.cubin_path;
+    r.cache_hit = res.cache_hit;
+    r.compile_seconds = res.seconds;
+    r.lookup_ms = res.lookup_ms;
   }
+  if (need_plain) cg.plain_library_ = plain_job.get().cubin_path;
   return cg;
 }
 
@@ -139,7 +145,16 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
   std::ostringstream m;
   m << "# ComFuse ahead-of-time kernels (comfuse aot); one line per fused region:\n"
     << "# region kernel-name library transport tile_m tile_n tile_k cluster_m cluster_n\n";
+  if (!cg.plain_library_.empty()) {
+    fs::copy_file(cg.plain_library_, fs::path(dir) / "comfuse_plain_path.so", fs::copy_options::overwrite_existing);
+    cg.plain_library_ = (fs::path(dir) / "comfuse_plain_path.so").string();
+    m << "plain comfuse_plain_path comfuse_plain_path.so\n";
+  }
   for (auto& r : cg.regions_) {
+    if (r.plain) {
+      m << r.region << " plain\n";
+      continue;
+    }
     const std::string file = r.kernel.name + ".so";
     fs::copy_file(r.library_path, fs::path(dir) / file, fs::copy_options::overwrite_existing);
     r.library_path = (fs::path(dir) / file).string();
@@ -157,18 +172,38 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
   CompiledGraph cg;
   cg.partition_ = partition(g);
   const Partition& p = cg.partition_;
-  if (!p.fallback.empty()) throw CompileError("the graph has nodes outside fused regions: it cannot have been compiled ahead of time");
   cg.regions_.resize(p.regions.size());
   std::vector<bool> seen(p.regions.size(), false);
   for (std::string line; std::getline(in, line);) {
     if (line.empty() || line[0] == '#') continue;
     std::istringstream ls(line);
-    int idx;
+    std::string first;
+    ls >> first;
+    if (first == "plain") {
+      std::string name, file;
+      ls >> name >> file;
+      cg.plain_library_ = (fs::path(dir) / file).string();
+      if (!fs::exists(cg.plain_library_)) throw CompileError("missing plain GPU path library " + cg.plain_library_);
+      continue;
+    }
+    int idx = -1;
+    try {
+      idx = std::stoi(first);
+    } catch (const std::exception&) {
+    }
+    if (idx < 0 || idx >= static_cast<int>(p.regions.size()))
+      throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or more regions than this graph has)");
     std::string name, file, transport;
     KernelConfig c;
-    if (!(ls >> idx >> name >> file >> transport >> c.tile_m >> c.tile_n >> c.tile_k >> c.cluster_m >> c.cluster_n) ||
-        idx < 0 || idx >= static_cast<int>(p.regions.size()))
-      throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or more regions than this graph has)");
+    if (ls >> name && name == "plain") {
+      cg.regions_[idx].region = idx;
+      cg.regions_[idx].plain = true;
+      cg.regions_[idx].plan = plan_region(p.regions[idx].spec);
+      seen[idx] = true;
+      continue;
+    }
+    if (!(ls >> file >> transport >> c.tile_m >> c.tile_n >> c.tile_k >> c.cluster_m >> c.cluster_n))
+      throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
     CompiledRegion& r = cg.regions_[idx];
     r.region = idx;
     r.plan = plan_region(p.regions[idx].spec);
@@ -185,6 +220,10 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
   }
   for (size_t i = 0; i < seen.size(); ++i)
     if (!seen[i]) throw CompileError(dir + "/manifest.txt has no kernel for region " + std::to_string(i));
+  bool need_plain = !p.fallback.empty();
+  for (const auto& r : cg.regions_) need_plain = need_plain || r.plain;
+  if (need_plain && cg.plain_library_.empty())
+    throw CompileError(dir + "/manifest.txt has no plain GPU path library, which this graph needs: re-run comfuse aot");
   return cg;
 }
 
@@ -198,6 +237,10 @@ size_t CompiledGraph::bytes_of(const std::string& name) const {
 std::string CompiledGraph::explain() const {
   std::ostringstream o;
   for (const auto& r : regions_) {
+    if (r.plain) {
+      o << "region " << r.region << ": plain GPU path, one kernel per node (" << r.plan.reason << ")\n";
+      continue;
+    }
     const auto& c = r.plan.config;
     o << "region " << r.region << ": " << r.kernel.name << " tile " << c.tile_m << "x" << c.tile_n << "x" << c.tile_k
       << " cluster " << c.cluster_m << "x" << c.cluster_n << ", transport " << r.plan.transport << ", "
@@ -205,6 +248,11 @@ std::string CompiledGraph::explain() const {
                       : "compiled in " + fixed(r.compile_seconds, 1) + " s")
       << "\n"
       << "  plan: " << (r.plan.fuse ? "fuse: " : "declined for speed, run fused anyway: ") << r.plan.reason << "\n";
+  }
+  if (!partition_.fallback.empty()) {
+    o << "plain GPU path (nodes outside fused regions):";
+    for (int id : partition_.fallback) o << " " << partition_.graph.node(id).name;
+    o << "\n";
   }
   return o.str();
 }
@@ -217,6 +265,7 @@ CompiledGraph::~CompiledGraph() {
         if (w.counters) rt::mem_free(w.counters);
       }
     for (auto& [n, ptr] : intermediates_) rt::mem_free(ptr);
+    for (auto& [n, ptr] : constants_) rt::mem_free(ptr);
   } catch (...) {  // the driver is gone at exit: nothing to free
   }
 }
@@ -237,18 +286,43 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
   }
   rt::require_hopper();
   if (libs_.empty())
-    for (const auto& r : regions_) libs_.push_back(std::make_shared<rt::KernelLibrary>(r.library_path));
+    for (const auto& r : regions_)
+      libs_.push_back(r.plain ? nullptr : std::make_shared<rt::KernelLibrary>(r.library_path));
+  if (!plain_library_.empty() && !plain_) plain_ = std::make_shared<PlainPath>(plain_library_);
   auto& ws = workspaces_[stream];
   ws.resize(regions_.size());
 
   auto ptr_of = [&](int node) -> CUdeviceptr {
     const Node& n = g.node(node);
+    if (n.op == OpKind::Constant) {   // the plain path reads a constant operand as one f32 in memory
+      auto& c = constants_[node];
+      if (!c) {
+        c = rt::mem_alloc(16);
+        const float v = static_cast<float>(n.value);
+        rt::copy_to_device(c, &v, sizeof v);
+      }
+      return c;
+    }
     if (auto it = buffers.find(n.name); it != buffers.end()) return it->second;
     auto& slot = intermediates_[n.name];
     if (!slot) slot = rt::mem_alloc(bytes_of(n.name));
     return slot;
   };
+  auto run_plain = [&](int id) {
+    const Node& n = g.node(id);
+    std::vector<CUdeviceptr> in;
+    for (int x : n.inputs) in.push_back(ptr_of(x));
+    plain_->run(g, n, in, ptr_of(id), stream);
+  };
   for (const Step& step : partition_.schedule) {
+    if (!step.is_region) {
+      run_plain(step.index);
+      continue;
+    }
+    if (regions_[step.index].plain) {
+      for (int id : partition_.regions[step.index].nodes) run_plain(id);
+      continue;
+    }
     const Region& reg = partition_.regions[step.index];
     const FusionSpec& fs = reg.spec;
     const CompiledRegion& cr = regions_[step.index];

@@ -51,21 +51,37 @@ int run_cli(const std::string& args, std::string* out) {
 
 }  // namespace
 
-TEST(Compiler, RefusesGraphsWithNodesOutsideFusedRegionsByName) {
-  // a transpose between the matmul and the norm stays outside the region: the plain GPU path would run it
-  Graph g = parse_cf(
-      "input X : bf16[64, 32]\ninput W : bf16[32, 64]\nh = matmul(X, W)\nt = transpose(h)\ny = relu(t)\noutput y\n",
-      "t.cf");
-  std::string why = message_of<CompileError>([&] { Compiler().compile(g); });
-  EXPECT_NE(why.find("outside fused regions"), std::string::npos) << why;
-  EXPECT_NE(why.find("t"), std::string::npos) << why;
-  EXPECT_NE(why.find("not built yet"), std::string::npos) << why;
+TEST(Compiler, NodesOutsideRegionsRunOnThePlainPathAndTheManifestSaysSo) {
+  // Loading a manifest (fake libraries: nothing is run) exercises the plain-path bookkeeping without nvcc.
+  Graph g = parse_cf_file((fs::path(COMFUSE_SOURCE_DIR) / "tests/data/plain_and_fused.cf").string());
+  Partition p = partition(g);
+  ASSERT_EQ(p.regions.size(), 1u);
+  ASSERT_EQ(p.fallback.size(), 2u);  // the transpose and the relu after it
+  fs::path d = temp_dir("plain");
+  std::string name = generate_kernel(p.regions[0].spec).name;
+  std::ofstream(d / (name + ".so")) << "x";
+  std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so none 128 128 64 1 1\n";
+  std::string why = message_of<CompileError>([&] { Compiler().load(g, d.string()); });
+  EXPECT_NE(why.find("no plain GPU path library"), std::string::npos) << why;
+  std::ofstream(d / "comfuse_plain_path.so") << "x";
+  std::ofstream(d / "manifest.txt", std::ios::app) << "plain comfuse_plain_path comfuse_plain_path.so\n";
+  CompiledGraph cg = Compiler().load(g, d.string());
+  std::string ex = cg.explain();
+  EXPECT_NE(ex.find("plain GPU path (nodes outside fused regions): t z"), std::string::npos) << ex;
+  fs::remove_all(d);
 }
 
-TEST(Compiler, RefusesRegionsNoKernelCanServeWithThePlannersReason) {
+TEST(Compiler, RegionsNoKernelCanServeRunOnThePlainPath) {
+  // N = 20 is not TMA-aligned: the planner declines the region for capability, so its nodes run one by one
+  fs::path d = temp_dir("declined");
   Graph g = parse_cf("input X : bf16[64, 16]\ninput W : bf16[16, 20]\ny = relu(matmul(X, W))\noutput y\n", "n.cf");
-  std::string why = message_of<CompileError>([&] { Compiler().compile(g); });
-  EXPECT_NE(why.find("N = 20 is not a multiple of 8"), std::string::npos) << why;
+  std::ofstream(d / "comfuse_plain_path.so") << "x";
+  std::ofstream(d / "manifest.txt") << "plain comfuse_plain_path comfuse_plain_path.so\n0 plain\n";
+  CompiledGraph cg = Compiler().load(g, d.string());
+  ASSERT_EQ(cg.regions().size(), 1u);
+  EXPECT_TRUE(cg.regions()[0].plain);
+  EXPECT_NE(cg.explain().find("N = 20 is not a multiple of 8"), std::string::npos) << cg.explain();
+  fs::remove_all(d);
 }
 
 TEST(Compiler, SaysWhereHeadersAreMissing) {

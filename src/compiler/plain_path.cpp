@@ -1,0 +1,187 @@
+#include "plain_path.h"
+
+#include <dlfcn.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace comfuse {
+
+namespace {
+
+int cf_dtype(DType d) { return d == DType::BF16 ? CF_BF16 : d == DType::F16 ? CF_F16 : CF_F32; }
+
+std::vector<int64_t> dense_strides(const Shape& s) {
+  std::vector<int64_t> st(s.size(), 1);
+  for (int i = static_cast<int>(s.size()) - 2; i >= 0; --i) st[i] = st[i + 1] * s[i + 1];
+  return st;
+}
+
+// `operand` (dense, shape `s`) viewed with `out`'s rank under numpy broadcasting: right-aligned, stride 0 along
+// dims it lacks or has as 1 where the output does not.
+CfTensor broadcast_view(CUdeviceptr ptr, int dtype, const Shape& s, const Shape& out) {
+  CfTensor t{};
+  t.ptr = reinterpret_cast<void*>(ptr);
+  t.dtype = dtype;
+  t.rank = static_cast<int>(out.size());
+  auto st = dense_strides(s);
+  const int off = static_cast<int>(out.size()) - static_cast<int>(s.size());
+  for (int r = 0; r < t.rank; ++r) {
+    t.shape[r] = out[r];
+    int q = r - off;
+    t.stride[r] = (q < 0 || (s[q] == 1 && out[r] != 1)) ? 0 : st[q];
+  }
+  return t;
+}
+
+CfTensor dense(CUdeviceptr ptr, int dtype, const Shape& s) { return broadcast_view(ptr, dtype, s, s); }
+
+int unary_code(OpKind k) {
+  switch (k) {
+    case OpKind::Neg: return CF_NEG;
+    case OpKind::Abs: return CF_ABS;
+    case OpKind::Exp: return CF_EXP;
+    case OpKind::Log: return CF_LOG;
+    case OpKind::Sqrt: return CF_SQRT;
+    case OpKind::Rsqrt: return CF_RSQRT;
+    case OpKind::Tanh: return CF_TANH;
+    case OpKind::Sigmoid: return CF_SIGMOID;
+    case OpKind::Relu: return CF_RELU;
+    case OpKind::Gelu: return CF_GELU;
+    case OpKind::GeluTanh: return CF_GELU_TANH;
+    case OpKind::Silu: return CF_SILU;
+    case OpKind::Square: return CF_SQUARE;
+    case OpKind::Reciprocal: return CF_RECIPROCAL;
+    case OpKind::Pow: return CF_POW;
+    default: return CF_COPY;  // Cast: the store rounds to the node's dtype
+  }
+}
+
+int binary_code(OpKind k) {
+  switch (k) {
+    case OpKind::Add: return CF_ADD;
+    case OpKind::Sub: return CF_SUB;
+    case OpKind::Mul: return CF_MUL;
+    case OpKind::Div: return CF_DIV;
+    case OpKind::Max: return CF_MAX;
+    default: return CF_MIN;
+  }
+}
+
+int reduce_code(OpKind k) {
+  switch (k) {
+    case OpKind::Sum: return CF_SUM;
+    case OpKind::Mean: return CF_MEAN;
+    case OpKind::ReduceMax: return CF_REDUCE_MAX;
+    default: return CF_REDUCE_MIN;
+  }
+}
+
+}  // namespace
+
+std::string PlainPath::source(const std::string& kernel_dir) {
+  std::ifstream f(std::filesystem::path(kernel_dir) / "comfuse" / "std" / "plain_path.cu");
+  if (!f) throw rt::RuntimeError("plain GPU path source not found under " + kernel_dir + "/comfuse/std/");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+PlainPath::PlainPath(const std::string& path) {
+  handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle_) {
+    const char* e = dlerror();
+    throw rt::RuntimeError("cannot load the plain GPU path library " + path + ": " + (e ? e : "dlopen failed"));
+  }
+  auto sym = [&](const char* n) {
+    void* p = dlsym(handle_, n);
+    if (!p) throw rt::RuntimeError("plain GPU path library " + path + " has no " + n);
+    return p;
+  };
+  if (reinterpret_cast<CfPlainAbiFn>(sym("comfuse_plain_abi"))() != CF_PLAIN_ABI)
+    throw rt::RuntimeError("plain GPU path library " + path + " has another ABI: clear the kernel cache");
+  elementwise_ = reinterpret_cast<CfPlainElementwiseFn>(sym("comfuse_plain_elementwise"));
+  reduce_ = reinterpret_cast<CfPlainReduceFn>(sym("comfuse_plain_reduce"));
+  matmul_ = reinterpret_cast<CfPlainMatmulFn>(sym("comfuse_plain_matmul"));
+}
+
+PlainPath::~PlainPath() {
+  try {
+    for (auto& [id, p] : batch_offsets_) rt::mem_free(p);
+  } catch (...) {
+  }
+  if (handle_) dlclose(handle_);
+}
+
+void PlainPath::run(const Graph& g, const Node& n, const std::vector<CUdeviceptr>& in, CUdeviceptr out, CUstream s) {
+  char why[512] = {0};
+  int rc = 0;
+  auto operand = [&](size_t i) -> const Node& { return g.node(n.inputs.at(i)); };
+  auto dt = [&](const Node& x) { return x.op == OpKind::Constant ? CF_F32 : cf_dtype(x.dtype); };
+  const int out_t = cf_dtype(n.dtype);
+  if (n.shape.size() > CF_MAX_RANK) throw std::invalid_argument("plain GPU path: rank above 8 for '" + n.name + "'");
+  if (is_unary(n.op) || n.op == OpKind::Pow) {
+    CfTensor o = dense(out, out_t, n.shape), a = broadcast_view(in[0], dt(operand(0)), operand(0).shape, n.shape);
+    rc = elementwise_(unary_code(n.op), &o, &a, nullptr, static_cast<float>(n.value), s, why, sizeof why);
+  } else if (is_binary(n.op)) {
+    CfTensor o = dense(out, out_t, n.shape);
+    CfTensor a = broadcast_view(in[0], dt(operand(0)), operand(0).shape, n.shape);
+    CfTensor b = broadcast_view(in[1], dt(operand(1)), operand(1).shape, n.shape);
+    rc = elementwise_(binary_code(n.op), &o, &a, &b, 0.f, s, why, sizeof why);
+  } else if (is_reduction(n.op)) {
+    const Node& x = operand(0);
+    CfTensor i = dense(in[0], dt(x), x.shape), o = dense(out, out_t, n.shape);
+    rc = reduce_(reduce_code(n.op), &i, n.dim, &o, s, why, sizeof why);
+  } else if (n.op == OpKind::Transpose) {
+    const Node& x = operand(0);
+    auto st = dense_strides(x.shape);
+    CfTensor o = dense(out, out_t, n.shape), a = dense(in[0], dt(x), n.shape);
+    for (size_t d = 0; d < n.shape.size(); ++d) a.stride[d] = st[n.perm[d]];
+    rc = elementwise_(CF_COPY, &o, &a, nullptr, 0.f, s, why, sizeof why);
+  } else if (n.op == OpKind::Reshape) {
+    const Shape flat{numel(n.shape)};
+    CfTensor o = dense(out, out_t, flat), a = dense(in[0], dt(operand(0)), flat);
+    rc = elementwise_(CF_COPY, &o, &a, nullptr, 0.f, s, why, sizeof why);
+  } else if (n.op == OpKind::MatMul) {
+    const Node &A = operand(0), &B = operand(1);
+    const size_t ra = A.shape.size(), rb = B.shape.size(), ro = n.shape.size();
+    const int64_t m = n.shape[ro - 2], nn = n.shape[ro - 1];
+    const int64_t k = n.transpose_a ? A.shape[ra - 2] : A.shape[ra - 1];
+    Shape lead(n.shape.begin(), n.shape.end() - 2);
+    Shape la(A.shape.begin(), A.shape.end() - 2), lb(B.shape.begin(), B.shape.end() - 2);
+    const int64_t batches = numel(lead);
+    auto it = batch_offsets_.find(n.id);
+    if (it == batch_offsets_.end()) {
+      // element offsets of each batch's A and B (broadcast leading dims, as numpy matmul)
+      std::vector<int64_t> a_off(static_cast<size_t>(batches)), b_off(static_cast<size_t>(batches));
+      auto sa = dense_strides(la), sb = dense_strides(lb);
+      for (int64_t bi = 0; bi < batches; ++bi) {
+        int64_t rem = bi, oa = 0, ob = 0;
+        for (int d = static_cast<int>(lead.size()) - 1; d >= 0; --d) {
+          int64_t c = rem % lead[d];
+          rem /= lead[d];
+          int qa = d - static_cast<int>(lead.size() - la.size()), qb = d - static_cast<int>(lead.size() - lb.size());
+          if (qa >= 0 && la[qa] != 1) oa += c * sa[qa];
+          if (qb >= 0 && lb[qb] != 1) ob += c * sb[qb];
+        }
+        a_off[bi] = oa * m * k;
+        b_off[bi] = ob * k * nn;
+      }
+      CUdeviceptr d = rt::mem_alloc(static_cast<size_t>(2 * batches) * sizeof(int64_t));
+      rt::copy_to_device(d, a_off.data(), a_off.size() * sizeof(int64_t));
+      rt::copy_to_device(d + a_off.size() * sizeof(int64_t), b_off.data(), b_off.size() * sizeof(int64_t));
+      it = batch_offsets_.emplace(n.id, d).first;
+    }
+    const auto* a_off = reinterpret_cast<const int64_t*>(it->second);
+    CfTensor a = dense(in[0], dt(A), A.shape), b = dense(in[1], dt(B), B.shape), c = dense(out, out_t, n.shape);
+    rc = matmul_(&a, &b, &c, batches, m, nn, k, n.transpose_a, n.transpose_b, a_off, a_off + batches,
+                 cf_dtype(n.dtype), s, why, sizeof why);
+  } else {
+    throw std::logic_error(std::string("plain GPU path: op '") + op_name(n.op) + "' is not a primitive");
+  }
+  if (rc != 0) throw rt::RuntimeError("plain GPU path, node '" + n.name + "' (" + op_name(n.op) + "): " + why);
+}
+
+}  // namespace comfuse

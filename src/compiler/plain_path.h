@@ -1,0 +1,38 @@
+// The plain GPU path's host side: runs one graph node with the kernels of kernels/comfuse/std/plain_path.cu
+// (JIT-compiled into a shared object, loaded here). Used for nodes outside fused regions and for regions no
+// fused kernel can serve; every node runs, none is skipped.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comfuse/graph.h"
+#include "comfuse/runtime.h"
+#include "comfuse/std/plain_path.h"
+
+namespace comfuse {
+
+class PlainPath {
+ public:
+  explicit PlainPath(const std::string& library_path);  // throws rt::RuntimeError
+  ~PlainPath();
+  PlainPath(const PlainPath&) = delete;
+  PlainPath& operator=(const PlainPath&) = delete;
+
+  // Computes node `n` into `out` (dense, n's dtype and shape) from its operands' dense buffers `in`
+  // (in n.inputs order; a Constant operand's buffer holds its value as f32).
+  void run(const Graph& g, const Node& n, const std::vector<CUdeviceptr>& in, CUdeviceptr out, CUstream s);
+
+  // The source the JIT compiles (kernels/comfuse/std/plain_path.cu under `kernel_dir`).
+  static std::string source(const std::string& kernel_dir);
+
+ private:
+  void* handle_ = nullptr;
+  CfPlainElementwiseFn elementwise_ = nullptr;
+  CfPlainReduceFn reduce_ = nullptr;
+  CfPlainMatmulFn matmul_ = nullptr;
+  std::map<int, CUdeviceptr> batch_offsets_;  // matmul node -> device array [2 * batches]
+};
+
+}  // namespace comfuse
