@@ -15,7 +15,7 @@ cd "$root"
 cli="${1:-build/bin/comfuse}"
 aot="${2:-}"
 OUT="${OUT:-$root/build/gpu-examples}"
-mkdir -p "$OUT"
+mkdir -p "$OUT/random_logs"
 export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include"
 export COMFUSE_CACHE_DIR="$OUT/cache"
 declare -A status
@@ -44,7 +44,6 @@ rdir="$OUT/random"
 if [ -n "$aot" ] && [ -d "$aot/random/cf" ]; then rdir="$aot/random/cf"
 elif [ -x "$gen" ]; then "$gen" --count 50 -o "$rdir" > "$OUT/random_gen.log" 2>&1; fi
 if ls "$rdir"/*.cf > /dev/null 2>&1; then
-  mkdir -p "$OUT/random_logs"
   ls "$rdir"/*.cf | xargs -P 16 -I{} sh -c 'b=$(basename {} .cf); a=""; [ -d "$3/random/$b" ] && a="--aot $3/random/$b";
     "$1" run {} --check $a > "$2/random_logs/$b.log" 2>&1; echo "$? $b"' _ "$cli" "$OUT" "${aot:-/nonexistent}" \
     | sort -k2 > "$OUT/random_results.txt"
@@ -53,6 +52,19 @@ if ls "$rdir"/*.cf > /dev/null 2>&1; then
   echo "random graphs: $passed of $total passed --check (logs: random_logs/)"
   grep -v "^0 " "$OUT/random_results.txt" | head -5
   status[random]=$([ "$passed" = "$total" ] && [ "$total" -gt 0 ] && echo 0 || echo 1)
+fi
+# The plain GPU path: nodes no fused region covers (a fixed graph, and random programs with unsupported ops).
+if [ -n "$aot" ] && [ -d "$aot/plain_and_fused" ]; then run_check plain_and_fused tests/data/plain_and_fused.cf --aot "$aot/plain_and_fused"
+else run_check plain_and_fused tests/data/plain_and_fused.cf; fi
+if [ -x "$gen" ]; then
+  "$gen" --count 12 --unsupported -o "$OUT/random_plain" > "$OUT/random_plain_gen.log" 2>&1
+  ls "$OUT"/random_plain/*.cf | xargs -P 16 -I{} sh -c 'b=$(basename {} .cf); "$1" run {} --check > "$2/random_logs/plain_$b.log" 2>&1; echo "$? $b"' \
+    _ "$cli" "$OUT" | sort -k2 > "$OUT/random_plain_results.txt"
+  total=$(wc -l < "$OUT/random_plain_results.txt")
+  passed=$(grep -c "^0 " "$OUT/random_plain_results.txt")
+  echo "random graphs with plain-path nodes: $passed of $total passed --check"
+  grep -v "^0 " "$OUT/random_plain_results.txt" | head -5
+  status[random_plain]=$([ "$passed" = "$total" ] && [ "$total" -gt 0 ] && echo 0 || echo 1)
 fi
 # The JIT on this machine: a first compile (empty cache), then a cache hit.
 run_check jit_first examples/small/postnorm.cf

@@ -1,9 +1,10 @@
 // comfuse_random_graphs: writes random GEMM + epilogue programs (the CPU differential tests' generator) as .cf
 // files with GPU-sized shapes - odd M, N and K multiples of 8 - for `comfuse run --check` on the device
 // (scripts/gpu-examples.sh). Only programs that fuse completely and that a kernel can serve are written;
-// the others are counted with their reason.
+// the others are counted with their reason. With --unsupported, the programs also contain ops no region takes
+// (transposes, reductions over rows, flattening reshapes, a second GEMM): their nodes run on the plain GPU path.
 //
-//   comfuse_random_graphs --count N [--seed S] -o DIR
+//   comfuse_random_graphs --count N [--seed S] [--unsupported] -o DIR
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -25,13 +26,15 @@ int main(int argc, char** argv) {
   int count = 50;
   uint64_t seed = 20261130;
   std::string dir;
+  bool unsupported = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--count" && i + 1 < argc) count = std::atoi(argv[++i]);
+    if (a == "--unsupported") unsupported = true;
+    else if (a == "--count" && i + 1 < argc) count = std::atoi(argv[++i]);
     else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "-o" && i + 1 < argc) dir = argv[++i];
     else {
-      std::cerr << "usage: comfuse_random_graphs --count N [--seed S] -o DIR\n";
+      std::cerr << "usage: comfuse_random_graphs --count N [--seed S] [--unsupported] -o DIR\n";
       return 2;
     }
   }
@@ -45,13 +48,14 @@ int main(int argc, char** argv) {
   std::map<std::string, int> skipped;
   int written = 0;
   for (int i = 0; written < count && i < 20 * count; ++i) {
-    test::RandomProgram prog(seed * 1000003ull + i, /*with_unsupported=*/false, sz);
+    test::RandomProgram prog(seed * 1000003ull + i, unsupported, sz);
     prog.build();
     Partition p = partition(prog.g);
     std::string why;
-    if (!p.fallback.empty()) why = "nodes outside the fused region";
-    for (const Region& r : p.regions) {
-      if (!why.empty()) break;
+    if (!unsupported && !p.fallback.empty()) why = "nodes outside the fused region";
+    if (unsupported && p.fallback.empty()) why = "no node outside the fused regions";
+    for (const Region& r : p.regions) {   // (with --unsupported, a region no kernel serves runs plain too)
+      if (!why.empty() || unsupported) break;
       PlanDecision d = plan_region(r.spec);
       if (!d.fuse && d.reason.rfind("fusion does not pay", 0) != 0) why = d.reason.substr(0, d.reason.find(':'));
     }
