@@ -12,6 +12,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -100,6 +101,37 @@ class Compiler {
 
  private:
   CompilerOptions opts_;
+};
+
+// One fused region as a launchable kernel, for frontends that keep their own tensors (the PyTorch custom op):
+// plan, Psi and the JIT for `spec`; M (the rows) is a launch argument, and the generated source does not depend on
+// it, so a new batch size neither regenerates nor recompiles. Throws CompileError when no kernel can serve the
+// Spec (the frontend falls back); a region the planner declines only for speed is still compiled.
+class RegionKernel {
+ public:
+  RegionKernel(const FusionSpec& spec, CompilerOptions o = {});
+  ~RegionKernel();
+  RegionKernel(const RegionKernel&) = delete;
+  RegionKernel& operator=(const RegionKernel&) = delete;
+
+  // Dense row-major operands: a [rows, K]; b [K, N] (or [N, K] with the Spec's transpose_b); outs and params in
+  // the Spec's order (tile params [rows, N], column params [rows, 1]). Pointers must be 16-byte aligned; the
+  // L2 workspace is owned here, per stream. Throws std::invalid_argument / rt::RuntimeError.
+  void launch(const void* a, const void* b, int64_t rows, const std::vector<void*>& outs,
+              const std::vector<const void*>& params, CUstream stream);
+
+  const CompiledRegion& info() const { return region_; }
+
+ private:
+  FusionSpec spec_;
+  CompiledRegion region_;
+  std::unique_ptr<rt::KernelLibrary> lib_;
+  struct Ws {
+    CUdeviceptr partials = 0, counters = 0;
+    int64_t rows = 0;
+  };
+  std::map<CUstream, Ws> ws_;
+  std::mutex mu_;
 };
 
 // Host conversions for the CLI and tests: fp32 <-> bf16 / f16 bits, round to nearest even.

@@ -3,12 +3,17 @@
 `comfuse::fused_region(key, inputs) -> outputs`: one ComFuse kernel. `key` names a registered FusionSpec;
 `inputs` are the GEMM operands A and B followed by the Spec's runtime parameters, in order. Its fake (meta)
 implementation gives the output shapes and dtypes, so Dynamo/AOT/Inductor can trace and schedule around it.
-Its only real implementation today is the CPU reference (interpret_spec): the GPU kernels (code generation, JIT,
-launch) do not exist yet, so the backend never puts this op into a graph that runs on CUDA tensors.
+On CPU tensors it runs the CPU reference (interpret_spec). On CUDA tensors of a compute-capability-9.0 GPU it
+runs the generated kernel: comfuse._core.RegionKernel plans the region, generates its CUDA C++, JIT-compiles it
+(cached on disk) and launches it on the current stream. The batch dimension M is a launch argument, so a new
+batch size reuses the compiled kernel. The backend does not put this op into CUDA graphs yet
+(docs/pytorch.md): call torch.ops.comfuse.fused_region(key, inputs) directly, with a key from register_region.
 """
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import os
 import threading
 
 import numpy as np
@@ -34,6 +39,63 @@ def region_spec(key: str):
     return _REGIONS[key][0]
 
 
+_KERNELS: dict = {}
+
+
+def _cutlass_dir() -> str:
+    """CUTLASS's headers: $COMFUSE_CUTLASS_DIR, else the nvidia-cutlass package's (cutlass_library/source/include)."""
+    env = os.environ.get("COMFUSE_CUTLASS_DIR")
+    if env:
+        return env
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec and spec.submodule_search_locations:
+        return os.path.join(list(spec.submodule_search_locations)[0], "source", "include")
+    return ""
+
+
+def gpu_kernel(key: str):
+    """The compiled kernel of a registered region (compiled on first use, then cached per key)."""
+    with _LOCK:
+        k = _KERNELS.get(key)
+    if k is None:
+        spec, _ = _REGIONS[key]
+        k = C.RegionKernel(spec, kernel_dir=os.environ.get("COMFUSE_KERNEL_DIR", ""), cutlass_dir=_cutlass_dir(),
+                           cache_dir=os.environ.get("COMFUSE_CACHE_DIR", ""))
+        with _LOCK:
+            k = _KERNELS.setdefault(key, k)
+    return k
+
+
+def _out_shape(o, spec, a_shape) -> list[int]:
+    """An output's shape for this call: the Spec's own when A has the traced rows; for another batch size M, the
+    same layout with A's leading dims (outputs are [..., N] or [..., 1] over the GEMM's rows)."""
+    rows = 1
+    for d in a_shape[:-1]:
+        rows *= int(d)
+    shape = [int(d) for d in o.shape]
+    if rows == spec.gemm.rows:
+        return shape
+    if len(shape) == len(a_shape):
+        return [int(d) for d in a_shape[:-1]] + shape[-1:]
+    return [rows] + shape[-1:]
+
+
+def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    spec, _ = _REGIONS[key]
+    dev = inputs[0].device
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        raise RuntimeError(f"comfuse::fused_region: {torch.cuda.get_device_name(dev)} is not compute capability 9.0 "
+                           "(H100/H200); the backend falls back before this point")
+    a, b, *params = (t.contiguous() for t in inputs)
+    g = spec.gemm
+    rows = a.numel() // g.k   # M: leading dims of A flattened, taken at run time
+    outs = [torch.empty(_out_shape(o, spec, a.shape), dtype=DT_TO_TORCH[o.dtype], device=dev) for o in spec.outputs]
+    kernel = gpu_kernel(key)
+    kernel.launch(a.data_ptr(), b.data_ptr(), rows, [o.data_ptr() for o in outs], [p.data_ptr() for p in params],
+                  torch.cuda.current_stream(dev).cuda_stream)
+    return outs
+
+
 def _np32(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.detach().to("cpu", torch.float32).numpy())
 
@@ -41,9 +103,10 @@ def _np32(t: torch.Tensor) -> np.ndarray:
 @torch.library.custom_op("comfuse::fused_region", mutates_args=())
 def fused_region(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     spec, ctas = _REGIONS[key]
+    if all(t.device.type == "cuda" for t in inputs):
+        return _run_gpu(key, inputs)
     if any(t.device.type != "cpu" for t in inputs):
-        raise NotImplementedError("comfuse::fused_region: GPU kernels are not implemented yet "
-                                  "(only the CPU reference implementation exists)")
+        raise ValueError("comfuse::fused_region: inputs must all be on the CPU or all on one CUDA device")
     a, b, *params = (_np32(t) for t in inputs)
     outs = C.interpret_spec(spec, a, b, params, ctas)
     return [torch.from_numpy(o).to(DT_TO_TORCH[so.dtype]) for o, so in zip(outs, spec.outputs)]
@@ -53,7 +116,8 @@ def fused_region(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 def _fused_region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     spec, _ = _REGIONS[key]
     dev = inputs[0].device
-    return [torch.empty(list(o.shape), dtype=DT_TO_TORCH[o.dtype], device=dev) for o in spec.outputs]
+    return [torch.empty(_out_shape(o, spec, inputs[0].shape), dtype=DT_TO_TORCH[o.dtype], device=dev)
+            for o in spec.outputs]
 
 
 def _round(x: torch.Tensor, dt: int) -> torch.Tensor:

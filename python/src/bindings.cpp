@@ -2,7 +2,8 @@
 //
 // Enough of the C++ API for the PyTorch frontend: build a Graph (node ids are plain ints on the Python side),
 // partition it, print the partition / explain text, and evaluate Graph IR and Spec IR on the CPU reference
-// interpreters with numpy float32 arrays. Nothing here needs a GPU.
+// interpreters with numpy float32 arrays; and RegionKernel, which compiles one fused region and launches it on
+// device pointers (the custom op's CUDA implementation). Only RegionKernel.launch needs a GPU.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -14,7 +15,9 @@
 #include <cstring>
 #include <memory>
 
+#include "comfuse/compiler.h"
 #include "comfuse/graph.h"
+#include "comfuse/runtime.h"
 #include "comfuse/interp.h"
 #include "comfuse/lower.h"
 #include "comfuse/partition.h"
@@ -324,4 +327,51 @@ NB_MODULE(_core, m) {
           return to_numpy(eval_node(g.node(id), ptrs));
         },
         "graph"_a, "node"_a, "operands"_a, "Evaluates one node on fp32 operand values (no input/output rounding).");
+
+  // The GPU side: why kernels cannot run here ("" = they can), and one fused region as a kernel.
+  m.def("unsupported_device_reason", [](int device) { return rt::unsupported_reason(device); }, "device"_a = 0);
+  nb::class_<RegionKernel>(m, "RegionKernel")
+      .def(
+          "__init__",
+          [](RegionKernel* self, const FusionSpec& fs, const std::string& kernel_dir, const std::string& cutlass_dir,
+             const std::string& cache_dir, const std::string& transport) {
+            CompilerOptions o;
+            o.kernel_dir = kernel_dir;
+            o.cutlass_dir = cutlass_dir;
+            o.jit.cache_dir = cache_dir;
+            o.transport = transport;
+            nb::gil_scoped_release release;  // nvcc may take a while; other Python threads keep running
+            new (self) RegionKernel(fs, o);
+          },
+          "spec"_a, "kernel_dir"_a = "", "cutlass_dir"_a = "", "cache_dir"_a = "", "transport"_a = "")
+      .def(
+          "launch",
+          [](RegionKernel& k, uintptr_t a, uintptr_t b, int64_t rows, const std::vector<uintptr_t>& outs,
+             const std::vector<uintptr_t>& params, uintptr_t stream) {
+            std::vector<void*> o;
+            for (auto p : outs) o.push_back(reinterpret_cast<void*>(p));
+            std::vector<const void*> ps;
+            for (auto p : params) ps.push_back(reinterpret_cast<const void*>(p));
+            k.launch(reinterpret_cast<const void*>(a), reinterpret_cast<const void*>(b), rows, o, ps,
+                     reinterpret_cast<CUstream>(stream));
+          },
+          "a"_a, "b"_a, "rows"_a, "outs"_a, "params"_a, "stream"_a,
+          "Launches on device pointers (ints, e.g. tensor.data_ptr()) on a CUDA stream (int, e.g. cuda_stream).")
+      .def_prop_ro("name", [](const RegionKernel& k) { return k.info().kernel.name; })
+      .def_prop_ro("transport", [](const RegionKernel& k) { return k.info().plan.transport; })
+      .def_prop_ro("config", [](const RegionKernel& k) {
+        const auto& c = k.info().plan.config;
+        return std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k) + "_c" +
+               std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n);
+      })
+      .def_prop_ro("plan", [](const RegionKernel& k) { return k.info().plan.reason; })
+      .def_prop_ro("cache_hit", [](const RegionKernel& k) { return k.info().cache_hit; })
+      .def_prop_ro("compile_seconds", [](const RegionKernel& k) { return k.info().compile_seconds; });
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const CompileError& e) {
+      PyErr_SetString(PyExc_RuntimeError, (std::string("comfuse: cannot compile: ") + e.what()).c_str());
+    }
+  });
 }

@@ -226,12 +226,20 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     << "// spec " << hash.str() << ": N=" << fs.gemm.n << " K=" << fs.gemm.k << ", " << fs.num_stages()
     << " stage(s); tile " << cfg.tile_m << "x" << cfg.tile_n << "x" << cfg.tile_k << ", cluster " << cfg.cluster_m
     << "x" << cfg.cluster_n << "\n";
+  // Shapes are written with "rows" for M: the source - and so the JIT's cache key - does not depend on the
+  // batch size, which the kernel takes at run time.
+  const std::string n_str = std::to_string(fs.gemm.n);
+  auto row_free = [&](BroadcastKind k, const Shape& s) {
+    if (k == BroadcastKind::Tile) return "[rows, " + n_str + "]";
+    if (k == BroadcastKind::Col) return std::string("[rows, 1]");
+    return shape_str(s);
+  };
   for (size_t i = 0; i < fs.params.size(); ++i)
     o << "//   param[" << i << "] " << broadcast_kind_name(fs.params[i].kind) << " " << fs.params[i].name << " : "
-      << dtype_name(fs.params[i].dtype) << shape_str(fs.params[i].shape) << "\n";
+      << dtype_name(fs.params[i].dtype) << row_free(fs.params[i].kind, fs.params[i].shape) << "\n";
   for (size_t i = 0; i < fs.outputs.size(); ++i)
     o << "//   out[" << i << "] " << fs.outputs[i].name << " : " << dtype_name(fs.outputs[i].dtype)
-      << shape_str(fs.outputs[i].shape) << "\n";
+      << (fs.outputs[i].per_row ? std::string("[rows, 1]") : "[rows, " + n_str + "]") << "\n";
   o << "#include <cstdio>\n#include <cstring>\n#include <mutex>\n\n"
     << "#include \"comfuse/abi.h\"\n#include \"comfuse/gemm.cuh\"\n#include \"comfuse/epilogue/all.cuh\"\n"
     << "#include \"comfuse/reduce/l2_exchange.cuh\"\n";

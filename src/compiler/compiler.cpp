@@ -376,3 +376,103 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
 }
 
 }  // namespace comfuse
+
+namespace comfuse {
+
+RegionKernel::RegionKernel(const FusionSpec& spec, CompilerOptions o) : spec_(spec) {
+  Compiler c(std::move(o));
+  const CompilerOptions& opts = c.options();
+  if (!fs::exists(fs::path(opts.kernel_dir) / "comfuse" / "gemm.cuh"))
+    throw CompileError("kernel headers not found: " + opts.kernel_dir + " (set COMFUSE_KERNEL_DIR)");
+  if (!fs::exists(fs::path(opts.cutlass_dir) / "cutlass" / "cutlass.h"))
+    throw CompileError("CUTLASS headers not found: '" + opts.cutlass_dir + "' (set COMFUSE_CUTLASS_DIR)");
+  region_.plan = plan_region(spec_);
+  if (!region_.plan.fuse && region_.plan.reason.rfind("fusion does not pay", 0) != 0)
+    throw CompileError("no fused kernel can serve this region: " + region_.plan.reason);
+  if (!opts.transport.empty() && spec_.num_stages() > 1) region_.plan.transport = opts.transport;
+  if (spec_.num_stages() > 1) {
+    KernelConfig& k = region_.plan.config;
+    const int cols = static_cast<int>((spec_.gemm.n + k.tile_n - 1) / k.tile_n);
+    if (region_.plan.transport == "l2") {
+      k.cluster_m = k.cluster_n = 1;
+    } else if (cols <= kDsmemMaxCols) {
+      k.cluster_m = 1;
+      k.cluster_n = 2;
+      while (k.cluster_n < cols) k.cluster_n *= 2;
+    } else {
+      region_.plan.transport = "l2";
+      k.cluster_m = k.cluster_n = 1;
+    }
+  }
+  region_.kernel = generate_kernel(spec_, region_.plan.config);
+  jit::JitOptions jo = opts.jit;
+  jo.artifact = jit::Artifact::SharedObject;
+  jo.include_dirs = {opts.kernel_dir, opts.cutlass_dir};
+  if (jo.header_version.empty()) jo.header_version = jit::hash_tree((fs::path(opts.kernel_dir) / "comfuse").string());
+  jit::CompileResult r = jit::compile(region_.kernel.source, region_.kernel.name, jo);
+  region_.library_path = r.cubin_path;
+  region_.cache_hit = r.cache_hit;
+  region_.compile_seconds = r.seconds;
+  region_.lookup_ms = r.lookup_ms;
+  lib_ = std::make_unique<rt::KernelLibrary>(region_.library_path);
+}
+
+RegionKernel::~RegionKernel() {
+  try {
+    for (auto& [s, w] : ws_) {
+      if (w.partials) rt::mem_free(w.partials);
+      if (w.counters) rt::mem_free(w.counters);
+    }
+  } catch (...) {
+  }
+}
+
+void RegionKernel::launch(const void* a, const void* b, int64_t rows, const std::vector<void*>& outs,
+                          const std::vector<const void*>& params, CUstream stream) {
+  if (outs.size() != spec_.outputs.size() || params.size() != spec_.params.size())
+    throw std::invalid_argument(region_.kernel.name + ": expected " + std::to_string(spec_.outputs.size()) +
+                                " output(s) and " + std::to_string(spec_.params.size()) + " parameter(s), got " +
+                                std::to_string(outs.size()) + " and " + std::to_string(params.size()));
+  if (rows <= 0) throw std::invalid_argument(region_.kernel.name + ": rows must be positive");
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!a || !b || !aligned(a) || !aligned(b)) throw std::invalid_argument(region_.kernel.name + ": A and B must be 16-byte aligned");
+  ComfuseKernelArgs k{};
+  k.abi = COMFUSE_KERNEL_ABI;
+  k.a = a;
+  k.b = b;
+  k.m = rows;
+  k.n = spec_.gemm.n;
+  k.k = spec_.gemm.k;
+  k.lda = spec_.gemm.k;
+  k.ldb = spec_.gemm.transpose_b ? spec_.gemm.k : spec_.gemm.n;
+  k.ld = spec_.gemm.n;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!outs[i] || !aligned(outs[i])) throw std::invalid_argument(region_.kernel.name + ": output " + std::to_string(i) + " must be 16-byte aligned");
+    k.out[i] = outs[i];
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i]) throw std::invalid_argument(region_.kernel.name + ": parameter " + spec_.params[i].name + " is null");
+    k.param[i] = params[i];
+  }
+  k.transport = transport_code(region_.plan.transport);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (spec_.num_stages() > 1) {
+    Ws& w = ws_[stream];
+    if (w.rows < rows) {   // grow the workspace for a larger batch (counters zeroed again)
+      rt::synchronize(stream);
+      if (w.partials) rt::mem_free(w.partials);
+      if (w.counters) rt::mem_free(w.counters);
+      int64_t pb = 0, cb = 0;
+      lib_->workspace_bytes(rows, k.n, &pb, &cb);
+      w.partials = rt::mem_alloc(static_cast<size_t>(std::max<int64_t>(pb, 16)));
+      w.counters = rt::mem_alloc(static_cast<size_t>(std::max<int64_t>(cb, 16)));
+      rt::mem_set(w.counters, 0, static_cast<size_t>(std::max<int64_t>(cb, 16)));
+      w.rows = rows;
+    }
+    k.ws_partials = reinterpret_cast<float*>(w.partials);
+    k.ws_counters = reinterpret_cast<int*>(w.counters);
+  }
+  lib_->launch(k, stream);
+}
+
+}  // namespace comfuse

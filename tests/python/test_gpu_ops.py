@@ -1,0 +1,90 @@
+"""The custom op's CUDA implementation: a fused region compiled by comfuse._core.RegionKernel and launched on
+the current stream, against the op's CPU reference implementation on the same bf16 inputs. Also: a second batch
+size reuses the compiled kernel (M is a launch argument). Skips, saying so, without a compute-capability-9.0 GPU.
+"""
+import pytest
+import torch
+
+import comfuse._core as C
+from comfuse import ops
+
+GRAPHS = {
+    "bias_gelu": "y = gelu(add(matmul(X, W), b), approximate=\"tanh\")\noutput y\n",
+    "postnorm": "y = layer_norm(add(add(matmul(X, W), b), R), gamma, beta, eps=1e-5)\noutput y\n",
+    "softmax": "y = softmax(add(matmul(X, W), b))\noutput y\n",
+}
+
+
+def _gpu_reason():
+    if not torch.cuda.is_available():
+        return "no GPU"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return f"no GPU of compute capability 9.0 ({torch.cuda.get_device_name()})"
+    return C.unsupported_device_reason(0) or None
+
+
+requires_hopper = pytest.mark.skipif(_gpu_reason() is not None, reason=f"skipped: {_gpu_reason()}")
+
+
+def _region(name, m, k, n):
+    text = (f"input X : bf16[{m}, {k}]\ninput W : bf16[{k}, {n}]\ninput b : bf16[{n}]\ninput R : bf16[{m}, {n}]\n"
+            f"input gamma : bf16[{n}]\ninput beta : bf16[{n}]\n" + GRAPHS[name])
+    part = C.partition(C.parse_cf(text, name + ".cf"))
+    assert len(part.regions) == 1
+    return part.regions[0].spec
+
+
+def _inputs(spec, m, k, n, gen):
+    values = {"X": torch.rand(m, k, generator=gen) * 2 - 1, "W": torch.rand(k, n, generator=gen) * 2 - 1,
+              "b": torch.rand(n, generator=gen) * 2 - 1, "R": torch.rand(m, n, generator=gen) * 8 - 4,
+              "gamma": torch.rand(n, generator=gen) + 0.5, "beta": torch.rand(n, generator=gen) * 2 - 1}
+    order = ["X", "W"] + [p.name for p in spec.params]
+    return [values[name].to(torch.bfloat16) for name in order]
+
+
+def _rel(a, b):
+    a, b = a.float().cpu(), b.float().cpu()
+    return float((a - b).norm() / b.norm())
+
+
+@requires_hopper
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_fused_region_on_gpu_matches_the_cpu_reference(name):
+    m, k, n = 1000, 520, 264
+    spec = _region(name, m, k, n)
+    key = ops.register_region(spec)
+    gen = torch.Generator().manual_seed(1234)
+    cpu = _inputs(spec, m, k, n, gen)
+    ref = torch.ops.comfuse.fused_region(key, cpu)
+    got = torch.ops.comfuse.fused_region(key, [t.cuda() for t in cpu])
+    torch.cuda.synchronize()
+    for g, r in zip(got, ref):
+        assert g.device.type == "cuda" and g.shape == r.shape and g.dtype == r.dtype
+        assert torch.isfinite(g.float()).all()
+        assert _rel(g, r) <= 1e-2, (name, _rel(g, r))
+
+
+@requires_hopper
+def test_a_new_batch_size_reuses_the_compiled_kernel():
+    k, n = 520, 264
+    spec = _region("postnorm", 1000, k, n)
+    key = ops.register_region(spec)
+    gen = torch.Generator().manual_seed(99)
+    first = ops.gpu_kernel(key)
+    for m in (1000, 777, 2048):
+        cpu = _inputs(spec, m, k, n, gen)
+        # the CPU reference is shape-static: a region traced at this M gives the expected values
+        ref = torch.ops.comfuse.fused_region(ops.register_region(_region("postnorm", m, k, n)), cpu)
+        got = torch.ops.comfuse.fused_region(key, [t.cuda() for t in cpu])
+        torch.cuda.synchronize()
+        assert got[0].shape == (m, n)
+        assert _rel(got[0], ref[0]) <= 1e-2
+        assert ops.gpu_kernel(key) is first   # no recompilation for another M
+
+
+def test_gpu_reason_is_reported_without_a_gpu():
+    # the module loads without a driver, and says why kernels cannot run
+    reason = C.unsupported_device_reason(0)
+    assert isinstance(reason, str)
+    if not torch.cuda.is_available():
+        assert reason, "a machine without a GPU must give a reason"
