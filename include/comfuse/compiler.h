@@ -58,7 +58,8 @@ class CompiledGraph {
   // Launches every step on `stream`. `buffers` maps every graph input and output name to device memory holding
   // (inputs) or receiving (outputs) a dense row-major tensor of the graph's shape and dtype. Checks names and
   // 16-byte alignment first and throws std::invalid_argument naming the problem; kernel errors throw
-  // rt::RuntimeError. Intermediate values and the L2 workspaces are owned here, per stream.
+  // rt::RuntimeError. Intermediate values are owned here (one run() at a time per CompiledGraph), the L2
+  // workspaces per stream. Device 0.
   void run(const std::map<std::string, CUdeviceptr>& buffers, CUstream stream = nullptr);
 
   const Partition& partition() const { return partition_; }
@@ -76,7 +77,9 @@ class CompiledGraph {
   friend class Compiler;
   struct Workspace {
     CUdeviceptr partials = 0, counters = 0;
+    size_t counter_bytes = 0;
   };
+  std::vector<DType> storage_dtypes() const;
   Partition partition_;
   std::vector<CompiledRegion> regions_;
   std::vector<std::shared_ptr<rt::KernelLibrary>> libs_;     // per region (loaded on first run)
@@ -86,7 +89,9 @@ class CompiledGraph {
   std::string transport_override_;
   bool aot_ = false;
   std::map<CUstream, std::vector<Workspace>> workspaces_;    // per stream, per region
-  std::map<std::string, CUdeviceptr> intermediates_;         // values passed between regions
+  std::map<std::string, CUdeviceptr> intermediates_;         // values passed between steps (one run at a time)
+  std::map<std::pair<int, int>, CUdeviceptr> converted_;      // (node, dtype) copies for consumers of another dtype
+  std::vector<DType> storage_;                               // per node: the dtype it is kept in between steps
 };
 
 class Compiler {

@@ -86,13 +86,27 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     if torch.cuda.get_device_capability(dev) != (9, 0):
         raise RuntimeError(f"comfuse::fused_region: {torch.cuda.get_device_name(dev)} is not compute capability 9.0 "
                            "(H100/H200); the backend falls back before this point")
-    a, b, *params = (t.contiguous() for t in inputs)
+    if any(t.device != dev for t in inputs):
+        raise ValueError("comfuse::fused_region: inputs on different CUDA devices")
     g = spec.gemm
+    if inputs[0].shape[-1] != g.k or inputs[1].numel() != g.k * g.n:
+        raise ValueError(f"comfuse::fused_region: A {tuple(inputs[0].shape)} / B {tuple(inputs[1].shape)} do not match "
+                         f"the region's K={g.k}, N={g.n}")
+
+    def dense(t, dtype):   # the kernel's dtype, contiguous, 16-byte aligned (TMA, cp.async)
+        t = t.to(dtype).contiguous()
+        return t if t.data_ptr() % 16 == 0 else t.clone()
+
+    a = dense(inputs[0], DT_TO_TORCH[g.dtype])
+    b = dense(inputs[1], DT_TO_TORCH[g.dtype])
+    params = [dense(t, DT_TO_TORCH[p.dtype]) for t, p in zip(inputs[2:], spec.params)]
     rows = a.numel() // g.k   # M: leading dims of A flattened, taken at run time
     outs = [torch.empty(_out_shape(o, spec, a.shape), dtype=DT_TO_TORCH[o.dtype], device=dev) for o in spec.outputs]
-    kernel = gpu_kernel(key)
-    kernel.launch(a.data_ptr(), b.data_ptr(), rows, [o.data_ptr() for o in outs], [p.data_ptr() for p in params],
-                  torch.cuda.current_stream(dev).cuda_stream)
+    if rows == 0:
+        return outs
+    with torch.cuda.device(dev):
+        gpu_kernel(key).launch(a.data_ptr(), b.data_ptr(), rows, [o.data_ptr() for o in outs],
+                               [p.data_ptr() for p in params], torch.cuda.current_stream(dev).cuda_stream)
     return outs
 
 

@@ -33,6 +33,16 @@ int transport_code(const std::string& t) {
   throw CompileError("unknown transport '" + t + "' (l2, dsmem_p2p, dsmem_leader)");
 }
 
+// Whether running the partitioned program needs the plain path library: nodes outside regions, or a region
+// output kept in another dtype than its node's (handed on as f32), which consumers may need converted.
+bool needs_plain_path(const Partition& p) {
+  if (!p.fallback.empty()) return true;
+  for (const Region& r : p.regions)
+    for (const SpecOutput& o : r.spec.outputs)
+      if (o.dtype != p.graph.node(o.node).dtype) return true;
+  return false;
+}
+
 std::string fixed(double v, int digits) {
   std::ostringstream o;
   o.setf(std::ios::fixed);
@@ -80,7 +90,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   cg.transport_override_ = opts_.transport;
   cg.aot_ = opts_.ahead_of_time;
   const Partition& p = cg.partition_;
-  bool need_plain = !p.fallback.empty();
+  bool need_plain = needs_plain_path(p);
 
   jit::JitOptions jo = opts_.jit;
   jo.artifact = jit::Artifact::SharedObject;
@@ -220,7 +230,7 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
   }
   for (size_t i = 0; i < seen.size(); ++i)
     if (!seen[i]) throw CompileError(dir + "/manifest.txt has no kernel for region " + std::to_string(i));
-  bool need_plain = !p.fallback.empty();
+  bool need_plain = needs_plain_path(p);
   for (const auto& r : cg.regions_) need_plain = need_plain || r.plain;
   if (need_plain && cg.plain_library_.empty())
     throw CompileError(dir + "/manifest.txt has no plain GPU path library, which this graph needs: re-run comfuse aot");
@@ -266,8 +276,23 @@ CompiledGraph::~CompiledGraph() {
       }
     for (auto& [n, ptr] : intermediates_) rt::mem_free(ptr);
     for (auto& [n, ptr] : constants_) rt::mem_free(ptr);
+    for (auto& [k, ptr] : converted_) rt::mem_free(ptr);
   } catch (...) {  // the driver is gone at exit: nothing to free
   }
+}
+
+// The dtype each value is kept in between steps: inputs their own; region outputs the Spec's (f32 when handed to
+// non-matmul nodes outside the region: partitioning never adds a rounding step); values the plain path computes
+// f32 (the IR's values between ops are fp32, as in the interpreter); constants f32. A consumer that needs another
+// dtype (a GEMM operand, a region's parameter, a graph output's buffer) gets a converted copy.
+std::vector<DType> CompiledGraph::storage_dtypes() const {
+  const Graph& g = partition_.graph;
+  std::vector<DType> st(g.nodes.size());
+  for (const Node& n : g.nodes) st[n.id] = n.op == OpKind::Input ? n.dtype : DType::F32;
+  for (size_t r = 0; r < regions_.size(); ++r)
+    if (!regions_[r].plain)
+      for (const SpecOutput& o : partition_.regions[r].spec.outputs) st[o.node] = o.dtype;
+  return st;
 }
 
 void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstream stream) {
@@ -284,35 +309,82 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
     if (it->second % 16 != 0)
       throw std::invalid_argument("buffer of '" + n.name + "' is not 16-byte aligned (TMA and vector accesses need it)");
   }
-  rt::require_hopper();
-  if (libs_.empty())
+  if (libs_.empty()) {
+    rt::require_hopper();   // once: makes the device's primary context current
+    std::vector<std::shared_ptr<rt::KernelLibrary>> libs;
     for (const auto& r : regions_)
-      libs_.push_back(r.plain ? nullptr : std::make_shared<rt::KernelLibrary>(r.library_path));
-  if (!plain_library_.empty() && !plain_) plain_ = std::make_shared<PlainPath>(plain_library_);
+      libs.push_back(r.plain ? nullptr : std::make_shared<rt::KernelLibrary>(r.library_path));
+    if (!plain_library_.empty() && !plain_) plain_ = std::make_shared<PlainPath>(plain_library_);
+    storage_ = storage_dtypes();
+    libs_ = std::move(libs);
+  }
   auto& ws = workspaces_[stream];
   ws.resize(regions_.size());
+  bool wrote_memory = false;   // setup copies / memsets go through the legacy stream: synchronize before launches
 
-  auto ptr_of = [&](int node) -> CUdeviceptr {
+  auto alloc = [&](size_t bytes) { return rt::mem_alloc(std::max<size_t>(bytes, 16)); };
+  // The value of `node` in its storage dtype: the caller's buffer when that has the same dtype, else ours.
+  auto value = [&](int node) -> CUdeviceptr {
     const Node& n = g.node(node);
-    if (n.op == OpKind::Constant) {   // the plain path reads a constant operand as one f32 in memory
+    if (n.op == OpKind::Constant) {
       auto& c = constants_[node];
       if (!c) {
-        c = rt::mem_alloc(16);
+        c = alloc(4);
         const float v = static_cast<float>(n.value);
         rt::copy_to_device(c, &v, sizeof v);
+        wrote_memory = true;
       }
       return c;
     }
-    if (auto it = buffers.find(n.name); it != buffers.end()) return it->second;
+    if (auto it = buffers.find(n.name); it != buffers.end() && storage_[node] == n.dtype) return it->second;
     auto& slot = intermediates_[n.name];
-    if (!slot) slot = rt::mem_alloc(bytes_of(n.name));
+    if (!slot) slot = alloc(static_cast<size_t>(numel(n.shape)) * dtype_bytes(storage_[node]));
     return slot;
   };
+  // The value of `node` as `dt` (converted now, after its producer ran, when the storage dtype differs).
+  auto as = [&](int node, DType dt) -> CUdeviceptr {
+    if (storage_[node] == dt) return value(node);
+    const Node& n = g.node(node);
+    auto& slot = converted_[{node, static_cast<int>(dt)}];
+    if (!slot) slot = alloc(static_cast<size_t>(numel(n.shape)) * dtype_bytes(dt));
+    if (!plain_) throw std::logic_error("a dtype conversion needs the plain GPU path library");
+    plain_->convert(value(node), storage_[node], slot, dt, numel(n.shape), stream);
+    return slot;
+  };
+
+  // Setup before any launch: buffers, constants, workspaces, the plain path's batch offsets.
+  for (const Step& step : partition_.schedule) {
+    std::vector<int> plain_nodes;
+    if (!step.is_region) plain_nodes.push_back(step.index);
+    else if (regions_[step.index].plain) plain_nodes = partition_.regions[step.index].nodes;
+    for (int id : plain_nodes) {
+      for (int x : g.node(id).inputs) (void)value(x);
+      (void)value(id);
+      wrote_memory = plain_->prepare(g, g.node(id)) || wrote_memory;
+    }
+    if (!step.is_region || regions_[step.index].plain) continue;
+    const FusionSpec& fs = partition_.regions[step.index].spec;
+    if (fs.num_stages() > 1 && !ws[step.index].partials) {
+      int64_t pb = 0, cb = 0;
+      libs_[step.index]->workspace_bytes(fs.gemm.rows, fs.gemm.n, &pb, &cb);
+      ws[step.index].partials = alloc(static_cast<size_t>(pb));
+      ws[step.index].counters = alloc(static_cast<size_t>(cb));
+      ws[step.index].counter_bytes = static_cast<size_t>(std::max<int64_t>(cb, 16));
+      rt::mem_set(ws[step.index].counters, 0, ws[step.index].counter_bytes);
+      wrote_memory = true;
+    }
+  }
+  if (wrote_memory) rt::synchronize();
+
   auto run_plain = [&](int id) {
     const Node& n = g.node(id);
     std::vector<CUdeviceptr> in;
-    for (int x : n.inputs) in.push_back(ptr_of(x));
-    plain_->run(g, n, in, ptr_of(id), stream);
+    std::vector<DType> dts;
+    for (int x : n.inputs) {
+      in.push_back(value(x));
+      dts.push_back(g.node(x).op == OpKind::Constant ? DType::F32 : storage_[x]);
+    }
+    plain_->run(g, n, in, dts, value(id), storage_[id], stream);
   };
   for (const Step& step : partition_.schedule) {
     if (!step.is_region) {
@@ -329,32 +401,24 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
     const rt::KernelLibrary& lib = *libs_[step.index];
     ComfuseKernelArgs a{};
     a.abi = COMFUSE_KERNEL_ABI;
-    a.a = reinterpret_cast<const void*>(ptr_of(fs.gemm.a));
-    a.b = reinterpret_cast<const void*>(ptr_of(fs.gemm.b));
+    a.a = reinterpret_cast<const void*>(as(fs.gemm.a, fs.gemm.dtype));
+    a.b = reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype));
     a.m = fs.gemm.rows;
     a.n = fs.gemm.n;
     a.k = fs.gemm.k;
     a.lda = fs.gemm.k;
     a.ldb = fs.gemm.transpose_b ? fs.gemm.k : fs.gemm.n;
     a.ld = fs.gemm.n;
-    for (size_t i = 0; i < fs.outputs.size(); ++i) a.out[i] = reinterpret_cast<void*>(ptr_of(fs.outputs[i].node));
+    for (size_t i = 0; i < fs.outputs.size(); ++i) a.out[i] = reinterpret_cast<void*>(value(fs.outputs[i].node));
     for (size_t i = 0; i < fs.params.size(); ++i) {
       const RuntimeParam& prm = fs.params[i];
       if (prm.node < 0) throw std::logic_error("runtime parameter '" + prm.name + "' has no graph node");
-      a.param[i] = reinterpret_cast<const void*>(ptr_of(prm.node));
+      a.param[i] = reinterpret_cast<const void*>(as(prm.node, prm.dtype));
     }
     a.transport = transport_code(cr.plan.transport);
     if (fs.num_stages() > 1) {
-      Workspace& w = ws[step.index];
-      if (!w.partials) {
-        int64_t pb = 0, cb = 0;
-        lib.workspace_bytes(a.m, a.n, &pb, &cb);
-        w.partials = rt::mem_alloc(static_cast<size_t>(std::max<int64_t>(pb, 16)));
-        w.counters = rt::mem_alloc(static_cast<size_t>(std::max<int64_t>(cb, 16)));
-        rt::mem_set(w.counters, 0, static_cast<size_t>(std::max<int64_t>(cb, 16)));
-      }
-      a.ws_partials = reinterpret_cast<float*>(w.partials);
-      a.ws_counters = reinterpret_cast<int*>(w.counters);
+      a.ws_partials = reinterpret_cast<float*>(ws[step.index].partials);
+      a.ws_counters = reinterpret_cast<int*>(ws[step.index].counters);
     }
     if (std::string why = lib.check(a); !why.empty())
       throw std::invalid_argument("region " + std::to_string(step.index) + " (" + cr.kernel.name + "): " + why);
@@ -363,15 +427,20 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
     } catch (...) {
       // an aborted launch may leave the exchange counters dirty: zero them before anyone reuses them
       if (ws[step.index].counters) {
-        int64_t pb = 0, cb = 0;
-        lib.workspace_bytes(a.m, a.n, &pb, &cb);
         try {
-          rt::mem_set(ws[step.index].counters, 0, static_cast<size_t>(std::max<int64_t>(cb, 16)));
+          rt::mem_set(ws[step.index].counters, 0, ws[step.index].counter_bytes);
         } catch (...) {
         }
       }
       throw;
     }
+  }
+  // Graph outputs kept in another dtype than their own: into the caller's buffers.
+  for (const Output& o : g.outputs) {
+    const Node& n = g.node(o.node);
+    if (n.op == OpKind::Input || storage_[o.node] == n.dtype) continue;
+    if (!plain_) throw std::logic_error("a dtype conversion needs the plain GPU path library");
+    plain_->convert(value(o.node), storage_[o.node], buffers.at(n.name), n.dtype, numel(n.shape), stream);
   }
 }
 
@@ -451,7 +520,9 @@ void RegionKernel::launch(const void* a, const void* b, int64_t rows, const std:
     k.out[i] = outs[i];
   }
   for (size_t i = 0; i < params.size(); ++i) {
-    if (!params[i]) throw std::invalid_argument(region_.kernel.name + ": parameter " + spec_.params[i].name + " is null");
+    if (!params[i] || !aligned(params[i]))   // row / column vectors are staged with 16-byte cp.async
+      throw std::invalid_argument(region_.kernel.name + ": parameter " + spec_.params[i].name +
+                                  " is null or not 16-byte aligned");
     k.param[i] = params[i];
   }
   k.transport = transport_code(region_.plan.transport);

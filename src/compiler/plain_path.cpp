@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -115,67 +116,105 @@ PlainPath::~PlainPath() {
   if (handle_) dlclose(handle_);
 }
 
-void PlainPath::run(const Graph& g, const Node& n, const std::vector<CUdeviceptr>& in, CUdeviceptr out, CUstream s) {
+namespace {
+
+// Element offsets of each batch's A and B for a matmul node (broadcast leading dims, as numpy matmul).
+void batch_offsets(const Graph& g, const Node& n, std::vector<int64_t>& a_off, std::vector<int64_t>& b_off) {
+  const Node &A = g.node(n.inputs[0]), &B = g.node(n.inputs[1]);
+  const size_t ra = A.shape.size(), ro = n.shape.size();
+  const int64_t m = n.shape[ro - 2], nn = n.shape[ro - 1];
+  const int64_t k = n.transpose_a ? A.shape[ra - 2] : A.shape[ra - 1];
+  Shape lead(n.shape.begin(), n.shape.end() - 2);
+  Shape la(A.shape.begin(), A.shape.end() - 2), lb(B.shape.begin(), B.shape.end() - 2);
+  const int64_t batches = numel(lead);
+  a_off.assign(static_cast<size_t>(batches), 0);
+  b_off.assign(static_cast<size_t>(batches), 0);
+  auto sa = dense_strides(la), sb = dense_strides(lb);
+  for (int64_t bi = 0; bi < batches; ++bi) {
+    int64_t rem = bi, oa = 0, ob = 0;
+    for (int d = static_cast<int>(lead.size()) - 1; d >= 0; --d) {
+      int64_t c = rem % lead[d];
+      rem /= lead[d];
+      int qa = d - static_cast<int>(lead.size() - la.size()), qb = d - static_cast<int>(lead.size() - lb.size());
+      if (qa >= 0 && la[qa] != 1) oa += c * sa[qa];
+      if (qb >= 0 && lb[qb] != 1) ob += c * sb[qb];
+    }
+    a_off[bi] = oa * m * k;
+    b_off[bi] = ob * k * nn;
+  }
+}
+
+}  // namespace
+
+bool PlainPath::prepare(const Graph& g, const Node& n) {
+  for (int x : n.inputs)
+    if (g.node(x).shape.size() > CF_MAX_RANK)
+      throw std::invalid_argument("plain GPU path: rank above 8 for an operand of '" + n.name + "'");
+  if (n.shape.size() > CF_MAX_RANK) throw std::invalid_argument("plain GPU path: rank above 8 for '" + n.name + "'");
+  if (n.op != OpKind::MatMul || batch_offsets_.count(n.id)) return false;
+  std::vector<int64_t> a_off, b_off;
+  batch_offsets(g, n, a_off, b_off);
+  const size_t bytes = std::max<size_t>(16, 2 * a_off.size() * sizeof(int64_t));
+  CUdeviceptr d = rt::mem_alloc(bytes);
+  if (!a_off.empty()) {
+    rt::copy_to_device(d, a_off.data(), a_off.size() * sizeof(int64_t));
+    rt::copy_to_device(d + a_off.size() * sizeof(int64_t), b_off.data(), b_off.size() * sizeof(int64_t));
+  }
+  batch_offsets_.emplace(n.id, d);
+  return true;
+}
+
+void PlainPath::convert(CUdeviceptr src, DType src_dtype, CUdeviceptr dst, DType dst_dtype, int64_t count,
+                        CUstream s) {
+  char why[512] = {0};
+  const Shape flat{count};
+  CfTensor o = dense(dst, cf_dtype(dst_dtype), flat), a = dense(src, cf_dtype(src_dtype), flat);
+  if (elementwise_(CF_COPY, &o, &a, nullptr, 0.f, s, why, sizeof why) != 0)
+    throw rt::RuntimeError(std::string("plain GPU path, dtype conversion: ") + why);
+}
+
+void PlainPath::run(const Graph& g, const Node& n, const std::vector<CUdeviceptr>& in,
+                    const std::vector<DType>& in_dtypes, CUdeviceptr out, DType out_dtype, CUstream s) {
   char why[512] = {0};
   int rc = 0;
   auto operand = [&](size_t i) -> const Node& { return g.node(n.inputs.at(i)); };
-  auto dt = [&](const Node& x) { return x.op == OpKind::Constant ? CF_F32 : cf_dtype(x.dtype); };
-  const int out_t = cf_dtype(n.dtype);
-  if (n.shape.size() > CF_MAX_RANK) throw std::invalid_argument("plain GPU path: rank above 8 for '" + n.name + "'");
-  if (is_unary(n.op) || n.op == OpKind::Pow) {
-    CfTensor o = dense(out, out_t, n.shape), a = broadcast_view(in[0], dt(operand(0)), operand(0).shape, n.shape);
-    rc = elementwise_(unary_code(n.op), &o, &a, nullptr, static_cast<float>(n.value), s, why, sizeof why);
+  auto dt = [&](size_t i) { return cf_dtype(in_dtypes.at(i)); };
+  const int out_t = cf_dtype(out_dtype);
+  if (n.op == OpKind::Cast || is_unary(n.op) || n.op == OpKind::Pow) {
+    int op = unary_code(n.op);
+    // a cast rounds to its dtype; the value may be stored wider (fp32 between ops, as the IR defines)
+    if (n.op == OpKind::Cast) op = n.cast_to == DType::BF16 ? CF_ROUND_BF16 : n.cast_to == DType::F16 ? CF_ROUND_F16 : CF_COPY;
+    CfTensor o = dense(out, out_t, n.shape), a = broadcast_view(in[0], dt(0), operand(0).shape, n.shape);
+    rc = elementwise_(op, &o, &a, nullptr, static_cast<float>(n.value), s, why, sizeof why);
   } else if (is_binary(n.op)) {
     CfTensor o = dense(out, out_t, n.shape);
-    CfTensor a = broadcast_view(in[0], dt(operand(0)), operand(0).shape, n.shape);
-    CfTensor b = broadcast_view(in[1], dt(operand(1)), operand(1).shape, n.shape);
+    CfTensor a = broadcast_view(in[0], dt(0), operand(0).shape, n.shape);
+    CfTensor b = broadcast_view(in[1], dt(1), operand(1).shape, n.shape);
     rc = elementwise_(binary_code(n.op), &o, &a, &b, 0.f, s, why, sizeof why);
   } else if (is_reduction(n.op)) {
     const Node& x = operand(0);
-    CfTensor i = dense(in[0], dt(x), x.shape), o = dense(out, out_t, n.shape);
+    CfTensor i = dense(in[0], dt(0), x.shape), o = dense(out, out_t, n.shape);
     rc = reduce_(reduce_code(n.op), &i, n.dim, &o, s, why, sizeof why);
   } else if (n.op == OpKind::Transpose) {
     const Node& x = operand(0);
     auto st = dense_strides(x.shape);
-    CfTensor o = dense(out, out_t, n.shape), a = dense(in[0], dt(x), n.shape);
+    CfTensor o = dense(out, out_t, n.shape), a = dense(in[0], dt(0), n.shape);
     for (size_t d = 0; d < n.shape.size(); ++d) a.stride[d] = st[n.perm[d]];
     rc = elementwise_(CF_COPY, &o, &a, nullptr, 0.f, s, why, sizeof why);
   } else if (n.op == OpKind::Reshape) {
     const Shape flat{numel(n.shape)};
-    CfTensor o = dense(out, out_t, flat), a = dense(in[0], dt(operand(0)), flat);
+    CfTensor o = dense(out, out_t, flat), a = dense(in[0], dt(0), flat);
     rc = elementwise_(CF_COPY, &o, &a, nullptr, 0.f, s, why, sizeof why);
   } else if (n.op == OpKind::MatMul) {
     const Node &A = operand(0), &B = operand(1);
-    const size_t ra = A.shape.size(), rb = B.shape.size(), ro = n.shape.size();
+    const size_t ra = A.shape.size(), ro = n.shape.size();
     const int64_t m = n.shape[ro - 2], nn = n.shape[ro - 1];
     const int64_t k = n.transpose_a ? A.shape[ra - 2] : A.shape[ra - 1];
-    Shape lead(n.shape.begin(), n.shape.end() - 2);
-    Shape la(A.shape.begin(), A.shape.end() - 2), lb(B.shape.begin(), B.shape.end() - 2);
-    const int64_t batches = numel(lead);
+    const int64_t batches = numel(Shape(n.shape.begin(), n.shape.end() - 2));
     auto it = batch_offsets_.find(n.id);
-    if (it == batch_offsets_.end()) {
-      // element offsets of each batch's A and B (broadcast leading dims, as numpy matmul)
-      std::vector<int64_t> a_off(static_cast<size_t>(batches)), b_off(static_cast<size_t>(batches));
-      auto sa = dense_strides(la), sb = dense_strides(lb);
-      for (int64_t bi = 0; bi < batches; ++bi) {
-        int64_t rem = bi, oa = 0, ob = 0;
-        for (int d = static_cast<int>(lead.size()) - 1; d >= 0; --d) {
-          int64_t c = rem % lead[d];
-          rem /= lead[d];
-          int qa = d - static_cast<int>(lead.size() - la.size()), qb = d - static_cast<int>(lead.size() - lb.size());
-          if (qa >= 0 && la[qa] != 1) oa += c * sa[qa];
-          if (qb >= 0 && lb[qb] != 1) ob += c * sb[qb];
-        }
-        a_off[bi] = oa * m * k;
-        b_off[bi] = ob * k * nn;
-      }
-      CUdeviceptr d = rt::mem_alloc(static_cast<size_t>(2 * batches) * sizeof(int64_t));
-      rt::copy_to_device(d, a_off.data(), a_off.size() * sizeof(int64_t));
-      rt::copy_to_device(d + a_off.size() * sizeof(int64_t), b_off.data(), b_off.size() * sizeof(int64_t));
-      it = batch_offsets_.emplace(n.id, d).first;
-    }
+    if (it == batch_offsets_.end()) throw std::logic_error("plain GPU path: prepare() was not called for '" + n.name + "'");
     const auto* a_off = reinterpret_cast<const int64_t*>(it->second);
-    CfTensor a = dense(in[0], dt(A), A.shape), b = dense(in[1], dt(B), B.shape), c = dense(out, out_t, n.shape);
+    CfTensor a = dense(in[0], dt(0), A.shape), b = dense(in[1], dt(1), B.shape), c = dense(out, out_t, n.shape);
     rc = matmul_(&a, &b, &c, batches, m, nn, k, n.transpose_a, n.transpose_b, a_off, a_off + batches,
                  cf_dtype(n.dtype), s, why, sizeof why);
   } else {

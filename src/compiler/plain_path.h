@@ -20,9 +20,15 @@ class PlainPath {
   PlainPath(const PlainPath&) = delete;
   PlainPath& operator=(const PlainPath&) = delete;
 
-  // Computes node `n` into `out` (dense, n's dtype and shape) from its operands' dense buffers `in`
-  // (in n.inputs order; a Constant operand's buffer holds its value as f32).
-  void run(const Graph& g, const Node& n, const std::vector<CUdeviceptr>& in, CUdeviceptr out, CUstream s);
+  // Computes node `n` into `out` (dense, n's shape, stored as `out_dtype`) from its operands' dense buffers `in`
+  // stored as `in_dtypes` (in n.inputs order).
+  void run(const Graph& g, const Node& n, const std::vector<CUdeviceptr>& in, const std::vector<DType>& in_dtypes,
+           CUdeviceptr out, DType out_dtype, CUstream s);
+  // Allocates and fills what run() will need for `n` (a matmul's batch offsets): call before launching work.
+  // Returns true when it wrote device memory (the caller synchronizes before launches that read it).
+  bool prepare(const Graph& g, const Node& n);
+  // dst (dst_dtype) = src (src_dtype), `count` elements.
+  void convert(CUdeviceptr src, DType src_dtype, CUdeviceptr dst, DType dst_dtype, int64_t count, CUstream s);
 
   // The source the JIT compiles (kernels/comfuse/std/plain_path.cu under `kernel_dir`).
   static std::string source(const std::string& kernel_dir);

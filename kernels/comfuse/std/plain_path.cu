@@ -63,6 +63,8 @@ __device__ float unary(int op, float x, float param) {
     case CF_SQUARE: return x * x;
     case CF_RECIPROCAL: return 1.f / x;
     case CF_POW: return param == 2.f ? x * x : (param == 0.5f ? sqrtf(x) : powf(x, param));
+    case CF_ROUND_BF16: return __bfloat162float(__float2bfloat16_rn(x));   // a cast, kept as an fp32 value
+    case CF_ROUND_F16: return __half2float(__float2half_rn(x));
     default: return x;  // CF_COPY: cast, transpose, contiguous copy
   }
 }
@@ -187,6 +189,11 @@ __attribute__((visibility("default"))) int comfuse_plain_matmul(const CfTensor* 
                                                                int tb, const int64_t* a_off, const int64_t* b_off,
                                                                int mm_dtype, void* stream, char* why, int len) {
   if (batches * m * n == 0) return 0;
+  if ((m + 15) / 16 > 65535 || batches > 65535) {
+    if (why && len > 0) std::snprintf(why, size_t(len), "matmul too large for the plain path (rows %lld, batches %lld)",
+                                      (long long)m, (long long)batches);
+    return 1;
+  }
   dim3 grid(unsigned((n + 15) / 16), unsigned((m + 15) / 16), unsigned(batches));
   matmul_kernel<<<grid, dim3(16, 16), 0, static_cast<cudaStream_t>(stream)>>>(
       a->ptr, a->dtype, b->ptr, b->dtype, c->ptr, c->dtype, m, n, k, ta, tb, a_off, b_off, mm_dtype);

@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#define CF_PLAIN_ABI 1
+#define CF_PLAIN_ABI 2
 #define CF_MAX_RANK 8
 
 enum { CF_BF16 = 0, CF_F16 = 1, CF_F32 = 2 };
@@ -13,7 +13,7 @@ enum { CF_BF16 = 0, CF_F16 = 1, CF_F32 = 2 };
 /* unary (and copy: cast / transpose / contiguous), binary, reductions */
 enum {
   CF_COPY = 0, CF_NEG, CF_ABS, CF_EXP, CF_LOG, CF_SQRT, CF_RSQRT, CF_TANH, CF_SIGMOID, CF_RELU, CF_GELU,
-  CF_GELU_TANH, CF_SILU, CF_SQUARE, CF_RECIPROCAL, CF_POW,
+  CF_GELU_TANH, CF_SILU, CF_SQUARE, CF_RECIPROCAL, CF_POW, CF_ROUND_BF16, CF_ROUND_F16,
   CF_ADD = 32, CF_SUB, CF_MUL, CF_DIV, CF_MAX, CF_MIN,
   CF_SUM = 64, CF_MEAN, CF_REDUCE_MAX, CF_REDUCE_MIN
 };
