@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -134,14 +135,39 @@ struct Entry {
   fs::path meta() const { return dir / "meta"; }
 };
 
-// A valid entry has a meta file whose recorded size and hash match the cubin.
+// Content hash of an artifact, 8 bytes a step (a cache hit hashes a ~1 MB library: this keeps it near 1 ms).
+std::string artifact_hash(const std::string& bytes) {
+  uint64_t h1 = 0x9e3779b97f4a7c15ull ^ bytes.size(), h2 = 0xc2b2ae3d27d4eb4full;
+  size_t i = 0;
+  for (; i + 8 <= bytes.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, bytes.data() + i, 8);
+    h1 = (h1 ^ w) * 0x100000001b3ull;
+    h1 ^= h1 >> 29;
+    h2 = (h2 + w) * 0xff51afd7ed558ccdull;
+    h2 ^= h2 >> 32;
+  }
+  for (; i < bytes.size(); ++i) h1 = (h1 ^ static_cast<unsigned char>(bytes[i])) * 0x100000001b3ull;
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h1), static_cast<unsigned long long>(h2));
+  return buf;
+}
+
+std::string meta_of(const std::string& bytes) {
+  return "size " + std::to_string(bytes.size()) + "\nhash2 " + artifact_hash(bytes) + "\n";
+}
+
+// A valid entry has a meta file whose recorded size and hash match the artifact. (Entries written before the
+// faster hash record "hash" with hash_hex: still accepted.)
 bool load_entry(const Entry& e, std::vector<char>& out) {
   std::string meta = read_file(e.meta());
   if (meta.empty()) return false;
   std::string bytes = read_file(e.cubin());
-  std::ostringstream want;
-  want << "size " << bytes.size() << "\nhash " << hash_hex(bytes) << "\n";
-  if (bytes.empty() || meta != want.str()) return false;
+  if (bytes.empty()) return false;
+  const bool legacy = meta.find("\nhash ") != std::string::npos;
+  const std::string want =
+      legacy ? "size " + std::to_string(bytes.size()) + "\nhash " + hash_hex(bytes) + "\n" : meta_of(bytes);
+  if (meta != want) return false;
   out.assign(bytes.begin(), bytes.end());
   return true;
 }
@@ -206,12 +232,29 @@ std::string nvcc_version(const std::string& nvcc) {
   static std::map<std::string, std::string> memo;
   std::lock_guard<std::mutex> lk(m);
   if (auto it = memo.find(nvcc); it != memo.end()) return it->second;
+  // Running `nvcc --version` costs a process spawn (milliseconds) on every first lookup of a process, which a
+  // cache hit must not pay: the answer is kept in the cache directory, keyed by nvcc's path, size and mtime.
+  std::error_code ec;
+  const auto size = fs::file_size(nvcc, ec);
+  const auto mtime = ec ? fs::file_time_type{} : fs::last_write_time(nvcc, ec);
+  const fs::path cached = fs::path(default_cache_dir()) / ("nvcc-version-" + hash_hex(nvcc));
+  const std::string stamp = std::to_string(size) + " " + std::to_string(mtime.time_since_epoch().count()) + "\n";
+  if (!ec) {
+    std::string c = read_file(cached);
+    if (c.size() > stamp.size() && c.compare(0, stamp.size(), stamp) == 0) return memo[nvcc] = c.substr(stamp.size());
+  }
   fs::path log = fs::temp_directory_path() /
                  ("comfuse-nvcc-version-" + std::to_string(getpid()) + "-" + std::to_string(g_tmp_counter++));
   int rc = run_process({nvcc, "--version"}, log);
   std::string out = read_file(log);
   fs::remove(log);
   if (rc != 0) throw JitError("'" + nvcc + " --version' failed (exit " + std::to_string(rc) + "): " + out);
+  if (!ec && !out.empty()) {   // best effort: written atomically, ignored when the directory is not writable
+    fs::create_directories(cached.parent_path(), ec);
+    fs::path tmp = cached.string() + "." + std::to_string(getpid()) + ".tmp";
+    write_file(tmp, stamp + out);
+    fs::rename(tmp, cached, ec);
+  }
   return memo[nvcc] = out;
 }
 
@@ -289,9 +332,7 @@ CompileResult compile(const std::string& source, const std::string& name, const 
                    "); source: " + (failed / "kernel.cu").string() + ", log: " + (failed / "nvcc.log").string() +
                    "\n" + log);
   }
-  std::ostringstream meta;
-  meta << "size " << bytes.size() << "\nhash " << hash_hex(bytes) << "\n";
-  write_file(tmp / "meta", meta.str());  // written last: an entry without a matching meta is never trusted
+  write_file(tmp / "meta", meta_of(bytes));  // written last: an entry without a matching meta is never trusted
   fs::rename(tmp, entry.dir);
   if (level != Log::Quiet)
     std::cerr << "comfuse: compiled " << name << " in " << std::fixed << std::setprecision(1) << r.seconds << " s\n";
