@@ -8,6 +8,6 @@ cd "$root"
 cmake --build build -j "$(nproc)"
 (cd build && ctest --output-on-failure -j "$(nproc)")
 if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
-  PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/python -m pytest -q tests/python
+  PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/python -m pytest -q -rs tests/python
 fi
 echo "test: all tests passed"

@@ -4,10 +4,10 @@
 
 For each graph Dynamo captures: decide whether ComFuse kernels may be used at all (inference, static shapes,
 a Hopper GPU, bf16/f16 GEMMs); capture the inference ATen graph, convert it to the Graph IR, partition it, and
-log (INFO, logger "comfuse") the regions that become ComFuse kernels. The GPU kernels (code generation, JIT,
-launch) are not implemented yet, so today every graph runs through TorchInductor (or eager) — the log says why
-for each graph. `Program.rewrite()` already produces the graph in which each region is a
-`comfuse::fused_region` call; once kernels exist the backend compiles that graph instead.
+log (INFO, logger "comfuse") the regions that become ComFuse kernels. On CUDA inputs of an sm_90 GPU, the regions
+the planner fuses become `comfuse::fused_region` calls (`Program.rewrite`), each compiled by the JIT before the
+graph runs, and TorchInductor compiles the rest of the graph around them. Any graph that cannot use ComFuse
+kernels - or whose kernels fail to compile - runs through TorchInductor (or eager) unchanged; the log says why.
 
 Options (torch.compile(..., options={...})):
   fallback   "inductor" (default) or "eager": what runs the graph
@@ -48,6 +48,7 @@ class GraphReport:
     error: str | None = None          # why analysis failed, if it did
     gm: Any = None                    # the Dynamo graph and the inputs it was captured with (comfuse.capture)
     example_inputs: Any = None
+    plans: list = dataclasses.field(default_factory=list)   # the planner's decision per region
 
     @property
     def regions(self) -> list:
@@ -127,9 +128,17 @@ def analyze_graph(gm, example_inputs, index: int | None = None) -> GraphReport:
     rep.fallback = (rep.fallback or dtype_reason(aten_gm) or
                     (None if rep.regions else "no GEMM with a fusable epilogue in this graph") or
                     device_reason(example_inputs))
+    from . import _core as C
+
+    rep.plans = [C.plan_region(r.spec) for r in rep.regions]
     if rep.fallback is None:
-        rep.fallback = (f"GPU kernels are not implemented yet (code generation/JIT/launch): "
-                        f"{len(rep.regions)} region(s) would be fused")
+        dev = next(t.device for t in _tensors(example_inputs) if t.device.type == "cuda")
+        why = C.unsupported_device_reason(dev.index or 0)
+        if why:
+            rep.fallback = f"ComFuse kernels cannot run here: {why}"
+        elif not any(p.fuse for p in rep.plans):
+            rep.fallback = "the planner declines every region: " + "; ".join(
+                f"region {i}: {p.reason}" for i, p in enumerate(rep.plans))
     return rep
 
 
@@ -148,6 +157,29 @@ def log_report(rep: GraphReport) -> None:
         log.info("comfuse: graph %d runs without ComFuse kernels: %s", rep.index, rep.fallback)
 
 
+def _with_kernels(rep: GraphReport, gm, ctas: int):
+    """The rewritten graph with the planner's fused regions as comfuse::fused_region calls, their kernels
+    compiled now (so that a compile failure falls back here, not while the model runs); `gm` on failure."""
+    from . import ops
+
+    fuse = {i for i, p in enumerate(rep.plans) if p.fuse}
+    for i, p in enumerate(rep.plans):
+        log.info("comfuse: graph %d region %d: %s (%s)", rep.index, i, "fused" if p.fuse else "not fused", p.reason)
+    try:
+        target = rep.analysis.program.rewrite(ctas, fuse=fuse)
+        for n in target.graph.nodes:
+            if n.op == "call_function" and n.target is torch.ops.comfuse.fused_region.default:
+                k = ops.gpu_kernel(n.args[0])
+                log.info("comfuse: graph %d: kernel %s [%s, transport %s]%s", rep.index, k.name, k.config,
+                         k.transport, " (cache hit)" if k.cache_hit else f" compiled in {k.compile_seconds:.1f} s")
+    except Exception as e:   # fallback, never failure
+        log.warning("comfuse: graph %d: ComFuse kernels could not be prepared (%s: %s); running it without them",
+                    rep.index, type(e).__name__, e)
+        return gm
+    log.info("comfuse: graph %d: %d region(s) run as ComFuse kernels", rep.index, len(fuse))
+    return target
+
+
 def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
     opts = dict(options or {})
     runner = opts.pop("fallback", "inductor")
@@ -164,7 +196,9 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | No
     log_report(rep)
 
     target = gm
-    if (reference and rep.analysis is not None and rep.regions and
+    if rep.fallback is None and not reference:
+        target = _with_kernels(rep, gm, ctas)
+    elif (reference and rep.analysis is not None and rep.regions and
             all(t.device.type == "cpu" for t in _tensors(example_inputs)) and
             not (rep.fallback or "").startswith(("graph needs gradients", "dynamic shapes"))):
         target = rep.analysis.program.rewrite(ctas)

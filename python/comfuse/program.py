@@ -220,9 +220,10 @@ class Program:
         return list(fx.node.map_arg(out.args[0], get_fx))
 
     # ------------------------------------------------------------ FX rewrite
-    def rewrite(self, ctas: int = 1) -> fx.GraphModule:
+    def rewrite(self, ctas: int = 1, fuse=None) -> fx.GraphModule:
         """The program as an FX graph: each region one `comfuse::fused_region` call, standard-path Graph IR
-        nodes as torch ops (fp32 math, as the Graph IR defines them), torch nodes copied."""
+        nodes as torch ops (fp32 math, as the Graph IR defines them), torch nodes copied. `fuse`: the indices
+        of the regions to fuse (default all); the others are emitted node by node like the standard path."""
         from . import ops
 
         g = fx.Graph()
@@ -264,7 +265,12 @@ class Program:
             return g.call_function(torch.ops.prims.convert_element_type.default, (src, dt))
 
         for s in self.steps:
-            if s.kind == "region":
+            if s.kind == "region" and fuse is not None and s.index not in fuse:
+                for gid in self.regions[s.index].nodes:   # topological, root first
+                    n = self.nodes[gid]
+                    env_g[n.name] = g.call_function(ops.eval_graph_node,
+                                                    (_node_spec(n), *[get_g(i) for i in n.inputs]))
+            elif s.kind == "region":
                 fs = self.regions[s.index].spec
                 key = ops.register_region(fs, ctas)
                 ins = [get_g(fs.gemm.a), get_g(fs.gemm.b)] + [get_g(p.node) for p in fs.params]

@@ -70,6 +70,13 @@ def report_text(rep: GraphReport) -> str:
         outside += 1
     if not outside:
         o.append("  (nothing)")
+    # the planner's decision per region, from the measurements compiled into the library (src/plan/)
+    o.append("plan (from the measured table; a declined region runs unfused):")
+    plans = rep.plans or [C.plan_region(r.spec) for r in part.regions]
+    for i, p in enumerate(plans):
+        o.append(f"  region {i}: {'fuse' if p.fuse else 'declined'}: {p.reason}")
+    if not plans:
+        o.append("  (no region)")
     o.append("partition (Fusion Specs):")
     o.extend("  " + line if line else "" for line in part.text(False).rstrip("\n").split("\n"))
     return "\n".join(o) + "\n"

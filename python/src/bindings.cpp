@@ -17,6 +17,7 @@
 
 #include "comfuse/compiler.h"
 #include "comfuse/graph.h"
+#include "comfuse/plan.h"
 #include "comfuse/runtime.h"
 #include "comfuse/interp.h"
 #include "comfuse/lower.h"
@@ -327,6 +328,15 @@ NB_MODULE(_core, m) {
           return to_numpy(eval_node(g.node(id), ptrs));
         },
         "graph"_a, "node"_a, "operands"_a, "Evaluates one node on fp32 operand values (no input/output rounding).");
+
+  // The planner's decision for one region (from the measured table compiled in).
+  nb::class_<PlanDecision>(m, "PlanDecision")
+      .def_ro("fuse", &PlanDecision::fuse)
+      .def_ro("reason", &PlanDecision::reason)
+      .def_ro("transport", &PlanDecision::transport)
+      .def_ro("fused_us", &PlanDecision::fused_us)
+      .def_ro("unfused_us", &PlanDecision::unfused_us);
+  m.def("plan_region", [](const FusionSpec& fs) { return plan_region(fs); }, "spec"_a);
 
   // The GPU side: why kernels cannot run here ("" = they can), and one fused region as a kernel.
   m.def("unsupported_device_reason", [](int device) { return rt::unsupported_reason(device); }, "device"_a = 0);

@@ -76,6 +76,21 @@ def test_rewritten_graph_calls_custom_op():
     assert [tuple(o.shape) for o in fouts] == [tuple(o.shape) for o in outs]
 
 
+def test_rewrite_fuses_only_the_regions_asked_for():
+    """The backend fuses the planner's regions only: the others are emitted node by node, same values."""
+    m = bf16_exact(PostNormEncoderLayer())
+    x = bf16_randn(2, 8, 32, seed=7)
+    rep = comfuse.capture(m, x)[0]
+    n_regions = len(rep.regions)
+    assert n_regions >= 2
+    for fuse in (set(), {0}, set(range(1, n_regions))):
+        gm = rep.analysis.program.rewrite(fuse=fuse)
+        calls = [n for n in gm.graph.nodes if n.target is torch.ops.comfuse.fused_region.default]
+        assert len(calls) == len(fuse)
+        for o, r in zip(gm(*rep.example_inputs), reference(m, x)):
+            assert rel_err(o, r) <= 1e-5
+
+
 # ---------------------------------------------------------------- fallbacks, each with its logged reason
 
 def compile_and_log(caplog, model, *xs, **kw):
@@ -147,6 +162,9 @@ def test_explain_encoder_layer():
     assert "changes the last dim: rows would no longer be GEMM rows" in text
     assert "gemm: rows=16 N=32 K=64 bf16 B=[N,K], 3 stage(s)" in text
     assert "reduce.mean %5 -> stage 1 bypass(%5)" in text
+    # the planner's decision, with its basis, for every region (pinned: the measured table is compiled in)
+    assert "plan (from the measured table; a declined region runs unfused):" in text
+    assert "  region 3: fuse: measured " in text and "for 'postnorm' [" in text
 
 
 def test_explain_unsupported_op():
@@ -164,5 +182,5 @@ def test_explain_bf16_rmsnorm():
            "region 1 (9 epilogue node(s), 2 stage(s))" in text
     # the decomposed RMSNorm computes in fp32: the bf16 weight is widened by a cast outside the kernel
     assert "left outside the fused regions:\n  arg4_1.f32 = cast: standard path: not fused: reads no GEMM " \
-           "epilogue value\npartition" in text
+           "epilogue value\nplan" in text
     assert " = gelu" in text and " = rsqrt %" in text
