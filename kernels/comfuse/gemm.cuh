@@ -33,6 +33,7 @@
 #include "cutlass/gemm/collective/builders/sm90_gmma_builder.inl"
 
 #include "comfuse/epilogue/core.cuh"
+#include "comfuse/epilogue/tile_load_staged.cuh"   // SerialBytes: the per-CTA epilogue storage of a tree
 #include "comfuse/reduce/dsmem_exchange.cuh"
 #include "comfuse/tile_scheduler.cuh"
 
@@ -62,8 +63,13 @@ struct GemmKernel {
                                         cutlass::layout::ColumnMajor>;
   using OrderBarrier = cutlass::OrderedSequenceBarrier<2, 2>;   // {mainloop, epilogue} x 2 groups
   using EpiStorage = typename Tree::SharedStorage;
-  static constexpr int kCarveout =
-      int(2 * sizeof(EpiStorage) + sizeof(typename OrderBarrier::SharedStorage)) + 64;
+  // One per CTA, for epilogue nodes that stage data only inside the ordered epilogue (TileLoadStaged).
+  static constexpr int kSerialBytes = epi::SerialBytes<Tree>::value;
+  struct SerialStorage {
+    alignas(128) char bytes[kSerialBytes > 0 ? kSerialBytes : 16];
+  };
+  static constexpr int kCarveout = int(2 * sizeof(EpiStorage) + sizeof(typename OrderBarrier::SharedStorage) +
+                                       (kSerialBytes > 0 ? sizeof(SerialStorage) + 128 : 0)) + 64;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -81,12 +87,17 @@ struct GemmKernel {
   static constexpr uint32_t kProducerRegs = 40;
   static constexpr uint32_t kConsumerRegs = 232;
 
-  struct SharedStorage {
+  struct SharedStorageBase {
     typename Mainloop::TensorStorage mainloop;                       // the A / B stage ring
     alignas(16) typename Mainloop::PipelineStorage pipeline;         // full / empty mbarriers
     alignas(16) typename OrderBarrier::SharedStorage order;
     alignas(16) EpiStorage epi[2];                                   // one per consumer group
   };
+  struct SharedStorageSerial : SharedStorageBase {
+    SerialStorage serial;                                            // shared by the groups' ordered epilogues
+  };
+  // Kernels without serial storage keep exactly the layout they had before it existed.
+  using SharedStorage = std::conditional_t<(kSerialBytes > 0), SharedStorageSerial, SharedStorageBase>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 232448, "shared memory");
 
@@ -184,6 +195,7 @@ struct GemmKernel {
         ctx.transport = p.transport;
         ctx.exchange_ctas = Cfg::kClusterN;   // DSMEM: the cluster is the row block, its rank the column block
         ctx.exchange_rank = ry;
+        if constexpr (kSerialBytes > 0) ctx.serial_smem = ss.serial.bytes;
 #ifdef COMFUSE_TRACE
         ctx.trace = trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), group, ctx.iter);
         if (ctx.trace && wg_thread == 0) ctx.trace[trace::TileIndex] = trace::Stamp{(unsigned long long)u, 0ull};

@@ -20,6 +20,13 @@ using BiasResidual2 =
                                             TileLoad<bf16>>>,
                         RowBroadcast<bf16>>>;
 
+// The same with R staged through SMEM (TileLoadStaged, one cp.async burst per tile) instead of registers.
+using BiasResidual2Staged =
+    Store<bf16, Compute<ops::Mul,
+                        Store<bf16, Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>,
+                                            TileLoadStaged<bf16, 128, 128>>>,
+                        RowBroadcast<bf16>>>;
+
 // Pointers the three share; unused ones may be null.
 struct EpiPointers {
   bf16* d0 = nullptr;            // [M, N]
@@ -37,6 +44,10 @@ inline BiasGelu::Arguments make_args(BiasGelu*, EpiPointers const& e) {
   return {e.d0, e.ld, {/*gelu*/ {/*add*/ {}, {e.bias}}}};
 }
 inline BiasResidual2::Arguments make_args(BiasResidual2*, EpiPointers const& e) {
+  return {e.d1, e.ld,
+          {/*mul*/ {e.d0, e.ld, {/*add*/ {/*add*/ {}, {e.bias}}, {e.residual, e.ld}}}, {e.v}}};
+}
+inline BiasResidual2Staged::Arguments make_args(BiasResidual2Staged*, EpiPointers const& e) {
   return {e.d1, e.ld,
           {/*mul*/ {e.d0, e.ld, {/*add*/ {/*add*/ {}, {e.bias}}, {e.residual, e.ld}}}, {e.v}}};
 }

@@ -12,6 +12,9 @@ using bf16 = cutlass::bfloat16_t;
 // x = X·W + b + R
 using XBiasRes = Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoad<bf16>>;
 
+// x = X·W + b + R with R staged through SMEM (TileLoadStaged) instead of registers
+using XBiasResStaged = Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoadStaged<bf16, 128, 128>>;
+
 // y = LayerNorm(x) * gamma + beta    stages: mean(x) | mean((x - mean)^2) | normalize
 using PostNorm = StageStream<Stage<
     Reduce<RowReduce::Mean, 0, XBiasRes>,                                                     // carries x
@@ -24,9 +27,27 @@ using PostNorm = StageStream<Stage<
                                             RowBroadcast<bf16>>,
                                     RowBroadcast<bf16>>>>>>>;
 
+using PostNormStaged = StageStream<Stage<
+    Reduce<RowReduce::Mean, 0, XBiasResStaged>,
+    Stage<Outputs<Compute<ops::Sub, AccEntry, RowResult<0>>,
+                  Reduce<RowReduce::Mean, 1, Compute<ops::Sub, AccEntry, RowResult<0>>, ops::Square>>,
+          Stage<Store<bf16, Compute<ops::Add,
+                                    Compute<ops::Mul,
+                                            Compute<ops::Mul, AccEntry,
+                                                    Compute<ops::Rsqrt, Compute<ops::Add, RowResult<1>, Scalar>>>,
+                                            RowBroadcast<bf16>>,
+                                    RowBroadcast<bf16>>>>>>>;
+
 // y = x * rsqrt(mean(x^2) + eps) * gamma    stages: mean(x^2) | normalize
 using RmsNorm = StageStream<Stage<
     Reduce<RowReduce::Mean, 0, XBiasRes, ops::Square>,                                        // carries x
+    Stage<Store<bf16, Compute<ops::Mul,
+                              Compute<ops::Mul, AccEntry,
+                                      Compute<ops::Rsqrt, Compute<ops::Add, RowResult<0>, Scalar>>>,
+                              RowBroadcast<bf16>>>>>>;
+
+using RmsNormStaged = StageStream<Stage<
+    Reduce<RowReduce::Mean, 0, XBiasResStaged, ops::Square>,
     Stage<Store<bf16, Compute<ops::Mul,
                               Compute<ops::Mul, AccEntry,
                                       Compute<ops::Rsqrt, Compute<ops::Add, RowResult<0>, Scalar>>>,
@@ -71,6 +92,24 @@ inline PostNorm::Arguments make_args(PostNorm*, ReducePointers const& e) {
   a.post.tree.a = {{}, {}};
   a.post.tree.b = {{{}, {}}, e.ws};
   a.post.post.tree = {e.out, e.ld, {{{{}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}, {e.beta}}};
+  return a;
+}
+
+inline PostNormStaged::Arguments make_args(PostNormStaged*, ReducePointers const& e) {
+  XBiasResStaged::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
+  PostNormStaged::Arguments a{};
+  a.tree = {x, e.ws};
+  a.post.tree.a = {{}, {}};
+  a.post.tree.b = {{{}, {}}, e.ws};
+  a.post.post.tree = {e.out, e.ld, {{{{}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}, {e.beta}}};
+  return a;
+}
+
+inline RmsNormStaged::Arguments make_args(RmsNormStaged*, ReducePointers const& e) {
+  XBiasResStaged::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
+  RmsNormStaged::Arguments a{};
+  a.tree = {x, e.ws};
+  a.post.tree = {e.out, e.ld, {{{}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}};
   return a;
 }
 

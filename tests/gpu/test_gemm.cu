@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
       CF_CHECK(cudaGetLastError());
       CF_CHECK(cudaDeviceSynchronize());
       for (Instance const& inst : registry()) {
-        if (int(inst.epi) != kind) continue;
+        if (int(reference_epi(inst.epi)) != kind) continue;
         if (!filter.empty() && inst.name.find(filter) == std::string::npos) continue;
         bool odd = (s.M % 128) || (s.N % 128);
         std::vector<int> caps = {0};

@@ -7,5 +7,6 @@
 #include "comfuse/epilogue/row_broadcast.cuh"
 #include "comfuse/epilogue/col_broadcast.cuh"
 #include "comfuse/epilogue/tile_load.cuh"
+#include "comfuse/epilogue/tile_load_staged.cuh"
 #include "comfuse/epilogue/compute.cuh"
 #include "comfuse/epilogue/store.cuh"

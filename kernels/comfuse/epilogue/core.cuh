@@ -54,6 +54,7 @@ struct TileCtx {
   float4* dsmem_data = nullptr;    // DSMEM buffers of this group (set by StageStream)
   uint64_t* dsmem_full = nullptr;
   int dsmem_cols = 0;
+  void* serial_smem = nullptr;    // per-CTA SMEM used only inside the (ordered) epilogue: TileLoadStaged
   trace::Stamp* trace = nullptr;  // this tile's timeline (COMFUSE_TRACE builds only, trace.cuh)
 };
 

@@ -23,6 +23,7 @@
 
 #include "comfuse/epilogue/core.cuh"
 #include "comfuse/epilogue/ops.cuh"
+#include "comfuse/epilogue/tile_load_staged.cuh"
 #include "comfuse/reduce/dsmem_exchange.cuh"
 #include "comfuse/reduce/l2_exchange.cuh"
 
@@ -251,6 +252,14 @@ struct StageStream {
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(root, f); }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) { return root.template visit<S>(f, acc); }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { root.template end_stage<S>(c); }
+};
+
+// Serial storage through the templates with non-type parameters (tile_load_staged.cuh has the rule).
+template <RowReduce Kind, int Id, class Child, class Map> struct SerialBytes<Reduce<Kind, Id, Child, Map>> {
+  static constexpr int value = SerialBytes<Child>::value;
+};
+template <class Root, int DsmemCols> struct SerialBytes<StageStream<Root, DsmemCols>> {
+  static constexpr int value = SerialBytes<Root>::value;
 };
 
 }  // namespace comfuse::epi
