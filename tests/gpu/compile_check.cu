@@ -42,3 +42,16 @@ cudaError_t compile_check_launch_b(Gemm<CfgB, StoreF16>::Arguments const& a) {
 cudaError_t compile_check_launch_c(Gemm<CfgA, composed::LnSoftmax>::Arguments const& a) {
   return Gemm<CfgA, composed::LnSoftmax>::run(a);
 }
+
+// The compile-time traits the kernel sizes itself with.
+static_assert(composed::LnSoftmax::kReductions == 4 && composed::PostNorm::kReductions == 2 && composed::Softmax::kReductions == 2 &&
+                  composed::RmsNorm::kReductions == 1,
+              "StageStream numbers its exchanges per tile");
+static_assert(SerialBytes<composed::PostNorm>::value == 0 && SerialBytes<Everything>::value == 0,
+              "no serial storage without TileLoadStaged");
+static_assert(SerialBytes<composed::PostNormStaged>::value == 128 * (128 + 8) * 2,
+              "TileLoadStaged's padded tile is found through StageStream, Stage, Reduce and Compute");
+static_assert(GemmKernel<CfgA, composed::PostNorm>::kSerialBytes == 0 &&
+                  sizeof(GemmKernel<CfgA, composed::PostNorm>::SharedStorage) ==
+                      sizeof(GemmKernel<CfgA, composed::PostNorm>::SharedStorageBase),
+              "a kernel without serial storage keeps its former SMEM layout");
