@@ -43,6 +43,36 @@ bool needs_plain_path(const Partition& p) {
   return false;
 }
 
+// The plan made consistent with the transport (an explicit override first): DSMEM needs the row block in one
+// 1 x C cluster, C the next power of two at or above the column blocks; L2 needs no mainloop cluster. Returns why
+// the transport cannot serve this N ("" when it can).
+std::string fit_transport(PlanDecision& plan, const FusionSpec& fs, const std::string& override_transport) {
+  if (fs.num_stages() < 2) return "";
+  if (!override_transport.empty()) plan.transport = override_transport;
+  KernelConfig& c = plan.config;
+  const int cols = static_cast<int>((fs.gemm.n + c.tile_n - 1) / c.tile_n);
+  if (plan.transport == "l2") {
+    c.cluster_m = c.cluster_n = 1;
+    return "";
+  }
+  if (cols > kDsmemMaxCols)
+    return "transport " + plan.transport + " cannot serve N = " + std::to_string(fs.gemm.n) + " (" +
+           std::to_string(cols) + " column blocks; DSMEM holds at most " + std::to_string(kDsmemMaxCols) + ")";
+  c.cluster_m = 1;
+  c.cluster_n = 2;
+  while (c.cluster_n < cols) c.cluster_n *= 2;
+  return "";
+}
+
+// The JIT's options for generated kernels: a shared object, with the kernel headers and CUTLASS.
+jit::JitOptions kernel_jit_options(const CompilerOptions& o) {
+  jit::JitOptions jo = o.jit;
+  jo.artifact = jit::Artifact::SharedObject;
+  jo.include_dirs = {o.kernel_dir, o.cutlass_dir};
+  if (jo.header_version.empty()) jo.header_version = jit::hash_tree((fs::path(o.kernel_dir) / "comfuse").string());
+  return jo;
+}
+
 std::string fixed(double v, int digits) {
   std::ostringstream o;
   o.setf(std::ios::fixed);
@@ -92,10 +122,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   const Partition& p = cg.partition_;
   bool need_plain = needs_plain_path(p);
 
-  jit::JitOptions jo = opts_.jit;
-  jo.artifact = jit::Artifact::SharedObject;
-  jo.include_dirs = {opts_.kernel_dir, opts_.cutlass_dir};
-  if (jo.header_version.empty()) jo.header_version = jit::hash_tree((fs::path(opts_.kernel_dir) / "comfuse").string());
+  const jit::JitOptions jo = kernel_jit_options(opts_);
 
   cg.regions_.resize(p.regions.size());
   std::vector<std::future<jit::CompileResult>> jobs;
@@ -109,23 +136,8 @@ CompiledGraph Compiler::compile(const Graph& g) const {
       need_plain = true;
       continue;
     }
-    if (!opts_.transport.empty() && p.regions[i].spec.num_stages() > 1) r.plan.transport = opts_.transport;
-    // The DSMEM transport needs the row block in one 1 x C cluster; L2 needs no mainloop cluster.
-    if (p.regions[i].spec.num_stages() > 1) {
-      KernelConfig& c = r.plan.config;
-      const int cols = static_cast<int>((p.regions[i].spec.gemm.n + c.tile_n - 1) / c.tile_n);
-      if (r.plan.transport == "l2") {
-        c.cluster_m = c.cluster_n = 1;
-      } else if (cols <= kDsmemMaxCols) {
-        c.cluster_m = 1;
-        c.cluster_n = 2;
-        while (c.cluster_n < cols) c.cluster_n *= 2;
-      } else {
-        throw CompileError("region " + std::to_string(i) + ": transport " + r.plan.transport + " cannot serve N = " +
-                           std::to_string(p.regions[i].spec.gemm.n) + " (" + std::to_string(cols) +
-                           " column blocks; DSMEM holds at most " + std::to_string(kDsmemMaxCols) + ")");
-      }
-    }
+    if (std::string why = fit_transport(r.plan, p.regions[i].spec, opts_.transport); !why.empty())
+      throw CompileError("region " + std::to_string(i) + ": " + why);
     r.kernel = generate_kernel(p.regions[i].spec, r.plan.config);
     jobs.push_back(std::async(std::launch::async, [src = r.kernel.source, name = r.kernel.name, jo] {
       return jit::compile(src, name, jo);
@@ -458,27 +470,9 @@ RegionKernel::RegionKernel(const FusionSpec& spec, CompilerOptions o) : spec_(sp
   region_.plan = plan_region(spec_);
   if (!region_.plan.fuse && region_.plan.reason.rfind("fusion does not pay", 0) != 0)
     throw CompileError("no fused kernel can serve this region: " + region_.plan.reason);
-  if (!opts.transport.empty() && spec_.num_stages() > 1) region_.plan.transport = opts.transport;
-  if (spec_.num_stages() > 1) {
-    KernelConfig& k = region_.plan.config;
-    const int cols = static_cast<int>((spec_.gemm.n + k.tile_n - 1) / k.tile_n);
-    if (region_.plan.transport == "l2") {
-      k.cluster_m = k.cluster_n = 1;
-    } else if (cols <= kDsmemMaxCols) {
-      k.cluster_m = 1;
-      k.cluster_n = 2;
-      while (k.cluster_n < cols) k.cluster_n *= 2;
-    } else {
-      region_.plan.transport = "l2";
-      k.cluster_m = k.cluster_n = 1;
-    }
-  }
+  if (std::string why = fit_transport(region_.plan, spec_, opts.transport); !why.empty()) throw CompileError(why);
   region_.kernel = generate_kernel(spec_, region_.plan.config);
-  jit::JitOptions jo = opts.jit;
-  jo.artifact = jit::Artifact::SharedObject;
-  jo.include_dirs = {opts.kernel_dir, opts.cutlass_dir};
-  if (jo.header_version.empty()) jo.header_version = jit::hash_tree((fs::path(opts.kernel_dir) / "comfuse").string());
-  jit::CompileResult r = jit::compile(region_.kernel.source, region_.kernel.name, jo);
+  jit::CompileResult r = jit::compile(region_.kernel.source, region_.kernel.name, kernel_jit_options(opts));
   region_.library_path = r.cubin_path;
   region_.cache_hit = r.cache_hit;
   region_.compile_seconds = r.seconds;

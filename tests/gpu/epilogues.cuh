@@ -13,19 +13,14 @@ using Identity = Store<bf16, AccEntry>;
 // D = gelu_tanh(X·W + b)
 using BiasGelu = Store<bf16, Compute<ops::GeluTanh, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>>;
 
-// h = X·W + b + R;  D0 = h;  D1 = h * v
-using BiasResidual2 =
+// h = X·W + b + R;  D0 = h;  D1 = h * v       (R read by `RLoad`: TileLoad, or TileLoadStaged through SMEM)
+template <class RLoad>
+using BiasResidual2T =
     Store<bf16, Compute<ops::Mul,
-                        Store<bf16, Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>,
-                                            TileLoad<bf16>>>,
+                        Store<bf16, Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, RLoad>>,
                         RowBroadcast<bf16>>>;
-
-// The same with R staged through SMEM (TileLoadStaged, one cp.async burst per tile) instead of registers.
-using BiasResidual2Staged =
-    Store<bf16, Compute<ops::Mul,
-                        Store<bf16, Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>,
-                                            TileLoadStaged<bf16, 128, 128>>>,
-                        RowBroadcast<bf16>>>;
+using BiasResidual2 = BiasResidual2T<TileLoad<bf16>>;
+using BiasResidual2Staged = BiasResidual2T<TileLoadStaged<bf16, 128, 128>>;
 
 // Pointers the three share; unused ones may be null.
 struct EpiPointers {
@@ -43,13 +38,16 @@ inline Identity::Arguments make_args(Identity*, EpiPointers const& e) {
 inline BiasGelu::Arguments make_args(BiasGelu*, EpiPointers const& e) {
   return {e.d0, e.ld, {/*gelu*/ {/*add*/ {}, {e.bias}}}};
 }
-inline BiasResidual2::Arguments make_args(BiasResidual2*, EpiPointers const& e) {
+template <class RLoad>
+typename BiasResidual2T<RLoad>::Arguments bias_residual2_args(EpiPointers const& e) {
   return {e.d1, e.ld,
           {/*mul*/ {e.d0, e.ld, {/*add*/ {/*add*/ {}, {e.bias}}, {e.residual, e.ld}}}, {e.v}}};
 }
+inline BiasResidual2::Arguments make_args(BiasResidual2*, EpiPointers const& e) {
+  return bias_residual2_args<TileLoad<bf16>>(e);
+}
 inline BiasResidual2Staged::Arguments make_args(BiasResidual2Staged*, EpiPointers const& e) {
-  return {e.d1, e.ld,
-          {/*mul*/ {e.d0, e.ld, {/*add*/ {/*add*/ {}, {e.bias}}, {e.residual, e.ld}}}, {e.v}}};
+  return bias_residual2_args<TileLoadStaged<bf16, 128, 128>>(e);
 }
 
 }  // namespace comfuse::composed

@@ -9,15 +9,14 @@ namespace comfuse::composed {
 using namespace comfuse::epi;
 using bf16 = cutlass::bfloat16_t;
 
-// x = X·W + b + R
-using XBiasRes = Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoad<bf16>>;
-
-// x = X·W + b + R with R staged through SMEM (TileLoadStaged) instead of registers
-using XBiasResStaged = Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoadStaged<bf16, 128, 128>>;
+// x = X·W + b + R, R read by `RLoad`: TileLoad (into registers) or TileLoadStaged (through SMEM)
+template <class RLoad> using XBiasResT = Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, RLoad>;
+using XBiasRes = XBiasResT<TileLoad<bf16>>;
+using StagedR = TileLoadStaged<bf16, 128, 128>;
 
 // y = LayerNorm(x) * gamma + beta    stages: mean(x) | mean((x - mean)^2) | normalize
-using PostNorm = StageStream<Stage<
-    Reduce<RowReduce::Mean, 0, XBiasRes>,                                                     // carries x
+template <class RLoad> using PostNormT = StageStream<Stage<
+    Reduce<RowReduce::Mean, 0, XBiasResT<RLoad>>,                                              // carries x
     Stage<Outputs<Compute<ops::Sub, AccEntry, RowResult<0>>,                                  // carries d = x - mean
                   Reduce<RowReduce::Mean, 1, Compute<ops::Sub, AccEntry, RowResult<0>>, ops::Square>>,
           Stage<Store<bf16, Compute<ops::Add,
@@ -26,32 +25,18 @@ using PostNorm = StageStream<Stage<
                                                     Compute<ops::Rsqrt, Compute<ops::Add, RowResult<1>, Scalar>>>,
                                             RowBroadcast<bf16>>,
                                     RowBroadcast<bf16>>>>>>>;
-
-using PostNormStaged = StageStream<Stage<
-    Reduce<RowReduce::Mean, 0, XBiasResStaged>,
-    Stage<Outputs<Compute<ops::Sub, AccEntry, RowResult<0>>,
-                  Reduce<RowReduce::Mean, 1, Compute<ops::Sub, AccEntry, RowResult<0>>, ops::Square>>,
-          Stage<Store<bf16, Compute<ops::Add,
-                                    Compute<ops::Mul,
-                                            Compute<ops::Mul, AccEntry,
-                                                    Compute<ops::Rsqrt, Compute<ops::Add, RowResult<1>, Scalar>>>,
-                                            RowBroadcast<bf16>>,
-                                    RowBroadcast<bf16>>>>>>>;
+using PostNorm = PostNormT<TileLoad<bf16>>;
+using PostNormStaged = PostNormT<StagedR>;
 
 // y = x * rsqrt(mean(x^2) + eps) * gamma    stages: mean(x^2) | normalize
-using RmsNorm = StageStream<Stage<
-    Reduce<RowReduce::Mean, 0, XBiasRes, ops::Square>,                                        // carries x
+template <class RLoad> using RmsNormT = StageStream<Stage<
+    Reduce<RowReduce::Mean, 0, XBiasResT<RLoad>, ops::Square>,                                // carries x
     Stage<Store<bf16, Compute<ops::Mul,
                               Compute<ops::Mul, AccEntry,
                                       Compute<ops::Rsqrt, Compute<ops::Add, RowResult<0>, Scalar>>>,
                               RowBroadcast<bf16>>>>>>;
-
-using RmsNormStaged = StageStream<Stage<
-    Reduce<RowReduce::Mean, 0, XBiasResStaged, ops::Square>,
-    Stage<Store<bf16, Compute<ops::Mul,
-                              Compute<ops::Mul, AccEntry,
-                                      Compute<ops::Rsqrt, Compute<ops::Add, RowResult<0>, Scalar>>>,
-                              RowBroadcast<bf16>>>>>>;
+using RmsNorm = RmsNormT<TileLoad<bf16>>;
+using RmsNormStaged = RmsNormT<StagedR>;
 
 // y = softmax(X·W + b)    stages: max | sum(exp(x - max)) | divide
 using Softmax = StageStream<Stage<
@@ -85,41 +70,30 @@ struct ReducePointers {
   reduce::L2Workspace ws{};
 };
 
-inline PostNorm::Arguments make_args(PostNorm*, ReducePointers const& e) {
-  XBiasRes::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
-  PostNorm::Arguments a{};
+// TileLoad and TileLoadStaged take the same arguments ({R, ld}): one builder serves both forms.
+template <class RLoad>
+typename PostNormT<RLoad>::Arguments postnorm_args(ReducePointers const& e) {
+  typename XBiasResT<RLoad>::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
+  typename PostNormT<RLoad>::Arguments a{};
   a.tree = {x, e.ws};
   a.post.tree.a = {{}, {}};
   a.post.tree.b = {{{}, {}}, e.ws};
   a.post.post.tree = {e.out, e.ld, {{{{}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}, {e.beta}}};
   return a;
 }
+inline PostNorm::Arguments make_args(PostNorm*, ReducePointers const& e) { return postnorm_args<TileLoad<bf16>>(e); }
+inline PostNormStaged::Arguments make_args(PostNormStaged*, ReducePointers const& e) { return postnorm_args<StagedR>(e); }
 
-inline PostNormStaged::Arguments make_args(PostNormStaged*, ReducePointers const& e) {
-  XBiasResStaged::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
-  PostNormStaged::Arguments a{};
-  a.tree = {x, e.ws};
-  a.post.tree.a = {{}, {}};
-  a.post.tree.b = {{{}, {}}, e.ws};
-  a.post.post.tree = {e.out, e.ld, {{{{}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}, {e.beta}}};
-  return a;
-}
-
-inline RmsNormStaged::Arguments make_args(RmsNormStaged*, ReducePointers const& e) {
-  XBiasResStaged::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
-  RmsNormStaged::Arguments a{};
+template <class RLoad>
+typename RmsNormT<RLoad>::Arguments rmsnorm_args(ReducePointers const& e) {
+  typename XBiasResT<RLoad>::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
+  typename RmsNormT<RLoad>::Arguments a{};
   a.tree = {x, e.ws};
   a.post.tree = {e.out, e.ld, {{{}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}};
   return a;
 }
-
-inline RmsNorm::Arguments make_args(RmsNorm*, ReducePointers const& e) {
-  XBiasRes::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
-  RmsNorm::Arguments a{};
-  a.tree = {x, e.ws};
-  a.post.tree = {e.out, e.ld, {{{}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}};
-  return a;
-}
+inline RmsNorm::Arguments make_args(RmsNorm*, ReducePointers const& e) { return rmsnorm_args<TileLoad<bf16>>(e); }
+inline RmsNormStaged::Arguments make_args(RmsNormStaged*, ReducePointers const& e) { return rmsnorm_args<StagedR>(e); }
 
 inline Softmax::Arguments make_args(Softmax*, ReducePointers const& e) {
   Softmax::Arguments a{};
