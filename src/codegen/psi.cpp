@@ -240,9 +240,7 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   for (size_t i = 0; i < fs.outputs.size(); ++i)
     o << "//   out[" << i << "] " << fs.outputs[i].name << " : " << dtype_name(fs.outputs[i].dtype)
       << (fs.outputs[i].per_row ? std::string("[rows, 1]") : "[rows, " + n_str + "]") << "\n";
-  o << "#include <cstdio>\n#include <cstring>\n#include <mutex>\n\n"
-    << "#include \"comfuse/abi.h\"\n#include \"comfuse/gemm.cuh\"\n#include \"comfuse/epilogue/all.cuh\"\n"
-    << "#include \"comfuse/reduce/l2_exchange.cuh\"\n";
+  o << "#include \"comfuse/abi_entry.cuh\"\n#include \"comfuse/gemm.cuh\"\n#include \"comfuse/epilogue/all.cuh\"\n";
   if (psi.multi_stage()) o << "#include \"comfuse/epilogue/reduce.cuh\"\n";
   o << "\nnamespace " << g.name << " {\nusing namespace comfuse;\nusing namespace comfuse::epi;\n"
     << "using bf16 = cutlass::bfloat16_t;\nusing f16 = cutlass::half_t;\n\n"
@@ -260,55 +258,17 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     << "  (void)p;\n  (void)ld;\n"
     << "  return Epilogue::Arguments" << psi.epilogue_init() << ";\n}\n\n"
     << "cudaError_t launch(Kernel::Arguments const& a, cudaStream_t stream) { return Kernel::run(a, stream); }\n\n"
-    << "// The C entry points of kernels/comfuse/abi.h, through which the runtime calls this kernel once the JIT has\n"
-    << "// compiled this file into a shared object.\n"
-    << "constexpr int kOutputs = " << fs.outputs.size() << ", kParams = " << fs.params.size()
+    << "// What the C entry points of kernels/comfuse/abi.h need (comfuse/abi_entry.cuh); the runtime calls them once\n"
+    << "// the JIT has compiled this file into a shared object.\n"
+    << "struct Traits {\n  using Cfg = " << g.name << "::Cfg;\n  using Kernel = " << g.name << "::Kernel;\n"
+    << "  using Pointers = " << g.name << "::Pointers;\n"
+    << "  static constexpr int kOutputs = " << fs.outputs.size() << ", kParams = " << fs.params.size()
     << ", kReductions = " << reductions << ";\n"
-    << "static_assert(kOutputs <= COMFUSE_MAX_OUTPUTS && kParams <= COMFUSE_MAX_PARAMS, \"abi.h limits\");\n\n"
-    << "inline Kernel::Arguments arguments(ComfuseKernelArgs const& a) {\n"
-    << "  Pointers p{};\n"
-    << "  for (int i = 0; i < kOutputs; ++i) p.out[i] = a.out[i];\n"
-    << "  for (int i = 0; i < kParams; ++i) p.param[i] = a.param[i];\n"
-    << "  p.ws.partials = a.ws_partials;\n  p.ws.counters = a.ws_counters;\n  p.ws.stages = kReductions;\n"
-    << "  p.ws.cols = int((a.n + Cfg::kTileN - 1) / Cfg::kTileN);\n  p.ws.tile_m = Cfg::kTileM;\n"
-    << "  Kernel::Arguments k;\n"
-    << "  k.A = static_cast<Cfg::Element const*>(a.a);\n  k.B = static_cast<Cfg::Element const*>(a.b);\n"
-    << "  k.M = int(a.m);\n  k.N = int(a.n);\n  k.K = int(a.k);\n  k.lda = a.lda;\n  k.ldb = a.ldb;\n"
-    << "  k.epi = make_args(p, a.ld);\n  k.transport = reduce::Transport(a.transport);\n  return k;\n}\n\n"
-    << "inline int fail(char* why, int len, char const* msg, int code) {\n"
-    << "  if (why && len > 0) std::snprintf(why, size_t(len), \"%s\", msg);\n  return code;\n}\n\n"
-    << "// The last launch's prepared parameters: encoding the TMA descriptors costs host time on every launch.\n"
-    << "struct Prepared {\n  std::mutex mu;\n  bool valid = false;\n  ComfuseKernelArgs args{};\n"
-    << "  Kernel::Kernel::Params params;\n};\ninline Prepared prepared;\n"
+    << "  static constexpr char const* kName = \"" << g.name << "\";\n"
+    << "  static Epilogue::Arguments make_args(Pointers const& p, int64_t ld) { return " << g.name
+    << "::make_args(p, ld); }\n};\n"
     << "}  // namespace " << g.name << "\n\n"
-    << "extern \"C\" {\n"
-    << "__attribute__((visibility(\"default\"))) int comfuse_kernel_abi(void) { return COMFUSE_KERNEL_ABI; }\n"
-    << "__attribute__((visibility(\"default\"))) const char* comfuse_kernel_name(void) { return \"" << g.name
-    << "\"; }\n"
-    << "__attribute__((visibility(\"default\"))) int comfuse_kernel_workspace(int64_t m, int64_t n, int64_t* partial_bytes,\n"
-    << "                                                                  int64_t* counter_bytes) {\n"
-    << "  using namespace " << g.name << ";\n"
-    << "  const int64_t row_blocks = (m + Cfg::kTileM - 1) / Cfg::kTileM, cols = (n + Cfg::kTileN - 1) / Cfg::kTileN;\n"
-    << "  *partial_bytes = row_blocks * kReductions * cols * Cfg::kTileM * int64_t(sizeof(float));\n"
-    << "  *counter_bytes = row_blocks * kReductions * 2 * int64_t(sizeof(int));\n  return 0;\n}\n"
-    << "__attribute__((visibility(\"default\"))) int comfuse_kernel_check(const ComfuseKernelArgs* a, char* why, int len) {\n"
-    << "  using namespace " << g.name << ";\n"
-    << "  if (a == nullptr || a->abi != COMFUSE_KERNEL_ABI) return fail(why, len, \"kernel ABI mismatch (rebuild the kernel cache)\", 1);\n"
-    << "  if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX) return fail(why, len, \"M, N or K above 2^31 - 1\", 1);\n"
-    << "  if (kReductions > 0 && a->transport == 0 && a->n > Cfg::kTileN && (!a->ws_partials || !a->ws_counters))\n"
-    << "    return fail(why, len, \"the L2 transport needs its workspace (comfuse_kernel_workspace)\", 1);\n"
-    << "  if (char const* r = Kernel::can_implement(arguments(*a))) return fail(why, len, r, 1);\n  return 0;\n}\n"
-    << "__attribute__((visibility(\"default\"))) int comfuse_kernel_launch(const ComfuseKernelArgs* a, void* stream, char* why,\n"
-    << "                                                               int len) {\n"
-    << "  using namespace " << g.name << ";\n"
-    << "  std::lock_guard<std::mutex> lock(prepared.mu);\n"
-    << "  if (!prepared.valid || std::memcmp(&prepared.args, a, sizeof *a) != 0) {\n"
-    << "    prepared.valid = false;\n"
-    << "    if (int c = comfuse_kernel_check(a, why, len)) return c;\n"
-    << "    prepared.params = Kernel::make_params(arguments(*a));\n    prepared.args = *a;\n    prepared.valid = true;\n  }\n"
-    << "  cudaError_t e = Kernel::launch(prepared.params, static_cast<cudaStream_t>(stream), a->max_clusters);\n"
-    << "  if (e != cudaSuccess) return fail(why, len, cudaGetErrorString(e), 2);\n  return 0;\n}\n"
-    << "}  // extern \"C\"\n";
+    << "COMFUSE_KERNEL_ENTRY_POINTS(" << g.name << "::Traits)\n";
   g.source = o.str();
   return g;
 }

@@ -2,14 +2,9 @@
 // spec 005dd1c7a0eaa196: N=12 K=40, 1 stage(s); tile 128x128x64, cluster 1x1
 //   param[0] row b2 : bf16[12]
 //   out[0] y : bf16[rows, 12]
-#include <cstdio>
-#include <cstring>
-#include <mutex>
-
-#include "comfuse/abi.h"
+#include "comfuse/abi_entry.cuh"
 #include "comfuse/gemm.cuh"
 #include "comfuse/epilogue/all.cuh"
-#include "comfuse/reduce/l2_exchange.cuh"
 
 namespace comfuse_005dd1c7a0eaa196 {
 using namespace comfuse;
@@ -36,81 +31,16 @@ inline Epilogue::Arguments make_args(Pointers const& p, int64_t ld) {
 
 cudaError_t launch(Kernel::Arguments const& a, cudaStream_t stream) { return Kernel::run(a, stream); }
 
-// The C entry points of kernels/comfuse/abi.h, through which the runtime calls this kernel once the JIT has
-// compiled this file into a shared object.
-constexpr int kOutputs = 1, kParams = 1, kReductions = 0;
-static_assert(kOutputs <= COMFUSE_MAX_OUTPUTS && kParams <= COMFUSE_MAX_PARAMS, "abi.h limits");
-
-inline Kernel::Arguments arguments(ComfuseKernelArgs const& a) {
-  Pointers p{};
-  for (int i = 0; i < kOutputs; ++i) p.out[i] = a.out[i];
-  for (int i = 0; i < kParams; ++i) p.param[i] = a.param[i];
-  p.ws.partials = a.ws_partials;
-  p.ws.counters = a.ws_counters;
-  p.ws.stages = kReductions;
-  p.ws.cols = int((a.n + Cfg::kTileN - 1) / Cfg::kTileN);
-  p.ws.tile_m = Cfg::kTileM;
-  Kernel::Arguments k;
-  k.A = static_cast<Cfg::Element const*>(a.a);
-  k.B = static_cast<Cfg::Element const*>(a.b);
-  k.M = int(a.m);
-  k.N = int(a.n);
-  k.K = int(a.k);
-  k.lda = a.lda;
-  k.ldb = a.ldb;
-  k.epi = make_args(p, a.ld);
-  k.transport = reduce::Transport(a.transport);
-  return k;
-}
-
-inline int fail(char* why, int len, char const* msg, int code) {
-  if (why && len > 0) std::snprintf(why, size_t(len), "%s", msg);
-  return code;
-}
-
-// The last launch's prepared parameters: encoding the TMA descriptors costs host time on every launch.
-struct Prepared {
-  std::mutex mu;
-  bool valid = false;
-  ComfuseKernelArgs args{};
-  Kernel::Kernel::Params params;
+// What the C entry points of kernels/comfuse/abi.h need (comfuse/abi_entry.cuh); the runtime calls them once
+// the JIT has compiled this file into a shared object.
+struct Traits {
+  using Cfg = comfuse_005dd1c7a0eaa196::Cfg;
+  using Kernel = comfuse_005dd1c7a0eaa196::Kernel;
+  using Pointers = comfuse_005dd1c7a0eaa196::Pointers;
+  static constexpr int kOutputs = 1, kParams = 1, kReductions = 0;
+  static constexpr char const* kName = "comfuse_005dd1c7a0eaa196";
+  static Epilogue::Arguments make_args(Pointers const& p, int64_t ld) { return comfuse_005dd1c7a0eaa196::make_args(p, ld); }
 };
-inline Prepared prepared;
 }  // namespace comfuse_005dd1c7a0eaa196
 
-extern "C" {
-__attribute__((visibility("default"))) int comfuse_kernel_abi(void) { return COMFUSE_KERNEL_ABI; }
-__attribute__((visibility("default"))) const char* comfuse_kernel_name(void) { return "comfuse_005dd1c7a0eaa196"; }
-__attribute__((visibility("default"))) int comfuse_kernel_workspace(int64_t m, int64_t n, int64_t* partial_bytes,
-                                                                  int64_t* counter_bytes) {
-  using namespace comfuse_005dd1c7a0eaa196;
-  const int64_t row_blocks = (m + Cfg::kTileM - 1) / Cfg::kTileM, cols = (n + Cfg::kTileN - 1) / Cfg::kTileN;
-  *partial_bytes = row_blocks * kReductions * cols * Cfg::kTileM * int64_t(sizeof(float));
-  *counter_bytes = row_blocks * kReductions * 2 * int64_t(sizeof(int));
-  return 0;
-}
-__attribute__((visibility("default"))) int comfuse_kernel_check(const ComfuseKernelArgs* a, char* why, int len) {
-  using namespace comfuse_005dd1c7a0eaa196;
-  if (a == nullptr || a->abi != COMFUSE_KERNEL_ABI) return fail(why, len, "kernel ABI mismatch (rebuild the kernel cache)", 1);
-  if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX) return fail(why, len, "M, N or K above 2^31 - 1", 1);
-  if (kReductions > 0 && a->transport == 0 && a->n > Cfg::kTileN && (!a->ws_partials || !a->ws_counters))
-    return fail(why, len, "the L2 transport needs its workspace (comfuse_kernel_workspace)", 1);
-  if (char const* r = Kernel::can_implement(arguments(*a))) return fail(why, len, r, 1);
-  return 0;
-}
-__attribute__((visibility("default"))) int comfuse_kernel_launch(const ComfuseKernelArgs* a, void* stream, char* why,
-                                                               int len) {
-  using namespace comfuse_005dd1c7a0eaa196;
-  std::lock_guard<std::mutex> lock(prepared.mu);
-  if (!prepared.valid || std::memcmp(&prepared.args, a, sizeof *a) != 0) {
-    prepared.valid = false;
-    if (int c = comfuse_kernel_check(a, why, len)) return c;
-    prepared.params = Kernel::make_params(arguments(*a));
-    prepared.args = *a;
-    prepared.valid = true;
-  }
-  cudaError_t e = Kernel::launch(prepared.params, static_cast<cudaStream_t>(stream), a->max_clusters);
-  if (e != cudaSuccess) return fail(why, len, cudaGetErrorString(e), 2);
-  return 0;
-}
-}  // extern "C"
+COMFUSE_KERNEL_ENTRY_POINTS(comfuse_005dd1c7a0eaa196::Traits)

@@ -1,0 +1,115 @@
+// The C entry points of kernels/comfuse/abi.h for one generated kernel: the same code for every kernel, written
+// once here. A generated translation unit defines a traits struct and expands COMFUSE_KERNEL_ENTRY_POINTS:
+//
+//   struct Traits {
+//     using Cfg = ...;  using Kernel = comfuse::Gemm<Cfg, Epilogue>;  using Pointers = ...;
+//     static constexpr int kOutputs, kParams, kReductions;
+//     static constexpr char const* kName;                                   // "comfuse_<spec hash>"
+//     static Epilogue::Arguments make_args(Pointers const&, int64_t ld);
+//   };
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include "comfuse/abi.h"
+#include "comfuse/gemm.cuh"
+#include "comfuse/reduce/l2_exchange.cuh"
+
+namespace comfuse::abi {
+
+template <class T>
+struct EntryPoints {
+  using Cfg = typename T::Cfg;
+  using Kernel = typename T::Kernel;
+  static_assert(T::kOutputs <= COMFUSE_MAX_OUTPUTS && T::kParams <= COMFUSE_MAX_PARAMS, "abi.h limits");
+
+  static typename Kernel::Arguments arguments(ComfuseKernelArgs const& a) {
+    typename T::Pointers p{};
+    for (int i = 0; i < T::kOutputs; ++i) p.out[i] = a.out[i];
+    for (int i = 0; i < T::kParams; ++i) p.param[i] = a.param[i];
+    p.ws.partials = a.ws_partials;
+    p.ws.counters = a.ws_counters;
+    p.ws.stages = T::kReductions;
+    p.ws.cols = int((a.n + Cfg::kTileN - 1) / Cfg::kTileN);
+    p.ws.tile_m = Cfg::kTileM;
+    typename Kernel::Arguments k;
+    k.A = static_cast<typename Cfg::Element const*>(a.a);
+    k.B = static_cast<typename Cfg::Element const*>(a.b);
+    k.M = int(a.m);
+    k.N = int(a.n);
+    k.K = int(a.k);
+    k.lda = a.lda;
+    k.ldb = a.ldb;
+    k.epi = T::make_args(p, a.ld);
+    k.transport = reduce::Transport(a.transport);
+    return k;
+  }
+
+  static int fail(char* why, int len, char const* msg, int code) {
+    if (why && len > 0) std::snprintf(why, size_t(len), "%s", msg);
+    return code;
+  }
+
+  static int workspace(int64_t m, int64_t n, int64_t* partial_bytes, int64_t* counter_bytes) {
+    const int64_t row_blocks = (m + Cfg::kTileM - 1) / Cfg::kTileM, cols = (n + Cfg::kTileN - 1) / Cfg::kTileN;
+    *partial_bytes = row_blocks * T::kReductions * cols * Cfg::kTileM * int64_t(sizeof(float));
+    *counter_bytes = row_blocks * T::kReductions * 2 * int64_t(sizeof(int));
+    return 0;
+  }
+
+  static int check(ComfuseKernelArgs const* a, char* why, int len) {
+    if (a == nullptr || a->abi != COMFUSE_KERNEL_ABI)
+      return fail(why, len, "kernel ABI mismatch (rebuild the kernel cache)", 1);
+    if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX) return fail(why, len, "M, N or K above 2^31 - 1", 1);
+    if (T::kReductions > 0 && a->transport == 0 && a->n > Cfg::kTileN && (!a->ws_partials || !a->ws_counters))
+      return fail(why, len, "the L2 transport needs its workspace (comfuse_kernel_workspace)", 1);
+    if (char const* r = Kernel::can_implement(arguments(*a))) return fail(why, len, r, 1);
+    return 0;
+  }
+
+  // The last launch's prepared parameters: encoding the TMA descriptors costs host time on every launch.
+  struct Prepared {
+    std::mutex mu;
+    bool valid = false;
+    ComfuseKernelArgs args{};
+    typename Kernel::Kernel::Params params;
+  };
+  static inline Prepared prepared;
+
+  static int launch(ComfuseKernelArgs const* a, void* stream, char* why, int len) {
+    std::lock_guard<std::mutex> lock(prepared.mu);
+    if (!prepared.valid || std::memcmp(&prepared.args, a, sizeof *a) != 0) {
+      prepared.valid = false;
+      if (int c = check(a, why, len)) return c;
+      prepared.params = Kernel::make_params(arguments(*a));
+      prepared.args = *a;
+      prepared.valid = true;
+    }
+    cudaError_t e = Kernel::launch(prepared.params, static_cast<cudaStream_t>(stream), a->max_clusters);
+    if (e != cudaSuccess) return fail(why, len, cudaGetErrorString(e), 2);
+    return 0;
+  }
+};
+
+}  // namespace comfuse::abi
+
+// The five extern "C" entry points for the traits struct TRAITS (one generated kernel per shared object).
+#define COMFUSE_KERNEL_ENTRY_POINTS(TRAITS)                                                                        \
+  extern "C" {                                                                                                     \
+  __attribute__((visibility("default"))) int comfuse_kernel_abi(void) { return COMFUSE_KERNEL_ABI; }               \
+  __attribute__((visibility("default"))) const char* comfuse_kernel_name(void) { return TRAITS::kName; }           \
+  __attribute__((visibility("default"))) int comfuse_kernel_workspace(int64_t m, int64_t n, int64_t* p,            \
+                                                                      int64_t* c) {                                \
+    return ::comfuse::abi::EntryPoints<TRAITS>::workspace(m, n, p, c);                                             \
+  }                                                                                                                \
+  __attribute__((visibility("default"))) int comfuse_kernel_check(const ComfuseKernelArgs* a, char* why, int len) { \
+    return ::comfuse::abi::EntryPoints<TRAITS>::check(a, why, len);                                                \
+  }                                                                                                                \
+  __attribute__((visibility("default"))) int comfuse_kernel_launch(const ComfuseKernelArgs* a, void* stream,       \
+                                                                   char* why, int len) {                           \
+    return ::comfuse::abi::EntryPoints<TRAITS>::launch(a, stream, why, len);                                       \
+  }                                                                                                                \
+  }
