@@ -85,6 +85,25 @@ class Timer {
   CUevent start_ = nullptr, stop_ = nullptr;
 };
 
+// A JIT-compiled shared object (a generated kernel, the plain GPU path), opened with dlopen. `what` names it in
+// errors; every missing symbol is an error naming the library.
+class SharedLibrary {
+ public:
+  SharedLibrary(const std::string& path, std::string what);  // throws RuntimeError
+  ~SharedLibrary();
+  SharedLibrary(const SharedLibrary&) = delete;
+  SharedLibrary& operator=(const SharedLibrary&) = delete;
+  template <class Fn> Fn symbol(const char* name) const { return reinterpret_cast<Fn>(address(name)); }
+  // Calls the library's `int abi_symbol(void)` and refuses it unless it returns `expected`.
+  void require_abi(const char* abi_symbol, int expected) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  void* address(const char* name) const;
+  void* handle_ = nullptr;
+  std::string path_, what_;
+};
+
 // A cuBLASLt bf16/f16 GEMM (fp32 accumulation) of one shape, with its own buffers: the baseline of
 // `comfuse bench`. cuBLASLt is loaded at run time (libcublasLt.so.13); available() says whether it was found.
 class CublasGemm {
@@ -118,8 +137,8 @@ class KernelLibrary {
   void launch(const ComfuseKernelArgs& a, CUstream stream) const;  // throws RuntimeError with the kernel's reason
 
  private:
-  void* handle_ = nullptr;
-  std::string path_, name_;
+  SharedLibrary lib_;
+  std::string name_;
   int (*workspace_)(int64_t, int64_t, int64_t*, int64_t*) = nullptr;
   ComfuseKernelCheckFn check_ = nullptr;
   ComfuseKernelLaunchFn launch_ = nullptr;

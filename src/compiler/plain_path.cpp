@@ -1,7 +1,5 @@
 #include "plain_path.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -90,22 +88,11 @@ std::string PlainPath::source(const std::string& kernel_dir) {
   return ss.str();
 }
 
-PlainPath::PlainPath(const std::string& path) {
-  handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle_) {
-    const char* e = dlerror();
-    throw rt::RuntimeError("cannot load the plain GPU path library " + path + ": " + (e ? e : "dlopen failed"));
-  }
-  auto sym = [&](const char* n) {
-    void* p = dlsym(handle_, n);
-    if (!p) throw rt::RuntimeError("plain GPU path library " + path + " has no " + n);
-    return p;
-  };
-  if (reinterpret_cast<CfPlainAbiFn>(sym("comfuse_plain_abi"))() != CF_PLAIN_ABI)
-    throw rt::RuntimeError("plain GPU path library " + path + " has another ABI: clear the kernel cache");
-  elementwise_ = reinterpret_cast<CfPlainElementwiseFn>(sym("comfuse_plain_elementwise"));
-  reduce_ = reinterpret_cast<CfPlainReduceFn>(sym("comfuse_plain_reduce"));
-  matmul_ = reinterpret_cast<CfPlainMatmulFn>(sym("comfuse_plain_matmul"));
+PlainPath::PlainPath(const std::string& path) : lib_(path, "plain GPU path library") {
+  lib_.require_abi("comfuse_plain_abi", CF_PLAIN_ABI);
+  elementwise_ = lib_.symbol<CfPlainElementwiseFn>("comfuse_plain_elementwise");
+  reduce_ = lib_.symbol<CfPlainReduceFn>("comfuse_plain_reduce");
+  matmul_ = lib_.symbol<CfPlainMatmulFn>("comfuse_plain_matmul");
 }
 
 PlainPath::~PlainPath() {
@@ -113,7 +100,6 @@ PlainPath::~PlainPath() {
     for (auto& [id, p] : batch_offsets_) rt::mem_free(p);
   } catch (...) {
   }
-  if (handle_) dlclose(handle_);
 }
 
 namespace {

@@ -34,7 +34,7 @@ class PlainPath {
   static std::string source(const std::string& kernel_dir);
 
  private:
-  void* handle_ = nullptr;
+  rt::SharedLibrary lib_;
   CfPlainElementwiseFn elementwise_ = nullptr;
   CfPlainReduceFn reduce_ = nullptr;
   CfPlainMatmulFn matmul_ = nullptr;

@@ -227,30 +227,40 @@ void synchronize(CUstream s) {
 
 namespace comfuse::rt {
 
-KernelLibrary::KernelLibrary(const std::string& path) : path_(path) {
+SharedLibrary::SharedLibrary(const std::string& path, std::string what) : path_(path), what_(std::move(what)) {
   handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle_) {
     const char* e = dlerror();
-    throw RuntimeError("cannot load kernel library " + path + ": " + (e ? e : "unknown dlopen error"));
+    throw RuntimeError("cannot load " + what_ + " " + path + ": " + (e ? e : "unknown dlopen error"));
   }
-  auto sym = [&](const char* n) {
-    void* p = dlsym(handle_, n);
-    if (!p) throw RuntimeError("kernel library " + path + " has no " + n + ": not a ComFuse kernel (or stale)");
-    return p;
-  };
-  auto abi = reinterpret_cast<ComfuseKernelAbiFn>(sym("comfuse_kernel_abi"));
-  if (abi() != COMFUSE_KERNEL_ABI)
-    throw RuntimeError("kernel library " + path + " has ABI " + std::to_string(abi()) + ", this runtime " +
-                       std::to_string(COMFUSE_KERNEL_ABI) + ": recompile it (clear the kernel cache or re-run aot)");
-  name_ = reinterpret_cast<ComfuseKernelNameFn>(sym("comfuse_kernel_name"))();
-  workspace_ = reinterpret_cast<int (*)(int64_t, int64_t, int64_t*, int64_t*)>(sym("comfuse_kernel_workspace"));
-  check_ = reinterpret_cast<ComfuseKernelCheckFn>(sym("comfuse_kernel_check"));
-  launch_ = reinterpret_cast<ComfuseKernelLaunchFn>(sym("comfuse_kernel_launch"));
 }
 
-KernelLibrary::~KernelLibrary() {
+SharedLibrary::~SharedLibrary() {
   if (handle_) dlclose(handle_);
 }
+
+void* SharedLibrary::address(const char* name) const {
+  void* p = dlsym(handle_, name);
+  if (!p) throw RuntimeError(what_ + " " + path_ + " has no " + name + ": not built by this ComFuse (or stale)");
+  return p;
+}
+
+void SharedLibrary::require_abi(const char* abi_symbol, int expected) const {
+  const int got = symbol<int (*)()>(abi_symbol)();
+  if (got != expected)
+    throw RuntimeError(what_ + " " + path_ + " has ABI " + std::to_string(got) + ", this runtime " +
+                       std::to_string(expected) + ": recompile it (clear the kernel cache or re-run aot)");
+}
+
+KernelLibrary::KernelLibrary(const std::string& path) : lib_(path, "kernel library") {
+  lib_.require_abi("comfuse_kernel_abi", COMFUSE_KERNEL_ABI);
+  name_ = lib_.symbol<ComfuseKernelNameFn>("comfuse_kernel_name")();
+  workspace_ = lib_.symbol<int (*)(int64_t, int64_t, int64_t*, int64_t*)>("comfuse_kernel_workspace");
+  check_ = lib_.symbol<ComfuseKernelCheckFn>("comfuse_kernel_check");
+  launch_ = lib_.symbol<ComfuseKernelLaunchFn>("comfuse_kernel_launch");
+}
+
+KernelLibrary::~KernelLibrary() = default;
 
 void KernelLibrary::workspace_bytes(int64_t m, int64_t n, int64_t* partials, int64_t* counters) const {
   workspace_(m, n, partials, counters);
