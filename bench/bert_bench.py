@@ -2,7 +2,10 @@
 backend="inductor" (default and max-autotune-no-cudagraphs), bf16 inference, in one process (WORKLOADS.md §3).
 
     python3 bench/bert_bench.py [--models base,large] [--batch 32] [--seq 512] [--modes default,max-autotune]
-                                [--out FILE.csv] [--budget-s S]
+                                [--comfuse planner,all] [--out FILE.csv] [--budget-s S]
+
+comfuse variants: "planner" is backend="comfuse" as a user gets it (the planner fuses the regions its measured
+table says pay); "all" adds options={"fuse": "all"} (every region a kernel can serve, to measure the kernels).
 
 Each model is the standard post-norm encoder layer (self-attention through SDPA, residual + LayerNorm, GELU FFN,
 residual + LayerNorm) stacked 12 (base: hidden 768, 12 heads, FFN 3072) or 24 times (large: 1024, 16, 4096).
@@ -12,6 +15,7 @@ A hidden --cpu-smoke runs a tiny fp32 stack on the CPU (default mode, eager time
 """
 import argparse
 import csv
+import logging
 import math
 import sys
 import time
@@ -69,6 +73,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--modes", default="default,max-autotune", help="inductor modes to compare with")
+    p.add_argument("--comfuse", default="planner,all", help="comfuse variants: planner, all")
     p.add_argument("--out", default=None)
     p.add_argument("--budget-s", type=float, default=math.inf, help="stop starting new models after S seconds")
     p.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
@@ -99,6 +104,17 @@ def main(argv=None):
 
         def bench(fn):
             return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1000
+    class Count(logging.Handler):   # how many regions each comfuse variant runs as ComFuse kernels
+        fused = 0
+
+        def emit(self, r):
+            msg = r.getMessage()
+            if "region(s) run as ComFuse kernels" in msg:
+                Count.fused += int(msg.split(": ")[1].split(" ")[0])
+
+    logging.getLogger("comfuse").addHandler(Count())
+    logging.getLogger("comfuse").setLevel(logging.INFO)
+    cf_variants = [v.strip() for v in a.comfuse.split(",") if v.strip()]
     t0 = time.perf_counter()
     rows = []
     for name in models:
@@ -112,22 +128,30 @@ def main(argv=None):
         with torch.no_grad():
             ref = model(x)
             row["eager_us"] = bench(lambda: model(x))
-            variants = [("comfuse", dict(backend="comfuse"))]
+            variants = [("comfuse" if v == "planner" else f"comfuse_{v}",
+                         dict(backend="comfuse", options={"fuse": v})) for v in cf_variants]
             variants += [(f"inductor_{m}", dict(backend="inductor", mode=MODES[m])) for m in modes]
             for label, kw in variants:
                 torch._dynamo.reset()
+                Count.fused = 0
                 tc = time.perf_counter()
                 compiled = torch.compile(model, **kw)
                 out = compiled(x)
                 row[f"{label}_compile_s"] = time.perf_counter() - tc
                 row[f"{label}_us"] = bench(lambda: compiled(x))
                 row[f"{label}_err"] = rel(out, ref)
+                if label.startswith("comfuse"):
+                    row[f"{label}_kernels"] = Count.fused
                 print(f"{name}: {label}: {row[f'{label}_us']:.0f} us, compile {row[f'{label}_compile_s']:.0f} s, "
-                      f"rel err vs eager {row[f'{label}_err']:.2e}", flush=True)
+                      f"rel err vs eager {row[f'{label}_err']:.2e}" +
+                      (f", {Count.fused} region(s) as ComFuse kernels" if label.startswith("comfuse") else ""),
+                      flush=True)
         best = min(row[f"inductor_{m}_us"] for m in modes)
-        row["speedup_vs_inductor_best"] = best / row["comfuse_us"]
-        print(f"{name}: comfuse {row['comfuse_us']:.0f} us, inductor best {best:.0f} us: "
-              f"{row['speedup_vs_inductor_best']:.3f}x", flush=True)
+        for v in cf_variants:
+            label = "comfuse" if v == "planner" else f"comfuse_{v}"
+            row[f"{label}_speedup_vs_inductor_best"] = best / row[f"{label}_us"]
+            print(f"{name}: {label} {row[f'{label}_us']:.0f} us, inductor best {best:.0f} us: "
+                  f"{row[f'{label}_speedup_vs_inductor_best']:.3f}x", flush=True)
         rows.append(row)
         del model, x
         if device == "cuda":

@@ -8,10 +8,31 @@
 #     CLI      the comfuse binary (default build/bin/comfuse; one built here runs there)
 #     AOT_DIR  kernels compiled ahead of time here: AOT_DIR/<example>/ from `comfuse aot examples/<example>.cf`
 #              (saves nvcc minutes on the device); without it every example is JIT-compiled there
+#   scripts/gpu-examples.sh --prepare CLI AOT_DIR [JOBS]
+#              here, before a device call: compile every kernel the run needs ahead of time into AOT_DIR
+#              (examples, the l2 / leader-follower variants, plain_and_fused, 50 random programs), JOBS at once
 # Needs the CUTLASS headers at .carry/cutlass/include (scripts/gpu-check.sh --prepare) for the JIT.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+
+if [ "${1:-}" = "--prepare" ]; then
+  cli="$(realpath "$2")" aot="$3" jobs="${4:-2}"
+  gen="$(dirname "$cli")/comfuse_random_graphs"
+  rm -rf "$aot" && mkdir -p "$aot/random"
+  export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include"
+  "$gen" --count 50 -o "$aot/random/cf" > "$aot/random_gen.log" 2>&1 || { cat "$aot/random_gen.log"; exit 1; }
+  {
+    for ex in bias_gelu ffn_b2b postnorm prenorm_two_outputs rmsnorm softmax; do echo "$ex examples/$ex.cf"; done
+    echo "postnorm_l2 examples/postnorm.cf --transport l2"
+    echo "softmax_leader examples/softmax.cf --transport dsmem_leader"
+    echo "plain_and_fused tests/data/plain_and_fused.cf"
+    for f in "$aot"/random/cf/*.cf; do echo "random/$(basename "$f" .cf) $f"; done
+  } | xargs -P "$jobs" -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "'"$aot"'/$name" > "'"$aot"'/$name.log" 2>&1 ||
+        echo "aot failed: $name (see '"$aot"'/$name.log)"' "$cli"
+  echo "prepared $(ls "$aot"/*/manifest.txt "$aot"/random/*/manifest.txt 2>/dev/null | wc -l) kernel sets in $aot"
+  exit 0
+fi
 cli="${1:-build/bin/comfuse}"
 aot="${2:-}"
 OUT="${OUT:-$root/build/gpu-examples}"

@@ -118,4 +118,9 @@ std::string print_spec(const FusionSpec& fs);
 // names and the row count (a new batch size is the same kernel). Names the kernel.
 uint64_t spec_structural_hash(const FusionSpec& fs);
 
+// The same Spec for another batch: `rows` GEMM rows. Per-row values (Col and Tile params, every output) get the
+// 2-D shape [rows, last dim]; Row and Scalar params keep theirs. The structural hash is unchanged (same kernel).
+// Throws std::invalid_argument for rows < 0.
+FusionSpec spec_with_rows(const FusionSpec& fs, int64_t rows);
+
 }  // namespace comfuse

@@ -20,10 +20,11 @@ def explain(model, *example_inputs, **kwargs):
     return _explain(model, *example_inputs, **kwargs)
 
 
-def capture(model, *example_inputs) -> list:
+def capture(model, *example_inputs, dynamic: bool | None = None) -> list:
     """Captures `model` with Dynamo on `example_inputs` (under torch.no_grad()) and analyzes each graph: a list
     of backend.GraphReport, each with `.analysis` (conversion, partition, program), `.gm` and `.example_inputs`
-    (the Dynamo graph and its inputs, parameters included, in placeholder order)."""
+    (the Dynamo graph and its inputs, parameters included, in placeholder order). `dynamic` goes to
+    torch.compile."""
     import torch
 
     from .backend import analyze_graph
@@ -37,7 +38,7 @@ def capture(model, *example_inputs) -> list:
         return gm.forward
 
     with torch.no_grad():
-        torch.compile(model, backend=collect)(*example_inputs)
+        torch.compile(model, backend=collect, dynamic=dynamic)(*example_inputs)
     return reports
 
 

@@ -2,24 +2,33 @@
 
     model = torch.compile(model, backend="comfuse")
 
-For each graph Dynamo captures: decide whether ComFuse kernels may be used at all (inference, static shapes,
-a Hopper GPU, bf16/f16 GEMMs); capture the inference ATen graph, convert it to the Graph IR, partition it, and
+For each graph Dynamo captures: decide whether ComFuse kernels may be used at all (inference, a Hopper GPU,
+bf16/f16 GEMMs); capture the inference ATen graph, convert it to the Graph IR, partition it, and
 log (INFO, logger "comfuse") the regions that become ComFuse kernels. On CUDA inputs of an sm_90 GPU, the regions
 the planner fuses become `comfuse::fused_region` calls (`Program.rewrite`), each compiled by the JIT before the
 graph runs, and TorchInductor compiles the rest of the graph around them. Any graph that cannot use ComFuse
 kernels - or whose kernels fail to compile - runs through TorchInductor (or eager) unchanged; the log says why.
+
+Dynamic shapes: when Dynamo makes the batch dim symbolic (a second batch size, dynamic=True, mark_dynamic), the
+graph is analyzed at its example sizes and the kernels take the rows M at launch, so every later batch size
+runs the same compiled kernels (no nvcc, no new graph). Nodes with a symbolic size in another dim (e.g. a
+dynamic sequence length inside attention) stay in torch, with that reason in the log and in `explain`.
 
 Options (torch.compile(..., options={...})):
   fallback   "inductor" (default) or "eager": what runs the graph
   reference  True: on CPU tensors, run the rewritten graph with the CPU reference implementation of
              `comfuse::fused_region` (slow; checks capture, conversion and rewrite end to end)
   ctas       column blocks per row in the reference implementation (default 1)
+  fuse       "planner" (default): the regions the planner expects to be faster fused; "all": also those it
+             declines for speed only (to measure them; regions no kernel can serve still run unfused)
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
+import os
 from typing import Any
 
 import torch
@@ -71,16 +80,19 @@ def _symbolic_inputs(gm, example_inputs) -> list[str]:
 
 
 def precheck(gm, example_inputs) -> str | None:
-    """Reasons that need no analysis: gradients and dynamic shapes."""
+    """Reasons that need no analysis: gradients."""
     ts = _tensors(example_inputs)
     if torch.is_grad_enabled() and any(t.requires_grad for t in ts):
         return ("graph needs gradients (autograd is on and an input requires grad): ComFuse compiles inference "
                 "graphs; run the model under torch.no_grad() or torch.inference_mode()")
-    sym = _symbolic_inputs(gm, example_inputs)
-    if sym:
-        return ("dynamic shapes (symbolic sizes in " + ", ".join(sym[:4]) + (", ..." if len(sym) > 4 else "") +
-                "): ComFuse compiles static shapes (a new batch size M without recompiling is future work)")
     return None
+
+
+def _dynamic_reason(rep: GraphReport, sym: list[str]) -> str:
+    """Why a graph with symbolic sizes has no fusable region: the first node kept in torch for a dynamic size."""
+    why = next((r for r in rep.analysis.conv.torch_nodes.values() if "dynamic" in r), None) if rep.analysis else None
+    return ("dynamic shapes (symbolic sizes in " + ", ".join(sym[:4]) + (", ..." if len(sym) > 4 else "") +
+            "): no GEMM epilogue left to fuse" + (f" ({why})" if why else ""))
 
 
 def device_reason(example_inputs) -> str | None:
@@ -110,14 +122,12 @@ def dtype_reason(aten_gm) -> str | None:
     return None
 
 
-def analyze_graph(gm, example_inputs, index: int | None = None) -> GraphReport:
+def analyze_graph(gm, example_inputs, index: int | None = None, fuse_all: bool = False) -> GraphReport:
     """Capture + convert + partition one Dynamo graph, and the reason it falls back (if it does)."""
     from . import program, tracing
 
     rep = GraphReport(next(_GRAPH_IDS) if index is None else index)
     rep.fallback = precheck(gm, example_inputs)
-    if rep.fallback and rep.fallback.startswith("dynamic shapes"):
-        return rep  # nothing static to analyze
     try:
         aten_gm = tracing.aten_graph(gm, example_inputs)
         rep.analysis = program.analyze(aten_gm)
@@ -125,9 +135,10 @@ def analyze_graph(gm, example_inputs, index: int | None = None) -> GraphReport:
         rep.error = f"{type(e).__name__}: {e}"
         rep.fallback = rep.fallback or f"ComFuse could not analyze the graph ({rep.error})"
         return rep
-    rep.fallback = (rep.fallback or dtype_reason(aten_gm) or
-                    (None if rep.regions else "no GEMM with a fusable epilogue in this graph") or
-                    device_reason(example_inputs))
+    sym = _symbolic_inputs(gm, example_inputs)
+    no_region = None if rep.regions else (_dynamic_reason(rep, sym) if sym else
+                                          "no GEMM with a fusable epilogue in this graph")
+    rep.fallback = rep.fallback or dtype_reason(aten_gm) or no_region or device_reason(example_inputs)
     from . import _core as C
 
     rep.plans = [C.plan_region(r.spec) for r in rep.regions]
@@ -136,7 +147,7 @@ def analyze_graph(gm, example_inputs, index: int | None = None) -> GraphReport:
         why = C.unsupported_device_reason(dev.index or 0)
         if why:
             rep.fallback = f"ComFuse kernels cannot run here: {why}"
-        elif not any(p.fuse for p in rep.plans):
+        elif not any(p.fuse or (fuse_all and _declined_for_speed_only(p)) for p in rep.plans):
             rep.fallback = "the planner declines every region: " + "; ".join(
                 f"region {i}: {p.reason}" for i, p in enumerate(rep.plans))
     return rep
@@ -153,25 +164,39 @@ def log_report(rep: GraphReport) -> None:
                      str(g.dtype).split(".")[-1].lower(), len(r.nodes) - 1, r.spec.num_stages())
         log.info("comfuse: graph %d: %d region(s), %d Graph IR node(s) on the standard path, %d node(s) left in torch",
                  rep.index, len(a.part.regions), len(a.part.fallback), len(a.conv.torch_nodes))
+        if a.conv.dynamic:
+            log.info("comfuse: graph %d has a dynamic batch dim: analyzed at its example sizes; the kernels take "
+                     "the rows M at launch, so other batch sizes reuse them", rep.index)
     if rep.fallback:
         log.info("comfuse: graph %d runs without ComFuse kernels: %s", rep.index, rep.fallback)
 
 
-def _with_kernels(rep: GraphReport, gm, ctas: int):
-    """The rewritten graph with the planner's fused regions as comfuse::fused_region calls, their kernels
-    compiled now (so that a compile failure falls back here, not while the model runs); `gm` on failure."""
+def _declined_for_speed_only(p) -> bool:
+    return not p.fuse and p.reason.startswith("fusion does not pay")
+
+
+def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False):
+    """The rewritten graph with the planner's fused regions (with `fuse_all`, also those declined for speed
+    only) as comfuse::fused_region calls, their kernels compiled now (so that a compile failure falls back
+    here, not while the model runs); `gm` on failure."""
     from . import ops
 
-    fuse = {i for i, p in enumerate(rep.plans) if p.fuse}
+    fuse = {i for i, p in enumerate(rep.plans) if p.fuse or (fuse_all and _declined_for_speed_only(p))}
     for i, p in enumerate(rep.plans):
-        log.info("comfuse: graph %d region %d: %s (%s)", rep.index, i, "fused" if p.fuse else "not fused", p.reason)
+        how = ("fused" if p.fuse else "fused (fuse='all'; the planner would not)" if i in fuse else "not fused")
+        log.info("comfuse: graph %d region %d: %s (%s)", rep.index, i, how, p.reason)
     try:
         target = rep.analysis.program.rewrite(ctas, fuse=fuse)
-        for n in target.graph.nodes:
-            if n.op == "call_function" and n.target is torch.ops.comfuse.fused_region.default:
-                k = ops.gpu_kernel(n.args[0])
-                log.info("comfuse: graph %d: kernel %s [%s, transport %s]%s", rep.index, k.name, k.config,
-                         k.transport, " (cache hit)" if k.cache_hit else f" compiled in {k.compile_seconds:.1f} s")
+        keys = [n.args[0] for n in target.graph.nodes
+                if n.op == "call_function" and n.target is torch.ops.comfuse.fused_region.default]
+        # nvcc runs with the GIL released: distinct kernels compile in parallel, and regions with the same Spec
+        # (every layer of a stack) wait on the JIT cache's lock for the first one, then hit the cache.
+        workers = max(1, min(len(keys), os.cpu_count() or 1, 16))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            kernels = list(pool.map(ops.gpu_kernel, keys))
+        for k in kernels:
+            log.info("comfuse: graph %d: kernel %s [%s, transport %s]%s", rep.index, k.name, k.config,
+                     k.transport, " (cache hit)" if k.cache_hit else f" compiled in {k.compile_seconds:.1f} s")
     except Exception as e:   # fallback, never failure
         log.warning("comfuse: graph %d: ComFuse kernels could not be prepared (%s: %s); running it without them",
                     rep.index, type(e).__name__, e)
@@ -185,22 +210,25 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | No
     runner = opts.pop("fallback", "inductor")
     reference = bool(opts.pop("reference", False))
     ctas = int(opts.pop("ctas", 1))
+    fuse = opts.pop("fuse", "planner")
+    if fuse not in ("planner", "all"):
+        raise ValueError(f"comfuse backend: fuse must be 'planner' or 'all', got {fuse!r}")
     if opts:
         raise ValueError(f"comfuse backend: unknown options {sorted(opts)}")
     if runner not in ("inductor", "eager"):
         raise ValueError(f"comfuse backend: fallback must be 'inductor' or 'eager', got {runner!r}")
 
-    rep = analyze_graph(gm, example_inputs)
+    rep = analyze_graph(gm, example_inputs, fuse_all=fuse == "all")
     if rep.fallback and rep.fallback.startswith("graph needs gradients"):
         log.warning("comfuse: graph %d: %s; running it with %s", rep.index, rep.fallback, runner)
     log_report(rep)
 
     target = gm
     if rep.fallback is None and not reference:
-        target = _with_kernels(rep, gm, ctas)
+        target = _with_kernels(rep, gm, ctas, fuse == "all")
     elif (reference and rep.analysis is not None and rep.regions and
             all(t.device.type == "cpu" for t in _tensors(example_inputs)) and
-            not (rep.fallback or "").startswith(("graph needs gradients", "dynamic shapes"))):
+            not (rep.fallback or "").startswith("graph needs gradients")):
         target = rep.analysis.program.rewrite(ctas)
         log.info("comfuse: graph %d: running %d region(s) through the CPU reference implementation",
                  rep.index, len(rep.regions))

@@ -16,6 +16,10 @@ Conventions:
   * fp32 GEMMs (fp32 modules, used for CPU checks) round their operands to bf16, as tensor cores would: weights
     used only by GEMMs are declared bf16 at the input, other operands get an explicit cast; the product is cast
     back to f32. bf16/f16 graphs convert one to one.
+  * dynamic shapes: a symbolic size in dim 0 (the batch, or batch x sequence once flattened) is converted at its
+    example value (GEMM rows are a launch argument of the kernels); `dynamic_reshapes` names the reshapes whose
+    dim 0 is symbolic, which the rewrite emits with -1 there. A node with a symbolic size in any other dim, or
+    one that reduces over a symbolic dim 0, stays in torch with that reason.
 """
 from __future__ import annotations
 
@@ -52,6 +56,8 @@ class Conversion:
     torch_nodes: dict                   # fx.Node -> reason it stays in torch (call_function nodes only)
     input_source: dict                  # Graph IR input name -> fx.Node whose value feeds it
     gemm_dtype: Any                     # tensor-core dtype used for fp32 GEMMs
+    dynamic_reshapes: set = dataclasses.field(default_factory=set)   # Reshape names with a symbolic dim 0
+    dynamic: bool = False               # the graph has symbolic sizes
 
     def name_of(self, node: fx.Node) -> str | None:
         v = self.value.get(node)
@@ -62,6 +68,18 @@ class Conversion:
 
 def _meta(node) -> Any:
     return node.meta.get("val", node.meta.get("example_value")) if isinstance(node, fx.Node) else None
+
+
+def _hint(d) -> int:
+    """A size as an int: a symbolic one (torch.SymInt) at its example value."""
+    if not isinstance(d, torch.SymInt):
+        return int(d)
+    h = d.node.hint
+    return int(h if h is not None else d.node.shape_env.size_hint(d.node.expr))
+
+
+def _hints(shape) -> list[int]:
+    return [_hint(d) for d in shape]
 
 
 def _is_float_tensor(v) -> bool:
@@ -110,6 +128,19 @@ class Converter:
         self.casts: dict = {}
         self.force_torch = dict(force_torch or {})
         self.node: fx.Node | None = None  # the node being converted
+        self.dyn0: set = set()        # Graph IR ids whose dim 0 is symbolic
+        self.dynamic_reshapes: set = set()
+        self.dynamic = False
+
+    def shape(self, m, what: str) -> tuple[list[int], bool]:
+        """A tensor's shape as ints, and whether its dim 0 is symbolic. Symbolic sizes elsewhere: Unsupported."""
+        syms = [i for i, d in enumerate(m.shape) if isinstance(d, torch.SymInt)]
+        if syms:
+            self.dynamic = True
+        if any(i != 0 for i in syms):
+            raise Unsupported(f"dynamic size in dim {[i for i in syms if i != 0][0]} of '{what}' "
+                              f"{list(m.shape)}: ComFuse kernels take a dynamic batch (leading) dim only")
+        return _hints(m.shape), bool(syms)
 
     # ---------------------------------------------------------------- helpers
     def name(self, tag: str | None = None) -> str:
@@ -139,7 +170,10 @@ class Converter:
         dt = TORCH_TO_DT[m.dtype]
         if dt == DT.F32 and _only_gemm_operand(a):
             dt = self.gemm_dtype  # a weight: rounded once where it enters, as a tensor-core input
-        i = self.g.input(a.name, dt, list(m.shape))
+        shape, dyn0 = self.shape(m, a.name)
+        i = self.g.input(a.name, dt, shape)
+        if dyn0:
+            self.dyn0.add(i)
         self.inputs[a] = i
         self.input_source[a.name] = a
         return i
@@ -190,12 +224,14 @@ class Converter:
         dt = TORCH_TO_DT[m.dtype]
         if self.nd(i).dtype != dt and not self.keeps_gemm_dtype(self.node, i):
             i = self.g.cast(i, dt, self.name("cast"))
-        shape = list(m.shape)
+        shape, dyn0 = self.shape(m, self.node.name)
         if list(self.nd(i).shape) != shape:
-            i = self.reshape(i, shape, self.name("view"))
+            i = self.reshape(i, shape, self.name("view"), dyn0)
+        if dyn0:
+            self.dyn0.add(i)
         return i
 
-    def reshape(self, i: int, shape, name) -> int:
+    def reshape(self, i: int, shape, name, dyn0: bool = False) -> int:
         shape = list(shape)
         # collapse chains: reshape(reshape(x)) = reshape(x); a reshape back to the source's shape is the source
         n = self.nd(i)
@@ -204,7 +240,15 @@ class Converter:
             n = self.nd(i)
         if list(n.shape) == shape:
             return i
-        return self.g.reshape(i, shape, name)
+        r = self.g.reshape(i, shape, name)
+        if dyn0:
+            self.dyn0.add(r)
+            self.dynamic_reshapes.add(name)
+        return r
+
+    def static_dims(self, x: int, ds, what: str) -> None:
+        if 0 in ds and x in self.dyn0:
+            raise Unsupported(f"{what} over the dynamic batch dim 0")
 
     # ---------------------------------------------------------------- GEMMs
     def gemm(self, a, b, name, bias=None, beta=1, alpha=1) -> int:
@@ -305,6 +349,7 @@ class Converter:
             if n.kwargs.get("dtype") is not None:
                 x = self.cast(x, TORCH_TO_DT.get(n.kwargs["dtype"], None) or self.out_dtype())
             ds = self.dims(x, dims)
+            self.static_dims(x, ds, "reduction")
             for j, d in enumerate(ds):
                 x = self.g.reduce(op, x, d, bool(keep), self.name() if j == len(ds) - 1 else self.name(f"d{d}"))
             return x
@@ -317,6 +362,7 @@ class Converter:
         if len(ds) != 1:
             raise Unsupported(f"variance over {len(ds)} dims (the Graph IR reduces one dim at a time)")
         d = ds[0]
+        self.static_dims(x, ds, "variance")
         corr = n.kwargs.get("correction", 1)
         if corr is None:
             corr = 1
@@ -335,7 +381,9 @@ class Converter:
         if not keep:
             shape = list(self.nd(x).shape)
             del shape[d]
-            var, mean = self.g.reshape(var, shape, self.name("var.squeeze")), self.g.reshape(mean, shape, self.name("mean.squeeze"))
+            dyn0 = x in self.dyn0
+            var = self.reshape(var, shape, self.name("var.squeeze"), dyn0)
+            mean = self.reshape(mean, shape, self.name("mean.squeeze"), dyn0)
         return (var, mean) if want_mean else var
 
     def h_var_mean(self, n):
@@ -361,7 +409,8 @@ class Converter:
         return self.gemm(n.args[0], _Id(wt), self.name(), bias=bias)
 
     def h_view(self, n):
-        return self.reshape(self.x(n.args[0]), list(_meta(n).shape), self.name())
+        shape, dyn0 = self.shape(_meta(n), n.name)
+        return self.reshape(self.x(n.args[0]), shape, self.name(), dyn0)
 
     def h_permute(self, n):
         x = self.x(n.args[0])
@@ -383,7 +432,7 @@ class Converter:
 
     def h_expand(self, n):
         x = self.x(n.args[0])
-        if list(self.nd(x).shape) != list(_meta(n).shape):
+        if list(self.nd(x).shape) != self.shape(_meta(n), n.name)[0]:
             raise Unsupported("expand that broadcasts (materializes a larger tensor)")
         return x
 
@@ -453,7 +502,7 @@ def _check_result(conv: Converter, n: fx.Node, v) -> None:
     metas = m if isinstance(m, (tuple, list)) else (m,)
     for i, mm in zip(vals, metas):
         node = conv.g.node(i)
-        if list(node.shape) != list(mm.shape) or (node.dtype != TORCH_TO_DT[mm.dtype]
+        if list(node.shape) != _hints(mm.shape) or (node.dtype != TORCH_TO_DT[mm.dtype]
                                                    and not conv.keeps_gemm_dtype(n, i)):
             raise AssertionError(f"convert: '{n.name}' became {node!r}, torch has {mm.dtype}{list(mm.shape)}")
 
@@ -505,4 +554,5 @@ def convert(gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = N
             marked.add(v)
             g.output(v)
     g.verify()
-    return Conversion(gm, g, conv.value, conv.torch_nodes, conv.input_source, gemm_dtype)
+    return Conversion(gm, g, conv.value, conv.torch_nodes, conv.input_source, gemm_dtype, conv.dynamic_reshapes,
+                      conv.dynamic)

@@ -53,31 +53,46 @@ def _cutlass_dir() -> str:
     return ""
 
 
+def kernel_dir() -> str:
+    """ComFuse's kernel headers: $COMFUSE_KERNEL_DIR, else the copy installed inside this package (comfuse/kernels),
+    else "" (the build's source tree, compiled into libcomfuse)."""
+    env = os.environ.get("COMFUSE_KERNEL_DIR")
+    if env:
+        return env
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
+    return here if os.path.isfile(os.path.join(here, "comfuse", "gemm.cuh")) else ""
+
+
 def gpu_kernel(key: str):
     """The compiled kernel of a registered region (compiled on first use, then cached per key)."""
     with _LOCK:
         k = _KERNELS.get(key)
     if k is None:
         spec, _ = _REGIONS[key]
-        k = C.RegionKernel(spec, kernel_dir=os.environ.get("COMFUSE_KERNEL_DIR", ""), cutlass_dir=_cutlass_dir(),
+        k = C.RegionKernel(spec, kernel_dir=kernel_dir(), cutlass_dir=_cutlass_dir(),
                            cache_dir=os.environ.get("COMFUSE_CACHE_DIR", ""))
         with _LOCK:
             k = _KERNELS.setdefault(key, k)
     return k
 
 
-def _out_shape(o, spec, a_shape) -> list[int]:
-    """An output's shape for this call: the Spec's own when A has the traced rows; for another batch size M, the
-    same layout with A's leading dims (outputs are [..., N] or [..., 1] over the GEMM's rows)."""
-    rows = 1
-    for d in a_shape[:-1]:
-        rows *= int(d)
+def _out_shape(o, a_shape) -> list:
+    """An output's shape for A of shape `a_shape` (ints, or SymInts while tracing a dynamic batch: no branch
+    here depends on a symbolic value). Outputs are [..., N] or [..., 1] over the GEMM's rows: with A's leading
+    dims when the Spec's output has A's layout, else the Spec's own leading dims with dim 0 scaled to A's rows.
+    For the traced A this is the Spec's shape."""
     shape = [int(d) for d in o.shape]
-    if rows == spec.gemm.rows:
-        return shape
-    if len(shape) == len(a_shape):
-        return [int(d) for d in a_shape[:-1]] + shape[-1:]
-    return [rows] + shape[-1:]
+    lead, last = shape[:-1], shape[-1:]
+    a_lead = list(a_shape[:-1])
+    if len(lead) == len(a_lead) and all(isinstance(d, int) and d == e for d, e in zip(a_lead[1:], lead[1:])):
+        return a_lead + last
+    rows = 1
+    for d in a_lead:
+        rows = rows * d
+    inner = 1
+    for d in lead[1:]:
+        inner *= d
+    return [rows // inner] + lead[1:] + last
 
 
 def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -101,7 +116,7 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     b = dense(inputs[1], DT_TO_TORCH[g.dtype])
     params = [dense(t, DT_TO_TORCH[p.dtype]) for t, p in zip(inputs[2:], spec.params)]
     rows = a.numel() // g.k   # M: leading dims of A flattened, taken at run time
-    outs = [torch.empty(_out_shape(o, spec, a.shape), dtype=DT_TO_TORCH[o.dtype], device=dev) for o in spec.outputs]
+    outs = [torch.empty(_out_shape(o, a.shape), dtype=DT_TO_TORCH[o.dtype], device=dev) for o in spec.outputs]
     if rows == 0:
         return outs
     with torch.cuda.device(dev):
@@ -122,7 +137,15 @@ def fused_region(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     if any(t.device.type != "cpu" for t in inputs):
         raise ValueError("comfuse::fused_region: inputs must all be on the CPU or all on one CUDA device")
     a, b, *params = (_np32(t) for t in inputs)
-    outs = C.interpret_spec(spec, a, b, params, ctas)
+    rows = a.size // spec.gemm.k
+    if rows != spec.gemm.rows:   # another batch size: the same Spec over `rows` rows, per-row values 2-D
+        shapes = [_out_shape(o, inputs[0].shape) for o in spec.outputs]
+        spec = spec.with_rows(rows)
+        params = [p.reshape([int(d) for d in sp.shape]) for p, sp in zip(params, spec.params)]
+        outs = C.interpret_spec(spec, a.reshape(rows, -1), b, params, ctas)
+        outs = [o.reshape(sh) for o, sh in zip(outs, shapes)]
+    else:
+        outs = C.interpret_spec(spec, a, b, params, ctas)
     return [torch.from_numpy(o).to(DT_TO_TORCH[so.dtype]) for o, so in zip(outs, spec.outputs)]
 
 
@@ -130,7 +153,7 @@ def fused_region(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 def _fused_region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     spec, _ = _REGIONS[key]
     dev = inputs[0].device
-    return [torch.empty(_out_shape(o, spec, inputs[0].shape), dtype=DT_TO_TORCH[o.dtype], device=dev)
+    return [torch.empty(_out_shape(o, inputs[0].shape), dtype=DT_TO_TORCH[o.dtype], device=dev)
             for o in spec.outputs]
 
 
@@ -181,5 +204,5 @@ def eval_graph_node(spec: tuple, *xs):
     if op == OK.Transpose:
         return xs[0].permute(list(perm)).contiguous()
     if op == OK.Reshape:
-        return xs[0].reshape(list(shape))
+        return xs[0].reshape(list(shape))   # shape[0] is -1 for a dynamic batch (Program.node_spec)
     raise NotImplementedError(f"eval_graph_node: {C.op_name(op)}")

@@ -269,7 +269,7 @@ class Program:
                 for gid in self.regions[s.index].nodes:   # topological, root first
                     n = self.nodes[gid]
                     env_g[n.name] = g.call_function(ops.eval_graph_node,
-                                                    (_node_spec(n), *[get_g(i) for i in n.inputs]))
+                                                    (self.node_spec(n), *[get_g(i) for i in n.inputs]))
             elif s.kind == "region":
                 fs = self.regions[s.index].spec
                 key = ops.register_region(fs, ctas)
@@ -279,7 +279,7 @@ class Program:
                     env_g[o.name] = g.call_function(operator.getitem, (call, j))
             elif s.kind == "node":
                 n = self.nodes[s.index]
-                env_g[n.name] = g.call_function(ops.eval_graph_node, (_node_spec(n), *[get_g(i) for i in n.inputs]))
+                env_g[n.name] = g.call_function(ops.eval_graph_node, (self.node_spec(n), *[get_g(i) for i in n.inputs]))
             else:
                 t = s.index
                 env_fx[t] = g.node_copy(t, get_fx)
@@ -289,10 +289,14 @@ class Program:
         return gm
 
 
-def _node_spec(n) -> tuple:
-    """A hashable description of a Graph IR node for ops.eval_graph_node."""
-    return (n.op.value, tuple(n.shape), n.dtype.value, float(n.value), int(n.dim), bool(n.keepdim),
-            bool(n.transpose_a), bool(n.transpose_b), tuple(n.perm), n.cast_to.value)
+    def node_spec(self, n) -> tuple:
+        """A hashable description of a Graph IR node for ops.eval_graph_node. A reshape whose dim 0 is symbolic
+        (a dynamic batch) gets -1 there: its other dims are static, so torch infers dim 0 at run time."""
+        shape = tuple(n.shape)
+        if n.op == OK.Reshape and n.name in self.conv.dynamic_reshapes:
+            shape = (-1,) + shape[1:]
+        return (n.op.value, shape, n.dtype.value, float(n.value), int(n.dim), bool(n.keepdim),
+                bool(n.transpose_a), bool(n.transpose_b), tuple(n.perm), n.cast_to.value)
 
 
 @dataclasses.dataclass

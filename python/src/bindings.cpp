@@ -255,6 +255,8 @@ NB_MODULE(_core, m) {
       .def("num_stages", &FusionSpec::num_stages)
       .def("verify", [](const FusionSpec& fs) { verify_spec(fs); })
       .def("structural_hash", [](const FusionSpec& fs) { return spec_structural_hash(fs); })
+      .def("with_rows", [](const FusionSpec& fs, int64_t rows) { return spec_with_rows(fs, rows); }, "rows"_a,
+           "The same Spec for `rows` GEMM rows (per-row params and outputs become [rows, last dim]).")
       .def("__str__", [](const FusionSpec& fs) { return print_spec(fs); });
 
   nb::class_<Region>(m, "Region")

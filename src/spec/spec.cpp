@@ -295,4 +295,15 @@ uint64_t spec_structural_hash(const FusionSpec& fs) {
   return h.h;
 }
 
+FusionSpec spec_with_rows(const FusionSpec& fs, int64_t rows) {
+  if (rows < 0) throw std::invalid_argument("spec_with_rows: rows must not be negative, got " + std::to_string(rows));
+  FusionSpec r = fs;
+  r.gemm.rows = rows;
+  r.gemm.out_shape = {rows, fs.gemm.n};
+  for (auto& p : r.params)
+    if (p.kind == BroadcastKind::Col || p.kind == BroadcastKind::Tile) p.shape = {rows, p.shape.empty() ? 1 : p.shape.back()};
+  for (auto& o : r.outputs) o.shape = {rows, o.shape.empty() ? 1 : o.shape.back()};
+  return r;
+}
+
 }  // namespace comfuse

@@ -1,6 +1,7 @@
 // Phi pins: the stage structure of the named patterns, derived from primitives with no pattern-specific code.
 #include <gtest/gtest.h>
 
+#include "comfuse/interp.h"
 #include "comfuse/partition.h"
 #include "comfuse/spec.h"
 
@@ -133,4 +134,49 @@ TEST(Stages, StructuralHashIgnoresNamesAndRowsButNotOps) {
   };
   EXPECT_EQ(build(64, "b", OpKind::Relu), build(1000, "bias", OpKind::Relu));
   EXPECT_NE(build(64, "b", OpKind::Relu), build(64, "b", OpKind::Silu));
+}
+
+// A new batch size is the same Spec over other rows: per-row params and outputs reshaped, row params kept, hash
+// unchanged, and the interpreter gives the first rows' results of the original Spec.
+TEST(Stages, WithRowsIsTheSameKernelOverOtherRows) {
+  Graph g;
+  Value x = g.input("X", DType::BF16, {4, 16, 32});
+  Value w = g.input("W", DType::BF16, {32, 48});
+  Value b = g.input("b", DType::BF16, {48}), gm = g.input("g", DType::BF16, {48}), bt = g.input("beta", DType::BF16, {48});
+  Value r = g.input("R", DType::BF16, {4, 16, 48});
+  Value h = g.add(g.add(g.matmul(x, w, false, false, "xw"), b), r);
+  g.output(h, "");
+  g.output(g.layer_norm(h, gm, bt, 1e-5, "y"));
+  const FusionSpec fs = partition(g).regions.at(0).spec;
+  ASSERT_EQ(fs.gemm.rows, 64);
+  const FusionSpec f40 = spec_with_rows(fs, 40);
+  EXPECT_EQ(f40.gemm.rows, 40);
+  EXPECT_EQ(spec_structural_hash(f40), spec_structural_hash(fs));
+  for (size_t i = 0; i < fs.params.size(); ++i)
+    EXPECT_EQ(f40.params[i].shape, fs.params[i].kind == BroadcastKind::Tile ? Shape({40, 48}) : fs.params[i].shape)
+        << fs.params[i].name;
+  for (const auto& o : f40.outputs) EXPECT_EQ(o.shape, Shape({40, 48}));
+  EXPECT_THROW(spec_with_rows(fs, -1), std::invalid_argument);
+
+  auto filled = [](Shape s, int seed) {
+    Tensor t(std::move(s));
+    for (size_t i = 0; i < t.data.size(); ++i) t.data[i] = static_cast<float>(((i * 7919 + seed * 104729) % 2001)) / 1000.f - 1.f;
+    return t;
+  };
+  auto first_rows = [](const Tensor& t, int64_t rows) {
+    Tensor r(Shape{rows, t.shape.back()});
+    std::copy_n(t.data.begin(), r.data.size(), r.data.begin());
+    return r;
+  };
+  Tensor ta = filled({64, 32}, 1), tb = filled({32, 48}, 2);
+  std::vector<Tensor> ps, ps40;
+  for (size_t i = 0; i < fs.params.size(); ++i) {
+    ps.push_back(filled(fs.params[i].shape, 3 + static_cast<int>(i)));
+    ps40.push_back(fs.params[i].kind == BroadcastKind::Tile ? first_rows(ps.back(), 40) : ps.back());
+  }
+  auto full = interpret_spec(fs, ta, tb, ps, 2);
+  auto part = interpret_spec(f40, first_rows(ta, 40), tb, ps40, 2);
+  ASSERT_EQ(full.size(), part.size());
+  for (size_t o = 0; o < full.size(); ++o)
+    for (size_t i = 0; i < part[o].data.size(); ++i) ASSERT_EQ(part[o].data[i], full[o].data[i]) << "output " << o << " at " << i;
 }

@@ -96,3 +96,21 @@ def test_parse_cf_example_roundtrip():
     assert "3 stage(s)" in C.print_partition(p, False)
     ops = [C.op_name(n.op) for n in C.decompose(g).nodes]
     assert "layer_norm" not in ops and ops.count("mean") == 2
+
+
+def test_installed_package_carries_the_kernel_headers(monkeypatch, tmp_path):
+    """The wheel holds comfuse/kernels/comfuse/*.cuh, so an installed comfuse JIT-compiles without a source tree;
+    ops.kernel_dir() prefers $COMFUSE_KERNEL_DIR, then the package's own copy."""
+    import importlib.metadata
+    import os
+
+    from comfuse import ops
+
+    files = {str(f) for f in importlib.metadata.files("comfuse")}
+    assert "comfuse/kernels/comfuse/gemm.cuh" in files
+    assert "comfuse/kernels/comfuse/abi_entry.cuh" in files
+    monkeypatch.setenv("COMFUSE_KERNEL_DIR", str(tmp_path))
+    assert ops.kernel_dir() == str(tmp_path)
+    monkeypatch.delenv("COMFUSE_KERNEL_DIR")
+    d = ops.kernel_dir()
+    assert d == "" or os.path.isfile(os.path.join(d, "comfuse", "gemm.cuh"))
