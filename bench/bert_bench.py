@@ -17,6 +17,7 @@ import argparse
 import csv
 import logging
 import math
+import re
 import sys
 import time
 
@@ -108,9 +109,9 @@ def main(argv=None):
         fused = 0
 
         def emit(self, r):
-            msg = r.getMessage()
-            if "region(s) run as ComFuse kernels" in msg:
-                Count.fused += int(msg.split(": ")[1].split(" ")[0])
+            m = re.search(r"(\d+) region\(s\) run as ComFuse kernels", r.getMessage())
+            if m:
+                Count.fused += int(m.group(1))
 
     logging.getLogger("comfuse").addHandler(Count())
     logging.getLogger("comfuse").setLevel(logging.INFO)

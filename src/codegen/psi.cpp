@@ -234,11 +234,12 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     if (k == BroadcastKind::Col) return std::string("[rows, 1]");
     return shape_str(s);
   };
+  // No graph value names either: the twelve layers of an encoder stack are one kernel and one cache entry.
   for (size_t i = 0; i < fs.params.size(); ++i)
-    o << "//   param[" << i << "] " << broadcast_kind_name(fs.params[i].kind) << " " << fs.params[i].name << " : "
+    o << "//   param[" << i << "] " << broadcast_kind_name(fs.params[i].kind) << " "
       << dtype_name(fs.params[i].dtype) << row_free(fs.params[i].kind, fs.params[i].shape) << "\n";
   for (size_t i = 0; i < fs.outputs.size(); ++i)
-    o << "//   out[" << i << "] " << fs.outputs[i].name << " : " << dtype_name(fs.outputs[i].dtype)
+    o << "//   out[" << i << "] " << dtype_name(fs.outputs[i].dtype)
       << (fs.outputs[i].per_row ? std::string("[rows, 1]") : "[rows, " + n_str + "]") << "\n";
   o << "#include \"comfuse/abi_entry.cuh\"\n#include \"comfuse/gemm.cuh\"\n#include \"comfuse/epilogue/all.cuh\"\n";
   if (psi.multi_stage()) o << "#include \"comfuse/epilogue/reduce.cuh\"\n";

@@ -49,6 +49,24 @@ TEST(Codegen, StagesNestAndCarryTheBypassedTile) {
       << src;
 }
 
+// The JIT's cache key is a hash of the source: value names and the batch size must not enter it, so that every
+// layer of a stack (same structure, other names) and every batch size share one kernel and one cache entry.
+TEST(Codegen, SourceIgnoresValueNamesAndRows) {
+  auto src = [](const std::string& x, const std::string& r, const std::string& y, int rows) {
+    std::string m = std::to_string(rows);
+    Partition p = partition(parse_cf(
+        "input " + x + " : bf16[" + m + ", 64]\ninput W : bf16[64, 32]\ninput b : bf16[32]\ninput " + r + " : bf16[" + m +
+            ", 32]\ninput g : bf16[32]\ninput be : bf16[32]\n" + y + " = layer_norm(add(add(matmul(" + x + ", W), b), " + r +
+            "), g, be, eps=1e-5)\noutput " + y + "\n",
+        "ln.cf"));
+    return generate_kernel(p.regions.at(0).spec).source;
+  };
+  const std::string a = src("X", "R", "y", 64);
+  EXPECT_EQ(a, src("layer3_input", "layer3_residual", "layer3_out", 64));
+  EXPECT_EQ(a, src("X", "R", "y", 1000));
+  EXPECT_EQ(a.find("layer3"), std::string::npos);
+}
+
 TEST(Codegen, DeclinesWhatTheTemplatesCannotExpress) {
   auto reason = [](const std::string& text) -> std::string {
     Partition p = partition(parse_cf(text, "d.cf"));

@@ -13,7 +13,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+# The source tree's python/ first (setup.sh copies comfuse._core there), unless the installed package is under
+# test (scripts/gpu-python.sh on the device, where the module is built for the image's Python).
+if not os.environ.get("COMFUSE_TEST_INSTALLED"):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
 aten = torch.ops.aten
 
