@@ -114,7 +114,11 @@ class Compiler {
 // Spec (the frontend falls back); a region the planner declines only for speed is still compiled.
 class RegionKernel {
  public:
+  // Plans the region, generates its kernel and JIT-compiles it (or finds it in the cache), then loads it.
   RegionKernel(const FusionSpec& spec, CompilerOptions o = {});
+  // The first half alone: plan, Psi and the JIT, nothing loaded (safe on any thread, no GPU needed). A frontend
+  // compiles many regions this way in parallel, then constructs the RegionKernels - cache hits - on one thread.
+  static CompiledRegion compile(const FusionSpec& spec, CompilerOptions o = {});
   ~RegionKernel();
   RegionKernel(const RegionKernel&) = delete;
   RegionKernel& operator=(const RegionKernel&) = delete;

@@ -89,7 +89,13 @@ struct EntryPoints {
       prepared.valid = true;
     }
     cudaError_t e = Kernel::launch(prepared.params, static_cast<cudaStream_t>(stream), a->max_clusters);
-    if (e != cudaSuccess) return fail(why, len, cudaGetErrorString(e), 2);
+    if (e != cudaSuccess) {
+      char shape[320];
+      Kernel::describe_launch(prepared.params, a->max_clusters, shape, sizeof shape);
+      char msg[448];
+      std::snprintf(msg, sizeof msg, "%s [%s]", cudaGetErrorString(e), shape);
+      return fail(why, len, msg, 2);
+    }
     return 0;
   }
 };

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <cuda_runtime.h>
 
 #include "cute/tensor.hpp"
@@ -379,6 +380,24 @@ struct Gemm {
     l.ctas = clusters * Cfg::kClusterM * Cfg::kClusterN;
     l.tiles = p.total * Cfg::kClusterM * Cfg::kClusterN;
     return l;
+  }
+
+  // A failed launch described (for the error message): the launch shape against what the runtime says about
+  // the kernel now - its dynamic-SMEM limit and whether setting it succeeds in this thread.
+  static void describe_launch(typename Kernel::Params const& p, int max_clusters, char* out, size_t len) {
+    Launch l = launch_shape(p, max_clusters);
+    auto kernel = &gemm_kernel_entry<Kernel>;
+    cudaFuncAttributes fa{};
+    cudaError_t ga = cudaFuncGetAttributes(&fa, kernel);
+    cudaError_t sa = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
+    int dev = -1;
+    cudaGetDevice(&dev);
+    std::snprintf(out, len,
+                  "grid %ux%u, block %u, dynamic smem %d (kernel limit %d, %d regs: %s; setting it now: %s), "
+                  "cluster %dx%d, %d tiles, device %d",
+                  l.grid.x, l.grid.y, l.block.x, l.smem, int(fa.maxDynamicSharedSizeBytes), fa.numRegs,
+                  cudaGetErrorString(ga), cudaGetErrorString(sa), Cfg::kClusterM, Cfg::kClusterN, l.tiles, dev);
+    (void)cudaGetLastError();
   }
 
   static cudaError_t run(Arguments const& a, cudaStream_t stream = nullptr, int max_clusters = 0) {

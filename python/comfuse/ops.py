@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import logging
 import os
 import threading
 
@@ -22,16 +23,22 @@ import torch
 from . import _core as C
 from .convert import DT_TO_TORCH, OK
 
+log = logging.getLogger("comfuse")
 _REGIONS: dict = {}
+_FALLBACK: dict = {}     # key -> torch implementation of the region (from the backend's program)
+_BROKEN: dict = {}       # key -> why its kernel failed to launch (it then runs through _FALLBACK)
 _LOCK = threading.Lock()
 _COUNTER = itertools.count()
 
 
-def register_region(spec, ctas: int = 1) -> str:
-    """Registers a FusionSpec; returns the key the custom op is called with."""
+def register_region(spec, ctas: int = 1, fallback=None) -> str:
+    """Registers a FusionSpec; returns the key the custom op is called with. `fallback(inputs) -> outputs`, if
+    given, computes the region with torch ops: used (with a warning) if its kernel fails to launch."""
     with _LOCK:
         key = f"r{spec.structural_hash():016x}_{next(_COUNTER)}"
         _REGIONS[key] = (spec, int(ctas))
+        if fallback is not None:
+            _FALLBACK[key] = fallback
     return key
 
 
@@ -63,14 +70,24 @@ def kernel_dir() -> str:
     return here if os.path.isfile(os.path.join(here, "comfuse", "gemm.cuh")) else ""
 
 
+def _kernel_options() -> dict:
+    return dict(kernel_dir=kernel_dir(), cutlass_dir=_cutlass_dir(), cache_dir=os.environ.get("COMFUSE_CACHE_DIR", ""))
+
+
+def compile_kernel(key: str):
+    """JIT-compiles a registered region's kernel into the cache without loading it (any thread; the GIL is
+    released while nvcc runs). Returns (kernel name, cache hit, nvcc seconds)."""
+    spec, _ = _REGIONS[key]
+    return C.compile_region(spec, **_kernel_options())
+
+
 def gpu_kernel(key: str):
     """The compiled kernel of a registered region (compiled on first use, then cached per key)."""
     with _LOCK:
         k = _KERNELS.get(key)
     if k is None:
         spec, _ = _REGIONS[key]
-        k = C.RegionKernel(spec, kernel_dir=kernel_dir(), cutlass_dir=_cutlass_dir(),
-                           cache_dir=os.environ.get("COMFUSE_CACHE_DIR", ""))
+        k = C.RegionKernel(spec, **_kernel_options())
         with _LOCK:
             k = _KERNELS.setdefault(key, k)
     return k
@@ -119,10 +136,25 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     outs = [torch.empty(_out_shape(o, a.shape), dtype=DT_TO_TORCH[o.dtype], device=dev) for o in spec.outputs]
     if rows == 0:
         return outs
-    with torch.cuda.device(dev):
-        gpu_kernel(key).launch(a.data_ptr(), b.data_ptr(), rows, [o.data_ptr() for o in outs],
-                               [p.data_ptr() for p in params], torch.cuda.current_stream(dev).cuda_stream)
+    if key in _BROKEN:
+        return _run_fallback(key, [a, b] + params)
+    try:
+        with torch.cuda.device(dev):
+            gpu_kernel(key).launch(a.data_ptr(), b.data_ptr(), rows, [o.data_ptr() for o in outs],
+                                   [p.data_ptr() for p in params], torch.cuda.current_stream(dev).cuda_stream)
+    except RuntimeError as e:   # fallback, never failure: the region's torch form, when the backend gave one
+        if key not in _FALLBACK:
+            raise
+        _BROKEN[key] = str(e)
+        log.warning("comfuse: %s; this region runs unfused (torch ops) from now on", e)
+        return _run_fallback(key, [a, b] + params)
     return outs
+
+
+def _run_fallback(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    spec, _ = _REGIONS[key]
+    outs = _FALLBACK[key](inputs)
+    return [o.to(DT_TO_TORCH[so.dtype]).reshape(_out_shape(so, inputs[0].shape)) for o, so in zip(outs, spec.outputs)]
 
 
 def _np32(t: torch.Tensor) -> np.ndarray:

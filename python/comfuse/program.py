@@ -272,7 +272,7 @@ class Program:
                                                     (self.node_spec(n), *[get_g(i) for i in n.inputs]))
             elif s.kind == "region":
                 fs = self.regions[s.index].spec
-                key = ops.register_region(fs, ctas)
+                key = ops.register_region(fs, ctas, fallback=self.region_in_torch(s.index))
                 ins = [get_g(fs.gemm.a), get_g(fs.gemm.b)] + [get_g(p.node) for p in fs.params]
                 call = g.call_function(torch.ops.comfuse.fused_region.default, (key, ins))
                 for j, o in enumerate(fs.outputs):
@@ -288,6 +288,25 @@ class Program:
         gm = fx.GraphModule(self.gm, g)
         return gm
 
+
+    def region_in_torch(self, ri: int):
+        """The region computed node by node with torch ops (`ops.eval_graph_node`), as a function of the fused
+        call's inputs [A, B, *params] returning its outputs: what the custom op runs if the kernel cannot."""
+        from . import ops
+
+        fs = self.regions[ri].spec
+        steps = [(gid, self.node_spec(self.nodes[gid]), list(self.nodes[gid].inputs)) for gid in self.regions[ri].nodes]
+        consts = {i: self.nodes[i].value for _, _, ins in steps for i in ins if self.nodes[i].op == OK.Constant}
+        feeds = [fs.gemm.a, fs.gemm.b] + [p.node for p in fs.params]
+        outs = [o.node for o in fs.outputs]
+
+        def run(inputs):
+            env = dict(consts)
+            env.update(zip(feeds, inputs))
+            for gid, spec, ins in steps:
+                env[gid] = ops.eval_graph_node(spec, *[env[i] for i in ins])
+            return [env[o] for o in outs]
+        return run
 
     def node_spec(self, n) -> tuple:
         """A hashable description of a Graph IR node for ops.eval_graph_node. A reshape whose dim 0 is symbolic

@@ -10,6 +10,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
@@ -342,6 +343,22 @@ NB_MODULE(_core, m) {
 
   // The GPU side: why kernels cannot run here ("" = they can), and one fused region as a kernel.
   m.def("unsupported_device_reason", [](int device) { return rt::unsupported_reason(device); }, "device"_a = 0);
+  m.def(
+      "compile_region",
+      [](const FusionSpec& fs, const std::string& kernel_dir, const std::string& cutlass_dir, const std::string& cache_dir,
+         const std::string& transport) {
+        CompilerOptions o;
+        o.kernel_dir = kernel_dir;
+        o.cutlass_dir = cutlass_dir;
+        o.jit.cache_dir = cache_dir;
+        o.transport = transport;
+        nb::gil_scoped_release release;  // nvcc runs here: other Python threads (other regions) keep going
+        CompiledRegion r = RegionKernel::compile(fs, o);
+        return std::make_tuple(r.kernel.name, r.cache_hit, r.compile_seconds);
+      },
+      "spec"_a, "kernel_dir"_a = "", "cutlass_dir"_a = "", "cache_dir"_a = "", "transport"_a = "",
+      "Plans, generates and JIT-compiles a region's kernel into the cache without loading it (any thread, no "
+      "GPU): returns (kernel name, cache hit, nvcc seconds).");
   nb::class_<RegionKernel>(m, "RegionKernel")
       .def(
           "__init__",

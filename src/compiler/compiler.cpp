@@ -460,23 +460,28 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
 
 namespace comfuse {
 
-RegionKernel::RegionKernel(const FusionSpec& spec, CompilerOptions o) : spec_(spec) {
+CompiledRegion RegionKernel::compile(const FusionSpec& spec, CompilerOptions o) {
   Compiler c(std::move(o));
   const CompilerOptions& opts = c.options();
   if (!fs::exists(fs::path(opts.kernel_dir) / "comfuse" / "gemm.cuh"))
     throw CompileError("kernel headers not found: " + opts.kernel_dir + " (set COMFUSE_KERNEL_DIR)");
   if (!fs::exists(fs::path(opts.cutlass_dir) / "cutlass" / "cutlass.h"))
     throw CompileError("CUTLASS headers not found: '" + opts.cutlass_dir + "' (set COMFUSE_CUTLASS_DIR)");
-  region_.plan = plan_region(spec_);
-  if (!region_.plan.fuse && region_.plan.reason.rfind("fusion does not pay", 0) != 0)
-    throw CompileError("no fused kernel can serve this region: " + region_.plan.reason);
-  if (std::string why = fit_transport(region_.plan, spec_, opts.transport); !why.empty()) throw CompileError(why);
-  region_.kernel = generate_kernel(spec_, region_.plan.config);
-  jit::CompileResult r = jit::compile(region_.kernel.source, region_.kernel.name, kernel_jit_options(opts));
-  region_.library_path = r.cubin_path;
-  region_.cache_hit = r.cache_hit;
-  region_.compile_seconds = r.seconds;
-  region_.lookup_ms = r.lookup_ms;
+  CompiledRegion region;
+  region.plan = plan_region(spec);
+  if (!region.plan.fuse && region.plan.reason.rfind("fusion does not pay", 0) != 0)
+    throw CompileError("no fused kernel can serve this region: " + region.plan.reason);
+  if (std::string why = fit_transport(region.plan, spec, opts.transport); !why.empty()) throw CompileError(why);
+  region.kernel = generate_kernel(spec, region.plan.config);
+  jit::CompileResult r = jit::compile(region.kernel.source, region.kernel.name, kernel_jit_options(opts));
+  region.library_path = r.cubin_path;
+  region.cache_hit = r.cache_hit;
+  region.compile_seconds = r.seconds;
+  region.lookup_ms = r.lookup_ms;
+  return region;
+}
+
+RegionKernel::RegionKernel(const FusionSpec& spec, CompilerOptions o) : spec_(spec), region_(compile(spec, std::move(o))) {
   lib_ = std::make_unique<rt::KernelLibrary>(region_.library_path);
 }
 

@@ -236,3 +236,31 @@ def test_explain_bf16_rmsnorm():
     assert "left outside the fused regions:\n  arg4_1.f32 = cast: standard path: not fused: reads no GEMM " \
            "epilogue value\nplan" in text
     assert " = gelu" in text and " = rsqrt %" in text
+
+
+@pytest.mark.parametrize("make", [PostNormEncoderLayer, RMSNormMLP, ClassifierHead])
+def test_region_fallback_in_torch_matches_the_reference(make):
+    """What a fused_region call runs if its kernel fails to launch on the GPU (with a warning): the region node by
+    node in torch. It must give the reference implementation's values, shapes and dtypes."""
+    from comfuse import ops
+
+    m = bf16_exact(make())
+    x = bf16_randn(2, 8, 32, seed=41)
+    rep = comfuse.capture(m, x)[0]
+    gm = rep.analysis.program.rewrite()
+    checked = []
+
+    class Check(torch.fx.Interpreter):
+        def call_function(self, target, args, kwargs):
+            out = super().call_function(target, args, kwargs)
+            if target is torch.ops.comfuse.fused_region.default:
+                key, inputs = args
+                alt = ops._run_fallback(key, list(inputs))
+                for a, o in zip(alt, out):
+                    assert a.shape == o.shape and a.dtype == o.dtype
+                    assert rel_err(a, o) <= 1e-5, key
+                checked.append(key)
+            return out
+
+    Check(gm).run(*rep.example_inputs)
+    assert len(checked) == len(rep.regions) >= 1
