@@ -21,6 +21,10 @@ Options (torch.compile(..., options={...})):
   ctas       column blocks per row in the reference implementation (default 1)
   fuse       "planner" (default): the regions the planner expects to be faster fused; "all": also those it
              declines for speed only (to measure them; regions no kernel can serve still run unfused)
+  rewrite    how the nodes outside fused regions are written: "keep" (default on the GPU) copies the ATen
+             nodes as they were, so a bf16 model stays bf16 there (falls back to "ir" where a region does
+             not line up with whole ATen nodes, logged); "ir" (default with `reference`) re-emits the Graph
+             IR's nodes in fp32, the semantics the CPU checks compare against
 """
 from __future__ import annotations
 
@@ -175,7 +179,21 @@ def _declined_for_speed_only(p) -> bool:
     return not p.fuse and p.reason.startswith("fusion does not pay")
 
 
-def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False):
+def _rewrite(rep: GraphReport, fuse: set, ctas: int, how: str):
+    """The program with the regions in `fuse` as comfuse::fused_region calls (see the `rewrite` option)."""
+    from .program import NotKeepable
+
+    prog = rep.analysis.program
+    if how == "keep":
+        try:
+            return prog.rewrite_keeping_torch(fuse, ctas)
+        except NotKeepable as e:
+            log.info("comfuse: graph %d: nodes outside the fused regions re-emitted from the Graph IR (fp32): %s",
+                     rep.index, e)
+    return prog.rewrite(ctas, fuse=fuse)
+
+
+def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: str = "keep"):
     """The rewritten graph with the planner's fused regions (with `fuse_all`, also those declined for speed
     only) as comfuse::fused_region calls, their kernels compiled now (so that a compile failure falls back
     here, not while the model runs); `gm` on failure."""
@@ -186,7 +204,7 @@ def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False):
         how = ("fused" if p.fuse else "fused (fuse='all'; the planner would not)" if i in fuse else "not fused")
         log.info("comfuse: graph %d region %d: %s (%s)", rep.index, i, how, p.reason)
     try:
-        target = rep.analysis.program.rewrite(ctas, fuse=fuse)
+        target = _rewrite(rep, fuse, ctas, how)
         keys = [n.args[0] for n in target.graph.nodes
                 if n.op == "call_function" and n.target is torch.ops.comfuse.fused_region.default]
         # nvcc runs with the GIL released: distinct kernels (one per structure: every layer of a stack shares
@@ -216,6 +234,9 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | No
     fuse = opts.pop("fuse", "planner")
     if fuse not in ("planner", "all"):
         raise ValueError(f"comfuse backend: fuse must be 'planner' or 'all', got {fuse!r}")
+    how = opts.pop("rewrite", "ir" if reference else "keep")
+    if how not in ("keep", "ir"):
+        raise ValueError(f"comfuse backend: rewrite must be 'keep' or 'ir', got {how!r}")
     if opts:
         raise ValueError(f"comfuse backend: unknown options {sorted(opts)}")
     if runner not in ("inductor", "eager"):
@@ -228,11 +249,11 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | No
 
     target = gm
     if rep.fallback is None and not reference:
-        target = _with_kernels(rep, gm, ctas, fuse == "all")
+        target = _with_kernels(rep, gm, ctas, fuse == "all", how)
     elif (reference and rep.analysis is not None and rep.regions and
             all(t.device.type == "cpu" for t in _tensors(example_inputs)) and
             not (rep.fallback or "").startswith("graph needs gradients")):
-        target = rep.analysis.program.rewrite(ctas)
+        target = _rewrite(rep, set(range(len(rep.regions))), ctas, how)
         log.info("comfuse: graph %d: running %d region(s) through the CPU reference implementation",
                  rep.index, len(rep.regions))
     if runner == "eager":

@@ -28,7 +28,11 @@ import torch
 import torch.fx as fx
 
 from . import _core as C
-from .convert import DT_TO_TORCH, OK, Conversion, convert
+from .convert import DT_TO_TORCH, OK, Conversion, _hints, convert
+
+
+class NotKeepable(Exception):
+    """Program.rewrite_keeping_torch cannot express this program (Program.rewrite can)."""
 
 
 @dataclasses.dataclass
@@ -288,6 +292,153 @@ class Program:
         gm = fx.GraphModule(self.gm, g)
         return gm
 
+
+    def rewrite_keeping_torch(self, fuse, ctas: int = 1) -> fx.GraphModule:
+        """The ATen graph with only the regions in `fuse` changed: each becomes one `comfuse::fused_region` call,
+        and every other node - standard-path ops, declined regions, torch nodes - is copied as it was (a bf16
+        model stays bf16 there, for TorchInductor to compile as it would without ComFuse). Raises NotKeepable
+        when a fused region does not line up with whole ATen nodes; `rewrite` then serves."""
+        from . import ops
+
+        cg = self.conv.graph
+        live = {n.name for n in self.nodes}
+
+        def resolve(i) -> str:
+            """The live Graph IR value an ATen node's converted value is: reshapes the core dropped as dead
+            (a view folded into the next one) are looked through."""
+            while cg.node(i).name not in live and cg.node(i).op == OK.Reshape:
+                i = cg.node(i).inputs[0]
+            return cg.node(i).name
+
+        region_of_name = {self.nodes[gid].name: ri for ri in fuse for gid in self.regions[ri].nodes}
+        fx_values: dict = {}            # live Graph IR name -> the ATen nodes whose value it is (maybe reshaped)
+        absorbed: dict = {}             # ATen node -> index of the fused region that computes it
+        for f, v in self.conv.value.items():
+            ids = v if isinstance(v, tuple) else (v,)
+            names = [resolve(i) for i in ids]
+            if not isinstance(v, tuple):
+                fx_values.setdefault(names[0], []).append(f)
+            rs = {region_of_name.get(nm) for nm in names}
+            if rs != {None}:
+                if len(rs) != 1 or None in rs:
+                    raise NotKeepable(f"ATen node '{f.name}' is split across a fused region's boundary")
+                absorbed[f] = rs.pop()
+        for ri in fuse:
+            for gid in self.regions[ri].nodes:
+                f = self.fx_of(self.nodes[gid].name)
+                if f is None or absorbed.get(f) != ri:
+                    raise NotKeepable(f"region {ri} holds part of ATen node "
+                                      f"'{f.name if f is not None else self.nodes[gid].name}'")
+
+        def source(name):
+            """The ATen node (outside fused regions) a Graph IR value is read from, if there is one."""
+            return next((f for f in fx_values.get(name, []) if f not in absorbed), None)
+
+        def deps(gid, acc):
+            """What a fused call's input is made from (through helper casts and views): ATen nodes, and
+            ("region", j) for an output of fused region j."""
+            n = self.nodes[gid]
+            f = source(n.name)
+            if n.name in region_of_name:
+                acc.add(("region", region_of_name[n.name]))
+            elif f is not None:
+                acc.add(f)
+            elif n.op == OK.Input:
+                acc.add(self.conv.input_source[n.name])
+            elif n.op != OK.Constant:
+                for i in n.inputs:
+                    deps(i, acc)
+            return acc
+
+        g = fx.Graph()
+        env_fx: dict = {}
+        env_g: dict = {}
+        for n in self.gm.graph.nodes:
+            if n.op == "placeholder":
+                env_fx[n] = g.placeholder(n.name)
+                env_fx[n].meta = dict(n.meta)
+            elif n.op == "get_attr":
+                env_fx[n] = g.get_attr(n.target)
+
+        def convert(v, dtype):
+            return g.call_function(torch.ops.prims.convert_element_type.default, (v, dtype))
+
+        def reshaped(v, have, want):
+            """v (Graph IR shape `have`) reshaped to `want` (an ATen shape, maybe with a symbolic dim 0: -1)."""
+            if any(isinstance(d, torch.SymInt) for d in list(want)[1:]):
+                raise NotKeepable("a symbolic size outside dim 0")
+            ints = _hints(want)
+            if ints == list(have):
+                return v
+            dyn = len(want) > 0 and isinstance(want[0], torch.SymInt)
+            return g.call_function(torch.ops.aten.reshape.default, (v, [-1] + ints[1:] if dyn else ints))
+
+        def value_of(gid):
+            n = self.nodes[gid]
+            if n.name not in env_g:
+                f = source(n.name)
+                if f is not None and f in env_fx:
+                    v, have = env_fx[f], f.meta["val"].shape
+                    if _hints(have) != list(n.shape):   # the ATen node is a view of the value: back to its shape
+                        sym0 = any(isinstance(d, torch.SymInt) for d in have)
+                        v = g.call_function(torch.ops.aten.reshape.default,
+                                            (v, [-1] + list(n.shape)[1:] if sym0 else list(n.shape)))
+                    env_g[n.name] = convert(v, DT_TO_TORCH[n.dtype])
+                elif n.op == OK.Input:
+                    env_g[n.name] = convert(env_fx[self.conv.input_source[n.name]], DT_TO_TORCH[n.dtype])
+                elif n.op == OK.Constant:
+                    env_g[n.name] = n.value
+                else:
+                    env_g[n.name] = g.call_function(ops.eval_graph_node,
+                                                    (self.node_spec(n), *[value_of(i) for i in n.inputs]))
+            return env_g[n.name]
+
+        def emit_region(ri):
+            fs = self.regions[ri].spec
+            key = ops.register_region(fs, ctas, fallback=self.region_in_torch(ri))
+            ins = [value_of(fs.gemm.a), value_of(fs.gemm.b)] + [value_of(p.node) for p in fs.params]
+            call = g.call_function(torch.ops.comfuse.fused_region.default, (key, ins))
+            emitted.add(("region", ri))
+            for j, o in enumerate(fs.outputs):
+                out = g.call_function(operator.getitem, (call, j))
+                env_g[o.name] = out
+                for f in fx_values.get(o.name, []):
+                    if absorbed.get(f) == ri:
+                        env_fx[f] = convert(reshaped(out, list(o.shape), f.meta["val"].shape), f.meta["val"].dtype)
+
+        # Kahn over ATen nodes (in their order) and fused calls: each goes once all it reads exists.
+        todo = [("fx", n) for n in self.gm.graph.nodes if n.op == "call_function" and n not in absorbed]
+        todo += [("region", ri, set().union(*[deps(i, set()) for i in
+                                              [self.regions[ri].spec.gemm.a, self.regions[ri].spec.gemm.b] +
+                                              [p.node for p in self.regions[ri].spec.params]]))
+                 for ri in sorted(fuse)]
+        emitted: set = set()
+        ready = lambda a: a in emitted if isinstance(a, tuple) else a in env_fx  # noqa: E731
+        while todo:
+            left = []
+            for t in todo:
+                need = t[1].all_input_nodes if t[0] == "fx" else t[2]
+                if all(ready(a) for a in need):
+                    if t[0] == "fx":
+                        env_fx[t[1]] = g.node_copy(t[1], lambda a: env_fx[a])
+                    else:
+                        emit_region(t[1])
+                else:
+                    left.append(t)
+            if len(left) == len(todo):
+                stuck = next(a for a in (left[0][1].all_input_nodes if left[0][0] == "fx" else left[0][2])
+                             if not ready(a))
+                raise NotKeepable(f"{stuck!r} is never computed outside the fused regions")
+            todo = left
+        out = next(n for n in self.gm.graph.nodes if n.op == "output")
+        missing = [a.name for a in out.all_input_nodes if a not in env_fx]
+        if missing:
+            raise NotKeepable(f"graph outputs {missing} are inside fused regions but not their outputs")
+        g.output(fx.node.map_arg(out.args[0], lambda a: env_fx[a]))
+        gm = fx.GraphModule(self.gm, g)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        return gm
 
     def region_in_torch(self, ri: int):
         """The region computed node by node with torch ops (`ops.eval_graph_node`), as a function of the fused

@@ -264,3 +264,59 @@ def test_region_fallback_in_torch_matches_the_reference(make):
 
     Check(gm).run(*rep.example_inputs)
     assert len(checked) == len(rep.regions) >= 1
+
+
+def _bf16(model):
+    return model.to(torch.bfloat16).eval()
+
+
+@pytest.mark.parametrize("make", [PostNormEncoderLayer, RMSNormMLP, ClassifierHead, CumsumBeforeNorm])
+def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
+    """The GPU path's rewrite: each fused region one comfuse::fused_region call, every other ATen node copied as
+    it was (bf16 stays bf16; no Graph IR matmul re-emitted), same values as eager within bf16 rounding and as
+    the Graph IR rewrite."""
+    from comfuse import ops
+
+    torch.manual_seed(3)
+    m = _bf16(make())
+    x = bf16_randn(2, 8, 32, seed=42).to(torch.bfloat16)
+    rep = comfuse.capture(m, x)[0]
+    prog = rep.analysis.program
+    fuse = set(range(len(rep.regions)))
+    gm = prog.rewrite_keeping_torch(fuse)
+    calls = [n for n in gm.graph.nodes if n.target is torch.ops.comfuse.fused_region.default]
+    assert len(calls) == len(rep.regions) >= 1
+    evals = [n for n in gm.graph.nodes if n.target is ops.eval_graph_node]
+    assert all(comfuse.OpKind(n.args[0][0]) != comfuse.OpKind.MatMul for n in evals)   # helpers only
+    kept = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    orig = {n.target for n in rep.analysis.conv.torch_nodes}
+    assert orig <= kept   # torch nodes (cumsum, ...) stay
+    if make is PostNormEncoderLayer:
+        assert torch.ops.aten.bmm.default in kept   # attention: not fused, kept as ATen bmm
+    with torch.no_grad():
+        got = gm(*rep.example_inputs)
+        ir = prog.rewrite(fuse=fuse)(*rep.example_inputs)
+        ref = m(x)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    for a, b, c in zip(got, ir, refs):
+        assert a.dtype == c.dtype and a.shape == c.shape
+        assert rel_err(a.float(), c.float()) <= 2e-2
+        assert rel_err(a.float(), b.float()) <= 2e-2
+
+
+@pytest.mark.parametrize("rewrite", ["keep", "ir"])
+def test_dynamic_batch_bf16_through_both_rewrites(rewrite, caplog):
+    """A bf16 model with a dynamic batch through the backend (regions on the CPU reference implementation), with
+    either way of writing the nodes outside the regions: one graph for every batch size, values as eager."""
+    caplog.set_level(logging.INFO, logger="comfuse")
+    torch.manual_seed(4)
+    m = _bf16(PostNormEncoderLayer())
+    f = torch.compile(m, backend="comfuse", options={"fallback": "eager", "reference": True, "rewrite": rewrite})
+    with torch.no_grad():
+        for b in (2, 3, 5):
+            x = bf16_randn(b, 8, 32, seed=50 + b).to(torch.bfloat16)
+            torch._dynamo.mark_dynamic(x, 0)
+            assert rel_err(f(x).float(), m(x).float()) <= 2e-2, b
+    msgs = messages(caplog)
+    assert _graph_count(caplog) == 1, msgs
+    assert not any("re-emitted from the Graph IR" in s for s in msgs), msgs
