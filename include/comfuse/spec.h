@@ -123,4 +123,9 @@ uint64_t spec_structural_hash(const FusionSpec& fs);
 // Throws std::invalid_argument for rows < 0.
 FusionSpec spec_with_rows(const FusionSpec& fs, int64_t rows);
 
+// The same Spec storing its outputs in `dtypes` (one per output): a frontend whose consumers read bf16 asks the
+// kernel to store bf16 rather than the f32 that values handed on within the Graph IR keep. Throws
+// std::invalid_argument when the count differs.
+FusionSpec spec_with_output_dtypes(const FusionSpec& fs, const std::vector<DType>& dtypes);
+
 }  // namespace comfuse

@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from . import _core as C
-from .convert import DT_TO_TORCH, OK, Conversion, _hints, convert
+from .convert import DT_TO_TORCH, OK, TORCH_TO_DT, Conversion, _hints, convert
 
 
 class NotKeepable(Exception):
@@ -393,8 +393,29 @@ class Program:
                                                     (self.node_spec(n), *[value_of(i) for i in n.inputs]))
             return env_g[n.name]
 
+        def stored_dtypes(ri):
+            """Each output in the dtype its ATen readers have (bf16 rather than the f32 a value handed on within
+            the Graph IR keeps): the torch ops reading it round to that dtype anyway, so the kernel stores less."""
+            fs = self.regions[ri].spec
+            out = []
+            for o in fs.outputs:
+                dts = {f.meta["val"].dtype for f in fx_values.get(o.name, []) if absorbed.get(f) == ri}
+                dt = next(iter(dts)) if len(dts) == 1 else None
+                out.append(TORCH_TO_DT[dt] if o.dtype == C.DType.F32 and dt in (torch.bfloat16, torch.float16)
+                           and all(r not in region_of_name for r in readers_outside(o.name, ri)) else o.dtype)
+            return out
+
+        def readers_outside(name, ri):
+            """Graph IR names of the nodes outside region ri that read value `name` (other fused regions keep
+            the Graph IR's f32 hand-off)."""
+            gid = self.pg.find(name)
+            return [n.name for n in self.nodes if gid in list(n.inputs) and region_of_name.get(n.name) != ri]
+
         def emit_region(ri):
             fs = self.regions[ri].spec
+            dts = stored_dtypes(ri)
+            if dts != [o.dtype for o in fs.outputs]:
+                fs = fs.with_output_dtypes(dts)
             key = ops.register_region(fs, ctas, fallback=self.region_in_torch(ri))
             ins = [value_of(fs.gemm.a), value_of(fs.gemm.b)] + [value_of(p.node) for p in fs.params]
             call = g.call_function(torch.ops.comfuse.fused_region.default, (key, ins))

@@ -258,6 +258,9 @@ NB_MODULE(_core, m) {
       .def("structural_hash", [](const FusionSpec& fs) { return spec_structural_hash(fs); })
       .def("with_rows", [](const FusionSpec& fs, int64_t rows) { return spec_with_rows(fs, rows); }, "rows"_a,
            "The same Spec for `rows` GEMM rows (per-row params and outputs become [rows, last dim]).")
+      .def("with_output_dtypes",
+           [](const FusionSpec& fs, const std::vector<DType>& d) { return spec_with_output_dtypes(fs, d); }, "dtypes"_a,
+           "The same Spec storing its outputs in these dtypes (one per output).")
       .def("__str__", [](const FusionSpec& fs) { return print_spec(fs); });
 
   nb::class_<Region>(m, "Region")

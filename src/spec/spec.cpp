@@ -306,4 +306,13 @@ FusionSpec spec_with_rows(const FusionSpec& fs, int64_t rows) {
   return r;
 }
 
+FusionSpec spec_with_output_dtypes(const FusionSpec& fs, const std::vector<DType>& dtypes) {
+  if (dtypes.size() != fs.outputs.size())
+    throw std::invalid_argument("spec_with_output_dtypes: " + std::to_string(dtypes.size()) + " dtypes for " +
+                                std::to_string(fs.outputs.size()) + " outputs");
+  FusionSpec r = fs;
+  for (size_t i = 0; i < dtypes.size(); ++i) r.outputs[i].dtype = dtypes[i];
+  return r;
+}
+
 }  // namespace comfuse

@@ -180,3 +180,31 @@ TEST(Stages, WithRowsIsTheSameKernelOverOtherRows) {
   for (size_t o = 0; o < full.size(); ++o)
     for (size_t i = 0; i < part[o].data.size(); ++i) ASSERT_EQ(part[o].data[i], full[o].data[i]) << "output " << o << " at " << i;
 }
+
+// A frontend can have a region store bf16 where the Graph IR would hand the value on in f32: another kernel
+// (the store's type changes, so the hash does), and the interpreter rounds the stored values.
+TEST(Stages, WithOutputDtypesStoresInTheAskedDtype) {
+  Graph g;
+  Value x = g.input("X", DType::BF16, {16, 32});
+  Value w = g.input("W", DType::BF16, {32, 24});
+  Value h = g.cast(g.add(g.matmul(x, w, false, false, "xw"), g.input("b", DType::BF16, {24})), DType::F32, "h");
+  g.output(h);
+  const FusionSpec fs = partition(g).regions.at(0).spec;
+  ASSERT_EQ(fs.outputs.size(), 1u);
+  ASSERT_EQ(fs.outputs[0].dtype, DType::F32);
+  const FusionSpec b = spec_with_output_dtypes(fs, {DType::BF16});
+  EXPECT_EQ(b.outputs[0].dtype, DType::BF16);
+  EXPECT_NE(spec_structural_hash(b), spec_structural_hash(fs));
+  EXPECT_THROW(spec_with_output_dtypes(fs, {}), std::invalid_argument);
+  Tensor ta({16, 32}), tb({32, 24}), tbias({24});
+  for (size_t i = 0; i < ta.data.size(); ++i) ta.data[i] = 0.01f * static_cast<float>(i % 97) - 0.3f;
+  for (size_t i = 0; i < tb.data.size(); ++i) tb.data[i] = 0.02f * static_cast<float>(i % 89) - 0.7f;
+  for (size_t i = 0; i < tbias.data.size(); ++i) tbias.data[i] = 0.125f * static_cast<float>(i);
+  auto f32 = interpret_spec(fs, ta, tb, {tbias}, 1).at(0), r16 = interpret_spec(b, ta, tb, {tbias}, 1).at(0);
+  bool differs = false;
+  for (size_t i = 0; i < f32.data.size(); ++i) {
+    EXPECT_EQ(r16.data[i], round_to_dtype(f32.data[i], DType::BF16)) << i;
+    differs = differs || r16.data[i] != f32.data[i];
+  }
+  EXPECT_TRUE(differs);
+}

@@ -293,6 +293,11 @@ def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
     assert orig <= kept   # torch nodes (cumsum, ...) stay
     if make is PostNormEncoderLayer:
         assert torch.ops.aten.bmm.default in kept   # attention: not fused, kept as ATen bmm
+        # q/k/v: read by bf16 ATen views, so the kernel stores bf16 (the Graph IR hands on f32)
+        by_gemm = {r.spec.gemm.node: r.spec for r in rep.regions}
+        stored = [(ops.region_spec(n.args[0]).outputs[0].dtype,
+                   by_gemm[ops.region_spec(n.args[0]).gemm.node].outputs[0].dtype) for n in calls]
+        assert (comfuse.DType.BF16, comfuse.DType.F32) in stored, stored
     with torch.no_grad():
         got = gm(*rep.example_inputs)
         ir = prog.rewrite(fuse=fuse)(*rep.example_inputs)
