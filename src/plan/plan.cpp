@@ -39,6 +39,21 @@ std::string measured_class(const FusionSpec& fs) {
   return compute ? "bias_gelu" : "identity";
 }
 
+// A bias add alone (plus casts): cuBLASLt adds a bias in its own epilogue, and so does PyTorch's addmm, so the
+// unfused alternative costs the GEMM alone.
+bool bias_only(const FusionSpec& fs) {
+  if (fs.num_stages() != 1 || fs.outputs.size() != 1) return false;
+  int adds = 0;
+  for (const auto& n : fs.root.nodes) {
+    if (n.kind == SpecKind::Broadcast && (n.bcast != BroadcastKind::Row || n.param < 0)) return false;
+    if (n.kind == SpecKind::Compute) {
+      if (n.op == OpKind::Add) ++adds;
+      else if (n.op != OpKind::Cast) return false;
+    }
+  }
+  return adds == 1;
+}
+
 bool has_tile_param(const FusionSpec& fs) {
   for (const auto& p : fs.params)
     if (p.kind == BroadcastKind::Tile) return true;
@@ -132,14 +147,16 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   double tiles = 1;  // the GEMM output, read back
   for (const auto& p : fs.params) tiles += p.kind == BroadcastKind::Tile;
   for (const auto& o : fs.outputs) tiles += o.per_row ? 0 : 1;
-  const bool plain = cls == "identity";
+  const bool plain = cls == "identity" || bias_only(fs);   // cuBLAS does these alone
   d.unfused_us = gemm_us + (plain ? 0.0 : 2.0 * g.rows * g.n * tiles / kUnfusedBytesPerSecond * 1e6);
   const std::string basis = fmt("measured %.3fx cuBLAS", ratio) + " for '" + cls + "' [" + best->config +
                             (reduces ? ", " + d.transport : std::string()) + "] at " +
                             std::to_string(best->m) + "x" + std::to_string(best->k) + "x" + std::to_string(best->n) +
                             fmt(" (M x K x N); this shape: fused ~%.0f us, GEMM + separate epilogue ~%.0f us", d.fused_us,
                                 d.unfused_us);
-  if (d.fused_us > d.unfused_us) return decline("fusion does not pay: " + basis);
+  if (d.fused_us > d.unfused_us)
+    return decline("fusion does not pay: " + basis +
+                   (bias_only(fs) ? " (a bias alone: cuBLAS adds it in its own epilogue)" : ""));
   d.fuse = true;
   d.reason = basis;
   return d;

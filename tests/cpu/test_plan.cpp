@@ -46,6 +46,16 @@ TEST(Plan, DeclinesWhatIsSlowerThanUnfused) {
   EXPECT_FALSE(plain.fuse) << "cuBLAS is measured faster than our plain GEMM";
 }
 
+TEST(Plan, ABiasAloneIsLeftToCublas) {
+  // cuBLAS (and PyTorch's addmm) add a bias in their own epilogue: fused must beat the GEMM alone
+  PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, "y = add(h, b)\noutput y\n")));
+  EXPECT_FALSE(d.fuse);
+  EXPECT_NE(d.reason.find("cuBLAS adds it in its own epilogue"), std::string::npos) << d.reason;
+  EXPECT_NEAR(d.unfused_us, 51.06, 0.5);   // the measured cuBLAS GEMM at this shape, nothing added
+  // with GELU after the bias the separate pass costs memory traffic, and fusing pays
+  EXPECT_TRUE(plan_region(spec_of(gemm(16384, 1024, 1024, "y = gelu(add(h, b))\noutput y\n"))).fuse);
+}
+
 TEST(Plan, FusesAReductionWhenTheMeasurementsSaySo) {
   // a table in which the fused LayerNorm costs what the GEMM costs
   auto table = parse_measured_table(
