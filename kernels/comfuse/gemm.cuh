@@ -242,6 +242,7 @@ struct Gemm {
   using Transport = reduce::Transport;
   static constexpr bool kReduces = epi::NeedsCoResidency<Tree>::value;
   static constexpr bool kMainloopCluster = Cfg::kClusterM * Cfg::kClusterN > 1;
+  static_assert(Cfg::kClusterM * Cfg::kClusterN <= 8, "clusters of at most 8 CTAs (the portable size; no non-portable attribute is set)");
 
   struct Arguments {
     Element const* A = nullptr;   // [M, K], row stride lda
@@ -293,13 +294,19 @@ struct Gemm {
     int tiles;
   };
 
-  static void set_smem_limit() {
+  // Once per process (retried until it succeeds). Clusters here are at most 8 CTAs, the portable size, so no
+  // non-portable-cluster attribute is set. A failure is returned, and cleared from the runtime's last error.
+  static cudaError_t set_smem_limit() {
     static bool done = false;
-    if (done) return;
+    if (done) return cudaSuccess;
     auto kernel = &gemm_kernel_entry<Kernel>;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return e;
+    }
     done = true;
+    return cudaSuccess;
   }
 
   // Resident clusters of this kernel on the current device (cached).
@@ -408,8 +415,10 @@ struct Gemm {
   // Launch with prepared params (make_params encodes the TMA descriptors on the host: a runtime
   // that launches the same problem repeatedly prepares them once).
   static cudaError_t launch(typename Kernel::Params const& p, cudaStream_t stream = nullptr, int max_clusters = 0) {
-    set_smem_limit();
+    if (cudaError_t e = set_smem_limit(); e != cudaSuccess) return e;
     Launch l = launch_shape(p, max_clusters);
+    // The error read after a <<<>>> launch must be this launch's: drop any left by an earlier runtime call.
+    (void)cudaGetLastError();
     auto kernel = &gemm_kernel_entry<Kernel>;
     // With the L2 transport, the CTAs of a row block that exchange partials must all be resident: a
     // cooperative launch fails instead of hanging when the persistent grid cannot be. (With DSMEM the row
