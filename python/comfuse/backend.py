@@ -5,8 +5,9 @@
 For each graph Dynamo captures: decide whether ComFuse kernels may be used at all (inference, a Hopper GPU,
 bf16/f16 GEMMs); capture the inference ATen graph, convert it to the Graph IR, partition it, and
 log (INFO, logger "comfuse") the regions that become ComFuse kernels. On CUDA inputs of an sm_90 GPU, the regions
-the planner fuses become `comfuse::fused_region` calls (`Program.rewrite`), each compiled by the JIT before the
-graph runs, and TorchInductor compiles the rest of the graph around them. Any graph that cannot use ComFuse
+the planner fuses become `comfuse::fused_region` calls (`Program.rewrite_keeping_torch`: every other ATen node is
+kept as it was), each compiled by the JIT before the graph runs, and TorchInductor compiles the rest of the graph
+around them. Any graph that cannot use ComFuse
 kernels - or whose kernels fail to compile - runs through TorchInductor (or eager) unchanged; the log says why.
 
 Dynamic shapes: when Dynamo makes the batch dim symbolic (a second batch size, dynamic=True, mark_dynamic), the
@@ -201,8 +202,8 @@ def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: 
 
     fuse = {i for i, p in enumerate(rep.plans) if p.fuse or (fuse_all and _declined_for_speed_only(p))}
     for i, p in enumerate(rep.plans):
-        how = ("fused" if p.fuse else "fused (fuse='all'; the planner would not)" if i in fuse else "not fused")
-        log.info("comfuse: graph %d region %d: %s (%s)", rep.index, i, how, p.reason)
+        label = ("fused" if p.fuse else "fused (fuse='all'; the planner would not)" if i in fuse else "not fused")
+        log.info("comfuse: graph %d region %d: %s (%s)", rep.index, i, label, p.reason)
     try:
         target = _rewrite(rep, fuse, ctas, how)
         keys = [n.args[0] for n in target.graph.nodes

@@ -325,3 +325,37 @@ def test_dynamic_batch_bf16_through_both_rewrites(rewrite, caplog):
     msgs = messages(caplog)
     assert _graph_count(caplog) == 1, msgs
     assert not any("re-emitted from the Graph IR" in s for s in msgs), msgs
+
+
+def test_gpu_path_orchestration_with_stand_in_kernels(monkeypatch, caplog):
+    """_with_kernels as the GPU path runs it, with the JIT and the kernels replaced by stand-ins: the planner's
+    regions become calls in the ATen-keeping rewrite, each distinct kernel is compiled once (in parallel), then
+    every region's kernel is loaded; a compile failure falls back to the original graph with a warning."""
+    from comfuse import backend, ops
+
+    caplog.set_level(logging.INFO, logger="comfuse")
+    compiled, loaded = [], []
+
+    class Kernel:
+        name, config, transport, cache_hit, compile_seconds = "stand_in", "128x128x64_c1x1", "none", True, 0.0
+
+    monkeypatch.setattr(ops, "compile_kernel", lambda key: compiled.append(ops.region_spec(key).structural_hash()))
+    monkeypatch.setattr(ops, "gpu_kernel", lambda key: loaded.append(key) or Kernel())
+    m = _bf16(PostNormEncoderLayer())
+    x = bf16_randn(2, 8, 32, seed=60).to(torch.bfloat16)
+    rep = comfuse.capture(m, x)[0]
+    target = backend._with_kernels(rep, rep.gm, 1, fuse_all=True)
+    calls = [n for n in target.graph.nodes if n.target is torch.ops.comfuse.fused_region.default]
+    assert len(calls) == len(loaded) == len(rep.regions) == 6
+    assert sorted(compiled) == sorted(set(compiled))          # each distinct kernel compiled once
+    assert len(compiled) < len(calls)                          # q, k, v share one
+    assert not any(n.target is ops.eval_graph_node and comfuse.OpKind(n.args[0][0]) == comfuse.OpKind.MatMul
+                   for n in target.graph.nodes)               # ATen-keeping rewrite: attention stays ATen
+    assert not any("re-emitted from the Graph IR" in s for s in messages(caplog))
+
+    def broken(key):
+        raise RuntimeError("nvcc failed (stand-in)")
+
+    monkeypatch.setattr(ops, "compile_kernel", broken)
+    assert backend._with_kernels(rep, rep.gm, 1, fuse_all=True) is rep.gm
+    assert any(r.levelno == logging.WARNING and "could not be prepared" in r.getMessage() for r in caplog.records)
