@@ -224,22 +224,27 @@ class Program:
         return list(fx.node.map_arg(out.args[0], get_fx))
 
     # ------------------------------------------------------------ FX rewrite
-    def rewrite(self, ctas: int = 1, fuse=None) -> fx.GraphModule:
-        """The program as an FX graph: each region one `comfuse::fused_region` call, standard-path Graph IR
-        nodes as torch ops (fp32 math, as the Graph IR defines them), torch nodes copied. `fuse`: the indices
-        of the regions to fuse (default all); the others are emitted node by node like the standard path."""
-        from . import ops
-
+    def _new_graph(self):
+        """A new FX graph with this program's placeholders (meta kept) and attributes, and the map to them."""
         g = fx.Graph()
         env_fx: dict = {}
-        env_g: dict = {}
-        pg = self.pg
         for n in self.gm.graph.nodes:
             if n.op == "placeholder":
                 env_fx[n] = g.placeholder(n.name)
                 env_fx[n].meta = dict(n.meta)
             elif n.op == "get_attr":
                 env_fx[n] = g.get_attr(n.target)
+        return g, env_fx
+
+    def rewrite(self, ctas: int = 1, fuse=None) -> fx.GraphModule:
+        """The program as an FX graph: each region one `comfuse::fused_region` call, standard-path Graph IR
+        nodes as torch ops (fp32 math, as the Graph IR defines them), torch nodes copied. `fuse`: the indices
+        of the regions to fuse (default all); the others are emitted node by node like the standard path."""
+        from . import ops
+
+        g, env_fx = self._new_graph()
+        env_g: dict = {}
+        pg = self.pg
 
         def get_g(gid):
             n = self.nodes[gid]
@@ -350,15 +355,8 @@ class Program:
                     deps(i, acc)
             return acc
 
-        g = fx.Graph()
-        env_fx: dict = {}
+        g, env_fx = self._new_graph()
         env_g: dict = {}
-        for n in self.gm.graph.nodes:
-            if n.op == "placeholder":
-                env_fx[n] = g.placeholder(n.name)
-                env_fx[n].meta = dict(n.meta)
-            elif n.op == "get_attr":
-                env_fx[n] = g.get_attr(n.target)
 
         def convert(v, dtype):
             return g.call_function(torch.ops.prims.convert_element_type.default, (v, dtype))
