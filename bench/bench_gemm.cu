@@ -35,10 +35,6 @@ using namespace comfuse::gpu;
 
 namespace {
 
-struct Shape {
-  int M, K, N;
-};
-
 struct Set {
   __nv_bfloat16 *A, *B, *R, *bias, *v, *d0, *d1;
 };
@@ -152,7 +148,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--shape" && i + 1 < argc) {
       Shape s;
-      if (std::sscanf(argv[++i], "%d,%d,%d", &s.M, &s.K, &s.N) != 3) return 2;
+      if (!parse_shape(argv[++i], &s)) return 2;
       shapes.push_back(s);
     } else {
       std::fprintf(stderr, "usage: %s [--out DIR] [--reps N] [--shape M,K,N]...\n", argv[0]);

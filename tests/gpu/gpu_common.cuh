@@ -22,6 +22,13 @@ namespace comfuse::gpu {
 
 constexpr int kSkip = 77;
 
+// A GEMM problem as the tools take it on their command lines: --shape M,K,N.
+struct Shape {
+  int M, K, N;
+};
+
+inline bool parse_shape(char const* text, Shape* s) { return std::sscanf(text, "%d,%d,%d", &s->M, &s->K, &s->N) == 3; }
+
 // Returns true when a cc 9.0 device is present; prints why not otherwise.
 inline bool have_hopper(cudaDeviceProp* out = nullptr) {
   int n = 0;

@@ -23,10 +23,6 @@
 using namespace comfuse::gpu;
 
 namespace {
-struct Shape {
-  int M, K, N;
-};
-
 int failures = 0;
 int checks = 0;
 
@@ -47,7 +43,7 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--shape" && i + 1 < argc) {
       Shape s;
-      if (std::sscanf(argv[++i], "%d,%d,%d", &s.M, &s.K, &s.N) != 3) return 2;
+      if (!parse_shape(argv[++i], &s)) return 2;
       shapes.push_back(s);
     } else if (a == "--filter" && i + 1 < argc) {
       filter = argv[++i];

@@ -27,10 +27,6 @@ namespace tr = comfuse::trace;
 
 namespace {
 
-struct Shape {
-  int M, K, N;
-};
-
 double mean(std::vector<double> const& v) {
   if (v.empty()) return NAN;
   double s = 0;
@@ -67,7 +63,7 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--shape" && i + 1 < argc) {
       Shape s;
-      if (std::sscanf(argv[++i], "%d,%d,%d", &s.M, &s.K, &s.N) != 3) return 2;
+      if (!parse_shape(argv[++i], &s)) return 2;
       shapes.push_back(s);
     } else if (a == "--filter" && i + 1 < argc) {
       filter = argv[++i];
