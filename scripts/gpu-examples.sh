@@ -15,6 +15,9 @@
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# The examples, and the other transports of two of them (compiled ahead of time only): name:example:transport.
+examples="bias_gelu ffn_b2b postnorm prenorm_two_outputs rmsnorm softmax"
+variants="postnorm_l2:postnorm:l2 softmax_leader:softmax:dsmem_leader"
 
 if [ "${1:-}" = "--prepare" ]; then
   cli="$(realpath "$2")" aot="$3" jobs="${4:-2}"
@@ -23,9 +26,8 @@ if [ "${1:-}" = "--prepare" ]; then
   export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include"
   "$gen" --count 50 -o "$aot/random/cf" > "$aot/random_gen.log" 2>&1 || { cat "$aot/random_gen.log"; exit 1; }
   {
-    for ex in bias_gelu ffn_b2b postnorm prenorm_two_outputs rmsnorm softmax; do echo "$ex examples/$ex.cf"; done
-    echo "postnorm_l2 examples/postnorm.cf --transport l2"
-    echo "softmax_leader examples/softmax.cf --transport dsmem_leader"
+    for ex in $examples; do echo "$ex examples/$ex.cf"; done
+    for v in $variants; do IFS=: read -r name ex tp <<< "$v"; echo "$name examples/$ex.cf --transport $tp"; done
     echo "plain_and_fused tests/data/plain_and_fused.cf"
     for f in "$aot"/random/cf/*.cf; do echo "random/$(basename "$f" .cf) $f"; done
   } | xargs -P "$jobs" -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "'"$aot"'/$name" > "'"$aot"'/$name.log" 2>&1 ||
@@ -49,12 +51,12 @@ run_check() {   # name, then arguments of `comfuse run`
   grep -E "transport|^[a-z_]+ +\[|check:|error" "$OUT/run_$name.log" | sed "s/^/  [$name] /"
 }
 
-for ex in bias_gelu ffn_b2b postnorm prenorm_two_outputs rmsnorm softmax; do
+for ex in $examples; do
   if [ -n "$aot" ] && [ -d "$aot/$ex" ]; then run_check "$ex" "examples/$ex.cf" --aot "$aot/$ex"
   else run_check "$ex" "examples/$ex.cf"; fi
 done
-for v in postnorm_l2:postnorm softmax_leader:softmax; do   # the other transports, ahead of time
-  name="${v%%:*}" ex="${v##*:}"
+for v in $variants; do   # the other transports, ahead of time
+  IFS=: read -r name ex tp <<< "$v"
   [ -n "$aot" ] && [ -d "$aot/$name" ] && run_check "$name" "examples/$ex.cf" --aot "$aot/$name"
 done
 # Random programs from the compiler-core generator (odd M; comfuse_random_graphs beside the CLI), with --check:
