@@ -19,25 +19,30 @@ EPILOGUES = ["postnorm", "rmsnorm", "softmax", "bias_gelu", "ln_softmax"]
 TARGET = 1.03
 
 
+def read_csv(path):
+    """[((M, K, N), row)] of a CSV with '#' comment lines, and the shapes in their first-seen order."""
+    with open(path, newline="") as f:
+        rows = [((int(r["M"]), int(r["K"]), int(r["N"])), r)
+                for r in csv.DictReader(line for line in f if not line.startswith("#"))]
+    return rows, list(dict.fromkeys(shape for shape, _ in rows))
+
+
 def read_bench(path):
     """{(M,K,N): {epilogue: (us, ratio, config)}} with the best instance of every plotted epilogue."""
-    cublas, best, order = {}, {}, []
-    with open(path, newline="") as f:
-        for row in csv.DictReader(line for line in f if not line.startswith("#")):
-            shape = (int(row["M"]), int(row["K"]), int(row["N"]))
-            if shape not in order:
-                order.append(shape)
-            us = float(row["us"])
-            if row["variant"] == "cublas":
-                cublas[shape] = us
-                continue
-            epi = row["epilogue"]
-            if epi not in EPILOGUES or math.isnan(us):
-                continue
-            cur = best.setdefault(shape, {}).get(epi)
-            if cur is None or us < cur[0]:
-                tp = row.get("transport") or "-"
-                best[shape][epi] = (us, row["config"] + ("" if tp == "-" else " " + tp))
+    cublas, best = {}, {}
+    rows, order = read_csv(path)
+    for shape, row in rows:
+        us = float(row["us"])
+        if row["variant"] == "cublas":
+            cublas[shape] = us
+            continue
+        epi = row["epilogue"]
+        if epi not in EPILOGUES or math.isnan(us):
+            continue
+        cur = best.setdefault(shape, {}).get(epi)
+        if cur is None or us < cur[0]:
+            tp = row.get("transport") or "-"
+            best[shape][epi] = (us, row["config"] + ("" if tp == "-" else " " + tp))
     out = {}
     for shape, epis in best.items():
         if shape not in cublas:
@@ -49,24 +54,21 @@ def read_bench(path):
 
 def read_torch(path):
     """{(M,K,N): {epilogue: (best compiled us, ratio to gemm_us, which mode)}}."""
-    out, order = {}, []
-    with open(path, newline="") as f:
-        for row in csv.DictReader(line for line in f if not line.startswith("#")):
-            shape = (int(row["M"]), int(row["K"]), int(row["N"]))
-            if shape not in order:
-                order.append(shape)
-            gemm = float(row["gemm_us"])
-            cands = [(float(row[c]), m) for c, m in (("compile_default_us", "default"),
-                                                      ("compile_max_autotune_us", "max-autotune"))]
-            cands = [(us, m) for us, m in cands if not math.isnan(us)]
-            if not cands or math.isnan(gemm):
-                continue
-            us, mode = min(cands)
-            epis = out.setdefault(shape, {})
-            if row["epilogue"] in epis:
-                print(f"warning: {path}: {shape} {row['epilogue']} appears twice; the last row is used",
-                      file=sys.stderr)
-            epis[row["epilogue"]] = (us, us / gemm, mode)
+    out = {}
+    rows, order = read_csv(path)
+    for shape, row in rows:
+        gemm = float(row["gemm_us"])
+        cands = [(float(row[c]), m) for c, m in (("compile_default_us", "default"),
+                                                  ("compile_max_autotune_us", "max-autotune"))]
+        cands = [(us, m) for us, m in cands if not math.isnan(us)]
+        if not cands or math.isnan(gemm):
+            continue
+        us, mode = min(cands)
+        epis = out.setdefault(shape, {})
+        if row["epilogue"] in epis:
+            print(f"warning: {path}: {shape} {row['epilogue']} appears twice; the last row is used",
+                  file=sys.stderr)
+        epis[row["epilogue"]] = (us, us / gemm, mode)
     return out, order
 
 
