@@ -78,7 +78,7 @@ def _hint(d) -> int:
     return int(h if h is not None else d.node.shape_env.size_hint(d.node.expr))
 
 
-def _hints(shape) -> list[int]:
+def size_hints(shape) -> list[int]:
     return [_hint(d) for d in shape]
 
 
@@ -140,7 +140,7 @@ class Converter:
         if any(i != 0 for i in syms):
             raise Unsupported(f"dynamic size in dim {[i for i in syms if i != 0][0]} of '{what}' "
                               f"{list(m.shape)}: ComFuse kernels take a dynamic batch (leading) dim only")
-        return _hints(m.shape), bool(syms)
+        return size_hints(m.shape), bool(syms)
 
     # ---------------------------------------------------------------- helpers
     def name(self, tag: str | None = None) -> str:
@@ -502,7 +502,7 @@ def _check_result(conv: Converter, n: fx.Node, v) -> None:
     metas = m if isinstance(m, (tuple, list)) else (m,)
     for i, mm in zip(vals, metas):
         node = conv.g.node(i)
-        if list(node.shape) != _hints(mm.shape) or (node.dtype != TORCH_TO_DT[mm.dtype]
+        if list(node.shape) != size_hints(mm.shape) or (node.dtype != TORCH_TO_DT[mm.dtype]
                                                    and not conv.keeps_gemm_dtype(n, i)):
             raise AssertionError(f"convert: '{n.name}' became {node!r}, torch has {mm.dtype}{list(mm.shape)}")
 

@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from . import _core as C
-from .convert import DT_TO_TORCH, OK, TORCH_TO_DT, Conversion, _hints, convert
+from .convert import DT_TO_TORCH, OK, TORCH_TO_DT, Conversion, size_hints, convert
 
 
 class NotKeepable(Exception):
@@ -361,26 +361,28 @@ class Program:
         def convert(v, dtype):
             return g.call_function(torch.ops.prims.convert_element_type.default, (v, dtype))
 
-        def reshaped(v, have, want):
-            """v (Graph IR shape `have`) reshaped to `want` (an ATen shape, maybe with a symbolic dim 0: -1)."""
-            if any(isinstance(d, torch.SymInt) for d in list(want)[1:]):
-                raise NotKeepable("a symbolic size outside dim 0")
-            ints = _hints(want)
-            if ints == list(have):
+        def reshape(v, have, want, dynamic: bool):
+            """v from shape `have` to `want` (ints); a dynamic batch's dim 0 becomes -1 (the rest is static)."""
+            if list(have) == list(want):
                 return v
-            dyn = len(want) > 0 and isinstance(want[0], torch.SymInt)
-            return g.call_function(torch.ops.aten.reshape.default, (v, [-1] + ints[1:] if dyn else ints))
+            return g.call_function(torch.ops.aten.reshape.default, (v, [-1] + list(want)[1:] if dynamic else list(want)))
+
+        def symbolic(shape) -> bool:
+            if any(isinstance(d, torch.SymInt) for d in list(shape)[1:]):
+                raise NotKeepable("a symbolic size outside dim 0")
+            return any(isinstance(d, torch.SymInt) for d in shape)
+
+        def reshaped(v, have, want):
+            """v (Graph IR shape `have`) as an ATen node's shape `want` (maybe symbolic in dim 0)."""
+            return reshape(v, have, size_hints(want), symbolic(want))
 
         def value_of(gid):
             n = self.nodes[gid]
             if n.name not in env_g:
                 f = source(n.name)
                 if f is not None and f in env_fx:
-                    v, have = env_fx[f], f.meta["val"].shape
-                    if _hints(have) != list(n.shape):   # the ATen node is a view of the value: back to its shape
-                        sym0 = any(isinstance(d, torch.SymInt) for d in have)
-                        v = g.call_function(torch.ops.aten.reshape.default,
-                                            (v, [-1] + list(n.shape)[1:] if sym0 else list(n.shape)))
+                    have = f.meta["val"].shape   # the ATen node may be a view of the value: back to its shape
+                    v = reshape(env_fx[f], size_hints(have), list(n.shape), symbolic(have))
                     env_g[n.name] = convert(v, DT_TO_TORCH[n.dtype])
                 elif n.op == OK.Input:
                     env_g[n.name] = convert(env_fx[self.conv.input_source[n.name]], DT_TO_TORCH[n.dtype])
@@ -393,21 +395,18 @@ class Program:
 
         def stored_dtypes(ri):
             """Each output in the dtype its ATen readers have (bf16 rather than the f32 a value handed on within
-            the Graph IR keeps): the torch ops reading it round to that dtype anyway, so the kernel stores less."""
+            the Graph IR keeps): the torch ops reading it round to that dtype anyway, so the kernel stores less.
+            An output another fused region reads keeps the Graph IR's f32 hand-off."""
             fs = self.regions[ri].spec
             out = []
             for o in fs.outputs:
                 dts = {f.meta["val"].dtype for f in fx_values.get(o.name, []) if absorbed.get(f) == ri}
-                dt = next(iter(dts)) if len(dts) == 1 else None
-                out.append(TORCH_TO_DT[dt] if o.dtype == C.DType.F32 and dt in (torch.bfloat16, torch.float16)
-                           and all(r not in region_of_name for r in readers_outside(o.name, ri)) else o.dtype)
+                gid = self.pg.find(o.name)
+                fused_reader = any(gid in list(n.inputs) and region_of_name.get(n.name, ri) != ri for n in self.nodes)
+                narrow = len(dts) == 1 and next(iter(dts)) in (torch.bfloat16, torch.float16)
+                out.append(TORCH_TO_DT[next(iter(dts))] if narrow and o.dtype == C.DType.F32 and not fused_reader
+                           else o.dtype)
             return out
-
-        def readers_outside(name, ri):
-            """Graph IR names of the nodes outside region ri that read value `name` (other fused regions keep
-            the Graph IR's f32 hand-off)."""
-            gid = self.pg.find(name)
-            return [n.name for n in self.nodes if gid in list(n.inputs) and region_of_name.get(n.name) != ri]
 
         def emit_region(ri):
             fs = self.regions[ri].spec
