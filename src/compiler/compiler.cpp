@@ -73,6 +73,33 @@ jit::JitOptions kernel_jit_options(const CompilerOptions& o) {
   return jo;
 }
 
+// The kernel headers and CUTLASS must be where the options say, before anything is compiled.
+void check_header_dirs(const CompilerOptions& o) {
+  if (!fs::exists(fs::path(o.kernel_dir) / "comfuse" / "gemm.cuh"))
+    throw CompileError("kernel headers not found: " + o.kernel_dir +
+                       "/comfuse/gemm.cuh (set COMFUSE_KERNEL_DIR to the kernels/ folder)");
+  if (!fs::exists(fs::path(o.cutlass_dir) / "cutlass" / "cutlass.h"))
+    throw CompileError("CUTLASS headers not found: '" + o.cutlass_dir +
+                       "' has no cutlass/cutlass.h (set COMFUSE_CUTLASS_DIR to site-packages/cutlass_library/source/include)");
+}
+
+// Plans a region and generates its kernel into r. False when no kernel can serve it (the plan says why); one
+// declined for speed only is still generated (it runs fused). Throws when the transport cannot serve it.
+bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const std::string& transport) {
+  r.plan = plan_region(spec);
+  if (!r.plan.fuse && r.plan.reason.rfind("fusion does not pay", 0) != 0) return false;
+  if (std::string why = fit_transport(r.plan, spec, transport); !why.empty()) throw CompileError(why);
+  r.kernel = generate_kernel(spec, r.plan.config);
+  return true;
+}
+
+void take_compile_result(CompiledRegion& r, const jit::CompileResult& res) {
+  r.library_path = res.cubin_path;
+  r.cache_hit = res.cache_hit;
+  r.compile_seconds = res.seconds;
+  r.lookup_ms = res.lookup_ms;
+}
+
 std::string fixed(double v, int digits) {
   std::ostringstream o;
   o.setf(std::ios::fixed);
@@ -107,12 +134,7 @@ Compiler::Compiler(CompilerOptions o) : opts_(std::move(o)) {
 }
 
 CompiledGraph Compiler::compile(const Graph& g) const {
-  if (!fs::exists(fs::path(opts_.kernel_dir) / "comfuse" / "gemm.cuh"))
-    throw CompileError("kernel headers not found: " + opts_.kernel_dir +
-                       "/comfuse/gemm.cuh (set COMFUSE_KERNEL_DIR to the kernels/ folder)");
-  if (!fs::exists(fs::path(opts_.cutlass_dir) / "cutlass" / "cutlass.h"))
-    throw CompileError("CUTLASS headers not found: '" + opts_.cutlass_dir +
-                       "' has no cutlass/cutlass.h (set COMFUSE_CUTLASS_DIR to site-packages/cutlass_library/source/include)");
+  check_header_dirs(opts_);
   if (!opts_.transport.empty()) transport_code(opts_.transport);  // validates the name
 
   CompiledGraph cg;
@@ -129,16 +151,17 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   for (size_t i = 0; i < p.regions.size(); ++i) {
     CompiledRegion& r = cg.regions_[i];
     r.region = static_cast<int>(i);
-    r.plan = plan_region(p.regions[i].spec);
-    // Declined because no kernel can serve it: its nodes run on the plain path. Declined for speed: runs fused.
-    if (!r.plan.fuse && r.plan.reason.rfind("fusion does not pay", 0) != 0) {
+    bool kernel = false;
+    try {
+      kernel = plan_and_generate(r, p.regions[i].spec, opts_.transport);
+    } catch (const CompileError& e) {
+      throw CompileError("region " + std::to_string(i) + ": " + e.what());
+    }
+    if (!kernel) {   // no kernel can serve it: its nodes run on the plain path
       r.plain = true;
       need_plain = true;
       continue;
     }
-    if (std::string why = fit_transport(r.plan, p.regions[i].spec, opts_.transport); !why.empty())
-      throw CompileError("region " + std::to_string(i) + ": " + why);
-    r.kernel = generate_kernel(p.regions[i].spec, r.plan.config);
     jobs.push_back(std::async(std::launch::async, [src = r.kernel.source, name = r.kernel.name, jo] {
       return jit::compile(src, name, jo);
     }));
@@ -151,11 +174,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   size_t j = 0;
   for (auto& r : cg.regions_) {
     if (r.plain) continue;
-    jit::CompileResult res = jobs[j++].get();  // rethrows JitError with nvcc's log
-    r.library_path = res.cubin_path;
-    r.cache_hit = res.cache_hit;
-    r.compile_seconds = res.seconds;
-    r.lookup_ms = res.lookup_ms;
+    take_compile_result(r, jobs[j++].get());  // rethrows JitError with nvcc's log
   }
   if (need_plain) cg.plain_library_ = plain_job.get().cubin_path;
   return cg;
@@ -463,21 +482,11 @@ namespace comfuse {
 CompiledRegion RegionKernel::compile(const FusionSpec& spec, CompilerOptions o) {
   Compiler c(std::move(o));
   const CompilerOptions& opts = c.options();
-  if (!fs::exists(fs::path(opts.kernel_dir) / "comfuse" / "gemm.cuh"))
-    throw CompileError("kernel headers not found: " + opts.kernel_dir + " (set COMFUSE_KERNEL_DIR)");
-  if (!fs::exists(fs::path(opts.cutlass_dir) / "cutlass" / "cutlass.h"))
-    throw CompileError("CUTLASS headers not found: '" + opts.cutlass_dir + "' (set COMFUSE_CUTLASS_DIR)");
+  check_header_dirs(opts);
   CompiledRegion region;
-  region.plan = plan_region(spec);
-  if (!region.plan.fuse && region.plan.reason.rfind("fusion does not pay", 0) != 0)
+  if (!plan_and_generate(region, spec, opts.transport))
     throw CompileError("no fused kernel can serve this region: " + region.plan.reason);
-  if (std::string why = fit_transport(region.plan, spec, opts.transport); !why.empty()) throw CompileError(why);
-  region.kernel = generate_kernel(spec, region.plan.config);
-  jit::CompileResult r = jit::compile(region.kernel.source, region.kernel.name, kernel_jit_options(opts));
-  region.library_path = r.cubin_path;
-  region.cache_hit = r.cache_hit;
-  region.compile_seconds = r.seconds;
-  region.lookup_ms = r.lookup_ms;
+  take_compile_result(region, jit::compile(region.kernel.source, region.kernel.name, kernel_jit_options(opts)));
   return region;
 }
 
