@@ -32,6 +32,17 @@ using namespace comfuse;
 
 namespace {
 
+// A region's compiler options from the Python arguments ("" = the defaults).
+CompilerOptions region_options(const std::string& kernel_dir, const std::string& cutlass_dir,
+                               const std::string& cache_dir, const std::string& transport) {
+  CompilerOptions o;
+  o.kernel_dir = kernel_dir;
+  o.cutlass_dir = cutlass_dir;
+  o.jit.cache_dir = cache_dir;
+  o.transport = transport;
+  return o;
+}
+
 using InArray = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
 using OutArray = nb::ndarray<nb::numpy, float>;
 
@@ -350,11 +361,7 @@ NB_MODULE(_core, m) {
       "compile_region",
       [](const FusionSpec& fs, const std::string& kernel_dir, const std::string& cutlass_dir, const std::string& cache_dir,
          const std::string& transport) {
-        CompilerOptions o;
-        o.kernel_dir = kernel_dir;
-        o.cutlass_dir = cutlass_dir;
-        o.jit.cache_dir = cache_dir;
-        o.transport = transport;
+        CompilerOptions o = region_options(kernel_dir, cutlass_dir, cache_dir, transport);
         nb::gil_scoped_release release;  // nvcc runs here: other Python threads (other regions) keep going
         CompiledRegion r = RegionKernel::compile(fs, o);
         return std::make_tuple(r.kernel.name, r.cache_hit, r.compile_seconds);
@@ -367,11 +374,7 @@ NB_MODULE(_core, m) {
           "__init__",
           [](RegionKernel* self, const FusionSpec& fs, const std::string& kernel_dir, const std::string& cutlass_dir,
              const std::string& cache_dir, const std::string& transport) {
-            CompilerOptions o;
-            o.kernel_dir = kernel_dir;
-            o.cutlass_dir = cutlass_dir;
-            o.jit.cache_dir = cache_dir;
-            o.transport = transport;
+            CompilerOptions o = region_options(kernel_dir, cutlass_dir, cache_dir, transport);
             nb::gil_scoped_release release;  // nvcc may take a while; other Python threads keep running
             new (self) RegionKernel(fs, o);
           },
