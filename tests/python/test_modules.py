@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import comfuse
-from conftest import bf16_exact, bf16_randn, reference, rel_err
+from conftest import FP32_TOL, bf16_exact, bf16_randn, reference, rel_err
 from models import ClassifierHead, CumsumBeforeNorm, CumsumCycle, PostNormEncoderLayer, RMSNormMLP
 
 
@@ -16,7 +16,7 @@ def capture_one(model, *xs):
     return rep
 
 
-def check_numerics(model, rep, *xs, tol=1e-5):
+def check_numerics(model, rep, *xs, tol=FP32_TOL):
     """The converted program (graph mode, and spec mode with 1 and 3 column blocks) vs torch eager."""
     ref = reference(model, *xs)
     with torch.no_grad():
