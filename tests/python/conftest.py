@@ -49,12 +49,26 @@ def bf16_randn(*shape, seed=0):
     return torch.randn(*shape, generator=g).to(torch.bfloat16).to(torch.float32)
 
 
-# The CPU-path tolerance vs the reference (normwise). Both sides are fp32 with the same bf16 rounding of GEMM
-# operands, so they usually agree to ~1e-7; but an intermediate that feeds a second GEMM (attention
-# probabilities, an FFN activation) is rounded to bf16, and an fp32 value that lands within an ulp of a rounding
-# boundary can round the other way on one side. One such flip in these small tensors moves the result by ~1e-5
-# (seen in CI); a missing or extra rounding everywhere is ~2e-3, so 1e-4 still catches that.
-FP32_TOL = 1e-4
+# The CPU path vs the reference: both sides are fp32 with the same bf16 rounding of GEMM operands, and agree to
+# ~1e-7 - except that an intermediate feeding a second GEMM (attention probabilities, an FFN activation) is
+# rounded to bf16, and a value within an fp32 ulp or two of a bf16 rounding boundary can round the other way on
+# one side (the two sum LayerNorm/softmax in different orders). Such a flip moves one row (token) of the result
+# by up to ~3e-4 and no other; it happens in a few percent of random models. So every row must match to
+# FP32_TOL, except at most one row in eight, which must match to FLIP_ROW_TOL. A rounding missing or added
+# everywhere moves every row by ~2e-3, and a wrong op far more: both still fail.
+FP32_TOL = 1e-5
+FLIP_ROW_TOL = 1e-3
+
+
+def assert_fp32_match(out, ref, what=""):
+    o, r = out.detach().double(), ref.detach().double()
+    assert o.shape == r.shape, (what, o.shape, r.shape)
+    assert torch.isfinite(o).all(), what
+    o, r = o.reshape(-1, o.shape[-1] if o.dim() else 1), r.reshape(-1, r.shape[-1] if r.dim() else 1)
+    rows = ((o - r).norm(dim=1) / r.norm(dim=1).clamp_min(1e-30)).tolist()
+    off = [(i, e) for i, e in enumerate(rows) if e > FP32_TOL]
+    assert len(off) <= max(1, len(rows) // 8) and all(e <= FLIP_ROW_TOL for _, e in off), \
+        (what, f"{len(off)} of {len(rows)} rows off by more than {FP32_TOL}", off[:8])
 
 
 def rel_err(out, ref) -> float:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import comfuse
-from conftest import FP32_TOL, bf16_exact, bf16_randn, reference, rel_err
+from conftest import assert_fp32_match, bf16_exact, bf16_randn, reference, rel_err
 from models import ClassifierHead, CumsumBeforeNorm, PostNormEncoderLayer, RMSNormMLP
 
 
@@ -28,7 +28,7 @@ def test_compile_cpu_inductor_matches_eager(caplog):
     with torch.no_grad():
         y = torch.compile(m, backend="comfuse")(x)
         ref = m(x)
-    assert rel_err(y, ref) < FP32_TOL
+    assert_fp32_match(y, ref)
     msgs = messages(caplog)
     assert any("region 1: GEMM 'addmm_1.mm'" in s or "region 1: GEMM" in s for s in msgs)
     assert any("-> one ComFuse kernel" in s for s in msgs)
@@ -52,7 +52,7 @@ def test_reference_mode_runs_regions_through_custom_op(runner, caplog):
     x = bf16_randn(2, 8, 32, seed=5)
     with torch.no_grad():
         y = torch.compile(m, backend="comfuse", options={"fallback": runner, "reference": True, "ctas": 2})(x)
-    assert rel_err(y, reference(m, x)[0]) <= FP32_TOL
+    assert_fp32_match(y, reference(m, x)[0])
     assert any("through the CPU reference implementation" in s for s in messages(caplog))
 
 
@@ -66,7 +66,7 @@ def test_rewritten_graph_calls_custom_op():
     assert any(n.target is torch.ops.aten.cumsum.default for n in gm.graph.nodes)
     outs = gm(*rep.example_inputs)
     for o, r in zip(outs, reference(m, x)):
-        assert rel_err(o, r) <= FP32_TOL
+        assert_fp32_match(o, r)
     # the fake implementation gives shapes and dtypes without running anything
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -88,7 +88,7 @@ def test_rewrite_fuses_only_the_regions_asked_for():
         calls = [n for n in gm.graph.nodes if n.target is torch.ops.comfuse.fused_region.default]
         assert len(calls) == len(fuse)
         for o, r in zip(gm(*rep.example_inputs), reference(m, x)):
-            assert rel_err(o, r) <= FP32_TOL
+            assert_fp32_match(o, r)
 
 
 # ---------------------------------------------------------------- fallbacks, each with its logged reason
@@ -145,7 +145,7 @@ def test_dynamic_batch_reuses_the_graph_and_its_regions(runner, caplog):
             torch._dynamo.mark_dynamic(x, 0)
             y = f(x)
             assert y.shape == (b, 8, 32)
-            assert rel_err(y, reference(m, x)[0]) <= FP32_TOL, b
+            assert_fp32_match(y, reference(m, x)[0], b)
     msgs = messages(caplog)
     assert _graph_count(caplog) == 1, msgs
     assert any("has a dynamic batch dim" in s for s in msgs)
@@ -162,7 +162,7 @@ def test_dynamic_batch_after_a_second_batch_size(caplog):
     with torch.no_grad():
         for b in (2, 3, 4, 7):
             x = bf16_randn(b, 8, 32, seed=20 + b)
-            assert rel_err(f(x), reference(m, x)[0]) <= FP32_TOL, b
+            assert_fp32_match(f(x), reference(m, x)[0], b)
     assert _graph_count(caplog) == 2   # static at b=2, then one dynamic graph for every other size
     assert sum("has a dynamic batch dim" in s for s in messages(caplog)) == 1
 
@@ -170,7 +170,8 @@ def test_dynamic_batch_after_a_second_batch_size(caplog):
 def test_dynamic_sequence_dim_stays_in_torch_with_its_reason(caplog):
     """dynamic=True makes the sequence dim symbolic too: nodes whose symbolic size is not the leading dim stay
     in torch, each with that reason, and the model still matches eager. (The attention's matmuls then run in
-    torch on fp32 operands, which the reference rounds to bf16 as a tensor core would: hence 2e-3, not FP32_TOL.)"""
+    torch on fp32 operands, which the reference rounds to bf16 as a tensor core would: hence 2e-3, not
+    conftest.assert_fp32_match.)"""
     caplog.set_level(logging.INFO, logger="comfuse")
     m = bf16_exact(PostNormEncoderLayer())
     x = bf16_randn(2, 8, 32, seed=31)
@@ -258,7 +259,7 @@ def test_region_fallback_in_torch_matches_the_reference(make):
                 alt = ops._run_fallback(key, list(inputs))
                 for a, o in zip(alt, out):
                     assert a.shape == o.shape and a.dtype == o.dtype
-                    assert rel_err(a, o) <= FP32_TOL, key
+                    assert_fp32_match(a, o, key)
                 checked.append(key)
             return out
 
