@@ -118,6 +118,27 @@ def test_fallback_cpu_tensors(caplog):
     assert "runs without ComFuse kernels: CPU tensors: ComFuse kernels run on NVIDIA Hopper GPUs" in log
 
 
+@pytest.mark.parametrize("cc,name", [((8, 0), "NVIDIA A100-SXM4-80GB"), ((10, 0), "NVIDIA B200")])
+def test_fallback_gpu_not_hopper(cc, name, monkeypatch):
+    """A bf16 graph on CUDA tensors of a GPU that is not compute capability 9.0 falls back, naming the GPU. No
+    GPU needed: the graph is analyzed on fake CUDA tensors, and torch.cuda reports the GPU the test gives."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from comfuse import backend
+
+    m = RMSNormMLP().to(torch.bfloat16).eval()
+    rep = comfuse.capture(m, torch.randn(2, 8, 32, dtype=torch.bfloat16))[0]
+    assert rep.regions   # on the GPU this graph would have fused regions
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: cc)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name)
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        inputs = [fake.from_tensor(t).to("cuda:0") for t in rep.example_inputs]
+        with torch.no_grad():
+            got = backend.analyze_graph(rep.gm, inputs)
+    assert got.regions and got.fallback == (f"GPU {name} has compute capability {cc[0]}.{cc[1]}: ComFuse kernels "
+                                            f"need 9.0 (H100/H200)")
+
+
 def test_fallback_fp32_dtype(caplog):
     m = ClassifierHead().eval()
     with torch.no_grad():
