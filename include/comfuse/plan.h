@@ -38,6 +38,9 @@ struct PlanDecision {
   double unfused_us = -1;
 };
 
+// A configuration as the measured table spells it: "128x128x64_c1x1" (tile M x N x K, cluster M x N).
+std::string config_name(const KernelConfig& c);
+
 PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table = measured_table());
 
 }  // namespace comfuse

@@ -31,6 +31,10 @@ from . import _core as C
 from .convert import DT_TO_TORCH, OK, TORCH_TO_DT, Conversion, size_hints, convert
 
 
+def _cast(g: fx.Graph, v, dtype):
+    return g.call_function(torch.ops.prims.convert_element_type.default, (v, dtype))
+
+
 class NotKeepable(Exception):
     """Program.rewrite_keeping_torch cannot express this program (Program.rewrite can)."""
 
@@ -252,8 +256,7 @@ class Program:
                 return env_g[n.name]
             if n.op == OK.Input:
                 src = self.conv.input_source[n.name]
-                v = g.call_function(torch.ops.prims.convert_element_type.default,
-                                    (env_fx[src], DT_TO_TORCH[n.dtype]))
+                v = _cast(g, env_fx[src], DT_TO_TORCH[n.dtype])
             elif n.op == OK.Constant:
                 v = n.value
             else:
@@ -271,24 +274,18 @@ class Program:
                 src = env_fx[self.conv.input_source[node.name]]
             else:
                 src = get_g(gid)
-            return g.call_function(torch.ops.prims.convert_element_type.default, (src, dt))
+            return _cast(g, src, dt)
 
         for s in self.steps:
-            if s.kind == "region" and fuse is not None and s.index not in fuse:
-                for gid in self.regions[s.index].nodes:   # topological, root first
+            if s.kind == "region" and (fuse is None or s.index in fuse):
+                fs = self.regions[s.index].spec
+                for o, v in zip(fs.outputs, self._fused_call(g, s.index, fs, ctas, get_g)):
+                    env_g[o.name] = v
+            elif s.kind in ("region", "node"):   # a region not fused: node by node (topological, root first)
+                for gid in self.regions[s.index].nodes if s.kind == "region" else [s.index]:
                     n = self.nodes[gid]
                     env_g[n.name] = g.call_function(ops.eval_graph_node,
                                                     (self.node_spec(n), *[get_g(i) for i in n.inputs]))
-            elif s.kind == "region":
-                fs = self.regions[s.index].spec
-                key = ops.register_region(fs, ctas, fallback=self.region_in_torch(s.index))
-                ins = [get_g(fs.gemm.a), get_g(fs.gemm.b)] + [get_g(p.node) for p in fs.params]
-                call = g.call_function(torch.ops.comfuse.fused_region.default, (key, ins))
-                for j, o in enumerate(fs.outputs):
-                    env_g[o.name] = g.call_function(operator.getitem, (call, j))
-            elif s.kind == "node":
-                n = self.nodes[s.index]
-                env_g[n.name] = g.call_function(ops.eval_graph_node, (self.node_spec(n), *[get_g(i) for i in n.inputs]))
             else:
                 t = s.index
                 env_fx[t] = g.node_copy(t, get_fx)
@@ -358,9 +355,6 @@ class Program:
         g, env_fx = self._new_graph()
         env_g: dict = {}
 
-        def convert(v, dtype):
-            return g.call_function(torch.ops.prims.convert_element_type.default, (v, dtype))
-
         def reshape(v, have, want, dynamic: bool):
             """v from shape `have` to `want` (ints); a dynamic batch's dim 0 becomes -1 (the rest is static)."""
             if list(have) == list(want):
@@ -383,9 +377,9 @@ class Program:
                 if f is not None and f in env_fx:
                     have = f.meta["val"].shape   # the ATen node may be a view of the value: back to its shape
                     v = reshape(env_fx[f], size_hints(have), list(n.shape), symbolic(have))
-                    env_g[n.name] = convert(v, DT_TO_TORCH[n.dtype])
+                    env_g[n.name] = _cast(g, v, DT_TO_TORCH[n.dtype])
                 elif n.op == OK.Input:
-                    env_g[n.name] = convert(env_fx[self.conv.input_source[n.name]], DT_TO_TORCH[n.dtype])
+                    env_g[n.name] = _cast(g, env_fx[self.conv.input_source[n.name]], DT_TO_TORCH[n.dtype])
                 elif n.op == OK.Constant:
                     env_g[n.name] = n.value
                 else:
@@ -413,16 +407,12 @@ class Program:
             dts = stored_dtypes(ri)
             if dts != [o.dtype for o in fs.outputs]:
                 fs = fs.with_output_dtypes(dts)
-            key = ops.register_region(fs, ctas, fallback=self.region_in_torch(ri))
-            ins = [value_of(fs.gemm.a), value_of(fs.gemm.b)] + [value_of(p.node) for p in fs.params]
-            call = g.call_function(torch.ops.comfuse.fused_region.default, (key, ins))
             emitted.add(("region", ri))
-            for j, o in enumerate(fs.outputs):
-                out = g.call_function(operator.getitem, (call, j))
+            for o, out in zip(fs.outputs, self._fused_call(g, ri, fs, ctas, value_of)):
                 env_g[o.name] = out
                 for f in fx_values.get(o.name, []):
                     if absorbed.get(f) == ri:
-                        env_fx[f] = convert(reshaped(out, list(o.shape), f.meta["val"].shape), f.meta["val"].dtype)
+                        env_fx[f] = _cast(g, reshaped(out, list(o.shape), f.meta["val"].shape), f.meta["val"].dtype)
 
         # Kahn over ATen nodes (in their order) and fused calls: each goes once all it reads exists.
         todo = [("fx", n) for n in self.gm.graph.nodes if n.op == "call_function" and n not in absorbed]
@@ -457,6 +447,16 @@ class Program:
         gm.graph.eliminate_dead_code()
         gm.recompile()
         return gm
+
+    def _fused_call(self, g: fx.Graph, ri: int, fs, ctas: int, value) -> list:
+        """Region `ri` (as Spec `fs`) as one comfuse::fused_region call in `g`, its inputs read through
+        `value(graph IR id)`; the call's outputs, in the Spec's order."""
+        from . import ops
+
+        key = ops.register_region(fs, ctas, fallback=self.region_in_torch(ri))
+        ins = [value(fs.gemm.a), value(fs.gemm.b)] + [value(p.node) for p in fs.params]
+        call = g.call_function(torch.ops.comfuse.fused_region.default, (key, ins))
+        return [g.call_function(operator.getitem, (call, j)) for j in range(len(fs.outputs))]
 
     def region_in_torch(self, ri: int):
         """The region computed node by node with torch ops (`ops.eval_graph_node`), as a function of the fused

@@ -394,11 +394,7 @@ NB_MODULE(_core, m) {
           "Launches on device pointers (ints, e.g. tensor.data_ptr()) on a CUDA stream (int, e.g. cuda_stream).")
       .def_prop_ro("name", [](const RegionKernel& k) { return k.info().kernel.name; })
       .def_prop_ro("transport", [](const RegionKernel& k) { return k.info().plan.transport; })
-      .def_prop_ro("config", [](const RegionKernel& k) {
-        const auto& c = k.info().plan.config;
-        return std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k) + "_c" +
-               std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n);
-      })
+      .def_prop_ro("config", [](const RegionKernel& k) { return config_name(k.info().plan.config); })
       .def_prop_ro("plan", [](const RegionKernel& k) { return k.info().plan.reason; })
       .def_prop_ro("cache_hit", [](const RegionKernel& k) { return k.info().cache_hit; })
       .def_prop_ro("compile_seconds", [](const RegionKernel& k) { return k.info().compile_seconds; });

@@ -24,6 +24,15 @@ bool parse_config(const std::string& s, KernelConfig& c) {
   return std::sscanf(s.c_str(), "%dx%dx%d_c%dx%d", &c.tile_m, &c.tile_n, &c.tile_k, &c.cluster_m, &c.cluster_n) == 5;
 }
 
+}  // namespace
+
+std::string config_name(const KernelConfig& c) {
+  return std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k) + "_c" +
+         std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n);
+}
+
+namespace {
+
 // The measured epilogue closest to this Spec: by its number of reductions, else by what its one stage reads.
 std::string measured_class(const FusionSpec& fs) {
   auto st = fs.stages();

@@ -67,6 +67,11 @@ TEST(Plan, FusesAReductionWhenTheMeasurementsSaySo) {
   EXPECT_EQ(d.transport, "l2");
 }
 
+TEST(Plan, ConfigNameIsTheMeasuredTablesSpelling) {
+  EXPECT_EQ(config_name(KernelConfig{}), "128x128x64_c1x1");
+  EXPECT_EQ(config_name(KernelConfig{64, 256, 32, 2, 1}), "64x256x32_c2x1");
+}
+
 TEST(Plan, PicksTheMeasuredTransportWhereItCanServeTheShape) {
   auto table = parse_measured_table(
       "M,K,N,variant,config,epilogue,us,spread,tflops,ratio_cublas,ctas,tiles,rel_err,transport\n"
