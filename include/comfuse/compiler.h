@@ -53,6 +53,17 @@ struct CompiledRegion {
   double lookup_ms = 0;           // a cache hit's JIT call
 };
 
+// The L2 transport's exchange workspace of one kernel on one stream (kernels that reduce across CTAs): partials
+// and counters, the counters zeroed, sized for `rows` GEMM rows.
+struct ReductionWorkspace {
+  CUdeviceptr partials = 0, counters = 0;
+  size_t counter_bytes = 0;
+  int64_t rows = 0;
+  // Frees what it held, allocates for rows x n (the library's sizes) and zeroes the counters.
+  void allocate(const rt::KernelLibrary& lib, int64_t rows, int64_t n);
+  void release();
+};
+
 class CompiledGraph {
  public:
   // Launches every step on `stream`. `buffers` maps every graph input and output name to device memory holding
@@ -75,10 +86,6 @@ class CompiledGraph {
 
  private:
   friend class Compiler;
-  struct Workspace {
-    CUdeviceptr partials = 0, counters = 0;
-    size_t counter_bytes = 0;
-  };
   std::vector<DType> storage_dtypes() const;
   Partition partition_;
   std::vector<CompiledRegion> regions_;
@@ -88,7 +95,7 @@ class CompiledGraph {
   std::map<int, CUdeviceptr> constants_;                     // Constant nodes' values (f32) for the plain path
   std::string transport_override_;
   bool aot_ = false;
-  std::map<CUstream, std::vector<Workspace>> workspaces_;    // per stream, per region
+  std::map<CUstream, std::vector<ReductionWorkspace>> workspaces_;   // per stream, per region
   std::map<std::string, CUdeviceptr> intermediates_;         // values passed between steps (one run at a time)
   std::map<std::pair<int, int>, CUdeviceptr> converted_;      // (node, dtype) copies for consumers of another dtype
   std::vector<DType> storage_;                               // per node: the dtype it is kept in between steps
@@ -135,11 +142,7 @@ class RegionKernel {
   FusionSpec spec_;
   CompiledRegion region_;
   std::unique_ptr<rt::KernelLibrary> lib_;
-  struct Ws {
-    CUdeviceptr partials = 0, counters = 0;
-    int64_t rows = 0;
-  };
-  std::map<CUstream, Ws> ws_;
+  std::map<CUstream, ReductionWorkspace> ws_;
   std::mutex mu_;
 };
 

@@ -13,6 +13,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "comfuse/abi.h"  // the entry points' limits on outputs and parameters
 #include "comfuse/codegen.h"
 
 namespace comfuse {
@@ -213,8 +214,10 @@ class Psi {
 GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   verify_spec(fs);
   if (fs.gemm.dtype == DType::F32) throw CodegenError("the GEMM operands must be bf16 or f16");
-  if (fs.outputs.size() > 8) throw CodegenError("more than 8 outputs (kernels/comfuse/abi.h)");
-  if (fs.params.size() > 16) throw CodegenError("more than 16 runtime parameters (kernels/comfuse/abi.h)");
+  if (fs.outputs.size() > COMFUSE_MAX_OUTPUTS)
+    throw CodegenError("more than " + std::to_string(COMFUSE_MAX_OUTPUTS) + " outputs (kernels/comfuse/abi.h)");
+  if (fs.params.size() > COMFUSE_MAX_PARAMS)
+    throw CodegenError("more than " + std::to_string(COMFUSE_MAX_PARAMS) + " runtime parameters (kernels/comfuse/abi.h)");
   Psi psi(fs);
   const int reductions = static_cast<int>(fs.num_stages()) - 1;
   std::ostringstream hash;

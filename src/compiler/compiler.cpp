@@ -100,6 +100,23 @@ void take_compile_result(CompiledRegion& r, const jit::CompileResult& res) {
   r.lookup_ms = res.lookup_ms;
 }
 
+// The launch arguments every kernel takes: dense row-major A [rows, K], B [K, N] (or [N, K]), outputs [rows, N].
+ComfuseKernelArgs kernel_args(const FusionSpec& fs, int64_t rows, const void* a, const void* b,
+                              const std::string& transport) {
+  ComfuseKernelArgs k{};
+  k.abi = COMFUSE_KERNEL_ABI;
+  k.a = a;
+  k.b = b;
+  k.m = rows;
+  k.n = fs.gemm.n;
+  k.k = fs.gemm.k;
+  k.lda = fs.gemm.k;
+  k.ldb = fs.gemm.transpose_b ? fs.gemm.k : fs.gemm.n;
+  k.ld = fs.gemm.n;
+  k.transport = transport_code(transport);
+  return k;
+}
+
 std::string fixed(double v, int digits) {
   std::ostringstream o;
   o.setf(std::ios::fixed);
@@ -109,6 +126,24 @@ std::string fixed(double v, int digits) {
 }
 
 }  // namespace
+
+void ReductionWorkspace::allocate(const rt::KernelLibrary& lib, int64_t m, int64_t n) {
+  release();
+  int64_t pb = 0, cb = 0;
+  lib.workspace_bytes(m, n, &pb, &cb);
+  partials = rt::mem_alloc(static_cast<size_t>(std::max<int64_t>(pb, 16)));
+  counter_bytes = static_cast<size_t>(std::max<int64_t>(cb, 16));
+  counters = rt::mem_alloc(counter_bytes);
+  rt::mem_set(counters, 0, counter_bytes);
+  rows = m;
+}
+
+void ReductionWorkspace::release() {
+  if (partials) rt::mem_free(partials);
+  if (counters) rt::mem_free(counters);
+  partials = counters = 0;
+  rows = 0;
+}
 
 size_t dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }
 
@@ -301,10 +336,7 @@ std::string CompiledGraph::explain() const {
 CompiledGraph::~CompiledGraph() {
   try {
     for (auto& [s, ws] : workspaces_)
-      for (auto& w : ws) {
-        if (w.partials) rt::mem_free(w.partials);
-        if (w.counters) rt::mem_free(w.counters);
-      }
+      for (auto& w : ws) w.release();
     for (auto& [n, ptr] : intermediates_) rt::mem_free(ptr);
     for (auto& [n, ptr] : constants_) rt::mem_free(ptr);
     for (auto& [k, ptr] : converted_) rt::mem_free(ptr);
@@ -396,12 +428,7 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
     if (!step.is_region || regions_[step.index].plain) continue;
     const FusionSpec& fs = partition_.regions[step.index].spec;
     if (fs.num_stages() > 1 && !ws[step.index].partials) {
-      int64_t pb = 0, cb = 0;
-      libs_[step.index]->workspace_bytes(fs.gemm.rows, fs.gemm.n, &pb, &cb);
-      ws[step.index].partials = alloc(static_cast<size_t>(pb));
-      ws[step.index].counters = alloc(static_cast<size_t>(cb));
-      ws[step.index].counter_bytes = static_cast<size_t>(std::max<int64_t>(cb, 16));
-      rt::mem_set(ws[step.index].counters, 0, ws[step.index].counter_bytes);
+      ws[step.index].allocate(*libs_[step.index], fs.gemm.rows, fs.gemm.n);
       wrote_memory = true;
     }
   }
@@ -430,23 +457,14 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
     const FusionSpec& fs = reg.spec;
     const CompiledRegion& cr = regions_[step.index];
     const rt::KernelLibrary& lib = *libs_[step.index];
-    ComfuseKernelArgs a{};
-    a.abi = COMFUSE_KERNEL_ABI;
-    a.a = reinterpret_cast<const void*>(as(fs.gemm.a, fs.gemm.dtype));
-    a.b = reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype));
-    a.m = fs.gemm.rows;
-    a.n = fs.gemm.n;
-    a.k = fs.gemm.k;
-    a.lda = fs.gemm.k;
-    a.ldb = fs.gemm.transpose_b ? fs.gemm.k : fs.gemm.n;
-    a.ld = fs.gemm.n;
+    ComfuseKernelArgs a = kernel_args(fs, fs.gemm.rows, reinterpret_cast<const void*>(as(fs.gemm.a, fs.gemm.dtype)),
+                                      reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype)), cr.plan.transport);
     for (size_t i = 0; i < fs.outputs.size(); ++i) a.out[i] = reinterpret_cast<void*>(value(fs.outputs[i].node));
     for (size_t i = 0; i < fs.params.size(); ++i) {
       const RuntimeParam& prm = fs.params[i];
       if (prm.node < 0) throw std::logic_error("runtime parameter '" + prm.name + "' has no graph node");
       a.param[i] = reinterpret_cast<const void*>(as(prm.node, prm.dtype));
     }
-    a.transport = transport_code(cr.plan.transport);
     if (fs.num_stages() > 1) {
       a.ws_partials = reinterpret_cast<float*>(ws[step.index].partials);
       a.ws_counters = reinterpret_cast<int*>(ws[step.index].counters);
@@ -496,10 +514,7 @@ RegionKernel::RegionKernel(const FusionSpec& spec, CompilerOptions o) : spec_(sp
 
 RegionKernel::~RegionKernel() {
   try {
-    for (auto& [s, w] : ws_) {
-      if (w.partials) rt::mem_free(w.partials);
-      if (w.counters) rt::mem_free(w.counters);
-    }
+    for (auto& [s, w] : ws_) w.release();
   } catch (...) {
   }
 }
@@ -513,16 +528,7 @@ void RegionKernel::launch(const void* a, const void* b, int64_t rows, const std:
   if (rows <= 0) throw std::invalid_argument(region_.kernel.name + ": rows must be positive");
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!a || !b || !aligned(a) || !aligned(b)) throw std::invalid_argument(region_.kernel.name + ": A and B must be 16-byte aligned");
-  ComfuseKernelArgs k{};
-  k.abi = COMFUSE_KERNEL_ABI;
-  k.a = a;
-  k.b = b;
-  k.m = rows;
-  k.n = spec_.gemm.n;
-  k.k = spec_.gemm.k;
-  k.lda = spec_.gemm.k;
-  k.ldb = spec_.gemm.transpose_b ? spec_.gemm.k : spec_.gemm.n;
-  k.ld = spec_.gemm.n;
+  ComfuseKernelArgs k = kernel_args(spec_, rows, a, b, region_.plan.transport);
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!outs[i] || !aligned(outs[i])) throw std::invalid_argument(region_.kernel.name + ": output " + std::to_string(i) + " must be 16-byte aligned");
     k.out[i] = outs[i];
@@ -533,20 +539,12 @@ void RegionKernel::launch(const void* a, const void* b, int64_t rows, const std:
                                   " is null or not 16-byte aligned");
     k.param[i] = params[i];
   }
-  k.transport = transport_code(region_.plan.transport);
   std::lock_guard<std::mutex> lock(mu_);
   if (spec_.num_stages() > 1) {
-    Ws& w = ws_[stream];
+    ReductionWorkspace& w = ws_[stream];
     if (w.rows < rows) {   // grow the workspace for a larger batch (counters zeroed again)
       rt::synchronize(stream);
-      if (w.partials) rt::mem_free(w.partials);
-      if (w.counters) rt::mem_free(w.counters);
-      int64_t pb = 0, cb = 0;
-      lib_->workspace_bytes(rows, k.n, &pb, &cb);
-      w.partials = rt::mem_alloc(static_cast<size_t>(std::max<int64_t>(pb, 16)));
-      w.counters = rt::mem_alloc(static_cast<size_t>(std::max<int64_t>(cb, 16)));
-      rt::mem_set(w.counters, 0, static_cast<size_t>(std::max<int64_t>(cb, 16)));
-      w.rows = rows;
+      w.allocate(*lib_, rows, k.n);
     }
     k.ws_partials = reinterpret_cast<float*>(w.partials);
     k.ws_counters = reinterpret_cast<int*>(w.counters);

@@ -156,7 +156,8 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   double tiles = 1;  // the GEMM output, read back
   for (const auto& p : fs.params) tiles += p.kind == BroadcastKind::Tile;
   for (const auto& o : fs.outputs) tiles += o.per_row ? 0 : 1;
-  const bool plain = cls == "identity" || bias_only(fs);   // cuBLAS does these alone
+  const bool bias = bias_only(fs);
+  const bool plain = cls == "identity" || bias;   // cuBLAS does these alone
   d.unfused_us = gemm_us + (plain ? 0.0 : 2.0 * g.rows * g.n * tiles / kUnfusedBytesPerSecond * 1e6);
   const std::string basis = fmt("measured %.3fx cuBLAS", ratio) + " for '" + cls + "' [" + best->config +
                             (reduces ? ", " + d.transport : std::string()) + "] at " +
@@ -165,7 +166,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
                                 d.unfused_us);
   if (d.fused_us > d.unfused_us)
     return decline("fusion does not pay: " + basis +
-                   (bias_only(fs) ? " (a bias alone: cuBLAS adds it in its own epilogue)" : ""));
+                   (bias ? " (a bias alone: cuBLAS adds it in its own epilogue)" : ""));
   d.fuse = true;
   d.reason = basis;
   return d;
