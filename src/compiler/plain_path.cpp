@@ -104,15 +104,23 @@ PlainPath::~PlainPath() {
 
 namespace {
 
+// A matmul node's problem: `batches` products of [m, k] x [k, n] (its last two dims; the rest are batches).
+struct MatmulDims {
+  int64_t batches, m, n, k;
+};
+MatmulDims matmul_dims(const Graph& g, const Node& n) {
+  const Node& A = g.node(n.inputs[0]);
+  const size_t ra = A.shape.size(), ro = n.shape.size();
+  return {numel(Shape(n.shape.begin(), n.shape.end() - 2)), n.shape[ro - 2], n.shape[ro - 1],
+          n.transpose_a ? A.shape[ra - 2] : A.shape[ra - 1]};
+}
+
 // Element offsets of each batch's A and B for a matmul node (broadcast leading dims, as numpy matmul).
 void batch_offsets(const Graph& g, const Node& n, std::vector<int64_t>& a_off, std::vector<int64_t>& b_off) {
   const Node &A = g.node(n.inputs[0]), &B = g.node(n.inputs[1]);
-  const size_t ra = A.shape.size(), ro = n.shape.size();
-  const int64_t m = n.shape[ro - 2], nn = n.shape[ro - 1];
-  const int64_t k = n.transpose_a ? A.shape[ra - 2] : A.shape[ra - 1];
+  const auto [batches, m, nn, k] = matmul_dims(g, n);
   Shape lead(n.shape.begin(), n.shape.end() - 2);
   Shape la(A.shape.begin(), A.shape.end() - 2), lb(B.shape.begin(), B.shape.end() - 2);
-  const int64_t batches = numel(lead);
   a_off.assign(static_cast<size_t>(batches), 0);
   b_off.assign(static_cast<size_t>(batches), 0);
   auto sa = dense_strides(la), sb = dense_strides(lb);
@@ -193,10 +201,7 @@ void PlainPath::run(const Graph& g, const Node& n, const std::vector<CUdeviceptr
     rc = elementwise_(CF_COPY, &o, &a, nullptr, 0.f, s, why, sizeof why);
   } else if (n.op == OpKind::MatMul) {
     const Node &A = operand(0), &B = operand(1);
-    const size_t ra = A.shape.size(), ro = n.shape.size();
-    const int64_t m = n.shape[ro - 2], nn = n.shape[ro - 1];
-    const int64_t k = n.transpose_a ? A.shape[ra - 2] : A.shape[ra - 1];
-    const int64_t batches = numel(Shape(n.shape.begin(), n.shape.end() - 2));
+    const auto [batches, m, nn, k] = matmul_dims(g, n);
     auto it = batch_offsets_.find(n.id);
     if (it == batch_offsets_.end()) throw std::logic_error("plain GPU path: prepare() was not called for '" + n.name + "'");
     const auto* a_off = reinterpret_cast<const int64_t*>(it->second);
