@@ -7,13 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
-#include <map>
-#include <memory>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -355,6 +355,23 @@ int cmd_run(const Args& a) {
   return ok ? 0 : 1;
 }
 
+// Times `launch` on the default stream: 5 warm-up calls, then `iters` samples of 10 calls each. Per-call
+// microseconds, sorted.
+template <class F>
+std::vector<double> sorted_times_us(F&& launch, int iters) {
+  for (int i = 0; i < 5; ++i) launch();
+  rt::synchronize();
+  rt::Timer timer;
+  std::vector<double> us;
+  for (int i = 0; i < iters; ++i) {
+    timer.start();
+    for (int j = 0; j < 10; ++j) launch();
+    us.push_back(timer.stop_us() / 10.0);
+  }
+  std::sort(us.begin(), us.end());
+  return us;
+}
+
 int cmd_bench(const Args& a) {
   Graph g = parse_cf_file(a.file);
   int iters = 50;
@@ -374,16 +391,7 @@ int cmd_bench(const Args& a) {
   double flops = 0;
   for (const auto& r : cg.partition().regions)
     flops += 2.0 * double(r.spec.gemm.rows) * double(r.spec.gemm.n) * double(r.spec.gemm.k);
-  for (int i = 0; i < 5; ++i) cg.run(buf.map);
-  rt::synchronize();
-  rt::Timer timer;
-  std::vector<double> us;
-  for (int i = 0; i < iters; ++i) {
-    timer.start();
-    for (int j = 0; j < 10; ++j) cg.run(buf.map);
-    us.push_back(timer.stop_us() / 10.0);
-  }
-  std::sort(us.begin(), us.end());
+  const std::vector<double> us = sorted_times_us([&] { cg.run(buf.map); }, iters);
   double med = us[us.size() / 2];
   std::printf("%s: median %.1f us over %d x 10 launches (min %.1f, max %.1f), %.1f TFLOP/s\n", a.file.c_str(), med,
               iters, us.front(), us.back(), flops / (med * 1e-6) / 1e12);
@@ -396,14 +404,7 @@ int cmd_bench(const Args& a) {
   for (const auto& r : cg.partition().regions) {
     const GemmDesc& gd = r.spec.gemm;
     rt::CublasGemm cub(gd.rows, gd.n, gd.k, gd.transpose_b, gd.dtype == DType::F16);
-    for (int i = 0; i < 5; ++i) cub.run();
-    std::vector<double> t;
-    for (int i = 0; i < iters; ++i) {
-      timer.start();
-      for (int j = 0; j < 10; ++j) cub.run();
-      t.push_back(timer.stop_us() / 10.0);
-    }
-    std::sort(t.begin(), t.end());
+    const std::vector<double> t = sorted_times_us([&] { cub.run(); }, iters);
     gemm_us += t[t.size() / 2];
   }
   std::printf("cuBLASLt GEMM%s of the same shape%s alone: %.1f us; fused graph ÷ cuBLAS = %.3f\n",
