@@ -72,7 +72,7 @@ def assert_fp32_match(out, ref, what=""):
 
 
 def rel_err(out, ref) -> float:
-    out, ref = out.detach().double(), ref.detach().double()
+    out, ref = out.detach().cpu().double(), ref.detach().cpu().double()
     assert torch.isfinite(out).all()
     return float((out - ref).norm() / ref.norm())
 
@@ -81,6 +81,11 @@ def reference(model, *xs):
     with torch.no_grad(), tensor_core_operands():
         y = model(*xs)
     return list(y) if isinstance(y, (tuple, list)) else [y]
+
+
+def messages(caplog) -> list[str]:
+    """What the "comfuse" logger said during the test."""
+    return [r.getMessage() for r in caplog.records if r.name == "comfuse"]
 
 
 @pytest.fixture(autouse=True)

@@ -7,12 +7,8 @@ import pytest
 import torch
 
 import comfuse
-from conftest import assert_fp32_match, bf16_exact, bf16_randn, reference, rel_err
+from conftest import assert_fp32_match, bf16_exact, bf16_randn, messages, reference, rel_err
 from models import ClassifierHead, CumsumBeforeNorm, PostNormEncoderLayer, RMSNormMLP
-
-
-def messages(caplog):
-    return [r.getMessage() for r in caplog.records if r.name == "comfuse"]
 
 
 def test_entry_point_registers_backend():

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import comfuse._core as C
+import models
 from comfuse import ops
+from conftest import messages, rel_err
 
 GRAPHS = {
     "bias_gelu": "y = gelu(add(matmul(X, W), b), approximate=\"tanh\")\noutput y\n",
@@ -42,11 +44,6 @@ def _inputs(spec, m, k, n, gen):
     return [values[name].to(torch.bfloat16) for name in order]
 
 
-def _rel(a, b):
-    a, b = a.float().cpu(), b.float().cpu()
-    return float((a - b).norm() / b.norm())
-
-
 @requires_hopper
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_fused_region_on_gpu_matches_the_cpu_reference(name):
@@ -61,7 +58,7 @@ def test_fused_region_on_gpu_matches_the_cpu_reference(name):
     for g, r in zip(got, ref):
         assert g.device.type == "cuda" and g.shape == r.shape and g.dtype == r.dtype
         assert torch.isfinite(g.float()).all()
-        assert _rel(g, r) <= 1e-2, (name, _rel(g, r))
+        assert rel_err(g, r) <= 1e-2, (name, rel_err(g, r))
 
 
 @requires_hopper
@@ -78,7 +75,7 @@ def test_a_new_batch_size_reuses_the_compiled_kernel():
         got = torch.ops.comfuse.fused_region(key, [t.cuda() for t in cpu])
         torch.cuda.synchronize()
         assert got[0].shape == (m, n)
-        assert _rel(got[0], ref[0]) <= 1e-2
+        assert rel_err(got[0], ref[0]) <= 1e-2
         assert ops.gpu_kernel(key) is first   # no recompilation for another M
 
 
@@ -91,21 +88,11 @@ def test_gpu_reason_is_reported_without_a_gpu():
 
 
 def _models():
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.dirname(__file__))
-    import models
-
     # GPU-sized versions of the CPU test modules (N a multiple of 8 so that every GEMM is TMA-aligned)
     return {"PostNormEncoderLayer": lambda: models.PostNormEncoderLayer(d=256, heads=4, ffn=512),
             "RMSNormMLP": lambda: models.RMSNormMLP(d=256, hidden=768),
             "ClassifierHead": lambda: models.ClassifierHead(d=256, classes=64),
             "CumsumBeforeNorm": lambda: models.CumsumBeforeNorm(d=256)}
-
-
-def _messages(caplog):
-    return [r.getMessage() for r in caplog.records if r.name == "comfuse"]
 
 
 @requires_hopper
@@ -129,8 +116,8 @@ def test_backend_matches_inductor_on_the_gpu(name, fuse, caplog):
     for g, r in zip(gots, refs):
         assert g.shape == r.shape and g.dtype == r.dtype
         assert torch.isfinite(g.float()).all()
-        assert _rel(g, r) <= 2e-2, (name, _rel(g, r))
-    msgs = _messages(caplog)
+        assert rel_err(g, r) <= 2e-2, (name, rel_err(g, r))
+    msgs = messages(caplog)
     assert not any("could not be prepared" in s for s in msgs), msgs
     if fuse == "all":
         assert any("region(s) run as ComFuse kernels" in s for s in msgs), msgs[-6:]
@@ -155,12 +142,12 @@ def test_backend_dynamic_batch_on_the_gpu(caplog):
             y = f(x)
             torch.cuda.synchronize()
             assert y.shape == x.shape
-            assert _rel(y, m(x)) <= 2e-2, b
+            assert rel_err(y, m(x)) <= 2e-2, b
             if compiled is None:
                 compiled = dict(ops._KERNELS)
             if b != 1:
                 assert ops._KERNELS == compiled, "a new batch size compiled or registered a new kernel"
-    msgs = _messages(caplog)
+    msgs = messages(caplog)
     assert sum("has a dynamic batch dim" in s for s in msgs) == 1, msgs
     assert sum("region(s) run as ComFuse kernels" in s for s in msgs) == 2, msgs
     second = [s for s in msgs if s.startswith("comfuse: graph") and "kernel comfuse_" in s][-6:]
