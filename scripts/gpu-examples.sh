@@ -51,13 +51,29 @@ run_check() {   # name, then arguments of `comfuse run`
   grep -E "transport|^[a-z_]+ +\[|check:|error" "$OUT/run_$name.log" | sed "s/^/  [$name] /"
 }
 
+aot_of() {   # "--aot AOT_DIR/NAME" when that was compiled ahead of time, else nothing (JIT here)
+  if [ -n "$aot" ] && [ -d "$aot/$1" ]; then echo "--aot $aot/$1"; fi
+}
+
+run_dir() {   # key, folder of .cf files, log prefix, ahead-of-time root ("" = JIT), what they are
+  local key="$1" dir="$2" prefix="$3" aroot="${4:-/nonexistent}" what="$5" total passed
+  ls "$dir"/*.cf | xargs -P 16 -I{} sh -c 'b=$(basename {} .cf); a=""; [ -d "$3/$b" ] && a="--aot $3/$b";
+    "$1" run {} --check $a > "$2/random_logs/$4$b.log" 2>&1; echo "$? $b"' _ "$cli" "$OUT" "$aroot" "$prefix" \
+    | sort -k2 > "$OUT/${key}_results.txt"
+  total=$(wc -l < "$OUT/${key}_results.txt")
+  passed=$(grep -c "^0 " "$OUT/${key}_results.txt")
+  echo "$what: $passed of $total passed --check (logs: random_logs/$prefix*)"
+  grep -v "^0 " "$OUT/${key}_results.txt" | head -5
+  status[$key]=$([ "$passed" = "$total" ] && [ "$total" -gt 0 ] && echo 0 || echo 1)
+}
+
 for ex in $examples; do
-  if [ -n "$aot" ] && [ -d "$aot/$ex" ]; then run_check "$ex" "examples/$ex.cf" --aot "$aot/$ex"
-  else run_check "$ex" "examples/$ex.cf"; fi
+  # shellcheck disable=SC2046
+  run_check "$ex" "examples/$ex.cf" $(aot_of "$ex")
 done
 for v in $variants; do   # the other transports, ahead of time
   IFS=: read -r name ex tp <<< "$v"
-  [ -n "$aot" ] && [ -d "$aot/$name" ] && run_check "$name" "examples/$ex.cf" --aot "$aot/$name"
+  [ -n "$(aot_of "$name")" ] && run_check "$name" "examples/$ex.cf" $(aot_of "$name")
 done
 # Random programs from the compiler-core generator (odd M; comfuse_random_graphs beside the CLI), with --check:
 # from AOT_DIR/random/<gNNN> when compiled ahead of time (AOT_DIR/random/cf holds their .cf files), else
@@ -66,28 +82,13 @@ gen="$(dirname "$cli")/comfuse_random_graphs"
 rdir="$OUT/random"
 if [ -n "$aot" ] && [ -d "$aot/random/cf" ]; then rdir="$aot/random/cf"
 elif [ -x "$gen" ]; then "$gen" --count 50 -o "$rdir" > "$OUT/random_gen.log" 2>&1; fi
-if ls "$rdir"/*.cf > /dev/null 2>&1; then
-  ls "$rdir"/*.cf | xargs -P 16 -I{} sh -c 'b=$(basename {} .cf); a=""; [ -d "$3/random/$b" ] && a="--aot $3/random/$b";
-    "$1" run {} --check $a > "$2/random_logs/$b.log" 2>&1; echo "$? $b"' _ "$cli" "$OUT" "${aot:-/nonexistent}" \
-    | sort -k2 > "$OUT/random_results.txt"
-  total=$(wc -l < "$OUT/random_results.txt")
-  passed=$(grep -c "^0 " "$OUT/random_results.txt")
-  echo "random graphs: $passed of $total passed --check (logs: random_logs/)"
-  grep -v "^0 " "$OUT/random_results.txt" | head -5
-  status[random]=$([ "$passed" = "$total" ] && [ "$total" -gt 0 ] && echo 0 || echo 1)
-fi
+if ls "$rdir"/*.cf > /dev/null 2>&1; then run_dir random "$rdir" "" "${aot:+$aot/random}" "random graphs"; fi
 # The plain GPU path: nodes no fused region covers (a fixed graph, and random programs with unsupported ops).
-if [ -n "$aot" ] && [ -d "$aot/plain_and_fused" ]; then run_check plain_and_fused tests/data/plain_and_fused.cf --aot "$aot/plain_and_fused"
-else run_check plain_and_fused tests/data/plain_and_fused.cf; fi
+# shellcheck disable=SC2046
+run_check plain_and_fused tests/data/plain_and_fused.cf $(aot_of plain_and_fused)
 if [ -x "$gen" ]; then
   "$gen" --count 12 --unsupported -o "$OUT/random_plain" > "$OUT/random_plain_gen.log" 2>&1
-  ls "$OUT"/random_plain/*.cf | xargs -P 16 -I{} sh -c 'b=$(basename {} .cf); "$1" run {} --check > "$2/random_logs/plain_$b.log" 2>&1; echo "$? $b"' \
-    _ "$cli" "$OUT" | sort -k2 > "$OUT/random_plain_results.txt"
-  total=$(wc -l < "$OUT/random_plain_results.txt")
-  passed=$(grep -c "^0 " "$OUT/random_plain_results.txt")
-  echo "random graphs with plain-path nodes: $passed of $total passed --check"
-  grep -v "^0 " "$OUT/random_plain_results.txt" | head -5
-  status[random_plain]=$([ "$passed" = "$total" ] && [ "$total" -gt 0 ] && echo 0 || echo 1)
+  run_dir random_plain "$OUT/random_plain" plain_ "" "random graphs with plain-path nodes"
 fi
 # The JIT on this machine: a first compile (empty cache), then a cache hit.
 run_check jit_first examples/small/postnorm.cf
@@ -95,8 +96,8 @@ run_check jit_hit examples/small/postnorm.cf
 grep -h "compile:\|cache hit in" "$OUT/run_jit_first.log" "$OUT/run_jit_hit.log"
 # The generated kernels' speed (hand-composed: comfuse_gpu_bench, same shapes and configs).
 for ex in postnorm softmax; do
-  if [ -n "$aot" ] && [ -d "$aot/$ex" ]; then "$cli" bench "examples/$ex.cf" --aot "$aot/$ex" --iters 30 > "$OUT/bench_$ex.log" 2>&1
-  else "$cli" bench "examples/$ex.cf" --iters 30 > "$OUT/bench_$ex.log" 2>&1; fi
+  # shellcheck disable=SC2046
+  "$cli" bench "examples/$ex.cf" $(aot_of "$ex") --iters 30 > "$OUT/bench_$ex.log" 2>&1
   status[bench_$ex]=$?
   grep -E "median|transport" "$OUT/bench_$ex.log"
 done
