@@ -23,6 +23,7 @@ using namespace comfuse;
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
+  const char* usage = "usage: comfuse_random_graphs --count N [--seed S] [--unsupported] -o DIR\n";
   int count = 50;
   uint64_t seed = 20261130;
   std::string dir;
@@ -34,12 +35,12 @@ int main(int argc, char** argv) {
     else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "-o" && i + 1 < argc) dir = argv[++i];
     else {
-      std::cerr << "usage: comfuse_random_graphs --count N [--seed S] [--unsupported] -o DIR\n";
+      std::cerr << usage;
       return 2;
     }
   }
   if (dir.empty() || count < 1) {
-    std::cerr << "usage: comfuse_random_graphs --count N [--seed S] -o DIR\n";
+    std::cerr << usage;
     return 2;
   }
   fs::create_directories(dir);
