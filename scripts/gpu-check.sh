@@ -5,7 +5,7 @@
 #
 #   scripts/gpu-check.sh --prepare   here, before a device call: copy the CUTLASS headers from .venv
 #                                    into .carry/cutlass/include (git-ignored; carried to the device)
-#   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--no-tests] [--prebuilt DIR]
+#   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--no-tests] [--no-torch] [--prebuilt DIR]
 #                                    on the device (carry: .carry). --prebuilt: run the binaries in DIR
 #                                    (built here: cmake -S tests/gpu -DCOMFUSE_BUILD_GPU_TESTS=ON, then copied)
 #                                    instead of building them there, saving device minutes
@@ -22,12 +22,13 @@ if [ "${1:-}" = "--prepare" ]; then
   exit 0
 fi
 
-do_tests=1 do_san=1 do_bench=1 prebuilt=""
+do_tests=1 do_san=1 do_bench=1 do_torch=1 prebuilt=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-sanitizer) do_san=0 ;;
     --no-bench) do_bench=0 ;;
     --no-tests) do_tests=0 ;;
+    --no-torch) do_torch=0 ;;
     --prebuilt) prebuilt="$2"; shift ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
@@ -106,10 +107,12 @@ fi
 if [ $do_bench = 1 ]; then
   timeout 180 "$bin/comfuse_gpu_bench" --out "$OUT" > "$OUT/bench.log" 2>&1
   status[bench]=$?
-  PYTHONUNBUFFERED=1 timeout 90 python3 bench/torch_ref.py > "$OUT/torch.log" 2>&1
-  status[torch]=$?
+  if [ $do_torch = 1 ]; then
+    PYTHONUNBUFFERED=1 timeout 90 python3 bench/torch_ref.py > "$OUT/torch.log" 2>&1
+    status[torch]=$?
+  fi
   sed -n '/^shape/,$p' "$OUT/bench.log" | grep -v SUMMARY | head -150
-  cat "$OUT/torch.log"
+  [ -f "$OUT/torch.log" ] && cat "$OUT/torch.log"
 fi
 t2=$(date +%s)
 

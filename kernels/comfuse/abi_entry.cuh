@@ -56,7 +56,7 @@ struct EntryPoints {
   static int workspace(int64_t m, int64_t n, int64_t* partial_bytes, int64_t* counter_bytes) {
     const int64_t row_blocks = (m + Cfg::kTileM - 1) / Cfg::kTileM, cols = (n + Cfg::kTileN - 1) / Cfg::kTileN;
     *partial_bytes = row_blocks * T::kReductions * cols * Cfg::kTileM * int64_t(sizeof(float));
-    *counter_bytes = row_blocks * T::kReductions * 2 * int64_t(sizeof(int));
+    *counter_bytes = int64_t(reduce::L2Workspace::counter_bytes(int(row_blocks), T::kReductions));
     return 0;
   }
 
@@ -66,6 +66,15 @@ struct EntryPoints {
     if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX) return fail(why, len, "M, N or K above 2^31 - 1", 1);
     if (T::kReductions > 0 && a->transport == 0 && a->n > Cfg::kTileN && (!a->ws_partials || !a->ws_counters))
       return fail(why, len, "the L2 transport needs its workspace (comfuse_kernel_workspace)", 1);
+    // The epilogue reads tile inputs and writes outputs 16 bytes at a time (store.cuh, tile_load.cuh) and
+    // stages row vectors by 16-byte copies: refused here, before any GPU work, so the caller falls back.
+    if (a->ld % 8 != 0) return fail(why, len, "the row stride of outputs and tile inputs must be a multiple of 8 elements", 1);
+    for (int i = 0; i < T::kOutputs; ++i)
+      if (reinterpret_cast<uintptr_t>(a->out[i]) % 16 != 0)
+        return fail(why, len, "every output must be 16-byte aligned (the epilogue stores 16 bytes at a time)", 1);
+    for (int i = 0; i < T::kParams; ++i)
+      if (reinterpret_cast<uintptr_t>(a->param[i]) % 16 != 0)
+        return fail(why, len, "every parameter tensor must be 16-byte aligned (the epilogue loads 16 bytes at a time)", 1);
     if (char const* r = Kernel::can_implement(arguments(*a))) return fail(why, len, r, 1);
     return 0;
   }

@@ -51,7 +51,7 @@ exchange_kernel(L2Workspace ws, const float* in, float* out, int row_blocks) {
   const int tiles = row_blocks * C;
   const RowOf row_of{thread};
   const bool leader = thread % 4 == 0;
-  __shared__ float rows[2][kTileM];  // per group: the exchanged result of every row of the tile
+  __shared__ float rows[2][kTileM];  // per group: the exchanged result of every row (each warp writes and reads its own)
   for (int t = blockIdx.x + group * G; t < tiles; t += 2 * G) {
     const int rb = t / C, c = t % C;
     float carry[kRows] = {};
@@ -62,8 +62,8 @@ exchange_kernel(L2Workspace ws, const float* in, float* out, int row_blocks) {
       for (int k = 0; k < kRows; ++k) v[k] = in[off + row_of(k)] + 0.0f * carry[k];  // chained like a PostOp
       if constexpr (kExchange) {
         float* res = rows[group];
-        if (s % 2) comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, leader, 8 + group, v, kRows, row_of, Max{}, 1.f, res);
-        else comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, leader, 8 + group, v, kRows, row_of, Sum{}, 1.f, res);
+        if (s % 2) comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, v, kRows, row_of, Max{}, 1.f, res);
+        else comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, v, kRows, row_of, Sum{}, 1.f, res);
 #pragma unroll
         for (int k = 0; k < kRows; ++k) v[k] = res[row_of(k)];
       }
@@ -160,7 +160,7 @@ int main() {
       CF_CHECK(cudaStreamSynchronize(st));
       check("graph replay", iter);
     }
-    std::vector<int> counters(p.row_blocks * p.stages * 2);
+    std::vector<int> counters(L2Workspace::counter_bytes(p.row_blocks, p.stages) / sizeof(int));
     CF_CHECK(cudaMemcpy(counters.data(), ws.counters, counters.size() * 4, cudaMemcpyDeviceToHost));
     if (std::any_of(counters.begin(), counters.end(), [](int x) { return x != 0; })) {
       ++failures;

@@ -71,6 +71,7 @@ struct FragCtx {
 // Upper bounds on the tile shapes any kernel instantiates.
 constexpr int kMaxTileM = 128;
 constexpr int kMaxTileN = 256;
+constexpr int kMaxRowSlots = 2 * (kMaxTileM / 64);  // rows one consumer thread holds
 // The driver walks a stage in chunks of this many fragments: preload() on the whole chunk, then
 // visit() on it, so a chunk's global loads are in flight together while bounding their registers.
 constexpr int kPreloadChunk = 32;
@@ -105,6 +106,35 @@ CUTE_DEVICE uint2 lds_b64(void const* smem) {
   return v;
 }
 
+// ---- 16-byte row access from the WGMMA fragment layout ----------------------------------------
+// In the accumulator layout the 4 lanes of a quad hold the same row; lane q holds columns 8j + 2q, 8j + 2q + 1
+// of every 8-column block j: one 4-byte word (two bf16) per lane and block. A 16-byte access covers one block,
+// so four blocks j0 .. j0+3 of a quad form a 4 x 4 matrix of words, M[lane][block]; transposing it gives lane q
+// the whole block j0 + q, i.e. one 16-byte access per lane instead of four 4-byte ones (a warp then writes
+// full 32-byte sectors). The transpose is its own inverse, so loads use it too.
+//   w[j] on lane q  ->  w[j] = (word q of lane j)   (two butterfly rounds: swap bit 0, then bit 1, of (lane, j))
+CUTE_DEVICE void quad_transpose(uint32_t (&w)[4]) {
+  const int lane = int(threadIdx.x) & 31;
+  const bool b0 = lane & 1, b1 = lane & 2;
+  CUTLASS_PRAGMA_UNROLL
+  for (int a = 0; a < 4; a += 2) {
+    uint32_t r = __shfl_xor_sync(0xffffffffu, b0 ? w[a] : w[a + 1], 1);
+    if (b0) w[a] = r;
+    else w[a + 1] = r;
+  }
+  CUTLASS_PRAGMA_UNROLL
+  for (int a = 0; a < 2; ++a) {
+    uint32_t r = __shfl_xor_sync(0xffffffffu, b1 ? w[a] : w[a + 2], 2);
+    if (b1) w[a] = r;
+    else w[a + 2] = r;
+  }
+}
+// Warms L2 with `bytes` (a multiple of 16, 16-byte aligned) at gmem: an asynchronous bulk prefetch, nothing to
+// wait for. Used before a tile's mainloop for the tile inputs its epilogue will read.
+CUTE_DEVICE void prefetch_l2(void const* gmem, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
+}
+
 // Element type traits: load/store two adjacent elements as one vector access.
 template <class T> struct Elem;
 template <> struct Elem<float> {
@@ -120,6 +150,13 @@ template <> struct Elem<float> {
     *reinterpret_cast<float2*>(p) = make_float2(f.x[0], f.x[1]);
   }
   CUTE_DEVICE static float to_float(float v) { return v; }
+  // A fragment as 32-bit words (kWords of them): what the quad transpose moves.
+  static constexpr int kWords = 2;
+  CUTE_DEVICE static void pack(Frag const& f, uint32_t (&w)[kWords]) {
+    w[0] = __float_as_uint(f.x[0]);
+    w[1] = __float_as_uint(f.x[1]);
+  }
+  CUTE_DEVICE static Frag unpack(uint32_t const (&w)[kWords]) { return {{__uint_as_float(w[0]), __uint_as_float(w[1])}}; }
   CUTE_DEVICE static Frag load2_smem(float const* p) {
     uint2 v = lds_b64(p);
     return {{__uint_as_float(v.x), __uint_as_float(v.y)}};
@@ -141,6 +178,9 @@ template <> struct Elem<cutlass::bfloat16_t> {
     *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(f.x[0], f.x[1]);
   }
   CUTE_DEVICE static float to_float(T v) { return float(v); }
+  static constexpr int kWords = 1;
+  CUTE_DEVICE static void pack(Frag const& f, uint32_t (&w)[kWords]) { store2(reinterpret_cast<T*>(&w[0]), f); }
+  CUTE_DEVICE static Frag unpack(uint32_t const (&w)[kWords]) { return load2(reinterpret_cast<T const*>(&w[0])); }
   CUTE_DEVICE static Frag load2_smem(T const* p) {
     uint32_t u = lds_b32(p);
     return load2(reinterpret_cast<T const*>(&u));
@@ -162,6 +202,9 @@ template <> struct Elem<cutlass::half_t> {
     *reinterpret_cast<__half2*>(p) = __floats2half2_rn(f.x[0], f.x[1]);
   }
   CUTE_DEVICE static float to_float(T v) { return float(v); }
+  static constexpr int kWords = 1;
+  CUTE_DEVICE static void pack(Frag const& f, uint32_t (&w)[kWords]) { store2(reinterpret_cast<T*>(&w[0]), f); }
+  CUTE_DEVICE static Frag unpack(uint32_t const (&w)[kWords]) { return load2(reinterpret_cast<T const*>(&w[0])); }
   CUTE_DEVICE static Frag load2_smem(T const* p) {
     uint32_t u = lds_b32(p);
     return load2(reinterpret_cast<T const*>(&u));
@@ -267,6 +310,8 @@ CUTE_DEVICE void run_epilogue(Tree& tree, AccTensor& acc, CoordTensor const& tCc
   static_assert(rank(AccTensor{}) == 3, "expect (MMA, MMA_M, MMA_N)");
   static_assert(size<0, 0>(AccTensor{}) == 2 && size<0, 1>(AccTensor{}) == 2,
                 "expect the GMMA accumulator value layout (2 cols, 2 rows, N/8)");
+  static_assert(size<0, 2>(AccTensor{}) % 4 == 0,
+                "tile N must be a multiple of 32: 16-byte stores and loads group four 8-column blocks (store.cuh)");
   if constexpr (Tree::kUsesSmem) {
     cp_async_wait_all();        // this thread's prefetch copies have landed ...
     group_barrier(ctx.group);   // ... and everyone else's too

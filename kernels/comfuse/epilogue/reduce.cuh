@@ -32,7 +32,6 @@ namespace comfuse::epi {
 enum class RowReduce { Sum, Mean, Max, Min };
 
 constexpr int kMaxReductions = 4;
-constexpr int kMaxRowSlots = 2 * (kMaxTileM / 64);  // rows one consumer thread holds
 
 struct Identity {
   using Params = ops::NoParams;
@@ -120,16 +119,16 @@ struct Reduce {
     if (cols > 1 && c.m0 < c.M && c.n0 < c.N) {
       reduce::L2Workspace w = ws;
       w.cols = cols;
-      reduce::l2_exchange<kRows>(w, c.m0 / c.tile_m, Id, c.n0 / c.tile_n, t, t % 4 == 0, 8 + c.group, part, slots,
+      reduce::l2_exchange<kRows>(w, c.m0 / c.tile_m, Id, c.n0 / c.tile_n, t, part, slots,
                                  [t](int k) { return row_of(t, k); }, RowCombine<Kind>{}, scale, out, c.trace);
-      return;  // the exchange ends with a group barrier: `out` is complete
+      return;  // the warp's rows of `out` are complete (the only rows it reads: RowResult)
     }
     if (c.thread % 4 == 0) {
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < kRows; ++k)
         if (k < slots) out[row_of(c.thread, k)] = part[k] * scale;
     }
-    group_barrier(c.group);
+    __syncwarp();   // a warp reads back only its own rows
   }
 };
 

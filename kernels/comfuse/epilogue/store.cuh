@@ -1,7 +1,11 @@
-// Store<T, Child>: writes the child's value to an [M, N] output of type T (bf16 / f16 / f32) with
-// predicated direct stores from registers (two elements per store), and returns the value so a
-// parent can keep computing with it (h stored, then h * v stored: one tree, no recompute).
+// Store<T, Child>: writes the child's value to an [M, N] output of type T (bf16 / f16 / f32) and returns the
+// value so a parent can keep computing with it (h stored, then h * v stored: one tree, no recompute).
 // The store happens in the child's final stage only.
+//
+// Stores are 16 bytes wide: the node keeps the fragments of four adjacent 8-column blocks of a row (one word
+// each, per lane), and when the fourth arrives the quad transposes them (quad_transpose, core.cuh) so each lane
+// writes one whole block. A warp then writes full 32-byte sectors with a quarter of the instructions. The output
+// must be 16-byte aligned, pointer and row stride (the ABI entry refuses a launch otherwise; see tile_load.cuh).
 #pragma once
 #include "comfuse/epilogue/core.cuh"
 
@@ -19,22 +23,48 @@ struct Store {
   };
   static constexpr int kStage = Child::kStage;
   static constexpr bool kUsesSmem = Child::kUsesSmem;
+  static constexpr int kWords = Elem<T>::kWords;   // 32-bit words per fragment
 
   T* ptr;
   int64_t ld;
+  int M, N;
+  uint32_t quad[kMaxRowSlots][4][kWords];   // the fragments of four column blocks of a row slot (compile-time indexed)
   Child child;
   CUTE_DEVICE Store(Arguments const& a, SharedStorage& s, TileCtx const& c)
-      : ptr(a.ptr), ld(a.ld), child(a.child, s.child, c) {}
+      : ptr(a.ptr), ld(a.ld), M(c.M), N(c.N), child(a.child, s.child, c) {}
   CUTE_DEVICE void prefetch() { child.prefetch(); }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
     Frag v = child.template visit<S>(f, acc);
     if constexpr (S == kStage) {
-      if (f.pred) Elem<T>::store2(ptr + int64_t(f.row) * ld + f.col, v);
+      const int j = f.col_slot % 4;
+      Elem<T>::pack(v, quad[f.row_slot][j]);
+      if (j == 3) store_quad(f);
     }
     return v;
   }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(child, f); }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { child.template end_stage<S>(c); }
+
+ private:
+  // f: the fragment of the fourth block (column 8 * j0 + 24 + 2q on lane q). Lane q writes block j0 + q.
+  CUTE_DEVICE void store_quad(FragCtx const& f) {
+    const int q = int(threadIdx.x) % 4;
+    uint32_t out[4][kWords];   // out[p][w]: word w of column pair p of this lane's block
+    CUTLASS_PRAGMA_UNROLL
+    for (int w = 0; w < kWords; ++w) {
+      uint32_t m[4] = {quad[f.row_slot][0][w], quad[f.row_slot][1][w], quad[f.row_slot][2][w], quad[f.row_slot][3][w]};
+      quad_transpose(m);
+      CUTLASS_PRAGMA_UNROLL
+      for (int p = 0; p < 4; ++p) out[p][w] = m[p];
+    }
+    const int col = f.col - 2 * q - 24 + 8 * q;
+    if (f.row < M && col < N) {
+      uint4* dst = reinterpret_cast<uint4*>(ptr + int64_t(f.row) * ld + col);
+      uint32_t const* o = &out[0][0];
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < kWords; ++k) dst[k] = make_uint4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);
+    }
+  }
 };
 
 // Outputs<A, B>: visit two independent subtrees (each typically a Store); the value is A's.

@@ -1,12 +1,18 @@
 // TileLoad: an [M, N] input (a residual R) read at the fragment's coordinates into registers.
-// Loads happen in the driver's preload pass: the driver walks the tile in chunks of
-// kPreloadChunk fragments, first calling preload() on every fragment of a chunk (all of the chunk's
-// loads in flight together: one 4-byte read-only load per bf16 fragment, kept packed), then visit().
-// Chunking bounds the registers the loaded values need next to the accumulators (64 loads at once
-// made ptxas spill, and each spill store waited for its load: measured 2x slower, docs/PERF.md).
-// Out-of-range fragments read nothing and yield 0. Staging the whole tile in SMEM by cp.async instead
-// was measured too: it costs 1-3 mainloop stages and was slower at K = 4096 (docs/PERF.md).
-// A parent node that does not forward preload() still works: visit() then loads directly.
+//
+// - Before the tile's mainloop (constructor), each thread asks L2 to prefetch one row of the tile
+//   (cp.async.bulk.prefetch.L2): by the epilogue the tile is in L2 and its loads take an L2 round trip, not
+//   an HBM one, without holding SMEM or registers during the mainloop.
+// - Loads happen in the driver's preload pass: the driver walks the tile in chunks of kPreloadChunk
+//   fragments, first calling preload() on every fragment of a chunk, then visit(). A lane loads 16 bytes:
+//   one 8-column block of its row, for each group of four blocks its quad holds (the quad's four loads cover
+//   the four blocks); the first visit of a group transposes them into the fragment layout (quad_transpose,
+//   core.cuh). A chunk's loads are all in flight together; chunking bounds the registers they take next to
+//   the accumulators (a 32-fragment chunk: 32 registers for bf16).
+// - The tensor must be 16-byte aligned, pointer and row stride (the ABI entry refuses a launch otherwise, and
+//   the caller falls back): a run-time choice between 16- and 4-byte loads kept both paths' registers live and
+//   made ptxas spill. Out-of-range fragments read nothing and yield 0. A parent node that does not forward
+//   preload() still works: visit() then loads directly (4 bytes per fragment).
 #pragma once
 #include "comfuse/epilogue/core.cuh"
 
@@ -21,27 +27,58 @@ struct TileLoad {
   struct SharedStorage {};
   static constexpr int kStage = 0;
   static constexpr bool kUsesSmem = false;
-  using Raw = std::conditional_t<sizeof(T) == 2, uint32_t, uint2>;   // one fragment, packed
+  static constexpr int kWords = Elem<T>::kWords;   // 32-bit words per fragment
 
   T const* ptr;
   int64_t ld;
-  Raw raw[kMaxTileM * kMaxTileN / 128 / kFragSize];   // indexed by FragCtx::index (compile-time)
+  int M, N;
+  uint32_t raw[kMaxRowSlots][kMaxTileN / 8][kWords];   // [row slot][column slot] (compile-time indices)
   bool preloaded = false;   // a parent that does not forward preload() gets direct loads instead
 
-  CUTE_DEVICE TileLoad(Arguments const& a, SharedStorage&, TileCtx const&) : ptr(a.ptr), ld(a.ld) {}
+  CUTE_DEVICE TileLoad(Arguments const& a, SharedStorage&, TileCtx const& c)
+      : ptr(a.ptr), ld(a.ld), M(c.M), N(c.N) {
+    if (c.thread < c.tile_m && c.m0 + c.thread < c.M && c.n0 < c.N) {
+      const int cols = c.N - c.n0 < c.tile_n ? c.N - c.n0 : c.tile_n;
+      prefetch_l2(ptr + int64_t(c.m0 + c.thread) * ld + c.n0, uint32_t(cols * int(sizeof(T))));
+    }
+  }
   CUTE_DEVICE void prefetch() {}
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
     if constexpr (S == 0) {   // later stages reuse the registers
-      Raw r{};
-      if (f.pred) r = __ldg(reinterpret_cast<Raw const*>(ptr + int64_t(f.row) * ld + f.col));
-      raw[f.index] = r;
+      auto& r = raw[f.row_slot];
+      if (f.col_slot % 4 == 0) {   // the lane's block of the group: column 8 * (j0 + q)
+        const int q = int(threadIdx.x) % 4;
+        const int col = f.col + 6 * q;
+        uint4 v[kWords];
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < kWords; ++k) v[k] = make_uint4(0, 0, 0, 0);
+        if (f.row < M && col < N) {
+          uint4 const* src = reinterpret_cast<uint4 const*>(ptr + int64_t(f.row) * ld + col);
+          CUTLASS_PRAGMA_UNROLL
+          for (int k = 0; k < kWords; ++k) v[k] = __ldg(src + k);
+        }
+        uint32_t const* o = reinterpret_cast<uint32_t const*>(v);
+        CUTLASS_PRAGMA_UNROLL
+        for (int p = 0; p < 4; ++p)
+          CUTLASS_PRAGMA_UNROLL
+          for (int w = 0; w < kWords; ++w) r[f.col_slot + p][w] = o[p * kWords + w];
+      }
       preloaded = true;
     }
   }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
     if (preloaded) {   // known at compile time once the driver's loops are unrolled
-      Raw r = raw[f.index];
-      return Elem<T>::load2(reinterpret_cast<T const*>(&r));
+      auto& r = raw[f.row_slot];
+      if (f.col_slot % 4 == 0) {   // the group's first fragment: into the fragment layout
+        CUTLASS_PRAGMA_UNROLL
+        for (int w = 0; w < kWords; ++w) {
+          uint32_t m[4] = {r[f.col_slot][w], r[f.col_slot + 1][w], r[f.col_slot + 2][w], r[f.col_slot + 3][w]};
+          quad_transpose(m);
+          CUTLASS_PRAGMA_UNROLL
+          for (int p = 0; p < 4; ++p) r[f.col_slot + p][w] = m[p];
+        }
+      }
+      return Elem<T>::unpack(r[f.col_slot]);
     }
     if (!f.pred) return {{0.f, 0.f}};
     return Elem<T>::load2_nc(ptr + int64_t(f.row) * ld + f.col);
