@@ -57,10 +57,14 @@ struct CompiledRegion {
 // and counters, the counters zeroed, sized for `rows` GEMM rows.
 struct ReductionWorkspace {
   CUdeviceptr partials = 0, counters = 0;
-  size_t counter_bytes = 0;
+  size_t partial_bytes = 0, counter_bytes = 0;
   int64_t rows = 0;
-  // Frees what it held, allocates for rows x n (the library's sizes) and zeroes the counters.
+  // Frees what it held, allocates for rows x n (the library's sizes) and zeroes it: the exchange tags
+  // partials with a launch number kept in the counters (kernels/comfuse/reduce/l2_exchange.cuh), so both
+  // start at zero, together.
   void allocate(const rt::KernelLibrary& lib, int64_t rows, int64_t n);
+  // After a failed launch: zero partials and counters again (a half-finished launch leaves them mid-protocol).
+  void reset();
   void release();
 };
 

@@ -131,7 +131,7 @@ class KernelLibrary {
   KernelLibrary& operator=(const KernelLibrary&) = delete;
 
   const std::string& name() const { return name_; }  // comfuse_<spec hash>
-  // Workspace of the L2 transport for an M x N problem: partials and counters (zeroed once), in bytes.
+  // Workspace of the L2 transport for an M x N problem: partials and counters (both zeroed together), in bytes.
   void workspace_bytes(int64_t m, int64_t n, int64_t* partials, int64_t* counters) const;
   std::string check(const ComfuseKernelArgs& a) const;  // "" when the kernel can run these arguments
   void launch(const ComfuseKernelArgs& a, CUstream stream) const;  // throws RuntimeError with the kernel's reason

@@ -45,6 +45,7 @@ struct EntryPoints {
     k.ldb = a.ldb;
     k.epi = T::make_args(p, a.ld);
     k.transport = reduce::Transport(a.transport);
+    k.reduce_counters = a.ws_counters;
     return k;
   }
 
@@ -55,7 +56,7 @@ struct EntryPoints {
 
   static int workspace(int64_t m, int64_t n, int64_t* partial_bytes, int64_t* counter_bytes) {
     const int64_t row_blocks = (m + Cfg::kTileM - 1) / Cfg::kTileM, cols = (n + Cfg::kTileN - 1) / Cfg::kTileN;
-    *partial_bytes = row_blocks * T::kReductions * cols * Cfg::kTileM * int64_t(sizeof(float));
+    *partial_bytes = int64_t(reduce::L2Workspace::partial_bytes(int(row_blocks), T::kReductions, int(cols), Cfg::kTileM));
     *counter_bytes = int64_t(reduce::L2Workspace::counter_bytes(int(row_blocks), T::kReductions));
     return 0;
   }

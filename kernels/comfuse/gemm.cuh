@@ -36,6 +36,7 @@
 #include "comfuse/epilogue/core.cuh"
 #include "comfuse/epilogue/tile_load_staged.cuh"   // SerialBytes: the per-CTA epilogue storage of a tree
 #include "comfuse/reduce/dsmem_exchange.cuh"
+#include "comfuse/reduce/l2_exchange.cuh"
 #include "comfuse/tile_scheduler.cuh"
 
 namespace comfuse {
@@ -113,7 +114,9 @@ struct GemmKernel {
     int cl_tiles_n;   // cluster tiles per row of cluster tiles
     int total;        // cluster tiles
     int transport;    // reduce::Transport of the row reductions' cross-CTA exchanges
+    int* reduce_counters;   // L2 transport: the workspace's launch counters (reduce::L2Workspace::counters)
   };
+  static constexpr bool kReduces = epi::NeedsCoResidency<Tree>::value;
 
   static CUTE_DEVICE void run(Params const& p, char* smem_raw) {
     using namespace cute;
@@ -187,6 +190,9 @@ struct GemmKernel {
       Tensor tCcD = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
       PipelineState state;   // consumer: stage 0, phase 0
       if (group == 1) state.advance(p.k_tiles);   // group 1 starts at the CTA's second tile
+      // L2 exchanges tag their partials with the launch number (reduce/l2_exchange.cuh)
+      const bool l2_exchanges = kReduces && p.reduce_counters != nullptr && !reduce::is_dsmem(reduce::Transport(p.transport));
+      const uint32_t exchange_tag = l2_exchanges ? reduce::launch_tag(p.reduce_counters) : 0u;
 
       for (int u = sched.first + group * sched.stride; u < sched.total; u += 2 * sched.stride) {
         auto t = sched.tile(u, rx, ry);
@@ -194,6 +200,7 @@ struct GemmKernel {
                          Cfg::kTileM, Cfg::kTileN, wg_thread, group};
         ctx.iter = (u - sched.first) / (2 * sched.stride);
         ctx.transport = p.transport;
+        ctx.exchange_tag = exchange_tag;
         ctx.exchange_ctas = Cfg::kClusterN;   // DSMEM: the cluster is the row block, its rank the column block
         ctx.exchange_rank = ry;
         if constexpr (kSerialBytes > 0) ctx.serial_smem = ss.serial.bytes;
@@ -219,6 +226,10 @@ struct GemmKernel {
         epi::run_epilogue(tree, accum, tCcD, ctx);
         COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
         order.arrive();
+      }
+      if (l2_exchanges) {   // both consumer groups are past their last exchange: count this CTA as finished
+        asm volatile("bar.sync 10, 256;\n" ::: "memory");
+        if (wg_thread == 0 && group == 0) reduce::launch_done(p.reduce_counters, int(gridDim.x * gridDim.y));
       }
     }
 #else
@@ -254,6 +265,8 @@ struct Gemm {
     // L2 (any N; no mainloop cluster; cooperative launch) or DSMEM (a 1 x ClusterN mainloop cluster that
     // covers the row block: N <= TileN * ClusterN, ClusterN <= the tree's kDsmemCols).
     Transport transport = Transport::L2;
+    // L2 transport: the workspace's counters (reduce::L2Workspace::counters, zeroed with the partials).
+    int* reduce_counters = nullptr;
   };
 
   static int column_blocks(int N) { return (N + Cfg::kTileN - 1) / Cfg::kTileN; }
@@ -278,6 +291,8 @@ struct Gemm {
           return "the DSMEM transport needs the row block in one cluster: N / TileN exceeds the cluster width (use L2)";
       }
     } else if constexpr (kReduces) {
+      if (a.reduce_counters == nullptr && column_blocks(a.N) > 1)
+        return "the L2 transport needs the workspace's counters (reduce_counters)";
       if (kMainloopCluster)
         return "the L2 transport runs without a mainloop cluster (cooperative launch): use a 1x1 config or DSMEM";
       int row_clusters = (a.N + Cfg::kTileN * Cfg::kClusterN - 1) / (Cfg::kTileN * Cfg::kClusterN);
@@ -363,6 +378,7 @@ struct Gemm {
     p.cl_tiles_n = tiles_n / Cfg::kClusterN;
     p.total = RowBlockScheduler<Cfg::kClusterM, Cfg::kClusterN>::num_cluster_tiles(tiles_m, tiles_n);
     p.transport = int(a.transport);
+    p.reduce_counters = a.reduce_counters;
     return p;
   }
 

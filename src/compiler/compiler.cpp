@@ -131,17 +131,24 @@ void ReductionWorkspace::allocate(const rt::KernelLibrary& lib, int64_t m, int64
   release();
   int64_t pb = 0, cb = 0;
   lib.workspace_bytes(m, n, &pb, &cb);
-  partials = rt::mem_alloc(static_cast<size_t>(std::max<int64_t>(pb, 16)));
+  partial_bytes = static_cast<size_t>(std::max<int64_t>(pb, 16));
+  partials = rt::mem_alloc(partial_bytes);
   counter_bytes = static_cast<size_t>(std::max<int64_t>(cb, 16));
   counters = rt::mem_alloc(counter_bytes);
-  rt::mem_set(counters, 0, counter_bytes);
+  reset();
   rows = m;
+}
+
+void ReductionWorkspace::reset() {
+  if (partials) rt::mem_set(partials, 0, partial_bytes);
+  if (counters) rt::mem_set(counters, 0, counter_bytes);
 }
 
 void ReductionWorkspace::release() {
   if (partials) rt::mem_free(partials);
   if (counters) rt::mem_free(counters);
   partials = counters = 0;
+  partial_bytes = counter_bytes = 0;
   rows = 0;
 }
 
@@ -474,12 +481,10 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
     try {
       lib.launch(a, stream);
     } catch (...) {
-      // an aborted launch may leave the exchange counters dirty: zero them before anyone reuses them
-      if (ws[step.index].counters) {
-        try {
-          rt::mem_set(ws[step.index].counters, 0, ws[step.index].counter_bytes);
-        } catch (...) {
-        }
+      // an aborted launch may leave the exchange workspace mid-protocol: zero it before anyone reuses it
+      try {
+        ws[step.index].reset();
+      } catch (...) {
       }
       throw;
     }

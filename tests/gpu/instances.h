@@ -47,8 +47,8 @@ inline int epi_reductions(Epi e) {
   }
 }
 // Bytes of L2 workspace any instance needs for an M x N problem (partials; counters are separate).
-inline size_t reduce_workspace_bytes(int M, int N) { return size_t(M + 128) * 4 * (N / 64 + 2) * sizeof(float); }
-inline size_t reduce_counter_bytes(int M) { return size_t(M / 64 + 2) * 4 * 4 * 2 * sizeof(int); }  // x4 warps
+inline size_t reduce_workspace_bytes(int M, int N) { return size_t(M + 128) * 4 * (N / 64 + 2) * sizeof(uint64_t); }
+inline size_t reduce_counter_bytes(int) { return 4 * sizeof(int); }
 inline int epi_outputs(Epi e) { return reference_epi(e) == Epi::BiasResidual2 ? 2 : 1; }
 
 // bf16 everywhere (passed as void* so this header needs no CUDA half types).
@@ -65,7 +65,7 @@ struct Problem {
   void const* beta = nullptr;      // [N]  LayerNorm bias
   float eps = 1e-5f;
   float* ws_partials = nullptr;    // reduce_workspace_bytes(M, N)
-  int* ws_counters = nullptr;      // reduce_counter_bytes(M), zero before the first launch
+  int* ws_counters = nullptr;      // reduce_counter_bytes(M), zeroed with ws_partials before the first launch
   int max_clusters = 0;      // > 0: cap the persistent grid
   int transport = 0;         // reductions' cross-CTA exchange: 0 L2, 1 DSMEM peer-to-peer, 2 DSMEM leader-follower
 };

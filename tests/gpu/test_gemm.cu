@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
     CF_CHECK(cudaMalloc(&gamma, s.N * 2));
     CF_CHECK(cudaMalloc(&beta, s.N * 2));
     CF_CHECK(cudaMalloc(&ws_partials, reduce_workspace_bytes(s.M, s.N)));
+    CF_CHECK(cudaMemset(ws_partials, 0, reduce_workspace_bytes(s.M, s.N)));   // zeroed with the counters
     CF_CHECK(cudaMalloc(&ws_counters, reduce_counter_bytes(s.M)));
     CF_CHECK(cudaMemset(ws_counters, 0, reduce_counter_bytes(s.M)));
     CF_CHECK(cudaMalloc(&d_worst, sizeof(float)));

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comfuse/reduce/l2_exchange.cuh"
+#include <cstdint>
 #include "gpu_common.cuh"
 
 using comfuse::reduce::L2Workspace;
@@ -51,6 +52,7 @@ exchange_kernel(L2Workspace ws, const float* in, float* out, int row_blocks) {
   const int tiles = row_blocks * C;
   const RowOf row_of{thread};
   const bool leader = thread % 4 == 0;
+  const uint32_t tag = kExchange ? comfuse::reduce::launch_tag(ws.counters) : 0u;
   __shared__ float rows[2][kTileM];  // per group: the exchanged result of every row (each warp writes and reads its own)
   for (int t = blockIdx.x + group * G; t < tiles; t += 2 * G) {
     const int rb = t / C, c = t % C;
@@ -62,8 +64,8 @@ exchange_kernel(L2Workspace ws, const float* in, float* out, int row_blocks) {
       for (int k = 0; k < kRows; ++k) v[k] = in[off + row_of(k)] + 0.0f * carry[k];  // chained like a PostOp
       if constexpr (kExchange) {
         float* res = rows[group];
-        if (s % 2) comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, v, kRows, row_of, Max{}, 1.f, res);
-        else comfuse::reduce::l2_exchange<kRows>(ws, rb, s, c, thread, v, kRows, row_of, Sum{}, 1.f, res);
+        if (s % 2) comfuse::reduce::l2_exchange<kRows>(ws, tag, rb, s, c, thread, v, kRows, row_of, Max{}, 1.f, res);
+        else comfuse::reduce::l2_exchange<kRows>(ws, tag, rb, s, c, thread, v, kRows, row_of, Sum{}, 1.f, res);
 #pragma unroll
         for (int k = 0; k < kRows; ++k) v[k] = res[row_of(k)];
       }
@@ -72,6 +74,10 @@ exchange_kernel(L2Workspace ws, const float* in, float* out, int row_blocks) {
       if (leader)
         for (int k = 0; k < kRows; ++k) out[off + row_of(k)] = v[k];
     }
+  }
+  if constexpr (kExchange) {
+    __syncthreads();
+    if (threadIdx.x == 0) comfuse::reduce::launch_done(ws.counters, gridDim.x);
   }
 }
 
@@ -120,6 +126,7 @@ int main() {
     CF_CHECK(cudaMalloc(&ws.partials, L2Workspace::partial_bytes(p.row_blocks, p.stages, p.C, kTileM)));
     CF_CHECK(cudaMalloc(&ws.counters, L2Workspace::counter_bytes(p.row_blocks, p.stages)));
     CF_CHECK(cudaMemset(ws.counters, 0, L2Workspace::counter_bytes(p.row_blocks, p.stages)));
+    CF_CHECK(cudaMemset(ws.partials, 0, L2Workspace::partial_bytes(p.row_blocks, p.stages, p.C, kTileM)));
     cudaStream_t st;
     CF_CHECK(cudaStreamCreate(&st));
     std::vector<float> in(p.n()), got(p.n());
@@ -160,11 +167,13 @@ int main() {
       CF_CHECK(cudaStreamSynchronize(st));
       check("graph replay", iter);
     }
-    std::vector<int> counters(L2Workspace::counter_bytes(p.row_blocks, p.stages) / sizeof(int));
-    CF_CHECK(cudaMemcpy(counters.data(), ws.counters, counters.size() * 4, cudaMemcpyDeviceToHost));
-    if (std::any_of(counters.begin(), counters.end(), [](int x) { return x != 0; })) {
+    // 15 launches with exchanges (5 x 2 back to back, 5 replays): the launch number advanced by one each, and
+    // the finish count is back at zero
+    int counters[2];
+    CF_CHECK(cudaMemcpy(counters, ws.counters, sizeof counters, cudaMemcpyDeviceToHost));
+    if (counters[0] != 15 || counters[1] != 0) {
       ++failures;
-      std::printf("FAIL counters not reset after the launches\n");
+      std::printf("FAIL launch counters %d, %d after 15 launches (want 15, 0)\n", counters[0], counters[1]);
     }
     // latency: kernel with exchanges minus the same kernel without, per exchange on the critical path
     cudaEvent_t e0, e1;

@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
     float* ws_partials;
     int* ws_counters;
     CF_CHECK(cudaMalloc(&ws_partials, reduce_workspace_bytes(s.M, s.N)));
+    CF_CHECK(cudaMemset(ws_partials, 0, reduce_workspace_bytes(s.M, s.N)));   // zeroed with the counters
     CF_CHECK(cudaMalloc(&ws_counters, reduce_counter_bytes(s.M)));
     CF_CHECK(cudaMemset(ws_counters, 0, reduce_counter_bytes(s.M)));
 

@@ -119,7 +119,7 @@ struct Reduce {
     if (cols > 1 && c.m0 < c.M && c.n0 < c.N) {
       reduce::L2Workspace w = ws;
       w.cols = cols;
-      reduce::l2_exchange<kRows>(w, c.m0 / c.tile_m, Id, c.n0 / c.tile_n, t, part, slots,
+      reduce::l2_exchange<kRows>(w, c.exchange_tag, c.m0 / c.tile_m, Id, c.n0 / c.tile_n, t, part, slots,
                                  [t](int k) { return row_of(t, k); }, RowCombine<Kind>{}, scale, out, c.trace);
       return;  // the warp's rows of `out` are complete (the only rows it reads: RowResult)
     }
