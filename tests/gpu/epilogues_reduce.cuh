@@ -59,6 +59,33 @@ using LnSoftmax = StageStream<Stage<
                 Stage<Reduce<RowReduce::Sum, 3, Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<2>>>>,
                       Stage<Store<bf16, Compute<ops::Div, AccEntry, RowResult<3>>>>>>>>>;
 
+// The same three epilogues with each chained pair of reductions merged into one exchange (MergedReduce,
+// reduce.cuh), exactly as Psi renders them: a merged stage carries x and the next stage recomputes the shifted
+// value from the global result.
+using Centered = Compute<ops::Sub, AccEntry, RowResult<0>>;                                      // x - mean
+using LnAffine = Compute<ops::Add,
+                         Compute<ops::Mul,
+                                 Compute<ops::Mul, Centered,
+                                         Compute<ops::Rsqrt, Compute<ops::Add, RowResult<1>, Scalar>>>,
+                                 RowBroadcast<bf16>>,
+                         RowBroadcast<bf16>>;
+using PostNormMerged = StageStream<Stage<
+    LocalReduce<RowReduce::Mean, 0, XBiasRes>,                                                     // carries x
+    Stage<Outputs<AccEntry, MergedReduce<Merge::CenteredSquares, RowReduce::Mean, 1, Compute<ops::Square, Centered>>>,
+          Stage<Store<bf16, LnAffine>>>>>;
+using Shifted0 = Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<0>>>;                   // exp(x - max)
+using SoftmaxMerged = StageStream<Stage<
+    LocalReduce<RowReduce::Max, 0, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>,                // carries x
+    Stage<Outputs<AccEntry, MergedReduce<Merge::ShiftedExp, RowReduce::Sum, 1, Shifted0>>,
+          Stage<Store<bf16, Compute<ops::Div, Shifted0, RowResult<1>>>>>>>;
+using Shifted2 = Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<2>>>;
+using LnSoftmaxMerged = StageStream<Stage<
+    LocalReduce<RowReduce::Mean, 0, XBiasRes>,
+    Stage<Outputs<AccEntry, MergedReduce<Merge::CenteredSquares, RowReduce::Mean, 1, Compute<ops::Square, Centered>>>,
+          Stage<LocalReduce<RowReduce::Max, 2, LnAffine>,                                            // carries y
+                Stage<Outputs<AccEntry, MergedReduce<Merge::ShiftedExp, RowReduce::Sum, 3, Shifted2>>,
+                      Stage<Store<bf16, Compute<ops::Div, Shifted2, RowResult<3>>>>>>>>>;
+
 struct ReducePointers {
   bf16* out = nullptr;              // [M, N]
   bf16 const* bias = nullptr;       // [N]
@@ -112,6 +139,34 @@ inline LnSoftmax::Arguments make_args(LnSoftmax*, ReducePointers const& e) {
   a.post.post.tree = {{{{{}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}, {e.beta}}, e.ws};
   a.post.post.post.tree = {{{{}, {}}}, e.ws};
   a.post.post.post.post.tree = {e.out, e.ld, {{}, {}}};
+  return a;
+}
+
+// Merged forms: the argument trees of the nodes above, stage by stage.
+inline LnAffine::Arguments ln_affine_args(ReducePointers const& e) {
+  return {{{{{}, {}}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}, {e.beta}};
+}
+inline PostNormMerged::Arguments make_args(PostNormMerged*, ReducePointers const& e) {
+  PostNormMerged::Arguments a{};
+  a.tree = {{{{}, {e.bias}}, {e.residual, e.ld}}, e.ws};
+  a.post.tree = {{}, {{{{}, {}}}, e.ws}};
+  a.post.post.tree = {e.out, e.ld, ln_affine_args(e)};
+  return a;
+}
+inline SoftmaxMerged::Arguments make_args(SoftmaxMerged*, ReducePointers const& e) {
+  SoftmaxMerged::Arguments a{};
+  a.tree = {{{}, {e.bias}}, e.ws};
+  a.post.tree = {{}, {{{{}, {}}}, e.ws}};
+  a.post.post.tree = {e.out, e.ld, {{{{}, {}}}, {}}};
+  return a;
+}
+inline LnSoftmaxMerged::Arguments make_args(LnSoftmaxMerged*, ReducePointers const& e) {
+  LnSoftmaxMerged::Arguments a{};
+  a.tree = {{{{}, {e.bias}}, {e.residual, e.ld}}, e.ws};
+  a.post.tree = {{}, {{{{}, {}}}, e.ws}};
+  a.post.post.tree = {ln_affine_args(e), e.ws};
+  a.post.post.post.tree = {{}, {{{{}, {}}}, e.ws}};
+  a.post.post.post.post.tree = {e.out, e.ld, {{{{}, {}}}, {}}};
   return a;
 }
 

@@ -11,14 +11,19 @@
 namespace comfuse::gpu {
 
 // 7..9: the residual epilogues with R staged through SMEM (TileLoadStaged); same math as 3, 4, 2.
+// 10..12: postnorm, softmax and LN+softmax with each chained pair of reductions merged into one exchange.
 enum class Epi { Identity = 0, BiasGelu = 1, BiasResidual2 = 2, PostNorm = 3, RmsNorm = 4, Softmax = 5, LnSoftmax = 6,
-                 PostNormStaged = 7, RmsNormStaged = 8, BiasResidual2Staged = 9 };
+                 PostNormStaged = 7, RmsNormStaged = 8, BiasResidual2Staged = 9, PostNormMerged = 10,
+                 SoftmaxMerged = 11, LnSoftmaxMerged = 12 };
 // The reference (and the bench's epilogue class) of an instance's epilogue.
 inline Epi reference_epi(Epi e) {
   switch (e) {
     case Epi::PostNormStaged: return Epi::PostNorm;
     case Epi::RmsNormStaged: return Epi::RmsNorm;
     case Epi::BiasResidual2Staged: return Epi::BiasResidual2;
+    case Epi::PostNormMerged: return Epi::PostNorm;
+    case Epi::SoftmaxMerged: return Epi::Softmax;
+    case Epi::LnSoftmaxMerged: return Epi::LnSoftmax;
     default: return e;
   }
 }
@@ -48,7 +53,7 @@ inline int epi_reductions(Epi e) {
 }
 // Bytes of L2 workspace any instance needs for an M x N problem (partials; counters are separate).
 inline size_t reduce_workspace_bytes(int M, int N) { return size_t(M + 128) * 4 * (N / 64 + 2) * sizeof(uint64_t); }
-inline size_t reduce_counter_bytes(int) { return 4 * sizeof(int); }
+inline size_t reduce_counter_bytes(int M) { return (4 + size_t(M / 64 + 2) * 4 * 4) * sizeof(int); }
 inline int epi_outputs(Epi e) { return reference_epi(e) == Epi::BiasResidual2 ? 2 : 1; }
 
 // bf16 everywhere (passed as void* so this header needs no CUDA half types).

@@ -73,9 +73,10 @@ struct FragCtx {
 constexpr int kMaxTileM = 128;
 constexpr int kMaxTileN = 256;
 constexpr int kMaxRowSlots = 2 * (kMaxTileM / 64);  // rows one consumer thread holds
-// The driver walks a stage in chunks of this many fragments: preload() on the whole chunk, then
-// visit() on it, so a chunk's global loads are in flight together while bounding their registers.
-constexpr int kPreloadChunk = 32;
+// The driver walks a stage in chunks of this many fragments: preload() on the next chunk, then visit() on
+// this one, so a chunk's global loads are in flight together (and behind the previous chunk's math) while
+// bounding their registers. A chunk covers whole groups of four column blocks (16-byte accesses, store.cuh).
+constexpr int kPreloadChunk = 16;
 
 // ---- small device helpers -------------------------------------------------------------------
 
@@ -274,10 +275,15 @@ CUTE_DEVICE void run_stage(Tree& tree, AccTensor& acc, CoordTensor const& tCcD,
   constexpr int kElems = size(AccTensor{});
   // Tiles with more than 64 fragments per thread (128x192) have less register room: half chunks.
   constexpr int kChunkElems = (kElems / kFragSize > 64 ? kPreloadChunk / 2 : kPreloadChunk) * kFragSize;
+  // Software-pipelined: chunk c + 1's loads are issued before chunk c is visited, so one load latency is
+  // exposed per stage instead of one per chunk (two chunks' loaded values are live at once).
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kChunkElems && i < kElems; i += kFragSize)
+    ::comfuse::epi::preload<S>(tree, frag_ctx(i, acc, tCcD, ctx));
   CUTLASS_PRAGMA_UNROLL
   for (int c = 0; c < kElems; c += kChunkElems) {
     CUTLASS_PRAGMA_UNROLL
-    for (int i = c; i < c + kChunkElems && i < kElems; i += kFragSize)
+    for (int i = c + kChunkElems; i < c + 2 * kChunkElems && i < kElems; i += kFragSize)
       ::comfuse::epi::preload<S>(tree, frag_ctx(i, acc, tCcD, ctx));
     CUTLASS_PRAGMA_UNROLL
     for (int i = c; i < c + kChunkElems && i < kElems; i += kFragSize) {

@@ -12,6 +12,11 @@
 //   3. __syncwarp: in the WGMMA accumulator layout warp w holds exactly those rows, so the rows a warp
 //      reads back are the ones its own lanes wrote - no group barrier.
 // The critical path is one L2 write and one L2 read round trip plus the wait for the slowest peer.
+// With many column blocks (C > kPollCols) every lane polling C words costs more than it saves (measured at C =
+// 64: 16 dependent rounds of loads and heavy L2 traffic), so there lane 0 of the warp raises the warp's arrival
+// counter of the slot (release) after the warp's partials and spins on it alone (acquire) until all C warps
+// have arrived, then the lanes load the C values (4 bytes each, 8 in flight). The counters are never reset:
+// after launch k each holds k * C, so launch k + 1 (tag k + 1) waits for tag * C, compared wrap-safe.
 //
 // The tag is the launch number + 1 (launch_tag()), the launch number kept on the device in the workspace's
 // counters: every CTA reads it at the start of the launch, and the last CTA to finish (launch_done(), after its
@@ -35,13 +40,19 @@ namespace comfuse::reduce {
 
 struct L2Workspace {
   float* partials = nullptr;  // [row_blocks][stages][cols][tile_m] 64-bit words {value, tag} (2 floats' room each)
-  int* counters = nullptr;    // [0] launches completed, [1] CTAs finished in this launch (zero at allocation)
+  // [0] launches completed, [1] CTAs finished in this launch, [2, 3] unused, then the arrival counters
+  // [row_blocks][stages][kWarps] of the many-column path. All zero at allocation.
+  int* counters = nullptr;
   int stages = 0, cols = 0, tile_m = 0;
+  static constexpr int kWarps = 4;      // warps of a consumer group (the arrival counters are per warp)
+  static constexpr int kPollCols = 8;   // up to this many column blocks every lane polls the partials' tags
 
   CUTE_HOST_DEVICE static size_t partial_bytes(int row_blocks, int stages, int cols, int tile_m) {
     return size_t(row_blocks) * stages * cols * tile_m * sizeof(uint64_t);
   }
-  CUTE_HOST_DEVICE static size_t counter_bytes(int /*row_blocks*/, int /*stages*/) { return 4 * sizeof(int); }
+  CUTE_HOST_DEVICE static size_t counter_bytes(int row_blocks, int stages) {
+    return (4 + size_t(row_blocks) * stages * kWarps) * sizeof(int);
+  }
 };
 
 namespace detail {
@@ -61,6 +72,19 @@ CUTE_DEVICE void st_relaxed_gpu(uint64_t* p, uint64_t v) {
 }
 CUTE_DEVICE void st_relaxed_gpu(int* p, int v) {
   asm volatile("st.relaxed.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+CUTE_DEVICE uint32_t ld_relaxed_gpu(uint32_t const* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+CUTE_DEVICE int ld_acquire_gpu(int const* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+CUTE_DEVICE void red_release_gpu(int* p, int v) {
+  asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 CUTE_DEVICE int atom_add_acq_rel_gpu(int* p, int v) {
   int old;
@@ -83,51 +107,113 @@ CUTE_DEVICE void launch_done(int* counters, int ctas) {
   }
 }
 
-// Combines per-row partials across the C column blocks of row block `rb` and writes the result of the calling
-// warp's rows of the tile to out[row] (typically SMEM), scaled by `scale`. When the call returns, the warp's
-// own rows of `out` are complete and visible to the warp (other warps' rows are theirs to write).
+// Combines per-row partial states of W floats across the C column blocks of row block `rb`; the calling warp's
+// lanes finish their rows (finish(row, state) writes the results, typically to SMEM). When the call returns, the
+// warp's own rows are finished and the results visible to the warp (other warps' rows are theirs).
 //   tag:                launch_tag() of this launch
-//   part[s], row_of(s): this thread's partial for slot s (already reduced across its quad) and its tile row
-//                       (the WGMMA layout above); the first `slots` entries are used; quad leaders publish them
-//   combine:            associative operator (sum / max / min)
+//   first_stage:        word w of a state travels in the workspace slot of stage first_stage + w
+//   part[s], row_of(s): this thread's state for slot s (already reduced across its quad) and its tile row (the
+//                       WGMMA layout above); the first `slots` entries are used; quad leaders publish them
+//   fold(acc, x, c):    folds column block c's state x into acc (c = 1 .. C-1, in order; acc starts as block 0's)
 // All 32 lanes of each warp of the consumer group call it.
-template <int Rows, class RowOf, class Combine>
-CUTE_DEVICE void l2_exchange(L2Workspace const& ws, uint32_t tag, int rb, int stage, int c, int thread,
-                             float const (&part)[Rows], int slots, RowOf row_of, Combine combine, float scale,
-                             float* out, trace::Stamp* stamps = nullptr) {
+template <int W, int Rows, class RowOf, class Fold, class Finish>
+CUTE_DEVICE void l2_exchange_states(L2Workspace const& ws, uint32_t tag, int rb, int first_stage, int c, int thread,
+                                    float const (&part)[Rows][W], int slots, RowOf row_of, Fold fold, Finish finish,
+                                    trace::Stamp* stamps = nullptr) {
   const int warp = thread / 32, lane = thread % 32;
-  const size_t slot = size_t(rb) * ws.stages + stage;
-  uint64_t* base = reinterpret_cast<uint64_t*>(ws.partials) + slot * ws.cols * ws.tile_m;
+  const int last = first_stage + W - 1;   // the trace marks and the arrival counter use the last word's slot
+  const size_t slot0 = size_t(rb) * ws.stages + first_stage;
+  const size_t word_stride = size_t(ws.cols) * ws.tile_m;   // slot s + 1 - slot s, in words
+  uint64_t* base = reinterpret_cast<uint64_t*>(ws.partials) + slot0 * word_stride;
   const uint64_t hi = uint64_t(tag) << 32;
   if (lane % 4 == 0) {
 #pragma unroll
     for (int s = 0; s < Rows; ++s)
-      if (s < slots) detail::st_relaxed_gpu(base + size_t(c) * ws.tile_m + row_of(s), hi | __float_as_uint(part[s]));
+      if (s < slots)
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+          detail::st_relaxed_gpu(base + w * word_stride + size_t(c) * ws.tile_m + row_of(s), hi | __float_as_uint(part[s][w]));
   }
-  COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeArrived + 2 * stage);
   const int row = (lane / 16) * 64 + warp * 16 + lane % 16;
+  if (ws.cols > L2Workspace::kPollCols) {   // many column blocks: one arrival counter per (slot, warp)
+    int* arrived = ws.counters + 4 + (slot0 + W - 1) * L2Workspace::kWarps + warp;
+    __syncwarp();
+    if (lane == 0) {
+      detail::red_release_gpu(arrived, 1);
+      COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeArrived + 2 * last);
+      const uint32_t target = tag * uint32_t(ws.cols);
+      while (int(uint32_t(detail::ld_acquire_gpu(arrived)) - target) < 0) {
+      }
+    }
+    __syncwarp();
+    if (row < ws.tile_m) {
+      // the value halves (little-endian) of word w of block cc: col[2 * (w * word_stride + cc * tile_m)]
+      uint32_t const* col = reinterpret_cast<uint32_t const*>(base + row);
+      float acc[W], x[W];
+#pragma unroll
+      for (int w = 0; w < W; ++w) acc[w] = __uint_as_float(detail::ld_relaxed_gpu(col + 2 * w * word_stride));
+#pragma unroll 4
+      for (int cc = 1; cc < ws.cols; ++cc) {
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+          x[w] = __uint_as_float(detail::ld_relaxed_gpu(col + 2 * (w * word_stride + size_t(cc) * ws.tile_m)));
+        fold(acc, x, cc);
+      }
+      finish(row, acc);
+    }
+    COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeComplete + 2 * last);
+    __syncwarp();
+    return;
+  }
+  COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeArrived + 2 * last);
   if (row < ws.tile_m) {
     uint64_t const* col = base + row;
-    float acc = 0.f;
-    constexpr int kBatch = 4;   // loads of a row in flight together (more spill: the carried tile is live here)
+    float acc[W];
+    constexpr int kBatch = 4 / W;   // blocks of a row in flight together (registers: the carried tile is live)
     for (int c0 = 0; c0 < ws.cols; c0 += kBatch) {
-      uint64_t v[kBatch];
+      uint64_t v[kBatch][W];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k)
-        if (c0 + k < ws.cols) v[k] = detail::ld_relaxed_gpu(col + size_t(c0 + k) * ws.tile_m);
+        if (c0 + k < ws.cols)
+#pragma unroll
+          for (int w = 0; w < W; ++w) v[k][w] = detail::ld_relaxed_gpu(col + w * word_stride + size_t(c0 + k) * ws.tile_m);
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         if (c0 + k < ws.cols) {
-          while (uint32_t(v[k] >> 32) != tag) v[k] = detail::ld_relaxed_gpu(col + size_t(c0 + k) * ws.tile_m);
-          const float x = __uint_as_float(uint32_t(v[k]));
-          acc = c0 + k == 0 ? x : combine(acc, x);
+          float x[W];
+#pragma unroll
+          for (int w = 0; w < W; ++w) {
+            while (uint32_t(v[k][w] >> 32) != tag)
+              v[k][w] = detail::ld_relaxed_gpu(col + w * word_stride + size_t(c0 + k) * ws.tile_m);
+            x[w] = __uint_as_float(uint32_t(v[k][w]));
+          }
+          if (c0 + k == 0) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) acc[w] = x[w];
+          } else {
+            fold(acc, x, c0 + k);
+          }
         }
       }
     }
-    out[row] = acc * scale;
+    finish(row, acc);
   }
-  COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeComplete + 2 * stage);
+  COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeComplete + 2 * last);
   __syncwarp();
+}
+
+// One float per row combined by an associative operator (sum / max / min); out[row] = result * scale.
+template <int Rows, class RowOf, class Combine>
+CUTE_DEVICE void l2_exchange(L2Workspace const& ws, uint32_t tag, int rb, int stage, int c, int thread,
+                             float const (&part)[Rows], int slots, RowOf row_of, Combine combine, float scale,
+                             float* out, trace::Stamp* stamps = nullptr) {
+  float states[Rows][1];
+#pragma unroll
+  for (int s = 0; s < Rows; ++s) states[s][0] = part[s];
+  l2_exchange_states<1>(
+      ws, tag, rb, stage, c, thread, states, slots, row_of,
+      [combine](float (&acc)[1], float const (&x)[1], int) { acc[0] = combine(acc[0], x[0]); },
+      [out, scale](int row, float const (&acc)[1]) { out[row] = acc[0] * scale; }, stamps);
 }
 
 }  // namespace comfuse::reduce
