@@ -1,5 +1,5 @@
 // Benchmark: every compiled ComFuse GEMM instance (B layout [K, N]) against cuBLASLt bf16 GEMM alone
-// on the WORKLOADS.md §1 shapes, in one run.
+// on the WORKLOADS.md §1 shapes and the BERT-base ones, in one run.
 //
 //   bench_gemm [--out DIR] [--reps N] [--shape M,K,N]...
 //
@@ -158,7 +158,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   if (!have_hopper(&prop)) return kSkip;
   if (shapes.empty())
-    shapes = {{16384, 1024, 1024}, {16384, 4096, 1024}, {8192, 4096, 4096}, {8192, 16384, 4096}, {4096, 4096, 8192}};
+    shapes = {{16384, 1024, 1024}, {16384, 4096, 1024}, {8192, 4096, 4096}, {8192, 16384, 4096}, {4096, 4096, 8192},
+              {8192, 768, 768}, {8192, 3072, 768}, {8192, 768, 3072}};   // + the BERT-base shapes
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
 
   std::vector<Instance const*> sorted;

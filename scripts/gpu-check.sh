@@ -75,7 +75,7 @@ for o in "$bin"/CMakeFiles/comfuse_gpu_instances.dir/instances/gemm_128x128x64_c
   cuobjdump --dump-sass "$o" 2>/dev/null | grep -oE "HGMMA[.0-9A-Z]*|STG[.0-9A-Z]*|LDG[.0-9A-Z]*|LDS[.0-9A-Z]*|STS[.0-9A-Z]*|LDGSTS[.0-9A-Z]*|STL[.0-9A-Z]*|LDL[.0-9A-Z]*|MUFU[.0-9A-Z]*|BAR[.0-9A-Z]*" | sort | uniq -c | sort -rn | head -14
 done >> "$OUT/build.log" 2>&1
 if [ $do_tests = 1 ]; then
-  timeout 150 "$bin/comfuse_gpu_test_gemm" > "$OUT/test.log" 2>&1
+  timeout 300 "$bin/comfuse_gpu_test_gemm" > "$OUT/test.log" 2>&1
   status[tests]=$?
   grep -E "FAIL|PASSED|FAILED|seed" "$OUT/test.log" | head -40
   if [ "${status[tests]}" != 0 ]; then   # a broken kernel may hang the rest too: stop here, keep the minutes
@@ -105,7 +105,7 @@ if [ $do_bench = 1 ] && [ -x "$bin/comfuse_gpu_trace" ]; then
   status[trace]=$?
 fi
 if [ $do_bench = 1 ]; then
-  timeout 180 "$bin/comfuse_gpu_bench" --out "$OUT" > "$OUT/bench.log" 2>&1
+  timeout 240 "$bin/comfuse_gpu_bench" --out "$OUT" > "$OUT/bench.log" 2>&1
   status[bench]=$?
   if [ $do_torch = 1 ]; then
     PYTHONUNBUFFERED=1 timeout 90 python3 bench/torch_ref.py > "$OUT/torch.log" 2>&1

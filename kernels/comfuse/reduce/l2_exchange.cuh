@@ -13,10 +13,11 @@
 //      reads back are the ones its own lanes wrote - no group barrier.
 // The critical path is one L2 write and one L2 read round trip plus the wait for the slowest peer.
 // With many column blocks (C > kPollCols) every lane polling C words costs more than it saves (measured at C =
-// 64: 16 dependent rounds of loads and heavy L2 traffic), so there lane 0 of the warp raises the warp's arrival
-// counter of the slot (release) after the warp's partials and spins on it alone (acquire) until all C warps
-// have arrived, then the lanes load the C values (4 bytes each, 8 in flight). The counters are never reset:
-// after launch k each holds k * C, so launch k + 1 (tag k + 1) waits for tag * C, compared wrap-safe.
+// 64: 16 dependent rounds of loads and heavy L2 traffic), so there lane 0 of each warp, after the warp's
+// partials, stores the tag to the warp's flag of the slot with release semantics; the readers poll the C flags
+// (acquire; lane l polls blocks l, l + 32, ...), then load only the C values (4 bytes each, 8 in flight).
+// Flags hold tags too, so they never need resetting either (a launch over fewer row blocks, i.e. a smaller M,
+// leaves the other slots untouched, and they stay correct).
 //
 // The tag is the launch number + 1 (launch_tag()), the launch number kept on the device in the workspace's
 // counters: every CTA reads it at the start of the launch, and the last CTA to finish (launch_done(), after its
@@ -39,20 +40,19 @@
 namespace comfuse::reduce {
 
 struct L2Workspace {
-  float* partials = nullptr;  // [row_blocks][stages][cols][tile_m] 64-bit words {value, tag} (2 floats' room each)
-  // [0] launches completed, [1] CTAs finished in this launch, [2, 3] unused, then the arrival counters
-  // [row_blocks][stages][kWarps] of the many-column path. All zero at allocation.
-  int* counters = nullptr;
+  // [row_blocks][stages] slots, each: [cols][tile_m] 64-bit words {value, tag}, then [cols][kWarps] 32-bit flags
+  // (the many-column path's), i.e. slot_words() 64-bit words a slot. Zero at allocation.
+  float* partials = nullptr;
+  int* counters = nullptr;    // [0] launches completed, [1] CTAs finished in this launch (zero at allocation)
   int stages = 0, cols = 0, tile_m = 0;
-  static constexpr int kWarps = 4;      // warps of a consumer group (the arrival counters are per warp)
+  static constexpr int kWarps = 4;      // warps of a consumer group (one flag each)
   static constexpr int kPollCols = 8;   // up to this many column blocks every lane polls the partials' tags
 
+  CUTE_HOST_DEVICE static size_t slot_words(int cols, int tile_m) { return size_t(cols) * (tile_m + kWarps / 2); }
   CUTE_HOST_DEVICE static size_t partial_bytes(int row_blocks, int stages, int cols, int tile_m) {
-    return size_t(row_blocks) * stages * cols * tile_m * sizeof(uint64_t);
+    return size_t(row_blocks) * stages * slot_words(cols, tile_m) * sizeof(uint64_t);
   }
-  CUTE_HOST_DEVICE static size_t counter_bytes(int row_blocks, int stages) {
-    return (4 + size_t(row_blocks) * stages * kWarps) * sizeof(int);
-  }
+  CUTE_HOST_DEVICE static size_t counter_bytes(int /*row_blocks*/, int /*stages*/) { return 4 * sizeof(int); }
 };
 
 namespace detail {
@@ -78,13 +78,13 @@ CUTE_DEVICE uint32_t ld_relaxed_gpu(uint32_t const* p) {
   asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-CUTE_DEVICE int ld_acquire_gpu(int const* p) {
-  int v;
+CUTE_DEVICE uint32_t ld_acquire_gpu(uint32_t const* p) {
+  uint32_t v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-CUTE_DEVICE void red_release_gpu(int* p, int v) {
-  asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+CUTE_DEVICE void st_release_gpu(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 CUTE_DEVICE int atom_add_acq_rel_gpu(int* p, int v) {
   int old;
@@ -121,9 +121,9 @@ CUTE_DEVICE void l2_exchange_states(L2Workspace const& ws, uint32_t tag, int rb,
                                     float const (&part)[Rows][W], int slots, RowOf row_of, Fold fold, Finish finish,
                                     trace::Stamp* stamps = nullptr) {
   const int warp = thread / 32, lane = thread % 32;
-  const int last = first_stage + W - 1;   // the trace marks and the arrival counter use the last word's slot
+  const int last = first_stage + W - 1;   // the trace marks and the flags use the last word's slot
   const size_t slot0 = size_t(rb) * ws.stages + first_stage;
-  const size_t word_stride = size_t(ws.cols) * ws.tile_m;   // slot s + 1 - slot s, in words
+  const size_t word_stride = L2Workspace::slot_words(ws.cols, ws.tile_m);   // slot s + 1 - slot s, in words
   uint64_t* base = reinterpret_cast<uint64_t*>(ws.partials) + slot0 * word_stride;
   const uint64_t hi = uint64_t(tag) << 32;
   if (lane % 4 == 0) {
@@ -135,17 +135,16 @@ CUTE_DEVICE void l2_exchange_states(L2Workspace const& ws, uint32_t tag, int rb,
           detail::st_relaxed_gpu(base + w * word_stride + size_t(c) * ws.tile_m + row_of(s), hi | __float_as_uint(part[s][w]));
   }
   const int row = (lane / 16) * 64 + warp * 16 + lane % 16;
-  if (ws.cols > L2Workspace::kPollCols) {   // many column blocks: one arrival counter per (slot, warp)
-    int* arrived = ws.counters + 4 + (slot0 + W - 1) * L2Workspace::kWarps + warp;
-    __syncwarp();
-    if (lane == 0) {
-      detail::red_release_gpu(arrived, 1);
-      COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeArrived + 2 * last);
-      const uint32_t target = tag * uint32_t(ws.cols);
-      while (int(uint32_t(detail::ld_acquire_gpu(arrived)) - target) < 0) {
+  if (ws.cols > L2Workspace::kPollCols) {   // many column blocks: one flag per (slot, column block, warp)
+    // the last word's slot holds the flags: [cols][kWarps] after its partials
+    uint32_t* flags = reinterpret_cast<uint32_t*>(base + (W - 1) * word_stride + size_t(ws.cols) * ws.tile_m);
+    __syncwarp();   // the warp's partials are written before lane 0 releases them
+    if (lane == 0) detail::st_release_gpu(flags + c * L2Workspace::kWarps + warp, tag);
+    COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeArrived + 2 * last);
+    for (int cc = lane; cc < ws.cols; cc += 32)
+      while (detail::ld_acquire_gpu(flags + cc * L2Workspace::kWarps + warp) != tag) {
       }
-    }
-    __syncwarp();
+    __syncwarp();   // every peer's flag seen by some lane: all its partials are visible to the warp
     if (row < ws.tile_m) {
       // the value halves (little-endian) of word w of block cc: col[2 * (w * word_stride + cc * tile_m)]
       uint32_t const* col = reinterpret_cast<uint32_t const*>(base + row);
