@@ -52,6 +52,26 @@ struct RowCombine {
   }
 };
 
+namespace detail {
+// Valid columns of the tile starting at n0 (0 for a cluster rank past N).
+CUTE_DEVICE int tile_cols(TileCtx const& c, int n0) {
+  const int n = c.N - n0;
+  return n <= 0 ? 0 : (n < c.tile_n ? n : c.tile_n);
+}
+// Per-row fold of a child's values over a stage, then across the quad (shared by the reduction nodes).
+template <class Combine>
+CUTE_DEVICE void quad_reduce(float (&part)[kMaxRowSlots], Combine combine) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < kMaxRowSlots; ++k) {
+    part[k] = combine(part[k], __shfl_xor_sync(0xffffffffu, part[k], 1));
+    part[k] = combine(part[k], __shfl_xor_sync(0xffffffffu, part[k], 2));
+  }
+}
+// The tile row of a consumer thread's row slot k: WGMMA m64 layout, warp w owns rows 16w..16w+15 of each
+// 64-row atom, lane l rows l/4 and l/4 + 8 (slot = half + 2 * atom, as FragCtx::row_slot counts them).
+CUTE_DEVICE int wgmma_row(int thread, int k) { return (k / 2) * 64 + (thread / 32) * 16 + (thread % 32) / 4 + 8 * (k % 2); }
+}  // namespace detail
+
 template <RowReduce Kind, int Id, class Child, class Map = Identity>
 struct Reduce {
   static_assert(Id >= 0 && Id < kMaxReductions, "reduction id");
@@ -73,11 +93,6 @@ struct Reduce {
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < kMaxRowSlots; ++k) part[k] = RowCombine<Kind>::identity();
   }
-  // The tile row of this thread's row slot k: WGMMA m64 layout, warp w owns rows 16w..16w+15 of each
-  // 64-row atom, lane l rows l/4 and l/4 + 8 (slot = half + 2 * atom, as FragCtx::row_slot counts them).
-  CUTE_DEVICE static int row_of(int thread, int k) {
-    return (k / 2) * 64 + (thread / 32) * 16 + (thread % 32) / 4 + 8 * (k % 2);
-  }
   CUTE_DEVICE void prefetch() { child.prefetch(); }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(child, f); }
 
@@ -94,11 +109,7 @@ struct Reduce {
     child.template end_stage<S>(c);
     constexpr int kRows = kMaxRowSlots;
     // (1) the quad: lanes 4q .. 4q+3 hold the columns of the same rows
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < kRows; ++k) {
-      part[k] = RowCombine<Kind>{}(part[k], __shfl_xor_sync(0xffffffffu, part[k], 1));
-      part[k] = RowCombine<Kind>{}(part[k], __shfl_xor_sync(0xffffffffu, part[k], 2));
-    }
+    detail::quad_reduce(part, RowCombine<Kind>{});
     // (2) the CTAs of the row block combine through L2, or (one column block) the CTA's result is final;
     // (3) either way the result goes back to the tile as one float per row in SMEM, read by RowResult<Id>
     const int cols = (c.N + c.tile_n - 1) / c.tile_n;
@@ -112,7 +123,7 @@ struct Reduce {
       reduce::dsmem_exchange<kRows>(c.dsmem_data, c.dsmem_full, c.dsmem_cols, reduce::Transport(c.transport),
                                     c.exchange_ctas, c.exchange_rank, uint32_t(c.iter * c.exchanges + Id), t,
                                     8 + c.group, part,
-                                    slots, [t](int k) { return row_of(t, k); }, RowCombine<Kind>{}, scale, out,
+                                    slots, [t](int k) { return detail::wgmma_row(t, k); }, RowCombine<Kind>{}, scale, out,
                                     c.trace, trace::ExchangeArrived + 2 * Id);
       return;
     }
@@ -120,13 +131,13 @@ struct Reduce {
       reduce::L2Workspace w = ws;
       w.cols = cols;
       reduce::l2_exchange<kRows>(w, c.exchange_tag, c.m0 / c.tile_m, Id, c.n0 / c.tile_n, t, part, slots,
-                                 [t](int k) { return row_of(t, k); }, RowCombine<Kind>{}, scale, out, c.trace);
+                                 [t](int k) { return detail::wgmma_row(t, k); }, RowCombine<Kind>{}, scale, out, c.trace);
       return;  // the warp's rows of `out` are complete (the only rows it reads: RowResult)
     }
     if (c.thread % 4 == 0) {
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < kRows; ++k)
-        if (k < slots) out[row_of(c.thread, k)] = part[k] * scale;
+        if (k < slots) out[detail::wgmma_row(c.thread, k)] = part[k] * scale;
     }
     __syncwarp();   // a warp reads back only its own rows
   }
@@ -152,23 +163,6 @@ struct Reduce {
 // exchanges on the local states (first result, then the corrected second), still one pass over the tile fewer.
 enum class Merge { CenteredSquares, ShiftedExp };
 
-namespace detail {
-// Valid columns of the tile starting at n0 (0 for a cluster rank past N).
-CUTE_DEVICE int tile_cols(TileCtx const& c, int n0) {
-  const int n = c.N - n0;
-  return n <= 0 ? 0 : (n < c.tile_n ? n : c.tile_n);
-}
-// Per-row fold of a child's values over a stage, then across the quad (shared by the reduction nodes).
-template <class Combine>
-CUTE_DEVICE void quad_reduce(float (&part)[kMaxRowSlots], Combine combine) {
-  CUTLASS_PRAGMA_UNROLL
-  for (int k = 0; k < kMaxRowSlots; ++k) {
-    part[k] = combine(part[k], __shfl_xor_sync(0xffffffffu, part[k], 1));
-    part[k] = combine(part[k], __shfl_xor_sync(0xffffffffu, part[k], 2));
-  }
-}
-CUTE_DEVICE int wgmma_row(int thread, int k) { return (k / 2) * 64 + (thread / 32) * 16 + (thread % 32) / 4 + 8 * (k % 2); }
-}  // namespace detail
 
 template <RowReduce Kind, int Id, class Child>
 struct LocalReduce {

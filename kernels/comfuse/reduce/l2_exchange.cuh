@@ -57,11 +57,6 @@ struct L2Workspace {
 
 namespace detail {
 
-CUTE_DEVICE int ld_relaxed_gpu(int const* p) {
-  int v;
-  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 CUTE_DEVICE uint64_t ld_relaxed_gpu(uint64_t const* p) {
   uint64_t v;
   asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
@@ -95,7 +90,9 @@ CUTE_DEVICE int atom_add_acq_rel_gpu(int* p, int v) {
 }  // namespace detail
 
 // This launch's tag (never 0, the value of zeroed memory). Read once per thread, before its first exchange.
-CUTE_DEVICE uint32_t launch_tag(int const* counters) { return uint32_t(detail::ld_relaxed_gpu(counters)) + 1u; }
+CUTE_DEVICE uint32_t launch_tag(int const* counters) {
+  return detail::ld_relaxed_gpu(reinterpret_cast<uint32_t const*>(counters)) + 1u;
+}
 
 // Once per CTA, by one thread, after every exchange of the CTA is complete (the caller's barrier): the last CTA
 // of the launch resets the finish count and advances the launch number. No CTA of this launch reads the launch
@@ -103,7 +100,7 @@ CUTE_DEVICE uint32_t launch_tag(int const* counters) { return uint32_t(detail::l
 CUTE_DEVICE void launch_done(int* counters, int ctas) {
   if (detail::atom_add_acq_rel_gpu(counters + 1, 1) == ctas - 1) {
     detail::st_relaxed_gpu(counters + 1, 0);
-    detail::st_relaxed_gpu(counters, detail::ld_relaxed_gpu(counters) + 1);
+    detail::st_relaxed_gpu(counters, int(detail::ld_relaxed_gpu(reinterpret_cast<uint32_t const*>(counters)) + 1u));
   }
 }
 
