@@ -134,24 +134,28 @@ struct Result {
 struct Variant {
   Instance const* inst;
   int transport;
+  int raster = 0;   // tile order: row blocks per band (0: the kernel's automatic choice)
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string out_dir;
+  std::string epilogues;   // ",name,name,": only these epilogues (epi_name); empty: all
   int reps = 15;
   std::vector<Shape> shapes;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out_dir = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--epilogues" && i + 1 < argc) epilogues = std::string(",") + argv[++i] + ",";
     else if (a == "--shape" && i + 1 < argc) {
       Shape s;
       if (!parse_shape(argv[++i], &s)) return 2;
       shapes.push_back(s);
     } else {
-      std::fprintf(stderr, "usage: %s [--out DIR] [--reps N] [--shape M,K,N]...\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--out DIR] [--reps N] [--epilogues identity,bias_gelu,...] [--shape M,K,N]...\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -164,7 +168,8 @@ int main(int argc, char** argv) {
 
   std::vector<Instance const*> sorted;
   for (auto const& i : registry())
-    if (!i.b_nk) sorted.push_back(&i);
+    if (!i.b_nk && (epilogues.empty() || epilogues.find(std::string(",") + epi_name(i.epi) + ",") != std::string::npos))
+      sorted.push_back(&i);
   std::sort(sorted.begin(), sorted.end(), [](auto a, auto b) { return a->name < b->name; });
 
   std::vector<std::pair<Shape, std::vector<Result>>> all;
@@ -234,6 +239,9 @@ int main(int argc, char** argv) {
         p.transport = tp;
         if (i->can_implement(p) == nullptr) insts.push_back({i, tp});
         else if (tp == 0) std::printf("  %s cannot run this shape: %s\n", i->name.c_str(), i->can_implement(p));
+        // Plain GEMMs also in fixed tile orders (row-major, bands of 8 row blocks) against the automatic one.
+        if (i->epi == Epi::Identity && i->can_implement(p) == nullptr)
+          for (int g : {1, 8}) insts.push_back({i, tp, g});
       }
     std::vector<Result> results(1 + insts.size());
     std::vector<std::vector<float>> samples(results.size());
@@ -242,12 +250,14 @@ int main(int argc, char** argv) {
     for (size_t j = 0; j < insts.size(); ++j) {
       Instance const* in = insts[j].inst;
       bool red = epi_reduces(in->epi);
-      results[j + 1].variant = in->name + (red ? std::string("_") + transport_name(insts[j].transport) : "");
-      results[j + 1].config = in->config;
+      results[j + 1].variant = in->name + (red ? std::string("_") + transport_name(insts[j].transport) : "") +
+                               (insts[j].raster ? "_r" + std::to_string(insts[j].raster) : std::string());
+      results[j + 1].config = in->config + (insts[j].raster ? "_r" + std::to_string(insts[j].raster) : std::string());
       results[j + 1].epi = epi_name(in->epi);
       if (red) results[j + 1].transport = transport_name(insts[j].transport);
       Problem p = problem(sets[0], 0);
       p.transport = insts[j].transport;
+      p.raster_group = insts[j].raster;
       int smem;
       in->launch_shape(p, &results[j + 1].ctas, &results[j + 1].tiles, &smem);
     }
@@ -285,6 +295,7 @@ int main(int argc, char** argv) {
           us = time_launches([&](int k) {
             Problem p = problem(sets[k], k);
             p.transport = v.transport;
+            p.raster_group = v.raster;
             CF_CHECK(v.inst->run(p, nullptr));
           }, nsets, 10, reps);
         }
@@ -303,7 +314,9 @@ int main(int argc, char** argv) {
     for (size_t j = 0; j < insts.size(); ++j) {
       if (insts[j].inst->epi != Epi::Identity) continue;
       CF_CHECK(cudaMemset(sets[0].d0, 0xFF, MN * 2));
-      CF_CHECK(insts[j].inst->run(problem(sets[0], 0), nullptr));
+      Problem p = problem(sets[0], 0);
+      p.raster_group = insts[j].raster;
+      CF_CHECK(insts[j].inst->run(p, nullptr));
       CF_CHECK(cudaDeviceSynchronize());
       Norms nm = compare(sets[0].d0, ref, MN, d_sums);
       results[j + 1].rel_err = nm.nonfinite > 0 ? 1e30 : nm.rel;
@@ -345,6 +358,12 @@ int main(int argc, char** argv) {
     Result const* p = best["identity"];
     Result const* g = best["bias_gelu"];
     Result const* h = best["bias_res_2out"];
+    Result none;   // an epilogue left out by --epilogues
+    none.us = NAN;
+    none.config = "-";
+    if (!p) p = &none;
+    if (!g) g = &none;
+    if (!h) h = &none;
     std::snprintf(line, sizeof line,
                   "| %d, %d, %d | %.1f (%.0f) | %.1f (%.0f) %.3f [%s] | %.1f %.3f %.3f [%s] | %.1f %.3f [%s] |\n", s.M, s.K,
                   s.N, c.us, c.tflops, p->us, p->tflops, p->us / c.us, p->config.c_str(), g->us, g->us / c.us,

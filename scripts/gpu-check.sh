@@ -5,7 +5,9 @@
 #
 #   scripts/gpu-check.sh --prepare   here, before a device call: copy the CUTLASS headers from .venv
 #                                    into .carry/cutlass/include (git-ignored; carried to the device)
-#   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--no-tests] [--no-torch] [--prebuilt DIR]
+#   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--no-tests] [--no-torch] [--no-trace] [--prebuilt DIR]
+#                        [--test-args "ARGS"] [--bench-args "ARGS"] (extra arguments of comfuse_gpu_test_gemm /
+#                                    comfuse_gpu_bench, e.g. --plain-only, --epilogues identity,bias_gelu)
 #                                    on the device (carry: .carry). --prebuilt: run the binaries in DIR
 #                                    (built here: cmake -S tests/gpu -DCOMFUSE_BUILD_GPU_TESTS=ON, then copied)
 #                                    instead of building them there, saving device minutes
@@ -22,13 +24,16 @@ if [ "${1:-}" = "--prepare" ]; then
   exit 0
 fi
 
-do_tests=1 do_san=1 do_bench=1 do_torch=1 prebuilt=""
+do_tests=1 do_san=1 do_bench=1 do_torch=1 do_trace=1 prebuilt="" test_args="" bench_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-sanitizer) do_san=0 ;;
     --no-bench) do_bench=0 ;;
     --no-tests) do_tests=0 ;;
     --no-torch) do_torch=0 ;;
+    --no-trace) do_trace=0 ;;
+    --test-args) test_args="$2"; shift ;;
+    --bench-args) bench_args="$2"; shift ;;
     --prebuilt) prebuilt="$2"; shift ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
@@ -75,7 +80,8 @@ for o in "$bin"/CMakeFiles/comfuse_gpu_instances.dir/instances/gemm_128x128x64_c
   cuobjdump --dump-sass "$o" 2>/dev/null | grep -oE "HGMMA[.0-9A-Z]*|STG[.0-9A-Z]*|LDG[.0-9A-Z]*|LDS[.0-9A-Z]*|STS[.0-9A-Z]*|LDGSTS[.0-9A-Z]*|STL[.0-9A-Z]*|LDL[.0-9A-Z]*|MUFU[.0-9A-Z]*|BAR[.0-9A-Z]*" | sort | uniq -c | sort -rn | head -14
 done >> "$OUT/build.log" 2>&1
 if [ $do_tests = 1 ]; then
-  timeout 300 "$bin/comfuse_gpu_test_gemm" > "$OUT/test.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout 300 "$bin/comfuse_gpu_test_gemm" $test_args > "$OUT/test.log" 2>&1
   status[tests]=$?
   grep -E "FAIL|PASSED|FAILED|seed" "$OUT/test.log" | head -40
   if [ "${status[tests]}" != 0 ]; then   # a broken kernel may hang the rest too: stop here, keep the minutes
@@ -98,14 +104,15 @@ if [ $do_tests = 1 ]; then
   status[l2_exchange]=$?
   tail -8 "$OUT/l2_exchange.log"
 fi
-if [ $do_bench = 1 ] && [ -x "$bin/comfuse_gpu_trace" ]; then
+if [ $do_bench = 1 ] && [ $do_trace = 1 ] && [ -x "$bin/comfuse_gpu_trace" ]; then
   # where the epilogues' time goes (trace-instrumented build of the same kernels)
   timeout 90 "$bin/comfuse_gpu_trace" --shape 16384,1024,1024 --shape 16384,4096,1024 --shape 4096,4096,8192 \
     > "$OUT/trace.log" 2>&1
   status[trace]=$?
 fi
 if [ $do_bench = 1 ]; then
-  timeout 240 "$bin/comfuse_gpu_bench" --out "$OUT" > "$OUT/bench.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout 240 "$bin/comfuse_gpu_bench" --out "$OUT" $bench_args > "$OUT/bench.log" 2>&1
   status[bench]=$?
   if [ $do_torch = 1 ]; then
     PYTHONUNBUFFERED=1 timeout 90 python3 bench/torch_ref.py > "$OUT/torch.log" 2>&1

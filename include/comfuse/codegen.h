@@ -21,6 +21,8 @@ class CodegenError : public std::runtime_error {
 struct KernelConfig {
   int tile_m = 128, tile_n = 128, tile_k = 64;
   int cluster_m = 1, cluster_n = 1;
+  // Schedule::Cooperative (two consumer warp groups on one tile; "_coop" in a config name), else PingPong.
+  bool cooperative = false;
 };
 
 struct GeneratedKernel {

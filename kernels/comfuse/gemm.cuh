@@ -1,23 +1,33 @@
-// ComFuse GEMM for sm_90a: D = Epilogue(A · B), a persistent, warp-specialized PingPong kernel.
+// ComFuse GEMM for sm_90a: D = Epilogue(A · B), a persistent, warp-specialized kernel in one of two
+// schedules (Schedule::PingPong or Schedule::Cooperative).
 //
 //   A  [M, K] row-major, bf16 or f16                     (M runtime)
 //   B  [K, N] row-major (BLayout::KN) or [N, K] row-major, the nn.Linear weight (BLayout::NK)
 //   accumulators fp32 in registers; the epilogue is a tree of nodes (comfuse/epilogue/*.cuh)
 //   that reads the accumulator tile in registers and writes the outputs itself.
 //
-// Structure (modeled on CUTLASS's KernelTmaWarpSpecializedPingpong, written for ComFuse):
+// Structure (modeled on CUTLASS's KernelTmaWarpSpecializedPingpong / ...Cooperative, written for ComFuse):
 //   warp group 0, warp 0:  producer. TMA loads of A / B k-tiles into a multi-stage SMEM ring
 //                          (CUTLASS CollectiveMma::load, PipelineTmaAsync), tile after tile.
-//   warp groups 1 and 2:   consumers. Each takes every other tile of the CTA; WGMMA mainloop
+//   warp groups 1 and 2:   consumers.
+//     PingPong:            each group takes every other tile of the CTA; WGMMA mainloop
 //                          (CollectiveMma::mma), then the epilogue, while the other group runs the
 //                          mainloop of the next tile. An OrderedSequenceBarrier alternates the two
 //                          groups' mainloops and, separately, their epilogues, so the epilogues of
-//                          a CTA run in tile order.
-//   tile order:            RowBlockScheduler (tile_scheduler.cuh): row-block-major, persistent.
+//                          a CTA run in tile order. A tile's accumulators live in one group's registers,
+//                          which caps tiles at 128 x 192.
+//     Cooperative:         both groups run the mainloop of one 128-row tile, each on 64 of its rows
+//                          (so 128 x 256 tiles fit: 128 accumulators per thread), then both run the
+//                          epilogue of their own 64 rows; the producer meanwhile fills the ring with the
+//                          next tile's stages. Fewer, larger tiles read less SMEM per FLOP (B is shared by
+//                          the groups) but the tensor cores idle during the epilogue: it wins at long K.
+//                          To the epilogue each group's half is a 64-row tile of its own.
+//   tile order:            RowBlockScheduler (tile_scheduler.cuh): row-block-major, persistent;
+//                          grouped into bands of row blocks for kernels without cross-CTA reductions.
 //
 // What is ours and what is CUTLASS's: the mainloop collective and its pipeline come from CUTLASS
-// (CollectiveBuilder for KernelTmaWarpSpecializedPingpong); the kernel body, the scheduler and
-// the epilogue are ComFuse's.
+// (CollectiveBuilder for the schedule's kernel tag); the kernel body, the scheduler and the epilogue
+// are ComFuse's.
 #pragma once
 
 #include <cstdint>
@@ -42,18 +52,25 @@
 namespace comfuse {
 
 enum class BLayout { KN, NK };
+enum class Schedule { PingPong, Cooperative };
 
-// A compile-time kernel configuration: element type, B layout, tile, cluster.
+// A compile-time kernel configuration: element type, B layout, tile, cluster, schedule.
 template <class Element_, BLayout LayoutB_, int TileM_, int TileN_, int TileK_, int ClusterM_,
-          int ClusterN_>
+          int ClusterN_, Schedule Schedule_ = Schedule::PingPong>
 struct GemmConfig {
   using Element = Element_;
   static constexpr BLayout kLayoutB = LayoutB_;
   static constexpr int kTileM = TileM_, kTileN = TileN_, kTileK = TileK_;
   static constexpr int kClusterM = ClusterM_, kClusterN = ClusterN_;
-  static_assert(kTileM == 64 || kTileM == 128, "PingPong: one warp group owns a 64- or 128-row tile");
+  static constexpr Schedule kSchedule = Schedule_;
+  static constexpr bool kCooperative = Schedule_ == Schedule::Cooperative;
+  // Rows of the tile one consumer warp group works on: the whole tile (PingPong) or half of it (Cooperative).
+  static constexpr int kGroupTileM = kCooperative ? kTileM / 2 : kTileM;
   static_assert(kTileN % 16 == 0 && kTileN <= epi::kMaxTileN, "tile N");
-  static_assert(kTileM * kTileN <= 128 * 192, "PingPong: the accumulators of one tile must fit one warp group's registers");
+  static_assert(kCooperative || kTileM == 64 || kTileM == 128, "PingPong: one warp group owns a 64- or 128-row tile");
+  static_assert(kCooperative || kTileM * kTileN <= 128 * 192,
+                "PingPong: the accumulators of one tile must fit one warp group's registers");
+  static_assert(!kCooperative || kTileM == 128, "Cooperative: two warp groups of 64 rows each share a 128-row tile");
 };
 
 template <class Cfg, class Tree>
@@ -63,7 +80,10 @@ struct GemmKernel {
   using ClusterShape = cute::Shape<cute::Int<Cfg::kClusterM>, cute::Int<Cfg::kClusterN>, cute::_1>;
   using LayoutBTag = std::conditional_t<Cfg::kLayoutB == BLayout::KN, cutlass::layout::RowMajor,
                                         cutlass::layout::ColumnMajor>;
-  using OrderBarrier = cutlass::OrderedSequenceBarrier<2, 2>;   // {mainloop, epilogue} x 2 groups
+  static constexpr bool kCooperative = Cfg::kCooperative;
+  using KernelTag = std::conditional_t<kCooperative, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                       cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+  using OrderBarrier = cutlass::OrderedSequenceBarrier<2, 2>;   // PingPong: {mainloop, epilogue} x 2 groups
   using EpiStorage = typename Tree::SharedStorage;
   // One per CTA, for epilogue nodes that stage data only inside the ordered epilogue (TileLoadStaged).
   static constexpr int kSerialBytes = epi::SerialBytes<Tree>::value;
@@ -79,11 +99,12 @@ struct GemmKernel {
       Element, LayoutBTag, 16 / sizeof(Element),
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>,
-      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+      KernelTag>::CollectiveOp;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
-  static_assert(cute::size(TiledMma{}) == 128, "one warp group per tile");
+  static_assert(cute::size(TiledMma{}) == (kCooperative ? 256 : 128),
+                "PingPong: one warp group per tile; Cooperative: two, split along M");
 
   static constexpr int kThreads = 384;
   static constexpr uint32_t kProducerRegs = 40;
@@ -113,6 +134,7 @@ struct GemmKernel {
     int k_tiles;
     int cl_tiles_n;   // cluster tiles per row of cluster tiles
     int total;        // cluster tiles
+    int group_m;      // tile order: row blocks per band (1: row-block-major; tile_scheduler.cuh)
     int transport;    // reduce::Transport of the row reductions' cross-CTA exchanges
     int* reduce_counters;   // L2 transport: the workspace's launch counters (reduce::L2Workspace::counters)
   };
@@ -135,7 +157,7 @@ struct GemmKernel {
     if (warp_group == 0 && warp_idx == 0) pp.role = Pipeline::ThreadCategory::Producer;
     if (warp_group > 0) pp.role = Pipeline::ThreadCategory::Consumer;
     pp.is_leader = wg_thread == 0;
-    pp.num_consumers = 128;   // one consumer warp group per stage
+    pp.num_consumers = kCooperative ? 256 : 128;   // consumer threads that release each stage
     pp.transaction_bytes = p.mainloop.tma_transaction_bytes;
     Pipeline pipeline(ss.pipeline, pp, ClusterShape{});
 
@@ -160,7 +182,7 @@ struct GemmKernel {
     int const rx = int(blockIdx.x) % Cfg::kClusterM;   // position inside the cluster
     int const ry = int(blockIdx.y);
     RowBlockScheduler<Cfg::kClusterM, Cfg::kClusterN> sched{
-        p.cl_tiles_n, p.total, int(blockIdx.x) / Cfg::kClusterM, int(gridDim.x) / Cfg::kClusterM};
+        p.cl_tiles_n, p.total, int(blockIdx.x) / Cfg::kClusterM, int(gridDim.x) / Cfg::kClusterM, p.group_m};
     auto problem = make_shape(p.M, p.N, p.K, 1);
 
     if (warp_group == 0) {
@@ -186,19 +208,25 @@ struct GemmKernel {
       int const group = warp_group - 1;
       Mainloop mainloop;
       TiledMma tiled_mma;
+      // The epilogue sees a group's accumulators as a tile of its own (kGroupTileM rows). In the cooperative
+      // TiledMma the two groups' fragments have the same layout, rows 64 apart, so the coordinates of the
+      // first group's threads serve both (the second group's tile origin is 64 rows lower).
       auto thr_mma = tiled_mma.get_thread_slice(wg_thread);
       Tensor tCcD = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
       PipelineState state;   // consumer: stage 0, phase 0
-      if (group == 1) state.advance(p.k_tiles);   // group 1 starts at the CTA's second tile
+      if (!kCooperative && group == 1) state.advance(p.k_tiles);   // PingPong: group 1 starts at the CTA's second tile
       // L2 exchanges tag their partials with the launch number (reduce/l2_exchange.cuh)
       const bool l2_exchanges = kReduces && p.reduce_counters != nullptr && !reduce::is_dsmem(reduce::Transport(p.transport));
       const uint32_t exchange_tag = l2_exchanges ? reduce::launch_tag(p.reduce_counters) : 0u;
 
-      for (int u = sched.first + group * sched.stride; u < sched.total; u += 2 * sched.stride) {
+      // PingPong: the groups take alternate tiles; Cooperative: both take every tile.
+      int const u_first = sched.first + (kCooperative ? 0 : group * sched.stride);
+      int const u_step = (kCooperative ? 1 : 2) * sched.stride;
+      for (int u = u_first; u < sched.total; u += u_step) {
         auto t = sched.tile(u, rx, ry);
-        epi::TileCtx ctx{t.m * Cfg::kTileM, t.n * Cfg::kTileN, p.M, p.N,
-                         Cfg::kTileM, Cfg::kTileN, wg_thread, group};
-        ctx.iter = (u - sched.first) / (2 * sched.stride);
+        epi::TileCtx ctx{t.m * Cfg::kTileM + (kCooperative ? group * Cfg::kGroupTileM : 0), t.n * Cfg::kTileN,
+                         p.M, p.N, Cfg::kGroupTileM, Cfg::kTileN, wg_thread, group};
+        ctx.iter = (u - sched.first) / u_step;
         ctx.transport = p.transport;
         ctx.exchange_tag = exchange_tag;
         ctx.exchange_ctas = Cfg::kClusterN;   // DSMEM: the cluster is the row block, its rank the column block
@@ -213,19 +241,30 @@ struct GemmKernel {
         tree.prefetch();   // epilogue inputs staged in SMEM while the MMAs run
 
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-        order.wait();      // our turn for the tensor cores
-        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlStart);
-        mainloop.mma(pipeline, state, accum, p.k_tiles, wg_thread, ss.mainloop, p.mainloop);
-        order.arrive();    // the other group may start its mainloop
-        mainloop.mma_tail(pipeline, state, p.k_tiles);
-        state.advance(p.k_tiles * 2);   // skip the other group's tile in the stage ring
-        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlEnd);
+        if constexpr (kCooperative) {
+          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlStart);
+          mainloop.mma(pipeline, state, accum, p.k_tiles, thread_idx - 128, ss.mainloop, p.mainloop);
+          mainloop.mma_tail(pipeline, state, p.k_tiles);
+          state.advance(p.k_tiles);
+          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlEnd);
+          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
+          epi::run_epilogue(tree, accum, tCcD, ctx);   // no order: each group's rows are its own
+          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
+        } else {
+          order.wait();      // our turn for the tensor cores
+          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlStart);
+          mainloop.mma(pipeline, state, accum, p.k_tiles, wg_thread, ss.mainloop, p.mainloop);
+          order.arrive();    // the other group may start its mainloop
+          mainloop.mma_tail(pipeline, state, p.k_tiles);
+          state.advance(p.k_tiles * 2);   // skip the other group's tile in the stage ring
+          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlEnd);
 
-        order.wait();      // epilogues in tile order
-        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
-        epi::run_epilogue(tree, accum, tCcD, ctx);
-        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
-        order.arrive();
+          order.wait();      // epilogues in tile order
+          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
+          epi::run_epilogue(tree, accum, tCcD, ctx);
+          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
+          order.arrive();
+        }
       }
       if (l2_exchanges) {   // both consumer groups are past their last exchange: count this CTA as finished
         asm volatile("bar.sync 10, 256;\n" ::: "memory");
@@ -267,6 +306,9 @@ struct Gemm {
     Transport transport = Transport::L2;
     // L2 transport: the workspace's counters (reduce::L2Workspace::counters, zeroed with the partials).
     int* reduce_counters = nullptr;
+    // Tile order: row blocks per band of the grouped order (tile_scheduler.cuh); 0 picks one from the shape.
+    // Kernels with row reductions always run row-block-major (1).
+    int raster_group = 0;
   };
 
   static int column_blocks(int N) { return (N + Cfg::kTileN - 1) / Cfg::kTileN; }
@@ -279,6 +321,9 @@ struct Gemm {
     if (a.lda % 8 != 0 || a.ldb % 8 != 0) return "row strides must be multiples of 8 elements";
     if ((reinterpret_cast<uintptr_t>(a.A) | reinterpret_cast<uintptr_t>(a.B)) % 16 != 0)
       return "A and B must be 16-byte aligned";
+    if constexpr (kReduces && Cfg::kCooperative)
+      return "row reductions do not run in the cooperative schedule yet: use a PingPong config";
+    if (a.raster_group < 0 || a.raster_group > 64) return "raster_group must be 0 (automatic) or 1 .. 64";
     if (reduce::is_dsmem(a.transport)) {
       if constexpr (!kReduces) {
         return "the DSMEM transport is for epilogues with row reductions";
@@ -358,6 +403,12 @@ struct Gemm {
 
   static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
+  // The grouped order pays off where a wave of tiles would otherwise span many column blocks (large N): bands of
+  // 8 row blocks then cut the B columns a wave reads by about 8x for a few more A rows. Small N: row-major.
+  static int auto_raster_group(int cl_tiles_m, int cl_tiles_n) {
+    return (cl_tiles_n >= 8 && cl_tiles_m >= 16) ? 8 : 1;
+  }
+
   static typename Kernel::Params make_params(Arguments const& a) {
     using namespace cute;
     typename Kernel::StrideA dA{};
@@ -377,6 +428,7 @@ struct Gemm {
     int tiles_n = round_up((a.N + Cfg::kTileN - 1) / Cfg::kTileN, Cfg::kClusterN);
     p.cl_tiles_n = tiles_n / Cfg::kClusterN;
     p.total = RowBlockScheduler<Cfg::kClusterM, Cfg::kClusterN>::num_cluster_tiles(tiles_m, tiles_n);
+    p.group_m = kReduces ? 1 : a.raster_group > 0 ? a.raster_group : auto_raster_group(tiles_m / Cfg::kClusterM, p.cl_tiles_n);
     p.transport = int(a.transport);
     p.reduce_counters = a.reduce_counters;
     return p;

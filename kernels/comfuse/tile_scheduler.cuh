@@ -1,4 +1,4 @@
-// Persistent tile scheduler in row-block-major order.
+// Persistent tile scheduler: row-block-major order, optionally grouped.
 //
 // Tiles are numbered t = m * tiles_n + n (m: row block, n: column block), so the C = tiles_n tiles of
 // one row block have consecutive numbers. CTA (cluster) i of a grid of G takes i, i + G, i + 2G, ...;
@@ -21,7 +21,14 @@
 // consecutive numbers and land on distinct CTAs, all resident: r completes. By induction every
 // row block completes. PingPong holds two tiles per CTA (one per consumer group), t and t + G:
 // the group with t + G may wait on row block r' > r only after group t's epilogue, which is
-// ordered before it, so the argument holds per consumer group in epilogue order.
+// ordered before it, so the argument holds per consumer group in epilogue order. (The cooperative
+// schedule holds one tile per CTA at a time: the argument holds as stated.)
+//
+// Grouped order (group_m > 1; kernels without cross-CTA reductions only): the row blocks are taken in
+// bands of group_m, and inside a band column by column, so a wave of G CTAs covers about
+// G / group_m column blocks instead of all of them. At large N the B columns a wave reads then stay
+// in L2 for the band's other row blocks (the A rows of a band are few and stay there anyway).
+// group_m = 1 is exactly the row-block-major order above, which the reductions need.
 #pragma once
 #include "cute/config.hpp"
 
@@ -33,6 +40,7 @@ struct RowBlockScheduler {
   int total;        // cluster tiles in the problem
   int first;        // this cluster's first cluster tile (its index in the grid)
   int stride;       // number of clusters in the grid
+  int group_m = 1;  // row blocks (of cluster tiles) per band of the grouped order; 1: row-block-major
 
   // tiles_m, tiles_n: tile counts already rounded up to multiples of the cluster shape.
   CUTE_HOST_DEVICE static int num_cluster_tiles(int tiles_m, int tiles_n) {
@@ -44,8 +52,19 @@ struct RowBlockScheduler {
   };
   // Cluster tile u -> this CTA's tile; (rx, ry) is the CTA's position inside its cluster.
   CUTE_DEVICE Tile tile(int u, int rx, int ry) const {
-    int cm = u / cl_tiles_n;
-    int cn = u - cm * cl_tiles_n;
+    int cm, cn;
+    if (group_m <= 1) {
+      cm = u / cl_tiles_n;
+      cn = u - cm * cl_tiles_n;
+    } else {
+      const int band_tiles = group_m * cl_tiles_n;
+      const int band = u / band_tiles, in_band = u - band * band_tiles;
+      const int first_m = band * group_m;
+      const int cl_tiles_m = total / cl_tiles_n;
+      const int rows = min(group_m, cl_tiles_m - first_m);   // the last band may be shorter
+      cn = in_band / rows;
+      cm = first_m + (in_band - cn * rows);
+    }
     return {cm * ClusterM + rx, cn * ClusterN + ry};
   }
 };

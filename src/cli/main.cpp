@@ -105,7 +105,8 @@ int cmd_plan(const Args& a) {
     std::cout << "  region " << i << ": ";
     if (d.fuse)
       std::cout << "fuse, " << d.config.tile_m << "x" << d.config.tile_n << "x" << d.config.tile_k << " cluster "
-                << d.config.cluster_m << "x" << d.config.cluster_n << ", transport " << d.transport << ": " << d.reason
+                << d.config.cluster_m << "x" << d.config.cluster_n << (d.config.cooperative ? " cooperative" : "")
+                << ", transport " << d.transport << ": " << d.reason
                 << "\n";
     else
       std::cout << "declined (runs unfused): " << d.reason << "\n";

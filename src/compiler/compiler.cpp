@@ -243,7 +243,7 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
     r.library_path = (fs::path(dir) / file).string();
     const auto& c = r.plan.config;
     m << r.region << " " << r.kernel.name << " " << file << " " << r.plan.transport << " " << c.tile_m << " "
-      << c.tile_n << " " << c.tile_k << " " << c.cluster_m << " " << c.cluster_n << "\n";
+      << c.tile_n << " " << c.tile_k << " " << c.cluster_m << " " << c.cluster_n << (c.cooperative ? " coop" : "") << "\n";
   }
   std::ofstream(fs::path(dir) / "manifest.txt") << m.str();
   return cg;
@@ -287,6 +287,11 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
     }
     if (!(ls >> file >> transport >> c.tile_m >> c.tile_n >> c.tile_k >> c.cluster_m >> c.cluster_n))
       throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
+    std::string schedule;
+    if (ls >> schedule) {
+      if (schedule != "coop") throw CompileError(dir + "/manifest.txt: bad schedule '" + schedule + "' in '" + line + "'");
+      c.cooperative = true;
+    }
     CompiledRegion& r = cg.regions_[idx];
     r.region = idx;
     r.plan = plan_region(p.regions[idx].spec);
@@ -326,7 +331,8 @@ std::string CompiledGraph::explain() const {
     }
     const auto& c = r.plan.config;
     o << "region " << r.region << ": " << r.kernel.name << " tile " << c.tile_m << "x" << c.tile_n << "x" << c.tile_k
-      << " cluster " << c.cluster_m << "x" << c.cluster_n << ", transport " << r.plan.transport << ", "
+      << " cluster " << c.cluster_m << "x" << c.cluster_n << (c.cooperative ? " cooperative" : "") << ", transport "
+      << r.plan.transport << ", "
       << (r.cache_hit ? (r.lookup_ms > 0 ? "cache hit in " + fixed(r.lookup_ms, 2) + " ms" : std::string("ahead of time"))
                       : "compiled in " + fixed(r.compile_seconds, 1) + " s")
       << "\n"

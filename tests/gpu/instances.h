@@ -73,6 +73,7 @@ struct Problem {
   int* ws_counters = nullptr;      // reduce_counter_bytes(M), zeroed with ws_partials before the first launch
   int max_clusters = 0;      // > 0: cap the persistent grid
   int transport = 0;         // reductions' cross-CTA exchange: 0 L2, 1 DSMEM peer-to-peer, 2 DSMEM leader-follower
+  int raster_group = 0;      // tile order: row blocks per band (0: the kernel's automatic choice; 1: row-major)
 };
 inline char const* transport_name(int t) { return t == 0 ? "l2" : t == 1 ? "dsmem_p2p" : "dsmem_leader"; }
 
@@ -81,6 +82,7 @@ struct Instance {
   std::string config;        // e.g. "128x128x64_c1x1"
   int tm, tn, tk, cm, cn;
   bool b_nk;
+  bool coop;                 // Schedule::Cooperative (else PingPong)
   Epi epi;
   cudaError_t (*run)(Problem const&, cudaStream_t);
   char const* (*can_implement)(Problem const&);

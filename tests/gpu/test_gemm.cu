@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   std::vector<Shape> shapes;
   std::string filter;
   bool graphs = true;
+  bool plain_only = false;
   uint64_t seed = uint64_t(std::chrono::high_resolution_clock::now().time_since_epoch().count());
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -51,8 +52,11 @@ int main(int argc, char** argv) {
       seed = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--no-graph") {   // skip the CUDA-graph replays (they triple racecheck's time)
       graphs = false;
+    } else if (a == "--plain-only") {   // only the epilogues without row reductions
+      plain_only = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--shape M,K,N]... [--filter SUBSTR] [--seed S] [--no-graph]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--shape M,K,N]... [--filter SUBSTR] [--seed S] [--no-graph] [--plain-only]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -114,7 +118,7 @@ int main(int argc, char** argv) {
     CF_CHECK(cudaGetLastError());
     CF_CHECK(cudaDeviceSynchronize());
 
-    for (int kind = 0; kind < 7; ++kind) {
+    for (int kind = 0; kind < (plain_only ? 3 : 7); ++kind) {
       if (kind < 3) reference_epilogue<<<1024, 256>>>(kind, acc, bias, R, v, e0, e1, s.M, s.N);
       else reference_row_epilogue<<<1024, 256>>>(kind, acc, bias, R, gamma, beta, 1e-5f, e0, s.M, s.N);
       CF_CHECK(cudaGetLastError());
@@ -122,13 +126,19 @@ int main(int argc, char** argv) {
       for (Instance const& inst : registry()) {
         if (int(reference_epi(inst.epi)) != kind) continue;
         if (!filter.empty() && inst.name.find(filter) == std::string::npos) continue;
+        if (plain_only && epi_reduces(inst.epi)) continue;
         bool odd = (s.M % 128) || (s.N % 128);
         std::vector<int> caps = {0};
         if (odd) caps = {0, 1, 3};
         std::vector<int> transports = {0};
         if (epi_reduces(inst.epi)) transports = {0, 1, 2};
         int served = 0;   // transports that could run this instance on this shape
+        // Plain epilogues also run in a grouped tile order with bands of 3 row blocks (a shorter last band
+        // whenever the row blocks are not a multiple of 3): every tile must still be computed exactly once.
+        std::vector<int> rasters = {0};
+        if (!epi_reduces(inst.epi)) rasters = {0, 3};
         for (int tp : transports)
+        for (int raster : rasters)
         for (int cap : caps) {
           Problem p;
           p.M = s.M; p.N = s.N; p.K = s.K;
@@ -144,7 +154,9 @@ int main(int argc, char** argv) {
           p.ws_counters = ws_counters;
           p.max_clusters = cap;
           p.transport = tp;
-          std::string name = inst.name + (epi_reduces(inst.epi) ? std::string(" ") + transport_name(tp) : "");
+          p.raster_group = raster;
+          std::string name = inst.name + (epi_reduces(inst.epi) ? std::string(" ") + transport_name(tp) : "") +
+                             (raster ? " raster=" + std::to_string(raster) : std::string());
           if (char const* why = inst.can_implement(p)) {
             // A transport that cannot serve this instance or N (DSMEM without a cluster covering the row, L2
             // with a cluster) is not a failure, but it is shown; the loop after checks that one of them ran.
@@ -155,7 +167,7 @@ int main(int argc, char** argv) {
             report(false, name + ": cannot implement: " + why);
             continue;
           }
-          if (cap == 0) ++served;
+          if (cap == 0 && raster == 0) ++served;
           int nout = epi_outputs(inst.epi);
           for (int l = 0; l < 2; ++l) {
             for (int o = 0; o < 2; ++o) CF_CHECK(cudaMemset(out[l][o], 0xFF, MN * 2));
