@@ -1,13 +1,14 @@
 // Benchmark: every compiled ComFuse GEMM instance (B layout [K, N]) against cuBLASLt bf16 GEMM alone
 // on the WORKLOADS.md §1 shapes and the BERT-base ones, in one run.
 //
-//   bench_gemm [--out DIR] [--reps N] [--shape M,K,N]...
+//   bench_gemm [--out DIR] [--reps N] [--epilogues identity,bias_gelu,...] [--shape M,K,N]...
 //
-// Timing: CUDA events around batches of 10 back-to-back launches (per-launch time = batch / 10), median
-// over reps, after a 0.3 s clock warm-up and per-variant warm-up launches; inputs and outputs rotate over
-// enough buffer sets that one pass touches more than 4x the 60 MB L2. Every variant is timed in two
-// rounds (all variants, then all again); the table gives the better of the two rounds' medians and the
-// spread between them. The identity instances' outputs are checked against
+// Timing: CUDA events around batches of 10 back-to-back launches (per-launch time = batch / 10), after a 0.3 s
+// clock warm-up; inputs and outputs rotate over enough buffer sets that one pass touches more than 4x the 60 MB
+// L2. Variants are interleaved: each of `reps` repetitions times one batch of every variant (cuBLAS included) in
+// turn, after 2 untimed launches, so clock drift over the run hits all variants alike. Two rounds; the table gives
+// the better of the two rounds' medians and the spread between them. Plain (identity) instances are also timed in
+// fixed tile orders (_r1 row-major, _r8 bands of 8 row blocks). The identity instances' outputs are checked against
 // cuBLAS (relative error). Prints a sweep table and a summary table; writes DIR/bench.csv and
 // DIR/summary.md when --out is given.
 #include <algorithm>
@@ -278,29 +279,46 @@ int main(int argc, char** argv) {
       for (size_t a = 0; a < cub.algos.size(); ++a) {
         cub.algo = cub.algos[a];
         float t = median(time_launches([&](int k) { cub.run(sets[k], nullptr); }, nsets, 5, 5));
-        std::printf("  cublasLt heuristic candidate %zu: %.1f us\n", a, t);
+        // The candidate's kernel configuration, as cublasLt enum values (cublasLtMatmulTile_t, ...Stages_t,
+        // ClusterShape_t in cublasLt.h): which tile / stages / cluster cuBLAS runs for this shape.
+        int cfg_id = -1, tile = -1, stages = -1, cluster = -1;
+        size_t wr = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&cub.algo, CUBLASLT_ALGO_CONFIG_ID, &cfg_id, sizeof cfg_id, &wr);
+        cublasLtMatmulAlgoConfigGetAttribute(&cub.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &wr);
+        cublasLtMatmulAlgoConfigGetAttribute(&cub.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &wr);
+        cublasLtMatmulAlgoConfigGetAttribute(&cub.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster, &wr);
+        std::printf("  cublasLt heuristic candidate %zu: %.1f us (algo %d, tile enum %d, stages enum %d, cluster enum %d)\n",
+                    a, t, cfg_id, tile, stages, cluster);
         if (t < best) { best = t; best_algo = int(a); }
       }
       cub.algo = cub.algos[best_algo];
     }
     results[0].config = "cublasLt candidate " + std::to_string(best_algo);
+    // Interleaved: each repetition times one batch of every variant in turn, so a drift of the GPU's clocks (power
+    // and thermal limits move them by several percent over a long run) affects every variant alike instead of
+    // whichever happened to run during it. Two rounds of `reps` repetitions; a batch follows 2 untimed launches.
     std::vector<float> round_med[2];
     for (int round = 0; round < 2; ++round) {
-      for (size_t j = 0; j < results.size(); ++j) {
-        std::vector<float> us;
-        if (j == 0) {
-          us = time_launches([&](int k) { cub.run(sets[k], nullptr); }, nsets, 10, reps);
-        } else {
-          Variant const v = insts[j - 1];
-          us = time_launches([&](int k) {
-            Problem p = problem(sets[k], k);
-            p.transport = v.transport;
-            p.raster_group = v.raster;
-            CF_CHECK(v.inst->run(p, nullptr));
-          }, nsets, 10, reps);
+      std::vector<std::vector<float>> us(results.size());
+      for (int rep = 0; rep < reps; ++rep)
+        for (size_t j = 0; j < results.size(); ++j) {
+          std::vector<float> t;
+          if (j == 0) {
+            t = time_launches([&](int k) { cub.run(sets[k], nullptr); }, nsets, 2, 1);
+          } else {
+            Variant const v = insts[j - 1];
+            t = time_launches([&](int k) {
+              Problem p = problem(sets[k], k);
+              p.transport = v.transport;
+              p.raster_group = v.raster;
+              CF_CHECK(v.inst->run(p, nullptr));
+            }, nsets, 2, 1);
+          }
+          us[j].push_back(t[0]);
         }
-        round_med[round].push_back(median(us));
-        samples[j].insert(samples[j].end(), us.begin(), us.end());
+      for (size_t j = 0; j < results.size(); ++j) {
+        round_med[round].push_back(median(us[j]));
+        samples[j].insert(samples[j].end(), us[j].begin(), us[j].end());
       }
     }
     for (size_t j = 0; j < results.size(); ++j) {
