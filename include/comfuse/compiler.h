@@ -3,6 +3,11 @@
 //   comfuse::Compiler c;                       // finds nvcc, the kernel headers and CUTLASS (see CompilerOptions)
 //   comfuse::CompiledGraph cg = c.compile(g);  // partition, plan, Psi, JIT (cached), per region
 //   cg.run({{"X", x_ptr}, {"W", w_ptr}, ..., {"y", y_ptr}}, stream);
+//   cg.run(buffers, stream, rows);             // a graph declared with a symbolic leading dim: bf16[?, 1024]
+//
+// Errors: GraphError / ParseError (building or parsing a graph), CompileError (compile, save, load: the message
+// says what to fix; nvcc failures are jit::JitError with nvcc's log), std::invalid_argument (run: buffers, rows),
+// rt::UnsupportedDevice (no driver / GPU / sm_90), rt::RuntimeError (a CUDA or kernel error). docs/cpp.md.
 //
 // Nodes outside fused regions, and regions no fused kernel can serve (alignment, a Spec the templates cannot
 // express), run on the plain GPU path: one simple kernel per op (kernels/comfuse/std/plain_path.cu), correct
@@ -35,10 +40,15 @@ class CompileError : public std::runtime_error {
 
 struct CompilerOptions {
   jit::JitOptions jit;            // cache dir, nvcc; include dirs are filled in from the fields below
-  std::string kernel_dir;         // kernels/ (comfuse/gemm.cuh ...): empty = $COMFUSE_KERNEL_DIR, else the build's
-  std::string cutlass_dir;        // CUTLASS include dir: empty = $COMFUSE_CUTLASS_DIR, else the build's
+  // The folder holding the kernel headers (comfuse/gemm.cuh ...). Empty = $COMFUSE_KERNEL_DIR, else found:
+  // the installed package's <prefix>/include (next to libcomfuse.so, or named by find_package for the static
+  // library), else the source tree the library was built from. compile() says where it looked if none has them.
+  std::string kernel_dir;
+  std::string cutlass_dir;        // CUTLASS include dir: empty = $COMFUSE_CUTLASS_DIR, else the one recorded at build
   std::string transport;          // "" = the planner's; or l2 | dsmem_p2p | dsmem_leader (tests, benchmarks)
   bool ahead_of_time = false;     // compile only (no driver needed): CompiledGraph::run refuses
+  // A graph with a symbolic leading dim ("?"): the row count the planner picks tiles for (kernels run any).
+  int64_t rows = 4096;
 };
 
 // One fused region, compiled.
@@ -61,48 +71,93 @@ struct ReductionWorkspace {
   int64_t rows = 0;
   // Frees what it held, allocates for rows x n (the library's sizes) and zeroes it: the exchange tags
   // partials with a launch number kept in the counters (kernels/comfuse/reduce/l2_exchange.cuh), so both
-  // start at zero, together.
-  void allocate(const rt::KernelLibrary& lib, int64_t rows, int64_t n);
+  // start at zero, together. With a stream, the zeroing is ordered on it (no host synchronization).
+  void allocate(const rt::KernelLibrary& lib, int64_t rows, int64_t n, CUstream stream = nullptr);
   // After a failed launch: zero partials and counters again (a half-finished launch leaves them mid-protocol).
-  void reset();
+  void reset(CUstream stream = nullptr);
   void release();
 };
 
+// Device memory by name: what CompiledGraph::run reads (inputs) and writes (outputs).
+using BufferMap = std::map<std::string, CUdeviceptr>;
+// Input shapes by name, for a graph with a symbolic leading dim ("?"): run() takes the row count from them.
+using ShapeMap = std::map<std::string, Shape>;
+
+// A compiled graph, ready to run on the GPU.
+//
+// Shapes. A graph whose inputs declare the symbolic leading dim `?` (graph.h) is compiled once; each run() gives
+// the row count (or input shapes it is read from) and no kernel is recompiled: the kernels take the rows at launch.
+// The planner chose their tiles for CompilerOptions::rows (a typical batch); any row count >= 1 runs correct.
+//
+// Devices. run() works in the context of its stream: a stream made with cudaStreamCreate after cudaSetDevice(d)
+// runs on device d. The null stream means the calling thread's current device (device 0 when no CUDA context is
+// current), or the device pinned with set_device(). The caller's current context is left as it was.
+//
+// Threading contract:
+//   - run() may be called from several threads at once. Runs on different streams (or different devices) are
+//     independent: each (device, stream) pair has its own intermediates, dtype conversions and L2 reduction
+//     workspaces, so they may overlap on the GPU. Runs on the same stream from two threads are serialized on
+//     the host (a lock held while the work is enqueued) and execute in stream order.
+//   - run() only enqueues: it returns before the GPU finishes. The caller keeps the buffers alive and
+//     unchanged until the stream has reached the end of the run (e.g. cudaStreamSynchronize). The next run on
+//     the same stream may reuse the intermediates: stream order makes that safe.
+//   - A larger row count than any before on a stream synchronizes that stream once (its buffers grow).
+//   - The first run on a device loads the kernel libraries (also thread safe). Other members (partition(),
+//     regions(), explain(), bytes_of()) are const and safe to call concurrently with run().
+//   - Destroying the CompiledGraph while a run is in flight on any stream is the caller's error: synchronize first.
 class CompiledGraph {
  public:
   // Launches every step on `stream`. `buffers` maps every graph input and output name to device memory holding
   // (inputs) or receiving (outputs) a dense row-major tensor of the graph's shape and dtype. Checks names and
-  // 16-byte alignment first and throws std::invalid_argument naming the problem; kernel errors throw
-  // rt::RuntimeError. Intermediate values are owned here (one run() at a time per CompiledGraph), the L2
-  // workspaces per stream. Device 0.
-  void run(const std::map<std::string, CUdeviceptr>& buffers, CUstream stream = nullptr);
+  // 16-byte alignment first and throws std::invalid_argument naming the problem (also: a symbolic graph given no
+  // row count); kernel errors throw rt::RuntimeError; a device that cannot run ComFuse kernels (no driver, no GPU,
+  // not sm_90) throws rt::UnsupportedDevice.
+  void run(const BufferMap& buffers, CUstream stream = nullptr);
+  // The same for a graph with a symbolic leading dim, at `rows` rows (every `?` is `rows`).
+  void run(const BufferMap& buffers, CUstream stream, int64_t rows);
+  // The same, the row count read from input shapes (see rows_from_shapes in graph.h).
+  void run(const BufferMap& buffers, CUstream stream, const ShapeMap& input_shapes);
 
+  // Pins the CUDA device (ordinal) run() uses; -1 (the default) = the stream's, else the current one.
+  void set_device(int ordinal) { device_ = ordinal; }
+  int device() const { return device_; }
+
+  const Graph& graph() const { return graph_; }   // as compiled (composites kept; may hold `?`)
+  bool symbolic() const { return graph_.symbolic(); }
+  int64_t planned_rows() const { return planned_rows_; }   // the row count the planner tuned for (symbolic graphs)
+  // The partition at planned_rows() (concrete shapes); regions() line up with its regions.
   const Partition& partition() const { return partition_; }
   const std::vector<CompiledRegion>& regions() const { return regions_; }
   std::string explain() const;    // one line per region: config, transport, plan, cache; plain-path nodes
-  // Bytes of one buffer of graph value `name` (its dtype and shape).
-  size_t bytes_of(const std::string& name) const;
+  // Bytes of one buffer of graph value `name` (its dtype and shape; a symbolic graph: at `rows` rows, which it
+  // requires).
+  size_t bytes_of(const std::string& name, int64_t rows = 0) const;
 
-  CompiledGraph() = default;
-  CompiledGraph(CompiledGraph&&) = default;
-  CompiledGraph& operator=(CompiledGraph&&) = default;
+  CompiledGraph();
+  CompiledGraph(CompiledGraph&&) noexcept;
+  CompiledGraph& operator=(CompiledGraph&&) noexcept;
   ~CompiledGraph();
 
  private:
   friend class Compiler;
+  struct Bound;     // the partition at one row count
+  struct Runtime;   // libraries and per-(device, stream) state, behind a lock
+  void run_bound(const BufferMap& buffers, CUstream stream, int64_t rows);
+  std::shared_ptr<const Bound> bound(int64_t rows);
   std::vector<DType> storage_dtypes() const;
+  void check_symbolic();   // a symbolic graph: every region can take any row count (CompileError if not)
+
+  Graph graph_;                                              // as given
+  Graph lowered_;                                            // decomposed, dead code removed (may hold `?`)
+  int64_t planned_rows_ = 0;
   Partition partition_;
   std::vector<CompiledRegion> regions_;
-  std::vector<std::shared_ptr<rt::KernelLibrary>> libs_;     // per region (loaded on first run)
   std::string plain_library_;                                // the plain GPU path's library ("" = not needed)
-  std::shared_ptr<PlainPath> plain_;
-  std::map<int, CUdeviceptr> constants_;                     // Constant nodes' values (f32) for the plain path
   std::string transport_override_;
   bool aot_ = false;
-  std::map<CUstream, std::vector<ReductionWorkspace>> workspaces_;   // per stream, per region
-  std::map<std::string, CUdeviceptr> intermediates_;         // values passed between steps (one run at a time)
-  std::map<std::pair<int, int>, CUdeviceptr> converted_;      // (node, dtype) copies for consumers of another dtype
+  int device_ = -1;
   std::vector<DType> storage_;                               // per node: the dtype it is kept in between steps
+  std::unique_ptr<Runtime> rt_;
 };
 
 class Compiler {

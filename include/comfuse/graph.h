@@ -27,8 +27,16 @@ std::optional<DType> parse_dtype(const std::string& s);
 float round_to_dtype(float v, DType t);                // round-to-nearest-even into t, back to fp32
 
 using Shape = std::vector<int64_t>;
-std::string shape_str(const Shape& s);                 // "[16384, 1024]"
+std::string shape_str(const Shape& s);                 // "[16384, 1024]", "[?, 1024]"
 int64_t numel(const Shape& s);
+
+// The symbolic leading dim `?` (a dynamic batch): `input X : bf16[?, 1024]`, or g.input("X", DType::BF16,
+// {kDynamic, 1024}). Only a graph input's dim 0 may be declared symbolic; every `?` in a graph is the same row
+// count, and inference carries it (a matmul of [?, K] is [?, N]; ? broadcasts with ? and 1, not with another
+// size). bind_rows() gives the concrete graph for one row count: the interpreters, partition and the planner
+// work on concrete graphs; CompiledGraph::run binds at each call without recompiling.
+inline constexpr int64_t kDynamic = -2;
+bool is_symbolic(const Shape& s);                      // holds kDynamic
 
 // Every op of the IR. The groups (see is_unary/is_binary/...) matter more than the order.
 enum class OpKind : uint8_t {
@@ -140,6 +148,8 @@ class Graph {
 
   // Re-checks every invariant (ids, operand order, inferred shapes/dtypes, unique names, outputs exist).
   void verify() const;
+  // Whether an input declares the symbolic leading dim.
+  bool symbolic() const;
 
  private:
   Value add_node(Node n, const std::string& name);
@@ -158,5 +168,14 @@ Graph decompose(const Graph& g);
 
 // Removes nodes no output depends on.
 Graph eliminate_dead(const Graph& g);
+
+// `g` with every symbolic dim replaced by `rows` (shapes inferred again); a concrete graph is returned as is.
+// Throws GraphError when rows < 1.
+Graph bind_rows(const Graph& g, int64_t rows);
+
+// The row count that input shapes `shapes` (by input name) give the symbolic dim: every named input must be a graph
+// input of the declared rank whose concrete dims match; inputs not named are not checked. Throws GraphError on a
+// mismatch, or when no named input has the symbolic dim (or the graph has none).
+int64_t rows_from_shapes(const Graph& g, const std::map<std::string, Shape>& shapes);
 
 }  // namespace comfuse

@@ -17,7 +17,8 @@ namespace comfuse {
 
 enum class Precision { F32, F64 };
 
-// inputs by name (every graph input, shapes must match); they are rounded to their declared dtype.
+// inputs by name (every graph input, shapes must match; a symbolic dim takes its row count from them); they are
+// rounded to their declared dtype.
 // Returns every graph output by name, rounded to its dtype. Throws std::runtime_error on missing/mis-shaped input.
 TensorMap interpret_graph(const Graph& g, const TensorMap& inputs, Precision p = Precision::F32);
 

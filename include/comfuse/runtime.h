@@ -70,6 +70,27 @@ void copy_to_device(CUdeviceptr dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, CUdeviceptr src, size_t bytes);
 void mem_set(CUdeviceptr p, unsigned char byte, size_t bytes);
 void synchronize(CUstream s = nullptr);
+// Stream-ordered variants (the host source may be freed on return).
+void mem_set_async(CUdeviceptr p, unsigned char byte, size_t bytes, CUstream s);
+void copy_to_device_async(CUdeviceptr dst, const void* src, size_t bytes, CUstream s);
+
+// The context work on `stream` runs in, and its device. A stream: its own context (device >= 0 must be the
+// stream's device, else std::invalid_argument). The null stream: device >= 0's primary context, else the calling
+// thread's current context, else device 0's primary context. Throws UnsupportedDevice unless the device is sm_90.
+struct StreamContext {
+  CUcontext ctx = nullptr;
+  DeviceInfo info;
+};
+StreamContext stream_context(CUstream stream, int device = -1);
+
+// Makes `ctx` current on this thread for the scope (push / pop: the caller's current context comes back).
+class ScopedContext {
+ public:
+  explicit ScopedContext(CUcontext ctx);
+  ~ScopedContext();
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+};
 
 // CUDA events around work on a stream.
 class Timer {

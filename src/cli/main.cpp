@@ -46,7 +46,10 @@ const char* kUsage =
     "                                       median time of the whole graph on the GPU, TFLOP/s\n"
     "  comfuse aot FILE.cf -o DIR           compiles every fused region into DIR (kernel libraries + manifest.txt)\n"
     "                                       for 'run --aot DIR' on a machine without nvcc\n"
-    "  (T: l2 | dsmem_p2p | dsmem_leader, the row reductions' cross-CTA transport; default: the planner's)\n";
+    "  (T: l2 | dsmem_p2p | dsmem_leader, the row reductions' cross-CTA transport; default: the planner's)\n"
+    "  --rows N: the row count of a graph with a symbolic leading dim (input X : bf16[?, 1024]); plan, emit,\n"
+    "  aot and bench default to 4096 (the planner's tuning point; aot'd kernels run any row count); run and\n"
+    "  interp take it from --inputs when not given\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -96,8 +99,35 @@ Args parse_args(int argc, char** argv, const std::vector<std::string>& flags, co
   return a;
 }
 
+// --rows N (a positive integer), 0 when not given.
+int64_t rows_arg(const Args& a) {
+  std::string s = a.get("rows");
+  if (s.empty()) return 0;
+  try {
+    size_t used = 0;
+    long long v = std::stoll(s, &used);
+    if (used == s.size() && v >= 1) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError("--rows must be a positive integer, got '" + s + "'");
+}
+
+constexpr int64_t kDefaultRows = 4096;   // CompilerOptions::rows
+
+// The graph of FILE with its symbolic dim bound to --rows (else `fallback` rows; 0 = required). A graph without one
+// refuses --rows.
+Graph bound_graph(const Args& a, const Graph& g, int64_t fallback) {
+  const int64_t rows = rows_arg(a);
+  if (!g.symbolic()) {
+    if (rows) throw UsageError("--rows: " + a.file + " has no symbolic dim ('?'): its shapes are fixed");
+    return g;
+  }
+  if (!rows && !fallback) throw UsageError(a.file + " has a symbolic dim ('?'): give the row count with --rows N");
+  return bind_rows(g, rows ? rows : fallback);
+}
+
 int cmd_plan(const Args& a) {
-  Partition p = partition(parse_cf_file(a.file));
+  Partition p = partition(bound_graph(a, parse_cf_file(a.file), kDefaultRows));
   std::cout << print_partition(p, a.flag("explain"));
   std::cout << "\nplan (from src/plan/measured.csv):\n";
   for (size_t i = 0; i < p.regions.size(); ++i) {
@@ -123,7 +153,7 @@ int cmd_print(const Args& a) {
 int cmd_emit(const Args& a) {
   std::string dir = a.get("o");
   if (dir.empty()) throw UsageError("emit needs -o DIR");
-  Partition p = partition(parse_cf_file(a.file));
+  Partition p = partition(bound_graph(a, parse_cf_file(a.file), kDefaultRows));  // the source does not depend on rows
   fs::create_directories(dir);
   for (size_t i = 0; i < p.regions.size(); ++i) {
     try {
@@ -160,6 +190,17 @@ int cmd_interp(const Args& a) {
     fs::path p = fs::path(in) / (n.name + ".npy");
     if (!fs::exists(p)) throw UsageError("missing input file " + p.string() + " for input '" + n.name + "' " + shape_str(n.shape));
     inputs[n.name] = read_npy(p.string());
+  }
+  if (g.symbolic()) {   // the row count: --rows, else the files'
+    std::map<std::string, Shape> shapes;
+    for (const auto& [name, t] : inputs) shapes[name] = t.shape;
+    g = bind_rows(g, rows_arg(a) ? rows_arg(a) : rows_from_shapes(g, shapes));
+  } else if (rows_arg(a)) {
+    throw UsageError("--rows: " + a.file + " has no symbolic dim ('?'): its shapes are fixed");
+  }
+  for (int id : g.inputs) {
+    const Node& n = g.node(id);
+    fs::path p = fs::path(in) / (n.name + ".npy");
     if (inputs[n.name].shape != n.shape)
       throw UsageError(p.string() + ": shape " + shape_str(inputs[n.name].shape) + " does not match input '" + n.name +
                        "' " + shape_str(n.shape));
@@ -248,25 +289,43 @@ TensorMap make_inputs(const Graph& g, const std::string& dir, uint64_t seed) {
 CompilerOptions compiler_options(const Args& a) {
   CompilerOptions o;
   o.transport = a.get("transport");
+  if (int64_t r = rows_arg(a)) o.rows = r;   // the planner tunes for the rows this command runs
   return o;
+}
+
+// A graph with a symbolic dim: the row count of this run (--rows, else the --inputs files'); 0 for fixed shapes.
+int64_t run_rows(const Args& a, const Graph& g) {
+  if (!g.symbolic()) {
+    if (rows_arg(a)) throw UsageError("--rows: " + a.file + " has no symbolic dim ('?'): its shapes are fixed");
+    return 0;
+  }
+  if (int64_t r = rows_arg(a)) return r;
+  std::string dir = a.get("inputs");
+  if (dir.empty()) throw UsageError(a.file + " has a symbolic dim ('?'): give the row count with --rows N (or --inputs DIR)");
+  std::map<std::string, Shape> shapes;
+  for (int id : g.inputs) {
+    fs::path p = fs::path(dir) / (g.node(id).name + ".npy");
+    if (fs::exists(p)) shapes[g.node(id).name] = read_npy(p.string()).shape;
+  }
+  return rows_from_shapes(g, shapes);
 }
 
 // Uploads the inputs, allocates (and poisons) the outputs.
 struct GraphBuffers {
   std::map<std::string, std::unique_ptr<DeviceBuffer>> owned;
   std::map<std::string, CUdeviceptr> map;
-  GraphBuffers(const CompiledGraph& cg, const TensorMap& inputs) {
+  GraphBuffers(const CompiledGraph& cg, const TensorMap& inputs, int64_t rows) {
     const Graph& g = cg.partition().graph;
     for (const auto& [name, t] : inputs) {
       const Node& n = g.node(*g.find(name));
-      auto b = std::make_unique<DeviceBuffer>(cg.bytes_of(name));
+      auto b = std::make_unique<DeviceBuffer>(cg.bytes_of(name, rows));
       std::vector<char> bytes = to_device_bytes(t, n.dtype);
       rt::copy_to_device(b->ptr, bytes.data(), bytes.size());
       map[name] = b->ptr;
       owned[name] = std::move(b);
     }
     for (const auto& o : g.outputs) {
-      auto b = std::make_unique<DeviceBuffer>(cg.bytes_of(o.name));
+      auto b = std::make_unique<DeviceBuffer>(cg.bytes_of(o.name, rows));
       rt::mem_set(b->ptr, 0xFF, b->bytes);  // NaN in bf16/f16/f32: a value the kernel did not write shows up
       map[o.name] = b->ptr;
       owned[o.name] = std::move(b);
@@ -294,23 +353,27 @@ CompiledGraph compile_for_run(const Args& a, const Graph& g) {
 }
 
 int cmd_run(const Args& a) {
-  Graph g = parse_cf_file(a.file);
+  const Graph sym = parse_cf_file(a.file);
+  const int64_t rows = run_rows(a, sym);
+  const Graph g = rows ? bind_rows(sym, rows) : sym;   // this run's shapes
   const uint64_t seed = seed_of(a);
   TensorMap inputs = make_inputs(g, a.get("inputs"), seed);
   if (a.get("inputs").empty()) std::cout << "inputs: uniform [-1, 1), seed " << seed << "\n";
   if (std::string why = rt::unsupported_reason(); !why.empty()) throw rt::UnsupportedDevice(why);
   auto t0 = std::chrono::steady_clock::now();
-  CompiledGraph cg = compile_for_run(a, g);
+  CompiledGraph cg = compile_for_run(a, sym);
   double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::cout << cg.explain();
   std::printf("compile: %.1f ms (partition, plan, Psi, and the JIT or its cache, for every region)\n", compile_ms);
-  GraphBuffers buf(cg, inputs);
-  cg.run(buf.map);
+  GraphBuffers buf(cg, inputs, rows);
+  if (rows) cg.run(buf.map, nullptr, rows);
+  else cg.run(buf.map);
   rt::synchronize();
   TensorMap outs;
-  for (const auto& o : cg.partition().graph.outputs) {
-    const Node& n = cg.partition().graph.node(o.node);
-    std::vector<char> bytes(cg.bytes_of(o.name));
+  const Graph& pg = g;
+  for (const auto& o : pg.outputs) {
+    const Node& n = pg.node(o.node);
+    std::vector<char> bytes(cg.bytes_of(o.name, rows));
     rt::copy_to_host(bytes.data(), buf.map.at(o.name), bytes.size());
     outs[o.name] = from_device_bytes(bytes, n.dtype, n.shape);
   }
@@ -384,15 +447,18 @@ int cmd_bench(const Args& a) {
     }
     if (iters < 1) throw UsageError("--iters must be a positive integer, got '" + s + "'");
   }
-  TensorMap inputs = make_inputs(g, "", 1);
+  const int64_t rows = g.symbolic() ? (rows_arg(a) ? rows_arg(a) : kDefaultRows) : run_rows(a, g);
+  TensorMap inputs = make_inputs(rows ? bind_rows(g, rows) : g, "", 1);
   if (std::string why = rt::unsupported_reason(); !why.empty()) throw rt::UnsupportedDevice(why);
-  CompiledGraph cg = compile_for_run(a, g);
+  CompilerOptions opts = compiler_options(a);
+  if (rows) opts.rows = rows;
+  CompiledGraph cg = std::string(a.get("aot")).empty() ? Compiler(opts).compile(g) : compile_for_run(a, g);
   std::cout << cg.explain();
-  GraphBuffers buf(cg, inputs);
+  GraphBuffers buf(cg, inputs, rows);
   double flops = 0;
   for (const auto& r : cg.partition().regions)
     flops += 2.0 * double(r.spec.gemm.rows) * double(r.spec.gemm.n) * double(r.spec.gemm.k);
-  const std::vector<double> us = sorted_times_us([&] { cg.run(buf.map); }, iters);
+  const std::vector<double> us = sorted_times_us([&] { rows ? cg.run(buf.map, nullptr, rows) : cg.run(buf.map); }, iters);
   double med = us[us.size() / 2];
   std::printf("%s: median %.1f us over %d x 10 launches (min %.1f, max %.1f), %.1f TFLOP/s\n", a.file.c_str(), med,
               iters, us.front(), us.back(), flops / (med * 1e-6) / 1e12);
@@ -433,13 +499,14 @@ int main(int argc, char** argv) {
   }
   std::string cmd = argv[1];
   try {
-    if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {}));
+    if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
-    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o"}));
-    if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas"}));
-    if (cmd == "run") return cmd_run(parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "aot", "seed"}));
-    if (cmd == "bench") return cmd_bench(parse_args(argc, argv, {}, {"iters", "transport", "aot"}));
-    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport"}));
+    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows"}));
+    if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows"}));
+    if (cmd == "run")
+      return cmd_run(parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "aot", "seed", "rows"}));
+    if (cmd == "bench") return cmd_bench(parse_args(argc, argv, {}, {"iters", "transport", "aot", "rows"}));
+    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "rows"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const ParseError& e) {

@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
 #include "comfuse/codegen.h"
+#include "locate.h"
 #include "plain_path.h"
 
 namespace comfuse {
@@ -20,11 +22,6 @@ namespace comfuse {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string env_or(const char* var, const std::string& fallback) {
-  const char* v = std::getenv(var);
-  return v && *v ? std::string(v) : fallback;
-}
 
 int transport_code(const std::string& t) {
   if (t == "l2" || t == "none" || t.empty()) return 0;
@@ -75,12 +72,23 @@ jit::JitOptions kernel_jit_options(const CompilerOptions& o) {
 
 // The kernel headers and CUTLASS must be where the options say, before anything is compiled.
 void check_header_dirs(const CompilerOptions& o) {
+  if (o.kernel_dir.empty()) {
+    std::vector<std::string> tried;
+    locate_kernel_dir(&tried);
+    std::string where;
+    for (const auto& t : tried) where += "\n  " + t;
+    throw CompileError("kernel headers (comfuse/gemm.cuh) not found; looked in:" + where +
+                       "\nreinstall ComFuse (cmake --install installs them into <prefix>/include), or set "
+                       "COMFUSE_KERNEL_DIR or CompilerOptions::kernel_dir to the folder that holds comfuse/gemm.cuh");
+  }
   if (!fs::exists(fs::path(o.kernel_dir) / "comfuse" / "gemm.cuh"))
     throw CompileError("kernel headers not found: " + o.kernel_dir +
                        "/comfuse/gemm.cuh (set COMFUSE_KERNEL_DIR to the kernels/ folder)");
-  if (!fs::exists(fs::path(o.cutlass_dir) / "cutlass" / "cutlass.h"))
+  if (o.cutlass_dir.empty() || !fs::exists(fs::path(o.cutlass_dir) / "cutlass" / "cutlass.h"))
     throw CompileError("CUTLASS headers not found: '" + o.cutlass_dir +
-                       "' has no cutlass/cutlass.h (set COMFUSE_CUTLASS_DIR to site-packages/cutlass_library/source/include)");
+                       "' has no cutlass/cutlass.h (the copy recorded when ComFuse was built is gone or was never "
+                       "set): set COMFUSE_CUTLASS_DIR or CompilerOptions::cutlass_dir to CUTLASS's include folder, "
+                       "e.g. site-packages/cutlass_library/source/include of the nvidia-cutlass pip package");
 }
 
 // Plans a region and generates its kernel into r. False when no kernel can serve it (the plan says why); one
@@ -127,7 +135,7 @@ std::string fixed(double v, int digits) {
 
 }  // namespace
 
-void ReductionWorkspace::allocate(const rt::KernelLibrary& lib, int64_t m, int64_t n) {
+void ReductionWorkspace::allocate(const rt::KernelLibrary& lib, int64_t m, int64_t n, CUstream stream) {
   release();
   int64_t pb = 0, cb = 0;
   lib.workspace_bytes(m, n, &pb, &cb);
@@ -135,11 +143,16 @@ void ReductionWorkspace::allocate(const rt::KernelLibrary& lib, int64_t m, int64
   partials = rt::mem_alloc(partial_bytes);
   counter_bytes = static_cast<size_t>(std::max<int64_t>(cb, 16));
   counters = rt::mem_alloc(counter_bytes);
-  reset();
+  reset(stream);
   rows = m;
 }
 
-void ReductionWorkspace::reset() {
+void ReductionWorkspace::reset(CUstream stream) {
+  if (stream) {
+    if (partials) rt::mem_set_async(partials, 0, partial_bytes, stream);
+    if (counters) rt::mem_set_async(counters, 0, counter_bytes, stream);
+    return;
+  }
   if (partials) rt::mem_set(partials, 0, partial_bytes);
   if (counters) rt::mem_set(counters, 0, counter_bytes);
 }
@@ -171,8 +184,8 @@ uint16_t float_to_f16(float f) { return static_cast<uint16_t>(std::bit_cast<uint
 float f16_to_float(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
 
 Compiler::Compiler(CompilerOptions o) : opts_(std::move(o)) {
-  if (opts_.kernel_dir.empty()) opts_.kernel_dir = env_or("COMFUSE_KERNEL_DIR", COMFUSE_DEFAULT_KERNEL_DIR);
-  if (opts_.cutlass_dir.empty()) opts_.cutlass_dir = env_or("COMFUSE_CUTLASS_DIR", COMFUSE_DEFAULT_CUTLASS_DIR);
+  if (opts_.kernel_dir.empty()) opts_.kernel_dir = locate_kernel_dir();   // "" = not found: compile() says where it looked
+  if (opts_.cutlass_dir.empty()) opts_.cutlass_dir = locate_cutlass_dir();
 }
 
 CompiledGraph Compiler::compile(const Graph& g) const {
@@ -180,7 +193,13 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   if (!opts_.transport.empty()) transport_code(opts_.transport);  // validates the name
 
   CompiledGraph cg;
-  cg.partition_ = partition(g);
+  cg.graph_ = g;
+  if (g.symbolic()) {
+    if (opts_.rows < 1) throw CompileError("CompilerOptions::rows must be at least 1, got " + std::to_string(opts_.rows));
+    cg.planned_rows_ = opts_.rows;
+  }
+  cg.partition_ = partition(g.symbolic() ? bind_rows(g, opts_.rows) : g);
+  cg.check_symbolic();   // before any nvcc: a symbolic dim the kernels cannot take is an error now
   cg.transport_override_ = opts_.transport;
   cg.aot_ = opts_.ahead_of_time;
   const Partition& p = cg.partition_;
@@ -219,6 +238,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
     take_compile_result(r, jobs[j++].get());  // rethrows JitError with nvcc's log
   }
   if (need_plain) cg.plain_library_ = plain_job.get().cubin_path;
+  cg.storage_ = cg.storage_dtypes();
   return cg;
 }
 
@@ -253,7 +273,13 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
   std::ifstream in(fs::path(dir) / "manifest.txt");
   if (!in) throw CompileError("no manifest.txt in " + dir + " (made by 'comfuse aot FILE.cf -o DIR')");
   CompiledGraph cg;
-  cg.partition_ = partition(g);
+  cg.graph_ = g;
+  if (g.symbolic()) {
+    if (opts_.rows < 1) throw CompileError("CompilerOptions::rows must be at least 1, got " + std::to_string(opts_.rows));
+    cg.planned_rows_ = opts_.rows;
+  }
+  cg.partition_ = partition(g.symbolic() ? bind_rows(g, opts_.rows) : g);
+  cg.check_symbolic();
   const Partition& p = cg.partition_;
   cg.regions_.resize(p.regions.size());
   std::vector<bool> seen(p.regions.size(), false);
@@ -312,14 +338,120 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
   for (const auto& r : cg.regions_) need_plain = need_plain || r.plain;
   if (need_plain && cg.plain_library_.empty())
     throw CompileError(dir + "/manifest.txt has no plain GPU path library, which this graph needs: re-run comfuse aot");
+  cg.storage_ = cg.storage_dtypes();
   return cg;
 }
 
-size_t CompiledGraph::bytes_of(const std::string& name) const {
-  auto id = partition_.graph.find(name);
+// ---- CompiledGraph: shapes per row count, state per (device, stream) ----
+
+// The partition at one row count: the graph's shapes bound, each region's Spec at its GEMM rows. The same steps,
+// regions and kernels as partition_ (only shapes differ).
+struct CompiledGraph::Bound {
+  Partition p;
+};
+
+namespace {
+
+struct DeviceBuffer {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+};
+
+// What one stream's runs need: the values handed between steps and the exchange workspaces (sized for the largest
+// row count seen), in the stream's context. Its lock is held while a run enqueues.
+struct StreamState {
+  std::mutex mu;
+  CUcontext ctx = nullptr;
+  std::map<int, DeviceBuffer> values;                     // node id -> intermediate
+  std::map<std::pair<int, int>, DeviceBuffer> converted;  // (node, dtype) copies for consumers of another dtype
+  std::map<int, DeviceBuffer> constants;                  // Constant nodes (f32) for the plain path
+  std::map<int, std::pair<int64_t, DeviceBuffer>> offsets;  // plain-path matmul node -> (rows, batch offsets)
+  std::vector<ReductionWorkspace> ws;                     // per region
+
+  ~StreamState() {
+    try {
+      rt::ScopedContext in(ctx);
+      for (auto* m : {&values, &constants})
+        for (auto& [k, b] : *m) rt::mem_free(b.ptr);
+      for (auto& [k, b] : converted) rt::mem_free(b.ptr);
+      for (auto& [k, b] : offsets) rt::mem_free(b.second.ptr);
+      for (auto& w : ws) w.release();
+    } catch (...) {  // the driver is gone at exit: nothing to free
+    }
+  }
+};
+
+}  // namespace
+
+struct CompiledGraph::Runtime {
+  std::mutex mu;   // guards the members below (not the contents of a StreamState)
+  bool loaded = false;
+  std::vector<std::shared_ptr<rt::KernelLibrary>> libs;   // per region (nullptr: plain)
+  std::shared_ptr<PlainPath> plain;
+  std::map<int64_t, std::shared_ptr<const Bound>> bound;  // by row count (0: the graph as compiled)
+  std::map<std::pair<CUcontext, CUstream>, std::shared_ptr<StreamState>> streams;
+};
+
+CompiledGraph::CompiledGraph() : rt_(std::make_unique<Runtime>()) {}
+CompiledGraph::CompiledGraph(CompiledGraph&&) noexcept = default;
+CompiledGraph& CompiledGraph::operator=(CompiledGraph&&) noexcept = default;
+
+CompiledGraph::~CompiledGraph() = default;   // StreamStates free their memory in their own contexts
+
+void CompiledGraph::check_symbolic() {
+  if (!graph_.symbolic()) return;
+  lowered_ = eliminate_dead(decompose(graph_));
+  const Graph& pg = partition_.graph;
+  // partition() decomposes the bound graph; binding the decomposed one must give the same nodes (ids, names).
+  bool same = lowered_.nodes.size() == pg.nodes.size();
+  for (size_t i = 0; same && i < pg.nodes.size(); ++i) same = lowered_.nodes[i].name == pg.nodes[i].name;
+  if (!same) throw std::logic_error("symbolic graph: decomposition depends on the row count");
+  for (size_t r = 0; r < partition_.regions.size(); ++r) {
+    const Region& reg = partition_.regions[r];
+    const Node& root = lowered_.node(reg.root);
+    const Node& A = lowered_.node(root.inputs[0]);
+    const Node& B = lowered_.node(root.inputs[1]);
+    if (is_symbolic(B.shape) || A.shape.back() == kDynamic)
+      throw CompileError("region " + std::to_string(r) + " (matmul '" + root.name + "'): the symbolic dim ('?') reaches "
+                         "the GEMM's K or N; only its rows (the leading dims of A) may be symbolic");
+    for (const RuntimeParam& prm : reg.spec.params)
+      if (prm.node >= 0 && (prm.kind == BroadcastKind::Row || prm.kind == BroadcastKind::Scalar) &&
+          is_symbolic(lowered_.node(prm.node).shape))
+        throw CompileError("region " + std::to_string(r) + ": parameter '" + prm.name + "' " +
+                           shape_str(lowered_.node(prm.node).shape) + " holds the symbolic dim but is read as one row");
+  }
+}
+
+std::shared_ptr<const CompiledGraph::Bound> CompiledGraph::bound(int64_t rows) {
+  std::lock_guard<std::mutex> lock(rt_->mu);
+  auto& slot = rt_->bound[rows];
+  if (slot) return slot;
+  auto b = std::make_shared<Bound>();
+  b->p = partition_;
+  if (rows > 0) {
+    b->p.graph = bind_rows(lowered_, rows);
+    for (Region& reg : b->p.regions) {
+      const int64_t n = reg.spec.gemm.n;
+      reg.spec = spec_with_rows(reg.spec, numel(b->p.graph.node(reg.root).shape) / n);
+    }
+  }
+  if (rt_->bound.size() > 64) rt_->bound.clear();   // many batch sizes: keep the map small (rebuilt cheaply)
+  rt_->bound[rows] = b;
+  return b;
+}
+
+size_t CompiledGraph::bytes_of(const std::string& name, int64_t rows) const {
+  const Graph& g = symbolic() ? lowered_ : partition_.graph;
+  auto id = g.find(name);
   if (!id) throw std::invalid_argument("no value named '" + name + "' in the graph");
-  const Node& n = partition_.graph.node(*id);
-  return static_cast<size_t>(numel(n.shape)) * dtype_bytes(n.dtype);
+  const Node& n = g.node(*id);
+  Shape s = n.shape;
+  if (is_symbolic(s)) {
+    if (rows < 1) throw std::invalid_argument("'" + name + "' has the symbolic dim " + shape_str(s) + ": give the rows");
+    for (auto& d : s)
+      if (d == kDynamic) d = rows;
+  }
+  return static_cast<size_t>(numel(s)) * dtype_bytes(n.dtype);
 }
 
 std::string CompiledGraph::explain() const {
@@ -346,17 +478,6 @@ std::string CompiledGraph::explain() const {
   return o.str();
 }
 
-CompiledGraph::~CompiledGraph() {
-  try {
-    for (auto& [s, ws] : workspaces_)
-      for (auto& w : ws) w.release();
-    for (auto& [n, ptr] : intermediates_) rt::mem_free(ptr);
-    for (auto& [n, ptr] : constants_) rt::mem_free(ptr);
-    for (auto& [k, ptr] : converted_) rt::mem_free(ptr);
-  } catch (...) {  // the driver is gone at exit: nothing to free
-  }
-}
-
 // The dtype each value is kept in between steps: inputs their own; region outputs the Spec's (f32 when handed to
 // non-matmul nodes outside the region: partitioning never adds a rounding step); values the plain path computes
 // f32 (the IR's values between ops are fp32, as in the interpreter); constants f32. A consumer that needs another
@@ -371,81 +492,162 @@ std::vector<DType> CompiledGraph::storage_dtypes() const {
   return st;
 }
 
-void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstream stream) {
-  if (aot_) throw std::logic_error("compiled ahead of time only (CompilerOptions::ahead_of_time): load it to run");
-  const Graph& g = partition_.graph;
-  // Every graph input and output must be given, 16-byte aligned.
-  for (const Node& n : g.nodes) {
-    bool needed = n.op == OpKind::Input || g.is_output(n.id);
-    if (!needed) continue;
-    auto it = buffers.find(n.name);
-    if (it == buffers.end() || it->second == 0)
-      throw std::invalid_argument(std::string(g.is_output(n.id) ? "output" : "input") + " '" + n.name +
-                                  "' has no device buffer");
-    if (it->second % 16 != 0)
-      throw std::invalid_argument("buffer of '" + n.name + "' is not 16-byte aligned (TMA and vector accesses need it)");
-  }
-  if (libs_.empty()) {
-    rt::require_hopper();   // once: makes the device's primary context current
-    std::vector<std::shared_ptr<rt::KernelLibrary>> libs;
-    for (const auto& r : regions_)
-      libs.push_back(r.plain ? nullptr : std::make_shared<rt::KernelLibrary>(r.library_path));
-    if (!plain_library_.empty() && !plain_) plain_ = std::make_shared<PlainPath>(plain_library_);
-    storage_ = storage_dtypes();
-    libs_ = std::move(libs);
-  }
-  auto& ws = workspaces_[stream];
-  ws.resize(regions_.size());
-  bool wrote_memory = false;   // setup copies / memsets go through the legacy stream: synchronize before launches
+void CompiledGraph::run(const BufferMap& buffers, CUstream stream) {
+  if (symbolic())
+    throw std::invalid_argument("the graph has a symbolic leading dim ('?'): pass the row count, "
+                                "run(buffers, stream, rows), or the input shapes");
+  run_bound(buffers, stream, 0);
+}
 
-  auto alloc = [&](size_t bytes) { return rt::mem_alloc(std::max<size_t>(bytes, 16)); };
+void CompiledGraph::run(const BufferMap& buffers, CUstream stream, int64_t rows) {
+  if (rows < 1) throw std::invalid_argument("rows must be at least 1, got " + std::to_string(rows));
+  if (!symbolic()) {
+    // A fixed-shape graph: the rows must be those it was built with (the leading dim of its first input).
+    const Graph& g = partition_.graph;
+    const Shape& s = g.node(g.inputs.at(0)).shape;
+    if (s.empty() || s[0] != rows)
+      throw std::invalid_argument("the graph's shapes are fixed (no '?' dim): it runs at " + shape_str(s) + " only, not " +
+                                  std::to_string(rows) + " rows; declare the leading dim as ? to vary it");
+    run_bound(buffers, stream, 0);
+    return;
+  }
+  run_bound(buffers, stream, rows);
+}
+
+void CompiledGraph::run(const BufferMap& buffers, CUstream stream, const ShapeMap& input_shapes) {
+  int64_t rows = 0;
+  try {
+    rows = rows_from_shapes(symbolic() ? graph_ : partition_.graph, input_shapes);
+  } catch (const GraphError& e) {
+    if (!symbolic()) {   // fixed shapes: they only have to match
+      (void)rows;
+      for (const auto& [name, s] : input_shapes) {
+        auto id = partition_.graph.find(name);
+        if (!id || partition_.graph.node(*id).op != OpKind::Input || partition_.graph.node(*id).shape != s)
+          throw std::invalid_argument(std::string("input shapes: ") + e.what());
+      }
+      run_bound(buffers, stream, 0);
+      return;
+    }
+    throw std::invalid_argument(std::string("input shapes: ") + e.what());
+  }
+  run_bound(buffers, stream, rows);
+}
+
+void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t rows) {
+  if (aot_) throw std::logic_error("compiled ahead of time only (CompilerOptions::ahead_of_time): load it to run");
+  // Every graph input and output must be given, 16-byte aligned (checked before any GPU work).
+  {
+    const Graph& g = partition_.graph;
+    for (const Node& n : g.nodes) {
+      bool needed = n.op == OpKind::Input || g.is_output(n.id);
+      if (!needed) continue;
+      auto it = buffers.find(n.name);
+      if (it == buffers.end() || it->second == 0)
+        throw std::invalid_argument(std::string(g.is_output(n.id) ? "output" : "input") + " '" + n.name +
+                                    "' has no device buffer");
+      if (it->second % 16 != 0)
+        throw std::invalid_argument("buffer of '" + n.name + "' is not 16-byte aligned (TMA and vector accesses need it)");
+    }
+  }
+  const std::shared_ptr<const Bound> bnd = bound(rows);
+  const Partition& part = bnd->p;
+  const Graph& g = part.graph;
+
+  // The stream's context (its device), current for this call only.
+  const rt::StreamContext sc = rt::stream_context(stream, device_);
+  rt::ScopedContext in_context(sc.ctx);
+
+  std::shared_ptr<StreamState> st;
+  {
+    std::lock_guard<std::mutex> lock(rt_->mu);
+    if (!rt_->loaded) {   // once: the libraries are process-wide (dlopen), usable on every device
+      for (const auto& r : regions_)
+        rt_->libs.push_back(r.plain ? nullptr : std::make_shared<rt::KernelLibrary>(r.library_path));
+      if (!plain_library_.empty()) rt_->plain = std::make_shared<PlainPath>(plain_library_);
+      rt_->loaded = true;
+    }
+    auto& slot = rt_->streams[{sc.ctx, stream}];
+    if (!slot) {
+      slot = std::make_shared<StreamState>();
+      slot->ctx = sc.ctx;
+      slot->ws.resize(regions_.size());
+    }
+    st = slot;
+  }
+  const auto& libs = rt_->libs;
+  PlainPath* plain = rt_->plain.get();
+  std::lock_guard<std::mutex> stream_lock(st->mu);
+
+  // Buffers grow for a larger row count: the stream may still be reading the old ones, so wait for it once.
+  bool synced = false;
+  auto wait_once = [&] {
+    if (!synced) rt::synchronize(stream);
+    synced = true;
+  };
+  auto ensure = [&](DeviceBuffer& b, size_t bytes) -> CUdeviceptr {
+    bytes = std::max<size_t>(bytes, 16);
+    if (b.ptr && b.bytes >= bytes) return b.ptr;
+    if (b.ptr) {
+      wait_once();
+      rt::mem_free(b.ptr);
+      b = {};
+    }
+    b.ptr = rt::mem_alloc(bytes);
+    b.bytes = bytes;
+    return b.ptr;
+  };
+  const std::vector<DType>& storage = storage_;
   // The value of `node` in its storage dtype: the caller's buffer when that has the same dtype, else ours.
   auto value = [&](int node) -> CUdeviceptr {
     const Node& n = g.node(node);
     if (n.op == OpKind::Constant) {
-      auto& c = constants_[node];
-      if (!c) {
-        c = alloc(4);
+      DeviceBuffer& c = st->constants[node];
+      if (!c.ptr) {
+        ensure(c, 4);
         const float v = static_cast<float>(n.value);
-        rt::copy_to_device(c, &v, sizeof v);
-        wrote_memory = true;
+        rt::copy_to_device_async(c.ptr, &v, sizeof v, stream);
       }
-      return c;
+      return c.ptr;
     }
-    if (auto it = buffers.find(n.name); it != buffers.end() && storage_[node] == n.dtype) return it->second;
-    auto& slot = intermediates_[n.name];
-    if (!slot) slot = alloc(static_cast<size_t>(numel(n.shape)) * dtype_bytes(storage_[node]));
-    return slot;
+    if (auto it = buffers.find(n.name); it != buffers.end() && storage[node] == n.dtype) return it->second;
+    return ensure(st->values[node], static_cast<size_t>(numel(n.shape)) * dtype_bytes(storage[node]));
   };
   // The value of `node` as `dt` (converted now, after its producer ran, when the storage dtype differs).
   auto as = [&](int node, DType dt) -> CUdeviceptr {
-    if (storage_[node] == dt) return value(node);
+    if (storage[node] == dt) return value(node);
     const Node& n = g.node(node);
-    auto& slot = converted_[{node, static_cast<int>(dt)}];
-    if (!slot) slot = alloc(static_cast<size_t>(numel(n.shape)) * dtype_bytes(dt));
-    if (!plain_) throw std::logic_error("a dtype conversion needs the plain GPU path library");
-    plain_->convert(value(node), storage_[node], slot, dt, numel(n.shape), stream);
+    CUdeviceptr slot = ensure(st->converted[{node, static_cast<int>(dt)}], static_cast<size_t>(numel(n.shape)) * dtype_bytes(dt));
+    if (!plain) throw std::logic_error("a dtype conversion needs the plain GPU path library");
+    plain->convert(value(node), storage[node], slot, dt, numel(n.shape), stream);
     return slot;
   };
 
-  // Setup before any launch: buffers, constants, workspaces, the plain path's batch offsets.
-  for (const Step& step : partition_.schedule) {
+  // Setup before any launch (all ordered on the stream): buffers, constants, workspaces, batch offsets.
+  for (const Step& step : part.schedule) {
     std::vector<int> plain_nodes;
     if (!step.is_region) plain_nodes.push_back(step.index);
-    else if (regions_[step.index].plain) plain_nodes = partition_.regions[step.index].nodes;
+    else if (regions_[step.index].plain) plain_nodes = part.regions[step.index].nodes;
     for (int id : plain_nodes) {
       for (int x : g.node(id).inputs) (void)value(x);
       (void)value(id);
-      wrote_memory = plain_->prepare(g, g.node(id)) || wrote_memory;
+      std::vector<int64_t> off = PlainPath::prepare(g, g.node(id));
+      if (off.empty()) continue;
+      auto& [at_rows, buf] = st->offsets[id];
+      const size_t bytes = off.size() * sizeof(int64_t);
+      const bool fresh = !buf.ptr || buf.bytes < std::max<size_t>(bytes, 16);
+      ensure(buf, bytes);
+      if (fresh || at_rows != rows) rt::copy_to_device_async(buf.ptr, off.data(), bytes, stream);
+      at_rows = rows;
     }
     if (!step.is_region || regions_[step.index].plain) continue;
-    const FusionSpec& fs = partition_.regions[step.index].spec;
-    if (fs.num_stages() > 1 && !ws[step.index].partials) {
-      ws[step.index].allocate(*libs_[step.index], fs.gemm.rows, fs.gemm.n);
-      wrote_memory = true;
+    const FusionSpec& fs = part.regions[step.index].spec;
+    ReductionWorkspace& w = st->ws[step.index];
+    if (fs.num_stages() > 1 && (!w.partials || w.rows < fs.gemm.rows)) {
+      if (w.partials) wait_once();
+      w.allocate(*libs[step.index], fs.gemm.rows, fs.gemm.n, stream ? stream : CU_STREAM_LEGACY);
     }
   }
-  if (wrote_memory) rt::synchronize();
 
   auto run_plain = [&](int id) {
     const Node& n = g.node(id);
@@ -453,23 +655,24 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
     std::vector<DType> dts;
     for (int x : n.inputs) {
       in.push_back(value(x));
-      dts.push_back(g.node(x).op == OpKind::Constant ? DType::F32 : storage_[x]);
+      dts.push_back(g.node(x).op == OpKind::Constant ? DType::F32 : storage[x]);
     }
-    plain_->run(g, n, in, dts, value(id), storage_[id], stream);
+    auto off = st->offsets.find(id);
+    plain->run(g, n, in, dts, value(id), storage[id], stream, off == st->offsets.end() ? 0 : off->second.second.ptr);
   };
-  for (const Step& step : partition_.schedule) {
+  for (const Step& step : part.schedule) {
     if (!step.is_region) {
       run_plain(step.index);
       continue;
     }
     if (regions_[step.index].plain) {
-      for (int id : partition_.regions[step.index].nodes) run_plain(id);
+      for (int id : part.regions[step.index].nodes) run_plain(id);
       continue;
     }
-    const Region& reg = partition_.regions[step.index];
+    const Region& reg = part.regions[step.index];
     const FusionSpec& fs = reg.spec;
     const CompiledRegion& cr = regions_[step.index];
-    const rt::KernelLibrary& lib = *libs_[step.index];
+    const rt::KernelLibrary& lib = *libs[step.index];
     ComfuseKernelArgs a = kernel_args(fs, fs.gemm.rows, reinterpret_cast<const void*>(as(fs.gemm.a, fs.gemm.dtype)),
                                       reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype)), cr.plan.transport);
     for (size_t i = 0; i < fs.outputs.size(); ++i) a.out[i] = reinterpret_cast<void*>(value(fs.outputs[i].node));
@@ -478,9 +681,10 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
       if (prm.node < 0) throw std::logic_error("runtime parameter '" + prm.name + "' has no graph node");
       a.param[i] = reinterpret_cast<const void*>(as(prm.node, prm.dtype));
     }
+    ReductionWorkspace& w = st->ws[step.index];
     if (fs.num_stages() > 1) {
-      a.ws_partials = reinterpret_cast<float*>(ws[step.index].partials);
-      a.ws_counters = reinterpret_cast<int*>(ws[step.index].counters);
+      a.ws_partials = reinterpret_cast<float*>(w.partials);
+      a.ws_counters = reinterpret_cast<int*>(w.counters);
     }
     if (std::string why = lib.check(a); !why.empty())
       throw std::invalid_argument("region " + std::to_string(step.index) + " (" + cr.kernel.name + "): " + why);
@@ -489,7 +693,7 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
     } catch (...) {
       // an aborted launch may leave the exchange workspace mid-protocol: zero it before anyone reuses it
       try {
-        ws[step.index].reset();
+        w.reset(stream ? stream : CU_STREAM_LEGACY);
       } catch (...) {
       }
       throw;
@@ -498,12 +702,11 @@ void CompiledGraph::run(const std::map<std::string, CUdeviceptr>& buffers, CUstr
   // Graph outputs kept in another dtype than their own: into the caller's buffers.
   for (const Output& o : g.outputs) {
     const Node& n = g.node(o.node);
-    if (n.op == OpKind::Input || storage_[o.node] == n.dtype) continue;
-    if (!plain_) throw std::logic_error("a dtype conversion needs the plain GPU path library");
-    plain_->convert(value(o.node), storage_[o.node], buffers.at(n.name), n.dtype, numel(n.shape), stream);
+    if (n.op == OpKind::Input || storage[o.node] == n.dtype) continue;
+    if (!plain) throw std::logic_error("a dtype conversion needs the plain GPU path library");
+    plain->convert(value(o.node), storage[o.node], buffers.at(n.name), n.dtype, numel(n.shape), stream);
   }
 }
-
 }  // namespace comfuse
 
 namespace comfuse {

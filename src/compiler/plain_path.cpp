@@ -95,12 +95,7 @@ PlainPath::PlainPath(const std::string& path) : lib_(path, "plain GPU path libra
   matmul_ = lib_.symbol<CfPlainMatmulFn>("comfuse_plain_matmul");
 }
 
-PlainPath::~PlainPath() {
-  try {
-    for (auto& [id, p] : batch_offsets_) rt::mem_free(p);
-  } catch (...) {
-  }
-}
+PlainPath::~PlainPath() = default;
 
 namespace {
 
@@ -140,22 +135,16 @@ void batch_offsets(const Graph& g, const Node& n, std::vector<int64_t>& a_off, s
 
 }  // namespace
 
-bool PlainPath::prepare(const Graph& g, const Node& n) {
+std::vector<int64_t> PlainPath::prepare(const Graph& g, const Node& n) {
   for (int x : n.inputs)
     if (g.node(x).shape.size() > CF_MAX_RANK)
       throw std::invalid_argument("plain GPU path: rank above 8 for an operand of '" + n.name + "'");
   if (n.shape.size() > CF_MAX_RANK) throw std::invalid_argument("plain GPU path: rank above 8 for '" + n.name + "'");
-  if (n.op != OpKind::MatMul || batch_offsets_.count(n.id)) return false;
+  if (n.op != OpKind::MatMul) return {};
   std::vector<int64_t> a_off, b_off;
   batch_offsets(g, n, a_off, b_off);
-  const size_t bytes = std::max<size_t>(16, 2 * a_off.size() * sizeof(int64_t));
-  CUdeviceptr d = rt::mem_alloc(bytes);
-  if (!a_off.empty()) {
-    rt::copy_to_device(d, a_off.data(), a_off.size() * sizeof(int64_t));
-    rt::copy_to_device(d + a_off.size() * sizeof(int64_t), b_off.data(), b_off.size() * sizeof(int64_t));
-  }
-  batch_offsets_.emplace(n.id, d);
-  return true;
+  a_off.insert(a_off.end(), b_off.begin(), b_off.end());
+  return a_off;
 }
 
 void PlainPath::convert(CUdeviceptr src, DType src_dtype, CUdeviceptr dst, DType dst_dtype, int64_t count,
@@ -168,7 +157,8 @@ void PlainPath::convert(CUdeviceptr src, DType src_dtype, CUdeviceptr dst, DType
 }
 
 void PlainPath::run(const Graph& g, const Node& n, const std::vector<CUdeviceptr>& in,
-                    const std::vector<DType>& in_dtypes, CUdeviceptr out, DType out_dtype, CUstream s) {
+                    const std::vector<DType>& in_dtypes, CUdeviceptr out, DType out_dtype, CUstream s,
+                    CUdeviceptr offsets) {
   char why[512] = {0};
   int rc = 0;
   auto operand = [&](size_t i) -> const Node& { return g.node(n.inputs.at(i)); };
@@ -202,9 +192,8 @@ void PlainPath::run(const Graph& g, const Node& n, const std::vector<CUdeviceptr
   } else if (n.op == OpKind::MatMul) {
     const Node &A = operand(0), &B = operand(1);
     const auto [batches, m, nn, k] = matmul_dims(g, n);
-    auto it = batch_offsets_.find(n.id);
-    if (it == batch_offsets_.end()) throw std::logic_error("plain GPU path: prepare() was not called for '" + n.name + "'");
-    const auto* a_off = reinterpret_cast<const int64_t*>(it->second);
+    if (!offsets) throw std::logic_error("plain GPU path: no batch offsets for '" + n.name + "' (see prepare())");
+    const auto* a_off = reinterpret_cast<const int64_t*>(offsets);
     CfTensor a = dense(in[0], dt(0), A.shape), b = dense(in[1], dt(1), B.shape), c = dense(out, out_t, n.shape);
     rc = matmul_(&a, &b, &c, batches, m, nn, k, n.transpose_a, n.transpose_b, a_off, a_off + batches,
                  cf_dtype(n.dtype), s, why, sizeof why);

@@ -21,12 +21,13 @@ class PlainPath {
   PlainPath& operator=(const PlainPath&) = delete;
 
   // Computes node `n` into `out` (dense, n's shape, stored as `out_dtype`) from its operands' dense buffers `in`
-  // stored as `in_dtypes` (in n.inputs order).
+  // stored as `in_dtypes` (in n.inputs order). A matmul reads `offsets`: prepare()'s values in device memory.
+  // Holds no per-call state: safe on several streams at once.
   void run(const Graph& g, const Node& n, const std::vector<CUdeviceptr>& in, const std::vector<DType>& in_dtypes,
-           CUdeviceptr out, DType out_dtype, CUstream s);
-  // Allocates and fills what run() will need for `n` (a matmul's batch offsets): call before launching work.
-  // Returns true when it wrote device memory (the caller synchronizes before launches that read it).
-  bool prepare(const Graph& g, const Node& n);
+           CUdeviceptr out, DType out_dtype, CUstream s, CUdeviceptr offsets = 0);
+  // Checks `n` can run here, and returns what run() needs in device memory for it: a matmul's per-batch element
+  // offsets of A then B (int64); empty for other ops.
+  static std::vector<int64_t> prepare(const Graph& g, const Node& n);
   // dst (dst_dtype) = src (src_dtype), `count` elements.
   void convert(CUdeviceptr src, DType src_dtype, CUdeviceptr dst, DType dst_dtype, int64_t count, CUstream s);
 
@@ -38,7 +39,6 @@ class PlainPath {
   CfPlainElementwiseFn elementwise_ = nullptr;
   CfPlainReduceFn reduce_ = nullptr;
   CfPlainMatmulFn matmul_ = nullptr;
-  std::map<int, CUdeviceptr> batch_offsets_;  // matmul node -> device array [2 * batches]
 };
 
 }  // namespace comfuse

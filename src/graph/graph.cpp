@@ -46,10 +46,20 @@ float round_to_dtype(float v, DType t) {
 std::string shape_str(const Shape& s) {
   std::ostringstream o;
   o << "[";
-  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  for (size_t i = 0; i < s.size(); ++i) {
+    o << (i ? ", " : "");
+    if (s[i] == kDynamic) o << "?";
+    else o << s[i];
+  }
   o << "]";
   return o.str();
 }
+
+bool is_symbolic(const Shape& s) { return std::find(s.begin(), s.end(), kDynamic) != s.end(); }
+
+namespace {
+std::string dim_str(int64_t d) { return d == kDynamic ? std::string("?") : std::to_string(d); }
+}  // namespace
 
 int64_t numel(const Shape& s) {
   int64_t n = 1;
@@ -113,7 +123,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
     int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
     if (da != db && da != 1 && db != 1)
       throw GraphError("shape mismatch: " + shape_str(a) + " and " + shape_str(b) + " do not broadcast (dim " +
-                       std::to_string(i) + ": " + std::to_string(da) + " vs " + std::to_string(db) + ")");
+                       std::to_string(i) + ": " + dim_str(da) + " vs " + dim_str(db) +
+                       (da == kDynamic || db == kDynamic ? "; the symbolic dim ? broadcasts only with ? and 1)" : ")"));
     out[i] = da == 1 ? db : da;
   }
   return out;
@@ -170,8 +181,12 @@ std::vector<std::vector<int>> Graph::users() const {
 }
 
 Value Graph::input(const std::string& name, DType dt, const Shape& shape) {
-  for (auto d : shape)
-    if (d <= 0) throw GraphError("input '" + name + "': every dim must be positive, got " + shape_str(shape));
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == kDynamic && i == 0) continue;
+    if (shape[i] == kDynamic)
+      throw GraphError("input '" + name + "': only the leading dim may be symbolic ('?'), got " + shape_str(shape));
+    if (shape[i] <= 0) throw GraphError("input '" + name + "': every dim must be positive, got " + shape_str(shape));
+  }
   Node n;
   n.op = OpKind::Input;
   n.dtype = dt;
@@ -321,6 +336,31 @@ Value Graph::transpose(Value x, const std::vector<int64_t>& perm_in, const std::
 
 Value Graph::reshape(Value x, const Shape& shape_in, const std::string& name) {
   const Node& X = node(x);
+  // A symbolic dim must survive as itself: the same number of ?s on both sides, the concrete dims alone
+  // keeping the element count (so the reshape is valid for every row count).
+  if (is_symbolic(X.shape) || is_symbolic(shape_in)) {
+    auto count = [](const Shape& s) { return std::count(s.begin(), s.end(), kDynamic); };
+    if (count(X.shape) != count(shape_in))
+      throw GraphError("reshape of " + desc(X) + " to " + shape_str(shape_in) +
+                       ": a symbolic dim ('?') must stay a dim of its own (write ? in the new shape)");
+    Shape xc, tc;
+    for (auto d : X.shape)
+      if (d != kDynamic) xc.push_back(d);
+    for (auto d : shape_in)
+      if (d != kDynamic) tc.push_back(d);
+    Graph probe;  // the concrete dims alone, through the checks below
+    Value px = probe.input("x", X.dtype, xc.empty() ? Shape{1} : xc);
+    Shape t = probe.node(probe.reshape(px, tc.empty() ? Shape{1} : tc)).shape;
+    Shape shape;
+    size_t j = 0;
+    for (auto d : shape_in) shape.push_back(d == kDynamic ? kDynamic : t[j++]);
+    Node n;
+    n.op = OpKind::Reshape;
+    n.inputs = {x.id};
+    n.shape = shape;
+    n.dtype = X.dtype;
+    return add_node(n, name);
+  }
   Shape shape = shape_in;
   int infer = -1;
   int64_t known = 1;
@@ -427,7 +467,7 @@ Value Graph::var(Value x, int dim, int64_t correction, bool keepdim, const std::
   n.op = OpKind::Var;
   n.inputs = {x.id};
   n.dim = normalize_dim(dim, X.shape.size(), "var");
-  if (correction < 0 || correction >= X.shape[n.dim])
+  if (correction < 0 || (X.shape[n.dim] != kDynamic && correction >= X.shape[n.dim]))
     throw GraphError("var: correction=" + std::to_string(correction) + " must be in [0, " +
                      std::to_string(X.shape[n.dim]) + ")");
   n.correction = correction;
@@ -501,6 +541,57 @@ void Graph::verify() const {
   if (outputs.empty()) throw GraphError("graph has no outputs");
   for (const auto& o : outputs)
     if (o.node < 0 || o.node >= static_cast<int>(nodes.size())) throw GraphError("verify: output '" + o.name + "' names no node");
+}
+
+bool Graph::symbolic() const {
+  return std::any_of(inputs.begin(), inputs.end(), [&](int id) { return is_symbolic(nodes[id].shape); });
+}
+
+Graph bind_rows(const Graph& g, int64_t rows) {
+  if (rows < 1) throw GraphError("rows must be at least 1, got " + std::to_string(rows));
+  if (!g.symbolic()) return g;
+  Graph out;
+  std::vector<Value> map(g.nodes.size());
+  for (const auto& n : g.nodes) {
+    Node c = n;
+    for (auto& d : c.shape)
+      if (d == kDynamic) d = rows;
+    std::vector<Value> ins;
+    for (int in : n.inputs) ins.push_back(map[in]);
+    out.set_loc(n.loc);
+    map[n.id] = rebuild(out, c, ins, n.name);   // inputs and reshapes take the bound shape; the rest infer it
+  }
+  for (const auto& o : g.outputs) out.output(map[o.node], o.name);
+  return out;
+}
+
+int64_t rows_from_shapes(const Graph& g, const std::map<std::string, Shape>& shapes) {
+  int64_t rows = -1;
+  std::string from;
+  for (const auto& [name, s] : shapes) {
+    auto id = g.find(name);
+    if (!id || g.node(*id).op != OpKind::Input) throw GraphError("shape given for '" + name + "', which is not a graph input");
+    const Shape& d = g.node(*id).shape;
+    bool ok = s.size() == d.size();
+    for (size_t i = 0; ok && i < d.size(); ++i) {
+      if (d[i] != kDynamic) {
+        ok = s[i] == d[i];
+      } else if (s[i] < 1) {
+        ok = false;
+      } else if (rows < 0) {
+        rows = s[i];
+        from = name;
+      } else if (s[i] != rows) {
+        throw GraphError("input '" + name + "' has " + std::to_string(s[i]) + " rows but '" + from + "' has " +
+                         std::to_string(rows) + ": every ? is the same row count");
+      }
+    }
+    if (!ok) throw GraphError("input '" + name + "': shape " + shape_str(s) + " does not match the declared " + shape_str(d));
+  }
+  if (rows < 0)
+    throw GraphError(g.symbolic() ? "no given input shape has the symbolic dim ('?'): cannot tell the row count"
+                                  : "the graph has no symbolic dim ('?'): its shapes are fixed");
+  return rows;
 }
 
 Graph eliminate_dead(const Graph& g) {
@@ -583,6 +674,8 @@ Graph decompose(const Graph& g) {
         Value mu = out.reduce(OpKind::Mean, x, d, true, nm("mean"));
         Value sq = out.unary(OpKind::Square, out.binary(OpKind::Sub, x, mu, nm("centered")), nm("sq"));
         int64_t len = g.node(n.inputs[0]).shape[d];
+        if (n.correction != 0 && len == kDynamic)
+          throw GraphError("var '" + n.name + "': a correction over the symbolic dim ('?') is not supported", n.loc);
         if (n.correction == 0) {
           r = out.reduce(OpKind::Mean, sq, d, n.keepdim, y);
         } else {

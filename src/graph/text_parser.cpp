@@ -38,7 +38,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------------------
 // Lexer
 
-enum class Tok { Ident, Number, String, LParen, RParen, LBracket, RBracket, Comma, Colon, Equals, Newline, End };
+enum class Tok { Ident, Number, String, LParen, RParen, LBracket, RBracket, Comma, Colon, Equals, Question, Newline, End };
 
 struct Token {
   Tok kind = Tok::End;
@@ -141,6 +141,7 @@ class Lexer {
       case ',': return tok(Tok::Comma, ",", col);
       case ':': return tok(Tok::Colon, ":", col);
       case '=': return tok(Tok::Equals, "=", col);
+      case '?': return tok(Tok::Question, "?", col);  // the symbolic leading dim: bf16[?, 1024]
       default: break;
     }
     std::string msg = "unexpected character " + char_desc(c);
@@ -489,7 +490,15 @@ class Parser {
     int64_t prod = 1;
     for (;;) {
       Token t = peek();
-      if (t.kind != Tok::Number) fail(t, "expected an integer, got " + describe(t));
+      if (t.kind == Tok::Question) {  // '?': the symbolic leading dim; the builder says where it may stand
+        take();
+        v.push_back(kDynamic);
+        Token sep = take();
+        if (sep.kind == Tok::RBracket) break;
+        if (sep.kind != Tok::Comma) fail(sep, "expected ',' or ']' in the list, got " + describe(sep));
+        continue;
+      }
+      if (t.kind != Tok::Number) fail(t, "expected an integer or '?', got " + describe(t));
       take();
       int64_t x = to_int(t);
       if (positive_dims && x <= 0) fail(t, "dims must be positive, got " + t.text);

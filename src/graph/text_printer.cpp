@@ -92,7 +92,7 @@ std::string call(const Graph& g, const Node& n) {
       if (n.perm != dflt) args.push_back("perm=" + int_list(n.perm));
       break;
     }
-    case OpKind::Reshape: args.push_back("shape=" + int_list(n.shape)); break;
+    case OpKind::Reshape: args.push_back("shape=" + shape_str(n.shape)); break;  // may hold ?
     case OpKind::LayerNorm:
       if (n.value != 1e-5) args.push_back("eps=" + number(n.value));
       break;

@@ -187,7 +187,19 @@ static TensorMap run_graph(const Graph& input, const TensorMap& inputs) {
   return out;
 }
 
-TensorMap interpret_graph(const Graph& g, const TensorMap& inputs, Precision p) {
+TensorMap interpret_graph(const Graph& g_in, const TensorMap& inputs, Precision p) {
+  Graph bound;
+  if (g_in.symbolic()) {  // the inputs' shapes give the symbolic dim its row count
+    std::map<std::string, Shape> shapes;
+    for (int id : g_in.inputs)
+      if (auto it = inputs.find(g_in.node(id).name); it != inputs.end()) shapes[it->first] = it->second.shape;
+    try {
+      bound = bind_rows(g_in, rows_from_shapes(g_in, shapes));
+    } catch (const GraphError& e) {
+      throw std::runtime_error(e.what());
+    }
+  }
+  const Graph& g = g_in.symbolic() ? bound : g_in;
   return p == Precision::F64 ? run_graph<double>(g, inputs) : run_graph<float>(g, inputs);
 }
 

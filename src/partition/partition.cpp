@@ -45,6 +45,8 @@ std::string role(const Node& n) {
 }  // namespace
 
 Partition partition(const Graph& input) {
+  if (input.symbolic())
+    throw GraphError("partition needs concrete shapes: give the symbolic dim ('?') a row count first (bind_rows)");
   Partition p;
   p.graph = eliminate_dead(decompose(input));
   const Graph& g = p.graph;

@@ -1,7 +1,9 @@
 // The CUDA driver API, resolved with dlopen/dlsym on first use.
 #include <dlfcn.h>
 
+#include <map>
 #include <mutex>
+#include <stdexcept>
 
 #include "comfuse/runtime.h"
 
@@ -36,6 +38,13 @@ struct Api {
   CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
   CUresult (*cuEventSynchronize)(CUevent) = nullptr;
   CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent) = nullptr;
+  CUresult (*cuCtxGetCurrent)(CUcontext*) = nullptr;
+  CUresult (*cuCtxPushCurrent)(CUcontext) = nullptr;
+  CUresult (*cuCtxPopCurrent)(CUcontext*) = nullptr;
+  CUresult (*cuCtxGetDevice)(CUdevice*) = nullptr;
+  CUresult (*cuStreamGetCtx)(CUstream, CUcontext*) = nullptr;
+  CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
+  CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
 };
 
 template <class F>
@@ -81,6 +90,13 @@ Api& api() {
     bind(lib, a.cuEventRecord, "cuEventRecord", e);
     bind(lib, a.cuEventSynchronize, "cuEventSynchronize", e);
     bind(lib, a.cuEventElapsedTime, "cuEventElapsedTime", e);
+    bind(lib, a.cuCtxGetCurrent, "cuCtxGetCurrent", e);
+    bind(lib, a.cuCtxPushCurrent, "cuCtxPushCurrent_v2", e);
+    bind(lib, a.cuCtxPopCurrent, "cuCtxPopCurrent_v2", e);
+    bind(lib, a.cuCtxGetDevice, "cuCtxGetDevice", e);
+    bind(lib, a.cuStreamGetCtx, "cuStreamGetCtx", e);
+    bind(lib, a.cuMemsetD8Async, "cuMemsetD8Async", e);
+    bind(lib, a.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", e);
     if (e.empty()) {
       CUresult r = a.cuInit(0);
       if (r != CUDA_SUCCESS) e = "cuInit failed (error " + std::to_string(static_cast<int>(r)) + "): no usable GPU";
@@ -114,7 +130,10 @@ std::string unsupported_reason(int device) {
   }
 }
 
-DeviceInfo require_hopper(int ordinal) {
+namespace {
+
+// The device's properties; throws UnsupportedDevice unless it can run ComFuse kernels. Leaves contexts alone.
+DeviceInfo hopper_info_uncached(int ordinal, CUdevice* out) {
   Api& a = loaded();
   int count = 0;
   check(a.cuDeviceGetCount(&count), "cuDeviceGetCount");
@@ -135,6 +154,31 @@ DeviceInfo require_hopper(int ordinal) {
   if (d.cc_major != 9 || d.cc_minor != 0)
     throw UnsupportedDevice(d.name + " is compute capability " + std::to_string(d.cc_major) + "." +
                             std::to_string(d.cc_minor) + "; ComFuse kernels need 9.0 (H100/H200, sm_90a)");
+  if (out) *out = dev;
+  return d;
+}
+
+// Cached per device: run() asks on every call.
+DeviceInfo hopper_info(int ordinal, CUdevice* out = nullptr) {
+  static std::mutex mu;
+  static std::map<int, std::pair<DeviceInfo, CUdevice>> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(ordinal);
+  if (it == known.end()) {
+    CUdevice dev;
+    DeviceInfo d = hopper_info_uncached(ordinal, &dev);   // throws: nothing cached for an unusable device
+    it = known.emplace(ordinal, std::make_pair(d, dev)).first;
+  }
+  if (out) *out = it->second.second;
+  return it->second.first;
+}
+
+}  // namespace
+
+DeviceInfo require_hopper(int ordinal) {
+  Api& a = loaded();
+  CUdevice dev;
+  DeviceInfo d = hopper_info(ordinal, &dev);
   CUcontext ctx;
   check(a.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
   check(a.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
@@ -216,6 +260,59 @@ double Timer::stop_us(CUstream s) {
   float ms = 0;
   check(a.cuEventElapsedTime(&ms, start_, stop_), "cuEventElapsedTime");
   return ms * 1000.0;
+}
+
+void mem_set_async(CUdeviceptr p, unsigned char byte, size_t bytes, CUstream s) {
+  check(loaded().cuMemsetD8Async(p, byte, bytes, s), "cuMemsetD8Async");
+}
+void copy_to_device_async(CUdeviceptr dst, const void* src, size_t bytes, CUstream s) {
+  check(loaded().cuMemcpyHtoDAsync(dst, src, bytes, s), "cuMemcpyHtoDAsync");
+}
+
+StreamContext stream_context(CUstream stream, int device) {
+  Api& a = loaded();
+  StreamContext sc;
+  CUcontext ctx = nullptr;
+  // CU_STREAM_LEGACY / CU_STREAM_PER_THREAD are not streams of one context: treat them as the null stream.
+  const bool special = stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+  if (!special) check(a.cuStreamGetCtx(stream, &ctx), "cuStreamGetCtx (is the stream valid?)");
+  else if (device < 0) check(a.cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  if (!ctx) {   // a null stream and no current context (or an explicit device): that device's primary context
+    const int ordinal = device < 0 ? 0 : device;
+    CUdevice dev;
+    sc.info = hopper_info(ordinal, &dev);
+    static std::mutex mu;   // retained once per device, kept for the process (as the CUDA runtime does)
+    static std::map<int, CUcontext> primary;
+    std::lock_guard<std::mutex> lock(mu);
+    CUcontext& p = primary[ordinal];
+    if (!p) check(a.cuDevicePrimaryCtxRetain(&p, dev), "cuDevicePrimaryCtxRetain");
+    sc.ctx = p;
+    return sc;
+  }
+  check(a.cuCtxPushCurrent(ctx), "cuCtxPushCurrent");
+  CUdevice dev;
+  CUresult r = a.cuCtxGetDevice(&dev);
+  CUcontext popped;
+  a.cuCtxPopCurrent(&popped);
+  check(r, "cuCtxGetDevice");
+  int ordinal = -1, count = 0;   // CUdevice is the ordinal in practice; look it up to be sure
+  check(a.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  for (int i = 0; i < count && ordinal < 0; ++i) {
+    CUdevice d;
+    if (a.cuDeviceGet(&d, i) == CUDA_SUCCESS && d == dev) ordinal = i;
+  }
+  if (device >= 0 && ordinal != device)
+    throw std::invalid_argument("the stream belongs to CUDA device " + std::to_string(ordinal) +
+                                ", but device " + std::to_string(device) + " was asked for");
+  sc.info = hopper_info(ordinal);
+  sc.ctx = ctx;
+  return sc;
+}
+
+ScopedContext::ScopedContext(CUcontext ctx) { check(loaded().cuCtxPushCurrent(ctx), "cuCtxPushCurrent"); }
+ScopedContext::~ScopedContext() {
+  CUcontext popped;
+  api().cuCtxPopCurrent(&popped);
 }
 
 void synchronize(CUstream s) {
