@@ -81,7 +81,7 @@ for o in "$bin"/CMakeFiles/comfuse_gpu_instances.dir/instances/gemm_128x128x64_c
 done >> "$OUT/build.log" 2>&1
 if [ $do_tests = 1 ]; then
   # shellcheck disable=SC2086
-  timeout 300 "$bin/comfuse_gpu_test_gemm" $test_args > "$OUT/test.log" 2>&1
+  timeout 420 "$bin/comfuse_gpu_test_gemm" $test_args > "$OUT/test.log" 2>&1
   status[tests]=$?
   grep -E "FAIL|PASSED|FAILED|seed" "$OUT/test.log" | head -40
   if [ "${status[tests]}" != 0 ]; then   # a broken kernel may hang the rest too: stop here, keep the minutes
@@ -94,10 +94,14 @@ if [ $do_san = 1 ]; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/comfuse_gpu_test_gemm" --shape 1000,520,264 \
     > "$OUT/memcheck.log" 2>&1
   status[memcheck]=$?
-  timeout 120 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
+  timeout 240 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
     "$bin/comfuse_gpu_test_gemm" --shape 1000,520,264 --filter 128x128x64_c1x --no-graph > "$OUT/racecheck.log" 2>&1
   status[racecheck]=$?
-  tail -3 "$OUT/memcheck.log"; tail -3 "$OUT/racecheck.log"
+  # the cooperative schedule (both groups' epilogues at once) on its own
+  timeout 150 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
+    "$bin/comfuse_gpu_test_gemm" --shape 1000,520,264 --filter 128x256x64_c1x1_coop --no-graph > "$OUT/racecheck_coop.log" 2>&1
+  status[racecheck_coop]=$?
+  tail -3 "$OUT/memcheck.log"; tail -3 "$OUT/racecheck.log"; tail -3 "$OUT/racecheck_coop.log"
 fi
 if [ $do_tests = 1 ]; then
   timeout 60 "$bin/comfuse_gpu_test_l2_exchange" > "$OUT/l2_exchange.log" 2>&1
@@ -112,7 +116,7 @@ if [ $do_bench = 1 ] && [ $do_trace = 1 ] && [ -x "$bin/comfuse_gpu_trace" ]; th
 fi
 if [ $do_bench = 1 ]; then
   # shellcheck disable=SC2086
-  timeout 240 "$bin/comfuse_gpu_bench" --out "$OUT" $bench_args > "$OUT/bench.log" 2>&1
+  timeout 420 "$bin/comfuse_gpu_bench" --out "$OUT" $bench_args > "$OUT/bench.log" 2>&1
   status[bench]=$?
   if [ $do_torch = 1 ]; then
     PYTHONUNBUFFERED=1 timeout 90 python3 bench/torch_ref.py > "$OUT/torch.log" 2>&1
@@ -127,7 +131,7 @@ echo
 echo "gpu-check summary ($((t2 - t0)) s; logs in $OUT)"
 echo "| step | rc |"
 echo "|---|---|"
-for k in build tests memcheck racecheck l2_exchange trace bench torch; do
+for k in build tests memcheck racecheck racecheck_coop l2_exchange trace bench torch; do
   [ -n "${status[$k]+x}" ] && echo "| $k | ${status[$k]} |"
 done
 [ -f "$OUT/summary.md" ] && { echo; cat "$OUT/summary.md"; }

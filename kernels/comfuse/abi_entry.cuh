@@ -34,7 +34,7 @@ struct EntryPoints {
     p.ws.counters = a.ws_counters;
     p.ws.stages = T::kReductions;
     p.ws.cols = int((a.n + Cfg::kTileN - 1) / Cfg::kTileN);
-    p.ws.tile_m = Cfg::kTileM;
+    p.ws.tile_m = Cfg::kGroupTileM;   // the exchange's row block: one consumer group's rows
     typename Kernel::Arguments k;
     k.A = static_cast<typename Cfg::Element const*>(a.a);
     k.B = static_cast<typename Cfg::Element const*>(a.b);
@@ -55,8 +55,9 @@ struct EntryPoints {
   }
 
   static int workspace(int64_t m, int64_t n, int64_t* partial_bytes, int64_t* counter_bytes) {
-    const int64_t row_blocks = (m + Cfg::kTileM - 1) / Cfg::kTileM, cols = (n + Cfg::kTileN - 1) / Cfg::kTileN;
-    *partial_bytes = int64_t(reduce::L2Workspace::partial_bytes(int(row_blocks), T::kReductions, int(cols), Cfg::kTileM));
+    const int64_t row_blocks = (m + Cfg::kGroupTileM - 1) / Cfg::kGroupTileM, cols = (n + Cfg::kTileN - 1) / Cfg::kTileN;
+    *partial_bytes =
+        int64_t(reduce::L2Workspace::partial_bytes(int(row_blocks), T::kReductions, int(cols), Cfg::kGroupTileM));
     *counter_bytes = int64_t(reduce::L2Workspace::counter_bytes(int(row_blocks), T::kReductions));
     return 0;
   }

@@ -87,6 +87,8 @@ struct GemmKernel {
   using EpiStorage = typename Tree::SharedStorage;
   // One per CTA, for epilogue nodes that stage data only inside the ordered epilogue (TileLoadStaged).
   static constexpr int kSerialBytes = epi::SerialBytes<Tree>::value;
+  static_assert(!(Cfg::kCooperative && kSerialBytes > 0),
+                "Cooperative: the groups' epilogues run at the same time, so they cannot share serial SMEM (TileLoadStaged)");
   struct SerialStorage {
     alignas(128) char bytes[kSerialBytes > 0 ? kSerialBytes : 16];
   };
@@ -321,8 +323,6 @@ struct Gemm {
     if (a.lda % 8 != 0 || a.ldb % 8 != 0) return "row strides must be multiples of 8 elements";
     if ((reinterpret_cast<uintptr_t>(a.A) | reinterpret_cast<uintptr_t>(a.B)) % 16 != 0)
       return "A and B must be 16-byte aligned";
-    if constexpr (kReduces && Cfg::kCooperative)
-      return "row reductions do not run in the cooperative schedule yet: use a PingPong config";
     if (a.raster_group < 0 || a.raster_group > 64) return "raster_group must be 0 (automatic) or 1 .. 64";
     if (reduce::is_dsmem(a.transport)) {
       if constexpr (!kReduces) {

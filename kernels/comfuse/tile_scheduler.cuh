@@ -21,8 +21,10 @@
 // consecutive numbers and land on distinct CTAs, all resident: r completes. By induction every
 // row block completes. PingPong holds two tiles per CTA (one per consumer group), t and t + G:
 // the group with t + G may wait on row block r' > r only after group t's epilogue, which is
-// ordered before it, so the argument holds per consumer group in epilogue order. (The cooperative
-// schedule holds one tile per CTA at a time: the argument holds as stated.)
+// ordered before it, so the argument holds per consumer group in epilogue order. The cooperative
+// schedule holds one tile per CTA at a time, its two groups exchanging for the two 64-row halves of the
+// row block with the same groups of the same C CTAs: a CTA at r's tile has both groups free for r's
+// mainloop (they finished every earlier tile), so both halves complete and the argument holds as stated.
 //
 // Grouped order (group_m > 1; kernels without cross-CTA reductions only): the row blocks are taken in
 // bands of group_m, and inside a band column by column, so a wave of G CTAs covers about

@@ -128,7 +128,6 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
       KernelConfig c;
       if (f.m != r.m || f.k != r.k || f.n != r.n || f.epilogue != cls || !parse_config(f.config, c)) continue;
       if (has_tile_param(fs) && c.tile_n > 128 && !c.cooperative) continue;  // PingPong 128x192 + a residual tile spills (docs/PERF.md)
-      if (reduces && c.cooperative) continue;  // the row reductions run in PingPong only (gemm.cuh can_implement)
       if (f.config.find("_r") != std::string::npos && f.config.find("_r") + 2 < f.config.size() &&
           std::isdigit(static_cast<unsigned char>(f.config[f.config.find("_r") + 2])))
         continue;  // a fixed tile order the bench tried; the kernel's automatic order is measured on its own row
