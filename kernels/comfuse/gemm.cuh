@@ -184,7 +184,8 @@ struct GemmKernel {
     int const rx = int(blockIdx.x) % Cfg::kClusterM;   // position inside the cluster
     int const ry = int(blockIdx.y);
     RowBlockScheduler<Cfg::kClusterM, Cfg::kClusterN> sched{
-        p.cl_tiles_n, p.total, int(blockIdx.x) / Cfg::kClusterM, int(gridDim.x) / Cfg::kClusterM, p.group_m};
+        p.cl_tiles_n, p.total, int(blockIdx.x) / Cfg::kClusterM, int(gridDim.x) / Cfg::kClusterM,
+        kReduces ? 1 : p.group_m};   // a compile-time 1 drops the grouped order's arithmetic (and its registers)
     auto problem = make_shape(p.M, p.N, p.K, 1);
 
     if (warp_group == 0) {
