@@ -1,5 +1,4 @@
 // The planner (see include/comfuse/plan.h).
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -21,14 +20,15 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   return buf;
 }
 
-// "128x256x64_c2x1_coop_r8" -> tile, cluster, schedule. A fixed tile order (_rN, bench variants) is not part of
-// the config: the kernel picks its own.
+// "128x256x64_c2x1_coop" -> tile, cluster, schedule. Other suffixes name bench variants that Psi does not generate
+// (a fixed tile order "_r8", hand-composed merged "_mg" or SMEM-staged "_sr" epilogues): not a config, false.
 bool parse_config(const std::string& s, KernelConfig& c) {
   int used = 0;
   if (std::sscanf(s.c_str(), "%dx%dx%d_c%dx%d%n", &c.tile_m, &c.tile_n, &c.tile_k, &c.cluster_m, &c.cluster_n, &used) != 5)
     return false;
-  c.cooperative = s.compare(used, 5, "_coop") == 0;
-  return true;
+  std::string rest = s.substr(static_cast<size_t>(used));
+  c.cooperative = rest == "_coop";
+  return rest.empty() || c.cooperative;
 }
 
 }  // namespace
@@ -128,9 +128,6 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
       KernelConfig c;
       if (f.m != r.m || f.k != r.k || f.n != r.n || f.epilogue != cls || !parse_config(f.config, c)) continue;
       if (has_tile_param(fs) && c.tile_n > 128 && !c.cooperative) continue;  // PingPong 128x192 + a residual tile spills (docs/PERF.md)
-      if (f.config.find("_r") != std::string::npos && f.config.find("_r") + 2 < f.config.size() &&
-          std::isdigit(static_cast<unsigned char>(f.config[f.config.find("_r") + 2])))
-        continue;  // a fixed tile order the bench tried; the kernel's automatic order is measured on its own row
       // A DSMEM measurement only applies where this shape's row block fits one cluster.
       if (reduces && f.transport.rfind("dsmem", 0) == 0 && (g.n + c.tile_n - 1) / c.tile_n > kDsmemMaxCols) continue;
       if (!fused || f.us < fused->us) fused = &f;
