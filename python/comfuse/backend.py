@@ -117,30 +117,65 @@ def device_reason(example_inputs) -> str | None:
     return None
 
 
-def dtype_reason(aten_gm) -> str | None:
+def _gemm_dtype_name(dt) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def gemm_dtypes(aten_gm) -> tuple[dict, list]:
+    """The GEMMs ComFuse kernels cannot take for their dtype (fx.Node -> reason), and those they can."""
+    bad, good = {}, []
     for n in aten_gm.graph.nodes:
         if n.op == "call_function" and n.target in _gemm_targets():
             dt = n.meta["val"].dtype
-            if dt not in GEMM_DTYPES:
-                return (f"dtype {str(dt).replace('torch.', '')} GEMM '{n.name}': ComFuse kernels take bf16/f16 "
-                        f"operands (cast the model with .to(torch.bfloat16))")
+            if dt in GEMM_DTYPES:
+                good.append(n)
+            else:
+                bad[n] = (f"dtype {_gemm_dtype_name(dt)} GEMM: ComFuse kernels take bf16/f16 operands; it stays in "
+                          f"torch in its own dtype")
+    return bad, good
+
+
+def dtype_reason(aten_gm) -> str | None:
+    """Why no GEMM of the graph can run as a ComFuse kernel for its dtype (None: at least one can). A graph
+    with bf16/f16 GEMMs keeps only its other GEMMs in torch (per region, `gemm_dtypes`)."""
+    bad, good = gemm_dtypes(aten_gm)
+    if bad and not good:
+        n = next(iter(bad))
+        return (f"dtype {_gemm_dtype_name(n.meta['val'].dtype)} GEMM '{n.name}': ComFuse kernels take bf16/f16 "
+                f"operands (cast the model with .to(torch.bfloat16))")
     return None
 
 
 def analyze_graph(gm, example_inputs, index: int | None = None, fuse_all: bool = False) -> GraphReport:
     """Capture + convert + partition one Dynamo graph, and the reason it falls back (if it does)."""
-    from . import program, tracing
+    from . import tracing
 
     rep = GraphReport(next(_GRAPH_IDS) if index is None else index)
     rep.fallback = precheck(gm, example_inputs)
     try:
         aten_gm = tracing.aten_graph(gm, example_inputs)
-        rep.analysis = program.analyze(aten_gm)
     except Exception as e:  # analysis must never break the user's model
         rep.error = f"{type(e).__name__}: {e}"
         rep.fallback = rep.fallback or f"ComFuse could not analyze the graph ({rep.error})"
         return rep
-    sym = _symbolic_inputs(gm, example_inputs)
+    return analyze_aten(rep, aten_gm, example_inputs, fuse_all, _symbolic_inputs(gm, example_inputs))
+
+
+def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = False, sym=()) -> GraphReport:
+    """The analysis of one inference ATen graph (from `tracing.aten_graph`, or Inductor's post-grad graph):
+    regions, the planner's decision per region, and the reason the whole graph falls back, if it does."""
+    from . import program
+
+    try:
+        bad, good = gemm_dtypes(aten_gm)
+        # Per region: an fp32 GEMM among bf16/f16 ones stays in torch in its own dtype. A graph whose GEMMs are
+        # all fp32 is converted as it is (rounding its GEMM operands, for the CPU reference checks) and falls
+        # back as a whole below.
+        rep.analysis = program.analyze(aten_gm, keep_in_torch=bad if good else None)
+    except Exception as e:  # analysis must never break the user's model
+        rep.error = f"{type(e).__name__}: {e}"
+        rep.fallback = rep.fallback or f"ComFuse could not analyze the graph ({rep.error})"
+        return rep
     no_region = None if rep.regions else (_dynamic_reason(rep, sym) if sym else
                                           "no GEMM with a fusable epilogue in this graph")
     rep.fallback = rep.fallback or dtype_reason(aten_gm) or no_region or device_reason(example_inputs)

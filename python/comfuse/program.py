@@ -495,8 +495,11 @@ class Analysis:
     demoted: dict            # fx.Node -> reason (region nodes left in torch to break a cycle)
 
 
-def analyze(aten_gm: fx.GraphModule, gemm_dtype=C.DType.BF16, max_rounds: int = 64) -> Analysis:
-    force: dict = {}
+def analyze(aten_gm: fx.GraphModule, gemm_dtype=C.DType.BF16, max_rounds: int = 64,
+            keep_in_torch: dict | None = None) -> Analysis:
+    """`keep_in_torch`: ATen nodes to leave in torch from the start, with the reason (e.g. fp32 GEMMs of a bf16
+    graph: they keep their own dtype, and every other region still fuses)."""
+    force: dict = dict(keep_in_torch or {})
     for _ in range(max_rounds):
         conv = convert(aten_gm, gemm_dtype, force)
         part = C.partition(conv.graph)
