@@ -45,6 +45,7 @@ constexpr double kPowfSlots = 120;        // powf with a runtime exponent: out-o
 constexpr double kEpilogueSlotsPerClk = 32;   // per SM: one consumer warpgroup's dependent chains (calibrated
                                               // on GPT-2's pow(h, 3.0) epilogue: powf made it 11x cuBLAS)
 constexpr double kSmClockGhz = 1.98;
+constexpr double kEpilogueNoiseUs = 1.0;      // less than this is below the measurements' resolution
 constexpr int kSms = 132;
 
 EpilogueCost epilogue_cost(const FusionSpec& fs);

@@ -382,9 +382,8 @@ class Program:
                     env_g[n.name] = _cast(g, env_fx[self.conv.input_source[n.name]], DT_TO_TORCH[n.dtype])
                 elif n.op == OK.Constant:
                     env_g[n.name] = n.value
-                else:
-                    env_g[n.name] = g.call_function(ops.eval_graph_node,
-                                                    (self.node_spec(n), *[value_of(i) for i in n.inputs]))
+                else:   # a helper value (a cast, a view) between ATen nodes and a fused call
+                    env_g[n.name] = emit_aten_node(g, n, self.node_spec(n), [value_of(i) for i in n.inputs])
             return env_g[n.name]
 
         def stored_dtypes(ri):
@@ -485,6 +484,55 @@ class Program:
             shape = (-1,) + shape[1:]
         return (n.op.value, shape, n.dtype.value, float(n.value), int(n.dim), bool(n.keepdim),
                 bool(n.transpose_a), bool(n.transpose_b), tuple(n.perm), n.cast_to.value)
+
+
+_A = torch.ops.aten
+_ATEN_UNARY = {OK.Neg: _A.neg.default, OK.Abs: _A.abs.default, OK.Exp: _A.exp.default, OK.Log: _A.log.default,
+               OK.Sqrt: _A.sqrt.default, OK.Rsqrt: _A.rsqrt.default, OK.Tanh: _A.tanh.default,
+               OK.Sigmoid: _A.sigmoid.default, OK.Relu: _A.relu.default, OK.Reciprocal: _A.reciprocal.default}
+_ATEN_BINARY = {OK.Add: _A.add.Tensor, OK.Sub: _A.sub.Tensor, OK.Mul: _A.mul.Tensor, OK.Div: _A.div.Tensor,
+                OK.Max: _A.maximum.default, OK.Min: _A.minimum.default}
+_ATEN_BINARY_SCALAR = {OK.Max: _A.clamp_min.default, OK.Min: _A.clamp_max.default}
+_ATEN_REDUCE = {OK.Sum: _A.sum.dim_IntList, OK.Mean: _A.mean.dim, OK.ReduceMax: _A.amax.default,
+                OK.ReduceMin: _A.amin.default}
+
+
+def emit_aten_node(g: fx.Graph, n, spec: tuple, xs: list):
+    """Graph IR node `n` as ATen nodes in `g` (fp32 values, as the Graph IR defines them; `spec` is
+    Program.node_spec(n)): the form a graph Inductor lowers directly can hold, unlike ops.eval_graph_node
+    (a Python function AOTAutograd must trace first). Raises NotKeepable for an op without one here."""
+    op = n.op
+    f32 = [_cast(g, x, torch.float32) if isinstance(x, fx.Node) else float(x) for x in xs]
+    if op == OK.Cast:
+        return _cast(g, _cast(g, f32[0], DT_TO_TORCH[n.cast_to]), torch.float32)
+    if op == OK.Reshape:
+        return g.call_function(_A.reshape.default, (f32[0], list(spec[1])))
+    if op == OK.Transpose:
+        return g.call_function(_A.clone.default, (g.call_function(_A.permute.default, (f32[0], list(n.perm))),),
+                               {"memory_format": torch.contiguous_format})
+    if op in _ATEN_UNARY:
+        return g.call_function(_ATEN_UNARY[op], (f32[0],))
+    if op == OK.Square:
+        return g.call_function(_A.mul.Tensor, (f32[0], f32[0]))
+    if op in (OK.Gelu, OK.GeluTanh):
+        return g.call_function(_A.gelu.default, (f32[0],), {"approximate": "tanh" if op == OK.GeluTanh else "none"})
+    if op == OK.Silu:
+        return g.call_function(_A.silu.default, (f32[0],))
+    if op == OK.Pow:
+        return g.call_function(_A.pow.Tensor_Scalar, (f32[0], float(n.value)))
+    if op in _ATEN_BINARY:
+        a, b = f32
+        if not isinstance(a, fx.Node):
+            if op in (OK.Add, OK.Mul, OK.Max, OK.Min):
+                a, b = b, a
+            else:   # constant - x, constant / x
+                a = g.call_function(_A.full_like.default, (b, a))
+        if not isinstance(b, fx.Node) and op in _ATEN_BINARY_SCALAR:
+            return g.call_function(_ATEN_BINARY_SCALAR[op], (a, b))
+        return g.call_function(_ATEN_BINARY[op], (a, b))
+    if op in _ATEN_REDUCE:
+        return g.call_function(_ATEN_REDUCE[op], (f32[0], [int(n.dim)], bool(n.keepdim)))
+    raise NotKeepable(f"no ATen form here for the Graph IR op '{C.op_name(op)}' ('{n.name}')")
 
 
 @dataclasses.dataclass

@@ -271,10 +271,12 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   const EpilogueCost ref = measured_class_cost(cls);
   const double tiles = std::ceil(double(g.rows) / d.config.tile_m) * std::ceil(double(g.n) / d.config.tile_n);
   const double tiles_per_sm = std::ceil(tiles / kSms);
-  const double tile_slots_us = d.config.tile_m * d.config.tile_n / (kEpilogueSlotsPerClk * kSmClockGhz * 1e3);
+  const double tile_elems = std::min<double>(d.config.tile_m, g.rows) * std::min<double>(d.config.tile_n, g.n);
+  const double tile_slots_us = tile_elems / (kEpilogueSlotsPerClk * kSmClockGhz * 1e3);
   const double mainloop_tile_us = gemm_us / tiles_per_sm;
   const double hidden_us = std::max(mainloop_tile_us, ref.slots * tile_slots_us);
   d.epilogue_us = tiles_per_sm * std::max(0.0, d.epilogue.slots * tile_slots_us - hidden_us);
+  if (d.epilogue_us < kEpilogueNoiseUs) d.epilogue_us = 0;   // below a launch's noise: the measurement decides
   d.fused_us += d.epilogue_us;
   const bool bias = bias_only(fs);
   const bool plain = cls == "identity" || bias;   // cuBLAS does these alone
