@@ -366,8 +366,8 @@ def _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor
     return compile_fx(gm, example_inputs, config_patches=patches, decompositions=tracing.decomposition_table())
 
 
-def backend(mode: str | None = None, fuse: str = "planner", inductor: dict | None = None, **options):
-    """A configured `comfuse` backend for torch.compile(model, backend=comfuse.backend(...)): Inductor's `mode`
+def compile_backend(mode: str | None = None, fuse: str = "planner", inductor: dict | None = None, **options):
+    """A configured `comfuse` backend, torch.compile(model, backend=comfuse.compile_backend(...)): Inductor's `mode`
     and options (`inductor`), and ComFuse's own (`fuse`, and the rest of comfuse_backend's options) in one call."""
     opts = dict(options, fuse=fuse, mode=mode, inductor=inductor)
 

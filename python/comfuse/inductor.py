@@ -14,6 +14,7 @@ The pass never fails a compile: anything unexpected leaves the graph as it was, 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import operator
@@ -31,15 +32,17 @@ log = logging.getLogger("comfuse")
 _PROCESS_TOKEN = _uuid.uuid4().hex
 
 
+@functools.lru_cache(maxsize=1)
 def _library_fingerprint() -> str:
-    """The library version, the planner's measured table and the kernel headers' location: what changes the
-    pass's output for the same graph."""
+    """What changes the pass's output for the same graph: the library version and the compiled core (which holds
+    the planner's measured table, src/plan/measured.csv), and where the kernel headers come from."""
     from . import __version__, _core as C
 
-    table = getattr(C, "measured_table_csv", None)
-    parts = [__version__, table() if callable(table) else "", os.environ.get("COMFUSE_KERNEL_DIR", ""),
-             os.path.getmtime(C.__file__).__repr__()]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    h = hashlib.sha256(__version__.encode())
+    with open(C.__file__, "rb") as f:
+        h.update(f.read())
+    h.update(os.environ.get("COMFUSE_KERNEL_DIR", "").encode())
+    return h.hexdigest()
 
 
 class ComFusePass(CustomGraphPass):

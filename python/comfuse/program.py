@@ -59,7 +59,7 @@ class Program:
         self.pos = {n: i for i, n in enumerate(self.gm.graph.nodes)}
         self.nodes = self.pg.nodes
         self.steps: list[Step] = []
-        self.cycle: tuple | None = None   # (torch fx.Node, region index, [region node ids]) when not acyclic
+        self.cycle: tuple | None = None   # (value name, region index, [region node ids]) when not acyclic
 
     # ------------------------------------------------------------ value keys
     def fx_of(self, name: str) -> fx.Node | None:
@@ -147,17 +147,19 @@ class Program:
         return True
 
     def _find_cycle(self, steps, stuck):
-        """A torch node on a cycle and the region nodes that read its result."""
+        """A value outside a region on a cycle (a torch node, or a standard-path node computed from one), its
+        name, and the region nodes that read it."""
         stuck_regions = [steps[si].index for si in stuck if steps[si].kind == "region"]
-        stuck_torch = {steps[si].index for si in stuck if steps[si].kind == "torch"}
+        stuck_keys = {w for si in stuck if steps[si].kind != "region" for w in steps[si].writes}
         for ri in stuck_regions:
             r = self.regions[ri]
             for gid in r.nodes:
                 for i in self.nodes[gid].inputs:
                     k = self.key_of_g(i)
-                    if k and k[0] == "fx" and k[1] in stuck_torch:
+                    if k and k in stuck_keys and i not in r.nodes:
                         readers = [g for g in r.nodes if i in self.nodes[g].inputs]
-                        return (k[1], ri, readers)
+                        name = k[1].name if k[0] == "fx" else k[1]
+                        return (name, ri, readers)
         raise AssertionError("program: cycle without a torch node between regions")
 
     # ------------------------------------------------------------ CPU reference
@@ -558,6 +560,6 @@ def analyze(aten_gm: fx.GraphModule, gemm_dtype=C.DType.BF16, max_rounds: int = 
         root = prog.nodes[prog.regions[ri].root].name
         for gid in readers:
             f = prog.fx_of(prog.nodes[gid].name)
-            force[f] = (f"reads '{t.name}', which stays in torch and depends on GEMM '{root}' whose epilogue "
+            force[f] = (f"reads '{t}', which is computed outside the region from GEMM '{root}' whose epilogue "
                         f"this would join: fusing it would create a cycle")
     raise RuntimeError("comfuse: could not make the partitioned program acyclic")
