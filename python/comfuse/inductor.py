@@ -30,6 +30,17 @@ log = logging.getLogger("comfuse")
 # The regions a rewritten graph calls are registered in this process (ops._REGIONS): an Inductor FX-graph-cache
 # entry written here must not be loaded by another process, so the pass's uuid carries this token.
 _PROCESS_TOKEN = _uuid.uuid4().hex
+_REPORTS: list = []   # every GraphReport the passes of this process made (reports(), reset_reports())
+
+
+def reports() -> list:
+    """The GraphReports of every graph a ComFusePass saw in this process since reset_reports(), in order; each
+    has `.fused` (the region indices that became comfuse::fused_region calls) and `.plans`."""
+    return list(_REPORTS)
+
+
+def reset_reports() -> None:
+    _REPORTS.clear()
 
 
 @functools.lru_cache(maxsize=1)
@@ -79,6 +90,7 @@ class ComFusePass(CustomGraphPass):
         rep = backend.GraphReport(next(backend._GRAPH_IDS))
         rep.fused = set()
         self.reports.append(rep)
+        _REPORTS.append(rep)
         if _is_training_graph():
             rep.fallback = ("training graph (AOTAutograd forward/backward): ComFuse compiles inference graphs; "
                             "run the model under torch.no_grad() or torch.inference_mode()")
