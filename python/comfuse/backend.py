@@ -283,7 +283,7 @@ def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: 
     return target
 
 
-_COMFUSE_OPTIONS = ("fallback", "reference", "ctas", "fuse", "rewrite", "mode", "inductor")
+_COMFUSE_OPTIONS = ("fallback", "reference", "ctas", "fuse", "rewrite", "mode", "inductor", "attention")
 
 
 def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
@@ -314,6 +314,17 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
     inductor_opts = dict(opts.pop("inductor", None) or {})
     if runner == "eager" and (mode not in (None, "default") or inductor_opts):
         raise ValueError("comfuse backend: mode and Inductor options need fallback='inductor'")
+
+    attention = opts.pop("attention", "eager")
+    if attention not in ("eager", "inductor"):
+        raise ValueError(f"comfuse backend: attention must be 'eager' or 'inductor', got {attention!r}")
+    if attention == "eager" and any(t.device.type == "cuda" for t in _tensors(example_inputs)):
+        from . import ops
+
+        n = ops.keep_sdpa_whole(gm)
+        if n:
+            log.info("comfuse: %d scaled_dot_product_attention call(s) kept whole (comfuse::sdpa: the kernel eager "
+                     "picks)", n)
 
     if runner == "inductor" and how == "keep":
         return _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor_opts)

@@ -154,3 +154,33 @@ def test_uuid_covers_settings_and_library():
 
     a, b = ComFusePass(), ComFusePass(fuse="all")
     assert a.uuid() == ComFusePass().uuid() and a.uuid() != b.uuid()
+
+
+def test_sdpa_kept_whole_as_one_op():
+    """attention="eager" (the default on CUDA tensors): each SDPA call of the Dynamo graph becomes comfuse::sdpa,
+    which runs the kernel eager picks; it traces (fake implementation) and computes what SDPA computes, mask
+    and scale included."""
+    import torch.nn.functional as F
+
+    from comfuse import ops
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v, m):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3).transpose(1, 2)
+
+    q, k, v = (torch.randn(2, 3, 8, 4) for _ in range(3))
+    mask = torch.zeros(2, 1, 8, 8)
+    mask[1, :, :, 6:] = float("-inf")
+    graphs = []
+
+    def keep(gm, ex):
+        assert ops.keep_sdpa_whole(gm) == 1
+        graphs.append(gm)
+        from torch._inductor.compile_fx import compile_fx
+        return compile_fx(gm, ex)
+
+    with torch.no_grad():
+        got = torch.compile(Attn(), backend=keep)(q, k, v, mask)
+        ref = Attn()(q, k, v, mask)
+    assert torch.allclose(got, ref, atol=1e-6)
+    assert any(n.target is torch.ops.comfuse.sdpa.default for n in graphs[0].graph.nodes)
