@@ -96,6 +96,7 @@ class ComFusePass(CustomGraphPass):
                             "run the model under torch.no_grad() or torch.inference_mode()")
             backend.log_report(rep)
             return
+        fold_erf_gelu(graph)   # (opt-in from backend="inductor": GELU arrives decomposed)
         vals = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
         sym = [f"input {i}" for i, v in enumerate(vals) if isinstance(v, torch.SymInt) or (
             isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape))]
@@ -121,6 +122,53 @@ class ComFusePass(CustomGraphPass):
         rep.fused = fuse
         log.info("comfuse: graph %d: %d region(s) run as ComFuse kernels%s", rep.index, len(fuse),
                  " (CPU reference implementation)" if cpu_reference else "")
+
+
+def _const_operand(n, value: float, tol: float = 1e-6):
+    """The other operand of a binary mul/add `n` whose one operand is the scalar `value` (None if not so)."""
+    if not (isinstance(n, fx.Node) and n.op == "call_function" and len(n.args) == 2):
+        return None
+    a, b = n.args
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and abs(b - value) <= tol * max(1.0, abs(value)):
+        return a
+    if isinstance(a, (int, float)) and not isinstance(a, bool) and abs(a - value) <= tol * max(1.0, abs(value)):
+        return b
+    return None
+
+
+def fold_erf_gelu(graph: fx.Graph) -> int:
+    """Finds GELU as Inductor's decomposition writes it, x * 0.5 * (1 + erf(x * 1/sqrt(2))), and puts one
+    aten.gelu node in its place, so that the Graph IR (which has GELU but no erf) can fuse it: the opt-in from
+    backend="inductor" sees GELU only decomposed. Where its region is not fused, decompose_leftovers writes it
+    back as Inductor's decomposition. Returns how many were folded."""
+    aten = torch.ops.aten
+    muls = (aten.mul.Tensor, aten.mul.Scalar)
+    adds = (aten.add.Tensor, aten.add.Scalar)
+    folded = 0
+    for m in list(graph.nodes):
+        if m.op != "call_function" or m.target not in muls or len(m.args) != 2:
+            continue
+        for half, one_plus in (m.args, m.args[::-1]):
+            if not (isinstance(half, fx.Node) and isinstance(one_plus, fx.Node)):
+                continue
+            if half.target not in muls or one_plus.target not in adds:
+                continue
+            x = _const_operand(half, 0.5)
+            erf = _const_operand(one_plus, 1.0)
+            if x is None or not isinstance(erf, fx.Node) or erf.target != aten.erf.default:
+                continue
+            if _const_operand(erf.args[0], 0.7071067811865476) is not x or erf.args[0].target not in muls:
+                continue
+            with graph.inserting_before(m):
+                g = graph.call_function(aten.gelu.default, (x,))
+            g.meta["val"] = m.meta.get("val")
+            m.replace_all_uses_with(g)
+            graph.erase_node(m)
+            folded += 1
+            break
+    if folded:
+        graph.eliminate_dead_code()
+    return folded
 
 
 def decompose_leftovers(graph: fx.Graph) -> int:
@@ -231,9 +279,8 @@ def enable_inductor_pass(fuse: str = "planner") -> ComFusePass:
     """Opt in from backend="inductor": installs ComFusePass as Inductor's post-grad custom pass (process-wide,
     torch._inductor.config.post_grad_custom_post_pass), so every later torch.compile(model) - any mode - fuses
     the regions ComFuse serves. Returns the pass (its `.reports` say what each graph did). Inductor's own
-    decompositions apply there: GELU arrives decomposed (the tanh form still fuses, as an elementwise chain;
-    the erf form stays Inductor's); backend="comfuse" keeps GELU and SiLU whole. Undo with
-    disable_inductor_pass()."""
+    decompositions apply there: GELU arrives decomposed (the pass folds the erf form back into one GELU,
+    fold_erf_gelu; the tanh form fuses as the elementwise chain it is). Undo with disable_inductor_pass()."""
     p = ComFusePass(fuse=fuse)
     torch._inductor.config.post_grad_custom_post_pass = p
     return p

@@ -125,9 +125,37 @@ def test_opt_in_from_backend_inductor(caplog):
         comfuse.disable_inductor_pass()
     assert torch._inductor.config.post_grad_custom_post_pass is None
     assert len(p.reports) == 1 and p.reports[0].fallback.startswith("CPU tensors")
-    # Inductor's decompositions there: GELU (erf) arrives decomposed, so the FFN1 region holds the bias only,
-    # but the GEMMs and the LayerNorm regions are found all the same
-    assert len(p.reports[0].regions) == 6
+    # Inductor's decompositions there: GELU arrives as x * 0.5 * (1 + erf(x / sqrt(2))); the pass folds it back
+    # into one GELU, so FFN1's region holds it, as under backend="comfuse"
+    rep = p.reports[0]
+    assert len(rep.regions) == 6
+    pg = rep.analysis.part.graph
+    assert any(any(pg.node(i).op == comfuse.OpKind.Gelu for i in r.nodes) for r in rep.regions)
+    assert not any(n.target == torch.ops.aten.erf.default for n in rep.analysis.conv.torch_nodes)
+
+
+def test_fold_erf_gelu_and_back():
+    """fold_erf_gelu finds Inductor's decomposition of GELU; decompose_leftovers writes an unfused GELU back as
+    Inductor's decomposition; the graph computes the same values throughout."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from comfuse.inductor import decompose_leftovers, fold_erf_gelu
+
+    def f(x, w):
+        return torch.nn.functional.gelu(x @ w) + 1
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    gm = make_fx(f, select_decomp_table(), tracing_mode="fake")(x, w)
+    assert any(n.target == torch.ops.aten.erf.default for n in gm.graph.nodes)
+    assert fold_erf_gelu(gm.graph) == 1
+    assert not any(n.target == torch.ops.aten.erf.default for n in gm.graph.nodes)
+    gm.recompile()
+    assert torch.allclose(gm(x, w), f(x, w), atol=1e-6)
+    assert decompose_leftovers(gm.graph) == 1
+    gm.recompile()
+    assert any(n.target == torch.ops.aten.erf.default for n in gm.graph.nodes)
+    assert torch.allclose(gm(x, w), f(x, w), atol=1e-6)
 
 
 def test_pass_skips_training_graphs(caplog):
