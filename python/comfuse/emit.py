@@ -54,6 +54,7 @@ def new_graph(prog):
             env_fx[n].meta = dict(n.meta)
         elif n.op == "get_attr":
             env_fx[n] = g.get_attr(n.target)
+            env_fx[n].meta = dict(n.meta)
     return g, env_fx
 
 

@@ -78,7 +78,8 @@ class ComFusePass(CustomGraphPass):
             self._run(graph)
         except Exception as e:   # fallback, never failure
             log.warning("comfuse: the post-grad pass left a graph unchanged (%s: %s)", type(e).__name__, e)
-        # ops ComFuse's decomposition table kept whole (GELU, SiLU) that are still here: Inductor's form
+        # ops ComFuse's decomposition table kept whole (GELU, SiLU) that are still here: Inductor's form (without
+        # it Inductor cannot lower them, so a failure here is not swallowed)
         decompose_leftovers(graph)
 
     # ---------------------------------------------------------------------------------------------------
@@ -220,15 +221,33 @@ def _is_training_graph() -> bool:
     return bool(getattr(meta, "is_train", False))
 
 
+def _fill_fake_values(g: fx.Graph, fake_mode) -> None:
+    """Gives each call node of `g` without one a fake value (for fused_region: its fake implementation), as
+    Inductor's lowering reads node.meta["val"]."""
+    for n in g.nodes:
+        if n.op != "call_function" or "val" in n.meta:
+            continue
+        args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta["val"])
+        if n.target is operator.getitem:
+            n.meta["val"] = args[0][args[1]]
+            continue
+        with fake_mode if fake_mode is not None else _nullcontext():
+            n.meta["val"] = n.target(*args, **kwargs)
+
+
 def _replace_graph(graph: fx.Graph, new: fx.Graph) -> None:
     """Makes `graph` compute what `new` computes, in place (Inductor's later passes hold `graph`): `new`'s nodes
-    are copied in before the output, the output is pointed at them, and the old nodes left unused are removed.
-    Placeholders correspond one to one, in order. Nodes without a fake value get one (the custom op's fake
-    implementation), as Inductor's lowering reads node.meta["val"]."""
+    get their fake values first (so a failure leaves `graph` untouched), then are copied in before the output,
+    the output is pointed at them, and the old nodes left unused are removed. Placeholders correspond one to
+    one, in order."""
     old_phs = [n for n in graph.nodes if n.op == "placeholder"]
     new_phs = [n for n in new.nodes if n.op == "placeholder"]
     if [n.name for n in old_phs] != [n.name for n in new_phs]:
         raise AssertionError("comfuse: the rewritten graph's placeholders differ")
+    for o, n in zip(old_phs, new_phs):
+        if "val" in o.meta:
+            n.meta["val"] = o.meta["val"]
+    _fill_fake_values(new, torch._guards.detect_fake_mode([n.meta.get("val") for n in old_phs]))
     env = dict(zip(new_phs, old_phs))
     out = graph.output_node()
     result = None
@@ -242,16 +261,6 @@ def _replace_graph(graph: fx.Graph, new: fx.Graph) -> None:
             env[n] = graph.node_copy(n, lambda a: env[a])
     out.args = (result,)
     graph.eliminate_dead_code()
-    fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in old_phs])
-    for n in graph.nodes:
-        if n.op != "call_function" or "val" in n.meta:
-            continue
-        args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta["val"])
-        if n.target is operator.getitem:
-            n.meta["val"] = args[0][args[1]]
-            continue
-        with fake_mode if fake_mode is not None else _nullcontext():
-            n.meta["val"] = n.target(*args, **kwargs)
     graph.lint()
 
 
