@@ -16,7 +16,7 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 # The examples, and the other transports of two of them (compiled ahead of time only): name:example:transport.
-examples="bias_gelu ffn_b2b postnorm prenorm_two_outputs rmsnorm softmax"
+examples="bias_gelu ffn_b2b gelu_new postnorm prenorm_two_outputs rmsnorm softmax"
 variants="postnorm_l2:postnorm:l2 softmax_leader:softmax:dsmem_leader"
 
 if [ "${1:-}" = "--prepare" ]; then
@@ -95,7 +95,7 @@ run_check jit_first examples/small/postnorm.cf
 run_check jit_hit examples/small/postnorm.cf
 grep -h "compile:\|cache hit in" "$OUT/run_jit_first.log" "$OUT/run_jit_hit.log"
 # The generated kernels' speed (hand-composed: comfuse_gpu_bench, same shapes and configs).
-for ex in postnorm softmax; do
+for ex in postnorm softmax gelu_new; do
   # shellcheck disable=SC2046
   "$cli" bench "examples/$ex.cf" $(aot_of "$ex") --iters 30 > "$OUT/bench_$ex.log" 2>&1
   status[bench_$ex]=$?

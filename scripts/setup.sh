@@ -28,6 +28,8 @@ fi
 .venv/bin/python -m pip install -q --no-deps "$COMFUSE_CUTLASS_PIP"
 # shellcheck disable=SC2086
 .venv/bin/python -m pip install -q --no-deps $COMFUSE_TORCH_PIP $COMFUSE_TORCH_DEPS $COMFUSE_TORCH_CUDA_LIBS
+# shellcheck disable=SC2086
+.venv/bin/python -m pip install -q $COMFUSE_TEST_PIP
 .venv/bin/python -c 'import torch' || { echo "setup: 'import torch' fails (see scripts/versions.sh)" >&2; exit 1; }
 
 cutlass_inc="$(.venv/bin/python -c 'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include"))')"

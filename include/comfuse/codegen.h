@@ -18,6 +18,9 @@ class CodegenError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The most |N| for which Psi writes pow(x, N) as multiplications (ops::PowInt) rather than powf.
+constexpr int kMaxPowInt = 64;
+
 struct KernelConfig {
   int tile_m = 128, tile_n = 128, tile_k = 64;
   int cluster_m = 1, cluster_n = 1;

@@ -28,6 +28,30 @@ constexpr int kDsmemMaxCols = 8;
 const std::vector<MeasuredRow>& measured_table();             // the compiled-in src/plan/measured.csv
 std::vector<MeasuredRow> parse_measured_table(const std::string& csv);
 
+// What an epilogue costs per output element on the consumer warps, as Psi's code runs it: a value read by two
+// nodes is computed twice (the template tree has no sharing), pow by an integer is multiplications (ops::PowInt).
+// The planner compares it with the epilogue of the measured class the fused time comes from: only the work
+// beyond that measured epilogue, and only where it exceeds the tile's mainloop, is added to the fused estimate.
+struct EpilogueCost {
+  double slots = 0;         // thread-instruction issue slots per element (a MUFU op counts kMufuSlots)
+  int transcendentals = 0;  // MUFU ops per element (exp, log, tanh, rsqrt, rcp, ...)
+  int loads = 0;            // parameter reads per element (row / column broadcasts, tiles)
+  int slow_paths = 0;       // ops that take a general library path (powf by a non-integral exponent)
+  std::string summary() const;   // "~18 slots/element: 1 transcendental, 3 loads"
+};
+
+constexpr double kMufuSlots = 4;          // one MUFU op's issue + throughput cost, in FP32-op slots
+constexpr double kPowfSlots = 120;        // powf with a runtime exponent: out-of-line general path
+constexpr double kEpilogueSlotsPerClk = 32;   // per SM: one consumer warpgroup's dependent chains (calibrated
+                                              // on GPT-2's pow(h, 3.0) epilogue: powf made it 11x cuBLAS)
+constexpr double kSmClockGhz = 1.98;
+constexpr double kEpilogueNoiseUs = 1.0;      // less than this is below the measurements' resolution
+constexpr int kSms = 132;
+
+EpilogueCost epilogue_cost(const FusionSpec& fs);
+// The epilogue of the measured class `cls` (bench/bench_gemm.cu's instances; "" if unknown).
+EpilogueCost measured_class_cost(const std::string& cls);
+
 struct PlanDecision {
   bool fuse = false;
   std::string reason;          // why (fused: what the choice rests on; declined: what prevents it)
@@ -36,6 +60,9 @@ struct PlanDecision {
                                // exchange: "l2", "dsmem_p2p" or "dsmem_leader" (kernels/comfuse/reduce/)
   double fused_us = -1;        // estimates for this region's shape (-1: unknown)
   double unfused_us = -1;
+  double epilogue_us = 0;      // of fused_us: the epilogue's work beyond the measured class's, not hidden by
+                               // the mainloop
+  EpilogueCost epilogue;
 };
 
 // A configuration as the measured table spells it: "128x128x64_c1x1" (tile M x N x K, cluster M x N).

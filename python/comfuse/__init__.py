@@ -3,6 +3,8 @@ GEMM kernels.
 
     import torch, comfuse
     model = torch.compile(model.eval(), backend="comfuse")   # the backend is found by name, no import needed
+    model = torch.compile(model.eval(), backend="comfuse", mode="max-autotune-no-cudagraphs")   # Inductor's mode
+    comfuse.enable_inductor_pass()                            # or: inside backend="inductor"
     comfuse.explain(model, x)                                 # what would be fused, and why not
 
 `comfuse._core` is the compiler core (Graph IR builder, partition, Phi, CPU reference interpreters). The torch
@@ -18,6 +20,28 @@ def explain(model, *example_inputs, **kwargs):
     from .report import explain as _explain
 
     return _explain(model, *example_inputs, **kwargs)
+
+
+def enable_inductor_pass(fuse: str = "planner"):
+    """Opt in from backend="inductor": every later torch.compile(model, ...) runs ComFuse's post-grad pass
+    (see comfuse.inductor.enable_inductor_pass). Returns the pass."""
+    from .inductor import enable_inductor_pass as _enable
+
+    return _enable(fuse)
+
+
+def disable_inductor_pass() -> None:
+    from .inductor import disable_inductor_pass as _disable
+
+    _disable()
+
+
+def compile_backend(mode: str | None = None, fuse: str = "planner", inductor: dict | None = None, **options):
+    """The `comfuse` backend with Inductor's mode and options and ComFuse's own in one call:
+    torch.compile(model, backend=comfuse.compile_backend(mode="reduce-overhead", fuse="all"))."""
+    from .backend import compile_backend as _cb
+
+    return _cb(mode=mode, fuse=fuse, inductor=inductor, **options)
 
 
 def capture(model, *example_inputs, dynamic: bool | None = None) -> list:
@@ -42,5 +66,6 @@ def capture(model, *example_inputs, dynamic: bool | None = None) -> list:
     return reports
 
 
-__all__ = ["DType", "Graph", "OpKind", "capture", "explain", "interpret_graph", "interpret_partitioned",
+__all__ = ["DType", "Graph", "OpKind", "capture", "compile_backend", "disable_inductor_pass", "enable_inductor_pass",
+           "explain", "interpret_graph", "interpret_partitioned",
            "interpret_spec", "parse_cf", "partition"]

@@ -117,30 +117,65 @@ def device_reason(example_inputs) -> str | None:
     return None
 
 
-def dtype_reason(aten_gm) -> str | None:
+def _gemm_dtype_name(dt) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def gemm_dtypes(aten_gm) -> tuple[dict, list]:
+    """The GEMMs ComFuse kernels cannot take for their dtype (fx.Node -> reason), and those they can."""
+    bad, good = {}, []
     for n in aten_gm.graph.nodes:
         if n.op == "call_function" and n.target in _gemm_targets():
             dt = n.meta["val"].dtype
-            if dt not in GEMM_DTYPES:
-                return (f"dtype {str(dt).replace('torch.', '')} GEMM '{n.name}': ComFuse kernels take bf16/f16 "
-                        f"operands (cast the model with .to(torch.bfloat16))")
+            if dt in GEMM_DTYPES:
+                good.append(n)
+            else:
+                bad[n] = (f"dtype {_gemm_dtype_name(dt)} GEMM: ComFuse kernels take bf16/f16 operands; it stays in "
+                          f"torch in its own dtype")
+    return bad, good
+
+
+def dtype_reason(aten_gm) -> str | None:
+    """Why no GEMM of the graph can run as a ComFuse kernel for its dtype (None: at least one can). A graph
+    with bf16/f16 GEMMs keeps only its other GEMMs in torch (per region, `gemm_dtypes`)."""
+    bad, good = gemm_dtypes(aten_gm)
+    if bad and not good:
+        n = next(iter(bad))
+        return (f"dtype {_gemm_dtype_name(n.meta['val'].dtype)} GEMM '{n.name}': ComFuse kernels take bf16/f16 "
+                f"operands (cast the model with .to(torch.bfloat16))")
     return None
 
 
 def analyze_graph(gm, example_inputs, index: int | None = None, fuse_all: bool = False) -> GraphReport:
     """Capture + convert + partition one Dynamo graph, and the reason it falls back (if it does)."""
-    from . import program, tracing
+    from . import tracing
 
     rep = GraphReport(next(_GRAPH_IDS) if index is None else index)
     rep.fallback = precheck(gm, example_inputs)
     try:
         aten_gm = tracing.aten_graph(gm, example_inputs)
-        rep.analysis = program.analyze(aten_gm)
     except Exception as e:  # analysis must never break the user's model
         rep.error = f"{type(e).__name__}: {e}"
         rep.fallback = rep.fallback or f"ComFuse could not analyze the graph ({rep.error})"
         return rep
-    sym = _symbolic_inputs(gm, example_inputs)
+    return analyze_aten(rep, aten_gm, example_inputs, fuse_all, _symbolic_inputs(gm, example_inputs))
+
+
+def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = False, sym=()) -> GraphReport:
+    """The analysis of one inference ATen graph (from `tracing.aten_graph`, or Inductor's post-grad graph):
+    regions, the planner's decision per region, and the reason the whole graph falls back, if it does."""
+    from . import program
+
+    try:
+        bad, good = gemm_dtypes(aten_gm)
+        # Per region: an fp32 GEMM among bf16/f16 ones stays in torch in its own dtype. A graph whose GEMMs are
+        # all fp32 is converted as it is (rounding its GEMM operands, for the CPU reference checks) and falls
+        # back as a whole below.
+        rep.analysis = program.analyze(aten_gm, keep_in_torch=bad if good else None)
+    except Exception as e:  # analysis must never break the user's model
+        rep.error = f"{type(e).__name__}: {e}"
+        rep.fallback = rep.fallback or f"ComFuse could not analyze the graph ({rep.error})"
+        return rep
     no_region = None if rep.regions else (_dynamic_reason(rep, sym) if sym else
                                           "no GEMM with a fusable epilogue in this graph")
     rep.fallback = rep.fallback or dtype_reason(aten_gm) or no_region or device_reason(example_inputs)
@@ -194,18 +229,23 @@ def _rewrite(rep: GraphReport, fuse: set, ctas: int, how: str):
     return prog.rewrite(ctas, fuse=fuse)
 
 
-def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: str = "keep"):
-    """The rewritten graph with the planner's fused regions (with `fuse_all`, also those declined for speed
-    only) as comfuse::fused_region calls, their kernels compiled now (so that a compile failure falls back
-    here, not while the model runs); `gm` on failure."""
-    from . import ops
+def fused_set(rep: GraphReport, fuse_all: bool = False) -> set:
+    """The regions to fuse: the planner's, and with `fuse_all` also those it declines for speed only."""
+    return {i for i, p in enumerate(rep.plans) if p.fuse or (fuse_all and _declined_for_speed_only(p))}
 
-    fuse = {i for i, p in enumerate(rep.plans) if p.fuse or (fuse_all and _declined_for_speed_only(p))}
+
+def log_plans(rep: GraphReport, fuse: set) -> None:
     for i, p in enumerate(rep.plans):
         label = ("fused" if p.fuse else "fused (fuse='all'; the planner would not)" if i in fuse else "not fused")
         log.info("comfuse: graph %d region %d: %s (%s)", rep.index, i, label, p.reason)
+
+
+def prepare_kernels(rep: GraphReport, target) -> bool:
+    """Compiles the kernels of every comfuse::fused_region call in `target` now (so that a compile failure
+    falls back here, not while the model runs); False, with a warning, if one fails."""
+    from . import ops
+
     try:
-        target = _rewrite(rep, fuse, ctas, how)
         keys = [n.args[0] for n in target.graph.nodes
                 if n.op == "call_function" and n.target is torch.ops.comfuse.fused_region.default]
         # nvcc runs with the GIL released: distinct kernels (one per structure: every layer of a stack shares
@@ -222,13 +262,39 @@ def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: 
     except Exception as e:   # fallback, never failure
         log.warning("comfuse: graph %d: ComFuse kernels could not be prepared (%s: %s); running it without them",
                     rep.index, type(e).__name__, e)
+        return False
+    return True
+
+
+def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: str = "keep"):
+    """The rewritten graph with the planner's fused regions (with `fuse_all`, also those declined for speed
+    only) as comfuse::fused_region calls, their kernels compiled now; `gm` on failure."""
+    fuse = fused_set(rep, fuse_all)
+    log_plans(rep, fuse)
+    try:
+        target = _rewrite(rep, fuse, ctas, how)
+    except Exception as e:   # fallback, never failure
+        log.warning("comfuse: graph %d: ComFuse kernels could not be prepared (%s: %s); running it without them",
+                    rep.index, type(e).__name__, e)
+        return gm
+    if not prepare_kernels(rep, target):
         return gm
     log.info("comfuse: graph %d: %d region(s) run as ComFuse kernels", rep.index, len(fuse))
     return target
 
 
-def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
+_COMFUSE_OPTIONS = ("fallback", "reference", "ctas", "fuse", "rewrite", "mode", "inductor", "attention")
+
+
+def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
+    """The `comfuse` torch.compile backend. Inductor's mode comes from torch.compile(mode=...) or, since
+    torch.compile refuses mode= together with options=, from options={"mode": ...}; Inductor's own options go
+    in options={"inductor": {...}}. See docs/pytorch.md."""
     opts = dict(options or {})
+    unknown = sorted(set(opts) - set(_COMFUSE_OPTIONS))
+    if unknown:
+        raise ValueError(f"comfuse backend: unknown options {unknown} (ComFuse's: {list(_COMFUSE_OPTIONS)}; "
+                         f"Inductor's go in options={{'inductor': {{...}}}})")
     runner = opts.pop("fallback", "inductor")
     reference = bool(opts.pop("reference", False))
     ctas = int(opts.pop("ctas", 1))
@@ -238,11 +304,33 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | No
     how = opts.pop("rewrite", "ir" if reference else "keep")
     if how not in ("keep", "ir"):
         raise ValueError(f"comfuse backend: rewrite must be 'keep' or 'ir', got {how!r}")
-    if opts:
-        raise ValueError(f"comfuse backend: unknown options {sorted(opts)}")
     if runner not in ("inductor", "eager"):
         raise ValueError(f"comfuse backend: fallback must be 'inductor' or 'eager', got {runner!r}")
+    mode = opts.pop("mode", None) if mode is None else mode
+    if "mode" in opts:
+        raise ValueError("comfuse backend: Inductor's mode given twice (mode= and options['mode'])")
+    if mode not in (None, "default"):
+        torch._inductor.list_mode_options(mode)   # raises for an unknown mode, with the list
+    inductor_opts = dict(opts.pop("inductor", None) or {})
+    if runner == "eager" and (mode not in (None, "default") or inductor_opts):
+        raise ValueError("comfuse backend: mode and Inductor options need fallback='inductor'")
 
+    attention = opts.pop("attention", "eager")
+    if attention not in ("eager", "inductor"):
+        raise ValueError(f"comfuse backend: attention must be 'eager' or 'inductor', got {attention!r}")
+    if attention == "eager" and any(t.device.type == "cuda" for t in _tensors(example_inputs)):
+        from . import ops
+
+        n = ops.keep_sdpa_whole(gm)
+        if n:
+            log.info("comfuse: %d scaled_dot_product_attention call(s) kept whole (comfuse::sdpa: the kernel eager "
+                     "picks)", n)
+
+    if runner == "inductor" and how == "keep":
+        return _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor_opts)
+
+    # fallback="eager", or the fp32 "ir" rewrite the CPU reference checks use: analyze the Dynamo graph here
+    # and hand the rewritten graph to eager or to Inductor.
     rep = analyze_graph(gm, example_inputs, fuse_all=fuse == "all")
     if rep.fallback and rep.fallback.startswith("graph needs gradients"):
         log.warning("comfuse: graph %d: %s; running it with %s", rep.index, rep.fallback, runner)
@@ -261,4 +349,40 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | No
         return target.forward
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(target, example_inputs)
+    from .inductor import inductor_config
+
+    patches = inductor_config(mode=mode, options=inductor_opts)
+    patches.pop("post_grad_custom_post_pass")
+    return compile_fx(target, example_inputs, config_patches=patches)
+
+
+def _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor_opts):
+    """Inductor compiles the Dynamo graph with the user's mode and options; ComFusePass replaces the fused
+    regions in its post-grad graph (one AOT trace). A graph that needs gradients skips the pass; on a device
+    ComFuse kernels cannot run on (CPU tensors without `reference`, a GPU other than sm_90), the pass only
+    analyzes and logs."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from . import tracing
+    from .inductor import inductor_config
+
+    why = precheck(gm, example_inputs)
+    patches = inductor_config(fuse=fuse, reference=reference, ctas=ctas, mode=mode, options=inductor_opts)
+    if why:
+        log.warning("comfuse: graph %d: %s; running it with Inductor", next(_GRAPH_IDS), why)
+        patches.pop("post_grad_custom_post_pass")
+        return compile_fx(gm, example_inputs, config_patches=patches)
+    # ComFuse's decompositions: Inductor's, less those that would split what the Graph IR has whole (GELU,
+    # SiLU, the GEMMs)
+    return compile_fx(gm, example_inputs, config_patches=patches, decompositions=tracing.decomposition_table())
+
+
+def compile_backend(mode: str | None = None, fuse: str = "planner", inductor: dict | None = None, **options):
+    """A configured `comfuse` backend, torch.compile(model, backend=comfuse.compile_backend(...)): Inductor's `mode`
+    and options (`inductor`), and ComFuse's own (`fuse`, and the rest of comfuse_backend's options) in one call."""
+    opts = dict(options, fuse=fuse, mode=mode, inductor=inductor)
+
+    def comfuse_configured(gm, example_inputs):
+        return comfuse_backend(gm, example_inputs, options={k: v for k, v in opts.items() if v is not None})
+
+    return comfuse_configured

@@ -12,6 +12,8 @@ directly, torch.ops.comfuse.fused_region(key, inputs), with a key from register_
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import itertools
 import logging
@@ -29,6 +31,7 @@ _REGIONS: dict = {}
 _FALLBACK: dict = {}     # key -> torch implementation of the region (from the backend's program)
 _BROKEN: dict = {}       # key -> why its kernel failed to launch (it then runs through _FALLBACK)
 _LOCK = threading.Lock()
+_NO_SWITCH = contextlib.nullcontext()
 _COUNTER = itertools.count()
 
 
@@ -113,10 +116,16 @@ def _out_shape(o, a_shape) -> list:
     return [rows // inner] + lead[1:] + last
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple:
+    """Per device, queried once (not on every launch)."""
+    return tuple(torch.cuda.get_device_capability(index))
+
+
 def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     spec, _ = _REGIONS[key]
     dev = inputs[0].device
-    if torch.cuda.get_device_capability(dev) != (9, 0):
+    if _capability(dev.index if dev.index is not None else torch.cuda.current_device()) != (9, 0):
         raise RuntimeError(f"comfuse::fused_region: {torch.cuda.get_device_name(dev)} is not compute capability 9.0 "
                            "(H100/H200); the backend falls back before this point")
     if any(t.device != dev for t in inputs):
@@ -127,7 +136,10 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
                          f"the region's K={g.k}, N={g.n}")
 
     def dense(t, dtype):   # the kernel's dtype, contiguous, 16-byte aligned (TMA, cp.async)
-        t = t.to(dtype).contiguous()
+        if t.dtype != dtype:
+            t = t.to(dtype)
+        if not t.is_contiguous():
+            t = t.contiguous()
         return t if t.data_ptr() % 16 == 0 else t.clone()
 
     a = dense(inputs[0], DT_TO_TORCH[g.dtype])
@@ -140,7 +152,8 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     if key in _BROKEN:
         return _run_fallback(key, [a, b] + params)
     try:
-        with torch.cuda.device(dev):
+        # the device context only where it is not current already (a switch costs host time per launch)
+        with torch.cuda.device(dev) if dev.index not in (None, torch.cuda.current_device()) else _NO_SWITCH:
             gpu_kernel(key).launch(a.data_ptr(), b.data_ptr(), rows, [o.data_ptr() for o in outs],
                                    [p.data_ptr() for p in params], torch.cuda.current_stream(dev).cuda_stream)
     except RuntimeError as e:   # fallback, never failure: the region's torch form, when the backend gave one
@@ -239,3 +252,36 @@ def eval_graph_node(spec: tuple, *xs):
     if op == OK.Reshape:
         return xs[0].reshape(list(shape))   # shape[0] is -1 for a dynamic batch (Program.node_spec)
     raise NotImplementedError(f"eval_graph_node: {C.op_name(op)}")
+
+
+@torch.library.custom_op("comfuse::sdpa", mutates_args=())
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+         dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+         enable_gqa: bool = False) -> torch.Tensor:
+    """F.scaled_dot_product_attention as one opaque op: at run time PyTorch picks its kernel as in eager
+    (flash, cuDNN, memory-efficient), where tracing would decompose it into a math path (fp32 bmm + softmax)
+    for some masks. The result is made contiguous, as the fake implementation says."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa).contiguous()
+
+
+@sdpa.register_fake
+def _sdpa_fake(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return q.new_empty(list(q.shape[:-1]) + [v.shape[-1]])
+
+
+_SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
+
+
+def keep_sdpa_whole(gm: torch.fx.GraphModule) -> int:
+    """Replaces each scaled_dot_product_attention call of a Dynamo graph by comfuse::sdpa (same arguments), so
+    that the attention reaches the GPU as the fused kernel eager uses. Returns how many were replaced."""
+    count = 0
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in _SDPA_TARGETS:
+            n.target = torch.ops.comfuse.sdpa.default
+            count += 1
+    if count:
+        gm.recompile()
+    return count

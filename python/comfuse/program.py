@@ -12,31 +12,33 @@ therefore read a value that a torch node computes from that same region's output
 with the matmul): a cycle. `analyze` finds such cycles and leaves the region node that closes one in torch
 (with that reason), then converts again, until the program is acyclic.
 
-The program runs on the CPU reference interpreters (`run`: regions through interpret_spec, Graph IR nodes
-through eval_node, torch nodes through torch), or is written back as an FX graph in which each region is one
-call of the `comfuse::fused_region` custom op (`rewrite`) — the graph TorchInductor compiles.
+This module schedules (Program.build, with named value keys: TorchValue, IrValue). The program's other two jobs
+live beside it, and Program's methods of the same names call them: reference.py runs it on the CPU reference
+interpreters (`run`), emit.py writes it back as an FX graph in which each region is one call of the
+`comfuse::fused_region` custom op (`rewrite`, `rewrite_keeping_torch`) — the graph TorchInductor compiles.
 """
 from __future__ import annotations
 
 import dataclasses
 import heapq
-import operator
-from typing import Any
+from typing import Any, NamedTuple
 
-import numpy as np
-import torch
 import torch.fx as fx
 
 from . import _core as C
-from .convert import DT_TO_TORCH, OK, TORCH_TO_DT, Conversion, size_hints, convert
+from . import emit
+from .convert import OK, Conversion, convert
+from .emit import NotKeepable, emit_aten_node  # noqa: F401  (re-exported: program.NotKeepable)
 
 
-def _cast(g: fx.Graph, v, dtype):
-    return g.call_function(torch.ops.prims.convert_element_type.default, (v, dtype))
+class TorchValue(NamedTuple):
+    """The result of an ATen node that stays in torch (or feeds a Graph IR input)."""
+    node: fx.Node
 
 
-class NotKeepable(Exception):
-    """Program.rewrite_keeping_torch cannot express this program (Program.rewrite can)."""
+class IrValue(NamedTuple):
+    """A Graph IR value, by name."""
+    name: str
 
 
 @dataclasses.dataclass
@@ -59,25 +61,25 @@ class Program:
         self.pos = {n: i for i, n in enumerate(self.gm.graph.nodes)}
         self.nodes = self.pg.nodes
         self.steps: list[Step] = []
-        self.cycle: tuple | None = None   # (torch fx.Node, region index, [region node ids]) when not acyclic
+        self.cycle: tuple | None = None   # (value name, region index, [region node ids]) when not acyclic
 
     # ------------------------------------------------------------ value keys
     def fx_of(self, name: str) -> fx.Node | None:
         return self.fx_by_name.get(name.split(".")[0])
 
     def key_of_g(self, gid: int):
-        """What provides Graph IR value gid: None (always there), ("fx", node) or ("g", name)."""
+        """What provides Graph IR value gid: None (always there), a TorchValue or an IrValue."""
         n = self.nodes[gid]
         if n.op == OK.Input:
             src = self.conv.input_source[n.name]
-            return ("fx", src) if src in self.conv.torch_nodes else None
+            return TorchValue(src) if src in self.conv.torch_nodes else None
         if n.op == OK.Constant:
             return None
-        return ("g", n.name)
+        return IrValue(n.name)
 
     def key_of_fx(self, a: fx.Node):
         if a in self.conv.torch_nodes:
-            return ("fx", a)
+            return TorchValue(a)
         v = self.conv.value.get(a)
         if v is None:
             return None  # placeholder / get_attr
@@ -85,7 +87,7 @@ class Program:
         if gid is None:
             # an input / constant the core dropped as dead cannot be read here; a converted value always exists
             src = self.conv.graph.node(v)
-            return ("fx", self.conv.input_source[src.name]) if src.op == OK.Input and \
+            return TorchValue(self.conv.input_source[src.name]) if src.op == OK.Input and \
                 self.conv.input_source[src.name] in self.conv.torch_nodes else None
         return self.key_of_g(gid)
 
@@ -101,7 +103,7 @@ class Program:
             for ri, r in enumerate(self.regions):
                 fs = r.spec
                 reads = [self.key_of_g(fs.gemm.a), self.key_of_g(fs.gemm.b)] + [self.key_of_g(p.node) for p in fs.params]
-                writes = [("g", o.name) for o in fs.outputs]
+                writes = [IrValue(o.name) for o in fs.outputs]
                 steps.append(Step("region", ri, [k for k in reads if k], writes,
                                   self.first_pos([self.nodes[i].name for i in r.nodes])))
                 in_region.update(r.nodes)
@@ -111,10 +113,10 @@ class Program:
         for gid in order:
             n = self.nodes[gid]
             reads = [self.key_of_g(i) for i in n.inputs]
-            steps.append(Step("node", gid, [k for k in reads if k], [("g", n.name)], self.first_pos([n.name])))
+            steps.append(Step("node", gid, [k for k in reads if k], [IrValue(n.name)], self.first_pos([n.name])))
         for t in self.conv.torch_nodes:
             reads = [self.key_of_fx(a) for a in t.all_input_nodes]
-            steps.append(Step("torch", t, [k for k in reads if k], [("fx", t)], self.pos[t]))
+            steps.append(Step("torch", t, [k for k in reads if k], [TorchValue(t)], self.pos[t]))
         # Kahn, ties broken by FX position
         producer = {}
         for si, s in enumerate(steps):
@@ -147,335 +149,38 @@ class Program:
         return True
 
     def _find_cycle(self, steps, stuck):
-        """A torch node on a cycle and the region nodes that read its result."""
+        """A value outside a region on a cycle (a torch node, or a standard-path node computed from one), its
+        name, and the region nodes that read it."""
         stuck_regions = [steps[si].index for si in stuck if steps[si].kind == "region"]
-        stuck_torch = {steps[si].index for si in stuck if steps[si].kind == "torch"}
+        stuck_keys = {w for si in stuck if steps[si].kind != "region" for w in steps[si].writes}
         for ri in stuck_regions:
             r = self.regions[ri]
             for gid in r.nodes:
                 for i in self.nodes[gid].inputs:
                     k = self.key_of_g(i)
-                    if k and k[0] == "fx" and k[1] in stuck_torch:
+                    if k and k in stuck_keys and i not in r.nodes:
                         readers = [g for g in r.nodes if i in self.nodes[g].inputs]
-                        return (k[1], ri, readers)
+                        name = k.node.name if isinstance(k, TorchValue) else k.name
+                        return (name, ri, readers)
         raise AssertionError("program: cycle without a torch node between regions")
 
-    # ------------------------------------------------------------ CPU reference
+    # ------------------------------------------------------------ the other two jobs, in their own modules
     def run(self, args, mode: str = "spec", ctas: int = 1) -> list:
-        """Evaluates the program on CPU tensors: mode "spec" runs regions through interpret_spec (with `ctas`
-        column blocks per row), mode "graph" evaluates every Graph IR node with eval_node."""
-        if mode == "graph":
-            p = Program(self.conv, self.part)
-            if not p.build(with_regions=False):
-                raise AssertionError("program: graph mode cannot have cycles")
-            steps = p.steps
-        else:
-            steps = self.steps
-        phs = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        if len(phs) != len(args):
-            raise ValueError(f"expected {len(phs)} inputs, got {len(args)}")
-        env_fx = {n: a for n, a in zip(phs, args)}
-        env_g: dict[str, np.ndarray] = {}
-        pg = self.pg
+        """The CPU reference run (reference.run)."""
+        from . import reference
 
-        def np32(t):
-            return np.ascontiguousarray(t.detach().to("cpu", torch.float32).numpy())
-
-        def get_g(gid):
-            n = self.nodes[gid]
-            if n.name in env_g:
-                return env_g[n.name]
-            if n.op == OK.Input:
-                src = self.conv.input_source[n.name]
-                v = C.round_to_dtype(np32(env_fx[src]), n.dtype)
-            elif n.op == OK.Constant:
-                v = C.eval_node(pg, gid, [])
-            else:
-                raise AssertionError(f"program: '{n.name}' read before it is computed")
-            env_g[n.name] = v
-            return v
-
-        def get_fx(a):
-            if a in env_fx:
-                return env_fx[a]
-            v = self.conv.value.get(a)
-            node = self.conv.graph.node(v)
-            gid = pg.find(node.name)
-            m = a.meta["val"]
-            if gid is None or self.nodes[gid].op in (OK.Input, OK.Constant):
-                if node.op == OK.Input:
-                    val = env_fx[self.conv.input_source[node.name]]
-                    return val.to(m.dtype)
-                raise AssertionError(f"program: '{a.name}' is not available")
-            arr = C.round_to_dtype(get_g(gid), self.nodes[gid].dtype)
-            return torch.from_numpy(arr).to(m.dtype)
-
-        for s in steps:
-            if s.kind == "region":
-                fs = self.regions[s.index].spec
-                outs = C.interpret_spec(fs, get_g(fs.gemm.a), get_g(fs.gemm.b),
-                                        [get_g(p.node) for p in fs.params], ctas)
-                for o, v in zip(fs.outputs, outs):
-                    env_g[o.name] = v
-            elif s.kind == "node":
-                n = self.nodes[s.index]
-                env_g[n.name] = C.eval_node(pg, s.index, [get_g(i) for i in n.inputs])
-            else:
-                t = s.index
-                a_, k_ = fx.node.map_arg((t.args, t.kwargs), get_fx)
-                env_fx[t] = t.target(*a_, **k_)
-        out = next(n for n in self.gm.graph.nodes if n.op == "output")
-        return list(fx.node.map_arg(out.args[0], get_fx))
-
-    # ------------------------------------------------------------ FX rewrite
-    def _new_graph(self):
-        """A new FX graph with this program's placeholders (meta kept) and attributes, and the map to them."""
-        g = fx.Graph()
-        env_fx: dict = {}
-        for n in self.gm.graph.nodes:
-            if n.op == "placeholder":
-                env_fx[n] = g.placeholder(n.name)
-                env_fx[n].meta = dict(n.meta)
-            elif n.op == "get_attr":
-                env_fx[n] = g.get_attr(n.target)
-        return g, env_fx
+        return reference.run(self, args, mode, ctas)
 
     def rewrite(self, ctas: int = 1, fuse=None) -> fx.GraphModule:
-        """The program as an FX graph: each region one `comfuse::fused_region` call, standard-path Graph IR
-        nodes as torch ops (fp32 math, as the Graph IR defines them), torch nodes copied. `fuse`: the indices
-        of the regions to fuse (default all); the others are emitted node by node like the standard path."""
-        from . import ops
-
-        g, env_fx = self._new_graph()
-        env_g: dict = {}
-        pg = self.pg
-
-        def get_g(gid):
-            n = self.nodes[gid]
-            if n.name in env_g:
-                return env_g[n.name]
-            if n.op == OK.Input:
-                src = self.conv.input_source[n.name]
-                v = _cast(g, env_fx[src], DT_TO_TORCH[n.dtype])
-            elif n.op == OK.Constant:
-                v = n.value
-            else:
-                raise AssertionError(f"rewrite: '{n.name}' read before it is computed")
-            env_g[n.name] = v
-            return v
-
-        def get_fx(a):
-            if a in env_fx:
-                return env_fx[a]
-            node = self.conv.graph.node(self.conv.value[a])
-            gid = pg.find(node.name)
-            dt = a.meta["val"].dtype
-            if gid is None or self.nodes[gid].op in (OK.Input, OK.Constant):
-                src = env_fx[self.conv.input_source[node.name]]
-            else:
-                src = get_g(gid)
-            return _cast(g, src, dt)
-
-        for s in self.steps:
-            if s.kind == "region" and (fuse is None or s.index in fuse):
-                fs = self.regions[s.index].spec
-                for o, v in zip(fs.outputs, self._fused_call(g, s.index, fs, ctas, get_g)):
-                    env_g[o.name] = v
-            elif s.kind in ("region", "node"):   # a region not fused: node by node (topological, root first)
-                for gid in self.regions[s.index].nodes if s.kind == "region" else [s.index]:
-                    n = self.nodes[gid]
-                    env_g[n.name] = g.call_function(ops.eval_graph_node,
-                                                    (self.node_spec(n), *[get_g(i) for i in n.inputs]))
-            else:
-                t = s.index
-                env_fx[t] = g.node_copy(t, get_fx)
-        out = next(n for n in self.gm.graph.nodes if n.op == "output")
-        g.output(fx.node.map_arg(out.args[0], get_fx))
-        gm = fx.GraphModule(self.gm, g)
-        return gm
-
+        """The program re-emitted from the Graph IR (emit.rewrite)."""
+        return emit.rewrite(self, ctas, fuse)
 
     def rewrite_keeping_torch(self, fuse, ctas: int = 1) -> fx.GraphModule:
-        """The ATen graph with only the regions in `fuse` changed: each becomes one `comfuse::fused_region` call,
-        and every other node - standard-path ops, declined regions, torch nodes - is copied as it was (a bf16
-        model stays bf16 there, for TorchInductor to compile as it would without ComFuse). Raises NotKeepable
-        when a fused region does not line up with whole ATen nodes; `rewrite` then serves."""
-        from . import ops
-
-        cg = self.conv.graph
-        live = {n.name for n in self.nodes}
-
-        def resolve(i) -> str:
-            """The live Graph IR value an ATen node's converted value is: reshapes the core dropped as dead
-            (a view folded into the next one) are looked through."""
-            while cg.node(i).name not in live and cg.node(i).op == OK.Reshape:
-                i = cg.node(i).inputs[0]
-            return cg.node(i).name
-
-        region_of_name = {self.nodes[gid].name: ri for ri in fuse for gid in self.regions[ri].nodes}
-        fx_values: dict = {}            # live Graph IR name -> the ATen nodes whose value it is (maybe reshaped)
-        absorbed: dict = {}             # ATen node -> index of the fused region that computes it
-        for f, v in self.conv.value.items():
-            ids = v if isinstance(v, tuple) else (v,)
-            names = [resolve(i) for i in ids]
-            if not isinstance(v, tuple):
-                fx_values.setdefault(names[0], []).append(f)
-            rs = {region_of_name.get(nm) for nm in names}
-            if rs != {None}:
-                if len(rs) != 1 or None in rs:
-                    raise NotKeepable(f"ATen node '{f.name}' is split across a fused region's boundary")
-                absorbed[f] = rs.pop()
-        for ri in fuse:
-            for gid in self.regions[ri].nodes:
-                f = self.fx_of(self.nodes[gid].name)
-                if f is None or absorbed.get(f) != ri:
-                    raise NotKeepable(f"region {ri} holds part of ATen node "
-                                      f"'{f.name if f is not None else self.nodes[gid].name}'")
-
-        def source(name):
-            """The ATen node (outside fused regions) a Graph IR value is read from, if there is one."""
-            return next((f for f in fx_values.get(name, []) if f not in absorbed), None)
-
-        def deps(gid, acc):
-            """What a fused call's input is made from (through helper casts and views): ATen nodes, and
-            ("region", j) for an output of fused region j."""
-            n = self.nodes[gid]
-            f = source(n.name)
-            if n.name in region_of_name:
-                acc.add(("region", region_of_name[n.name]))
-            elif f is not None:
-                acc.add(f)
-            elif n.op == OK.Input:
-                acc.add(self.conv.input_source[n.name])
-            elif n.op != OK.Constant:
-                for i in n.inputs:
-                    deps(i, acc)
-            return acc
-
-        g, env_fx = self._new_graph()
-        env_g: dict = {}
-
-        def reshape(v, have, want, dynamic: bool):
-            """v from shape `have` to `want` (ints); a dynamic batch's dim 0 becomes -1 (the rest is static)."""
-            if list(have) == list(want):
-                return v
-            return g.call_function(torch.ops.aten.reshape.default, (v, [-1] + list(want)[1:] if dynamic else list(want)))
-
-        def symbolic(shape) -> bool:
-            if any(isinstance(d, torch.SymInt) for d in list(shape)[1:]):
-                raise NotKeepable("a symbolic size outside dim 0")
-            return any(isinstance(d, torch.SymInt) for d in shape)
-
-        def reshaped(v, have, want):
-            """v (Graph IR shape `have`) as an ATen node's shape `want` (maybe symbolic in dim 0)."""
-            return reshape(v, have, size_hints(want), symbolic(want))
-
-        def value_of(gid):
-            n = self.nodes[gid]
-            if n.name not in env_g:
-                f = source(n.name)
-                if f is not None and f in env_fx:
-                    have = f.meta["val"].shape   # the ATen node may be a view of the value: back to its shape
-                    v = reshape(env_fx[f], size_hints(have), list(n.shape), symbolic(have))
-                    env_g[n.name] = _cast(g, v, DT_TO_TORCH[n.dtype])
-                elif n.op == OK.Input:
-                    env_g[n.name] = _cast(g, env_fx[self.conv.input_source[n.name]], DT_TO_TORCH[n.dtype])
-                elif n.op == OK.Constant:
-                    env_g[n.name] = n.value
-                else:
-                    env_g[n.name] = g.call_function(ops.eval_graph_node,
-                                                    (self.node_spec(n), *[value_of(i) for i in n.inputs]))
-            return env_g[n.name]
-
-        def stored_dtypes(ri):
-            """Each output in the dtype its ATen readers have (bf16 rather than the f32 a value handed on within
-            the Graph IR keeps): the torch ops reading it round to that dtype anyway, so the kernel stores less.
-            An output another fused region reads keeps the Graph IR's f32 hand-off."""
-            fs = self.regions[ri].spec
-            out = []
-            for o in fs.outputs:
-                dts = {f.meta["val"].dtype for f in fx_values.get(o.name, []) if absorbed.get(f) == ri}
-                gid = self.pg.find(o.name)
-                fused_reader = any(gid in list(n.inputs) and region_of_name.get(n.name, ri) != ri for n in self.nodes)
-                narrow = len(dts) == 1 and next(iter(dts)) in (torch.bfloat16, torch.float16)
-                out.append(TORCH_TO_DT[next(iter(dts))] if narrow and o.dtype == C.DType.F32 and not fused_reader
-                           else o.dtype)
-            return out
-
-        def emit_region(ri):
-            fs = self.regions[ri].spec
-            dts = stored_dtypes(ri)
-            if dts != [o.dtype for o in fs.outputs]:
-                fs = fs.with_output_dtypes(dts)
-            emitted.add(("region", ri))
-            for o, out in zip(fs.outputs, self._fused_call(g, ri, fs, ctas, value_of)):
-                env_g[o.name] = out
-                for f in fx_values.get(o.name, []):
-                    if absorbed.get(f) == ri:
-                        env_fx[f] = _cast(g, reshaped(out, list(o.shape), f.meta["val"].shape), f.meta["val"].dtype)
-
-        # Kahn over ATen nodes (in their order) and fused calls: each goes once all it reads exists.
-        todo = [("fx", n) for n in self.gm.graph.nodes if n.op == "call_function" and n not in absorbed]
-        todo += [("region", ri, set().union(*[deps(i, set()) for i in
-                                              [self.regions[ri].spec.gemm.a, self.regions[ri].spec.gemm.b] +
-                                              [p.node for p in self.regions[ri].spec.params]]))
-                 for ri in sorted(fuse)]
-        emitted: set = set()
-        ready = lambda a: a in emitted if isinstance(a, tuple) else a in env_fx  # noqa: E731
-        while todo:
-            left = []
-            for t in todo:
-                need = t[1].all_input_nodes if t[0] == "fx" else t[2]
-                if all(ready(a) for a in need):
-                    if t[0] == "fx":
-                        env_fx[t[1]] = g.node_copy(t[1], lambda a: env_fx[a])
-                    else:
-                        emit_region(t[1])
-                else:
-                    left.append(t)
-            if len(left) == len(todo):
-                stuck = next(a for a in (left[0][1].all_input_nodes if left[0][0] == "fx" else left[0][2])
-                             if not ready(a))
-                raise NotKeepable(f"{stuck!r} is never computed outside the fused regions")
-            todo = left
-        out = next(n for n in self.gm.graph.nodes if n.op == "output")
-        missing = [a.name for a in out.all_input_nodes if a not in env_fx]
-        if missing:
-            raise NotKeepable(f"graph outputs {missing} are inside fused regions but not their outputs")
-        g.output(fx.node.map_arg(out.args[0], lambda a: env_fx[a]))
-        gm = fx.GraphModule(self.gm, g)
-        gm.graph.eliminate_dead_code()
-        gm.recompile()
-        return gm
-
-    def _fused_call(self, g: fx.Graph, ri: int, fs, ctas: int, value) -> list:
-        """Region `ri` (as Spec `fs`) as one comfuse::fused_region call in `g`, its inputs read through
-        `value(graph IR id)`; the call's outputs, in the Spec's order."""
-        from . import ops
-
-        key = ops.register_region(fs, ctas, fallback=self.region_in_torch(ri))
-        ins = [value(fs.gemm.a), value(fs.gemm.b)] + [value(p.node) for p in fs.params]
-        call = g.call_function(torch.ops.comfuse.fused_region.default, (key, ins))
-        return [g.call_function(operator.getitem, (call, j)) for j in range(len(fs.outputs))]
+        """The ATen graph with only the regions in `fuse` changed (emit.rewrite_keeping_torch)."""
+        return emit.rewrite_keeping_torch(self, fuse, ctas)
 
     def region_in_torch(self, ri: int):
-        """The region computed node by node with torch ops (`ops.eval_graph_node`), as a function of the fused
-        call's inputs [A, B, *params] returning its outputs: what the custom op runs if the kernel cannot."""
-        from . import ops
-
-        fs = self.regions[ri].spec
-        steps = [(gid, self.node_spec(self.nodes[gid]), list(self.nodes[gid].inputs)) for gid in self.regions[ri].nodes]
-        consts = {i: self.nodes[i].value for _, _, ins in steps for i in ins if self.nodes[i].op == OK.Constant}
-        feeds = [fs.gemm.a, fs.gemm.b] + [p.node for p in fs.params]
-        outs = [o.node for o in fs.outputs]
-
-        def run(inputs):
-            env = dict(consts)
-            env.update(zip(feeds, inputs))
-            for gid, spec, ins in steps:
-                env[gid] = ops.eval_graph_node(spec, *[env[i] for i in ins])
-            return [env[o] for o in outs]
-        return run
+        return emit.region_in_torch(self, ri)
 
     def node_spec(self, n) -> tuple:
         """A hashable description of a Graph IR node for ops.eval_graph_node. A reshape whose dim 0 is symbolic
@@ -495,8 +200,11 @@ class Analysis:
     demoted: dict            # fx.Node -> reason (region nodes left in torch to break a cycle)
 
 
-def analyze(aten_gm: fx.GraphModule, gemm_dtype=C.DType.BF16, max_rounds: int = 64) -> Analysis:
-    force: dict = {}
+def analyze(aten_gm: fx.GraphModule, gemm_dtype=C.DType.BF16, max_rounds: int = 64,
+            keep_in_torch: dict | None = None) -> Analysis:
+    """`keep_in_torch`: ATen nodes to leave in torch from the start, with the reason (e.g. fp32 GEMMs of a bf16
+    graph: they keep their own dtype, and every other region still fuses)."""
+    force: dict = dict(keep_in_torch or {})
     for _ in range(max_rounds):
         conv = convert(aten_gm, gemm_dtype, force)
         part = C.partition(conv.graph)
@@ -507,6 +215,6 @@ def analyze(aten_gm: fx.GraphModule, gemm_dtype=C.DType.BF16, max_rounds: int = 
         root = prog.nodes[prog.regions[ri].root].name
         for gid in readers:
             f = prog.fx_of(prog.nodes[gid].name)
-            force[f] = (f"reads '{t.name}', which stays in torch and depends on GEMM '{root}' whose epilogue "
+            force[f] = (f"reads '{t}', which is computed outside the region from GEMM '{root}' whose epilogue "
                         f"this would join: fusing it would create a cycle")
     raise RuntimeError("comfuse: could not make the partitioned program acyclic")

@@ -352,7 +352,9 @@ NB_MODULE(_core, m) {
       .def_ro("reason", &PlanDecision::reason)
       .def_ro("transport", &PlanDecision::transport)
       .def_ro("fused_us", &PlanDecision::fused_us)
-      .def_ro("unfused_us", &PlanDecision::unfused_us);
+      .def_ro("unfused_us", &PlanDecision::unfused_us)
+      .def_ro("epilogue_us", &PlanDecision::epilogue_us)
+      .def_prop_ro("epilogue", [](const PlanDecision& d) { return d.epilogue.summary(); });
   m.def("plan_region", [](const FusionSpec& fs) { return plan_region(fs); }, "spec"_a);
 
   // The GPU side: why kernels cannot run here ("" = they can), and one fused region as a kernel.

@@ -10,6 +10,8 @@
 //     from those (it depends on nothing else per element).
 // Specs the templates cannot express raise CodegenError with the reason (the planner declines the region).
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <iomanip>
 #include <sstream>
 
@@ -76,6 +78,19 @@ const char* reduce_kind(ReduceKind k) {
     case ReduceKind::Min: return "RowReduce::Min";
   }
   return "?";
+}
+
+// pow by a constant that is cheaper as another op: 1 (x itself), 0 (the constant 1, as torch.pow gives even
+// for NaN), +-0.5 (sqrt, rsqrt), an integer up to kMaxPowInt (multiplications). nullopt: the general powf.
+std::optional<Rendered> pow_special(double e, const Rendered& a) {
+  auto unary = [&](const std::string& f) { return Rendered{"Compute<" + f + ", " + a.type + ">", "{" + a.init + "}"}; };
+  if (e == 1.0) return a;
+  if (e == 0.0) return Rendered{"Scalar", "{1.0f, nullptr}"};
+  if (e == 0.5) return unary("ops::Sqrt");
+  if (e == -0.5) return unary("ops::Rsqrt");
+  if (e == std::trunc(e) && std::fabs(e) <= kMaxPowInt)
+    return unary("ops::PowInt<" + std::to_string(static_cast<int>(e)) + ">");
+  return std::nullopt;
 }
 
 class Psi {
@@ -179,6 +194,9 @@ class Psi {
           if (n.cast_to == DType::F32) return a;  // values are fp32 already
           const char* f = n.cast_to == DType::BF16 ? "ops::RoundBf16" : "ops::RoundF16";
           return {std::string("Compute<") + f + ", " + a.type + ">", "{" + a.init + "}"};
+        }
+        if (n.op == OpKind::Pow) {
+          if (auto special = pow_special(n.exponent, a)) return *special;
         }
         const char* f = op_functor(n.op);
         if (!f) throw CodegenError(std::string("no kernel functor for op '") + op_name(n.op) + "'");

@@ -1,10 +1,13 @@
 // The planner (see include/comfuse/plan.h).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <sstream>
 
+#include "comfuse/partition.h"
 #include "comfuse/plan.h"
+#include "comfuse/text.h"
 
 namespace comfuse {
 
@@ -77,6 +80,112 @@ bool has_tile_param(const FusionSpec& fs) {
 }
 
 }  // namespace
+
+namespace {
+
+double op_slots(const SpecNode& n, EpilogueCost& c) {
+  auto mufu = [&](int k) {
+    c.transcendentals += k;
+    return k * kMufuSlots;
+  };
+  switch (n.op) {
+    case OpKind::Cast: return n.cast_to == DType::F32 ? 0 : 2;
+    case OpKind::Div: return 3 + mufu(1);          // a * rcp_rn(b)
+    case OpKind::Reciprocal: return 2 + mufu(1);
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sqrt:
+    case OpKind::Rsqrt: return 1 + mufu(1);
+    case OpKind::Tanh: return mufu(1);
+    case OpKind::Sigmoid:
+    case OpKind::Silu: return 3 + mufu(2);         // ex2, then the fast division's rcp
+    case OpKind::GeluTanh: return 6 + mufu(1);
+    case OpKind::Gelu: return 14 + mufu(1);        // erff's polynomial
+    case OpKind::Pow: {
+      const double e = n.exponent;
+      if (e == 1.0 || e == 0.0) return 0;
+      if (e == 0.5 || e == -0.5) return 1 + mufu(1);
+      if (e == std::trunc(e) && std::fabs(e) <= kMaxPowInt) {   // ops::PowInt: square-and-multiply
+        int a = static_cast<int>(std::fabs(e)), muls = -1;
+        for (int v = a; v > 0; v >>= 1) muls += 1 + (v & 1);
+        return muls + (e < 0 ? 2 + mufu(1) : 0);
+      }
+      ++c.slow_paths;
+      c.transcendentals += 2;
+      return kPowfSlots;
+    }
+    default: return 1;   // add, sub, mul, max, min, neg, abs, relu, square
+  }
+}
+
+struct CostWalk {
+  const FusionSpec& fs;
+  std::vector<const Spec*> st;
+  EpilogueCost c;
+
+  double visit(size_t k, int i) {
+    const SpecNode& n = st[k]->nodes.at(i);
+    double s = 0;
+    for (int a : n.args) s += visit(k, a);
+    switch (n.kind) {
+      case SpecKind::AccEntry: return 0;
+      case SpecKind::Placeholder: {
+        if (n.placeholder == PlaceholderKind::ReductionResult || !n.per_row) return 0;
+        const Spec& parent = *st[k - 1];   // a per-row bypassed value is recomputed from the results
+        return visit(k - 1, parent.nodes[parent.terminal].bypass.at(n.slot));
+      }
+      case SpecKind::Broadcast:
+        if (n.bcast == BroadcastKind::Scalar) return 0;
+        ++c.loads;
+        return n.bcast == BroadcastKind::Tile ? 2 : n.bcast == BroadcastKind::Row ? 1 : 0.25;
+      case SpecKind::Compute: return s + op_slots(n, c);
+      case SpecKind::Reduction: return s + 2;
+      case SpecKind::Store: return s + 2;
+    }
+    return s;
+  }
+};
+
+}  // namespace
+
+std::string EpilogueCost::summary() const {
+  std::string o = fmt("~%.0f slots/element: ", slots) + std::to_string(transcendentals) + " transcendental(s), " +
+                  std::to_string(loads) + " load(s)";
+  if (slow_paths) o += ", " + std::to_string(slow_paths) + " general powf";
+  return o;
+}
+
+EpilogueCost epilogue_cost(const FusionSpec& fs) {
+  CostWalk w{fs, fs.stages(), {}};
+  for (size_t k = 0; k < w.st.size(); ++k) {
+    const Spec& s = *w.st[k];
+    for (size_t i = 0; i < s.nodes.size(); ++i)
+      if (s.nodes[i].kind == SpecKind::Store || (int(i) == s.terminal && s.nodes[i].kind == SpecKind::Reduction))
+        w.c.slots += w.visit(k, static_cast<int>(i));
+  }
+  return w.c;
+}
+
+EpilogueCost measured_class_cost(const std::string& cls) {
+  // The epilogues bench/bench_gemm.cu measures (tests/gpu/epilogues*.cuh), as graphs.
+  static const std::vector<std::pair<std::string, std::string>> kClasses = {
+      {"identity", "output h\n"},
+      {"bias_gelu", "y = gelu(add(h, b), approximate=\"tanh\")\noutput y\n"},
+      {"bias_res_2out", "s = add(add(h, b), R)\ny = mul(s, g)\noutput s, y\n"},
+      {"postnorm", "y = layer_norm(add(add(h, b), R), g, be)\noutput y\n"},
+      {"rmsnorm", "y = rms_norm(add(add(h, b), R), g)\noutput y\n"},
+      {"softmax", "y = softmax(add(h, b))\noutput y\n"},
+      {"ln_softmax", "y = softmax(layer_norm(add(add(h, b), R), g, be))\noutput y\n"},
+  };
+  for (const auto& [name, body] : kClasses) {
+    if (name != cls) continue;
+    static const std::string head =
+        "input X : bf16[256, 256]\ninput W : bf16[256, 256]\ninput b : bf16[256]\ninput R : bf16[256, 256]\n"
+        "input g : bf16[256]\ninput be : bf16[256]\nh = matmul(X, W)\n";
+    return epilogue_cost(partition(parse_cf(head + body, cls + ".cf")).regions.at(0).spec);
+  }
+  return {};
+}
 
 std::vector<MeasuredRow> parse_measured_table(const std::string& csv) {
   std::vector<MeasuredRow> rows;
@@ -160,22 +269,39 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   const double gemm_us = cublas->us * flops_ratio;
   const double ratio = best->us / cublas->us;
   d.fused_us = ratio * gemm_us;
-  double tiles = 1;  // the GEMM output, read back
-  for (const auto& p : fs.params) tiles += p.kind == BroadcastKind::Tile;
-  for (const auto& o : fs.outputs) tiles += o.per_row ? 0 : 1;
+  double passes = 1;  // the GEMM output, read back
+  for (const auto& p : fs.params) passes += p.kind == BroadcastKind::Tile;
+  for (const auto& o : fs.outputs) passes += o.per_row ? 0 : 1;
+  // The epilogue's own work: what it costs beyond the measured class's epilogue, where that exceeds the tile's
+  // mainloop (the other consumer's MMAs hide an epilogue up to that long), adds per tile a CTA runs.
+  d.epilogue = epilogue_cost(fs);
+  const EpilogueCost ref = measured_class_cost(cls);
+  const double tiles = std::ceil(double(g.rows) / d.config.tile_m) * std::ceil(double(g.n) / d.config.tile_n);
+  const double tiles_per_sm = std::ceil(tiles / kSms);
+  const double tile_elems = std::min<double>(d.config.tile_m, g.rows) * std::min<double>(d.config.tile_n, g.n);
+  const double tile_slots_us = tile_elems / (kEpilogueSlotsPerClk * kSmClockGhz * 1e3);
+  const double mainloop_tile_us = gemm_us / tiles_per_sm;
+  const double hidden_us = std::max(mainloop_tile_us, ref.slots * tile_slots_us);
+  d.epilogue_us = tiles_per_sm * std::max(0.0, d.epilogue.slots * tile_slots_us - hidden_us);
+  if (d.epilogue_us < kEpilogueNoiseUs) d.epilogue_us = 0;   // below a launch's noise: the measurement decides
+  d.fused_us += d.epilogue_us;
   const bool bias = bias_only(fs);
   const bool plain = cls == "identity" || bias;   // cuBLAS does these alone
-  d.unfused_us = gemm_us + (plain ? 0.0 : 2.0 * g.rows * g.n * tiles / kUnfusedBytesPerSecond * 1e6);
+  d.unfused_us = gemm_us + (plain ? 0.0 : 2.0 * g.rows * g.n * passes / kUnfusedBytesPerSecond * 1e6);
   const std::string basis = fmt("measured %.3fx cuBLAS", ratio) + " for '" + cls + "' [" + best->config +
                             (reduces ? ", " + d.transport : std::string()) + "] at " +
                             std::to_string(best->m) + "x" + std::to_string(best->k) + "x" + std::to_string(best->n) +
                             fmt(" (M x K x N); this shape: fused ~%.0f us, GEMM + separate epilogue ~%.0f us", d.fused_us,
                                 d.unfused_us);
+  const std::string epi = d.epilogue_us > 0
+      ? std::string("; its epilogue (") + d.epilogue.summary() + fmt(", against %.0f measured) adds ~%.0f us the mainloop does not hide",
+                                                                ref.slots, d.epilogue_us)
+      : std::string();
   if (d.fused_us > d.unfused_us)
-    return decline("fusion does not pay: " + basis +
+    return decline("fusion does not pay: " + basis + epi +
                    (bias ? " (a bias alone: cuBLAS adds it in its own epilogue)" : ""));
   d.fuse = true;
-  d.reason = basis;
+  d.reason = basis + epi;
   return d;
 }
 

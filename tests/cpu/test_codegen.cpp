@@ -83,3 +83,24 @@ TEST(Codegen, DeclinesWhatTheTemplatesCannotExpress) {
   EXPECT_NE(reason(head + "e = exp(h)\ns = sum(e)\ny = add(div(e, s), h)\noutput y\n").find("two tile-sized values"),
             std::string::npos);
 }
+
+// pow by a constant never takes powf's general path where a cheaper op gives the value: integers become
+// multiplications (GPT-2's gelu_new has pow(h, 3.0): powf made that kernel 11x the GEMM alone), 0.5 sqrt.
+TEST(Codegen, PowByAnIntegerIsMultiplications) {
+  auto epilogue = [](const std::string& e) {
+    Partition p = partition(parse_cf("input X : bf16[8, 16]\ninput W : bf16[16, 24]\ny = pow(matmul(X, W), " + e +
+                                         ")\noutput y\n",
+                                     "pow.cf"));
+    std::string src = generate_kernel(p.regions.at(0).spec).source;
+    size_t at = src.find("using Epilogue = ");
+    return src.substr(at, src.find(";\n", at) - at);
+  };
+  EXPECT_EQ(epilogue("3.0"), "using Epilogue = Store<bf16, Compute<ops::PowInt<3>, AccEntry>>");
+  EXPECT_EQ(epilogue("2.0"), "using Epilogue = Store<bf16, Compute<ops::PowInt<2>, AccEntry>>");
+  EXPECT_EQ(epilogue("-2.0"), "using Epilogue = Store<bf16, Compute<ops::PowInt<-2>, AccEntry>>");
+  EXPECT_EQ(epilogue("0.5"), "using Epilogue = Store<bf16, Compute<ops::Sqrt, AccEntry>>");
+  EXPECT_EQ(epilogue("-0.5"), "using Epilogue = Store<bf16, Compute<ops::Rsqrt, AccEntry>>");
+  EXPECT_EQ(epilogue("1.0"), "using Epilogue = Store<bf16, AccEntry>");
+  EXPECT_EQ(epilogue("1.5"), "using Epilogue = Store<bf16, Compute<ops::PowConst, AccEntry>>");
+  EXPECT_EQ(epilogue("100.0"), "using Epilogue = Store<bf16, Compute<ops::PowConst, AccEntry>>");
+}

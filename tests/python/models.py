@@ -79,3 +79,29 @@ class CumsumCycle(nn.Module):
     def forward(self, x):
         h = self.lin(x)
         return self.ln(h + h.cumsum(-1))
+
+
+class MixedDtypeBlock(nn.Module):
+    """A bf16 MLP block (Linear + GELU, Linear + residual + LayerNorm) beside an fp32 batched GEMM, as in a
+    Llama rotary embedding (inv_freq @ positions in fp32) or an upcast attention score: the fp32 bmm must stay
+    in torch in fp32 while the bf16 regions still fuse. Cast the module to bf16 (its fp32 buffer stays fp32)."""
+
+    def __init__(self, d=32, hidden=64):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, hidden), nn.Linear(hidden, d)
+        self.ln = nn.LayerNorm(d)
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d), persistent=False)
+
+    def _apply(self, fn, recurse=True):   # keep inv_freq fp32 through .to(torch.bfloat16), as HF rotary does
+        inv = self.inv_freq
+        out = super()._apply(fn, recurse)
+        self.inv_freq = inv.to(self.ln.weight.device)
+        return out
+
+    def forward(self, x):
+        b, s, d = x.shape
+        pos = (torch.ones_like(x[..., :1]).float().cumsum(1) - 1).transpose(1, 2)   # [b, 1, s]: 0 .. s-1
+        freqs = torch.bmm(self.inv_freq[None, :, None].expand(b, -1, 1).float(), pos).transpose(1, 2)  # fp32 GEMM
+        rot = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(x.dtype)
+        h = self.ln(x + self.down(F.gelu(self.up(x))))
+        return h * rot

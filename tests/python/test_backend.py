@@ -444,3 +444,73 @@ def test_rewrite_keeping_torch_on_random_blocks():
         assert got.shape == ref.shape and got.dtype == ref.dtype, (seed, m.ops)
         assert rel_err(got.float(), ref.float()) <= 3e-2, (seed, m.ops, rel_err(got.float(), ref.float()))
     assert kept >= 12
+
+
+# ---------------------------------------------------------------- per-region decisions
+
+def _gpu_analysis(monkeypatch, rep, **kw):
+    """analyze_graph of a captured graph on fake CUDA tensors of an sm_90 GPU (no GPU needed)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from comfuse import _core, backend
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
+    monkeypatch.setattr(_core, "unsupported_device_reason", lambda i: "")
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        inputs = [fake.from_tensor(t).to("cuda:0") for t in rep.example_inputs]
+        with torch.no_grad():
+            return backend.analyze_graph(rep.gm, inputs, **kw)
+
+
+def test_fp32_gemm_among_bf16_ones_stays_in_torch_and_the_rest_fuses(monkeypatch, caplog):
+    """One fp32 bmm in a bf16 graph: that GEMM stays in torch in fp32 (with its reason, in the report and in
+    explain), the bf16 GEMMs' regions still fuse, and the graph as a whole does not fall back."""
+    from comfuse import backend, ops
+    from models import MixedDtypeBlock
+
+    m = _bf16(MixedDtypeBlock())
+    assert m.inv_freq.dtype == torch.float32
+    x = bf16_randn(2, 8, 32, seed=70).to(torch.bfloat16)
+    rep = comfuse.capture(m, x)[0]
+    kept = {n.name: r for n, r in rep.analysis.conv.torch_nodes.items() if n.target == torch.ops.aten.bmm.default}
+    assert len(kept) == 1 and next(iter(kept.values())).startswith("dtype float32 GEMM: ComFuse kernels take bf16/f16")
+    roots = sorted(rep.analysis.part.graph.node(r.root).name for r in rep.regions)
+    assert len(roots) == 2, roots                                  # up + GELU, down + residual + LayerNorm
+    assert rep.fallback.startswith("CPU tensors")                  # on the CPU: the device, not the dtype
+    got = _gpu_analysis(monkeypatch, rep)
+    assert got.fallback is None and len(got.regions) == 2, got.fallback
+    # explain shows the same per-region decision
+    text = backend_report_text(got)
+    bmm_line = next(line for line in text.splitlines() if "aten.bmm" in line and "= aten.bmm" in line)
+    assert "left in torch: dtype float32 GEMM" in bmm_line, text
+    assert text.count("epilogue fused: region") == 2, text
+    # the GPU path's rewrite: two fused calls, the bmm still an fp32 aten.bmm; it runs (CPU reference op)
+    monkeypatch.setattr(ops, "compile_kernel", lambda key: None)
+
+    class Kernel:
+        name, config, transport, cache_hit, compile_seconds = "stand_in", "128x128x64_c1x1", "none", True, 0.0
+
+    monkeypatch.setattr(ops, "gpu_kernel", lambda key: Kernel())
+    target = backend._with_kernels(rep, rep.gm, 1, fuse_all=True)
+    calls = [n for n in target.graph.nodes if n.target is torch.ops.comfuse.fused_region.default]
+    bmms = [n for n in target.graph.nodes if n.target is torch.ops.aten.bmm.default]
+    assert len(calls) == 2 and len(bmms) == 1 and bmms[0].meta["val"].dtype == torch.float32
+    with torch.no_grad():
+        out, ref = target(*rep.example_inputs)[0], m(x)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert rel_err(out.float(), ref.float()) <= 2e-2
+
+
+def backend_report_text(rep):
+    from comfuse.report import report_text
+    return report_text(rep)
+
+
+def test_all_fp32_graph_still_falls_back_as_a_whole():
+    """Nothing can run when every GEMM is fp32: the whole graph falls back with the dtype reason."""
+    from comfuse import backend
+    rep = comfuse.capture(ClassifierHead().eval(), torch.randn(4, 32))[0]
+    assert rep.fallback.startswith("dtype float32 GEMM 'addmm'")
+    assert not any("dtype float32" in r for r in rep.analysis.conv.torch_nodes.values())
+    assert backend.dtype_reason(rep.analysis.conv.gm).startswith("dtype float32 GEMM")

@@ -1,8 +1,8 @@
 // Elementwise operators of the epilogue, fp32 in and out. Each has a Params struct (empty unless
 // the op takes a constant) so Compute<Op, ...>::Arguments can carry it.
 // Fast hardware approximations are used where their error is far below bf16/f16 rounding
-// (tanh.approx: 2^-10.99 relative; ex2.approx-based exp/sigmoid/silu: ~2 ulp; division through the
-// rounded reciprocal: 1.5 ulp).
+// (tanh.approx: 2^-10.99 relative; ex2.approx-based exp/sigmoid/silu: ~2 ulp; sqrt.approx: ~1 ulp; division
+// through the rounded reciprocal: 1.5 ulp).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -18,6 +18,14 @@ CUTE_DEVICE float tanh_approx(float x) {
   return y;
 }
 
+// sqrt.approx (MUFU.RSQ and a multiply, ~1 ulp): IEEE sqrtf branches to an out-of-line slow path for every
+// input below 2^-101, so each zero (after a relu, say) paid a CALL in the epilogue.
+CUTE_DEVICE float sqrt_approx(float x) {
+  float y;
+  asm("sqrt.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 #define COMFUSE_UNARY_OP(Name, expr)                                             \
   struct Name {                                                                  \
     using Params = NoParams;                                                     \
@@ -28,7 +36,7 @@ COMFUSE_UNARY_OP(Neg, -x)
 COMFUSE_UNARY_OP(Abs, fabsf(x))
 COMFUSE_UNARY_OP(Exp, __expf(x))
 COMFUSE_UNARY_OP(Log, __logf(x))
-COMFUSE_UNARY_OP(Sqrt, sqrtf(x))
+COMFUSE_UNARY_OP(Sqrt, sqrt_approx(x))
 COMFUSE_UNARY_OP(Rsqrt, rsqrtf(x))
 COMFUSE_UNARY_OP(Tanh, tanh_approx(x))
 COMFUSE_UNARY_OP(Sigmoid, __fdividef(1.f, 1.f + __expf(-x)))
@@ -43,7 +51,25 @@ COMFUSE_UNARY_OP(RoundBf16, __bfloat162float(__float2bfloat16_rn(x)))   // cast 
 COMFUSE_UNARY_OP(RoundF16, __half2float(__float2half_rn(x)))            // cast to f16 and back
 #undef COMFUSE_UNARY_OP
 
-// x ** exponent, exponent a constant given in the arguments.
+// x ** N for an integral constant N (Psi picks it for pow by an integer, e.g. GPT-2's pow(h, 3.0)):
+// multiplications by repeated squaring, then the reciprocal for N < 0. powf with a runtime exponent takes
+// the general log/exp path with its special-case checks, ~10x a GEMM's time per element in an epilogue.
+template <int N>
+struct PowInt {
+  using Params = NoParams;
+  CUTE_DEVICE float operator()(Params const&, float x) const {
+    float r = 1.f, b = x;
+#pragma unroll
+    for (int e = N < 0 ? -N : N; e > 0; e >>= 1) {
+      if (e & 1) r *= b;
+      if (e > 1) b *= b;
+    }
+    if constexpr (N < 0) return __frcp_rn(r);
+    return r;
+  }
+};
+
+// x ** exponent, exponent a constant given in the arguments (non-integral exponents; Psi sends 0.5 to Sqrt).
 struct PowConst {
   struct Params {
     float exponent = 1.f;

@@ -1,0 +1,347 @@
+"""FX emission of a partitioned program (program.Program): the graph TorchInductor compiles, in which each fused
+region is one `comfuse::fused_region` call.
+
+  rewrite                the program re-emitted from the Graph IR: standard-path nodes as torch ops in fp32 (the
+                         semantics the CPU checks compare against), torch nodes copied
+  rewrite_keeping_torch  the ATen graph with only the fused regions changed: every other node copied as it was,
+                         in its own dtype (the GPU path, and ComFusePass inside Inductor)
+  region_in_torch        a region computed node by node with torch ops (the custom op's fallback)
+  emit_aten_node         one Graph IR node as ATen nodes (helper values before a fused call)
+"""
+from __future__ import annotations
+
+import operator
+from typing import NamedTuple
+
+import torch
+import torch.fx as fx
+
+from . import _core as C
+from .convert import DT_TO_TORCH, OK, TORCH_TO_DT, size_hints
+
+
+def _cast(g: fx.Graph, v, dtype):
+    return g.call_function(torch.ops.prims.convert_element_type.default, (v, dtype))
+
+
+class NotKeepable(Exception):
+    """rewrite_keeping_torch cannot express this program (rewrite can)."""
+
+
+class RegionOutputs(NamedTuple):
+    """The outputs of fused region `region` (what a later step may wait for)."""
+    region: int
+
+
+class _CopyNode(NamedTuple):
+    """A step of rewrite_keeping_torch: copy ATen node `node` as it was."""
+    node: fx.Node
+
+
+class _EmitRegion(NamedTuple):
+    """A step of rewrite_keeping_torch: emit fused region `region` once `deps` exist."""
+    region: int
+    deps: set
+
+
+def new_graph(prog):
+    """A new FX graph with this program's placeholders (meta kept) and attributes, and the map to them."""
+    g = fx.Graph()
+    env_fx: dict = {}
+    for n in prog.gm.graph.nodes:
+        if n.op == "placeholder":
+            env_fx[n] = g.placeholder(n.name)
+            env_fx[n].meta = dict(n.meta)
+        elif n.op == "get_attr":
+            env_fx[n] = g.get_attr(n.target)
+            env_fx[n].meta = dict(n.meta)
+    return g, env_fx
+
+
+def rewrite(prog, ctas: int = 1, fuse=None) -> fx.GraphModule:
+    """The program as an FX graph: each region one `comfuse::fused_region` call, standard-path Graph IR
+    nodes as torch ops (fp32 math, as the Graph IR defines them), torch nodes copied. `fuse`: the indices
+    of the regions to fuse (default all); the others are emitted node by node like the standard path."""
+    from . import ops
+
+    g, env_fx = new_graph(prog)
+    env_g: dict = {}
+    pg = prog.pg
+
+    def get_g(gid):
+        n = prog.nodes[gid]
+        if n.name in env_g:
+            return env_g[n.name]
+        if n.op == OK.Input:
+            src = prog.conv.input_source[n.name]
+            v = _cast(g, env_fx[src], DT_TO_TORCH[n.dtype])
+        elif n.op == OK.Constant:
+            v = n.value
+        else:
+            raise AssertionError(f"rewrite: '{n.name}' read before it is computed")
+        env_g[n.name] = v
+        return v
+
+    def get_fx(a):
+        if a in env_fx:
+            return env_fx[a]
+        node = prog.conv.graph.node(prog.conv.value[a])
+        gid = pg.find(node.name)
+        dt = a.meta["val"].dtype
+        if gid is None or prog.nodes[gid].op in (OK.Input, OK.Constant):
+            src = env_fx[prog.conv.input_source[node.name]]
+        else:
+            src = get_g(gid)
+        return _cast(g, src, dt)
+
+    for s in prog.steps:
+        if s.kind == "region" and (fuse is None or s.index in fuse):
+            fs = prog.regions[s.index].spec
+            for o, v in zip(fs.outputs, fused_call(prog, g, s.index, fs, ctas, get_g)):
+                env_g[o.name] = v
+        elif s.kind in ("region", "node"):   # a region not fused: node by node (topological, root first)
+            for gid in prog.regions[s.index].nodes if s.kind == "region" else [s.index]:
+                n = prog.nodes[gid]
+                env_g[n.name] = g.call_function(ops.eval_graph_node,
+                                                (prog.node_spec(n), *[get_g(i) for i in n.inputs]))
+        else:
+            t = s.index
+            env_fx[t] = g.node_copy(t, get_fx)
+    out = next(n for n in prog.gm.graph.nodes if n.op == "output")
+    g.output(fx.node.map_arg(out.args[0], get_fx))
+    gm = fx.GraphModule(prog.gm, g)
+    return gm
+
+
+def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
+    """The ATen graph with only the regions in `fuse` changed: each becomes one `comfuse::fused_region` call,
+    and every other node - standard-path ops, declined regions, torch nodes - is copied as it was (a bf16
+    model stays bf16 there, for TorchInductor to compile as it would without ComFuse). Raises NotKeepable
+    when a fused region does not line up with whole ATen nodes; `rewrite` then serves."""
+    from . import ops
+
+    cg = prog.conv.graph
+    live = {n.name for n in prog.nodes}
+
+    def resolve(i) -> str:
+        """The live Graph IR value an ATen node's converted value is: reshapes the core dropped as dead
+        (a view folded into the next one) are looked through."""
+        while cg.node(i).name not in live and cg.node(i).op == OK.Reshape:
+            i = cg.node(i).inputs[0]
+        return cg.node(i).name
+
+    region_of_name = {prog.nodes[gid].name: ri for ri in fuse for gid in prog.regions[ri].nodes}
+    fx_values: dict = {}            # live Graph IR name -> the ATen nodes whose value it is (maybe reshaped)
+    absorbed: dict = {}             # ATen node -> index of the fused region that computes it
+    for f, v in prog.conv.value.items():
+        ids = v if isinstance(v, tuple) else (v,)
+        names = [resolve(i) for i in ids]
+        if not isinstance(v, tuple):
+            fx_values.setdefault(names[0], []).append(f)
+        rs = {region_of_name.get(nm) for nm in names}
+        if rs != {None}:
+            if len(rs) != 1 or None in rs:
+                raise NotKeepable(f"ATen node '{f.name}' is split across a fused region's boundary")
+            absorbed[f] = rs.pop()
+    for ri in fuse:
+        for gid in prog.regions[ri].nodes:
+            f = prog.fx_of(prog.nodes[gid].name)
+            if f is None or absorbed.get(f) != ri:
+                raise NotKeepable(f"region {ri} holds part of ATen node "
+                                  f"'{f.name if f is not None else prog.nodes[gid].name}'")
+
+    def source(name):
+        """The ATen node (outside fused regions) a Graph IR value is read from, if there is one."""
+        return next((f for f in fx_values.get(name, []) if f not in absorbed), None)
+
+    def deps(gid, acc):
+        """What a fused call's input is made from (through helper casts and views): ATen nodes, and
+        RegionOutputs(j) for the outputs of fused region j."""
+        n = prog.nodes[gid]
+        f = source(n.name)
+        if n.name in region_of_name:
+            acc.add(RegionOutputs(region_of_name[n.name]))
+        elif f is not None:
+            acc.add(f)
+        elif n.op == OK.Input:
+            acc.add(prog.conv.input_source[n.name])
+        elif n.op != OK.Constant:
+            for i in n.inputs:
+                deps(i, acc)
+        return acc
+
+    g, env_fx = new_graph(prog)
+    env_g: dict = {}
+
+    def reshape(v, have, want, dynamic: bool):
+        """v from shape `have` to `want` (ints); a dynamic batch's dim 0 becomes -1 (the rest is static)."""
+        if list(have) == list(want):
+            return v
+        return g.call_function(torch.ops.aten.reshape.default, (v, [-1] + list(want)[1:] if dynamic else list(want)))
+
+    def symbolic(shape) -> bool:
+        if any(isinstance(d, torch.SymInt) for d in list(shape)[1:]):
+            raise NotKeepable("a symbolic size outside dim 0")
+        return any(isinstance(d, torch.SymInt) for d in shape)
+
+    def reshaped(v, have, want):
+        """v (Graph IR shape `have`) as an ATen node's shape `want` (maybe symbolic in dim 0)."""
+        return reshape(v, have, size_hints(want), symbolic(want))
+
+    def value_of(gid):
+        n = prog.nodes[gid]
+        if n.name not in env_g:
+            f = source(n.name)
+            if f is not None and f in env_fx:
+                have = f.meta["val"].shape   # the ATen node may be a view of the value: back to its shape
+                v = reshape(env_fx[f], size_hints(have), list(n.shape), symbolic(have))
+                env_g[n.name] = _cast(g, v, DT_TO_TORCH[n.dtype])
+            elif n.op == OK.Input:
+                env_g[n.name] = _cast(g, env_fx[prog.conv.input_source[n.name]], DT_TO_TORCH[n.dtype])
+            elif n.op == OK.Constant:
+                env_g[n.name] = n.value
+            else:   # a helper value (a cast, a view) between ATen nodes and a fused call
+                env_g[n.name] = emit_aten_node(g, n, prog.node_spec(n), [value_of(i) for i in n.inputs])
+        return env_g[n.name]
+
+    def stored_dtypes(ri):
+        """Each output in the dtype its ATen readers have (bf16 rather than the f32 a value handed on within
+        the Graph IR keeps): the torch ops reading it round to that dtype anyway, so the kernel stores less.
+        An output another fused region reads keeps the Graph IR's f32 hand-off."""
+        fs = prog.regions[ri].spec
+        out = []
+        for o in fs.outputs:
+            dts = {f.meta["val"].dtype for f in fx_values.get(o.name, []) if absorbed.get(f) == ri}
+            gid = prog.pg.find(o.name)
+            fused_reader = any(gid in list(n.inputs) and region_of_name.get(n.name, ri) != ri for n in prog.nodes)
+            narrow = len(dts) == 1 and next(iter(dts)) in (torch.bfloat16, torch.float16)
+            out.append(TORCH_TO_DT[next(iter(dts))] if narrow and o.dtype == C.DType.F32 and not fused_reader
+                       else o.dtype)
+        return out
+
+    def emit_region(ri):
+        fs = prog.regions[ri].spec
+        dts = stored_dtypes(ri)
+        if dts != [o.dtype for o in fs.outputs]:
+            fs = fs.with_output_dtypes(dts)
+        emitted.add(RegionOutputs(ri))
+        for o, out in zip(fs.outputs, fused_call(prog, g, ri, fs, ctas, value_of)):
+            env_g[o.name] = out
+            for f in fx_values.get(o.name, []):
+                if absorbed.get(f) == ri:
+                    env_fx[f] = _cast(g, reshaped(out, list(o.shape), f.meta["val"].shape), f.meta["val"].dtype)
+
+    # Kahn over ATen nodes (in their order) and fused calls: each goes once all it reads exists.
+    todo = [_CopyNode(n) for n in prog.gm.graph.nodes if n.op == "call_function" and n not in absorbed]
+    todo += [_EmitRegion(ri, set().union(*[deps(i, set()) for i in
+                                           [prog.regions[ri].spec.gemm.a, prog.regions[ri].spec.gemm.b] +
+                                           [p.node for p in prog.regions[ri].spec.params]]))
+             for ri in sorted(fuse)]
+    emitted: set = set()
+    ready = lambda a: a in emitted if isinstance(a, RegionOutputs) else a in env_fx  # noqa: E731
+    need = lambda t: t.node.all_input_nodes if isinstance(t, _CopyNode) else t.deps  # noqa: E731
+    while todo:
+        left = []
+        for t in todo:
+            if all(ready(a) for a in need(t)):
+                if isinstance(t, _CopyNode):
+                    env_fx[t.node] = g.node_copy(t.node, lambda a: env_fx[a])
+                else:
+                    emit_region(t.region)
+            else:
+                left.append(t)
+        if len(left) == len(todo):
+            stuck = next(a for a in need(left[0]) if not ready(a))
+            raise NotKeepable(f"{stuck!r} is never computed outside the fused regions")
+        todo = left
+    out = next(n for n in prog.gm.graph.nodes if n.op == "output")
+    missing = [a.name for a in out.all_input_nodes if a not in env_fx]
+    if missing:
+        raise NotKeepable(f"graph outputs {missing} are inside fused regions but not their outputs")
+    g.output(fx.node.map_arg(out.args[0], lambda a: env_fx[a]))
+    gm = fx.GraphModule(prog.gm, g)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def fused_call(prog, g: fx.Graph, ri: int, fs, ctas: int, value) -> list:
+    """Region `ri` (as Spec `fs`) as one comfuse::fused_region call in `g`, its inputs read through
+    `value(graph IR id)`; the call's outputs, in the Spec's order."""
+    from . import ops
+
+    key = ops.register_region(fs, ctas, fallback=region_in_torch(prog, ri))
+    ins = [value(fs.gemm.a), value(fs.gemm.b)] + [value(p.node) for p in fs.params]
+    call = g.call_function(torch.ops.comfuse.fused_region.default, (key, ins))
+    return [g.call_function(operator.getitem, (call, j)) for j in range(len(fs.outputs))]
+
+
+def region_in_torch(prog, ri: int):
+    """The region computed node by node with torch ops (`ops.eval_graph_node`), as a function of the fused
+    call's inputs [A, B, *params] returning its outputs: what the custom op runs if the kernel cannot."""
+    from . import ops
+
+    fs = prog.regions[ri].spec
+    steps = [(gid, prog.node_spec(prog.nodes[gid]), list(prog.nodes[gid].inputs)) for gid in prog.regions[ri].nodes]
+    consts = {i: prog.nodes[i].value for _, _, ins in steps for i in ins if prog.nodes[i].op == OK.Constant}
+    feeds = [fs.gemm.a, fs.gemm.b] + [p.node for p in fs.params]
+    outs = [o.node for o in fs.outputs]
+
+    def run(inputs):
+        env = dict(consts)
+        env.update(zip(feeds, inputs))
+        for gid, spec, ins in steps:
+            env[gid] = ops.eval_graph_node(spec, *[env[i] for i in ins])
+        return [env[o] for o in outs]
+    return run
+
+
+_A = torch.ops.aten
+_ATEN_UNARY = {OK.Neg: _A.neg.default, OK.Abs: _A.abs.default, OK.Exp: _A.exp.default, OK.Log: _A.log.default,
+               OK.Sqrt: _A.sqrt.default, OK.Rsqrt: _A.rsqrt.default, OK.Tanh: _A.tanh.default,
+               OK.Sigmoid: _A.sigmoid.default, OK.Relu: _A.relu.default, OK.Reciprocal: _A.reciprocal.default}
+_ATEN_BINARY = {OK.Add: _A.add.Tensor, OK.Sub: _A.sub.Tensor, OK.Mul: _A.mul.Tensor, OK.Div: _A.div.Tensor,
+                OK.Max: _A.maximum.default, OK.Min: _A.minimum.default}
+_ATEN_BINARY_SCALAR = {OK.Max: _A.clamp_min.default, OK.Min: _A.clamp_max.default}
+_ATEN_REDUCE = {OK.Sum: _A.sum.dim_IntList, OK.Mean: _A.mean.dim, OK.ReduceMax: _A.amax.default,
+                OK.ReduceMin: _A.amin.default}
+
+
+def emit_aten_node(g: fx.Graph, n, spec: tuple, xs: list):
+    """Graph IR node `n` as ATen nodes in `g` (fp32 values, as the Graph IR defines them; `spec` is
+    Program.node_spec(n)): the form a graph Inductor lowers directly can hold, unlike ops.eval_graph_node
+    (a Python function AOTAutograd must trace first). Raises NotKeepable for an op without one here."""
+    op = n.op
+    f32 = [_cast(g, x, torch.float32) if isinstance(x, fx.Node) else float(x) for x in xs]
+    if op == OK.Cast:
+        return _cast(g, _cast(g, f32[0], DT_TO_TORCH[n.cast_to]), torch.float32)
+    if op == OK.Reshape:
+        return g.call_function(_A.reshape.default, (f32[0], list(spec[1])))
+    if op == OK.Transpose:
+        return g.call_function(_A.clone.default, (g.call_function(_A.permute.default, (f32[0], list(n.perm))),),
+                               {"memory_format": torch.contiguous_format})
+    if op in _ATEN_UNARY:
+        return g.call_function(_ATEN_UNARY[op], (f32[0],))
+    if op == OK.Square:
+        return g.call_function(_A.mul.Tensor, (f32[0], f32[0]))
+    if op in (OK.Gelu, OK.GeluTanh):
+        return g.call_function(_A.gelu.default, (f32[0],), {"approximate": "tanh" if op == OK.GeluTanh else "none"})
+    if op == OK.Silu:
+        return g.call_function(_A.silu.default, (f32[0],))
+    if op == OK.Pow:
+        return g.call_function(_A.pow.Tensor_Scalar, (f32[0], float(n.value)))
+    if op in _ATEN_BINARY:
+        a, b = f32
+        if not isinstance(a, fx.Node):
+            if op in (OK.Add, OK.Mul, OK.Max, OK.Min):
+                a, b = b, a
+            else:   # constant - x, constant / x
+                a = g.call_function(_A.full_like.default, (b, a))
+        if not isinstance(b, fx.Node) and op in _ATEN_BINARY_SCALAR:
+            return g.call_function(_ATEN_BINARY_SCALAR[op], (a, b))
+        return g.call_function(_ATEN_BINARY[op], (a, b))
+    if op in _ATEN_REDUCE:
+        return g.call_function(_ATEN_REDUCE[op], (f32[0], [int(n.dim)], bool(n.keepdim)))
+    raise NotKeepable(f"no ATen form here for the Graph IR op '{C.op_name(op)}' ('{n.name}')")
+
+

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# On the device machine: Hugging Face BERT, a Llama-style model and GPT-2 (random weights, from configs) in bf16
+# through backend="comfuse" against Inductor in the same mode and eager (bench/hf_models_bench.py: correctness
+# against eager, time, fused-region counts, attention kernels). Installs the package with the image's python3 as
+# scripts/gpu-python.sh does, uses the image's own transformers (no network there). Logs and CSV under $OUT; a
+# table last; exit 1 on a wrong output, a missing required region (fuse="all") or a failed run.
+#
+#   scripts/gpu-hf-models.sh [--no-install] [--models bert,llama,gpt2] [--modes default,max-autotune-no-cudagraphs,reduce-overhead]
+#                            [--comfuse planner,all] [--budget-s 480]
+# Needs the CUTLASS headers at .carry/cutlass/include (scripts/gpu-check.sh --prepare), carried with .carry.
+# One command is limited to 10 minutes on the device: split the models over calls, e.g. --models bert, then
+# --models llama,gpt2; --budget-s stops starting new compiles in time to print the table.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+do_install=1 models=bert,llama,gpt2 modes=default,max-autotune-no-cudagraphs,reduce-overhead variants=planner,all budget=480
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-install) do_install=0 ;;
+    --models) models="$2"; shift ;;
+    --modes) modes="$2"; shift ;;
+    --comfuse) variants="$2"; shift ;;
+    --budget-s) budget="$2"; shift ;;
+    *) echo "gpu-hf-models: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+OUT="${OUT:-$root/build/gpu-hf-models}"
+mkdir -p "$OUT"
+[ -d .carry/cutlass/include ] && [ -z "${COMFUSE_CUTLASS_DIR:-}" ] && export COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include"
+export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+unset COMFUSE_KERNEL_DIR
+t0=$(date +%s)
+if [ $do_install = 1 ]; then
+  CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps \
+    --config-settings=cmake.define.COMFUSE_CUTLASS_INCLUDE="${COMFUSE_CUTLASS_DIR:-}" \
+    --config-settings=build-dir=/tmp/comfuse-wheel-build . > "$OUT/pip.log" 2>&1 \
+    || { tail -30 "$OUT/pip.log"; echo "gpu-hf-models: install failed"; exit 1; }
+  echo "gpu-hf-models: installed in $(( $(date +%s) - t0 )) s"
+fi
+(cd /tmp && python3 -c "import transformers, torch, comfuse; print('transformers', transformers.__version__, 'torch', torch.__version__, 'comfuse', comfuse.__file__)") \
+  2>&1 | tee "$OUT/versions.log" || { echo "gpu-hf-models: transformers is not importable here"; exit 1; }
+PYTHONUNBUFFERED=1 timeout $(( budget + 110 )) python3 bench/hf_models_bench.py --models "$models" --modes "$modes" \
+  --comfuse "$variants" --budget-s "$budget" --out "$OUT/hf_models.csv" > "$OUT/bench.log" 2>&1
+rc=$?
+grep -vE "Warning|warn\(" "$OUT/bench.log" | grep -E "^\||FAILURE|budget|Traceback|Error" | tail -60
+echo "gpu-hf-models: rc=$rc in $(( $(date +%s) - t0 )) s (logs: $OUT/bench.log, comfuse log: $OUT/hf_models.log)"
+exit $rc

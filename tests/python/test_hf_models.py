@@ -1,0 +1,140 @@
+"""Hugging Face models (transformers, pinned in scripts/versions.sh) built from configs with random weights - no
+downloads - captured on CPU in bf16: which GEMMs become fused regions, what each region holds, and the planner's
+decision at the token count of the GPU benchmark (docs/pytorch.md; scripts/gpu-hf-models.sh runs them on the
+H200). Two layers at the real widths keep the capture fast while the regions and decisions are those of the
+full models. CPU tensors make the graph fall back as a whole; the per-region analysis is what the GPU uses."""
+import pytest
+import torch
+
+import comfuse
+
+transformers = pytest.importorskip("transformers")
+C = comfuse._core
+
+
+def _capture(model, *inputs):
+    torch.manual_seed(0)
+    reps = comfuse.capture(model.to(torch.bfloat16).eval(), *inputs)
+    assert len(reps) == 1, [r.fallback for r in reps]
+    rep = reps[0]
+    assert rep.analysis is not None, rep.error
+    assert rep.fallback.startswith("CPU tensors"), rep.fallback
+    return rep
+
+
+def _regions(rep, rows: int) -> list[dict]:
+    """Per region, in graph order: its GEMM, the Graph IR ops it holds, its outputs and stages, and the plan
+    for `rows` tokens (the benchmark's batch x sequence)."""
+    pg = rep.analysis.part.graph
+    out = []
+    for r in rep.regions:
+        p = C.plan_region(r.spec.with_rows(rows))
+        out.append(dict(root=pg.node(r.root).name, ops={C.op_name(pg.node(i).op) for i in r.nodes},
+                        outputs=len(r.spec.outputs), stages=r.spec.num_stages(), plan=p))
+    return out
+
+
+def _speed_only(p) -> bool:
+    """Fused, or declined only because the measured kernel is slower (fuse="all" fuses it)."""
+    return p.fuse or p.reason.startswith("fusion does not pay")
+
+
+def _gemms_in_torch(rep) -> dict:
+    gemm_targets = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+    return {n.name: why for n, why in rep.analysis.conv.torch_nodes.items() if n.target in gemm_targets}
+
+
+def test_bert_regions_and_decisions():
+    """BertModel (BERT-base widths): per layer, Q/K/V (a bias alone: cuBLAS adds it itself), the attention
+    out-projection + residual + LayerNorm, FFN1 + bias + GELU (fused), FFN2 + residual + LayerNorm. The
+    attention stays one SDPA op in torch."""
+    cfg = transformers.BertConfig(hidden_size=768, num_hidden_layers=2, num_attention_heads=12,
+                                  intermediate_size=3072, vocab_size=128, max_position_embeddings=64)
+    ids = torch.randint(0, 128, (2, 16))
+    rep = _capture(transformers.BertModel(cfg, add_pooling_layer=False), ids)
+    regions = _regions(rep, 32 * 256)
+    assert len(regions) == 12, [r["root"] for r in regions]
+    for layer in range(2):
+        q, k, v, out, ffn1, ffn2 = regions[6 * layer:6 * layer + 6]
+        for r in (q, k, v):
+            assert r["ops"] == {"matmul", "add"} and not r["plan"].fuse
+            assert "cuBLAS adds it in its own epilogue" in r["plan"].reason
+        for r in (out, ffn2):   # + bias + residual + LayerNorm (var_mean: two row reductions)
+            assert {"add", "mean", "rsqrt"} <= r["ops"] and r["stages"] == 3, r
+            assert _speed_only(r["plan"]), r["plan"].reason
+        assert "gelu" in ffn1["ops"] and ffn1["stages"] == 1
+        assert ffn1["plan"].fuse, ffn1["plan"].reason
+    assert not _gemms_in_torch(rep)
+    sdpa = [n for n in rep.analysis.conv.torch_nodes if "scaled_dot_product" in str(n.target)]
+    assert len(sdpa) == 2
+
+
+def test_llama_regions_and_decisions():
+    """A Llama-style model (RMSNorm, SwiGLU, rotary): per layer, o_proj + residual + the next RMSNorm and
+    down_proj + residual + the next RMSNorm, each storing the residual sum and the normalized value (two
+    outputs: the next layer reads both), gate_proj + SiLU (fused), up_proj * SiLU(gate) (its product with the
+    gate's output, a tile)."""
+    cfg = transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=8, vocab_size=128,
+                                   max_position_embeddings=64)
+    rep = _capture(transformers.LlamaModel(cfg), torch.randint(0, 128, (2, 16)))
+    regions = _regions(rep, 16 * 512)
+    assert len(regions) == 14, [r["root"] for r in regions]
+    for layer in range(2):
+        q, k, v, o, gate, up, down = regions[7 * layer:7 * layer + 7]
+        for r in (q, k, v):   # no bias: a plain GEMM, which cuBLAS runs faster than our plain kernel
+            assert r["ops"] == {"matmul"} and not r["plan"].fuse
+        for r in (o, down):   # residual add, then RMSNorm: mean(x^2), rsqrt, the weight
+            assert {"add", "pow", "mean", "rsqrt", "mul"} <= r["ops"] and r["stages"] == 2, r
+            assert r["outputs"] >= 2, r
+            assert _speed_only(r["plan"]), r["plan"].reason
+        assert gate["ops"] == {"matmul", "silu"} and gate["plan"].fuse, gate["plan"].reason
+        assert up["ops"] == {"matmul", "mul"}
+    assert not _gemms_in_torch(rep)
+
+
+def test_gpt2_regions_and_decisions():
+    """GPT2Model (Conv1D weights stored [K, N], pre-norm, gelu_new written out with pow(h, 3.0)): per layer,
+    c_attn (a bias alone), attention c_proj + residual + the next LayerNorm, c_fc + gelu_new (fused, its pow
+    as multiplications: no powf in the planner's epilogue cost), MLP c_proj + residual + the next LayerNorm."""
+    cfg = transformers.GPT2Config(n_embd=768, n_layer=2, n_head=12, vocab_size=128, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)
+    rep = _capture(transformers.GPT2Model(cfg), torch.randint(0, 128, (2, 16)))
+    regions = _regions(rep, 16 * 512)
+    assert len(regions) == 8, [r["root"] for r in regions]
+    for layer in range(2):
+        attn, proj, fc, mlp_proj = regions[4 * layer:4 * layer + 4]
+        assert attn["ops"] == {"matmul", "add"} and "cuBLAS adds it in its own epilogue" in attn["plan"].reason
+        for r in (proj, mlp_proj):
+            assert {"add", "mean", "rsqrt"} <= r["ops"] and r["stages"] == 3, r
+            assert _speed_only(r["plan"]), r["plan"].reason
+        assert {"pow", "tanh", "mul", "add"} <= fc["ops"] and fc["stages"] == 1
+        p = fc["plan"]
+        assert p.fuse, p.reason
+        assert "general powf" not in p.epilogue and p.epilogue_us < 20, (p.epilogue, p.epilogue_us)
+        gemm = rep.regions[4 * layer + 2].spec.gemm
+        assert (gemm.n, gemm.k, gemm.transpose_b) == (3072, 768, False)   # Conv1D: B read as stored, [K, N]
+    # the next layer's LayerNorm joins the residual add, so the last region's pre-norm sum is one output and
+    # the normalized value the other (ln_f for the last layer)
+    assert regions[1]["outputs"] == 2
+    assert not _gemms_in_torch(rep)
+
+
+def test_hf_models_pass_inside_inductor_on_cpu(caplog):
+    """The post-grad pass on a real model: GPT-2 through backend="comfuse" (CPU reference implementation of
+    the fused regions, inside Inductor's own compile) matches eager within bf16 rounding."""
+    import logging
+
+    from conftest import messages, rel_err
+
+    caplog.set_level(logging.INFO, logger="comfuse")
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=128, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    m = transformers.GPT2Model(cfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 128, (2, 16))
+    with torch.no_grad():
+        ref = m(ids).last_hidden_state
+        got = torch.compile(m, backend="comfuse", options={"reference": True, "rewrite": "keep"})(ids)
+    assert rel_err(got.last_hidden_state.float(), ref.float()) <= 3e-2
+    assert any("region(s) run as ComFuse kernels (CPU reference implementation)" in s for s in messages(caplog))
