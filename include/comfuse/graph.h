@@ -28,7 +28,10 @@ float round_to_dtype(float v, DType t);                // round-to-nearest-even 
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);                 // "[16384, 1024]"
-int64_t numel(const Shape& s);
+// The most elements a shape may have: 2^60, so that element counts and byte sizes (x 4) fit in int64.
+constexpr int64_t kMaxElements = int64_t{1} << 60;
+std::optional<int64_t> checked_numel(const Shape& s);  // nullopt: a negative dim, or more than kMaxElements
+int64_t numel(const Shape& s);                         // throws GraphError where checked_numel gives nullopt
 
 // Every op of the IR. The groups (see is_unary/is_binary/...) matter more than the order.
 enum class OpKind : uint8_t {
@@ -151,6 +154,10 @@ class Graph {
 
 // numpy broadcasting of two shapes; throws GraphError naming both shapes when they don't broadcast
 Shape broadcast_shapes(const Shape& a, const Shape& b);
+
+// Separates a composite's name from its intermediates' ("y%mean"): a character the .cf lexer rejects, so the
+// names decompose() makes can never collide with a name from a file.
+constexpr char kInternalSep = '%';
 
 // Replaces layer_norm, rms_norm, softmax, log_softmax and var by primitive ops. Names of the composite
 // nodes are kept on the node that produces their result, so outputs keep their names.

@@ -133,9 +133,14 @@ def analyze_graph(gm, example_inputs, index: int | None = None, fuse_all: bool =
 
     rep = GraphReport(next(_GRAPH_IDS) if index is None else index)
     rep.fallback = precheck(gm, example_inputs)
+    from .convert import NothingToConvert
+
     try:
         aten_gm = tracing.aten_graph(gm, example_inputs)
         rep.analysis = program.analyze(aten_gm)
+    except NothingToConvert as e:  # not a failure: the graph has nothing ComFuse handles
+        rep.fallback = rep.fallback or str(e)
+        return rep
     except Exception as e:  # analysis must never break the user's model
         rep.error = f"{type(e).__name__}: {e}"
         rep.fallback = rep.fallback or f"ComFuse could not analyze the graph ({rep.error})"

@@ -276,7 +276,6 @@ struct Attr {  // a keyword argument, checked against what its op expects when t
 };
 
 constexpr int kMaxDepth = 200;                        // nested calls; deeper input is rejected, not overflowed
-constexpr int64_t kMaxElements = int64_t{1} << 62;    // shapes beyond this would overflow numel()
 
 class Parser {
  public:
@@ -494,7 +493,7 @@ class Parser {
       int64_t x = to_int(t);
       if (positive_dims && x <= 0) fail(t, "dims must be positive, got " + t.text);
       if (x > 0) {
-        if (prod > kMaxElements / x) fail(t, "shape too large: more than 2^62 elements");
+        if (prod > kMaxElements / x) fail(t, "shape too large: more than 2^60 elements");
         prod *= x;
       }
       v.push_back(x);

@@ -74,7 +74,7 @@ Partition partition(const Graph& input) {
     const int gi = gemm_index[root.id];
     const int ri = static_cast<int>(p.regions.size());
     std::vector<char> in_region(n, 0);
-    in_region[root.id] = 1;
+    in_region[root.id] = kTileValue;
     std::vector<int> nodes{root.id};
     TileSpace ts{numel(root.shape) / root.shape.back(), root.shape.back()};
     auto operand_ok = [&](int id) -> std::optional<std::string> {
@@ -92,7 +92,7 @@ Partition partition(const Graph& input) {
         rejections[id].push_back("region " + std::to_string(ri) + " ('" + root.name + "'): " + *why);
         continue;
       }
-      in_region[id] = 1;
+      in_region[id] = region_value_kind(g, nd, in_region, ts);
       nodes.push_back(static_cast<int>(id));
     }
     // Values leaving the kernel: graph outputs and values read outside the region.
