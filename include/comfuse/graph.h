@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -147,7 +148,10 @@ class Graph {
  private:
   Value add_node(Node n, const std::string& name);
   std::string fresh_name();
+  const std::set<int>& output_nodes() const;
   std::map<std::string, int> by_name_;
+  mutable std::set<int> output_nodes_;  // index of outputs[].node (see output_nodes())
+  mutable size_t output_index_size_ = 0;
   SourceLoc cur_loc_;
   int fresh_ = 0;
 };

@@ -180,15 +180,25 @@ std::optional<int> Graph::find(const std::string& name) const {
   return it->second;
 }
 
-bool Graph::is_output(int id) const {
-  return std::any_of(outputs.begin(), outputs.end(), [&](const Output& o) { return o.node == id; });
+// `outputs` is public: the index of output nodes is rebuilt whenever it no longer matches it, so a caller that
+// edits `outputs` directly still gets right answers (and builders of many outputs stay linear).
+const std::set<int>& Graph::output_nodes() const {
+  if (output_index_size_ != outputs.size() ||
+      (!outputs.empty() && !output_nodes_.count(outputs.back().node))) {
+    output_nodes_.clear();
+    for (const auto& o : outputs) output_nodes_.insert(o.node);
+    output_index_size_ = outputs.size();
+  }
+  return output_nodes_;
 }
+
+bool Graph::is_output(int id) const { return output_nodes().count(id) > 0; }
 
 std::vector<std::vector<int>> Graph::users() const {
   std::vector<std::vector<int>> u(nodes.size());
   for (const auto& n : nodes)
     for (int i : n.inputs)
-      if (std::find(u[i].begin(), u[i].end(), n.id) == u[i].end()) u[i].push_back(n.id);
+      if (u[i].empty() || u[i].back() != n.id) u[i].push_back(n.id);  // n's operands are visited together
   return u;
 }
 
@@ -474,9 +484,10 @@ void Graph::output(Value v, const std::string& name) {
     n.name = name;
     by_name_[name] = n.id;
   }
-  for (const auto& o : outputs)
-    if (o.node == v.id) throw GraphError("duplicate output '" + n.name + "'");
+  if (is_output(v.id)) throw GraphError("duplicate output '" + n.name + "'");  // (the index is current here)
   outputs.push_back({n.name, v.id});
+  output_nodes_.insert(v.id);
+  output_index_size_ = outputs.size();
 }
 
 // Runs f; a GraphError without a location gets `loc` (the node being rebuilt), so errors found after
