@@ -444,3 +444,16 @@ def test_rewrite_keeping_torch_on_random_blocks():
         assert got.shape == ref.shape and got.dtype == ref.dtype, (seed, m.ops)
         assert rel_err(got.float(), ref.float()) <= 3e-2, (seed, m.ops, rel_err(got.float(), ref.float()))
     assert kept >= 12
+
+
+def test_graph_with_no_float_op_says_so_instead_of_no_outputs(caplog):
+    """Issue 14: a graph of int64 ops only reached the Graph IR empty ("graph has no outputs")."""
+    class IntOnly(torch.nn.Module):
+        def forward(self, i):
+            return (i * 3 + 1).sum(-1)
+
+    reps = comfuse.capture(IntOnly(), torch.arange(12).reshape(3, 4))
+    assert reps and all(r.error is None for r in reps)
+    text = " ".join(r.fallback or "" for r in reps)
+    assert "no op of this graph is in the Graph IR" in text, text
+    assert "has no outputs" not in text
