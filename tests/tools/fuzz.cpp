@@ -97,6 +97,20 @@ const std::vector<std::string>& dictionary() {
   return d;
 }
 
+// The names a program defines (`NAME = ...`, `input NAME : ...`).
+std::vector<std::string> defined_names(const std::vector<std::string>& lines) {
+  std::vector<std::string> out;
+  for (const auto& l : lines) {
+    auto toks = tokens_of(l);
+    std::vector<std::string> words;
+    for (const auto& k : toks)
+      if (k != " ") words.push_back(k);
+    if (words.size() >= 2 && words[0] == "input") out.push_back(words[1]);
+    else if (words.size() >= 2 && words[1] == "=") out.push_back(words[0]);
+  }
+  return out;
+}
+
 std::string mutate_cf(std::string t, const std::vector<std::string>& seeds, std::mt19937_64& rng) {
   auto pick = [&](size_t n) { return n == 0 ? size_t{0} : std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
   std::vector<std::string> lines;
@@ -104,11 +118,49 @@ std::string mutate_cf(std::string t, const std::vector<std::string>& seeds, std:
     std::istringstream s(t);
     for (std::string l; std::getline(s, l);) lines.push_back(l);
   }
+  static const std::vector<std::string> ints = {"1", "2", "3", "8", "64", "1024", "65536", "2147483648",
+                                                "4294967296", "3037000500", "1099511627776", "1073741824"};
+  static const std::vector<std::string> suffixes = {"mean", "max", "sum", "exp", "sq", "var", "eps", "rstd",
+                                                    "centered", "shifted", "normed", "scaled", "meansq", "rrms"};
+  static const std::vector<std::string> ops = {"sum", "mean", "max", "min", "relu", "exp", "softmax", "layer_norm",
+                                               "rms_norm", "var", "square", "log_softmax"};
   const int edits = 1 + static_cast<int>(pick(3));
   for (int e = 0; e < edits; ++e) {
     if (lines.empty()) lines.push_back("");
     size_t li = pick(lines.size());
-    switch (pick(9)) {
+    switch (pick(12)) {
+      case 9: {  // one number replaced everywhere it occurs: shapes stay consistent, sizes go to the edges
+        std::vector<std::string> nums;
+        for (const auto& l : lines)
+          for (const auto& k : tokens_of(l))
+            if (!k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; }))
+              nums.push_back(k);
+        if (nums.empty()) break;
+        const std::string from = nums[pick(nums.size())], to = ints[pick(ints.size())];
+        for (auto& l : lines) {
+          auto toks = tokens_of(l);
+          std::string out;
+          for (auto& k : toks) out += k == from ? to : k;
+          l = out;
+        }
+        break;
+      }
+      case 10: {  // a new value from an existing one, kept as an output (reductions of reductions, ...)
+        auto names = defined_names(lines);
+        if (names.empty()) break;
+        std::string n = "fz" + std::to_string(pick(1000));
+        lines.push_back(n + " = " + ops[pick(ops.size())] + "(" + names[pick(names.size())] + ")");
+        lines.push_back("output " + n);
+        break;
+      }
+      case 11: {  // a name like a composite's intermediate: NAME.part for a NAME of the program
+        auto names = defined_names(lines);
+        if (names.empty()) break;
+        std::string n = names[pick(names.size())] + "." + suffixes[pick(suffixes.size())];
+        lines.push_back(n + " = " + ops[pick(ops.size())] + "(" + names[pick(names.size())] + ")");
+        lines.push_back("output " + n);
+        break;
+      }
       case 0: lines.erase(lines.begin() + li); break;                          // delete a line
       case 1: lines.insert(lines.begin() + li, lines[pick(lines.size())]); break;  // duplicate a line
       case 2: std::swap(lines[li], lines[pick(lines.size())]); break;          // swap two lines
@@ -326,7 +378,7 @@ std::string run_npy(const std::string& bytes, const fs::path& tmp, Stats& st) {
 
 int main(int argc, char** argv) {
   uint64_t seed = 14;
-  int n_cf = 3000, n_npy = 600;
+  int n_cf = 20000, n_npy = 4000;
   double case_timeout = 10;
   std::string corpus, replay, source_dir = COMFUSE_SOURCE_DIR;
   for (int i = 1; i < argc; ++i) {
