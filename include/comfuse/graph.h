@@ -17,6 +17,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace comfuse {
@@ -149,7 +150,7 @@ class Graph {
   Value add_node(Node n, const std::string& name);
   std::string fresh_name();
   const std::set<int>& output_nodes() const;
-  std::map<std::string, int> by_name_;
+  std::unordered_map<std::string, int> by_name_;  // (hashed: programs of 100k+ names)
   mutable std::set<int> output_nodes_;  // index of outputs[].node (see output_nodes())
   mutable size_t output_index_size_ = 0;
   SourceLoc cur_loc_;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <unordered_set>
 #include <sstream>
 
 namespace comfuse {
@@ -534,7 +535,7 @@ static Value rebuild_node(Graph& dst, const Node& n, const std::vector<Value>& i
 
 void Graph::verify() const {
   Graph re;
-  std::set<std::string> names;
+  std::unordered_set<std::string> names;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
     if (n.id != static_cast<int>(i)) throw GraphError("verify: node '" + n.name + "' has id " + std::to_string(n.id) + " at position " + std::to_string(i));

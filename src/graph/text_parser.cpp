@@ -19,6 +19,7 @@
 #include <fstream>
 #include <optional>
 #include <set>
+#include <unordered_set>
 #include <sstream>
 #include <string_view>
 
@@ -781,7 +782,7 @@ class Parser {
   Lexer lex_;
   std::deque<Token> buf_;
   Graph g_;
-  std::set<std::string> words_;
+  std::unordered_set<std::string> words_;
   int fresh_ = 0, fresh_const_ = 0, depth_ = 0, last_line_ = 1;
   bool saw_output_ = false;
 };

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -261,8 +262,9 @@ TEST(Reliability, DirectoryAsNpyNamesThePath) {
   fs::remove_all(d);
 }
 
-// 10. plan scales linearly: 4x the statements take well under 16x (quadratic) the time. The bound is generous
-// (6x) for a shared, noisy machine; docs/reliability.md has the CLI figures at 100k and 400k statements.
+// 10. plan scales linearly: 4x the statements take well under 16x (quadratic) the CPU time. The bound is
+// generous (8x; measured 4.5-5x: hashing, caches and the allocator are not quite linear, and the machine is
+// shared); docs/reliability.md has the CLI figures at 100k and 400k statements.
 namespace {
 std::string blocks_program(int statements) {
   std::ostringstream o;
@@ -282,14 +284,21 @@ std::string blocks_program(int statements) {
   return o.str();
 }
 
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// CPU time of this thread (the best of three): ctest runs other tests, and nvcc, on the same cores meanwhile.
 double plan_seconds(const std::string& text) {
   double best = 1e9;
-  for (int rep = 0; rep < 2; ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
+  for (int rep = 0; rep < 3; ++rep) {
+    double t0 = thread_cpu_seconds();
     Partition p = partition(parse_cf(text));
     for (const auto& r : p.regions) plan_region(r.spec);
     std::string s = print_partition(p, true);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best, thread_cpu_seconds() - t0);
   }
   return best;
 }
@@ -299,5 +308,5 @@ TEST(Reliability, PlanScalesLinearlyWithProgramSize) {
   const std::string small = blocks_program(12000), large = blocks_program(48000);
   double ts = plan_seconds(small), tl = plan_seconds(large);
   std::printf("plan: 12k statements %.3f s, 48k statements %.3f s (ratio %.2f)\n", ts, tl, tl / ts);
-  EXPECT_LE(tl, 6.0 * ts) << "12k statements: " << ts << " s, 48k: " << tl << " s";
+  EXPECT_LE(tl, 8.0 * ts) << "12k statements: " << ts << " s, 48k: " << tl << " s";
 }
