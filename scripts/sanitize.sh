@@ -23,8 +23,15 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/comfuse-asan.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
 echo "sanitize: fuzzer in-process (ASan+UBSan)"
+rc=0
 build-asan/bin/comfuse_fuzz --seed 14 --cf "${COMFUSE_FUZZ_CF:-20000}" --npy "${COMFUSE_FUZZ_NPY:-4000}" \
-  --corpus "$work/corpus" --case-timeout 30 | head -n 1
+  --corpus "$work/corpus" --case-timeout 30 > "$work/fuzz.txt" 2>&1 || rc=$?
+head -n 1 "$work/fuzz.txt"
+if [ "$rc" -ne 0 ]; then
+  grep -E "FAIL|HANG|ERROR|runtime error" "$work/fuzz.txt" | head -n 40
+  echo "sanitize: the fuzzer failed under ASan+UBSan (exit $rc)"
+  exit 1
+fi
 
 every="${COMFUSE_FUZZ_CLI_EVERY:-40}"
 cli=build-asan/bin/comfuse

@@ -68,6 +68,9 @@ struct Args {
   }
 };
 
+// The command's .cf file, for errors located in it that surface after parsing (main's GraphError handler).
+std::string g_file;
+
 Args parse_args(int argc, char** argv, const std::vector<std::string>& flags, const std::vector<std::string>& valued) {
   Args a;
   a.cmd = argv[1];
@@ -94,6 +97,7 @@ Args parse_args(int argc, char** argv, const std::vector<std::string>& flags, co
     }
   }
   if (a.file.empty()) throw UsageError("'" + a.cmd + "' needs a .cf file");
+  g_file = a.file;
   return a;
 }
 
@@ -451,22 +455,6 @@ int cmd_aot(const Args& a) {
   return 0;
 }
 
-// The .cf file of the command line (the first argument that is not an option or an option's value), for
-// errors reported after parse_args.
-std::string file_arg(int argc, char** argv) {
-  for (int i = 2; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s == "-o" || (s.rfind("--", 0) == 0 && s.find('=') == std::string::npos)) {
-      bool flag = s == "--explain" || s == "--decomposed" || s == "--check";
-      if (!flag) ++i;
-      continue;
-    }
-    if (s.rfind("--", 0) == 0) continue;
-    return s;
-  }
-  return "comfuse";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -493,8 +481,8 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const GraphError& e) {
     // found after parsing (decomposition, partition): the node's line in the file, where it has one
-    if (e.loc.line > 0)
-      std::cerr << file_arg(argc, argv) << ":" << e.loc.line << ":" << e.loc.col << ": error: " << e.what() << "\n";
+    if (e.loc.line > 0 && !g_file.empty())
+      std::cerr << g_file << ":" << e.loc.line << ":" << e.loc.col << ": error: " << e.what() << "\n";
     else
       std::cerr << "comfuse " << cmd << ": error: " << e.what() << "\n";
     return 2;
