@@ -109,8 +109,9 @@ class Family:
                                 device=self.dev) for o in self.spec.outputs]
 
     def launch(self, ins, outs, stream, m=M):
-        self.kernel.launch(ins[0].data_ptr(), ins[1].data_ptr(), m, [o.data_ptr() for o in outs],
-                           [p.data_ptr() for p in ins[2:]], stream.cuda_stream)
+        with self.torch.cuda.device(self.dev):  # the kernel's host half launches on the current device (ops.py)
+            self.kernel.launch(ins[0].data_ptr(), ins[1].data_ptr(), m, [o.data_ptr() for o in outs],
+                               [p.data_ptr() for p in ins[2:]], stream.cuda_stream)
 
 
 def rel_err(torch, got, ref) -> float:
