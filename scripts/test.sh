@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds if needed and runs every test: C++ (ctest: CPU tests, GPU tests that skip without a GPU,
-# nvcc compile-only checks of the kernel headers) and Python (pytest).
+# Builds if needed and runs every test: C++ (ctest: CPU tests, the fuzzer, GPU tests that skip without a GPU,
+# nvcc compile-only checks of the kernel headers), Python (pytest), and the fuzz corpus under ASan + UBSan
+# (scripts/sanitize.sh, its own build in build-asan/).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -29,4 +30,10 @@ grep -q "^kernel headers: $pkg/prefix/include$" "$pkg/example.out" ||
 if nvidia-smi -L >/dev/null 2>&1; then want=0; else want=3; fi
 [ "$rc" = "$want" ] || { echo "test: examples/cpp exited $rc, expected $want" >&2; exit 1; }
 echo "test: installed package + examples/cpp ok (exit $rc)"
+
+# The CLI and the fuzzer again, built with -fsanitize=address,undefined, over the fuzz corpus (build-asan/).
+# COMFUSE_SKIP_SANITIZE=1 skips it (e.g. while iterating); CI runs it.
+if [ "${COMFUSE_SKIP_SANITIZE:-0}" != 1 ]; then
+  bash scripts/sanitize.sh
+fi
 echo "test: all tests passed"

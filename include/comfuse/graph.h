@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace comfuse {
@@ -28,7 +30,10 @@ float round_to_dtype(float v, DType t);                // round-to-nearest-even 
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);                 // "[16384, 1024]", "[?, 1024]"
-int64_t numel(const Shape& s);
+// The most elements a shape may have: 2^60, so that element counts and byte sizes (x 4) fit in int64.
+constexpr int64_t kMaxElements = int64_t{1} << 60;
+std::optional<int64_t> checked_numel(const Shape& s);  // nullopt: a negative dim, or more than kMaxElements
+int64_t numel(const Shape& s);                         // throws GraphError where checked_numel gives nullopt
 
 // The symbolic leading dim `?` (a dynamic batch): `input X : bf16[?, 1024]`, or g.input("X", DType::BF16,
 // {kDynamic, 1024}). Only a graph input's dim 0 may be declared symbolic; every `?` in a graph is the same row
@@ -154,13 +159,20 @@ class Graph {
  private:
   Value add_node(Node n, const std::string& name);
   std::string fresh_name();
-  std::map<std::string, int> by_name_;
+  const std::set<int>& output_nodes() const;
+  std::unordered_map<std::string, int> by_name_;  // (hashed: programs of 100k+ names)
+  mutable std::set<int> output_nodes_;  // index of outputs[].node (see output_nodes())
+  mutable size_t output_index_size_ = 0;
   SourceLoc cur_loc_;
   int fresh_ = 0;
 };
 
 // numpy broadcasting of two shapes; throws GraphError naming both shapes when they don't broadcast
 Shape broadcast_shapes(const Shape& a, const Shape& b);
+
+// Separates a composite's name from its intermediates' ("y%mean"): a character the .cf lexer rejects, so the
+// names decompose() makes can never collide with a name from a file.
+constexpr char kInternalSep = '%';
 
 // Replaces layer_norm, rms_norm, softmax, log_softmax and var by primitive ops. Names of the composite
 // nodes are kept on the node that produces their result, so outputs keep their names.

@@ -4,7 +4,9 @@
 // $COMFUSE_CACHE_DIR (default ~/.cache/comfuse) as <key>/{kernel.cu, kernel.cubin, meta}; `meta` records the
 // cubin's size and hash, so a truncated or corrupt entry is detected and rebuilt, never trusted. A new entry is
 // built in a private temporary directory and renamed into place (atomic), under a per-key file lock so two
-// processes asking for the same kernel compile it once. No CUDA driver is needed.
+// processes asking for the same kernel compile it once. No CUDA driver is needed. nvcc runs under a timeout
+// (JitOptions::timeout_s); temporary files a killed process left behind are swept once they are older than
+// any compile can take.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,9 @@ struct JitOptions {
   std::vector<std::string> flags;         // empty: default_flags()
   std::string header_version;             // identifies the kernel headers (see hash_tree); part of the key
   Artifact artifact = Artifact::Cubin;
+  // Seconds nvcc may take before it (and every process it started) is killed and compile() throws; < 0:
+  // $COMFUSE_NVCC_TIMEOUT, else 1800; 0: no limit.
+  double timeout_s = -1;
 };
 
 struct CompileResult {
@@ -44,7 +49,8 @@ struct CompileResult {
 
 std::vector<std::string> default_flags();  // -gencode arch=compute_90a,code=sm_90a -std=c++17 ... -O3 -DNDEBUG
 std::string find_nvcc(const JitOptions& o);  // resolved path; throws JitError naming what was tried
-std::string nvcc_version(const std::string& nvcc);  // `nvcc --version`, memoized
+// `nvcc --version`, memoized in the process and in `cache_dir` (empty: default_cache_dir()), best effort
+std::string nvcc_version(const std::string& nvcc, const std::string& cache_dir = "");
 std::string default_cache_dir();
 
 // Content hash of every regular file under `dir` (paths and bytes): the kernel-header version.

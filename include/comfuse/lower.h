@@ -26,7 +26,14 @@ std::optional<BroadcastKind> classify_operand(const Shape& operand, const Shape&
 // Why matmul `n` cannot be an epilogue root (nullopt: it can).
 std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n);
 
-// Why `n` cannot join a region (nullopt: Phi accepts it). in_region[id] marks the region's nodes so far;
+// Values of a region: kTileValue per element, kRowValue one per row (a reduction's result and what is computed
+// from such values only). Kept by dataflow, not read off shapes: with N == 1 both are [rows, 1].
+constexpr char kTileValue = 1, kRowValue = 2;
+// What `n` becomes once it joins a region (kTileValue or kRowValue); in_region as for phi_rejects.
+char region_value_kind(const Graph& g, const Node& n, const std::vector<char>& in_region, const TileSpace& ts);
+
+// Why `n` cannot join a region (nullopt: Phi accepts it). in_region[id] marks the region's nodes so far (0 =
+// not in the region, else kTileValue / kRowValue);
 // `operand_ok(id)` returns an error (nullopt = fine) for an operand outside the region: partition's cycle rule.
 std::optional<std::string> phi_rejects(const Graph& g, const Node& n, const std::vector<char>& in_region,
                                        const TileSpace& ts,

@@ -152,6 +152,7 @@ def analyze_graph(gm, example_inputs, index: int | None = None, fuse_all: bool =
 
     rep = GraphReport(next(_GRAPH_IDS) if index is None else index)
     rep.fallback = precheck(gm, example_inputs)
+
     try:
         aten_gm = tracing.aten_graph(gm, example_inputs)
     except Exception as e:  # analysis must never break the user's model
@@ -165,6 +166,7 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
     """The analysis of one inference ATen graph (from `tracing.aten_graph`, or Inductor's post-grad graph):
     regions, the planner's decision per region, and the reason the whole graph falls back, if it does."""
     from . import program
+    from .convert import NothingToConvert
 
     try:
         bad, good = gemm_dtypes(aten_gm)
@@ -172,6 +174,9 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
         # all fp32 is converted as it is (rounding its GEMM operands, for the CPU reference checks) and falls
         # back as a whole below.
         rep.analysis = program.analyze(aten_gm, keep_in_torch=bad if good else None)
+    except NothingToConvert as e:  # not a failure: the graph has nothing ComFuse handles
+        rep.fallback = rep.fallback or str(e)
+        return rep
     except Exception as e:  # analysis must never break the user's model
         rep.error = f"{type(e).__name__}: {e}"
         rep.fallback = rep.fallback or f"ComFuse could not analyze the graph ({rep.error})"

@@ -48,6 +48,10 @@ class Unsupported(Exception):
     """Raised by a handler: the node stays in torch, with this message as the reason."""
 
 
+class NothingToConvert(Exception):
+    """No value of the graph reaches the Graph IR (e.g. a graph of int64 ops only): nothing for ComFuse."""
+
+
 @dataclasses.dataclass
 class Conversion:
     gm: fx.GraphModule                  # the ATen graph that was converted
@@ -553,6 +557,10 @@ def convert(gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = N
                 continue
             marked.add(v)
             g.output(v)
+    if not marked:
+        why = "; ".join(f"'{n.name}': {r}" for n, r in list(conv.torch_nodes.items())[:3])
+        raise NothingToConvert("no op of this graph is in the Graph IR, every node stays in torch" +
+                               (f" ({why}{'; ...' if len(conv.torch_nodes) > 3 else ''})" if why else ""))
     g.verify()
     return Conversion(gm, g, conv.value, conv.torch_nodes, conv.input_source, gemm_dtype, conv.dynamic_reshapes,
                       conv.dynamic)

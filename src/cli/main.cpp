@@ -6,6 +6,7 @@
 // Exit codes: 0 ok, 2 bad input (file, arguments, data), 1 internal error.
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -70,6 +71,9 @@ struct Args {
   }
 };
 
+// The command's .cf file, for errors located in it that surface after parsing (main's GraphError handler).
+std::string g_file;
+
 Args parse_args(int argc, char** argv, const std::vector<std::string>& flags, const std::vector<std::string>& valued) {
   Args a;
   a.cmd = argv[1];
@@ -96,6 +100,7 @@ Args parse_args(int argc, char** argv, const std::vector<std::string>& flags, co
     }
   }
   if (a.file.empty()) throw UsageError("'" + a.cmd + "' needs a .cf file");
+  g_file = a.file;
   return a;
 }
 
@@ -150,16 +155,33 @@ int cmd_print(const Args& a) {
   return 0;
 }
 
+// Writes `text` to `path`, or throws naming the path: a write that did not happen is never reported as done.
+void write_text_file(const fs::path& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(errno));
+  f.write(text.data(), static_cast<std::streamsize>(text.size()));
+  f.close();
+  if (!f) throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(errno));
+}
+
+// Creates `dir` (and its parents) or throws naming it; an existing file of that name is an error.
+void make_output_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("cannot create directory " + dir + ": " + ec.message());
+  if (!fs::is_directory(dir)) throw std::runtime_error("cannot use " + dir + " as an output directory: it is not a directory");
+}
+
 int cmd_emit(const Args& a) {
   std::string dir = a.get("o");
   if (dir.empty()) throw UsageError("emit needs -o DIR");
   Partition p = partition(bound_graph(a, parse_cf_file(a.file), kDefaultRows));  // the source does not depend on rows
-  fs::create_directories(dir);
+  make_output_dir(dir);
   for (size_t i = 0; i < p.regions.size(); ++i) {
     try {
       GeneratedKernel k = generate_kernel(p.regions[i].spec);
       fs::path out = fs::path(dir) / (k.name + ".cu");
-      std::ofstream(out) << k.source;
+      write_text_file(out, k.source);
       std::cout << "region " << i << ": wrote " << out.string() << "\n";
     } catch (const CodegenError& e) {
       std::cout << "region " << i << ": not generated (falls back): " << e.what() << "\n";
@@ -167,6 +189,10 @@ int cmd_emit(const Args& a) {
   }
   return 0;
 }
+
+// --ctas: column blocks per row. A kernel splits a row over a cluster (at most 16 CTAs); the bound only keeps
+// a typo from running for minutes.
+constexpr int kMaxCtas = 1024;
 
 int cmd_interp(const Args& a) {
   std::string in = a.get("inputs"), out = a.get("outputs"), mode = a.get("mode", "graph");
@@ -177,9 +203,9 @@ int cmd_interp(const Args& a) {
     try {
       size_t used = 0;
       ctas = std::stoi(c, &used);
-      if (used != c.size() || ctas < 1) throw std::invalid_argument(c);
+      if (used != c.size() || ctas < 1 || ctas > kMaxCtas) throw std::invalid_argument(c);
     } catch (const std::exception&) {
-      throw UsageError("--ctas must be a positive integer, got '" + c + "'");
+      throw UsageError("--ctas must be an integer from 1 to " + std::to_string(kMaxCtas) + ", got '" + c + "'");
     }
   }
   if (a.flag("ctas") && mode == "graph") throw UsageError("--ctas applies to --mode spec only");
@@ -206,7 +232,7 @@ int cmd_interp(const Args& a) {
                        "' " + shape_str(n.shape));
   }
   TensorMap outs = mode == "graph" ? interpret_graph(g, inputs) : interpret_partitioned(partition(g), inputs, ctas);
-  fs::create_directories(out);
+  make_output_dir(out);
   for (const auto& [name, t] : outs) {
     fs::path p = fs::path(out) / (name + ".npy");
     write_npy(p.string(), t);
@@ -272,7 +298,12 @@ TensorMap make_inputs(const Graph& g, const std::string& dir, uint64_t seed) {
         throw UsageError(p.string() + ": shape " + shape_str(t.shape) + " does not match input '" + n.name + "' " +
                          shape_str(n.shape));
     } else {
-      t = Tensor(n.shape);
+      try {
+        t = Tensor(n.shape);
+      } catch (const std::bad_alloc&) {
+        throw std::runtime_error("input '" + n.name + "' " + shape_str(n.shape) + " (" +
+                                 std::to_string(numel(n.shape) * 4) + " bytes as f32) does not fit in host memory");
+      }
       for (float& v : t.data) {
         state ^= state << 13;
         state ^= state >> 7;
@@ -357,9 +388,10 @@ int cmd_run(const Args& a) {
   const int64_t rows = run_rows(a, sym);
   const Graph g = rows ? bind_rows(sym, rows) : sym;   // this run's shapes
   const uint64_t seed = seed_of(a);
+  // the GPU first: inputs of a large graph take seconds and gigabytes to build
+  if (std::string why = rt::unsupported_reason(); !why.empty()) throw rt::UnsupportedDevice(why);
   TensorMap inputs = make_inputs(g, a.get("inputs"), seed);
   if (a.get("inputs").empty()) std::cout << "inputs: uniform [-1, 1), seed " << seed << "\n";
-  if (std::string why = rt::unsupported_reason(); !why.empty()) throw rt::UnsupportedDevice(why);
   auto t0 = std::chrono::steady_clock::now();
   CompiledGraph cg = compile_for_run(a, sym);
   double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -378,7 +410,7 @@ int cmd_run(const Args& a) {
     outs[o.name] = from_device_bytes(bytes, n.dtype, n.shape);
   }
   if (std::string dir = a.get("outputs"); !dir.empty()) {
-    fs::create_directories(dir);
+    make_output_dir(dir);
     for (const auto& [name, t] : outs) {
       fs::path p = fs::path(dir) / (name + ".npy");
       write_npy(p.string(), t);
@@ -447,9 +479,10 @@ int cmd_bench(const Args& a) {
     }
     if (iters < 1) throw UsageError("--iters must be a positive integer, got '" + s + "'");
   }
+  // The GPU first: building a large graph's random inputs takes seconds and gigabytes.
+  if (std::string why = rt::unsupported_reason(); !why.empty()) throw rt::UnsupportedDevice(why);
   const int64_t rows = g.symbolic() ? (rows_arg(a) ? rows_arg(a) : kDefaultRows) : run_rows(a, g);
   TensorMap inputs = make_inputs(rows ? bind_rows(g, rows) : g, "", 1);
-  if (std::string why = rt::unsupported_reason(); !why.empty()) throw rt::UnsupportedDevice(why);
   CompilerOptions opts = compiler_options(a);
   if (rows) opts.rows = rows;
   CompiledGraph cg = std::string(a.get("aot")).empty() ? Compiler(opts).compile(g) : compile_for_run(a, g);
@@ -516,7 +549,11 @@ int main(int argc, char** argv) {
     std::cerr << "comfuse " << cmd << ": " << e.what() << "\n";
     return 2;
   } catch (const GraphError& e) {
-    std::cerr << "comfuse " << cmd << ": error: " << e.what() << "\n";
+    // found after parsing (decomposition, partition): the node's line in the file, where it has one
+    if (e.loc.line > 0 && !g_file.empty())
+      std::cerr << g_file << ":" << e.loc.line << ":" << e.loc.col << ": error: " << e.what() << "\n";
+    else
+      std::cerr << "comfuse " << cmd << ": error: " << e.what() << "\n";
     return 2;
   } catch (const rt::UnsupportedDevice& e) {
     std::cerr << "comfuse " << cmd << ": no usable GPU: " << e.what() << "\n";
@@ -532,6 +569,10 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::runtime_error& e) {  // data errors: npy files, input shapes
     std::cerr << "comfuse " << cmd << ": error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    // a graph or data too large for this machine's memory: the user's input, not a bug
+    std::cerr << "comfuse " << cmd << ": error: out of host memory: the graph's values do not fit (reduce the shapes)\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "comfuse " << cmd << ": internal error: " << e.what() << "\n";

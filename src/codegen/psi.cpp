@@ -163,8 +163,29 @@ class Psi {
     return std::string("static_cast<") + cpp_type(p.dtype) + " const*>(p.param[" + std::to_string(param) + "])";
   }
 
-  // One expansion rule per node category.
+  // The expression template is a tree: a value read twice is rendered twice, and every level nests the
+  // type once more. Past these bounds nvcc could not compile it anyway, and a long chain would overflow the
+  // stack here; such a region is declined (CodegenError) and runs unfused.
+  static constexpr int kMaxDepth = 256;
+  static constexpr long kMaxRendered = 4096;
+
   Rendered render(size_t k, int i) {
+    if (++rendered_ > kMaxRendered)
+      throw CodegenError("the epilogue expands to more than " + std::to_string(kMaxRendered) +
+                         " expression nodes (values read many times, or a very long chain): too large for one kernel");
+    if (depth_ >= kMaxDepth)
+      throw CodegenError("the epilogue's expressions nest more than " + std::to_string(kMaxDepth) +
+                         " deep: too large for one kernel");
+    ++depth_;
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{depth_};
+    return render_node(k, i);
+  }
+
+  // One expansion rule per node category.
+  Rendered render_node(size_t k, int i) {
     const Spec& s = *st_[k];
     const SpecNode& n = s.nodes.at(i);
     switch (n.kind) {
@@ -225,6 +246,8 @@ class Psi {
   const FusionSpec& fs_;
   std::vector<const Spec*> st_;
   std::vector<int> carried_;
+  long rendered_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <unordered_set>
 #include <sstream>
 
 namespace comfuse {
@@ -61,10 +62,29 @@ namespace {
 std::string dim_str(int64_t d) { return d == kDynamic ? std::string("?") : std::to_string(d); }
 }  // namespace
 
-int64_t numel(const Shape& s) {
+// A symbolic dim (`?`) counts as 1 here: the shape is checked again, with the rows, when it is bound.
+std::optional<int64_t> checked_numel(const Shape& s) {
   int64_t n = 1;
-  for (auto d : s) n *= d;
+  for (auto d : s) {
+    if (d == kDynamic) continue;
+    if (d < 0 || (d > 0 && n > kMaxElements / d)) return std::nullopt;
+    n *= d;
+  }
   return n;
+}
+
+int64_t numel(const Shape& s) {
+  // A symbolic shape keeps its old count, negative (kDynamic is negative): callers test for it.
+  if (is_symbolic(s)) {
+    int64_t n = 1;
+    for (auto d : s) n *= d;
+    return n;
+  }
+  // Every node's shape passed checked_numel when it was built; a shape from elsewhere (a file, an API
+  // caller) that does not fit is an error, never a wrapped count.
+  auto n = checked_numel(s);
+  if (!n) throw GraphError("shape " + shape_str(s) + " has more than 2^60 elements");
+  return *n;
 }
 
 const char* op_name(OpKind k) {
@@ -147,7 +167,8 @@ int normalize_dim(int dim, size_t rank, const std::string& what) {
 
 std::string Graph::fresh_name() {
   for (;;) {
-    std::string n = "_" + std::to_string(++fresh_);
+    std::string n = "_";  // (not "_" + to_string: GCC 12 warns falsely about that)
+    n += std::to_string(++fresh_);
     if (!by_name_.count(n)) return n;
   }
 }
@@ -155,7 +176,18 @@ std::string Graph::fresh_name() {
 Value Graph::add_node(Node n, const std::string& name) {
   n.id = static_cast<int>(nodes.size());
   n.name = name.empty() ? fresh_name() : name;
-  if (by_name_.count(n.name)) throw GraphError("duplicate name '" + n.name + "': it is already defined");
+  if (by_name_.count(n.name)) {
+    const SourceLoc& at = nodes[by_name_.at(n.name)].loc;
+    std::string msg = "duplicate name '" + n.name + "': it is already defined";
+    if (at.line > 0) msg += " at line " + std::to_string(at.line);
+    throw GraphError(msg, cur_loc_);
+  }
+  // Inferred shapes can grow past what the operands declared (a broadcast of [n, 1] and [n], a matmul):
+  // the count must stay representable, so that numel() and byte sizes never wrap.
+  if (!checked_numel(n.shape))
+    throw GraphError(std::string(op_name(n.op)) + " '" + n.name + "': shape " + shape_str(n.shape) +
+                         " has more than 2^60 elements",
+                     cur_loc_);
   n.loc = cur_loc_;
   by_name_[n.name] = n.id;
   nodes.push_back(std::move(n));
@@ -168,15 +200,25 @@ std::optional<int> Graph::find(const std::string& name) const {
   return it->second;
 }
 
-bool Graph::is_output(int id) const {
-  return std::any_of(outputs.begin(), outputs.end(), [&](const Output& o) { return o.node == id; });
+// `outputs` is public: the index of output nodes is rebuilt whenever it no longer matches it, so a caller that
+// edits `outputs` directly still gets right answers (and builders of many outputs stay linear).
+const std::set<int>& Graph::output_nodes() const {
+  if (output_index_size_ != outputs.size() ||
+      (!outputs.empty() && !output_nodes_.count(outputs.back().node))) {
+    output_nodes_.clear();
+    for (const auto& o : outputs) output_nodes_.insert(o.node);
+    output_index_size_ = outputs.size();
+  }
+  return output_nodes_;
 }
+
+bool Graph::is_output(int id) const { return output_nodes().count(id) > 0; }
 
 std::vector<std::vector<int>> Graph::users() const {
   std::vector<std::vector<int>> u(nodes.size());
   for (const auto& n : nodes)
     for (int i : n.inputs)
-      if (std::find(u[i].begin(), u[i].end(), n.id) == u[i].end()) u[i].push_back(n.id);
+      if (u[i].empty() || u[i].back() != n.id) u[i].push_back(n.id);  // n's operands are visited together
   return u;
 }
 
@@ -371,7 +413,7 @@ Value Graph::reshape(Value x, const Shape& shape_in, const std::string& name) {
     } else if (shape[i] <= 0) {
       throw GraphError("reshape: dims must be positive or -1, got " + shape_str(shape_in));
     } else {
-      if (shape[i] > (int64_t{1} << 62) / known) throw GraphError("reshape: " + shape_str(shape_in) + " is too large");
+      if (shape[i] > kMaxElements / known) throw GraphError("reshape: " + shape_str(shape_in) + " is too large");
       known *= shape[i];
     }
   }
@@ -491,13 +533,32 @@ void Graph::output(Value v, const std::string& name) {
     n.name = name;
     by_name_[name] = n.id;
   }
-  for (const auto& o : outputs)
-    if (o.node == v.id) throw GraphError("duplicate output '" + n.name + "'");
+  if (is_output(v.id)) throw GraphError("duplicate output '" + n.name + "'");  // (the index is current here)
   outputs.push_back({n.name, v.id});
+  output_nodes_.insert(v.id);
+  output_index_size_ = outputs.size();
 }
+
+// Runs f; a GraphError without a location gets `loc` (the node being rebuilt), so errors found after
+// parsing still point at the user's line.
+template <class F>
+static auto at_loc(SourceLoc loc, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const GraphError& e) {
+    if (e.loc.line > 0 || loc.line == 0) throw;
+    throw GraphError(e.what(), loc);
+  }
+}
+
+static Value rebuild_node(Graph& dst, const Node& n, const std::vector<Value>& ins, const std::string& name);
 
 // Rebuilds `n` into `dst` with operands `ins` through the builder, so inference runs again.
 static Value rebuild(Graph& dst, const Node& n, const std::vector<Value>& ins, const std::string& name) {
+  return at_loc(n.loc, [&] { return rebuild_node(dst, n, ins, name); });
+}
+
+static Value rebuild_node(Graph& dst, const Node& n, const std::vector<Value>& ins, const std::string& name) {
   switch (n.op) {
     case OpKind::Input: return dst.input(name, n.dtype, n.shape);
     case OpKind::Constant: return dst.constant(n.value, name);
@@ -522,7 +583,7 @@ static Value rebuild(Graph& dst, const Node& n, const std::vector<Value>& ins, c
 
 void Graph::verify() const {
   Graph re;
-  std::set<std::string> names;
+  std::unordered_set<std::string> names;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
     if (n.id != static_cast<int>(i)) throw GraphError("verify: node '" + n.name + "' has id " + std::to_string(n.id) + " at position " + std::to_string(i));
@@ -614,6 +675,73 @@ Graph eliminate_dead(const Graph& g) {
   return out;
 }
 
+// One composite as primitive ops. Intermediates are named after the composite ("y%mean", ...) so plans stay
+// readable; '%' is a character the .cf lexer rejects, so no name a user writes can collide with them
+// (print_cf maps them to fresh identifiers).
+static Value expand_composite(Graph& out, const Graph& g, const Node& n, const std::vector<Value>& ins) {
+  const std::string& y = n.name;
+  auto nm = [&](const char* part) { return y + kInternalSep + part; };
+  Value x = ins[0];
+  int d = n.dim;
+  Value r;
+  switch (n.op) {
+    case OpKind::LayerNorm: {
+      // two-pass: mean, then the mean of squared deviations (exact, no E[x^2] - mean^2)
+      Value mu = out.reduce(OpKind::Mean, x, d, true, nm("mean"));
+      Value dx = out.binary(OpKind::Sub, x, mu, nm("centered"));
+      Value sq = out.unary(OpKind::Square, dx, nm("sq"));
+      Value v = out.reduce(OpKind::Mean, sq, d, true, nm("var"));
+      Value ve = out.binary(OpKind::Add, v, out.constant(n.value, nm("eps")), nm("var_eps"));
+      Value rs = out.unary(OpKind::Rsqrt, ve, nm("rstd"));
+      bool w = ins.size() > 1, b = ins.size() > 2;
+      r = out.binary(OpKind::Mul, dx, rs, w ? nm("normed") : y);
+      if (w) r = out.binary(OpKind::Mul, r, ins[1], b ? nm("scaled") : y);
+      if (b) r = out.binary(OpKind::Add, r, ins[2], y);
+      break;
+    }
+    case OpKind::RmsNorm: {
+      Value sq = out.unary(OpKind::Square, x, nm("sq"));
+      Value ms = out.reduce(OpKind::Mean, sq, d, true, nm("meansq"));
+      Value me = out.binary(OpKind::Add, ms, out.constant(n.value, nm("eps")), nm("meansq_eps"));
+      Value rs = out.unary(OpKind::Rsqrt, me, nm("rrms"));
+      bool w = ins.size() > 1;
+      r = out.binary(OpKind::Mul, x, rs, w ? nm("normed") : y);
+      if (w) r = out.binary(OpKind::Mul, r, ins[1], y);
+      break;
+    }
+    case OpKind::Softmax: {
+      Value m = out.reduce(OpKind::ReduceMax, x, d, true, nm("max"));
+      Value e = out.unary(OpKind::Exp, out.binary(OpKind::Sub, x, m, nm("shifted")), nm("exp"));
+      Value s = out.reduce(OpKind::Sum, e, d, true, nm("sum"));
+      r = out.binary(OpKind::Div, e, s, y);
+      break;
+    }
+    case OpKind::LogSoftmax: {
+      Value m = out.reduce(OpKind::ReduceMax, x, d, true, nm("max"));
+      Value sh = out.binary(OpKind::Sub, x, m, nm("shifted"));
+      Value s = out.reduce(OpKind::Sum, out.unary(OpKind::Exp, sh, nm("exp")), d, true, nm("sum"));
+      r = out.binary(OpKind::Sub, sh, out.unary(OpKind::Log, s, nm("logsum")), y);
+      break;
+    }
+    case OpKind::Var: {
+      Value mu = out.reduce(OpKind::Mean, x, d, true, nm("mean"));
+      Value sq = out.unary(OpKind::Square, out.binary(OpKind::Sub, x, mu, nm("centered")), nm("sq"));
+      int64_t len = g.node(n.inputs[0]).shape[d];
+      if (n.correction != 0 && len == kDynamic)
+        throw GraphError("var '" + n.name + "': a correction over the symbolic dim ('?') is not supported", n.loc);
+      if (n.correction == 0) {
+        r = out.reduce(OpKind::Mean, sq, d, n.keepdim, y);
+      } else {
+        Value s = out.reduce(OpKind::Sum, sq, d, n.keepdim, nm("sum"));
+        r = out.binary(OpKind::Mul, s, out.constant(1.0 / static_cast<double>(len - n.correction), nm("scale")), y);
+      }
+      break;
+    }
+    default: throw GraphError("internal: unknown composite");
+  }
+  return r;
+}
+
 Graph decompose(const Graph& g) {
   Graph out;
   std::vector<Value> map(g.nodes.size());
@@ -625,68 +753,7 @@ Graph decompose(const Graph& g) {
       map[n.id] = rebuild(out, n, ins, n.name);
       continue;
     }
-    // Intermediates are named after the composite ("y.mean", ...) so plans stay readable.
-    const std::string& y = n.name;
-    auto nm = [&](const char* part) { return y + "." + part; };
-    Value x = ins[0];
-    int d = n.dim;
-    Value r;
-    switch (n.op) {
-      case OpKind::LayerNorm: {
-        // two-pass: mean, then the mean of squared deviations (exact, no E[x^2] - mean^2)
-        Value mu = out.reduce(OpKind::Mean, x, d, true, nm("mean"));
-        Value dx = out.binary(OpKind::Sub, x, mu, nm("centered"));
-        Value sq = out.unary(OpKind::Square, dx, nm("sq"));
-        Value v = out.reduce(OpKind::Mean, sq, d, true, nm("var"));
-        Value ve = out.binary(OpKind::Add, v, out.constant(n.value, nm("eps")), nm("var_eps"));
-        Value rs = out.unary(OpKind::Rsqrt, ve, nm("rstd"));
-        bool w = ins.size() > 1, b = ins.size() > 2;
-        r = out.binary(OpKind::Mul, dx, rs, w ? nm("normed") : y);
-        if (w) r = out.binary(OpKind::Mul, r, ins[1], b ? nm("scaled") : y);
-        if (b) r = out.binary(OpKind::Add, r, ins[2], y);
-        break;
-      }
-      case OpKind::RmsNorm: {
-        Value sq = out.unary(OpKind::Square, x, nm("sq"));
-        Value ms = out.reduce(OpKind::Mean, sq, d, true, nm("meansq"));
-        Value me = out.binary(OpKind::Add, ms, out.constant(n.value, nm("eps")), nm("meansq_eps"));
-        Value rs = out.unary(OpKind::Rsqrt, me, nm("rrms"));
-        bool w = ins.size() > 1;
-        r = out.binary(OpKind::Mul, x, rs, w ? nm("normed") : y);
-        if (w) r = out.binary(OpKind::Mul, r, ins[1], y);
-        break;
-      }
-      case OpKind::Softmax: {
-        Value m = out.reduce(OpKind::ReduceMax, x, d, true, nm("max"));
-        Value e = out.unary(OpKind::Exp, out.binary(OpKind::Sub, x, m, nm("shifted")), nm("exp"));
-        Value s = out.reduce(OpKind::Sum, e, d, true, nm("sum"));
-        r = out.binary(OpKind::Div, e, s, y);
-        break;
-      }
-      case OpKind::LogSoftmax: {
-        Value m = out.reduce(OpKind::ReduceMax, x, d, true, nm("max"));
-        Value sh = out.binary(OpKind::Sub, x, m, nm("shifted"));
-        Value s = out.reduce(OpKind::Sum, out.unary(OpKind::Exp, sh, nm("exp")), d, true, nm("sum"));
-        r = out.binary(OpKind::Sub, sh, out.unary(OpKind::Log, s, nm("logsum")), y);
-        break;
-      }
-      case OpKind::Var: {
-        Value mu = out.reduce(OpKind::Mean, x, d, true, nm("mean"));
-        Value sq = out.unary(OpKind::Square, out.binary(OpKind::Sub, x, mu, nm("centered")), nm("sq"));
-        int64_t len = g.node(n.inputs[0]).shape[d];
-        if (n.correction != 0 && len == kDynamic)
-          throw GraphError("var '" + n.name + "': a correction over the symbolic dim ('?') is not supported", n.loc);
-        if (n.correction == 0) {
-          r = out.reduce(OpKind::Mean, sq, d, n.keepdim, y);
-        } else {
-          Value s = out.reduce(OpKind::Sum, sq, d, n.keepdim, nm("sum"));
-          r = out.binary(OpKind::Mul, s, out.constant(1.0 / static_cast<double>(len - n.correction), nm("scale")), y);
-        }
-        break;
-      }
-      default: throw GraphError("internal: unknown composite");
-    }
-    map[n.id] = r;
+    map[n.id] = at_loc(n.loc, [&] { return expand_composite(out, g, n, ins); });
   }
   for (const auto& o : g.outputs) out.output(map[o.node], o.name);
   return out;

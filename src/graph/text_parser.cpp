@@ -19,6 +19,7 @@
 #include <fstream>
 #include <optional>
 #include <set>
+#include <unordered_set>
 #include <sstream>
 #include <string_view>
 
@@ -277,7 +278,6 @@ struct Attr {  // a keyword argument, checked against what its op expects when t
 };
 
 constexpr int kMaxDepth = 200;                        // nested calls; deeper input is rejected, not overflowed
-constexpr int64_t kMaxElements = int64_t{1} << 62;    // shapes beyond this would overflow numel()
 
 class Parser {
  public:
@@ -503,7 +503,7 @@ class Parser {
       int64_t x = to_int(t);
       if (positive_dims && x <= 0) fail(t, "dims must be positive, got " + t.text);
       if (x > 0) {
-        if (prod > kMaxElements / x) fail(t, "shape too large: more than 2^62 elements");
+        if (prod > kMaxElements / x) fail(t, "shape too large: more than 2^60 elements");
         prod *= x;
       }
       v.push_back(x);
@@ -791,7 +791,7 @@ class Parser {
   Lexer lex_;
   std::deque<Token> buf_;
   Graph g_;
-  std::set<std::string> words_;
+  std::unordered_set<std::string> words_;
   int fresh_ = 0, fresh_const_ = 0, depth_ = 0, last_line_ = 1;
   bool saw_output_ = false;
 };

@@ -7,7 +7,9 @@
 //
 // Limitations (the format has no identity op and no output aliases): an output is printed by its node's
 // name, so an Output whose name differs from its node's name comes back under the node's name, and a node
-// output twice comes back once. Names must be identifiers ([A-Za-z_][A-Za-z0-9_.]*); other names throw.
+// output twice comes back once. Names must be identifiers ([A-Za-z_][A-Za-z0-9_.]*), except decompose()'s
+// internal names ("y%mean"), which print as fresh identifiers ("y.mean"); other names throw.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <set>
@@ -27,11 +29,32 @@ bool is_identifier(const std::string& s) {
   return true;
 }
 
-const std::string& checked_name(const Node& n) {
-  if (!is_identifier(n.name))
-    throw GraphError("print_cf: node name '" + n.name + "' is not an identifier ([A-Za-z_][A-Za-z0-9_.]*)", n.loc);
-  return n.name;
-}
+// The printed name of every node. decompose()'s intermediates ("y%mean") are not identifiers by design (no
+// user name can collide with them); they print as "y.mean", or "y.mean_2", ... where the graph already uses
+// that name. Any other name that is not an identifier throws.
+class Names {
+ public:
+  explicit Names(const Graph& g) {
+    std::set<std::string> used;
+    for (const Node& n : g.nodes) used.insert(n.name);
+    for (const Node& n : g.nodes) {
+      std::string p = n.name;
+      if (!is_identifier(p)) {
+        std::replace(p.begin(), p.end(), kInternalSep, '.');
+        if (p == n.name || !is_identifier(p))
+          throw GraphError("print_cf: node name '" + n.name + "' is not an identifier ([A-Za-z_][A-Za-z0-9_.]*)", n.loc);
+        std::string base = p;
+        for (int k = 2; used.count(p); ++k) p = base + "_" + std::to_string(k);
+        used.insert(p);
+      }
+      printed_.push_back(p);
+    }
+  }
+  const std::string& operator()(const Node& n) const { return printed_.at(n.id); }
+
+ private:
+  std::vector<std::string> printed_;
+};
 
 // The shortest decimal that reads back as exactly `v` (std::to_chars guarantees the round trip), tidied:
 // "1e-05" -> "1e-5", and integral values get ".0" so they read as numbers, not counts.
@@ -58,7 +81,7 @@ std::string int_list(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
-std::string call(const Graph& g, const Node& n) {
+std::string call(const Graph& g, const Node& n, const Names& checked_name) {
   std::vector<std::string> args;
   auto operand = [&](int id) {
     const Node& x = g.node(id);
@@ -116,6 +139,7 @@ std::string call(const Graph& g, const Node& n) {
 }  // namespace
 
 std::string print_cf(const Graph& g) {
+  const Names checked_name(g);
   std::ostringstream o;
   for (int id : g.inputs) {
     const Node& n = g.node(id);
@@ -127,7 +151,7 @@ std::string print_cf(const Graph& g) {
       if (g.is_output(n.id)) o << checked_name(n) << " = " << number(n.value) << "\n";
       continue;
     }
-    o << checked_name(n) << " = " << call(g, n) << "\n";
+    o << checked_name(n) << " = " << call(g, n, checked_name) << "\n";
   }
   std::set<int> printed;
   std::string outs;

@@ -95,9 +95,10 @@ class SpecRunner {
   }
 
   float reduce(ReduceKind k, const Row& x) const {
-    const int64_t block = (n_ + ctas_ - 1) / ctas_;
+    // Blocks past column N are empty (their partial is the identity): at most N of them are worth visiting.
+    const int64_t ctas = std::min<int64_t>(ctas_, n_), block = (n_ + ctas - 1) / ctas;
     float total = identity(k);
-    for (int cta = 0; cta < ctas_; ++cta) {
+    for (int64_t cta = 0; cta < ctas; ++cta) {
       int64_t lo = std::min<int64_t>(n_, cta * block), hi = std::min<int64_t>(n_, lo + block);
       float lane[4] = {identity(k), identity(k), identity(k), identity(k)};
       for (int64_t c = lo; c < hi; ++c) lane[((c - lo) / 2) % 4] = combine(k, lane[((c - lo) / 2) % 4], x[c]);

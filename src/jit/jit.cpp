@@ -2,6 +2,7 @@
 #include "comfuse/jit.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/file.h>
 #include <sys/wait.h>
@@ -19,6 +20,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -54,23 +56,73 @@ void write_file(const fs::path& p, const std::string& bytes) {
   if (!f) throw JitError("cannot write " + p.string());
 }
 
-// Runs argv with stdout+stderr to `log` (no shell involved); returns the exit status (127: could not start).
-int run_process(const std::vector<std::string>& argv, const fs::path& log) {
+constexpr int kTimedOut = -1;
+
+// Runs argv with stdout+stderr to `log` (no shell involved); returns the exit status (127: could not start),
+// or kTimedOut when it ran past `timeout_s` (> 0): then the whole process group (nvcc and the cicc, ptxas
+// and host compiler it starts) is killed, so nothing is left running.
+int run_process(const std::vector<std::string>& argv, const fs::path& log, double timeout_s) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);  // its own group: a timeout kills its children too
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid;
-  int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
+  int rc = posix_spawn(&pid, args[0], &fa, &attr, args.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   if (rc != 0) return 127;
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  if (timeout_s <= 0) {
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    auto nap = std::chrono::microseconds(500);
+    for (;;) {
+      pid_t w = waitpid(pid, &status, WNOHANG);
+      if (w == pid || (w < 0 && errno != EINTR)) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        kill(-pid, SIGKILL);
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        return kTimedOut;
+      }
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(50000));  // quick answers stay quick
+    }
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+// Temporary files and directories a killed process left in the cache (tmp-*, nvcc-version-*.tmp) are removed
+// once they are older than `stale_s`: more than a compile may take (the timeout), so a compile running now,
+// in this or another process, never loses its directory. Once per process and cache directory.
+void sweep_stale(const fs::path& root, double stale_s) {
+  static std::mutex m;
+  static std::set<std::string> swept;
+  {
+    std::lock_guard<std::mutex> lk(m);
+    if (!swept.insert(root.string()).second) return;
+  }
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    bool tmp = name.rfind("tmp-", 0) == 0 ||
+               (name.rfind("nvcc-version-", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0);
+    if (!tmp) continue;
+    std::error_code e2;
+    auto mtime = fs::last_write_time(it->path(), e2);
+    if (e2 || std::chrono::duration<double>(now - mtime).count() < stale_s) continue;
+    fs::remove_all(it->path(), e2);  // best effort: another process may be removing it too
+  }
 }
 
 bool executable(const fs::path& p) { return !p.empty() && access(p.c_str(), X_OK) == 0 && fs::is_regular_file(p); }
@@ -174,6 +226,11 @@ bool load_entry(const Entry& e, std::vector<char>& out) {
 
 std::atomic<uint64_t> g_tmp_counter{0};
 
+constexpr double kDefaultTimeoutS = 1800;     // a fused kernel compiles in ~30 s; nvcc alone never needs this
+constexpr double kVersionTimeoutS = 60;       // `nvcc --version`
+constexpr double kMinStaleS = 3600;           // temporary files younger than this are never swept
+constexpr double kNoTimeoutStaleS = 7 * 86400;  // ... and with no timeout, a week
+
 }  // namespace
 
 std::string hash_hex(const std::string& bytes) {
@@ -227,7 +284,7 @@ std::string find_nvcc(const JitOptions& o) {
   throw JitError(msg + "\nset CUDA_HOME or COMFUSE_NVCC, or use kernels compiled ahead of time");
 }
 
-std::string nvcc_version(const std::string& nvcc) {
+std::string nvcc_version(const std::string& nvcc, const std::string& cache_dir) {
   static std::mutex m;
   static std::map<std::string, std::string> memo;
   std::lock_guard<std::mutex> lk(m);
@@ -237,7 +294,7 @@ std::string nvcc_version(const std::string& nvcc) {
   std::error_code ec;
   const auto size = fs::file_size(nvcc, ec);
   const auto mtime = ec ? fs::file_time_type{} : fs::last_write_time(nvcc, ec);
-  const fs::path cached = fs::path(default_cache_dir()) / ("nvcc-version-" + hash_hex(nvcc));
+  const fs::path cached = fs::path(cache_dir.empty() ? default_cache_dir() : cache_dir) / ("nvcc-version-" + hash_hex(nvcc));
   const std::string stamp = std::to_string(size) + " " + std::to_string(mtime.time_since_epoch().count()) + "\n";
   if (!ec) {
     std::string c = read_file(cached);
@@ -245,15 +302,22 @@ std::string nvcc_version(const std::string& nvcc) {
   }
   fs::path log = fs::temp_directory_path() /
                  ("comfuse-nvcc-version-" + std::to_string(getpid()) + "-" + std::to_string(g_tmp_counter++));
-  int rc = run_process({nvcc, "--version"}, log);
+  int rc = run_process({nvcc, "--version"}, log, kVersionTimeoutS);
   std::string out = read_file(log);
-  fs::remove(log);
+  fs::remove(log, ec);
+  if (rc == kTimedOut)
+    throw JitError("'" + nvcc + " --version' did not answer within " + std::to_string(int(kVersionTimeoutS)) + " s");
   if (rc != 0) throw JitError("'" + nvcc + " --version' failed (exit " + std::to_string(rc) + "): " + out);
-  if (!ec && !out.empty()) {   // best effort: written atomically, ignored when the directory is not writable
-    fs::create_directories(cached.parent_path(), ec);
+  if (!ec && !out.empty()) {  // best effort: written atomically, skipped when the directory is not writable
+    std::error_code wec;
+    fs::create_directories(cached.parent_path(), wec);
     fs::path tmp = cached.string() + "." + std::to_string(getpid()) + ".tmp";
-    write_file(tmp, stamp + out);
-    fs::rename(tmp, cached, ec);
+    try {
+      write_file(tmp, stamp + out);
+      fs::rename(tmp, cached, wec);
+    } catch (const JitError&) {
+    }
+    fs::remove(tmp, wec);
   }
   return memo[nvcc] = out;
 }
@@ -268,21 +332,38 @@ std::string hash_tree(const std::string& dir) {
   return hash_hex(all);
 }
 
+double compile_timeout_s(const JitOptions& o) {
+  if (o.timeout_s >= 0) return o.timeout_s;
+  const char* e = std::getenv("COMFUSE_NVCC_TIMEOUT");
+  if (!e || !*e) return kDefaultTimeoutS;
+  char* end = nullptr;
+  double v = std::strtod(e, &end);
+  if (end == e || *end || !(v >= 0) || v > 1e7)
+    throw JitError(std::string("COMFUSE_NVCC_TIMEOUT=") + e + ": expected seconds (a number >= 0; 0 = no limit)");
+  return v;
+}
+
 CompileResult compile(const std::string& source, const std::string& name, const JitOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  const double timeout_s = compile_timeout_s(o);
+  // The cache directory first: everything after it (the nvcc version stamp, the entry) is written there.
+  const fs::path root = o.cache_dir.empty() ? default_cache_dir() : o.cache_dir;
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw JitError("cannot create the kernel cache " + root.string() + ": " + ec.message());
+  if (!fs::is_directory(root, ec) || access(root.c_str(), W_OK | X_OK) != 0)
+    throw JitError("cannot create the kernel cache " + root.string() + ": " +
+                   (fs::is_directory(root, ec) ? "the directory is not writable" : "it is not a directory") +
+                   " (set COMFUSE_CACHE_DIR to a writable directory)");
   const std::string nvcc = find_nvcc(o);
   std::vector<std::string> flags = o.flags.empty() ? default_flags() : o.flags;
   for (const auto& inc : o.include_dirs) flags.push_back("-I" + inc);
   const bool so = o.artifact == Artifact::SharedObject;
   const std::string artifact = so ? "kernel.so" : "kernel.cubin";
-  std::string key_material = source + '\0' + nvcc_version(nvcc) + '\0' + o.header_version + '\0' + artifact;
+  std::string key_material = source + '\0' + nvcc_version(nvcc, root.string()) + '\0' + o.header_version + '\0' + artifact;
   for (const auto& f : flags) key_material += '\0' + f;
   CompileResult r;
   r.key = hash_hex(key_material);
-  const fs::path root = o.cache_dir.empty() ? default_cache_dir() : o.cache_dir;
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) throw JitError("cannot create the kernel cache " + root.string() + ": " + ec.message());
   Entry entry{root / r.key, artifact};
   const Log level = log_level();
 
@@ -296,6 +377,7 @@ CompileResult compile(const std::string& source, const std::string& name, const 
   };
   if (hit()) return r;  // fast path: no lock
 
+  sweep_stale(root, timeout_s > 0 ? std::max(2 * timeout_s, kMinStaleS) : kNoTimeoutStaleS);
   FileLock lock(root / (r.key + ".lock"));
   if (hit()) return r;  // another process or thread finished it while we waited
   if (fs::exists(entry.dir)) {
@@ -318,8 +400,13 @@ CompileResult compile(const std::string& source, const std::string& name, const 
   int rc;
   {
     Progress progress(name, level != Log::Quiet);
-    rc = run_process(argv, tmp / "nvcc.log");
+    rc = run_process(argv, tmp / "nvcc.log", timeout_s);
     r.seconds = progress.elapsed();
+  }
+  if (rc == kTimedOut) {
+    fs::remove_all(tmp, ec);
+    throw JitError("nvcc timed out on " + name + " after " + std::to_string(static_cast<long>(timeout_s)) +
+                   " s and was stopped (set COMFUSE_NVCC_TIMEOUT to allow longer, in seconds; 0 = no limit)");
   }
   std::string bytes = read_file(tmp / artifact);
   if (rc != 0 || bytes.empty()) {

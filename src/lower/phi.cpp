@@ -51,6 +51,24 @@ std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n) {
 
 static std::string q(const Node& n) { return "'" + n.name + "'"; }
 
+char region_value_kind(const Graph& g, const Node& n, const std::vector<char>& in_region, const TileSpace& ts) {
+  if (n.op == OpKind::MatMul) return kTileValue;
+  if (is_reduction(n.op)) return kRowValue;
+  if (n.op == OpKind::Reshape) return in_region[n.inputs[0]] == kRowValue ? kRowValue : kTileValue;
+  // as Lowering::build_stage: per row iff every operand is (scalars and columns from outside are)
+  for (int in : n.inputs) {
+    if (in_region[in]) {
+      if (in_region[in] != kRowValue) return kTileValue;
+      continue;
+    }
+    const Node& o = g.node(in);
+    if (o.op == OpKind::Constant) continue;
+    auto kind = classify_operand(o.shape, n.shape, ts);
+    if (!kind || (*kind != BroadcastKind::Scalar && *kind != BroadcastKind::Col)) return kTileValue;
+  }
+  return kRowValue;
+}
+
 std::optional<std::string> phi_rejects(const Graph& g, const Node& n, const std::vector<char>& in_region,
                                        const TileSpace& ts,
                                        const std::function<std::optional<std::string>(int)>& operand_ok) {
@@ -73,7 +91,8 @@ std::optional<std::string> phi_rejects(const Graph& g, const Node& n, const std:
     if (n.dim != static_cast<int>(x.shape.size()) - 1)
       return "reduces dim " + std::to_string(n.dim) + ", not the last (N) dim: the reduction crosses GEMM rows";
     if (!n.keepdim) return "keepdim=false: the result is not a [rows, 1] column the epilogue can broadcast";
-    if (!ts.is_tile(x.shape)) return "reduces a per-row value (a dim of size 1): nothing to reduce over N";
+    if (!ts.is_tile(x.shape) || in_region[x.id] == kRowValue)
+      return "reduces a per-row value (a dim of size 1): nothing to reduce over N";
     return std::nullopt;
   }
   if (!is_elementwise(n.op)) return std::string("op '") + op_name(n.op) + "' is not an epilogue op";

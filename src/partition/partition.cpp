@@ -21,15 +21,15 @@ namespace {
 
 bool is_leaf(const Node& n) { return n.op == OpKind::Input || n.op == OpKind::Constant; }
 
-bool depends_on(const Graph& g, int id, int target) {
-  std::vector<char> seen(g.nodes.size(), 0);
+// `seen` is scratch (all entries != stamp, which is unique per call): no O(nodes) clearing per query.
+bool depends_on(const Graph& g, int id, int target, std::vector<int>& seen, int stamp) {
   std::vector<int> stack{id};
   while (!stack.empty()) {
     int v = stack.back();
     stack.pop_back();
     if (v == target) return true;
-    if (seen[v]) continue;
-    seen[v] = 1;
+    if (v < target || seen[v] == stamp) continue;  // operands come first: nothing before target depends on it
+    seen[v] = stamp;
     for (int in : g.node(v).inputs) stack.push_back(in);
   }
   return false;
@@ -67,6 +67,12 @@ Partition partition(const Graph& input) {
   std::vector<std::vector<std::string>> rejections(n);
   p.decisions.resize(n);
 
+  // One in_region for every region (reset after each), not one per region: O(nodes) per region would make
+  // partition quadratic in the program's size.
+  std::vector<char> in_region(n, 0), is_output(n, 0);
+  for (const auto& o : g.outputs) is_output[o.node] = 1;
+  std::vector<int> seen(n, 0);
+  int stamp = 0;
   for (const Node& root : g.nodes) {
     if (root.op != OpKind::MatMul) continue;
     if (auto why = phi_rejects_root(g, root)) {
@@ -75,32 +81,40 @@ Partition partition(const Graph& input) {
     }
     const int gi = gemm_index[root.id];
     const int ri = static_cast<int>(p.regions.size());
-    std::vector<char> in_region(n, 0);
-    in_region[root.id] = 1;
+    in_region[root.id] = kTileValue;
     std::vector<int> nodes{root.id};
     TileSpace ts{numel(root.shape) / root.shape.back(), root.shape.back()};
     auto operand_ok = [&](int id) -> std::optional<std::string> {
       if (max_dep[id] < gi) return std::nullopt;
-      if (depends_on(g, id, root.id))
+      if (depends_on(g, id, root.id, seen, ++stamp))
         return "operand '" + g.node(id).name + "' depends on this GEMM through a node outside the region";
       return "operand '" + g.node(id).name + "' depends on a later GEMM; fusing here would create a cycle";
     };
-    for (size_t id = root.id + 1; id < n; ++id) {
+    // Candidates in graph order: the users of the region's nodes (a min-heap, so a node is looked at once,
+    // after every operand it could read from the region). Only the region's neighbourhood is visited, not
+    // every later node: partition stays linear in the program's size.
+    std::priority_queue<int, std::vector<int>, std::greater<>> candidates;
+    for (int u : users[root.id]) candidates.push(u);
+    int last = -1;
+    while (!candidates.empty()) {
+      const int id = candidates.top();
+      candidates.pop();
+      if (id == last) continue;
+      last = id;
       const Node& nd = g.nodes[id];
       if (is_leaf(nd) || claimed[id] >= 0) continue;
-      bool reads_region = std::any_of(nd.inputs.begin(), nd.inputs.end(), [&](int in) { return in_region[in]; });
-      if (!reads_region) continue;
       if (auto why = phi_rejects(g, nd, in_region, ts, operand_ok)) {
         rejections[id].push_back("region " + std::to_string(ri) + " ('" + root.name + "'): " + *why);
         continue;
       }
-      in_region[id] = 1;
-      nodes.push_back(static_cast<int>(id));
+      in_region[id] = region_value_kind(g, nd, in_region, ts);
+      nodes.push_back(id);
+      for (int u : users[id]) candidates.push(u);
     }
     // Values leaving the kernel: graph outputs and values read outside the region.
     std::vector<int> stored;
     for (int id : nodes) {
-      bool escapes = g.is_output(id) ||
+      bool escapes = is_output[id] ||
                      std::any_of(users[id].begin(), users[id].end(), [&](int u) { return !in_region[u]; });
       if (escapes) stored.push_back(id);
     }
@@ -116,6 +130,7 @@ Partition partition(const Graph& input) {
         o.dtype = DType::F32;
     for (int id : nodes) {
       claimed[id] = ri;
+      in_region[id] = 0;
       p.decisions[id] = {NodeDecision::Kind::Fused, ri, "fused into region " + std::to_string(ri) + ": " + role(g.node(id))};
     }
     p.regions.push_back(std::move(r));

@@ -112,7 +112,7 @@ TEST(Cli, ErrorsExitWithCode2AndSaySo) {
 
   r = run("interp " + ex.string() + " --inputs " + d.string() + " --outputs " + d.string() + " --mode spec --ctas 0");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("--ctas must be a positive integer"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--ctas must be an integer from 1 to 1024"), std::string::npos) << r.out;
 
   r = run("interp " + ex.string() + " --inputs " + d.string());
   EXPECT_EQ(r.code, 2);

@@ -31,13 +31,18 @@ TEST(Interp, ElementwiseOpsMatchKnownValues) {
       {OpKind::Tanh, {0.0, 0.7615941559557649, -0.9640275800758169}},
       {OpKind::Neg, {0.0, -1.0, 2.0}},
   };
-  for (auto& [op, _] : cases) g.output(g.unary(op, x), std::string("o") + std::to_string(static_cast<int>(op)));
+  auto oname = [](OpKind op) {
+    std::string s = "o";  // (not "o" + to_string: GCC 12 warns falsely about that)
+    s += std::to_string(static_cast<int>(op));
+    return s;
+  };
+  for (auto& [op, _] : cases) g.output(g.unary(op, x), oname(op));
   TensorMap in{{"x", Tensor(Shape{3})}};
   in["x"].data = {0.f, 1.f, -2.f};
   TensorMap out = interpret_graph(g, in);
   for (auto& [op, want] : cases)
     for (int i = 0; i < 3; ++i)
-      EXPECT_NEAR(out.at(std::string("o") + std::to_string(static_cast<int>(op))).data[i], want[i], 1e-6) << op_name(op);
+      EXPECT_NEAR(out.at(oname(op)).data[i], want[i], 1e-6) << op_name(op);
 }
 
 TEST(Interp, NormalizationsHaveTheirDefiningProperties) {

@@ -5,8 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <signal.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "comfuse/jit.h"
@@ -31,6 +35,7 @@ struct FakeNvcc {
                            "out=''; src=''\n"
                            "while [ $# -gt 0 ]; do case \"$1\" in -o) out=\"$2\"; shift;; *.cu) src=\"$1\";; esac; shift; done\n"
                            "echo run >> " << count.string() << "\n"
+                           "echo $$ > " << (dir / "pid").string() << "\n"
                            "sleep " << delay << "\n"
                            "if grep -q FAIL \"$src\"; then echo \"$src(1): error: FAIL here\" >&2; exit 1; fi\n"
                            "{ echo CUBIN; cat \"$src\"; } > \"$out\"\n";
@@ -170,4 +175,145 @@ TEST(Jit, RealNvccBuildsAnSm90aCubin) {
   EXPECT_EQ(std::string(r.cubin.begin(), r.cubin.begin() + 4), "\x7f" "ELF");
   EXPECT_TRUE(compile("extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }\n", "k", o).cache_hit);
   fs::remove_all(o.cache_dir);
+}
+
+// ---- reliability (issue 14): a hung nvcc, an unusable cache, leftovers of a killed compile ----
+
+namespace {
+std::vector<std::string> tmp_entries(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string n = it->path().filename().string();
+    if (n.rfind("tmp-", 0) == 0 || (n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0)) out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Whether process group `pgid` has a live (not zombie) member. (Zombies stay where nothing reaps orphans.)
+bool group_alive(pid_t pgid) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    std::ifstream f(e.path() / "stat");
+    std::string stat;
+    if (!std::getline(f, stat)) continue;
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    rest >> state >> ppid >> pgrp;
+    if (pgrp == pgid && state != 'Z') return true;
+  }
+  return false;
+}
+}  // namespace
+
+TEST(Jit, HungNvccTimesOutWithAClearErrorAndNoLeftovers) {
+  setenv("COMFUSE_LOG", "quiet", 1);
+  FakeNvcc fake("hung", 60);
+  auto o = fake.options();
+  o.timeout_s = 1;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    compile("kernel that hangs", "hung_kernel", o);
+    FAIL() << "a hung nvcc must not be waited for";
+  } catch (const JitError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("nvcc timed out on hung_kernel after 1 s"), std::string::npos) << m;
+    EXPECT_NE(m.find("COMFUSE_NVCC_TIMEOUT"), std::string::npos) << m;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+  EXPECT_TRUE(tmp_entries(o.cache_dir).empty());
+  // the fake (a process group leader) and its `sleep` were killed, not left running
+  std::ifstream pidf(fake.dir / "pid");
+  pid_t pid = 0;
+  pidf >> pid;
+  ASSERT_GT(pid, 0);
+  for (int i = 0; i < 100 && group_alive(pid); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(group_alive(pid));
+  // the environment variable sets the default; a bad value is an error that names it
+  setenv("COMFUSE_NVCC_TIMEOUT", "soon", 1);
+  o.timeout_s = -1;
+  try {
+    compile("another kernel", "k", o);
+    FAIL();
+  } catch (const JitError& e) {
+    EXPECT_NE(std::string(e.what()).find("COMFUSE_NVCC_TIMEOUT=soon"), std::string::npos) << e.what();
+  }
+  unsetenv("COMFUSE_NVCC_TIMEOUT");
+}
+
+TEST(Jit, UnusableCacheDirectoryIsReportedAsSuch) {
+  setenv("COMFUSE_LOG", "quiet", 1);
+  FakeNvcc fake("badcache");
+  auto o = fake.options();
+  fs::path file = fake.dir / "a_file";
+  std::ofstream(file) << "x";
+  for (const fs::path& bad : {file, file / "sub"}) {
+    o.cache_dir = bad.string();
+    try {
+      compile("kernel", "k", o);
+      FAIL() << bad;
+    } catch (const JitError& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("cannot create the kernel cache " + bad.string()), std::string::npos) << m;
+      EXPECT_EQ(m.find(".tmp"), std::string::npos) << m;
+    }
+  }
+  if (geteuid() != 0) {  // root writes anywhere
+    fs::path ro = fake.dir / "readonly";
+    fs::create_directories(ro);
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+    o.cache_dir = ro.string();
+    try {
+      compile("kernel", "k", o);
+      FAIL();
+    } catch (const JitError& e) {
+      EXPECT_NE(std::string(e.what()).find("not writable"), std::string::npos) << e.what();
+    }
+    fs::permissions(ro, fs::perms::owner_all);
+  }
+}
+
+TEST(Jit, LeftoversOfAKilledCompileAreSweptWhenStale) {
+  setenv("COMFUSE_LOG", "quiet", 1);
+  FakeNvcc fake("killed", 60);
+  auto o = fake.options();
+  pid_t kid = fork();
+  if (kid == 0) {
+    try {
+      compile("kernel killed mid-compile", "k", o);
+    } catch (...) {
+    }
+    _exit(0);
+  }
+  // wait for the compile to start, then kill it (and the stand-in nvcc) as a user or the OOM killer would
+  auto t0 = std::chrono::steady_clock::now();
+  while (tmp_entries(o.cache_dir).empty() || !fs::exists(fake.dir / "pid")) {
+    ASSERT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(kid, SIGKILL);
+  waitpid(kid, nullptr, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  {
+    std::ifstream pidf(fake.dir / "pid");
+    pid_t pid = 0;
+    pidf >> pid;
+    if (pid > 0) kill(-pid, SIGKILL);
+  }
+  auto left = tmp_entries(o.cache_dir);
+  ASSERT_EQ(left.size(), 1u);
+  // an old leftover goes; a fresh one (a compile running now, elsewhere) stays
+  const auto old = fs::file_time_type::clock::now() - std::chrono::hours(3);
+  fs::last_write_time(fs::path(o.cache_dir) / left[0], old);
+  fs::create_directories(fs::path(o.cache_dir) / "tmp-running-elsewhere");
+  std::ofstream(fs::path(o.cache_dir) / "nvcc-version-abc.123.tmp") << "x";
+  fs::last_write_time(fs::path(o.cache_dir) / "nvcc-version-abc.123.tmp", old);
+  FakeNvcc quick("killed_next");
+  o.nvcc = quick.nvcc.string();
+  o.timeout_s = 600;
+  EXPECT_FALSE(compile("the next kernel", "k2", o).cache_hit);
+  EXPECT_EQ(tmp_entries(o.cache_dir), std::vector<std::string>{"tmp-running-elsewhere"});
 }

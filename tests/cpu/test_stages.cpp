@@ -53,7 +53,7 @@ TEST(Stages, LayerNormIsMeanThenCenteredSquaresWithBypass) {
   const SpecNode& r1 = st[1]->nodes[st[1]->terminal];
   EXPECT_EQ(r1.reduce, ReduceKind::Mean);
   ASSERT_EQ(r1.bypass.size(), 1u);
-  EXPECT_EQ(st[1]->nodes[r1.bypass[0]].origin, "y.centered");
+  EXPECT_EQ(st[1]->nodes[r1.bypass[0]].origin, "y%centered");
   EXPECT_EQ(kinds(*st[1]), "placeholder placeholder compute compute reduce");
   // stage 2: rsqrt(var + eps) per row, times centered, gamma, beta; one store
   EXPECT_EQ(kinds(*st[2]),
@@ -97,7 +97,7 @@ TEST(Stages, LogSoftmaxBypassesShiftedValues) {
   ASSERT_EQ(st.size(), 3u) << print_spec(fs);
   EXPECT_EQ(st[0]->nodes[st[0]->terminal].reduce, ReduceKind::Max);
   EXPECT_EQ(st[1]->nodes[st[1]->terminal].reduce, ReduceKind::Sum);
-  EXPECT_EQ(st[2]->nodes[1].origin, "y.shifted");
+  EXPECT_EQ(st[2]->nodes[1].origin, "y%shifted");
   EXPECT_EQ(kinds(*st[2]), "placeholder placeholder compute compute store");  // log(sum), shifted - log
 }
 

@@ -514,3 +514,16 @@ def test_all_fp32_graph_still_falls_back_as_a_whole():
     assert rep.fallback.startswith("dtype float32 GEMM 'addmm'")
     assert not any("dtype float32" in r for r in rep.analysis.conv.torch_nodes.values())
     assert backend.dtype_reason(rep.analysis.conv.gm).startswith("dtype float32 GEMM")
+
+
+def test_graph_with_no_float_op_says_so_instead_of_no_outputs(caplog):
+    """Issue 14: a graph of int64 ops only reached the Graph IR empty ("graph has no outputs")."""
+    class IntOnly(torch.nn.Module):
+        def forward(self, i):
+            return (i * 3 + 1).sum(-1)
+
+    reps = comfuse.capture(IntOnly(), torch.arange(12).reshape(3, 4))
+    assert reps and all(r.error is None for r in reps)
+    text = " ".join(r.fallback or "" for r in reps)
+    assert "no op of this graph is in the Graph IR" in text, text
+    assert "has no outputs" not in text
