@@ -140,6 +140,11 @@ int cmd_plan(const Args& a) {
                 << "\n";
     else
       std::cout << "declined (runs unfused): " << d.reason << "\n";
+    if (a.flag("explain") && !d.candidates.empty()) {   // the config search (CompiledGraph::run times them)
+      std::cout << "    candidates:";
+      for (const auto& c : d.candidates) std::cout << " " << config_name(c);
+      std::cout << "\n    why: " << d.candidates_reason << "\n";
+    }
   }
   return 0;
 }
