@@ -102,6 +102,10 @@ bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const std::str
   if (std::string why = fit_transport(r.plan, spec, transport); !why.empty()) throw CompileError(why);
   if (r.plan.candidates.empty() || spec.num_stages() > 1) r.plan.candidates = {r.plan.config};   // as fit_transport left it
   r.plan.candidates[0] = r.plan.config;
+  if (r.plan.candidates.size() > 1 && !search::enabled()) {   // nothing would time them: compile the prior only
+    r.plan.candidates.resize(1);
+    r.plan.candidates_reason += "; COMFUSE_CONFIG_SEARCH=0: the prior alone is compiled";
+  }
   r.kernel = generate_kernel(spec, r.plan.config);
   return true;
 }
@@ -984,7 +988,12 @@ CompiledRegion RegionKernel::compile(const FusionSpec& spec, CompilerOptions o) 
   CompiledRegion region;
   if (!plan_and_generate(region, spec, opts.transport))
     throw CompileError("no fused kernel can serve this region: " + region.plan.reason);
-  take_compile_result(region, jit::compile(region.kernel.source, region.kernel.name, kernel_jit_options(opts)));
+  // The prior alone: a frontend's launch has no config search (yet).
+  region.plan.candidates = {region.plan.config};
+  region.plan.candidates_reason += "; the prior alone (RegionKernel does not search)";
+  const jit::CompileResult res = jit::compile(region.kernel.source, region.kernel.name, kernel_jit_options(opts));
+  take_compile_result(region, res);
+  region.candidates = {candidate_of(region.plan.config, region.kernel.name, res)};
   return region;
 }
 
