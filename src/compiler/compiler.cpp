@@ -533,11 +533,7 @@ constexpr int kTimingRounds = 2;
 
 int CompiledGraph::choose_candidate(const Search& s) {
   const CompiledRegion& r = regions_[s.region];
-  std::string id;
-  {
-    std::lock_guard<std::mutex> lock(rt_->mu);
-    id = rt_->set_ids.at(s.region);
-  }
+  const std::string& id = rt_->set_ids.at(s.region);   // written once, when run() loaded the libraries
   if (id.empty()) return 0;
   const int64_t bucket = search::bucket_of(s.rows);
   const auto key = std::make_tuple(id, s.device, bucket);
@@ -547,19 +543,22 @@ int CompiledGraph::choose_candidate(const Search& s) {
       if (config_name(r.candidates[i].config) == name) return i;
     return -1;
   };
-  const std::string path = search::choice_path(cache_dir_, id, s.device);
+  std::string path;
   {
     std::lock_guard<std::mutex> lock(rt_->search_mu);
+    if (auto it = rt_->choices.find(key); it != rt_->choices.end() && it->second.final) return it->second.index;
     if (!search::enabled()) {
       rt_->choices[key] = {0, "prior (COMFUSE_CONFIG_SEARCH=0)", false};
       return 0;
     }
-    if (auto it = rt_->choices.find(key); it != rt_->choices.end() && it->second.final) return it->second.index;
     // Not chosen in this process: the record on disk (read again on every miss: another process may have timed it).
+    path = search::choice_path(cache_dir_, id, s.device);
     for (const auto& [b, name] : search::read_choices(path)) {
       const int i = index_of(name);
-      auto& c = rt_->choices[std::make_tuple(id, s.device, b)];
-      if (i >= 0 && !c.final) c = {i, "recorded in " + path, true};   // a config not among ours is ignored
+      if (i < 0) continue;   // a config not among ours
+      const auto k = std::make_tuple(id, s.device, b);
+      if (auto it = rt_->choices.find(k); it == rt_->choices.end() || !it->second.final)
+        rt_->choices[k] = {i, "recorded in " + path, true};
     }
     if (auto it = rt_->choices.find(key); it != rt_->choices.end() && it->second.final) return it->second.index;
     if (rt::stream_capturing(s.stream)) {   // nothing may synchronize a capturing stream: the prior, not recorded
