@@ -7,6 +7,8 @@
 #   3. bench   - COMFUSE_CONFIG_SEARCH=0: the prior alone, for comparison
 #   4. run --check, the record removed: the search and the real launch in one process, outputs checked
 #   5. run --check at another row count (another M bucket): searched again, nothing compiled
+# and then tests/search/capture_search.cpp: runs under CUDA-graph capture (the prior, untimed), the search on the
+# next uncaptured run, a second capture reusing the choice; outputs compared.
 # Logs under $OUT (and the records in $OUT/choices); a table last; exits non-zero when a step fails or the record
 # is not used. The issue's targets (cold compile of the set <= 60 s, a cache hit <= 5 ms) are reported, not enforced.
 #
@@ -102,6 +104,21 @@ for g in plain bias_gelu; do
   grep -h "config search:\|check:" "$OUT/run_search_$g.log" "$OUT/run_bucket_$g.log" | sed "s/^/  [$g] /"
 done
 cp "$cache"/choices/* "$OUT/choices/" 2>/dev/null
+# CUDA-graph capture: the prior while capturing (untimed, unrecorded), the search on the next uncaptured run, the
+# choice reused by a second capture (tests/search/capture_search.cpp, against the static library built above).
+lib=build/gpu-config-search/cli/libcomfuse.a
+if [ -f "$lib" ]; then
+  cuda_home="$(dirname "$(dirname "$(command -v nvcc)")")"
+  g++ -std=c++20 -O2 -I include -I kernels -I "$cuda_home/include" tests/search/capture_search.cpp "$lib" \
+      -L"$cuda_home/lib64" -lcudart -ldl -lpthread -o build/gpu-config-search/capture_search > "$OUT/capture_build.log" 2>&1
+  status[capture_build]=$?
+  if [ "${status[capture_build]}" = 0 ]; then
+    rm -f "$cache"/choices/comfuse_*
+    build/gpu-config-search/capture_search "$OUT/graphs/bias_gelu.cf" $rows > "$OUT/capture.log" 2>&1
+    status[capture]=$?
+    grep -E "^(ok  |FAIL|capture_search)" "$OUT/capture.log"
+  fi
+fi
 echo "records:"; for f in "$OUT"/choices/*; do [ -f "$f" ] && { echo "  $(basename "$f"):"; grep -v '^#' "$f" | sed 's/^/    /'; }; done
 echo "total $(( $(date +%s) - t0 )) s"
 
