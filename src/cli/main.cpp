@@ -506,8 +506,10 @@ int cmd_aot(const Args& a) {
   if (dir.empty()) throw UsageError("aot needs -o DIR");
   Graph g = parse_cf_file(a.file);
   CompiledGraph cg = Compiler(compiler_options(a)).save(g, dir);
-  std::cout << cg.explain() << "wrote " << (fs::path(dir) / "manifest.txt").string() << " and "
-            << cg.regions().size() << " kernel librar" << (cg.regions().size() == 1 ? "y" : "ies") << "\n";
+  size_t libs = 0;   // every candidate config of every region
+  for (const auto& r : cg.regions()) libs += r.candidates.size();
+  std::cout << cg.explain() << "wrote " << (fs::path(dir) / "manifest.txt").string() << " and " << libs
+            << " kernel librar" << (libs == 1 ? "y" : "ies") << "\n";
   return 0;
 }
 
