@@ -427,6 +427,8 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
     if (r.plain) continue;
     r.plan.candidates.clear();
     for (const auto& k : r.candidates) r.plan.candidates.push_back(k.config);
+    r.plan.candidates_reason = "compiled ahead of time: the " + std::to_string(r.candidates.size()) +
+                               " config(s) of " + dir + "/manifest.txt, the prior first";
   }
   for (size_t i = 0; i < seen.size(); ++i)
     if (!seen[i]) throw CompileError(dir + "/manifest.txt has no kernel for region " + std::to_string(i));
