@@ -51,16 +51,31 @@ struct CompilerOptions {
   int64_t rows = 4096;
 };
 
-// One fused region, compiled.
+// One config of a region, compiled: a candidate of the per-shape config search (PlanDecision::candidates).
+struct CompiledCandidate {
+  KernelConfig config;
+  std::string kernel_name;        // comfuse_<Spec hash>: the same for every candidate of a region
+  std::string library_path;       // the JIT's shared object (or the ahead-of-time copy)
+  std::string key;                // the JIT cache key ("" when unknown: an older ahead-of-time manifest)
+  bool cache_hit = false;
+  double compile_seconds = 0;
+  double lookup_ms = 0;
+};
+
+// One fused region, compiled. The fields below `plan` describe the prior (plan.config), the config the region
+// runs when there is nothing to choose from or no time to choose; `candidates` holds every compiled config.
 struct CompiledRegion {
   int region = -1;
   bool plain = false;             // no fused kernel can serve it: its nodes run on the plain GPU path
   PlanDecision plan;              // the planner's decision (fuse = false: declined for speed, run fused anyway)
-  GeneratedKernel kernel;         // Psi's source
-  std::string library_path;       // the JIT's shared object
+  GeneratedKernel kernel;         // Psi's source (the prior's)
+  std::string library_path;       // the JIT's shared object (the prior's)
   bool cache_hit = false;
   double compile_seconds = 0;
   double lookup_ms = 0;           // a cache hit's JIT call
+  // The prior first, then the alternatives CompiledGraph::run times per M bucket (docs/kernel-gemm.md, "Config
+  // search"). Empty for a plain region; one entry when there is nothing to search.
+  std::vector<CompiledCandidate> candidates;
 };
 
 // The L2 transport's exchange workspace of one kernel on one stream (kernels that reduce across CTAs): partials
@@ -102,6 +117,10 @@ using ShapeMap = std::map<std::string, Shape>;
 //     unchanged until the stream has reached the end of the run (e.g. cudaStreamSynchronize). The next run on
 //     the same stream may reuse the intermediates: stream order makes that safe.
 //   - A larger row count than any before on a stream synchronizes that stream once (its buffers grow).
+//   - The config search: the first run of a new M bucket (next power of two of a region's GEMM rows) of a region
+//     with several candidate configs times them on its stream with the run's buffers and synchronizes that
+//     stream once, unless the choice is recorded on disk or the stream is being captured into a CUDA graph
+//     (then the prior runs, and the next uncaptured run searches). COMFUSE_CONFIG_SEARCH=0 turns it off.
 //   - The first run on a device loads the kernel libraries (also thread safe). Other members (partition(),
 //     regions(), explain(), bytes_of()) are const and safe to call concurrently with run().
 //   - Destroying the CompiledGraph while a run is in flight on any stream is the caller's error: synchronize first.
@@ -128,7 +147,9 @@ class CompiledGraph {
   // The partition at planned_rows() (concrete shapes); regions() line up with its regions.
   const Partition& partition() const { return partition_; }
   const std::vector<CompiledRegion>& regions() const { return regions_; }
-  std::string explain() const;    // one line per region: config, transport, plan, cache; plain-path nodes
+  // Per region: config, transport, plan, cache; its candidates and, per M bucket run so far, the config chosen
+  // and where the choice came from (timed, the record on disk, or the prior); plain-path nodes.
+  std::string explain() const;
   // Bytes of one buffer of graph value `name` (its dtype and shape; a symbolic graph: at `rows` rows, which it
   // requires).
   size_t bytes_of(const std::string& name, int64_t rows = 0) const;
@@ -143,6 +164,8 @@ class CompiledGraph {
   struct Bound;     // the partition at one row count
   struct Runtime;   // libraries and per-(device, stream) state, behind a lock
   void run_bound(const BufferMap& buffers, CUstream stream, int64_t rows);
+  struct Search;    // one region's choice for one launch (compiler.cpp)
+  int choose_candidate(const Search& s);
   std::shared_ptr<const Bound> bound(int64_t rows);
   std::vector<DType> storage_dtypes() const;
   void check_symbolic();   // a symbolic graph: every region can take any row count (CompileError if not)
@@ -154,6 +177,7 @@ class CompiledGraph {
   std::vector<CompiledRegion> regions_;
   std::string plain_library_;                                // the plain GPU path's library ("" = not needed)
   std::string transport_override_;
+  std::string cache_dir_;                                    // the JIT cache: the config search's records live here
   bool aot_ = false;
   int device_ = -1;
   std::vector<DType> storage_;                               // per node: the dtype it is kept in between steps

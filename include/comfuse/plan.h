@@ -55,7 +55,12 @@ EpilogueCost measured_class_cost(const std::string& cls);
 struct PlanDecision {
   bool fuse = false;
   std::string reason;          // why (fused: what the choice rests on; declined: what prevents it)
-  KernelConfig config;
+  KernelConfig config;        // the prior: the measured best at the nearest shape (= candidates[0])
+  // The configs worth timing on this shape (the config search, CompiledGraph::run): the prior first, then up to
+  // kMaxCandidates - 1 distinct others measured at the same shape and epilogue class, other schedule / tile N
+  // families first. One candidate for regions with row reductions (their transport fixes the cluster).
+  std::vector<KernelConfig> candidates;
+  std::string candidates_reason;   // why these, and why the prior is first (comfuse plan --explain)
   std::string transport;       // "none" (one stage), or the measured best for the row reductions' cross-CTA
                                // exchange: "l2", "dsmem_p2p" or "dsmem_leader" (kernels/comfuse/reduce/)
   double fused_us = -1;        // estimates for this region's shape (-1: unknown)
@@ -65,8 +70,18 @@ struct PlanDecision {
   EpilogueCost epilogue;
 };
 
-// A configuration as the measured table spells it: "128x128x64_c1x1" (tile M x N x K, cluster M x N).
+// A configuration as the measured table spells it: "128x128x64_c1x1" (tile M x N x K, cluster M x N), with
+// "_coop" for the Cooperative schedule.
 std::string config_name(const KernelConfig& c);
+// The inverse: false unless `s` starts with a config name (a suffix such as a tile order "_r8" is ignored).
+bool parse_config(const std::string& s, KernelConfig& c);
+bool operator==(const KernelConfig& a, const KernelConfig& b);
+
+// The most configs a region's search compiles and times (the prior included).
+constexpr int kMaxCandidates = 3;
+// An alternative is a candidate only if measured within this factor of the prior's time: slower ones are not
+// worth their compile time.
+constexpr double kCandidateSlack = 1.25;
 
 PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table = measured_table());
 

@@ -92,6 +92,10 @@ class ScopedContext {
   ScopedContext& operator=(const ScopedContext&) = delete;
 };
 
+// Whether work enqueued on `stream` is being captured into a CUDA graph (cuStreamIsCapturing), or that cannot be
+// told (an error, a driver without the call): then nothing may synchronize or time the stream.
+bool stream_capturing(CUstream stream);
+
 // CUDA events around work on a stream.
 class Timer {
  public:

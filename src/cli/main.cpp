@@ -15,6 +15,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,11 @@ int cmd_plan(const Args& a) {
                 << "\n";
     else
       std::cout << "declined (runs unfused): " << d.reason << "\n";
+    if (a.flag("explain") && !d.candidates.empty()) {   // the config search (CompiledGraph::run times them)
+      std::cout << "    candidates:";
+      for (const auto& c : d.candidates) std::cout << " " << config_name(c);
+      std::cout << "\n    why: " << d.candidates_reason << "\n";
+    }
   }
   return 0;
 }
@@ -374,6 +380,16 @@ uint64_t seed_of(const Args& a) {
   }
 }
 
+// The config search's choice per region and M bucket, after a run (explain() has them; the search runs in run()).
+void print_choices(const CompiledGraph& cg) {
+  std::istringstream ex(cg.explain());
+  std::string region;
+  for (std::string l; std::getline(ex, l);) {
+    if (l.rfind("region ", 0) == 0) region = l.substr(0, l.find(':'));
+    if (l.rfind("  M bucket ", 0) == 0) std::cout << "config search: " << region << ", " << l.substr(2) << "\n";
+  }
+}
+
 CompiledGraph compile_for_run(const Args& a, const Graph& g) {
   Compiler c(compiler_options(a));
   if (std::string dir = a.get("aot"); !dir.empty()) {
@@ -401,6 +417,7 @@ int cmd_run(const Args& a) {
   if (rows) cg.run(buf.map, nullptr, rows);
   else cg.run(buf.map);
   rt::synchronize();
+  print_choices(cg);
   TensorMap outs;
   const Graph& pg = g;
   for (const auto& o : pg.outputs) {
@@ -485,14 +502,18 @@ int cmd_bench(const Args& a) {
   TensorMap inputs = make_inputs(rows ? bind_rows(g, rows) : g, "", 1);
   CompilerOptions opts = compiler_options(a);
   if (rows) opts.rows = rows;
+  auto t0 = std::chrono::steady_clock::now();
   CompiledGraph cg = std::string(a.get("aot")).empty() ? Compiler(opts).compile(g) : compile_for_run(a, g);
+  const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::cout << cg.explain();
+  std::printf("compile: %.1f ms (every region's candidate configs, in parallel, or their cache hits)\n", compile_ms);
   GraphBuffers buf(cg, inputs, rows);
   double flops = 0;
   for (const auto& r : cg.partition().regions)
     flops += 2.0 * double(r.spec.gemm.rows) * double(r.spec.gemm.n) * double(r.spec.gemm.k);
   const std::vector<double> us = sorted_times_us([&] { rows ? cg.run(buf.map, nullptr, rows) : cg.run(buf.map); }, iters);
   double med = us[us.size() / 2];
+  print_choices(cg);   // the config search ran in the warm-up
   std::printf("%s: median %.1f us over %d x 10 launches (min %.1f, max %.1f), %.1f TFLOP/s\n", a.file.c_str(), med,
               iters, us.front(), us.back(), flops / (med * 1e-6) / 1e12);
   // The baseline: cuBLASLt GEMMs of the regions' shapes alone (no epilogue), timed the same way in this run.
@@ -518,8 +539,10 @@ int cmd_aot(const Args& a) {
   if (dir.empty()) throw UsageError("aot needs -o DIR");
   Graph g = parse_cf_file(a.file);
   CompiledGraph cg = Compiler(compiler_options(a)).save(g, dir);
-  std::cout << cg.explain() << "wrote " << (fs::path(dir) / "manifest.txt").string() << " and "
-            << cg.regions().size() << " kernel librar" << (cg.regions().size() == 1 ? "y" : "ies") << "\n";
+  size_t libs = 0;   // every candidate config of every region
+  for (const auto& r : cg.regions()) libs += r.candidates.size();
+  std::cout << cg.explain() << "wrote " << (fs::path(dir) / "manifest.txt").string() << " and " << libs
+            << " kernel librar" << (libs == 1 ? "y" : "ies") << "\n";
   return 0;
 }
 

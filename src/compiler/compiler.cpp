@@ -9,11 +9,14 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
+#include <tuple>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
 
 #include "comfuse/codegen.h"
+#include "config_search.h"
 #include "locate.h"
 #include "plain_path.h"
 
@@ -97,15 +100,34 @@ bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const std::str
   r.plan = plan_region(spec);
   if (!r.plan.fuse && r.plan.reason.rfind("fusion does not pay", 0) != 0) return false;
   if (std::string why = fit_transport(r.plan, spec, transport); !why.empty()) throw CompileError(why);
+  if (r.plan.candidates.empty() || spec.num_stages() > 1) r.plan.candidates = {r.plan.config};   // as fit_transport left it
+  r.plan.candidates[0] = r.plan.config;
+  if (r.plan.candidates.size() > 1 && !search::enabled()) {   // nothing would time them: compile the prior only
+    r.plan.candidates.resize(1);
+    r.plan.candidates_reason += "; COMFUSE_CONFIG_SEARCH=0: the prior alone is compiled";
+  }
   r.kernel = generate_kernel(spec, r.plan.config);
   return true;
 }
 
+// The prior's result into the region's own fields (what users before the config search read).
 void take_compile_result(CompiledRegion& r, const jit::CompileResult& res) {
   r.library_path = res.cubin_path;
   r.cache_hit = res.cache_hit;
   r.compile_seconds = res.seconds;
   r.lookup_ms = res.lookup_ms;
+}
+
+CompiledCandidate candidate_of(const KernelConfig& c, const std::string& name, const jit::CompileResult& res) {
+  CompiledCandidate k;
+  k.config = c;
+  k.kernel_name = name;
+  k.library_path = res.cubin_path;
+  k.key = res.key;
+  k.cache_hit = res.cache_hit;
+  k.compile_seconds = res.seconds;
+  k.lookup_ms = res.lookup_ms;
+  return k;
 }
 
 // The launch arguments every kernel takes: dense row-major A [rows, K], B [K, N] (or [N, K]), outputs [rows, N].
@@ -207,8 +229,11 @@ CompiledGraph Compiler::compile(const Graph& g) const {
 
   const jit::JitOptions jo = kernel_jit_options(opts_);
 
+  cg.cache_dir_ = jo.cache_dir.empty() ? jit::default_cache_dir() : jo.cache_dir;
   cg.regions_.resize(p.regions.size());
-  std::vector<std::future<jit::CompileResult>> jobs;
+  // One job per candidate config of every region, all at once (each candidate's config is in its source: distinct
+  // cache entries). jobs[i][c]: region i, candidate c (c = 0 the prior).
+  std::vector<std::vector<std::future<jit::CompileResult>>> jobs(p.regions.size());
   for (size_t i = 0; i < p.regions.size(); ++i) {
     CompiledRegion& r = cg.regions_[i];
     r.region = static_cast<int>(i);
@@ -223,19 +248,36 @@ CompiledGraph Compiler::compile(const Graph& g) const {
       need_plain = true;
       continue;
     }
-    jobs.push_back(std::async(std::launch::async, [src = r.kernel.source, name = r.kernel.name, jo] {
-      return jit::compile(src, name, jo);
-    }));
+    for (size_t c = 0; c < r.plan.candidates.size(); ++c) {
+      std::string src = c == 0 ? r.kernel.source : generate_kernel(p.regions[i].spec, r.plan.candidates[c]).source;
+      const std::string label = r.kernel.name + (c == 0 ? "" : " (" + config_name(r.plan.candidates[c]) + ")");
+      jobs[i].push_back(std::async(std::launch::async, [src = std::move(src), label, jo] {
+        return jit::compile(src, label, jo);
+      }));
+    }
   }
   std::future<jit::CompileResult> plain_job;
   if (need_plain)
     plain_job = std::async(std::launch::async, [src = PlainPath::source(opts_.kernel_dir), jo] {
       return jit::compile(src, "comfuse_plain_path", jo);
     });
-  size_t j = 0;
-  for (auto& r : cg.regions_) {
-    if (r.plain) continue;
-    take_compile_result(r, jobs[j++].get());  // rethrows JitError with nvcc's log
+  for (size_t i = 0; i < cg.regions_.size(); ++i) {
+    CompiledRegion& r = cg.regions_[i];
+    for (size_t c = 0; c < jobs[i].size(); ++c) {
+      if (c == 0) {
+        jit::CompileResult res = jobs[i][c].get();   // rethrows JitError with nvcc's log
+        take_compile_result(r, res);
+        r.candidates.push_back(candidate_of(r.plan.candidates[c], r.kernel.name, res));
+        continue;
+      }
+      try {   // an alternative that fails to compile is dropped (said in explain()): the prior serves
+        r.candidates.push_back(candidate_of(r.plan.candidates[c], r.kernel.name, jobs[i][c].get()));
+      } catch (const jit::JitError& e) {
+        r.plan.candidates_reason += "; " + config_name(r.plan.candidates[c]) + " dropped: it failed to compile";
+      }
+    }
+    r.plan.candidates.clear();   // what compiled, in order
+    for (const auto& k : r.candidates) r.plan.candidates.push_back(k.config);
   }
   if (need_plain) cg.plain_library_ = plain_job.get().cubin_path;
   cg.storage_ = cg.storage_dtypes();
@@ -246,8 +288,10 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
   CompiledGraph cg = compile(g);
   fs::create_directories(dir);
   std::ostringstream m;
-  m << "# ComFuse ahead-of-time kernels (comfuse aot); one line per fused region:\n"
-    << "# region kernel-name library transport tile_m tile_n tile_k cluster_m cluster_n\n";
+  m << "# ComFuse ahead-of-time kernels (comfuse aot); one line per fused region (its prior config):\n"
+    << "# region kernel-name library transport tile_m tile_n tile_k cluster_m cluster_n [coop] [key=JIT-key]\n"
+    << "# then one line per other candidate of the config search:\n"
+    << "# candidate region library tile_m tile_n tile_k cluster_m cluster_n [coop] [key=JIT-key]\n";
   if (!cg.plain_library_.empty()) {
     fs::copy_file(cg.plain_library_, fs::path(dir) / "comfuse_plain_path.so", fs::copy_options::overwrite_existing);
     cg.plain_library_ = (fs::path(dir) / "comfuse_plain_path.so").string();
@@ -258,12 +302,25 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
       m << r.region << " plain\n";
       continue;
     }
-    const std::string file = r.kernel.name + ".so";
-    fs::copy_file(r.library_path, fs::path(dir) / file, fs::copy_options::overwrite_existing);
-    r.library_path = (fs::path(dir) / file).string();
-    const auto& c = r.plan.config;
-    m << r.region << " " << r.kernel.name << " " << file << " " << r.plan.transport << " " << c.tile_m << " "
-      << c.tile_n << " " << c.tile_k << " " << c.cluster_m << " " << c.cluster_n << (c.cooperative ? " coop" : "") << "\n";
+    auto tail = [](const CompiledCandidate& k) {
+      const auto& c = k.config;
+      return std::to_string(c.tile_m) + " " + std::to_string(c.tile_n) + " " + std::to_string(c.tile_k) + " " +
+             std::to_string(c.cluster_m) + " " + std::to_string(c.cluster_n) + (c.cooperative ? " coop" : "") +
+             (k.key.empty() ? "" : " key=" + k.key);
+    };
+    for (size_t c = 0; c < r.candidates.size(); ++c) {
+      CompiledCandidate& k = r.candidates[c];
+      // the prior keeps the name older manifests gave the region's library; the others add their config
+      const std::string file = r.kernel.name + (c == 0 ? "" : "_" + config_name(k.config)) + ".so";
+      fs::copy_file(k.library_path, fs::path(dir) / file, fs::copy_options::overwrite_existing);
+      k.library_path = (fs::path(dir) / file).string();
+      if (c == 0) {
+        r.library_path = k.library_path;
+        m << r.region << " " << r.kernel.name << " " << file << " " << r.plan.transport << " " << tail(k) << "\n";
+      } else {
+        m << "candidate " << r.region << " " << file << " " << tail(k) << "\n";
+      }
+    }
   }
   std::ofstream(fs::path(dir) / "manifest.txt") << m.str();
   return cg;
@@ -281,13 +338,39 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
   cg.partition_ = partition(g.symbolic() ? bind_rows(g, opts_.rows) : g);
   cg.check_symbolic();
   const Partition& p = cg.partition_;
+  cg.cache_dir_ = opts_.jit.cache_dir.empty() ? jit::default_cache_dir() : opts_.jit.cache_dir;
   cg.regions_.resize(p.regions.size());
   std::vector<bool> seen(p.regions.size(), false);
+  std::vector<std::pair<int, CompiledCandidate>> others;   // "candidate" lines, attached after every region's line
+  // "tile_m tile_n tile_k cluster_m cluster_n [coop] [key=K]" (a manifest before the config search: no key)
+  auto read_config = [&](std::istringstream& ls, const std::string& line, CompiledCandidate& k) {
+    KernelConfig& c = k.config;
+    if (!(ls >> c.tile_m >> c.tile_n >> c.tile_k >> c.cluster_m >> c.cluster_n))
+      throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
+    for (std::string t; ls >> t;) {
+      if (t == "coop") c.cooperative = true;
+      else if (t.rfind("key=", 0) == 0) k.key = t.substr(4);
+      else throw CompileError(dir + "/manifest.txt: bad schedule or field '" + t + "' in '" + line + "'");
+    }
+  };
   for (std::string line; std::getline(in, line);) {
     if (line.empty() || line[0] == '#') continue;
     std::istringstream ls(line);
     std::string first;
     ls >> first;
+    if (first == "candidate") {
+      int idx = -1;
+      CompiledCandidate k;
+      std::string file;
+      if (!(ls >> idx >> file) || idx < 0 || idx >= static_cast<int>(p.regions.size()))
+        throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or more regions than this graph has)");
+      read_config(ls, line, k);
+      k.library_path = (fs::path(dir) / file).string();
+      k.cache_hit = true;
+      if (!fs::exists(k.library_path)) throw CompileError("missing kernel library " + k.library_path);
+      others.push_back({idx, k});
+      continue;
+    }
     if (first == "plain") {
       std::string name, file;
       ls >> name >> file;
@@ -303,7 +386,7 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
     if (idx < 0 || idx >= static_cast<int>(p.regions.size()))
       throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or more regions than this graph has)");
     std::string name, file, transport;
-    KernelConfig c;
+    CompiledCandidate prior;
     if (ls >> name && name == "plain") {
       cg.regions_[idx].region = idx;
       cg.regions_[idx].plain = true;
@@ -311,13 +394,9 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
       seen[idx] = true;
       continue;
     }
-    if (!(ls >> file >> transport >> c.tile_m >> c.tile_n >> c.tile_k >> c.cluster_m >> c.cluster_n))
-      throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
-    std::string schedule;
-    if (ls >> schedule) {
-      if (schedule != "coop") throw CompileError(dir + "/manifest.txt: bad schedule '" + schedule + "' in '" + line + "'");
-      c.cooperative = true;
-    }
+    if (!(ls >> file >> transport)) throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
+    read_config(ls, line, prior);
+    const KernelConfig& c = prior.config;
     CompiledRegion& r = cg.regions_[idx];
     r.region = idx;
     r.plan = plan_region(p.regions[idx].spec);
@@ -330,7 +409,26 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
     r.library_path = (fs::path(dir) / file).string();
     r.cache_hit = true;
     if (!fs::exists(r.library_path)) throw CompileError("missing kernel library " + r.library_path);
+    prior.kernel_name = name;
+    prior.library_path = r.library_path;
+    prior.cache_hit = true;
+    r.candidates = {prior};
     seen[idx] = true;
+  }
+  for (auto& [idx, k] : others) {   // the config search's other candidates, in manifest order after the prior
+    CompiledRegion& r = cg.regions_[idx];
+    if (!seen[idx] || r.plain)
+      throw CompileError(dir + "/manifest.txt: a candidate for region " + std::to_string(idx) +
+                         ", which has no fused kernel line");
+    k.kernel_name = r.kernel.name;
+    r.candidates.push_back(k);
+  }
+  for (auto& r : cg.regions_) {
+    if (r.plain) continue;
+    r.plan.candidates.clear();
+    for (const auto& k : r.candidates) r.plan.candidates.push_back(k.config);
+    r.plan.candidates_reason = "compiled ahead of time: the " + std::to_string(r.candidates.size()) +
+                               " config(s) of " + dir + "/manifest.txt, the prior first";
   }
   for (size_t i = 0; i < seen.size(); ++i)
     if (!seen[i]) throw CompileError(dir + "/manifest.txt has no kernel for region " + std::to_string(i));
@@ -384,13 +482,146 @@ struct StreamState {
 }  // namespace
 
 struct CompiledGraph::Runtime {
-  std::mutex mu;   // guards the members below (not the contents of a StreamState)
+  std::mutex mu;   // guards the members below up to `streams` (not the contents of a StreamState)
   bool loaded = false;
-  std::vector<std::shared_ptr<rt::KernelLibrary>> libs;   // per region (nullptr: plain)
+  // per region, per candidate (the prior loaded with the rest at the first run, the others when first timed or
+  // chosen; nullptr: not loaded yet, or a plain region)
+  std::vector<std::vector<std::shared_ptr<rt::KernelLibrary>>> libs;
+  std::vector<std::string> set_ids;                       // per region: its candidates' set id ("" = one candidate)
   std::shared_ptr<PlainPath> plain;
   std::map<int64_t, std::shared_ptr<const Bound>> bound;  // by row count (0: the graph as compiled)
   std::map<std::pair<CUcontext, CUstream>, std::shared_ptr<StreamState>> streams;
+
+  // The config search's choices, per (set id, device name, M bucket). Guarded by search_mu. A choice that is not
+  // final (the prior while capturing, or with the search off) is shown by explain() and replaced by a search.
+  struct Choice {
+    int index = 0;          // into the region's candidates
+    std::string source;     // "timed ...", "recorded ...", "prior (...)"
+    bool final = true;
+  };
+  std::mutex search_mu;
+  std::map<std::tuple<std::string, std::string, int64_t>, Choice> choices;
 };
+
+// What choose_candidate needs of one launch: the region, its rows, the launch arguments with every buffer set
+// (the run's real ones), the stream and its device.
+struct CompiledGraph::Search {
+  int region = -1;
+  int64_t rows = 0;
+  const ComfuseKernelArgs* args = nullptr;
+  CUstream stream = nullptr;
+  std::string device;
+};
+
+namespace {
+
+// A region's set id for the choices (config_search.h): "" when there is nothing to choose from.
+std::string set_id_of(const CompiledRegion& r) {
+  if (r.plain || r.candidates.size() < 2) return "";
+  std::vector<std::string> keys;
+  std::vector<KernelConfig> configs;
+  for (const auto& k : r.candidates) {
+    keys.push_back(k.key);
+    configs.push_back(k.config);
+  }
+  return search::set_id(r.kernel.name, keys, configs);
+}
+
+// Launches per timing sample and samples per candidate (interleaved across candidates, the fastest counts).
+constexpr int kTimedLaunches = 3;
+constexpr int kTimingRounds = 2;
+
+}  // namespace
+
+int CompiledGraph::choose_candidate(const Search& s) {
+  const CompiledRegion& r = regions_[s.region];
+  const std::string& id = rt_->set_ids.at(s.region);   // written once, when run() loaded the libraries
+  if (id.empty()) return 0;
+  const int64_t bucket = search::bucket_of(s.rows);
+  const auto key = std::make_tuple(id, s.device, bucket);
+  const int n = static_cast<int>(r.candidates.size());
+  auto index_of = [&](const std::string& name) {
+    for (int i = 0; i < n; ++i)
+      if (config_name(r.candidates[i].config) == name) return i;
+    return -1;
+  };
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lock(rt_->search_mu);
+    if (auto it = rt_->choices.find(key); it != rt_->choices.end() && it->second.final) return it->second.index;
+    if (!search::enabled()) {
+      rt_->choices[key] = {0, "prior (COMFUSE_CONFIG_SEARCH=0)", false};
+      return 0;
+    }
+    // Not chosen in this process: the record on disk (read again on every miss: another process may have timed it).
+    path = search::choice_path(cache_dir_, id, s.device);
+    for (const auto& [b, name] : search::read_choices(path)) {
+      const int i = index_of(name);
+      if (i < 0) continue;   // a config not among ours
+      const auto k = std::make_tuple(id, s.device, b);
+      if (auto it = rt_->choices.find(k); it == rt_->choices.end() || !it->second.final)
+        rt_->choices[k] = {i, "recorded in " + path, true};
+    }
+    if (auto it = rt_->choices.find(key); it != rt_->choices.end() && it->second.final) return it->second.index;
+    if (rt::stream_capturing(s.stream)) {   // nothing may synchronize a capturing stream: the prior, not recorded
+      rt_->choices[key] = {0, "prior (the stream was being captured: not timed)", false};
+      return 0;
+    }
+  }
+  // Time every candidate that loads and accepts these arguments, on this stream with this run's buffers. Each
+  // launch rewrites the region's outputs completely, and the real launch after the choice rewrites them again.
+  std::vector<const rt::KernelLibrary*> lib(n, nullptr);
+  for (int i = 0; i < n; ++i) {
+    try {
+      std::lock_guard<std::mutex> lock(rt_->mu);
+      auto& slot = rt_->libs[s.region][i];
+      if (!slot) slot = std::make_shared<rt::KernelLibrary>(r.candidates[i].library_path);
+      if (slot->check(*s.args).empty()) lib[i] = slot.get();
+    } catch (const rt::RuntimeError&) {   // an alternative that does not load is left out (the prior is loaded)
+    }
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> us(n, inf);
+  auto launch = [&](int i, int times) {
+    try {
+      for (int j = 0; j < times; ++j) lib[i]->launch(*s.args, s.stream);
+      return true;
+    } catch (const rt::RuntimeError&) {   // left out; should the prior fail too, the real launch says why
+      lib[i] = nullptr;
+      return false;
+    }
+  };
+  for (int i = 0; i < n; ++i)
+    if (lib[i]) launch(i, 1);   // warm-up: first-launch costs (module load, attributes) out of the samples
+  {
+    rt::Timer timer;
+    for (int round = 0; round < kTimingRounds; ++round)
+      for (int i = 0; i < n; ++i) {
+        if (!lib[i]) continue;
+        timer.start(s.stream);
+        const bool ok = launch(i, kTimedLaunches);
+        const double t = timer.stop_us(s.stream) / kTimedLaunches;   // waits for the stream
+        us[i] = ok ? std::min(us[i], t) : inf;
+      }
+  }
+  int best = 0;
+  for (int i = 1; i < n; ++i)
+    if (us[i] < us[best]) best = i;
+  std::lock_guard<std::mutex> lock(rt_->search_mu);
+  if (us[best] == inf) {
+    rt_->choices[key] = {0, "prior (no candidate could be timed)", false};
+    return 0;
+  }
+  std::string how = "timed at " + std::to_string(s.rows) + " rows:";
+  for (int i = 0; i < n; ++i)
+    how += " " + config_name(r.candidates[i].config) + " " + (us[i] == inf ? std::string("-") : fixed(us[i], 1) + " us");
+  const std::string why = search::record_choice(path, bucket, config_name(r.candidates[best].config),
+                                                "comfuse config search: <M bucket> <config> for " + r.kernel.name +
+                                                    " on " + s.device);
+  how += why.empty() ? "; recorded in " + path : "; not recorded: " + why;
+  rt_->choices[key] = {best, how, true};
+  return best;
+}
 
 CompiledGraph::CompiledGraph() : rt_(std::make_unique<Runtime>()) {}
 CompiledGraph::CompiledGraph(CompiledGraph&&) noexcept = default;
@@ -469,6 +700,24 @@ std::string CompiledGraph::explain() const {
                       : "compiled in " + fixed(r.compile_seconds, 1) + " s")
       << "\n"
       << "  plan: " << (r.plan.fuse ? "fuse: " : "declined for speed, run fused anyway: ") << r.plan.reason << "\n";
+    if (r.candidates.size() > 1) {
+      o << "  config search, candidates (prior first):";
+      for (const auto& k : r.candidates)
+        o << " " << config_name(k.config) << " ("
+          << (k.cache_hit ? (k.lookup_ms > 0 ? "cache hit " + fixed(k.lookup_ms, 2) + " ms" : std::string("ahead of time"))
+                          : "compiled " + fixed(k.compile_seconds, 1) + " s")
+          << ")";
+      o << "\n";
+    }
+    if (!r.plan.candidates_reason.empty()) o << "  candidates: " << r.plan.candidates_reason << "\n";
+    const std::string id = set_id_of(r);
+    if (id.empty()) continue;
+    std::lock_guard<std::mutex> lock(rt_->search_mu);
+    for (const auto& [key, ch] : rt_->choices) {
+      if (std::get<0>(key) != id) continue;
+      o << "  M bucket " << std::get<2>(key) << " on " << std::get<1>(key) << ": "
+        << config_name(r.candidates.at(ch.index).config) << ", " << ch.source << "\n";
+    }
   }
   if (!partition_.fallback.empty()) {
     o << "plain GPU path (nodes outside fused regions):";
@@ -562,8 +811,11 @@ void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t
   {
     std::lock_guard<std::mutex> lock(rt_->mu);
     if (!rt_->loaded) {   // once: the libraries are process-wide (dlopen), usable on every device
-      for (const auto& r : regions_)
-        rt_->libs.push_back(r.plain ? nullptr : std::make_shared<rt::KernelLibrary>(r.library_path));
+      for (const auto& r : regions_) {
+        rt_->libs.emplace_back(std::max<size_t>(r.candidates.size(), 1));
+        if (!r.plain) rt_->libs.back()[0] = std::make_shared<rt::KernelLibrary>(r.library_path);   // the prior
+        rt_->set_ids.push_back(set_id_of(r));
+      }
       if (!plain_library_.empty()) rt_->plain = std::make_shared<PlainPath>(plain_library_);
       rt_->loaded = true;
     }
@@ -645,7 +897,7 @@ void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t
     ReductionWorkspace& w = st->ws[step.index];
     if (fs.num_stages() > 1 && (!w.partials || w.rows < fs.gemm.rows)) {
       if (w.partials) wait_once();
-      w.allocate(*libs[step.index], fs.gemm.rows, fs.gemm.n, stream ? stream : CU_STREAM_LEGACY);
+      w.allocate(*libs[step.index][0], fs.gemm.rows, fs.gemm.n, stream ? stream : CU_STREAM_LEGACY);
     }
   }
 
@@ -672,7 +924,6 @@ void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t
     const Region& reg = part.regions[step.index];
     const FusionSpec& fs = reg.spec;
     const CompiledRegion& cr = regions_[step.index];
-    const rt::KernelLibrary& lib = *libs[step.index];
     ComfuseKernelArgs a = kernel_args(fs, fs.gemm.rows, reinterpret_cast<const void*>(as(fs.gemm.a, fs.gemm.dtype)),
                                       reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype)), cr.plan.transport);
     for (size_t i = 0; i < fs.outputs.size(); ++i) a.out[i] = reinterpret_cast<void*>(value(fs.outputs[i].node));
@@ -686,6 +937,26 @@ void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t
       a.ws_partials = reinterpret_cast<float*>(w.partials);
       a.ws_counters = reinterpret_cast<int*>(w.counters);
     }
+    // The config: the prior, or the search's choice for this M bucket (regions with row reductions have one).
+    const rt::KernelLibrary* chosen = libs[step.index][0].get();
+    if (cr.candidates.size() > 1 && fs.num_stages() == 1) {
+      Search srch;
+      srch.region = step.index;
+      srch.rows = fs.gemm.rows;
+      srch.args = &a;
+      srch.stream = stream;
+      srch.device = sc.info.name;
+      if (const int c = choose_candidate(srch); c > 0) {
+        std::lock_guard<std::mutex> lock(rt_->mu);
+        auto& slot = rt_->libs[step.index][c];
+        try {
+          if (!slot) slot = std::make_shared<rt::KernelLibrary>(cr.candidates[c].library_path);   // a recorded choice
+        } catch (const rt::RuntimeError&) {   // it does not load here: the prior serves
+        }
+        if (slot && slot->check(a).empty()) chosen = slot.get();
+      }
+    }
+    const rt::KernelLibrary& lib = *chosen;
     if (std::string why = lib.check(a); !why.empty())
       throw std::invalid_argument("region " + std::to_string(step.index) + " (" + cr.kernel.name + "): " + why);
     try {
@@ -718,7 +989,12 @@ CompiledRegion RegionKernel::compile(const FusionSpec& spec, CompilerOptions o) 
   CompiledRegion region;
   if (!plan_and_generate(region, spec, opts.transport))
     throw CompileError("no fused kernel can serve this region: " + region.plan.reason);
-  take_compile_result(region, jit::compile(region.kernel.source, region.kernel.name, kernel_jit_options(opts)));
+  // The prior alone: a frontend's launch has no config search (yet).
+  region.plan.candidates = {region.plan.config};
+  region.plan.candidates_reason += "; the prior alone (RegionKernel does not search)";
+  const jit::CompileResult res = jit::compile(region.kernel.source, region.kernel.name, kernel_jit_options(opts));
+  take_compile_result(region, res);
+  region.candidates = {candidate_of(region.plan.config, region.kernel.name, res)};
   return region;
 }
 

@@ -23,6 +23,8 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   return buf;
 }
 
+}  // namespace
+
 // "128x256x64_c2x1_coop" -> tile, cluster, schedule. Other suffixes name bench variants that Psi does not generate
 // (a fixed tile order "_r8", hand-composed merged "_mg" or SMEM-staged "_sr" epilogues): not a config, false.
 bool parse_config(const std::string& s, KernelConfig& c) {
@@ -34,7 +36,10 @@ bool parse_config(const std::string& s, KernelConfig& c) {
   return rest.empty() || c.cooperative;
 }
 
-}  // namespace
+bool operator==(const KernelConfig& a, const KernelConfig& b) {
+  return a.tile_m == b.tile_m && a.tile_n == b.tile_n && a.tile_k == b.tile_k && a.cluster_m == b.cluster_m &&
+         a.cluster_n == b.cluster_n && a.cooperative == b.cooperative;
+}
 
 std::string config_name(const KernelConfig& c) {
   return std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k) + "_c" +
@@ -77,6 +82,75 @@ bool has_tile_param(const FusionSpec& fs) {
   for (const auto& p : fs.params)
     if (p.kind == BroadcastKind::Tile) return true;
   return false;
+}
+
+// A measured row of epilogue class `cls` whose config (parsed into c) can serve `fs`.
+bool eligible(const MeasuredRow& f, const FusionSpec& fs, const std::string& cls, KernelConfig& c) {
+  const bool reduces = fs.num_stages() > 1;
+  if (f.epilogue != cls || !parse_config(f.config, c)) return false;
+  if (has_tile_param(fs) && c.tile_n > 128 && !c.cooperative) return false;  // PingPong 128x192 + a residual tile spills (docs/PERF.md)
+  // A DSMEM measurement only applies where this shape's row block fits one cluster.
+  if (reduces && f.transport.rfind("dsmem", 0) == 0 && (fs.gemm.n + c.tile_n - 1) / c.tile_n > kDsmemMaxCols) return false;
+  return true;
+}
+
+// The config search's candidates (PlanDecision::candidates): the prior, then the fastest config of each other
+// family (schedule, tile N) measured at the prior's shape, then the fastest of the rest, up to kMaxCandidates,
+// each within kCandidateSlack of the prior's time and accepted by Psi. Regions with row reductions keep the
+// prior alone: fit_transport (compiler.cpp) rewrites their cluster for the transport, and the L2 exchange
+// workspace and cooperative launch would have to be re-fitted per candidate; not worth it before the
+// reductions run in more than one schedule.
+void pick_candidates(PlanDecision& d, const FusionSpec& fs, const std::string& cls, const MeasuredRow& best,
+                     const std::vector<MeasuredRow>& table) {
+  d.candidates = {d.config};
+  const std::string shape = std::to_string(best.m) + "x" + std::to_string(best.k) + "x" + std::to_string(best.n);
+  d.candidates_reason = "prior " + config_name(d.config) + ": the fastest '" + cls + "' config measured at " + shape +
+                        fmt(" (%.1f us), the nearest measured shape; it runs wherever no timing is possible (CUDA graph capture, COMFUSE_CONFIG_SEARCH=0, the PyTorch path)", best.us);
+  if (fs.num_stages() > 1) {
+    d.candidates_reason += "; the only candidate: row reductions are not searched (their transport fixes the cluster)";
+    return;
+  }
+  std::vector<std::pair<const MeasuredRow*, KernelConfig>> rows;   // eligible, fastest first, one per config
+  for (const auto& f : table) {
+    KernelConfig c;
+    if (f.m != best.m || f.k != best.k || f.n != best.n || !eligible(f, fs, cls, c)) continue;
+    if (f.us > best.us * kCandidateSlack) continue;
+    bool seen = false;
+    for (auto& [row, cfg] : rows)
+      if (cfg == c) {
+        seen = true;
+        if (f.us < row->us) row = &f;
+      }
+    if (!seen) rows.push_back({&f, c});
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first->us < b.first->us; });
+  auto family = [](const KernelConfig& c) { return std::make_pair(c.cooperative, c.tile_n); };
+  std::string picked;
+  auto take = [&](bool new_family_only) {
+    for (const auto& [row, c] : rows) {
+      if (static_cast<int>(d.candidates.size()) >= kMaxCandidates) return;
+      bool have = false, family_seen = false;
+      for (const auto& k : d.candidates) {
+        have = have || k == c;
+        family_seen = family_seen || family(k) == family(c);
+      }
+      if (have || (new_family_only && family_seen)) continue;
+      try {
+        generate_kernel(fs, c);
+      } catch (const CodegenError&) {
+        continue;   // Psi cannot render this config for this Spec
+      }
+      d.candidates.push_back(c);
+      picked += (picked.empty() ? "" : ", ") + config_name(c) + fmt(" (%.1f us", row->us) +
+                (new_family_only ? ", another schedule or tile N)" : ")");
+    }
+  };
+  take(true);
+  take(false);
+  if (d.candidates.size() == 1)
+    d.candidates_reason += "; no other config measured there within " + fmt("%.2fx", kCandidateSlack) + " of it";
+  else
+    d.candidates_reason += "; also timed on the first run of each M bucket: " + picked;
 }
 
 }  // namespace
@@ -235,10 +309,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
     const MeasuredRow* fused = nullptr;
     for (const auto& f : table) {
       KernelConfig c;
-      if (f.m != r.m || f.k != r.k || f.n != r.n || f.epilogue != cls || !parse_config(f.config, c)) continue;
-      if (has_tile_param(fs) && c.tile_n > 128 && !c.cooperative) continue;  // PingPong 128x192 + a residual tile spills (docs/PERF.md)
-      // A DSMEM measurement only applies where this shape's row block fits one cluster.
-      if (reduces && f.transport.rfind("dsmem", 0) == 0 && (g.n + c.tile_n - 1) / c.tile_n > kDsmemMaxCols) continue;
+      if (f.m != r.m || f.k != r.k || f.n != r.n || !eligible(f, fs, cls, c)) continue;
       if (!fused || f.us < fused->us) fused = &f;
     }
     if (!fused) continue;
@@ -249,6 +320,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   if (!best) return decline("no measurement of a '" + cls + "' kernel to plan from (src/plan/measured.csv)");
   parse_config(best->config, d.config);
   if (reduces && !best->transport.empty()) d.transport = best->transport;
+  pick_candidates(d, fs, cls, *best, table);
 
   // Kernels the templates cannot express are declined here, with Psi's reason.
   try {

@@ -45,6 +45,7 @@ struct Api {
   CUresult (*cuStreamGetCtx)(CUstream, CUcontext*) = nullptr;
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
   CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
+  CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus*) = nullptr;   // optional (stream_capturing)
 };
 
 template <class F>
@@ -97,6 +98,7 @@ Api& api() {
     bind(lib, a.cuStreamGetCtx, "cuStreamGetCtx", e);
     bind(lib, a.cuMemsetD8Async, "cuMemsetD8Async", e);
     bind(lib, a.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", e);
+    a.cuStreamIsCapturing = reinterpret_cast<decltype(a.cuStreamIsCapturing)>(dlsym(lib, "cuStreamIsCapturing"));
     if (e.empty()) {
       CUresult r = a.cuInit(0);
       if (r != CUDA_SUCCESS) e = "cuInit failed (error " + std::to_string(static_cast<int>(r)) + "): no usable GPU";
@@ -313,6 +315,14 @@ ScopedContext::ScopedContext(CUcontext ctx) { check(loaded().cuCtxPushCurrent(ct
 ScopedContext::~ScopedContext() {
   CUcontext popped;
   api().cuCtxPopCurrent(&popped);
+}
+
+bool stream_capturing(CUstream s) {
+  Api& a = loaded();
+  if (!a.cuStreamIsCapturing) return true;   // cannot tell: assume the worst
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  // An error (e.g. the legacy stream while another stream captures in global mode) counts as capturing.
+  return a.cuStreamIsCapturing(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 void synchronize(CUstream s) {

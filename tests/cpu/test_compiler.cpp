@@ -123,6 +123,11 @@ TEST(Compiler, AheadOfTimeManifestIsCheckedAgainstTheGraph) {
   ASSERT_EQ(cg.regions().size(), 1u);
   EXPECT_EQ(cg.regions()[0].plan.transport, "l2");
   EXPECT_TRUE(cg.regions()[0].cache_hit);
+  // a manifest from before the config search: its one config is the only candidate
+  ASSERT_EQ(cg.regions()[0].candidates.size(), 1u);
+  EXPECT_EQ(cg.regions()[0].candidates[0].library_path, cg.regions()[0].library_path);
+  EXPECT_EQ(cg.regions()[0].candidates[0].key, "");
+  EXPECT_EQ(cg.regions()[0].plan.candidates.size(), 1u);
 
   std::ofstream(d / "manifest.txt") << "3 " + name + " x.so l2 128 128 64 1 1\n";
   why = message_of<CompileError>([&] { c.load(small("postnorm"), d.string()); });
@@ -154,4 +159,136 @@ TEST(Compiler, GpuCommandsSayWhenThereIsNoGpu) {
   out.clear();
   EXPECT_EQ(run_cli("aot " + ex.string(), &out), 2) << out;
   EXPECT_NE(out.find("aot needs -o DIR"), std::string::npos) << out;
+}
+
+// ---- the config search: every candidate compiled, saved and loaded (a stand-in nvcc: no GPU, no CUDA) ----
+
+namespace {
+
+// Writes "SO" + the source into nvcc's -o file; `--version` answers; counts its runs.
+struct FakeNvcc {
+  fs::path dir;
+  explicit FakeNvcc(const std::string& tag) : dir(temp_dir("nvcc_" + tag)) {
+    std::ofstream(dir / "nvcc") << "#!/bin/sh\n"
+                                   "if [ \"$1\" = --version ]; then echo 'fake nvcc 1.0'; exit 0; fi\n"
+                                   "out=''; src=''\n"
+                                   "while [ $# -gt 0 ]; do case \"$1\" in -o) out=\"$2\"; shift;; *.cu) src=\"$1\";; esac; shift; done\n"
+                                   "echo run >> " << (dir / "count").string() << "\n"
+                                   "{ echo SO; cat \"$src\"; } > \"$out\"\n";
+    fs::permissions(dir / "nvcc", fs::perms::owner_all);
+  }
+  ~FakeNvcc() { fs::remove_all(dir); }
+  int runs() const {
+    std::ifstream f(dir / "count");
+    int n = 0;
+    for (std::string l; std::getline(f, l);) ++n;
+    return n;
+  }
+  CompilerOptions options() const {
+    CompilerOptions o;
+    o.jit.nvcc = (dir / "nvcc").string();
+    o.jit.cache_dir = (dir / "cache").string();
+    fs::create_directories(dir / "cutlass" / "cutlass");   // only its presence is checked before nvcc
+    std::ofstream(dir / "cutlass" / "cutlass" / "cutlass.h") << "";
+    o.cutlass_dir = (dir / "cutlass").string();
+    return o;
+  }
+};
+
+int lines_starting(const fs::path& f, const std::string& prefix) {
+  std::ifstream in(f);
+  int n = 0;
+  for (std::string l; std::getline(in, l);) n += l.rfind(prefix, 0) == 0;
+  return n;
+}
+
+}  // namespace
+
+TEST(CompilerSearch, EveryCandidateIsCompiledSavedAndLoaded) {
+  unsetenv("COMFUSE_CONFIG_SEARCH");
+  FakeNvcc nvcc("candidates");
+  const Graph g = small("bias_gelu");
+  CompiledGraph cg = Compiler(nvcc.options()).compile(g);
+  ASSERT_EQ(cg.regions().size(), 1u);
+  const CompiledRegion& r = cg.regions()[0];
+  ASSERT_GE(r.plan.candidates.size(), 2u) << r.plan.candidates_reason;
+  ASSERT_EQ(r.candidates.size(), r.plan.candidates.size());
+  EXPECT_EQ(nvcc.runs(), static_cast<int>(r.candidates.size()));   // one distinct source per config
+  EXPECT_TRUE(r.candidates[0].config == r.plan.config);            // the prior first, in the old fields too
+  EXPECT_EQ(r.candidates[0].library_path, r.library_path);
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    EXPECT_TRUE(r.candidates[i].config == r.plan.candidates[i]);
+    EXPECT_EQ(r.candidates[i].kernel_name, r.kernel.name);
+    EXPECT_FALSE(r.candidates[i].cache_hit);
+    for (size_t j = 0; j < i; ++j) {
+      EXPECT_NE(r.candidates[i].key, r.candidates[j].key);
+      EXPECT_NE(r.candidates[i].library_path, r.candidates[j].library_path);
+    }
+    // the config is in the source the library was built from
+    std::ifstream so(r.candidates[i].library_path);
+    std::string text((std::istreambuf_iterator<char>(so)), {});
+    const KernelConfig& c = r.candidates[i].config;
+    EXPECT_NE(text.find("tile " + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n)), std::string::npos);
+  }
+  EXPECT_NE(cg.explain().find("config search, candidates (prior first): " + config_name(r.plan.config)),
+            std::string::npos) << cg.explain();
+
+  // again: every candidate is a cache hit, nothing compiles
+  CompiledGraph again = Compiler(nvcc.options()).compile(g);
+  for (const auto& k : again.regions()[0].candidates) EXPECT_TRUE(k.cache_hit);
+  EXPECT_EQ(nvcc.runs(), static_cast<int>(r.candidates.size()));
+
+  // ahead of time: the prior's line as before, one "candidate" line per other config, every library copied
+  fs::path d = temp_dir("aot_candidates");
+  CompiledGraph saved = Compiler(nvcc.options()).save(g, d.string());
+  EXPECT_EQ(lines_starting(d / "manifest.txt", "0 " + r.kernel.name), 1);
+  EXPECT_EQ(lines_starting(d / "manifest.txt", "candidate 0 "), static_cast<int>(r.candidates.size()) - 1);
+  EXPECT_TRUE(fs::exists(d / (r.kernel.name + ".so")));
+  CompiledGraph loaded = Compiler(nvcc.options()).load(g, d.string());
+  const CompiledRegion& l = loaded.regions()[0];
+  ASSERT_EQ(l.candidates.size(), r.candidates.size());
+  for (size_t i = 0; i < l.candidates.size(); ++i) {
+    EXPECT_EQ(config_name(l.candidates[i].config), config_name(r.candidates[i].config));
+    EXPECT_EQ(l.candidates[i].key, r.candidates[i].key);
+    EXPECT_TRUE(l.candidates[i].cache_hit);
+    EXPECT_EQ(fs::path(l.candidates[i].library_path).parent_path(), d);
+    EXPECT_TRUE(fs::exists(l.candidates[i].library_path));
+    EXPECT_TRUE(l.plan.candidates[i] == l.candidates[i].config);
+  }
+  EXPECT_EQ(l.library_path, l.candidates[0].library_path);
+  EXPECT_TRUE(l.plan.config == r.plan.config);
+
+  // a candidate whose library is gone, a candidate of a region without a line, an unknown field: refused
+  fs::remove(l.candidates[1].library_path);
+  std::string why = message_of<CompileError>([&] { Compiler(nvcc.options()).load(g, d.string()); });
+  EXPECT_NE(why.find("missing kernel library"), std::string::npos) << why;
+  std::ofstream(d / "x.so") << "x";
+  std::ofstream(d / "manifest.txt") << "candidate 0 x.so 128 128 64 1 1\n";
+  why = message_of<CompileError>([&] { Compiler(nvcc.options()).load(g, d.string()); });
+  EXPECT_NE(why.find("no fused kernel line"), std::string::npos) << why;
+  std::ofstream(d / (r.kernel.name + ".so")) << "x";
+  std::ofstream(d / "manifest.txt") << "0 " + r.kernel.name + " " + r.kernel.name + ".so none 128 128 64 1 1 fast\n";
+  why = message_of<CompileError>([&] { Compiler(nvcc.options()).load(g, d.string()); });
+  EXPECT_NE(why.find("bad schedule or field 'fast'"), std::string::npos) << why;
+  fs::remove_all(d);
+}
+
+TEST(CompilerSearch, SearchOffCompilesThePriorAlone) {
+  FakeNvcc nvcc("off");
+  setenv("COMFUSE_CONFIG_SEARCH", "0", 1);
+  CompiledGraph cg = Compiler(nvcc.options()).compile(small("bias_gelu"));
+  unsetenv("COMFUSE_CONFIG_SEARCH");
+  const CompiledRegion& r = cg.regions()[0];
+  ASSERT_EQ(r.candidates.size(), 1u);
+  EXPECT_EQ(nvcc.runs(), 1);
+  EXPECT_TRUE(r.candidates[0].config == r.plan.config);
+  EXPECT_NE(r.plan.candidates_reason.find("COMFUSE_CONFIG_SEARCH=0"), std::string::npos) << r.plan.candidates_reason;
+}
+
+TEST(CompilerSearch, RowReductionsCompileOneConfig) {
+  FakeNvcc nvcc("reduce");
+  CompiledGraph cg = Compiler(nvcc.options()).compile(small("postnorm"));
+  ASSERT_EQ(cg.regions()[0].candidates.size(), 1u);
+  EXPECT_TRUE(cg.regions()[0].candidates[0].config == cg.regions()[0].plan.config);   // as fit_transport left it
+  EXPECT_EQ(nvcc.runs(), 1);
 }

@@ -179,3 +179,106 @@ TEST(Plan, AnEpilogueTheMainloopCannotHideIsDeclinedWithItsCost) {
   EXPECT_TRUE(r.fuse) << r.reason;
   EXPECT_EQ(r.epilogue_us, 0) << r.reason;
 }
+
+// ---- the config search's candidates ----
+
+namespace {
+
+std::vector<std::string> names(const PlanDecision& d) {
+  std::vector<std::string> n;
+  for (const auto& c : d.candidates) n.push_back(config_name(c));
+  return n;
+}
+
+const char* kHeader = "M,K,N,variant,config,epilogue,us\n";
+
+}  // namespace
+
+TEST(PlanCandidates, PriorFirstThenTheBestOfOtherFamilies) {
+  auto table = parse_measured_table(std::string(kHeader) +
+      "16384,1024,1024,cublas,x,identity,50.0\n"
+      "16384,1024,1024,a,128x128x64_c1x2,bias_gelu,55.0\n"
+      "16384,1024,1024,b,128x128x64_c2x1,bias_gelu,55.1\n"       // the prior's family: only to fill up
+      "16384,1024,1024,c,128x256x64_c2x1_coop,bias_gelu,56.0\n"  // another schedule
+      "16384,1024,1024,d,128x192x64_c2x1,bias_gelu,58.0\n"       // another tile N
+      "16384,1024,1024,e,128x256x64_c2x1_coop_r8,bias_gelu,50.0\n"  // a fixed tile order: never a candidate
+      "16384,1024,1024,f,64x256x64_c2x1,bias_gelu,90.0\n"        // too slow to be worth compiling
+      "4096,1024,1024,cublas,x,identity,20.0\n"
+      "4096,1024,1024,g,128x64x64_c1x1,bias_gelu,21.0\n");       // another shape: not measured where we plan
+  PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, "y = gelu(add(h, b))\noutput y\n")), table);
+  ASSERT_TRUE(d.fuse) << d.reason;
+  EXPECT_EQ(config_name(d.config), "128x128x64_c1x2");
+  EXPECT_EQ(names(d), (std::vector<std::string>{"128x128x64_c1x2", "128x256x64_c2x1_coop", "128x192x64_c2x1"}));
+  EXPECT_TRUE(d.candidates[1].cooperative);
+  EXPECT_NE(d.candidates_reason.find("prior 128x128x64_c1x2"), std::string::npos) << d.candidates_reason;
+  EXPECT_NE(d.candidates_reason.find("another schedule or tile N"), std::string::npos) << d.candidates_reason;
+}
+
+TEST(PlanCandidates, SameFamilyFillsUpAndEveryCandidateIsDistinct) {
+  auto table = parse_measured_table(std::string(kHeader) +
+      "16384,1024,1024,cublas,x,identity,50.0\n"
+      "16384,1024,1024,a,128x128x64_c1x2,identity,55.0\n"
+      "16384,1024,1024,a2,128x128x64_c1x2,identity,54.0\n"   // the same config measured twice
+      "16384,1024,1024,b,128x128x64_c2x1,identity,55.5\n"
+      "16384,1024,1024,b2,128x128x64_c2x1,identity,55.6\n"
+      "16384,1024,1024,c,128x128x64_c1x1,identity,56.0\n"
+      "16384,1024,1024,d,128x128x64_c1x1,identity,57.0\n");
+  PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, "output h\n")), table);
+  EXPECT_EQ(names(d), (std::vector<std::string>{"128x128x64_c1x2", "128x128x64_c2x1", "128x128x64_c1x1"}));
+  for (size_t i = 0; i < d.candidates.size(); ++i)
+    for (size_t j = 0; j < i; ++j) EXPECT_FALSE(d.candidates[i] == d.candidates[j]) << i << " " << j;
+  EXPECT_LE(d.candidates.size(), size_t(kMaxCandidates));
+}
+
+TEST(PlanCandidates, OneWhenNothingElseIsMeasuredClose) {
+  auto table = parse_measured_table(std::string(kHeader) +
+      "16384,1024,1024,cublas,x,identity,50.0\n"
+      "16384,1024,1024,a,128x128x64_c1x2,bias_gelu,55.0\n"
+      "16384,1024,1024,b,128x192x64_c2x1,bias_gelu,80.0\n");
+  PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, "y = gelu(add(h, b))\noutput y\n")), table);
+  EXPECT_EQ(names(d), (std::vector<std::string>{"128x128x64_c1x2"}));
+  EXPECT_NE(d.candidates_reason.find("no other config"), std::string::npos) << d.candidates_reason;
+}
+
+TEST(PlanCandidates, RowReductionsKeepTheirPriorAlone) {
+  auto table = parse_measured_table(std::string(kHeader) +
+      "16384,1024,1024,cublas,x,identity,50.0\n"
+      "16384,1024,1024,a,128x128x64_c1x1,postnorm,50.5\n"
+      "16384,1024,1024,b,128x192x64_c1x1,postnorm,50.6\n"
+      "16384,1024,1024,c,128x128x64_c2x1,postnorm,50.7\n");
+  PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, "y = layer_norm(add(h, b), g, beta)\noutput y\n")), table);
+  ASSERT_TRUE(d.fuse) << d.reason;
+  EXPECT_EQ(names(d), (std::vector<std::string>{"128x128x64_c1x1"}));
+  EXPECT_NE(d.candidates_reason.find("row reductions are not searched"), std::string::npos) << d.candidates_reason;
+}
+
+TEST(PlanCandidates, AResidualTileKeepsPingPongAt128Columns) {
+  // PingPong 128x192 with a residual tile spills (the prior's filter): no candidate either
+  auto table = parse_measured_table(std::string(kHeader) +
+      "16384,1024,1024,cublas,x,identity,50.0\n"
+      "16384,1024,1024,a,128x128x64_c1x1,bias_res_2out,60.0\n"
+      "16384,1024,1024,b,128x192x64_c2x1,bias_res_2out,59.0\n"
+      "16384,1024,1024,c,128x256x64_c2x1_coop,bias_res_2out,61.0\n");
+  const std::string body = "input R : bf16[16384, 1024]\nx = add(add(h, b), R)\ny = gelu(x)\noutput x\noutput y\n";
+  PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, body)), table);
+  EXPECT_EQ(names(d), (std::vector<std::string>{"128x128x64_c1x1", "128x256x64_c2x1_coop"})) << d.reason;
+}
+
+TEST(PlanCandidates, TheCompiledInTableGivesSeveralForAnElementwiseEpilogue) {
+  PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, "y = gelu(add(h, b), approximate=\"tanh\")\noutput y\n")));
+  ASSERT_GE(d.candidates.size(), 2u) << d.candidates_reason;
+  EXPECT_TRUE(d.candidates[0] == d.config);
+}
+
+TEST(PlanCandidates, ConfigNamesRoundTrip) {
+  for (const std::string s : {"128x128x64_c1x1", "128x256x64_c2x1_coop", "64x256x64_c2x1"}) {
+    KernelConfig c;
+    ASSERT_TRUE(parse_config(s, c)) << s;
+    EXPECT_EQ(config_name(c), s);
+  }
+  KernelConfig c;
+  EXPECT_FALSE(parse_config("cublas", c));
+  // bench variants Psi does not emit are not configs: a fixed tile order, merged or SMEM-staged epilogues
+  for (const std::string s : {"128x256x64_c2x1_coop_r8", "128x128x64_c1x1_mg", "128x128x64_c1x8_sr"})
+    EXPECT_FALSE(parse_config(s, c)) << s;
+}

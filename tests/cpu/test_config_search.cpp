@@ -1,0 +1,172 @@
+// The config search's bookkeeping without a GPU: M buckets, the record of choices on disk (parsing, corrupt
+// files, atomic replacement under concurrent writers), set ids, the switch. (The timing: scripts/gpu-config-search.sh.)
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "comfuse/plan.h"
+#include "compiler/config_search.h"
+
+using namespace comfuse;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("comfuse_search_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST(ConfigSearch, BucketIsTheNextPowerOfTwo) {
+  EXPECT_EQ(search::bucket_of(1), 1);
+  EXPECT_EQ(search::bucket_of(2), 2);
+  EXPECT_EQ(search::bucket_of(3), 4);
+  EXPECT_EQ(search::bucket_of(1000), 1024);
+  EXPECT_EQ(search::bucket_of(1024), 1024);
+  EXPECT_EQ(search::bucket_of(1025), 2048);
+  EXPECT_EQ(search::bucket_of(16384), 16384);
+  EXPECT_EQ(search::bucket_of(0), 1);
+  EXPECT_EQ(search::bucket_of(-5), 1);
+}
+
+TEST(ConfigSearch, ParsesARecordAndSkipsWhatIsNotAChoice) {
+  auto c = search::parse_choices(
+      "# comfuse config search\n"
+      "4096 128x256x64_c2x1_coop\n"
+      "1024 128x128x64_c1x2   # timed\n"
+      "\n"
+      "3000 128x128x64_c1x1\n"              // not a power of two
+      "512 cublas\n"                         // not a config
+      "256 128x128x64_c1x1_r8\n"             // not exactly a config name
+      "128 128x128x64_c1x1 extra\n"          // a third field
+      "64\n"                                 // no config
+      "x12 128x128x64_c1x1\n"                // not a number
+      "-8 128x128x64_c1x1\n"
+      "\x01\x02garbage\xff\n"
+      "8192 128x192x64_c2x1");               // no final newline (a torn write would look like this)
+  ASSERT_EQ(c.size(), 3u);
+  EXPECT_EQ(c.at(4096), "128x256x64_c2x1_coop");
+  EXPECT_EQ(c.at(1024), "128x128x64_c1x2");
+  EXPECT_EQ(c.at(8192), "128x192x64_c2x1");
+}
+
+TEST(ConfigSearch, AMissingOrCorruptFileIsAnEmptyRecordAndIsReplacedWhole) {
+  fs::path d = temp_dir("corrupt");
+  EXPECT_TRUE(search::read_choices((d / "nope.txt").string()).empty());
+  const fs::path f = d / "choices" / "k.dev.txt";
+  fs::create_directories(f.parent_path());
+  std::ofstream(f, std::ios::binary) << std::string("\0\0\xfe\xff binary junk 17 18\n", 24);
+  EXPECT_TRUE(search::read_choices(f.string()).empty());
+  EXPECT_EQ(search::record_choice(f.string(), 2048, "128x128x64_c1x2", "test"), "");
+  auto c = search::read_choices(f.string());
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c.at(2048), "128x128x64_c1x2");
+  EXPECT_EQ(slurp(f).find("junk"), std::string::npos) << "the corrupt text is gone";
+  fs::remove_all(d);
+}
+
+TEST(ConfigSearch, RecordMergesBucketsCreatesTheFolderAndLeavesNoTemporaryFiles) {
+  fs::path d = temp_dir("record");
+  const std::string path = search::choice_path(d.string(), "comfuse_00ff-0123456789abcdef", "NVIDIA H200");
+  EXPECT_EQ(path, (d / "choices" / "comfuse_00ff-0123456789abcdef.NVIDIA_H200.txt").string());
+  EXPECT_EQ(search::record_choice(path, 4096, "128x256x64_c2x1_coop", "test"), "");
+  EXPECT_EQ(search::record_choice(path, 1024, "128x128x64_c1x2", "test"), "");
+  EXPECT_EQ(search::record_choice(path, 4096, "128x192x64_c2x1", "test"), "");   // replaces its bucket
+  auto c = search::read_choices(path);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c.at(4096), "128x192x64_c2x1");
+  EXPECT_EQ(c.at(1024), "128x128x64_c1x2");
+  EXPECT_EQ(slurp(path).rfind("# test\n", 0), 0u) << slurp(path);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(path).parent_path())) files += e.is_regular_file();
+  EXPECT_EQ(files, 1) << "temporary files left behind";
+  // a folder that cannot be made: an error message, no exception (the run goes on)
+  std::ofstream(d / "plainfile") << "x";
+  EXPECT_NE(search::record_choice((d / "plainfile" / "choices" / "a.txt").string(), 1, "128x128x64_c1x1", "t"), "");
+  fs::remove_all(d);
+}
+
+TEST(ConfigSearch, ConcurrentWritersNeverLeaveATornRecord) {
+  // Writers in threads and in forked processes, the threads reading after each write: every read sees a whole
+  // record (the temporary file + rename), never a partial one; a concurrent update may be lost (timed again).
+  fs::path d = temp_dir("concurrent");
+  const std::string path = (d / "choices" / "k.dev.txt").string();
+  const std::vector<std::string> configs = {"128x128x64_c1x2", "128x256x64_c2x1_coop", "128x192x64_c2x1"};
+  std::vector<pid_t> kids;
+  for (int p = 0; p < 3; ++p) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      for (int i = 0; i < 100; ++i) search::record_choice(path, int64_t(1) << (i % 12), configs[(i + p) % 3], "p");
+      _exit(0);
+    }
+    kids.push_back(pid);
+  }
+  std::atomic<bool> bad{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 100; ++i) {
+        search::record_choice(path, int64_t(1) << (i % 12), configs[(i + t) % 3], "t");
+        // a whole file every time: a comment line, then lines that all parse (a torn write would end mid-line)
+        const std::string text = slurp(path);
+        size_t lines = 0;
+        for (char ch : text) lines += ch == '\n';
+        if (text.empty() || text.back() != '\n' || search::parse_choices(text).size() + 1 != lines) bad = true;
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (pid_t k : kids) waitpid(k, nullptr, 0);
+  EXPECT_FALSE(bad);
+  // every line of the final file is a valid choice
+  std::string text = slurp(path);
+  size_t lines = 0;
+  for (char ch : text) lines += ch == '\n';
+  EXPECT_EQ(search::parse_choices(text).size() + 1, lines) << text;   // + the comment line
+  EXPECT_EQ(search::record_choice(path, 4096, configs[1], "last"), "");
+  EXPECT_EQ(search::read_choices(path).at(4096), configs[1]);
+  for (const auto& e : fs::directory_iterator(fs::path(path).parent_path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  fs::remove_all(d);
+}
+
+TEST(ConfigSearch, SetIdNamesTheKernelAndChangesWithItsCandidates) {
+  KernelConfig a, b;
+  b.tile_n = 256;
+  b.cooperative = true;
+  const std::string id = search::set_id("comfuse_1234", {"k1", "k2"}, {a, b});
+  EXPECT_EQ(id.rfind("comfuse_1234-", 0), 0u) << id;
+  EXPECT_EQ(id.size(), std::string("comfuse_1234-").size() + 16);
+  EXPECT_EQ(id, search::set_id("comfuse_1234", {"k1", "k2"}, {a, b}));
+  EXPECT_NE(id, search::set_id("comfuse_1234", {"k1", "k3"}, {a, b}));   // new headers / flags / nvcc
+  EXPECT_NE(id, search::set_id("comfuse_1234", {"k1", "k2"}, {b, a}));   // another prior
+  EXPECT_EQ(search::sanitize("NVIDIA H200 / 141GB"), "NVIDIA_H200___141GB");
+}
+
+TEST(ConfigSearch, TheSwitch) {
+  const char* old = std::getenv("COMFUSE_CONFIG_SEARCH");
+  const std::string saved = old ? old : "";
+  unsetenv("COMFUSE_CONFIG_SEARCH");
+  EXPECT_TRUE(search::enabled());
+  setenv("COMFUSE_CONFIG_SEARCH", "0", 1);
+  EXPECT_FALSE(search::enabled());
+  setenv("COMFUSE_CONFIG_SEARCH", "1", 1);
+  EXPECT_TRUE(search::enabled());
+  if (old) setenv("COMFUSE_CONFIG_SEARCH", saved.c_str(), 1);
+  else unsetenv("COMFUSE_CONFIG_SEARCH");
+}
