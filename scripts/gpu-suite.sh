@@ -74,7 +74,7 @@ t1=$(date +%s)
 echo "gpu-suite: compiled ${#cases[@]} graphs in $((t1 - t0)) s"
 
 csv="$OUT/suite.csv"
-echo "case,epilogue,M,K,N,round,fused_us,cublas_us,ratio,config" > "$csv"
+echo "case,epilogue,M,K,N,round,fused_us,cublas_us,ratio,config,plan" > "$csv"
 for round in 1 2; do
   for c in "${cases[@]}"; do
     log="$OUT/logs/$c.bench$round.log"
@@ -84,9 +84,14 @@ for round in 1 2; do
     cub=$(echo "$line" | sed -nE 's/.* alone: ([0-9.]+) us;.*/\1/p')
     ratio=$(echo "$line" | sed -nE 's/.*= ([0-9.]+)$/\1/p')
     cfg=$(grep -E "^region 0: " "$log" | head -1 | sed -E 's/^region 0: (comfuse_[0-9a-f]+ )?//; s/,.*//; s/ /_/g')
+    # the config search's choice for this row count, where it ran (else the prior above)
+    chosen=$(grep -E "^config search: region 0, " "$log" | head -1 | sed -E 's/^config search: region 0, M bucket [0-9]+ on [^:]*: //; s/,.*//; s/ /_/g')
+    [ -n "$chosen" ] && cfg="$chosen"
+    # the planner's decision: where it declines, a user gets the unfused path (cuBLAS + a separate pass)
+    grep -qE "^  plan: fuse" "$log" && plan=fuse || plan=declined
     e="${c%%_[0-9]*}"
     dims="${c##*_}"
-    echo "$c,$e,${dims//x/,},$round,${fused:-nan},${cub:-nan},${ratio:-nan},${cfg:-?}" >> "$csv"
+    echo "$c,$e,${dims//x/,},$round,${fused:-nan},${cub:-nan},${ratio:-nan},${cfg:-?},$plan" >> "$csv"
   done
 done
 t2=$(date +%s)
@@ -98,8 +103,8 @@ import csv, sys, collections
 rows = collections.OrderedDict()
 for r in csv.DictReader(open(sys.argv[1])):
     rows.setdefault(r["case"], []).append(r)
-print("| epilogue | M, K, N | round 1 | round 2 | median ÷cuBLASLt | fused µs | cuBLAS µs | config / path |")
-print("|---|---|---|---|---|---|---|---|")
+print("| epilogue | M, K, N | round 1 | round 2 | median ÷cuBLASLt | fused µs | cuBLAS µs | config (chosen) | planner |")
+print("|---|---|---|---|---|---|---|---|---|")
 for case, rs in rows.items():
     def f(x):
         try: return float(x)
@@ -108,7 +113,7 @@ for case, rs in rows.items():
     med = sum(ratios) / len(ratios)
     r0 = rs[-1]
     print(f"| {r0['epilogue']} | {r0['M']}, {r0['K']}, {r0['N']} | " + " | ".join(f"{x:.3f}" for x in ratios) +
-          f" | {med:.3f} | {f(r0['fused_us']):.1f} | {f(r0['cublas_us']):.1f} | {r0['config']} |")
+          f" | {med:.3f} | {f(r0['fused_us']):.1f} | {f(r0['cublas_us']):.1f} | {r0['config']} | {r0['plan']} |")
 EOF
 
 if [ $torch = 1 ]; then
