@@ -255,7 +255,10 @@ struct DeviceBuffer {
   size_t bytes = 0;
   explicit DeviceBuffer(size_t b) : ptr(rt::mem_alloc(b)), bytes(b) {}
   ~DeviceBuffer() {
-    if (ptr) rt::mem_free(ptr);
+    try {
+      if (ptr) rt::mem_free(ptr);
+    } catch (...) {  // after a failed kernel every driver call fails; a destructor must not throw (std::terminate)
+    }
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;

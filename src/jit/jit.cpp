@@ -359,6 +359,15 @@ CompileResult compile(const std::string& source, const std::string& name, const 
   std::vector<std::string> flags = o.flags.empty() ? default_flags() : o.flags;
   for (const auto& inc : o.include_dirs) flags.push_back("-I" + inc);
   const bool so = o.artifact == Artifact::SharedObject;
+  // Hidden by default (the entry points say visibility("default") themselves): the config search loads several
+  // libraries of one Spec, whose inline/template statics (the launch-parameter cache in abi_entry.cuh, the
+  // SMEM-limit flags in gemm.cuh) have the same names. Exported, g++ makes them STB_GNU_UNIQUE and the loader binds
+  // every library to the first one's copy: the second config then launched with the first one's TMA descriptors
+  // and stage byte counts (a hang or a fault). Part of the cache key, so libraries built without it are not reused.
+  if (so) {
+    flags.push_back("-Xcompiler");
+    flags.push_back("-fvisibility=hidden");
+  }
   const std::string artifact = so ? "kernel.so" : "kernel.cubin";
   std::string key_material = source + '\0' + nvcc_version(nvcc, root.string()) + '\0' + o.header_version + '\0' + artifact;
   for (const auto& f : flags) key_material += '\0' + f;

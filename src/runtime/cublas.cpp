@@ -107,8 +107,12 @@ CublasGemm::CublasGemm(int64_t m, int64_t n, int64_t k, bool b_nk, bool f16) : p
 
 CublasGemm::~CublasGemm() {
   LtApi& L = lt();
-  for (CUdeviceptr q : {p_->a, p_->b, p_->c, p_->ws})
-    if (q) mem_free(q);
+  for (CUdeviceptr q : {p_->a, p_->b, p_->c, p_->ws}) {
+    try {
+      if (q) mem_free(q);
+    } catch (...) {  // after a failed kernel every driver call fails; a destructor must not throw (std::terminate)
+    }
+  }
   L.layout_destroy(p_->la);
   L.layout_destroy(p_->lb);
   L.layout_destroy(p_->lc);

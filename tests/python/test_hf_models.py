@@ -82,8 +82,8 @@ def test_llama_regions_and_decisions():
     assert len(regions) == 14, [r["root"] for r in regions]
     for layer in range(2):
         q, k, v, o, gate, up, down = regions[7 * layer:7 * layer + 7]
-        for r in (q, k, v):   # no bias: a plain GEMM, which cuBLAS runs faster than our plain kernel
-            assert r["ops"] == {"matmul"} and not r["plan"].fuse
+        for r in (q, k, v):   # no bias: a plain GEMM, fused only where the measured table has our kernel faster
+            assert r["ops"] == {"matmul"} and "'identity'" in r["plan"].reason, r["plan"].reason
         for r in (o, down):   # residual add, then RMSNorm: mean(x^2), rsqrt, the weight
             assert {"add", "pow", "mean", "rsqrt", "mul"} <= r["ops"] and r["stages"] == 2, r
             assert r["outputs"] >= 2, r
