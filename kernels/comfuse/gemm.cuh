@@ -355,33 +355,55 @@ struct Gemm {
     int tiles;
   };
 
-  // Once per process (retried until it succeeds). Clusters here are at most 8 CTAs, the portable size, so no
+  // Function attributes and occupancy belong to a device: both are cached per device (the current one).
+  static constexpr int kMaxDevices = 64;   // beyond it: not cached, asked every time
+  static int current_device() {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      dev = 0;
+    }
+    return dev;
+  }
+
+  // Once per device (retried until it succeeds). Clusters here are at most 8 CTAs, the portable size, so no
   // non-portable-cluster attribute is set. A failure is returned, and cleared from the runtime's last error.
   static cudaError_t set_smem_limit() {
-    static bool done = false;
-    if (done) return cudaSuccess;
+    static bool done[kMaxDevices] = {};
+    const int dev = current_device();
+    if (dev < kMaxDevices && done[dev]) return cudaSuccess;
     auto kernel = &gemm_kernel_entry<Kernel>;
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       return e;
     }
-    done = true;
+    if (dev < kMaxDevices) done[dev] = true;   // a race sets the attribute twice: harmless
     return cudaSuccess;
   }
 
-  // Resident clusters of this kernel on the current device (cached).
+  // Resident clusters of this kernel on the current device (cached per device).
   static int max_resident_clusters() {
-    static int cached = -1;
-    if (cached >= 0) return cached;
+    static int cached[kMaxDevices];
+    static bool known[kMaxDevices] = {};
+    const int dev = current_device();
+    if (dev < kMaxDevices && known[dev]) return cached[dev];
+    const int n = count_resident_clusters(dev);
+    if (dev < kMaxDevices) {
+      cached[dev] = n;
+      known[dev] = true;
+    }
+    return n;
+  }
+
+  static int count_resident_clusters(int dev) {
     set_smem_limit();
     auto kernel = &gemm_kernel_entry<Kernel>;
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
+    int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     constexpr int cs = Cfg::kClusterM * Cfg::kClusterN;
     if constexpr (cs == 1) {
-      cached = sms;
+      return sms;
     } else {
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(Cfg::kClusterM * (sms / cs), Cfg::kClusterN, 1);
@@ -397,9 +419,8 @@ struct Gemm {
         (void)cudaGetLastError();
         n = sms / cs;
       }
-      cached = n;
+      return n;
     }
-    return cached;
   }
 
   static int round_up(int x, int m) { return (x + m - 1) / m * m; }
