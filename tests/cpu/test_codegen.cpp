@@ -2,9 +2,12 @@
 // the Specs it must decline with a reason. tests/gpu compiles generated examples with nvcc for sm_90a.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sstream>
 
 #include "comfuse/codegen.h"
@@ -13,6 +16,38 @@
 
 using namespace comfuse;
 namespace fs = std::filesystem;
+
+// The Epilogue type of a generated unit with every node alias (`using v0_3 = ...;`, `using Tree1 = ...;`)
+// substituted: the one nested type the kernel instantiates.
+std::string expanded_epilogue(const std::string& src) {
+  std::map<std::string, std::string> alias;
+  std::istringstream lines(src);
+  for (std::string l; std::getline(lines, l);) {
+    size_t u = l.find("using "), eq = l.find(" = "), end = l.find(';');
+    if (u == std::string::npos || eq == std::string::npos || end == std::string::npos || l.find("namespace") != std::string::npos)
+      continue;
+    alias[l.substr(u + 6, eq - u - 6)] = l.substr(eq + 3, end - eq - 3);
+  }
+  std::function<std::string(const std::string&)> expand = [&](const std::string& t) {
+    std::string out, word;
+    auto flush = [&] {
+      auto it = alias.find(word);
+      out += it != alias.end() && word != "Epilogue" ? expand(it->second) : word;
+      word.clear();
+    };
+    for (char c : t) {
+      if (std::isalnum(static_cast<unsigned char>(c)) || c == '_') {
+        word += c;
+      } else {
+        flush();
+        out += c;
+      }
+    }
+    flush();
+    return out;
+  };
+  return expand(alias.at("Epilogue"));
+}
 
 TEST(Codegen, GoldenSourceForEveryExample) {
   const fs::path golden = fs::path(COMFUSE_SOURCE_DIR) / "tests/cpu/golden";
@@ -30,6 +65,9 @@ TEST(Codegen, GoldenSourceForEveryExample) {
       std::stringstream want;
       want << in.rdbuf();
       EXPECT_EQ(k.source, want.str()) << g;
+      // reads as math: no line longer than 120 characters
+      std::istringstream lines(k.source);
+      for (std::string l; std::getline(lines, l);) EXPECT_LE(l.size(), 120u) << g << ": " << l;
       ++checked;
     }
   }
@@ -42,11 +80,28 @@ TEST(Codegen, StagesNestAndCarryTheBypassedTile) {
       "y = softmax(add(matmul(X, W), b))\noutput y\n", "sm.cf"));
   std::string src = generate_kernel(p.regions.at(0).spec).source;
   // max(x) carries x; sum(exp(x - max)) carries the exponentials; the last stage divides them
-  EXPECT_NE(src.find("StageStream<Stage<Reduce<RowReduce::Max, 0, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>, "
-                     "Stage<Reduce<RowReduce::Sum, 1, Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<0>>>>, "
-                     "Stage<Store<bf16, Compute<ops::Div, AccEntry, RowResult<1>>>>>>>"),
-            std::string::npos)
+  EXPECT_EQ(expanded_epilogue(src),
+            "StageStream<Stage<Reduce<RowReduce::Max, 0, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>, "
+            "Stage<Reduce<RowReduce::Sum, 1, Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<0>>>>, "
+            "Stage<Store<bf16, Compute<ops::Div, AccEntry, RowResult<1>>>>>>>")
       << src;
+}
+
+// One alias per Spec node names the same type the nested form did (the type every kernel test instantiates):
+// the two-output pre-norm with a node read twice (x) and a value recomputed per stage (x - mean).
+TEST(Codegen, AliasesNameTheNestedType) {
+  Partition p = partition(parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/examples/small/prenorm_two_outputs.cf"));
+  const std::string src = generate_kernel(p.regions.at(0).spec).source;
+  const std::string x = "Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoad<bf16>>";
+  EXPECT_EQ(expanded_epilogue(src),
+            "StageStream<Stage<Outputs<Reduce<RowReduce::Mean, 0, " + x + ">, Store<bf16, " + x +
+                ">>, Stage<Outputs<Compute<ops::Sub, AccEntry, RowResult<0>>, Reduce<RowReduce::Mean, 1, "
+                "Compute<ops::Square, Compute<ops::Sub, AccEntry, RowResult<0>>>>>, Stage<Store<bf16, Compute<ops::Add, "
+                "Compute<ops::Mul, Compute<ops::Mul, AccEntry, Compute<ops::Rsqrt, Compute<ops::Add, RowResult<1>, "
+                "Scalar>>>, RowBroadcast<bf16>>, RowBroadcast<bf16>>>>>>>");
+  // the unit holds what differs between kernels; the entry points come from comfuse/generated_unit.cuh
+  EXPECT_NE(src.find("COMFUSE_GENERATED_KERNEL(" + generate_kernel(p.regions.at(0).spec).name + ")"), std::string::npos);
+  EXPECT_EQ(src.find("extern \"C\""), std::string::npos);
 }
 
 // The JIT's cache key is a hash of the source: value names and the batch size must not enter it, so that every
@@ -79,6 +134,18 @@ TEST(Codegen, DeclinesWhatTheTemplatesCannotExpress) {
   };
   const std::string head = "input X : bf16[8, 16]\ninput W : bf16[16, 24]\nh = matmul(X, W)\n";
   EXPECT_NE(reason(head + "m = mean(h)\noutput m\n").find("per row"), std::string::npos);
+  // psi_rejects gives the same reason without writing the unit, and checks the configuration too
+  Partition sm = partition(parse_cf(head + "y = relu(h)\noutput y\n", "ok.cf"));
+  EXPECT_FALSE(psi_rejects(sm.regions.at(0).spec, KernelConfig{}));
+  Partition pr = partition(parse_cf(head + "m = mean(h)\noutput m\n", "d.cf"));
+  EXPECT_NE(psi_rejects(pr.regions.at(0).spec, KernelConfig{}).value_or("").find("per row"), std::string::npos);
+  EXPECT_NE(psi_rejects(sm.regions.at(0).spec, KernelConfig{128, 80, 64, 1, 1}).value_or("").find("tile N"),
+            std::string::npos);
+  EXPECT_NE(psi_rejects(sm.regions.at(0).spec, KernelConfig{64, 256, 64, 1, 1, true}).value_or("").find("cooperative"),
+            std::string::npos);
+  EXPECT_NE(psi_rejects(sm.regions.at(0).spec, KernelConfig{128, 128, 64, 4, 4}).value_or("").find("clusters"),
+            std::string::npos);
+  EXPECT_THROW(generate_kernel(sm.regions.at(0).spec, KernelConfig{128, 80, 64, 1, 1}), CodegenError);
   // two tile values (h and exp(h)) both needed after the reduction
   EXPECT_NE(reason(head + "e = exp(h)\ns = sum(e)\ny = add(div(e, s), h)\noutput y\n").find("two tile-sized values"),
             std::string::npos);
@@ -91,9 +158,7 @@ TEST(Codegen, PowByAnIntegerIsMultiplications) {
     Partition p = partition(parse_cf("input X : bf16[8, 16]\ninput W : bf16[16, 24]\ny = pow(matmul(X, W), " + e +
                                          ")\noutput y\n",
                                      "pow.cf"));
-    std::string src = generate_kernel(p.regions.at(0).spec).source;
-    size_t at = src.find("using Epilogue = ");
-    return src.substr(at, src.find(";\n", at) - at);
+    return "using Epilogue = " + expanded_epilogue(generate_kernel(p.regions.at(0).spec).source);
   };
   EXPECT_EQ(epilogue("3.0"), "using Epilogue = Store<bf16, Compute<ops::PowInt<3>, AccEntry>>");
   EXPECT_EQ(epilogue("2.0"), "using Epilogue = Store<bf16, Compute<ops::PowInt<2>, AccEntry>>");
