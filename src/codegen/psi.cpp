@@ -386,7 +386,8 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
       << (fs.outputs[i].per_row ? std::string("[rows, 1]") : "[rows, " + n_str + "]") << "\n";
   o << "#include \"comfuse/generated_unit.cuh\"\n\n"
     << "namespace " << g.name << " {\nusing namespace comfuse::generated;\n\n"
-    << "// The epilogue: one alias per Spec node, v<stage>_<node>, all values fp32; r<k> is reduction k's row result.\n"
+    << "// One alias per Spec node: v<k>_<i> is node %i of stage k as `comfuse plan` prints the Spec. Values are fp32;\n"
+    << "// r<k> is the row result of stage k's reduction.\n"
     << psi.types()
     << "using Cfg = GemmConfig<" << cpp_type(fs.gemm.dtype) << ", "
     << (fs.gemm.transpose_b ? "BLayout::NK" : "BLayout::KN") << ", " << cfg.tile_m << ", " << cfg.tile_n << ", "

@@ -7,7 +7,8 @@
 namespace comfuse_12a48fe1e1eb12c3 {
 using namespace comfuse::generated;
 
-// The epilogue: one alias per Spec node, v<stage>_<node>, all values fp32; r<k> is reduction k's row result.
+// One alias per Spec node: v<k>_<i> is node %i of stage k as `comfuse plan` prints the Spec. Values are fp32;
+// r<k> is the row result of stage k's reduction.
 // stage 0: from the accumulator
 using v0_0 = AccEntry;                              // v0_0 = X @ W
 using v0_1 = RowBroadcast<bf16>;                    // v0_1 = param[0][col]
