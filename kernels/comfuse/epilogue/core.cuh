@@ -15,6 +15,9 @@
 //     template <int S> void end_stage(TileCtx const&);              // after every fragment of stage S
 //   };
 //
+// A node with children derives from Children<C0, C1, ...> (below), which forwards prefetch / preload / end_stage
+// and combines the traits; the node adds its Arguments, its state and visit().
+//
 // A Fragment is kFragSize = 2 accumulator values of one row and two adjacent columns: the pair a
 // WGMMA accumulator register pair holds, and the unit the stores and broadcast loads vectorize over.
 #pragma once
