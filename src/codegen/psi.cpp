@@ -200,21 +200,27 @@ class Psi {
       if (s.nodes[i].kind == SpecKind::Store && std::find(roots.begin(), roots.end(), int(i)) == roots.end())
         roots.push_back(static_cast<int>(i));
     if (red >= 0 && std::find(roots.begin(), roots.end(), red) == roots.end()) roots.push_back(red);
-    std::string type = names_[k][roots.back()], init = args_[k][roots.back()];
-    for (int r = static_cast<int>(roots.size()) - 2; r >= 0; --r) {
-      type = "Outputs<" + names_[k][roots[r]] + ", " + type + ">";
-      init = "{" + args_[k][roots[r]] + ", " + init + "}";
-    }
+    std::string init = args_[k][roots.back()];
+    for (int r = static_cast<int>(roots.size()) - 2; r >= 0; --r) init = "{" + args_[k][roots[r]] + ", " + init + "}";
     if (roots.size() == 1) {
-      tree_types_.push_back(type);
+      tree_types_.push_back(names_[k][roots[0]]);
       tree_args_.push_back(init);
       return;
     }
-    const std::string name = "Tree" + std::to_string(k);
-    std::string visits;
-    for (size_t r = 0; r < roots.size(); ++r) visits += (r ? ", " : "") + names_[k][roots[r]];
-    type_line(k, name, type, "stage " + std::to_string(k) + " visits " + visits +
-                                 (carry >= 0 ? " (the first is carried on)" : ""));
+    // Tree<k> = Outputs<r0, Outputs<r1, ... rn>>; over 120 characters, one Outputs a line.
+    const std::string name = "Tree" + std::to_string(k), head = indent(k) + "using " + name + " = ";
+    std::string visits, flat, wrapped, close;
+    for (size_t r = 0; r + 1 < roots.size(); ++r) {
+      visits += names_[k][roots[r]] + ", ";
+      flat += "Outputs<" + names_[k][roots[r]] + ", ";
+      wrapped += (r ? ",\n" + std::string(head.size(), ' ') : "") + "Outputs<" + names_[k][roots[r]];
+      close += ">";
+    }
+    visits += names_[k][roots.back()];
+    flat += names_[k][roots.back()] + close;
+    wrapped += ", " + names_[k][roots.back()] + close;
+    types_ << indent(k) << "// stage " << k << " visits " << visits << (carry >= 0 ? " (the first is carried on)" : "")
+           << "\n" << head << (head.size() + flat.size() + 1 <= 120 ? flat : wrapped) << ";\n";
     init = compact(init);
     if (init != "{}") args_body_ << "  " << indent(k) << name << "::Arguments tree" << k << init << ";\n";
     tree_types_.push_back(name);

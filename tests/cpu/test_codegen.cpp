@@ -21,12 +21,22 @@ namespace fs = std::filesystem;
 // substituted: the one nested type the kernel instantiates.
 std::string expanded_epilogue(const std::string& src) {
   std::map<std::string, std::string> alias;
-  std::istringstream lines(src);
-  for (std::string l; std::getline(lines, l);) {
-    size_t u = l.find("using "), eq = l.find(" = "), end = l.find(';');
-    if (u == std::string::npos || eq == std::string::npos || end == std::string::npos || l.find("namespace") != std::string::npos)
+  for (size_t u = src.find('\n'); u != std::string::npos; u = src.find('\n', u + 1)) {
+    size_t at = src.find_first_not_of(' ', u + 1);   // a line (indented by stage) that starts with `using `
+    if (at == std::string::npos || src.compare(at, 6, "using ") != 0 || src.compare(at + 6, 10, "namespace ") == 0)
       continue;
-    alias[l.substr(u + 6, eq - u - 6)] = l.substr(eq + 3, end - eq - 3);
+    at += 6;
+    size_t eq = src.find(" = ", at), end = src.find(';', at);
+    if (eq > end) continue;
+    std::string type;   // a wrapped alias (one Outputs a line) reads as one line
+    for (size_t i = eq + 3; i < end; ++i)
+      if (src[i] == '\n') {
+        while (i + 1 < end && src[i + 1] == ' ') ++i;
+        type += ' ';
+      } else {
+        type += src[i];
+      }
+    alias[src.substr(at, eq - at)] = type;
   }
   std::function<std::string(const std::string&)> expand = [&](const std::string& t) {
     std::string out, word;
@@ -85,6 +95,26 @@ TEST(Codegen, StagesNestAndCarryTheBypassedTile) {
             "Stage<Reduce<RowReduce::Sum, 1, Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<0>>>>, "
             "Stage<Store<bf16, Compute<ops::Div, AccEntry, RowResult<1>>>>>>>")
       << src;
+}
+
+// A stage with many roots (seven stores, the softmax's max and its carried input) still reads in lines of at most 120 characters: the
+// Outputs<> nest of its tree is written one level a line.
+TEST(Codegen, ManyOutputsStayWithin120Characters) {
+  std::string cf = "input X : bf16[8, 16]\ninput W : bf16[16, 32]\nh = matmul(X, W)\n";
+  const char* ops[] = {"relu", "exp", "tanh", "sigmoid", "silu", "gelu", "abs"};
+  for (int i = 0; i < 7; ++i) cf += "y" + std::to_string(i) + " = " + ops[i] + "(h)\noutput y" + std::to_string(i) + "\n";
+  cf += "s = softmax(h, dim=-1)\noutput s\n";
+  Partition p = partition(parse_cf(cf, "many.cf"));
+  ASSERT_EQ(p.regions.size(), 1u);
+  ASSERT_FALSE(psi_rejects(p.regions[0].spec, KernelConfig{}));
+  const std::string src = generate_kernel(p.regions[0].spec).source;
+  EXPECT_NE(src.find("using Tree0 = Outputs<"), std::string::npos) << src;
+  EXPECT_NE(src.find(",\n              Outputs<"), std::string::npos) << src;   // wrapped, one Outputs a line
+  std::istringstream lines(src);
+  for (std::string l; std::getline(lines, l);) EXPECT_LE(l.size(), 120u) << l << "\n" << src;
+  const std::string type = expanded_epilogue(src);   // every alias resolves
+  EXPECT_EQ(type.find("Tree"), std::string::npos) << type;
+  EXPECT_EQ(type.find("v0_"), std::string::npos) << type;
 }
 
 // One alias per Spec node names the same type the nested form did (the type every kernel test instantiates):

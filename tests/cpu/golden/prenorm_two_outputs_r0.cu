@@ -21,14 +21,16 @@ using v0_3 = TileLoad<bf16>;                        // v0_3 = param[1][row, col]
 using v0_4 = Compute<ops::Add, v0_2, v0_3>;         // v0_4 = v0_2 + v0_3
 using v0_5 = Store<bf16, v0_4>;                     // v0_5 = v0_4; out[0][row, col] = bf16(v0_4)
 using v0_6 = Reduce<RowReduce::Mean, 0, v0_4>;      // v0_6 = v0_4; r0 = mean(v0_4) over the row
-using Tree0 = Outputs<v0_6, v0_5>;                  // stage 0 visits v0_6, v0_5 (the first is carried on)
+// stage 0 visits v0_6, v0_5 (the first is carried on)
+using Tree0 = Outputs<v0_6, v0_5>;
   // stage 1: after r0
   using v1_0 = RowResult<0>;                        // v1_0 = r0, per row
   using v1_1 = AccEntry;                            // v1_1 = v0_4 (carried in the accumulator registers)
   using v1_2 = Compute<ops::Sub, v1_1, v1_0>;       // v1_2 = v1_1 - v1_0
   using v1_3 = Compute<ops::Square, v1_2>;          // v1_3 = square(v1_2)
   using v1_4 = Reduce<RowReduce::Mean, 1, v1_3>;    // v1_4 = v1_3; r1 = mean(v1_3) over the row
-  using Tree1 = Outputs<v1_2, v1_4>;                // stage 1 visits v1_2, v1_4 (the first is carried on)
+  // stage 1 visits v1_2, v1_4 (the first is carried on)
+  using Tree1 = Outputs<v1_2, v1_4>;
     // stage 2: after r1
     using v2_0 = RowResult<1>;                      // v2_0 = r1, per row
     using v2_1 = AccEntry;                          // v2_1 = v1_2 (carried in the accumulator registers)

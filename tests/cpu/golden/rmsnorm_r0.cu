@@ -19,7 +19,8 @@ using v0_3 = TileLoad<bf16>;                        // v0_3 = param[1][row, col]
 using v0_4 = Compute<ops::Add, v0_2, v0_3>;         // v0_4 = v0_2 + v0_3
 using v0_5 = Compute<ops::Square, v0_4>;            // v0_5 = square(v0_4)
 using v0_6 = Reduce<RowReduce::Mean, 0, v0_5>;      // v0_6 = v0_5; r0 = mean(v0_5) over the row
-using Tree0 = Outputs<v0_4, v0_6>;                  // stage 0 visits v0_4, v0_6 (the first is carried on)
+// stage 0 visits v0_4, v0_6 (the first is carried on)
+using Tree0 = Outputs<v0_4, v0_6>;
   // stage 1: after r0
   using v1_0 = RowResult<0>;                        // v1_0 = r0, per row
   using v1_1 = AccEntry;                            // v1_1 = v0_4 (carried in the accumulator registers)
