@@ -302,6 +302,7 @@ class Psi {
           return {std::string("Compute<") + f + ", " + a + ", " + b + ">", "{" + ai + ", " + operand_args(k, n, 1) + "}", math};
         }
         if (n.op == OpKind::Neg) return unary(f, "-" + a);
+        if (n.op == OpKind::GeluTanh) return unary(f, "gelu_tanh(" + a + ")");   // op_name says "gelu" for both
         return unary(f, std::string(op_name(n.op)) + "(" + a + ")");
       }
       case SpecKind::Reduction: {

@@ -13,7 +13,7 @@ using namespace comfuse::generated;
 using v0_0 = AccEntry;                              // v0_0 = X @ W
 using v0_1 = RowBroadcast<bf16>;                    // v0_1 = param[0][col]
 using v0_2 = Compute<ops::Add, v0_0, v0_1>;         // v0_2 = v0_0 + v0_1
-using v0_3 = Compute<ops::GeluTanh, v0_2>;          // v0_3 = gelu(v0_2)
+using v0_3 = Compute<ops::GeluTanh, v0_2>;          // v0_3 = gelu_tanh(v0_2)
 using v0_4 = Store<bf16, v0_3>;                     // v0_4 = v0_3; out[0][row, col] = bf16(v0_3)
 
 using Epilogue = v0_4;
