@@ -1,13 +1,16 @@
-// Psi: Fusion Spec -> CUDA C++ that instantiates the kernel templates (kernels/comfuse/).
+// Psi (src/codegen/): Fusion Spec -> CUDA C++ that instantiates the kernel templates (kernels/comfuse/).
 //
-// Structural induction over the Spec: each stage becomes a node tree (AccEntry, broadcasts, Compute, Store,
-// Reduce, RowResult), nested stages become nested Stage<> types inside the reduction's StageStream, and the
-// runtime-parameter table becomes a pointer table read by a make_args() built in the same recursive order.
+// Structural induction over the Spec: each Spec node becomes one alias (AccEntry, broadcasts, Compute, Store,
+// Reduce, RowResult over its operands' aliases), each stage a node tree, nested stages nested Stage<> types
+// inside the reduction's StageStream, and the runtime-parameter table a pointer table read by make_args(), one
+// Arguments variable per node. docs/codegen.md shows a generated unit next to its Spec.
 #pragma once
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "comfuse/plan.h"  // KernelConfig
 #include "comfuse/spec.h"
 
 namespace comfuse {
@@ -21,23 +24,23 @@ class CodegenError : public std::runtime_error {
 // The most |N| for which Psi writes pow(x, N) as multiplications (ops::PowInt) rather than powf.
 constexpr int kMaxPowInt = 64;
 
-struct KernelConfig {
-  int tile_m = 128, tile_n = 128, tile_k = 64;
-  int cluster_m = 1, cluster_n = 1;
-  // Schedule::Cooperative (two consumer warp groups on one tile; "_coop" in a config name), else PingPong.
-  bool cooperative = false;
-};
-
 struct GeneratedKernel {
   std::string name;    // comfuse_<structural hash>
   std::string source;  // a self-contained .cu translation unit
 };
 
-// Renders `fs` for `cfg`. The TU defines, in namespace <name>:
+// Why Psi cannot render `fs` for `cfg` (an op without a kernel functor, two tile values across a reduction, a
+// configuration the kernel templates do not instantiate, ...), or nullopt when it can. The planner asks this, as
+// partition asks Phi (phi_rejects, lower.h); no source is written.
+std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig& cfg);
+
+// Renders `fs` for `cfg`; throws CodegenError with psi_rejects' reason where it cannot. The TU defines, in
+// namespace <name>, only what differs between kernels (comfuse/generated_unit.cuh has the rest):
+//   using v<stage>_<node> = ...;           one alias per Spec node, with its math as a comment
 //   using Epilogue = ...;                  the node tree
-//   struct Pointers { void* out[..]; void const* param[..]; reduce::L2Workspace ws; };
-//   Epilogue::Arguments make_args(Pointers const&, int64_t ld);
-//   using Kernel = comfuse::Gemm<Cfg, Epilogue>;
+//   using Cfg = GemmConfig<...>;  using Unit = GeneratedUnit<Cfg, Epilogue, outputs, params>;
+//   Epilogue::Arguments make_args(Unit::Pointers const&, int64_t ld);
+// and expands COMFUSE_GENERATED_KERNEL(<name>): the C entry points of kernels/comfuse/abi.h.
 GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg = {});
 
 }  // namespace comfuse

@@ -9,10 +9,17 @@
 #include <string>
 #include <vector>
 
-#include "comfuse/codegen.h"
 #include "comfuse/spec.h"
 
 namespace comfuse {
+
+// A kernel configuration: the planner picks one per region, Psi (codegen.h) renders the kernel for it.
+struct KernelConfig {
+  int tile_m = 128, tile_n = 128, tile_k = 64;
+  int cluster_m = 1, cluster_n = 1;
+  // Schedule::Cooperative (two consumer warp groups on one tile; "_coop" in a config name), else PingPong.
+  bool cooperative = false;
+};
 
 struct MeasuredRow {
   int64_t m = 0, k = 0, n = 0;

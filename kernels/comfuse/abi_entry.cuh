@@ -1,5 +1,6 @@
 // The C entry points of kernels/comfuse/abi.h for one generated kernel: the same code for every kernel, written
-// once here. A generated translation unit defines a traits struct and expands COMFUSE_KERNEL_ENTRY_POINTS:
+// once here. A generated unit gets its traits struct and this macro's expansion from COMFUSE_GENERATED_KERNEL
+// (comfuse/generated_unit.cuh); any other caller defines a traits struct and expands COMFUSE_KERNEL_ENTRY_POINTS:
 //
 //   struct Traits {
 //     using Cfg = ...;  using Kernel = comfuse::Gemm<Cfg, Epilogue>;  using Pointers = ...;

@@ -1,14 +1,19 @@
-// Psi: Fusion Spec -> CUDA C++ over the kernel templates (see include/comfuse/codegen.h).
+// Psi: Fusion Spec -> CUDA C++ over the kernel templates (see include/comfuse/codegen.h, docs/codegen.md).
 //
-// Each Spec node category has one expansion rule (render()): it yields the node's type and the initializer of
-// its Arguments, built from its operands' by induction. A stage becomes the tree of its roots (the value carried
-// to the next stage first, then the stores, then the reduction), and the stages nest as Stage<T0, Stage<T1, ...>>
-// exactly like the Spec's PostOps nest. How the stages connect:
+// Each Spec node category has one expansion rule (render()): it yields the node's type over its operands' aliases,
+// the initializer of its Arguments and a line of math for the comment. Every node gets an alias, v<stage>_<node>,
+// and every node whose Arguments carry data (pointers, constants, the workspace) a variable in make_args. A
+// stage becomes the tree of its roots (the value carried to the next stage first, then the stores, then the
+// reduction), and the stages nest as Stage<T0, Stage<T1, ...>> exactly like the Spec's PostOps nest. How the
+// stages connect:
 //   - the one tile-sized value a stage bypasses to the next is carried in the accumulator registers, so in the
 //     next stage the Bypass placeholder renders as AccEntry;
 //   - a reduction result renders as RowResult<k>; a per-row value bypassed from an earlier stage is recomputed
-//     from those (it depends on nothing else per element).
-// Specs the templates cannot express raise CodegenError with the reason (the planner declines the region).
+//     from those (it depends on nothing else per element): its alias names the earlier stage's node.
+// The aliases only name types, so the Epilogue type is the same as the fully nested expression would be.
+// What is the same for every kernel (the pointer table, the ABI entry points) is in comfuse/generated_unit.cuh.
+// Specs the templates cannot express raise CodegenError with the reason; psi_rejects() asks without rendering
+// the source (the planner declines the region).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -21,10 +26,6 @@
 namespace comfuse {
 
 namespace {
-
-struct Rendered {
-  std::string type, init;
-};
 
 const char* cpp_type(DType t) {
   switch (t) {
@@ -80,17 +81,29 @@ const char* reduce_kind(ReduceKind k) {
   return "?";
 }
 
-// pow by a constant that is cheaper as another op: 1 (x itself), 0 (the constant 1, as torch.pow gives even
-// for NaN), +-0.5 (sqrt, rsqrt), an integer up to kMaxPowInt (multiplications). nullopt: the general powf.
-std::optional<Rendered> pow_special(double e, const Rendered& a) {
-  auto unary = [&](const std::string& f) { return Rendered{"Compute<" + f + ", " + a.type + ">", "{" + a.init + "}"}; };
-  if (e == 1.0) return a;
-  if (e == 0.0) return Rendered{"Scalar", "{1.0f, nullptr}"};
-  if (e == 0.5) return unary("ops::Sqrt");
-  if (e == -0.5) return unary("ops::Rsqrt");
-  if (e == std::trunc(e) && std::fabs(e) <= kMaxPowInt)
-    return unary("ops::PowInt<" + std::to_string(static_cast<int>(e)) + ">");
-  return std::nullopt;
+// What a Spec node renders to. Every node gets an alias (v<stage>_<node>); its Arguments, when it has any, a
+// variable a<stage>_<node> in make_args.
+struct Rendered {
+  std::string type;     // the node's type, over its operands' aliases
+  std::string init;     // its Arguments initializer, over its operands' argument expressions
+  std::string math;     // what it computes, over its operands' names (the alias line's comment)
+  bool alias = false;   // the same value as an operand (a no-op cast, pow by 1): type is that operand's alias
+};
+
+// Binary ops written as infix math in the comments.
+const char* infix(OpKind op) {
+  switch (op) {
+    case OpKind::Add: return " + ";
+    case OpKind::Sub: return " - ";
+    case OpKind::Mul: return " * ";
+    case OpKind::Div: return " / ";
+    default: return nullptr;
+  }
+}
+
+// An initializer with no data in it ("{{}, {}}": nothing but defaults) is value-initialization: "{}".
+std::string compact(const std::string& init) {
+  return init.find_first_not_of("{}, ") == std::string::npos ? "{}" : init;
 }
 
 class Psi {
@@ -114,27 +127,88 @@ class Psi {
     }
     for (const auto& o : fs_.outputs)
       if (o.per_row) throw CodegenError("output '" + o.name + "' is per row ([rows, 1]): no per-row store node yet");
+    check_size();
+    // Every node of every stage, in order: operands come first within a stage, and a per-row value bypassed
+    // to stage k is a node of stage k - 1.
+    names_.resize(st_.size());
+    args_.resize(st_.size());
+    for (size_t k = 0; k < st_.size(); ++k) {
+      names_[k].resize(st_[k]->nodes.size());
+      args_[k].resize(st_[k]->nodes.size());
+      for (size_t i = 0; i < st_[k]->nodes.size(); ++i) define(k, static_cast<int>(i));
+      define_tree(k);
+    }
   }
 
-  std::string epilogue_type() { return stages(0).type; }
-  std::string epilogue_init() { return stages(0).init; }
-  bool multi_stage() const { return st_.size() > 1; }
+  // The epilogue is one C++ type whose template nesting follows the longest operand chain, and every node is a
+  // type to instantiate: past these bounds nvcc could not compile it anyway, so such a region is declined
+  // (CodegenError) and runs unfused.
+  static constexpr int kMaxDepth = 256;
+  static constexpr long kMaxNodes = 4096;
+  void check_size() const {
+    long nodes = 0;
+    for (const Spec* s : st_) {
+      nodes += static_cast<long>(s->nodes.size());
+      if (nodes > kMaxNodes)
+        throw CodegenError("the epilogue has more than " + std::to_string(kMaxNodes) +
+                           " expression nodes (a very long chain): too large for one kernel");
+      std::vector<int> depth(s->nodes.size(), 1);
+      for (size_t i = 0; i < s->nodes.size(); ++i) {
+        for (int a : s->nodes[i].args)
+          if (a >= 0 && static_cast<size_t>(a) < i) depth[i] = std::max(depth[i], depth[a] + 1);
+        if (depth[i] > kMaxDepth)
+          throw CodegenError("the epilogue's expressions nest more than " + std::to_string(kMaxDepth) +
+                             " deep: too large for one kernel");
+      }
+    }
+  }
+
+  size_t stages() const { return st_.size(); }
+  // The node aliases of the Epilogue (one per Spec node, indented by stage) and `using Epilogue = ...;`.
+  std::string types() const { return types_.str() + "\nusing Epilogue = " + epilogue_type(0) + ";\n"; }
+  // make_args' body: one Arguments variable per node that takes any, then the return.
+  std::string args() const { return args_body_.str() + "  return " + (st_.size() == 1 ? tree_args_[0] : epilogue_args(0)) + ";\n"; }
 
  private:
-  // Stage k and the stages after it.
-  Rendered stages(size_t k) {
-    Rendered t = stage_tree(k);
-    if (st_.size() == 1) return t;
-    if (k + 1 == st_.size()) return {"Stage<" + t.type + ">", "{" + t.init + "}"};
-    Rendered post = stages(k + 1);
-    Rendered s{"Stage<" + t.type + ", " + post.type + ">", "{" + t.init + ", " + post.init + "}"};
-    if (k == 0) s.type = "StageStream<" + s.type + ">";
-    return s;
+  static std::string indent(size_t k) { return std::string(2 * k, ' '); }
+  static std::string node_name(size_t k, int i) { return "v" + std::to_string(k) + "_" + std::to_string(i); }
+
+  // Writes `using <name> = <type>;  // <math>`, the comment aligned where the line leaves room for it.
+  void type_line(size_t k, const std::string& name, const std::string& type, const std::string& comment) {
+    std::string line = indent(k) + "using " + name + " = " + type + ";";
+    if (!comment.empty()) line += std::string(line.size() < 52 ? 52 - line.size() : 1, ' ') + "// " + comment;
+    types_ << line << "\n";
+  }
+
+  void define(size_t k, int i) {
+    const Spec& s = *st_[k];
+    const SpecNode& n = s.nodes.at(i);
+    if (i == 0) {
+      types_ << indent(k) << "// stage " << k << (k == 0 ? ": from the accumulator" : ": after r" + std::to_string(k - 1))
+             << "\n";
+      if (st_.size() > 1) args_body_ << "  " << indent(k) << "// stage " << k << "\n";
+    }
+    const std::string name = node_name(k, i);
+    Rendered r = render(k, n);
+    names_[k][i] = name;
+    type_line(k, name, r.type, name + " = " + r.math);
+    if (r.alias) {
+      args_[k][i] = r.init;   // the operand's Arguments
+      return;
+    }
+    const std::string init = compact(r.init);
+    if (init == "{}") {
+      args_[k][i] = init;
+      return;
+    }
+    const std::string var = "a" + name.substr(1);
+    args_body_ << "  " << indent(k) << name << "::Arguments " << var << init << ";\n";
+    args_[k][i] = var;
   }
 
   // The tree of one stage: the carried value's root first (its value is what the driver writes back), then
   // every store, then the reduction; combined with Outputs<>, which returns its first child's value.
-  Rendered stage_tree(size_t k) {
+  void define_tree(size_t k) {
     const Spec& s = *st_[k];
     const int carry = k + 1 < st_.size() ? carried_[k + 1] : -1;
     std::vector<int> roots;
@@ -150,94 +224,123 @@ class Psi {
       if (s.nodes[i].kind == SpecKind::Store && std::find(roots.begin(), roots.end(), int(i)) == roots.end())
         roots.push_back(static_cast<int>(i));
     if (red >= 0 && std::find(roots.begin(), roots.end(), red) == roots.end()) roots.push_back(red);
-    Rendered tree = render(k, roots.back());
-    for (int r = static_cast<int>(roots.size()) - 2; r >= 0; --r) {
-      Rendered a = render(k, roots[r]);
-      tree = {"Outputs<" + a.type + ", " + tree.type + ">", "{" + a.init + ", " + tree.init + "}"};
+    std::string init = args_[k][roots.back()];
+    for (int r = static_cast<int>(roots.size()) - 2; r >= 0; --r) init = "{" + args_[k][roots[r]] + ", " + init + "}";
+    if (roots.size() == 1) {
+      tree_types_.push_back(names_[k][roots[0]]);
+      tree_args_.push_back(init);
+      return;
     }
-    return tree;
+    // Tree<k> = Outputs<r0, Outputs<r1, ... rn>>; over 120 characters, one Outputs a line.
+    const std::string name = "Tree" + std::to_string(k), head = indent(k) + "using " + name + " = ";
+    std::string visits, flat, wrapped, close;
+    for (size_t r = 0; r + 1 < roots.size(); ++r) {
+      visits += names_[k][roots[r]] + ", ";
+      flat += "Outputs<" + names_[k][roots[r]] + ", ";
+      wrapped += (r ? ",\n" + std::string(head.size(), ' ') : "") + "Outputs<" + names_[k][roots[r]];
+      close += ">";
+    }
+    visits += names_[k][roots.back()];
+    flat += names_[k][roots.back()] + close;
+    wrapped += ", " + names_[k][roots.back()] + close;
+    types_ << indent(k) << "// stage " << k << " visits " << visits << (carry >= 0 ? " (the first is carried on)" : "")
+           << "\n" << head << (head.size() + flat.size() + 1 <= 120 ? flat : wrapped) << ";\n";
+    init = compact(init);
+    if (init != "{}") args_body_ << "  " << indent(k) << name << "::Arguments tree" << k << init << ";\n";
+    tree_types_.push_back(name);
+    tree_args_.push_back(init == "{}" ? init : "tree" + std::to_string(k));
   }
 
-  std::string param_ptr(int param) {
-    const RuntimeParam& p = fs_.params.at(param);
-    return std::string("static_cast<") + cpp_type(p.dtype) + " const*>(p.param[" + std::to_string(param) + "])";
+  // Stage k and the stages after it, nested as the Spec's PostOps nest.
+  std::string epilogue_type(size_t k) const {
+    if (st_.size() == 1) return tree_types_[0];
+    std::string t = k + 1 == st_.size() ? "Stage<" + tree_types_[k] + ">"
+                                        : "Stage<" + tree_types_[k] + ", " + epilogue_type(k + 1) + ">";
+    return k == 0 ? "StageStream<" + t + ">" : t;
+  }
+  std::string epilogue_args(size_t k) const {
+    if (k + 1 == st_.size()) return "{" + tree_args_[k] + "}";
+    return "{" + tree_args_[k] + ", " + epilogue_args(k + 1) + "}";
   }
 
-  // The expression template is a tree: a value read twice is rendered twice, and every level nests the
-  // type once more. Past these bounds nvcc could not compile it anyway, and a long chain would overflow the
-  // stack here; such a region is declined (CodegenError) and runs unfused.
-  static constexpr int kMaxDepth = 256;
-  static constexpr long kMaxRendered = 4096;
-
-  Rendered render(size_t k, int i) {
-    if (++rendered_ > kMaxRendered)
-      throw CodegenError("the epilogue expands to more than " + std::to_string(kMaxRendered) +
-                         " expression nodes (values read many times, or a very long chain): too large for one kernel");
-    if (depth_ >= kMaxDepth)
-      throw CodegenError("the epilogue's expressions nest more than " + std::to_string(kMaxDepth) +
-                         " deep: too large for one kernel");
-    ++depth_;
-    struct Leave {
-      int& d;
-      ~Leave() { --d; }
-    } leave{depth_};
-    return render_node(k, i);
-  }
+  std::string operand(size_t k, const SpecNode& n, int a) const { return names_[k][n.args.at(a)]; }
+  std::string operand_args(size_t k, const SpecNode& n, int a) const { return args_[k][n.args.at(a)]; }
 
   // One expansion rule per node category.
-  Rendered render_node(size_t k, int i) {
-    const Spec& s = *st_[k];
-    const SpecNode& n = s.nodes.at(i);
+  Rendered render(size_t k, const SpecNode& n) {
     switch (n.kind) {
-      case SpecKind::AccEntry: return {"AccEntry", "{}"};
+      case SpecKind::AccEntry: return {"AccEntry", "{}", "X @ W"};
       case SpecKind::Placeholder: {
-        if (n.placeholder == PlaceholderKind::ReductionResult) return {"RowResult<" + std::to_string(k - 1) + ">", "{}"};
+        const std::string r = "r" + std::to_string(k - 1);
+        if (n.placeholder == PlaceholderKind::ReductionResult)
+          return {"RowResult<" + std::to_string(k - 1) + ">", "{}", r + ", per row"};
         const Spec& parent = *st_[k - 1];
-        int src = parent.nodes[parent.terminal].bypass.at(n.slot);
-        if (n.per_row) return render(k - 1, src);  // recomputed from the reduction results
-        return {"AccEntry", "{}"};                  // the carried tile
+        const int src = parent.nodes[parent.terminal].bypass.at(n.slot);
+        const std::string from = names_[k - 1][src];
+        // a per-row value is recomputed from the reduction results (the same type: it reads nothing per element)
+        if (n.per_row) return {from, args_[k - 1][src], from + ", per row (recomputed)", true};
+        return {"AccEntry", "{}", from + " (carried in the accumulator registers)"};
       }
       case SpecKind::Broadcast: {
         if (n.bcast == BroadcastKind::Scalar) {
-          if (n.param < 0) return {"Scalar", "{" + float_literal(n.value) + ", nullptr}"};
+          if (n.param < 0) return {"Scalar", "{" + float_literal(n.value) + ", nullptr}", float_literal(n.value)};
           if (fs_.params[n.param].dtype != DType::F32)
             throw CodegenError("runtime scalar '" + fs_.params[n.param].name + "' is not f32");
-          return {"Scalar", "{0.f, static_cast<float const*>(p.param[" + std::to_string(n.param) + "])}"};
+          const std::string i = std::to_string(n.param);
+          return {"Scalar", "{0.f, p.input<float>(" + i + ")}", "*param[" + i + "]"};
         }
         const char* t = cpp_type(fs_.params[n.param].dtype);
-        if (n.bcast == BroadcastKind::Row) return {std::string("RowBroadcast<") + t + ">", "{" + param_ptr(n.param) + "}"};
-        if (n.bcast == BroadcastKind::Col) return {std::string("ColBroadcast<") + t + ">", "{" + param_ptr(n.param) + "}"};
-        return {std::string("TileLoad<") + t + ">", "{" + param_ptr(n.param) + ", ld}"};
+        const std::string i = std::to_string(n.param), ptr = std::string("p.input<") + t + ">(" + i + ")";
+        if (n.bcast == BroadcastKind::Row) return {std::string("RowBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][col]"};
+        if (n.bcast == BroadcastKind::Col) return {std::string("ColBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][row]"};
+        return {std::string("TileLoad<") + t + ">", "{" + ptr + ", ld}", "param[" + i + "][row, col]"};
       }
       case SpecKind::Compute: {
-        Rendered a = render(k, n.args[0]);
+        const std::string a = operand(k, n, 0), ai = operand_args(k, n, 0);
+        auto unary = [&](const std::string& f, const std::string& math) {
+          return Rendered{"Compute<" + f + ", " + a + ">", "{" + ai + "}", math};
+        };
         if (n.op == OpKind::Cast) {
-          if (n.cast_to == DType::F32) return a;  // values are fp32 already
-          const char* f = n.cast_to == DType::BF16 ? "ops::RoundBf16" : "ops::RoundF16";
-          return {std::string("Compute<") + f + ", " + a.type + ">", "{" + a.init + "}"};
+          if (n.cast_to == DType::F32) return {a, ai, "float(" + a + "), fp32 already", true};
+          const bool bf = n.cast_to == DType::BF16;
+          return unary(bf ? "ops::RoundBf16" : "ops::RoundF16", std::string(bf ? "bf16(" : "f16(") + a + "), rounded");
         }
         if (n.op == OpKind::Pow) {
-          if (auto special = pow_special(n.exponent, a)) return *special;
+          const double e = n.exponent;
+          const std::string math = "pow(" + a + ", " + float_literal(e) + ")";
+          // cheaper ops where they give the value: 1 (x itself), 0 (the constant 1, as torch.pow gives even for
+          // NaN), +-0.5 (sqrt, rsqrt), an integer up to kMaxPowInt (multiplications); else the general powf.
+          if (e == 1.0) return {a, ai, math, true};
+          if (e == 0.0) return {"Scalar", "{1.0f, nullptr}", math + " = 1"};
+          if (e == 0.5) return unary("ops::Sqrt", "sqrt(" + a + ")");
+          if (e == -0.5) return unary("ops::Rsqrt", "rsqrt(" + a + ")");
+          if (e == std::trunc(e) && std::fabs(e) <= kMaxPowInt)
+            return unary("ops::PowInt<" + std::to_string(static_cast<int>(e)) + ">", math + ", as multiplications");
+          return {"Compute<ops::PowConst, " + a + ">", "{" + ai + ", {" + float_literal(e) + "}}", math};
         }
         const char* f = op_functor(n.op);
         if (!f) throw CodegenError(std::string("no kernel functor for op '") + op_name(n.op) + "'");
         if (n.args.size() == 2) {
-          Rendered b = render(k, n.args[1]);
-          return {std::string("Compute<") + f + ", " + a.type + ", " + b.type + ">", "{" + a.init + ", " + b.init + "}"};
+          const std::string b = operand(k, n, 1);
+          const std::string math = infix(n.op) ? a + infix(n.op) + b : std::string(op_name(n.op)) + "(" + a + ", " + b + ")";
+          return {std::string("Compute<") + f + ", " + a + ", " + b + ">", "{" + ai + ", " + operand_args(k, n, 1) + "}", math};
         }
-        std::string params = n.op == OpKind::Pow ? ", {" + float_literal(n.exponent) + "}" : "";
-        return {std::string("Compute<") + f + ", " + a.type + ">", "{" + a.init + params + "}"};
+        if (n.op == OpKind::Neg) return unary(f, "-" + a);
+        if (n.op == OpKind::GeluTanh) return unary(f, "gelu_tanh(" + a + ")");   // op_name says "gelu" for both
+        return unary(f, std::string(op_name(n.op)) + "(" + a + ")");
       }
       case SpecKind::Reduction: {
-        Rendered a = render(k, n.args[0]);
-        return {std::string("Reduce<") + reduce_kind(n.reduce) + ", " + std::to_string(k) + ", " + a.type + ">",
-                "{" + a.init + ", p.ws}"};
+        const std::string a = operand(k, n, 0);
+        return {std::string("Reduce<") + reduce_kind(n.reduce) + ", " + std::to_string(k) + ", " + a + ">",
+                "{" + operand_args(k, n, 0) + ", p.ws}",
+                a + "; r" + std::to_string(k) + " = " + reduce_kind_name(n.reduce) + "(" + a + ") over the row"};
       }
       case SpecKind::Store: {
-        Rendered a = render(k, n.args[0]);
+        const std::string a = operand(k, n, 0), o = std::to_string(n.output);
         const char* t = cpp_type(fs_.outputs[n.output].dtype);
-        return {std::string("Store<") + t + ", " + a.type + ">",
-                std::string("{static_cast<") + t + "*>(p.out[" + std::to_string(n.output) + "]), ld, " + a.init + "}"};
+        return {std::string("Store<") + t + ", " + a + ">",
+                std::string("{p.output<") + t + ">(" + o + "), ld, " + operand_args(k, n, 0) + "}",
+                a + "; out[" + o + "][row, col] = " + t + "(" + a + ")"};
       }
     }
     throw CodegenError("unknown Spec node kind");
@@ -246,27 +349,54 @@ class Psi {
   const FusionSpec& fs_;
   std::vector<const Spec*> st_;
   std::vector<int> carried_;
-  long rendered_ = 0;
-  int depth_ = 0;
+  std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
+  std::vector<std::string> tree_types_, tree_args_;      // per stage: its tree's type and Arguments expression
+  std::ostringstream types_, args_body_;
 };
 
-}  // namespace
-
-GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
+// Psi's limits that do not depend on the Spec's nodes: the GEMM, the ABI's tables, the kernel configuration.
+void check_limits(const FusionSpec& fs, const KernelConfig& c) {
   verify_spec(fs);
   if (fs.gemm.dtype == DType::F32) throw CodegenError("the GEMM operands must be bf16 or f16");
   if (fs.outputs.size() > COMFUSE_MAX_OUTPUTS)
     throw CodegenError("more than " + std::to_string(COMFUSE_MAX_OUTPUTS) + " outputs (kernels/comfuse/abi.h)");
   if (fs.params.size() > COMFUSE_MAX_PARAMS)
     throw CodegenError("more than " + std::to_string(COMFUSE_MAX_PARAMS) + " runtime parameters (kernels/comfuse/abi.h)");
+  // GemmConfig's and the epilogue driver's static_asserts (kernels/comfuse/gemm.cuh, epilogue/core.cuh), here
+  // so that a bad configuration is refused with a reason instead of failing nvcc.
+  const std::string name = config_name(c);
+  if (c.tile_n <= 0 || c.tile_n % 32 != 0 || c.tile_n > 256)
+    throw CodegenError("config " + name + ": tile N must be a multiple of 32, at most 256");
+  if (c.tile_k <= 0 || c.tile_k % 16 != 0) throw CodegenError("config " + name + ": tile K must be a multiple of 16");
+  if (c.cooperative && c.tile_m != 128)
+    throw CodegenError("config " + name + ": the cooperative schedule shares a 128-row tile between two warp groups");
+  if (!c.cooperative && ((c.tile_m != 64 && c.tile_m != 128) || c.tile_m * c.tile_n > 128 * 192))
+    throw CodegenError("config " + name + ": a PingPong tile has 64 or 128 rows and at most 128 x 192 accumulators");
+  if (c.cluster_m < 1 || c.cluster_n < 1 || c.cluster_m * c.cluster_n > 8)
+    throw CodegenError("config " + name + ": clusters hold 1 to 8 CTAs");
+}
+
+}  // namespace
+
+std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig& cfg) {
+  try {
+    check_limits(fs, cfg);
+    Psi psi(fs);
+  } catch (const CodegenError& e) {
+    return e.what();
+  }
+  return std::nullopt;
+}
+
+GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
+  check_limits(fs, cfg);
   Psi psi(fs);
-  const int reductions = static_cast<int>(fs.num_stages()) - 1;
   std::ostringstream hash;
   hash << std::hex << std::setw(16) << std::setfill('0') << spec_structural_hash(fs);
   GeneratedKernel g;
   g.name = "comfuse_" + hash.str();
   std::ostringstream o;
-  o << "// Generated by ComFuse (Psi) from a Fusion Spec; do not edit.\n"
+  o << "// Generated by ComFuse (Psi) from a Fusion Spec; do not edit. How to read it: docs/codegen.md.\n"
     << "// spec " << hash.str() << ": N=" << fs.gemm.n << " K=" << fs.gemm.k << ", " << fs.num_stages()
     << " stage(s); tile " << cfg.tile_m << "x" << cfg.tile_n << "x" << cfg.tile_k << ", cluster " << cfg.cluster_m
     << "x" << cfg.cluster_n << (cfg.cooperative ? ", cooperative" : "") << "\n";
@@ -285,36 +415,23 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   for (size_t i = 0; i < fs.outputs.size(); ++i)
     o << "//   out[" << i << "] " << dtype_name(fs.outputs[i].dtype)
       << (fs.outputs[i].per_row ? std::string("[rows, 1]") : "[rows, " + n_str + "]") << "\n";
-  o << "#include \"comfuse/abi_entry.cuh\"\n#include \"comfuse/gemm.cuh\"\n#include \"comfuse/epilogue/all.cuh\"\n";
-  if (psi.multi_stage()) o << "#include \"comfuse/epilogue/reduce.cuh\"\n";
-  o << "\nnamespace " << g.name << " {\nusing namespace comfuse;\nusing namespace comfuse::epi;\n"
-    << "using bf16 = cutlass::bfloat16_t;\nusing f16 = cutlass::half_t;\n\n"
-    << "using Epilogue = " << psi.epilogue_type() << ";\n"
+  o << "#include \"comfuse/generated_unit.cuh\"\n\n"
+    << "namespace " << g.name << " {\nusing namespace comfuse::generated;\n\n"
+    << "// One alias per Spec node: v<k>_<i> is node %i of stage k as `comfuse plan` prints the Spec. Values are fp32;\n"
+    << "// r<k> is the row result of stage k's reduction.\n"
+    << psi.types()
     << "using Cfg = GemmConfig<" << cpp_type(fs.gemm.dtype) << ", "
     << (fs.gemm.transpose_b ? "BLayout::NK" : "BLayout::KN") << ", " << cfg.tile_m << ", " << cfg.tile_n << ", "
     << cfg.tile_k << ", " << cfg.cluster_m << ", " << cfg.cluster_n
     << (cfg.cooperative ? ", Schedule::Cooperative" : "") << ">;\n"
-    << "using Kernel = Gemm<Cfg, Epilogue>;\n\n"
-    << "struct Pointers {\n"
-    << "  void* out[" << fs.outputs.size() << "];\n"
-    << "  void const* param[" << std::max<size_t>(fs.params.size(), 1) << "];\n"
-    << "  reduce::L2Workspace ws;  // the reductions' cross-CTA workspace (unused without reductions)\n};\n\n"
-    << "// ld: the row stride (N) of every [rows, N] output and tile parameter\n"
-    << "inline Epilogue::Arguments make_args(Pointers const& p, int64_t ld) {\n"
-    << "  (void)p;\n  (void)ld;\n"
-    << "  return Epilogue::Arguments" << psi.epilogue_init() << ";\n}\n\n"
-    << "cudaError_t launch(Kernel::Arguments const& a, cudaStream_t stream) { return Kernel::run(a, stream); }\n\n"
-    << "// What the C entry points of kernels/comfuse/abi.h need (comfuse/abi_entry.cuh); the runtime calls them once\n"
-    << "// the JIT has compiled this file into a shared object.\n"
-    << "struct Traits {\n  using Cfg = " << g.name << "::Cfg;\n  using Kernel = " << g.name << "::Kernel;\n"
-    << "  using Pointers = " << g.name << "::Pointers;\n"
-    << "  static constexpr int kOutputs = " << fs.outputs.size() << ", kParams = " << fs.params.size()
-    << ", kReductions = " << reductions << ";\n"
-    << "  static constexpr char const* kName = \"" << g.name << "\";\n"
-    << "  static Epilogue::Arguments make_args(Pointers const& p, int64_t ld) { return " << g.name
-    << "::make_args(p, ld); }\n};\n"
+    << "using Unit = GeneratedUnit<Cfg, Epilogue, /*outputs*/ " << fs.outputs.size() << ", /*params*/ "
+    << fs.params.size() << ">;\n\n"
+    << "// The Arguments of every node that takes any (pointers, constants, the reductions' workspace).\n"
+    << "// ld: the row stride (N) of every [rows, N] output and tile parameter.\n"
+    << "inline Epilogue::Arguments make_args(Unit::Pointers const& p, int64_t ld) {\n"
+    << psi.args() << "}\n"
     << "}  // namespace " << g.name << "\n\n"
-    << "COMFUSE_KERNEL_ENTRY_POINTS(" << g.name << "::Traits)\n";
+    << "COMFUSE_GENERATED_KERNEL(" << g.name << ")\n";
   g.source = o.str();
   return g;
 }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "comfuse/partition.h"
+#include "comfuse/codegen.h"  // psi_rejects
 #include "comfuse/plan.h"
 #include "comfuse/text.h"
 
@@ -323,11 +324,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   pick_candidates(d, fs, cls, *best, table);
 
   // Kernels the templates cannot express are declined here, with Psi's reason.
-  try {
-    generate_kernel(fs, d.config);
-  } catch (const CodegenError& e) {
-    return decline(std::string("no kernel template: ") + e.what());
-  }
+  if (auto why = psi_rejects(fs, d.config)) return decline("no kernel template: " + *why);
   if (reduces && d.transport == "l2") {
     int cols = static_cast<int>((g.n + d.config.tile_n - 1) / d.config.tile_n);
     if (cols > 132)

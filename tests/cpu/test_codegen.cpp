@@ -2,9 +2,12 @@
 // the Specs it must decline with a reason. tests/gpu compiles generated examples with nvcc for sm_90a.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sstream>
 
 #include "comfuse/codegen.h"
@@ -13,6 +16,48 @@
 
 using namespace comfuse;
 namespace fs = std::filesystem;
+
+// The Epilogue type of a generated unit with every node alias (`using v0_3 = ...;`, `using Tree1 = ...;`)
+// substituted: the one nested type the kernel instantiates.
+std::string expanded_epilogue(const std::string& src) {
+  std::map<std::string, std::string> alias;
+  for (size_t u = src.find('\n'); u != std::string::npos; u = src.find('\n', u + 1)) {
+    size_t at = src.find_first_not_of(' ', u + 1);   // a line (indented by stage) that starts with `using `
+    if (at == std::string::npos || src.compare(at, 6, "using ") != 0 || src.compare(at + 6, 10, "namespace ") == 0)
+      continue;
+    at += 6;
+    size_t eq = src.find(" = ", at), end = src.find(';', at);
+    if (eq > end) continue;
+    std::string type;   // a wrapped alias (one Outputs a line) reads as one line
+    for (size_t i = eq + 3; i < end; ++i)
+      if (src[i] == '\n') {
+        while (i + 1 < end && src[i + 1] == ' ') ++i;
+        type += ' ';
+      } else {
+        type += src[i];
+      }
+    alias[src.substr(at, eq - at)] = type;
+  }
+  std::function<std::string(const std::string&)> expand = [&](const std::string& t) {
+    std::string out, word;
+    auto flush = [&] {
+      auto it = alias.find(word);
+      out += it != alias.end() && word != "Epilogue" ? expand(it->second) : word;
+      word.clear();
+    };
+    for (char c : t) {
+      if (std::isalnum(static_cast<unsigned char>(c)) || c == '_') {
+        word += c;
+      } else {
+        flush();
+        out += c;
+      }
+    }
+    flush();
+    return out;
+  };
+  return expand(alias.at("Epilogue"));
+}
 
 TEST(Codegen, GoldenSourceForEveryExample) {
   const fs::path golden = fs::path(COMFUSE_SOURCE_DIR) / "tests/cpu/golden";
@@ -30,6 +75,9 @@ TEST(Codegen, GoldenSourceForEveryExample) {
       std::stringstream want;
       want << in.rdbuf();
       EXPECT_EQ(k.source, want.str()) << g;
+      // reads as math: no line longer than 120 characters
+      std::istringstream lines(k.source);
+      for (std::string l; std::getline(lines, l);) EXPECT_LE(l.size(), 120u) << g << ": " << l;
       ++checked;
     }
   }
@@ -42,11 +90,48 @@ TEST(Codegen, StagesNestAndCarryTheBypassedTile) {
       "y = softmax(add(matmul(X, W), b))\noutput y\n", "sm.cf"));
   std::string src = generate_kernel(p.regions.at(0).spec).source;
   // max(x) carries x; sum(exp(x - max)) carries the exponentials; the last stage divides them
-  EXPECT_NE(src.find("StageStream<Stage<Reduce<RowReduce::Max, 0, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>, "
-                     "Stage<Reduce<RowReduce::Sum, 1, Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<0>>>>, "
-                     "Stage<Store<bf16, Compute<ops::Div, AccEntry, RowResult<1>>>>>>>"),
-            std::string::npos)
+  EXPECT_EQ(expanded_epilogue(src),
+            "StageStream<Stage<Reduce<RowReduce::Max, 0, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>, "
+            "Stage<Reduce<RowReduce::Sum, 1, Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<0>>>>, "
+            "Stage<Store<bf16, Compute<ops::Div, AccEntry, RowResult<1>>>>>>>")
       << src;
+}
+
+// A stage with many roots (seven stores, the softmax's max and its carried input) still reads in lines of at most 120 characters: the
+// Outputs<> nest of its tree is written one level a line.
+TEST(Codegen, ManyOutputsStayWithin120Characters) {
+  std::string cf = "input X : bf16[8, 16]\ninput W : bf16[16, 32]\nh = matmul(X, W)\n";
+  const char* ops[] = {"relu", "exp", "tanh", "sigmoid", "silu", "gelu", "abs"};
+  for (int i = 0; i < 7; ++i) cf += "y" + std::to_string(i) + " = " + ops[i] + "(h)\noutput y" + std::to_string(i) + "\n";
+  cf += "s = softmax(h, dim=-1)\noutput s\n";
+  Partition p = partition(parse_cf(cf, "many.cf"));
+  ASSERT_EQ(p.regions.size(), 1u);
+  ASSERT_FALSE(psi_rejects(p.regions[0].spec, KernelConfig{}));
+  const std::string src = generate_kernel(p.regions[0].spec).source;
+  EXPECT_NE(src.find("using Tree0 = Outputs<"), std::string::npos) << src;
+  EXPECT_NE(src.find(",\n              Outputs<"), std::string::npos) << src;   // wrapped, one Outputs a line
+  std::istringstream lines(src);
+  for (std::string l; std::getline(lines, l);) EXPECT_LE(l.size(), 120u) << l << "\n" << src;
+  const std::string type = expanded_epilogue(src);   // every alias resolves
+  EXPECT_EQ(type.find("Tree"), std::string::npos) << type;
+  EXPECT_EQ(type.find("v0_"), std::string::npos) << type;
+}
+
+// One alias per Spec node names the same type the nested form did (the type every kernel test instantiates):
+// the two-output pre-norm with a node read twice (x) and a value recomputed per stage (x - mean).
+TEST(Codegen, AliasesNameTheNestedType) {
+  Partition p = partition(parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/examples/small/prenorm_two_outputs.cf"));
+  const std::string src = generate_kernel(p.regions.at(0).spec).source;
+  const std::string x = "Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoad<bf16>>";
+  EXPECT_EQ(expanded_epilogue(src),
+            "StageStream<Stage<Outputs<Reduce<RowReduce::Mean, 0, " + x + ">, Store<bf16, " + x +
+                ">>, Stage<Outputs<Compute<ops::Sub, AccEntry, RowResult<0>>, Reduce<RowReduce::Mean, 1, "
+                "Compute<ops::Square, Compute<ops::Sub, AccEntry, RowResult<0>>>>>, Stage<Store<bf16, Compute<ops::Add, "
+                "Compute<ops::Mul, Compute<ops::Mul, AccEntry, Compute<ops::Rsqrt, Compute<ops::Add, RowResult<1>, "
+                "Scalar>>>, RowBroadcast<bf16>>, RowBroadcast<bf16>>>>>>>");
+  // the unit holds what differs between kernels; the entry points come from comfuse/generated_unit.cuh
+  EXPECT_NE(src.find("COMFUSE_GENERATED_KERNEL(" + generate_kernel(p.regions.at(0).spec).name + ")"), std::string::npos);
+  EXPECT_EQ(src.find("extern \"C\""), std::string::npos);
 }
 
 // The JIT's cache key is a hash of the source: value names and the batch size must not enter it, so that every
@@ -79,6 +164,18 @@ TEST(Codegen, DeclinesWhatTheTemplatesCannotExpress) {
   };
   const std::string head = "input X : bf16[8, 16]\ninput W : bf16[16, 24]\nh = matmul(X, W)\n";
   EXPECT_NE(reason(head + "m = mean(h)\noutput m\n").find("per row"), std::string::npos);
+  // psi_rejects gives the same reason without writing the unit, and checks the configuration too
+  Partition sm = partition(parse_cf(head + "y = relu(h)\noutput y\n", "ok.cf"));
+  EXPECT_FALSE(psi_rejects(sm.regions.at(0).spec, KernelConfig{}));
+  Partition pr = partition(parse_cf(head + "m = mean(h)\noutput m\n", "d.cf"));
+  EXPECT_NE(psi_rejects(pr.regions.at(0).spec, KernelConfig{}).value_or("").find("per row"), std::string::npos);
+  EXPECT_NE(psi_rejects(sm.regions.at(0).spec, KernelConfig{128, 80, 64, 1, 1}).value_or("").find("tile N"),
+            std::string::npos);
+  EXPECT_NE(psi_rejects(sm.regions.at(0).spec, KernelConfig{64, 256, 64, 1, 1, true}).value_or("").find("cooperative"),
+            std::string::npos);
+  EXPECT_NE(psi_rejects(sm.regions.at(0).spec, KernelConfig{128, 128, 64, 4, 4}).value_or("").find("clusters"),
+            std::string::npos);
+  EXPECT_THROW(generate_kernel(sm.regions.at(0).spec, KernelConfig{128, 80, 64, 1, 1}), CodegenError);
   // two tile values (h and exp(h)) both needed after the reduction
   EXPECT_NE(reason(head + "e = exp(h)\ns = sum(e)\ny = add(div(e, s), h)\noutput y\n").find("two tile-sized values"),
             std::string::npos);
@@ -91,9 +188,7 @@ TEST(Codegen, PowByAnIntegerIsMultiplications) {
     Partition p = partition(parse_cf("input X : bf16[8, 16]\ninput W : bf16[16, 24]\ny = pow(matmul(X, W), " + e +
                                          ")\noutput y\n",
                                      "pow.cf"));
-    std::string src = generate_kernel(p.regions.at(0).spec).source;
-    size_t at = src.find("using Epilogue = ");
-    return src.substr(at, src.find(";\n", at) - at);
+    return "using Epilogue = " + expanded_epilogue(generate_kernel(p.regions.at(0).spec).source);
   };
   EXPECT_EQ(epilogue("3.0"), "using Epilogue = Store<bf16, Compute<ops::PowInt<3>, AccEntry>>");
   EXPECT_EQ(epilogue("2.0"), "using Epilogue = Store<bf16, Compute<ops::PowInt<2>, AccEntry>>");

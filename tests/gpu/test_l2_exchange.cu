@@ -64,8 +64,16 @@ exchange_kernel(L2Workspace ws, const float* in, float* out, int row_blocks) {
       for (int k = 0; k < kRows; ++k) v[k] = in[off + row_of(k)] + 0.0f * carry[k];  // chained like a PostOp
       if constexpr (kExchange) {
         float* res = rows[group];
-        if (s % 2) comfuse::reduce::l2_exchange<kRows>(ws, tag, rb, s, c, thread, v, kRows, row_of, Max{}, 1.f, res);
-        else comfuse::reduce::l2_exchange<kRows>(ws, tag, rb, s, c, thread, v, kRows, row_of, Sum{}, 1.f, res);
+        comfuse::reduce::L2Exchange x;
+        x.ws = ws;
+        x.tag = tag;
+        x.row_block = rb;
+        x.stage = s;
+        x.col = c;
+        x.thread = thread;
+        x.slots = kRows;
+        if (s % 2) comfuse::reduce::l2_exchange(x, v, row_of, Max{}, 1.f, res);
+        else comfuse::reduce::l2_exchange(x, v, row_of, Sum{}, 1.f, res);
 #pragma unroll
         for (int k = 0; k < kRows; ++k) v[k] = res[row_of(k)];
       }

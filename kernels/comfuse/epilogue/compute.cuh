@@ -1,78 +1,63 @@
-// Compute<Op, A> and Compute<Op, A, B>: apply a unary / binary fp32 operator (epilogue/ops.cuh)
-// elementwise to the values of the child nodes.
+// Compute<Op, A> and Compute<Op, A, B>: apply a unary / binary fp32 operator (epilogue/ops.cuh) elementwise to
+// the values of the child nodes (Op's arity is the number of children).
 #pragma once
 #include "comfuse/epilogue/core.cuh"
 #include "comfuse/epilogue/ops.cuh"
 
 namespace comfuse::epi {
 
-template <class Op, class A, class B = void>
-struct Compute {
-  struct Arguments {
-    typename A::Arguments a{};
-    typename B::Arguments b{};
-    typename Op::Params op{};
-  };
-  struct SharedStorage {
-    typename A::SharedStorage a;
-    typename B::SharedStorage b;
-  };
-  static constexpr int kStage = A::kStage > B::kStage ? A::kStage : B::kStage;
-  static constexpr bool kUsesSmem = A::kUsesSmem || B::kUsesSmem;
-
-  A a;
-  B b;
-  typename Op::Params op;
-  CUTE_DEVICE Compute(Arguments const& args, SharedStorage& s, TileCtx const& c)
-      : a(args.a, s.a, c), b(args.b, s.b, c), op(args.op) {}
-  CUTE_DEVICE void prefetch() {
-    a.prefetch();
-    b.prefetch();
-  }
-  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
-    Frag x = a.template visit<S>(f, acc);
-    Frag y = b.template visit<S>(f, acc);
-    Frag r;
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kFragSize; ++j) r.x[j] = Op{}(op, x.x[j], y.x[j]);
-    return r;
-  }
-  template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
-    ::comfuse::epi::preload<S>(a, f);
-    ::comfuse::epi::preload<S>(b, f);
-  }
-  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
-    a.template end_stage<S>(c);
-    b.template end_stage<S>(c);
-  }
+namespace detail {
+// The Arguments of Compute: each child's, then the operator's parameters.
+template <class Op, class... Cs> struct ComputeArguments;
+template <class Op, class A> struct ComputeArguments<Op, A> {
+  typename A::Arguments a{};
+  typename Op::Params op{};
 };
+template <class Op, class A, class B> struct ComputeArguments<Op, A, B> {
+  typename A::Arguments a{};
+  typename B::Arguments b{};
+  typename Op::Params op{};
+};
+// Child I's Arguments in a ComputeArguments.
+template <int I, class Args> CUTE_HOST_DEVICE auto const& child_args(Args const& a) {
+  if constexpr (I == 0) return a.a;
+  else return a.b;
+}
+}  // namespace detail
 
-template <class Op, class A>
-struct Compute<Op, A, void> {
-  struct Arguments {
-    typename A::Arguments a{};
-    typename Op::Params op{};
-  };
-  struct SharedStorage {
-    typename A::SharedStorage a;
-  };
-  static constexpr int kStage = A::kStage;
-  static constexpr bool kUsesSmem = A::kUsesSmem;
+template <class Op, class... Cs>
+struct Compute : Children<Cs...> {
+  using Base = Children<Cs...>;
+  using Arguments = detail::ComputeArguments<Op, Cs...>;
+  using typename Base::SharedStorage;
 
-  A a;
   typename Op::Params op;
   CUTE_DEVICE Compute(Arguments const& args, SharedStorage& s, TileCtx const& c)
-      : a(args.a, s.a, c), op(args.op) {}
-  CUTE_DEVICE void prefetch() { a.prefetch(); }
+      : Compute(args, s, c, std::make_index_sequence<sizeof...(Cs)>{}) {}
+
+  // r = Op(children's values), element by element; the children are visited in order.
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
-    Frag x = a.template visit<S>(f, acc);
-    Frag r;
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kFragSize; ++j) r.x[j] = Op{}(op, x.x[j]);
-    return r;
+    if constexpr (sizeof...(Cs) == 1) {
+      Frag x = this->template visit_child<0, S>(f, acc);
+      Frag r;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kFragSize; ++j) r.x[j] = Op{}(op, x.x[j]);
+      return r;
+    } else {
+      Frag x = this->template visit_child<0, S>(f, acc);
+      Frag y = this->template visit_child<1, S>(f, acc);
+      Frag r;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kFragSize; ++j) r.x[j] = Op{}(op, x.x[j], y.x[j]);
+      return r;
+    }
   }
-  template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(a, f); }
-  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { a.template end_stage<S>(c); }
+
+ private:
+  template <size_t... I>
+  CUTE_DEVICE Compute(Arguments const& args, SharedStorage& s, TileCtx const& c, std::index_sequence<I...>)
+      : Base(s, c, detail::child_args<int(I)>(args)...), op(args.op) {}
+  static_assert(sizeof...(Cs) == 1 || sizeof...(Cs) == 2, "Compute is unary or binary");
 };
 
 }  // namespace comfuse::epi

@@ -15,6 +15,9 @@
 //     template <int S> void end_stage(TileCtx const&);              // after every fragment of stage S
 //   };
 //
+// A node with children derives from Children<C0, C1, ...> (below), which forwards prefetch / preload / end_stage
+// and combines the traits; the node adds its Arguments, its state and visit().
+//
 // A Fragment is kFragSize = 2 accumulator values of one row and two adjacent columns: the pair a
 // WGMMA accumulator register pair holds, and the unit the stores and broadcast loads vectorize over.
 #pragma once
@@ -164,45 +167,32 @@ template <> struct Elem<float> {
     return {{__uint_as_float(v.x), __uint_as_float(v.y)}};
   }
 };
-template <> struct Elem<cutlass::bfloat16_t> {
-  using T = cutlass::bfloat16_t;
-  CUTE_DEVICE static Frag load2(T const* p) {
-    float2 v = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(p));
-    return {{v.x, v.y}};
-  }
-  CUTE_DEVICE static Frag load2_nc(T const* p) {
-    unsigned u = __ldg(reinterpret_cast<unsigned const*>(p));
-    __nv_bfloat162 b = *reinterpret_cast<__nv_bfloat162*>(&u);
-    float2 v = __bfloat1622float2(b);
-    return {{v.x, v.y}};
-  }
-  CUTE_DEVICE static void store2(T* p, Frag const& f) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(f.x[0], f.x[1]);
-  }
-  CUTE_DEVICE static float to_float(T v) { return float(v); }
-  static constexpr int kWords = 1;
-  CUTE_DEVICE static void pack(Frag const& f, uint32_t (&w)[kWords]) { store2(reinterpret_cast<T*>(&w[0]), f); }
-  CUTE_DEVICE static Frag unpack(uint32_t const (&w)[kWords]) { return load2(reinterpret_cast<T const*>(&w[0])); }
-  CUTE_DEVICE static Frag load2_smem(T const* p) {
-    uint32_t u = lds_b32(p);
-    return load2(reinterpret_cast<T const*>(&u));
-  }
+// The 16-bit types: their two-element CUDA vector and its conversions (everything Elem<T> needs that differs).
+template <class T> struct Pair16;
+template <> struct Pair16<cutlass::bfloat16_t> {
+  using V = __nv_bfloat162;
+  CUTE_DEVICE static float2 to_float2(V v) { return __bfloat1622float2(v); }
+  CUTE_DEVICE static V from_floats(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
-template <> struct Elem<cutlass::half_t> {
-  using T = cutlass::half_t;
+template <> struct Pair16<cutlass::half_t> {
+  using V = __half2;
+  CUTE_DEVICE static float2 to_float2(V v) { return __half22float2(v); }
+  CUTE_DEVICE static V from_floats(float a, float b) { return __floats2half2_rn(a, b); }
+};
+// bf16 and f16: two elements are one 32-bit word.
+template <class T> struct Elem {
+  using V = typename Pair16<T>::V;
   CUTE_DEVICE static Frag load2(T const* p) {
-    float2 v = __half22float2(*reinterpret_cast<__half2 const*>(p));
+    float2 v = Pair16<T>::to_float2(*reinterpret_cast<V const*>(p));
     return {{v.x, v.y}};
   }
   CUTE_DEVICE static Frag load2_nc(T const* p) {
     unsigned u = __ldg(reinterpret_cast<unsigned const*>(p));
-    __half2 h = *reinterpret_cast<__half2*>(&u);
-    float2 v = __half22float2(h);
+    V h = *reinterpret_cast<V*>(&u);
+    float2 v = Pair16<T>::to_float2(h);
     return {{v.x, v.y}};
   }
-  CUTE_DEVICE static void store2(T* p, Frag const& f) {
-    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(f.x[0], f.x[1]);
-  }
+  CUTE_DEVICE static void store2(T* p, Frag const& f) { *reinterpret_cast<V*>(p) = Pair16<T>::from_floats(f.x[0], f.x[1]); }
   CUTE_DEVICE static float to_float(T v) { return float(v); }
   static constexpr int kWords = 1;
   CUTE_DEVICE static void pack(Frag const& f, uint32_t (&w)[kWords]) { store2(reinterpret_cast<T*>(&w[0]), f); }
@@ -248,6 +238,78 @@ struct HasPreload<Node, S, std::void_t<decltype(std::declval<Node&>().template p
 template <int S, class Node> CUTE_DEVICE void preload(Node& n, FragCtx const& f) {
   if constexpr (HasPreload<Node, S>::value) n.template preload<S>(f);
 }
+
+// ---- the node base ---------------------------------------------------------------------------
+
+// Children<C0, C1, ...>: the base of every node with children (Compute, Store, Outputs, the reductions, Stage).
+// It holds the children in order, builds each from its Arguments, forwards prefetch / preload / end_stage to
+// each in order, and combines their traits: kStage the latest child's, kUsesSmem and kNeedsCoResidency if any
+// child's, SharedStorage one member per child in order. A node adds only its own Arguments, state and visit().
+// (Held as head + tail: a two-child SharedStorage has the layout of { C0::SharedStorage; C1::SharedStorage; }.)
+template <class... Cs> struct Children;
+
+template <class C, class... Rest>
+struct Children<C, Rest...> {
+  using Tail = Children<Rest...>;
+  struct SharedStorage {
+    typename C::SharedStorage head;
+    typename Tail::SharedStorage tail;
+  };
+  static constexpr int kStage = C::kStage > Tail::kStage ? C::kStage : Tail::kStage;
+  static constexpr bool kUsesSmem = C::kUsesSmem || Tail::kUsesSmem;
+  static constexpr bool kNeedsCoResidency = NeedsCoResidency<C>::value || Tail::kNeedsCoResidency;
+
+  C head;
+  Tail tail;
+  CUTE_DEVICE Children(SharedStorage& s, TileCtx const& c, typename C::Arguments const& a,
+                       typename Rest::Arguments const&... rest)
+      : head(a, s.head, c), tail(s.tail, c, rest...) {}
+
+  template <int I> CUTE_DEVICE auto& child() {
+    if constexpr (I == 0) return head;
+    else return tail.template child<I - 1>();
+  }
+  // Visits child I in stage S.
+  template <int I, int S> CUTE_DEVICE Frag visit_child(FragCtx const& f, Frag const& acc) {
+    return child<I>().template visit<S>(f, acc);
+  }
+  CUTE_DEVICE void prefetch() {
+    head.prefetch();
+    tail.prefetch();
+  }
+  template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
+    ::comfuse::epi::preload<S>(head, f);
+    tail.template preload<S>(f);
+  }
+  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
+    head.template end_stage<S>(c);
+    tail.template end_stage<S>(c);
+  }
+};
+
+template <class C>
+struct Children<C> {
+  struct SharedStorage {
+    typename C::SharedStorage head;
+  };
+  static constexpr int kStage = C::kStage;
+  static constexpr bool kUsesSmem = C::kUsesSmem;
+  static constexpr bool kNeedsCoResidency = NeedsCoResidency<C>::value;
+
+  C head;
+  CUTE_DEVICE Children(SharedStorage& s, TileCtx const& c, typename C::Arguments const& a) : head(a, s.head, c) {}
+
+  template <int I> CUTE_DEVICE C& child() {
+    static_assert(I == 0, "child index");
+    return head;
+  }
+  template <int I, int S> CUTE_DEVICE Frag visit_child(FragCtx const& f, Frag const& acc) {
+    return child<I>().template visit<S>(f, acc);
+  }
+  CUTE_DEVICE void prefetch() { head.prefetch(); }
+  template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(head, f); }
+  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { head.template end_stage<S>(c); }
+};
 
 template <class AccTensor, class CoordTensor>
 CUTE_DEVICE FragCtx frag_ctx(int i, AccTensor const& acc, CoordTensor const& tCcD, TileCtx const& ctx) {

@@ -7,11 +7,15 @@
 //   value Tree returns for a fragment is written back into the accumulator registers (the "carried" tile), so
 //   in the next stage AccEntry reads the value the Spec bypasses (x for LayerNorm's second stage, the
 //   exponentials for softmax's last). Registers hold one carried tile value; per-row values need none.
-// Reduce<Kind, Id, Child, Map>: folds Map(child value) per row (thread-local, over the fragments of the stage),
-//   returns the child's value unchanged. At the end of its stage: the 4 lanes of a quad (which together hold
-//   a row of the tile) combine by shuffles, then the C CTAs of the row block combine through the launch's
-//   transport: L2 (kernels/comfuse/reduce/l2_exchange.cuh) or DSMEM within the row block's cluster
-//   (kernels/comfuse/reduce/dsmem_exchange.cuh); the result goes to SMEM, one float per row.
+// Reduce<Kind, Id, Child, Map>: folds Map(child value) per row and returns the child's value unchanged; at the
+//   end of its stage the row's result goes to SMEM, one float per row. A row is reduced in four levels:
+//     1. thread      visit(): the thread folds its fragments of each of its rows (part[row slot])
+//     2. quad        quad_reduce(): the 4 lanes of a quad hold the columns of the same rows; their shuffles give
+//                    the CTA's partial of each row (a row lies in one quad of one warp: no CTA-wide level)
+//     3. row block   exchange_rows(): the C CTAs of the row block combine their partials through the launch's
+//                    transport, L2 (kernels/comfuse/reduce/l2_exchange.cuh) or DSMEM within the row block's
+//                    cluster (kernels/comfuse/reduce/dsmem_exchange.cuh); with C = 1 the partial is the row's
+//     4. row result  the result (times 1/N for Mean) in SMEM, read by RowResult<Id> in later stages
 // RowResult<Id>: in later stages, the result of reduction Id for the fragment's row.
 // StageStream<Root>: the tree root. Owns the per-row result rows in SMEM and tells the driver to carry the tile.
 //
@@ -58,7 +62,23 @@ CUTE_DEVICE int tile_cols(TileCtx const& c, int n0) {
   const int n = c.N - n0;
   return n <= 0 ? 0 : (n < c.tile_n ? n : c.tile_n);
 }
-// Per-row fold of a child's values over a stage, then across the quad (shared by the reduction nodes).
+// The tile row of a consumer thread's row slot k: WGMMA m64 layout, warp w owns rows 16w..16w+15 of each
+// 64-row atom, lane l rows l/4 and l/4 + 8 (slot = half + 2 * atom, as FragCtx::row_slot counts them).
+CUTE_DEVICE int wgmma_row(int thread, int k) { return (k / 2) * 64 + (thread / 32) * 16 + (thread % 32) / 4 + 8 * (k % 2); }
+// wgmma_row as the exchanges take it: row_of(k) for this thread.
+struct WgmmaRows {
+  int thread;
+  CUTE_DEVICE int operator()(int k) const { return wgmma_row(thread, k); }
+};
+// Row slots of the group's tile rows in use (2 rows per 64-row atom), and column blocks of a row.
+CUTE_DEVICE int row_slots(TileCtx const& c) { return c.tile_m / 32; }
+CUTE_DEVICE int col_blocks(TileCtx const& c) { return (c.N + c.tile_n - 1) / c.tile_n; }
+// Reduction `id`'s row results in SMEM (RowResult<id> reads them).
+CUTE_DEVICE float* row_results(TileCtx const& c, int id) { return c.row_results + id * kMaxTileM; }
+
+// ---- the levels of a row reduction (levels 2 to 4; level 1 is each node's visit) ----
+
+// Level 2: the 4 lanes of a quad combine their partials of each row slot.
 template <class Combine>
 CUTE_DEVICE void quad_reduce(float (&part)[kMaxRowSlots], Combine combine) {
   CUTLASS_PRAGMA_UNROLL
@@ -67,79 +87,82 @@ CUTE_DEVICE void quad_reduce(float (&part)[kMaxRowSlots], Combine combine) {
     part[k] = combine(part[k], __shfl_xor_sync(0xffffffffu, part[k], 2));
   }
 }
-// The tile row of a consumer thread's row slot k: WGMMA m64 layout, warp w owns rows 16w..16w+15 of each
-// 64-row atom, lane l rows l/4 and l/4 + 8 (slot = half + 2 * atom, as FragCtx::row_slot counts them).
-CUTE_DEVICE int wgmma_row(int thread, int k) { return (k / 2) * 64 + (thread / 32) * 16 + (thread % 32) / 4 + 8 * (k % 2); }
+
+// Level 4 where there is nothing to exchange: the quad leaders write result(k) of their row slots k (the CTA's
+// partials are the rows' results). A warp reads back only its own rows: a __syncwarp orders writes and reads.
+template <class Result>
+CUTE_DEVICE void write_row_results(TileCtx const& c, float* out, Result result) {
+  if (c.thread % 4 == 0) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kMaxRowSlots; ++k)
+      if (k < row_slots(c)) out[wgmma_row(c.thread, k)] = result(k);
+  }
+  __syncwarp();
+}
+
+// Levels 3 and 4: the row block's CTAs combine the quads' partials of reduction `id`, and every row's result
+// (divided by N for a mean) goes to its row results in SMEM. On return the calling warp's rows there are
+// complete (the only rows it reads: RowResult).
+template <class Combine>
+CUTE_DEVICE void exchange_rows(TileCtx const& c, reduce::L2Workspace const& ws, int id, float const (&part)[kMaxRowSlots],
+                               Combine combine, bool mean) {
+  const int cols = col_blocks(c), slots = row_slots(c);
+  const float scale = mean ? 1.f / float(c.N) : 1.f;
+  float* out = row_results(c, id);
+  const int t = c.thread;
+  if (c.exchange_ctas > 1 && reduce::is_dsmem(reduce::Transport(c.transport))) {
+    // The row block is one cluster (rank = column block; ranks past N fold nothing and send identities).
+    reduce::DsmemExchange x{c.dsmem_data, c.dsmem_full, c.dsmem_cols, reduce::Transport(c.transport),
+                            c.exchange_ctas, c.exchange_rank, uint32_t(c.iter * c.exchanges + id), t,
+                            8 + c.group, slots, c.trace, trace::ExchangeArrived + 2 * id};
+    reduce::dsmem_exchange(x, part, WgmmaRows{t}, combine, scale, out);
+    return;
+  }
+  if (cols > 1 && c.m0 < c.M && c.n0 < c.N) {
+    reduce::L2Workspace w = ws;
+    w.cols = cols;
+    reduce::L2Exchange x{w, c.exchange_tag, c.m0 / c.tile_m, id, c.n0 / c.tile_n, t, slots, c.trace};
+    reduce::l2_exchange(x, part, WgmmaRows{t}, combine, scale, out);
+    return;
+  }
+  write_row_results(c, out, [&](int k) { return part[k] * scale; });
+}
 }  // namespace detail
 
 template <RowReduce Kind, int Id, class Child, class Map = Identity>
-struct Reduce {
+struct Reduce : Children<Child> {
   static_assert(Id >= 0 && Id < kMaxReductions, "reduction id");
+  using Base = Children<Child>;
+  using Combine = RowCombine<Kind>;
   struct Arguments {
     typename Child::Arguments child{};
     reduce::L2Workspace ws{};  // used when the row block has more than one column block
   };
-  struct SharedStorage {
-    typename Child::SharedStorage child;
-  };
-  static constexpr int kStage = Child::kStage;
-  static constexpr bool kUsesSmem = Child::kUsesSmem;
+  using typename Base::SharedStorage;
 
-  Child child;
   reduce::L2Workspace ws;
   float part[kMaxRowSlots];
 
-  CUTE_DEVICE Reduce(Arguments const& a, SharedStorage& s, TileCtx const& c) : child(a.child, s.child, c), ws(a.ws) {
+  CUTE_DEVICE Reduce(Arguments const& a, SharedStorage& s, TileCtx const& c) : Base(s, c, a.child), ws(a.ws) {
     CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < kMaxRowSlots; ++k) part[k] = RowCombine<Kind>::identity();
+    for (int k = 0; k < kMaxRowSlots; ++k) part[k] = Combine::identity();
   }
-  CUTE_DEVICE void prefetch() { child.prefetch(); }
-  template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(child, f); }
 
+  // Level 1: the thread folds its fragments.
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
-    Frag v = child.template visit<S>(f, acc);
+    Frag v = this->template visit_child<0, S>(f, acc);
     if (f.pred) {
       CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kFragSize; ++j) part[f.row_slot] = RowCombine<Kind>{}(part[f.row_slot], Map{}({}, v.x[j]));
+      for (int j = 0; j < kFragSize; ++j) part[f.row_slot] = Combine{}(part[f.row_slot], Map{}({}, v.x[j]));
     }
     return v;
   }
 
+  // Levels 2 to 4: the quad, the row block, the row result.
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
-    child.template end_stage<S>(c);
-    constexpr int kRows = kMaxRowSlots;
-    // (1) the quad: lanes 4q .. 4q+3 hold the columns of the same rows
-    detail::quad_reduce(part, RowCombine<Kind>{});
-    // (2) the CTAs of the row block combine through L2, or (one column block) the CTA's result is final;
-    // (3) either way the result goes back to the tile as one float per row in SMEM, read by RowResult<Id>
-    const int cols = (c.N + c.tile_n - 1) / c.tile_n;
-    const int slots = c.tile_m / 32;  // 2 rows per 64-row atom
-    const float scale = Kind == RowReduce::Mean ? 1.f / float(c.N) : 1.f;
-    float* out = c.row_results + Id * kMaxTileM;
-    const int t = c.thread;
-    if (c.exchange_ctas > 1 && reduce::is_dsmem(reduce::Transport(c.transport))) {
-      // The row block is one cluster (rank = column block; ranks past N fold nothing and send identities);
-      // every tile of it exchanges, in the same order.
-      reduce::dsmem_exchange<kRows>(c.dsmem_data, c.dsmem_full, c.dsmem_cols, reduce::Transport(c.transport),
-                                    c.exchange_ctas, c.exchange_rank, uint32_t(c.iter * c.exchanges + Id), t,
-                                    8 + c.group, part,
-                                    slots, [t](int k) { return detail::wgmma_row(t, k); }, RowCombine<Kind>{}, scale, out,
-                                    c.trace, trace::ExchangeArrived + 2 * Id);
-      return;
-    }
-    if (cols > 1 && c.m0 < c.M && c.n0 < c.N) {
-      reduce::L2Workspace w = ws;
-      w.cols = cols;
-      reduce::l2_exchange<kRows>(w, c.exchange_tag, c.m0 / c.tile_m, Id, c.n0 / c.tile_n, t, part, slots,
-                                 [t](int k) { return detail::wgmma_row(t, k); }, RowCombine<Kind>{}, scale, out, c.trace);
-      return;  // the warp's rows of `out` are complete (the only rows it reads: RowResult)
-    }
-    if (c.thread % 4 == 0) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < kRows; ++k)
-        if (k < slots) out[detail::wgmma_row(c.thread, k)] = part[k] * scale;
-    }
-    __syncwarp();   // a warp reads back only its own rows
+    Base::template end_stage<S>(c);
+    detail::quad_reduce(part, Combine{});
+    detail::exchange_rows(c, ws, Id, part, Combine{}, Kind == RowReduce::Mean);
   }
 };
 
@@ -165,79 +188,61 @@ enum class Merge { CenteredSquares, ShiftedExp };
 
 
 template <RowReduce Kind, int Id, class Child>
-struct LocalReduce {
+struct LocalReduce : Children<Child> {
   static_assert(Kind == RowReduce::Mean || Kind == RowReduce::Max, "a merged pair starts with a mean or a max");
   static_assert(Id >= 0 && Id + 1 < kMaxReductions, "reduction id");
+  using Base = Children<Child>;
   using Fold = RowCombine<Kind == RowReduce::Max ? RowReduce::Max : RowReduce::Sum>;
   struct Arguments {
     typename Child::Arguments child{};
     reduce::L2Workspace ws{};   // unused (the merged exchange is MergedReduce's); kept so the builders match Reduce
   };
-  struct SharedStorage {
-    typename Child::SharedStorage child;
-  };
-  static constexpr int kStage = Child::kStage;
-  static constexpr bool kUsesSmem = Child::kUsesSmem;
+  using typename Base::SharedStorage;
 
-  Child child;
   float part[kMaxRowSlots];
-  CUTE_DEVICE LocalReduce(Arguments const& a, SharedStorage& s, TileCtx const& c) : child(a.child, s.child, c) {
+  CUTE_DEVICE LocalReduce(Arguments const& a, SharedStorage& s, TileCtx const& c) : Base(s, c, a.child) {
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < kMaxRowSlots; ++k) part[k] = Fold::identity();
   }
-  CUTE_DEVICE void prefetch() { child.prefetch(); }
-  template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(child, f); }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
-    Frag v = child.template visit<S>(f, acc);
+    Frag v = this->template visit_child<0, S>(f, acc);
     if (f.pred) {
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kFragSize; ++j) part[f.row_slot] = Fold{}(part[f.row_slot], v.x[j]);
     }
     return v;
   }
-  // The CTA's own result per row (mean over its valid columns, or max) to RowResult<Id>; a warp reads back only
-  // its own rows.
+  // Levels 2 and 4, no exchange: the CTA's own result per row (mean over its valid columns, or max) to
+  // RowResult<Id>.
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
-    child.template end_stage<S>(c);
+    Base::template end_stage<S>(c);
     detail::quad_reduce(part, Fold{});
     const int n = detail::tile_cols(c, c.n0);
-    float* out = c.row_results + Id * kMaxTileM;
-    if (c.thread % 4 == 0) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < kMaxRowSlots; ++k)
-        if (k < c.tile_m / 32)
-          out[detail::wgmma_row(c.thread, k)] =
-              Kind == RowReduce::Max ? part[k] : (n > 0 ? part[k] / float(n) : 0.f);
-    }
-    __syncwarp();
+    detail::write_row_results(c, detail::row_results(c, Id), [&](int k) {
+      return Kind == RowReduce::Max ? part[k] : (n > 0 ? part[k] / float(n) : 0.f);
+    });
   }
 };
 
 template <Merge How, RowReduce Kind, int Id, class Child>
-struct MergedReduce {
+struct MergedReduce : Children<Child> {
   static_assert(Kind == RowReduce::Sum || Kind == RowReduce::Mean, "the second reduction of a merged pair is a sum or mean");
   static_assert(Id >= 1 && Id < kMaxReductions, "reduction id");
+  using Base = Children<Child>;
   struct Arguments {
     typename Child::Arguments child{};
     reduce::L2Workspace ws{};   // slots Id - 1 and Id carry the two words of a state
   };
-  struct SharedStorage {
-    typename Child::SharedStorage child;
-  };
-  static constexpr int kStage = Child::kStage;
-  static constexpr bool kUsesSmem = Child::kUsesSmem;
+  using typename Base::SharedStorage;
 
-  Child child;
   reduce::L2Workspace ws;
   float part[kMaxRowSlots];
-  CUTE_DEVICE MergedReduce(Arguments const& a, SharedStorage& s, TileCtx const& c) : child(a.child, s.child, c), ws(a.ws) {
+  CUTE_DEVICE MergedReduce(Arguments const& a, SharedStorage& s, TileCtx const& c) : Base(s, c, a.child), ws(a.ws) {
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < kMaxRowSlots; ++k) part[k] = 0.f;
   }
-  CUTE_DEVICE void prefetch() { child.prefetch(); }
-  template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(child, f); }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
-    Frag v = child.template visit<S>(f, acc);
+    Frag v = this->template visit_child<0, S>(f, acc);
     if (f.pred) {
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kFragSize; ++j) part[f.row_slot] += v.x[j];
@@ -260,35 +265,33 @@ struct MergedReduce {
   }
 
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
-    child.template end_stage<S>(c);
+    Base::template end_stage<S>(c);
     detail::quad_reduce(part, RowCombine<RowReduce::Sum>{});
-    const int t = c.thread, slots = c.tile_m / 32;
+    const int t = c.thread, slots = detail::row_slots(c);
     const float scale = Kind == RowReduce::Mean ? 1.f / float(c.N) : 1.f;
-    float* first = c.row_results + (Id - 1) * kMaxTileM;   // the CTA's own result now, the row's after
-    float* second = c.row_results + Id * kMaxTileM;
+    float* first = detail::row_results(c, Id - 1);   // the CTA's own result now, the row's after
+    float* second = detail::row_results(c, Id);
     const int n_here = detail::tile_cols(c, c.n0);
     float local[kMaxRowSlots];   // this CTA's first result per row slot (quad leaders)
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < kMaxRowSlots; ++k) local[k] = k < slots ? first[detail::wgmma_row(t, k)] : 0.f;
     __syncwarp();   // every lane has read `first` before any lane overwrites it
-    auto row_of = [t](int k) { return detail::wgmma_row(t, k); };
+    const detail::WgmmaRows row_of{t};
     if (c.exchange_ctas > 1 && reduce::is_dsmem(reduce::Transport(c.transport))) {
       // Two short exchanges: the first result, then the second corrected to it.
       const uint32_t seq = uint32_t(c.iter * c.exchanges);
       const auto mode = reduce::Transport(c.transport);
+      auto exchange = [&](int id) {   // the DSMEM exchange of reduction id
+        return reduce::DsmemExchange{c.dsmem_data, c.dsmem_full, c.dsmem_cols, mode, c.exchange_ctas, c.exchange_rank,
+                                     seq + id, t, 8 + c.group, slots, c.trace, trace::ExchangeArrived + 2 * id};
+      };
       float p1[kMaxRowSlots];
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < kMaxRowSlots; ++k) p1[k] = How == Merge::CenteredSquares ? local[k] * float(n_here) : local[k];
       if constexpr (How == Merge::CenteredSquares)
-        reduce::dsmem_exchange<kMaxRowSlots>(c.dsmem_data, c.dsmem_full, c.dsmem_cols, mode, c.exchange_ctas,
-                                             c.exchange_rank, seq + Id - 1, t, 8 + c.group, p1, slots, row_of,
-                                             RowCombine<RowReduce::Sum>{}, 1.f / float(c.N), first, c.trace,
-                                             trace::ExchangeArrived + 2 * (Id - 1));
+        reduce::dsmem_exchange(exchange(Id - 1), p1, row_of, RowCombine<RowReduce::Sum>{}, 1.f / float(c.N), first);
       else
-        reduce::dsmem_exchange<kMaxRowSlots>(c.dsmem_data, c.dsmem_full, c.dsmem_cols, mode, c.exchange_ctas,
-                                             c.exchange_rank, seq + Id - 1, t, 8 + c.group, p1, slots, row_of,
-                                             RowCombine<RowReduce::Max>{}, 1.f, first, c.trace,
-                                             trace::ExchangeArrived + 2 * (Id - 1));
+        reduce::dsmem_exchange(exchange(Id - 1), p1, row_of, RowCombine<RowReduce::Max>{}, 1.f, first);
       float p2[kMaxRowSlots];
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < kMaxRowSlots; ++k) {
@@ -296,13 +299,10 @@ struct MergedReduce {
         if constexpr (How == Merge::CenteredSquares) p2[k] = part[k] + float(n_here) * (local[k] - g) * (local[k] - g);
         else p2[k] = local[k] == g ? part[k] : part[k] * ops::Exp{}({}, local[k] - g);
       }
-      reduce::dsmem_exchange<kMaxRowSlots>(c.dsmem_data, c.dsmem_full, c.dsmem_cols, mode, c.exchange_ctas,
-                                           c.exchange_rank, seq + Id, t, 8 + c.group, p2, slots, row_of,
-                                           RowCombine<RowReduce::Sum>{}, scale, second, c.trace,
-                                           trace::ExchangeArrived + 2 * Id);
+      reduce::dsmem_exchange(exchange(Id), p2, row_of, RowCombine<RowReduce::Sum>{}, scale, second);
       return;
     }
-    const int cols = (c.N + c.tile_n - 1) / c.tile_n;
+    const int cols = detail::col_blocks(c);
     if (cols > 1 && c.m0 < c.M && c.n0 < c.N) {
       reduce::L2Workspace w = ws;
       w.cols = cols;
@@ -313,21 +313,16 @@ struct MergedReduce {
         states[k][1] = part[k];
       }
       reduce::l2_exchange_states<2>(
-          w, c.exchange_tag, c.m0 / c.tile_m, Id - 1, c.n0 / c.tile_n, t, states, slots, row_of,
-          [&c](float (&a)[2], float const (&x)[2], int b) { fold(a[0], a[1], x[0], x[1], b, c); },
+          reduce::L2Exchange{w, c.exchange_tag, c.m0 / c.tile_m, Id - 1, c.n0 / c.tile_n, t, slots, c.trace}, states,
+          row_of, [&c](float (&a)[2], float const (&x)[2], int b) { fold(a[0], a[1], x[0], x[1], b, c); },
           [first, second, scale](int row, float const (&a)[2]) {
             first[row] = a[0];
             second[row] = a[1] * scale;
-          },
-          c.trace);
+          });
       return;
     }
-    if (t % 4 == 0) {   // one column block: the CTA's results are the row's
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < kMaxRowSlots; ++k)
-        if (k < slots) second[row_of(k)] = part[k] * scale;
-    }
-    __syncwarp();
+    // one column block: the CTA's results are the row's
+    detail::write_row_results(c, second, [&](int k) { return part[k] * scale; });
   }
 };
 

@@ -12,29 +12,25 @@
 namespace comfuse::epi {
 
 template <class T, class Child>
-struct Store {
+struct Store : Children<Child> {
+  using Base = Children<Child>;
   struct Arguments {
     T* ptr = nullptr;
     int64_t ld = 0;   // row stride in elements (even)
     typename Child::Arguments child{};
   };
-  struct SharedStorage {
-    typename Child::SharedStorage child;
-  };
-  static constexpr int kStage = Child::kStage;
-  static constexpr bool kUsesSmem = Child::kUsesSmem;
+  using typename Base::SharedStorage;
+  using Base::kStage;
   static constexpr int kWords = Elem<T>::kWords;   // 32-bit words per fragment
 
   T* ptr;
   int64_t ld;
   int M, N;
   uint32_t quad[kMaxRowSlots][4][kWords];   // the fragments of four column blocks of a row slot (compile-time indexed)
-  Child child;
   CUTE_DEVICE Store(Arguments const& a, SharedStorage& s, TileCtx const& c)
-      : ptr(a.ptr), ld(a.ld), M(c.M), N(c.N), child(a.child, s.child, c) {}
-  CUTE_DEVICE void prefetch() { child.prefetch(); }
+      : Base(s, c, a.child), ptr(a.ptr), ld(a.ld), M(c.M), N(c.N) {}
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
-    Frag v = child.template visit<S>(f, acc);
+    Frag v = this->template visit_child<0, S>(f, acc);
     if constexpr (S == kStage) {
       const int j = f.col_slot % 4;
       Elem<T>::pack(v, quad[f.row_slot][j]);
@@ -42,8 +38,6 @@ struct Store {
     }
     return v;
   }
-  template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(child, f); }
-  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { child.template end_stage<S>(c); }
 
  private:
   // f: the fragment of the fourth block (column 8 * j0 + 24 + 2q on lane q). Lane q writes block j0 + q.
@@ -69,38 +63,19 @@ struct Store {
 
 // Outputs<A, B>: visit two independent subtrees (each typically a Store); the value is A's.
 template <class A, class B>
-struct Outputs {
+struct Outputs : Children<A, B> {
+  using Base = Children<A, B>;
   struct Arguments {
     typename A::Arguments a{};
     typename B::Arguments b{};
   };
-  struct SharedStorage {
-    typename A::SharedStorage a;
-    typename B::SharedStorage b;
-  };
-  static constexpr int kStage = A::kStage > B::kStage ? A::kStage : B::kStage;
-  static constexpr bool kUsesSmem = A::kUsesSmem || B::kUsesSmem;
+  using typename Base::SharedStorage;
 
-  A a;
-  B b;
-  CUTE_DEVICE Outputs(Arguments const& args, SharedStorage& s, TileCtx const& c)
-      : a(args.a, s.a, c), b(args.b, s.b, c) {}
-  CUTE_DEVICE void prefetch() {
-    a.prefetch();
-    b.prefetch();
-  }
+  CUTE_DEVICE Outputs(Arguments const& args, SharedStorage& s, TileCtx const& c) : Base(s, c, args.a, args.b) {}
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
-    Frag x = a.template visit<S>(f, acc);
-    (void)b.template visit<S>(f, acc);
+    Frag x = this->template visit_child<0, S>(f, acc);
+    (void)this->template visit_child<1, S>(f, acc);
     return x;
-  }
-  template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
-    ::comfuse::epi::preload<S>(a, f);
-    ::comfuse::epi::preload<S>(b, f);
-  }
-  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
-    a.template end_stage<S>(c);
-    b.template end_stage<S>(c);
   }
 };
 

@@ -82,16 +82,35 @@ CUTE_DEVICE void dsmem_init(DsmemBuffers<MaxCols>& b) {
   detail::mbar_init(&b.full[1], 1);
 }
 
-// Combines per-row partials across the `cols` CTAs of this cluster (this CTA is `rank`) and writes every row's
-// result, times `scale`, to out[row] (SMEM); `out` is complete when the call returns (it ends with the group's
-// barrier). seq numbers this group's exchanges 0, 1, 2, ... identically on every CTA of the cluster.
-//   data, full, max_cols: the group's DsmemBuffers<max_cols> (data[parity][source][leader], full[parity])
-//   part[s], row_of(s): as l2_exchange (quad leaders hold their rows' partials, slots < `slots` are used)
+// One exchange through DSMEM: the group's buffers, the cluster (= the row block), and the calling thread.
+struct DsmemExchange {
+  float4* data = nullptr;    // the group's DsmemBuffers<max_cols>: data[parity][source][leader], full[parity]
+  uint64_t* full = nullptr;
+  int max_cols = 0;
+  Transport mode = Transport::DsmemPeerToPeer;
+  int cols = 0;              // CTAs of the cluster; this CTA is `rank`
+  int rank = 0;
+  uint32_t seq = 0;          // numbers this group's exchanges 0, 1, 2, ... identically on every CTA of the cluster
+  int thread = 0;            // 0 .. 127 in the consumer group
+  int barrier_id = 0;        // the group's named barrier
+  int slots = 0;             // row slots in use: part[0 .. slots-1]
+  trace::Stamp* stamps = nullptr;
+  int trace_event = 0;       // marked on arrival, trace_event + 1 on completion
+};
+
+// Combines per-row partials across the ex.cols CTAs of this cluster and writes every row's result, times `scale`,
+// to out[row] (SMEM); `out` is complete when the call returns (it ends with the group's barrier).
+//   part[s], row_of(s): as l2_exchange (quad leaders hold their rows' partials, slots < ex.slots are used)
 template <int Rows, class RowOf, class Combine>
-CUTE_DEVICE void dsmem_exchange(float4* data, uint64_t* full, int max_cols, Transport mode, int cols, int rank,
-                                uint32_t seq, int thread, int barrier_id, float const (&part)[Rows], int slots,
-                                RowOf row_of, Combine combine, float scale, float* out,
-                                trace::Stamp* stamps = nullptr, int trace_event = 0) {
+CUTE_DEVICE void dsmem_exchange(DsmemExchange ex, float const (&part)[Rows], RowOf row_of, Combine combine,
+                                float scale, float* out) {
+  float4* const data = ex.data;
+  uint64_t* const full = ex.full;
+  const int max_cols = ex.max_cols, cols = ex.cols, rank = ex.rank, thread = ex.thread, slots = ex.slots;
+  const Transport mode = ex.mode;
+  const uint32_t seq = ex.seq;
+  trace::Stamp* const stamps = ex.stamps;
+  const int trace_event = ex.trace_event;
   static_assert(Rows <= 4, "a quad leader sends its rows as one float4");
   const uint32_t parity = seq & 1u, phase = (seq >> 1) & 1u;
   const bool leader = thread % 4 == 0;
@@ -150,7 +169,7 @@ CUTE_DEVICE void dsmem_exchange(float4* data, uint64_t* full, int max_cols, Tran
       if (s < slots) out[row_of(s)] = r[s] * scale;
   }
   COMFUSE_TRACE_MARK(stamps, thread, trace_event + 1);
-  asm volatile("bar.sync %0, 128;\n" ::"r"(barrier_id) : "memory");
+  asm volatile("bar.sync %0, 128;\n" ::"r"(ex.barrier_id) : "memory");
 }
 
 }  // namespace comfuse::reduce

@@ -104,19 +104,33 @@ CUTE_DEVICE void launch_done(int* counters, int ctas) {
   }
 }
 
-// Combines per-row partial states of W floats across the C column blocks of row block `rb`; the calling warp's
-// lanes finish their rows (finish(row, state) writes the results, typically to SMEM). When the call returns, the
-// warp's own rows are finished and the results visible to the warp (other warps' rows are theirs).
-//   tag:                launch_tag() of this launch
-//   first_stage:        word w of a state travels in the workspace slot of stage first_stage + w
+// One exchange through L2: where this CTA's partials go, and which of them the calling thread handles.
+struct L2Exchange {
+  L2Workspace ws;            // ws.cols: the row block's column blocks, C
+  uint32_t tag = 0;          // launch_tag() of this launch
+  int row_block = 0;         // rb
+  int stage = 0;             // the workspace slot of the (first word of the) exchanged state
+  int col = 0;               // this CTA's column block, 0 .. C-1
+  int thread = 0;            // 0 .. 127 in the consumer group
+  int slots = 0;             // row slots in use: part[0 .. slots-1]
+  trace::Stamp* stamps = nullptr;
+};
+
+// Combines per-row partial states of W floats across the C column blocks of row block ex.row_block; the calling
+// warp's lanes finish their rows (finish(row, state) writes the results, typically to SMEM). When the call
+// returns, the warp's own rows are finished and the results visible to the warp (other warps' rows are theirs).
+//   ex.stage:           word w of a state travels in the workspace slot of stage ex.stage + w
 //   part[s], row_of(s): this thread's state for slot s (already reduced across its quad) and its tile row (the
-//                       WGMMA layout above); the first `slots` entries are used; quad leaders publish them
+//                       WGMMA layout above); the first ex.slots entries are used; quad leaders publish them
 //   fold(acc, x, c):    folds column block c's state x into acc (c = 1 .. C-1, in order; acc starts as block 0's)
 // All 32 lanes of each warp of the consumer group call it.
 template <int W, int Rows, class RowOf, class Fold, class Finish>
-CUTE_DEVICE void l2_exchange_states(L2Workspace const& ws, uint32_t tag, int rb, int first_stage, int c, int thread,
-                                    float const (&part)[Rows][W], int slots, RowOf row_of, Fold fold, Finish finish,
-                                    trace::Stamp* stamps = nullptr) {
+CUTE_DEVICE void l2_exchange_states(L2Exchange ex, float const (&part)[Rows][W], RowOf row_of, Fold fold,
+                                    Finish finish) {
+  L2Workspace const& ws = ex.ws;
+  const uint32_t tag = ex.tag;
+  const int rb = ex.row_block, first_stage = ex.stage, c = ex.col, thread = ex.thread, slots = ex.slots;
+  trace::Stamp* const stamps = ex.stamps;
   const int warp = thread / 32, lane = thread % 32;
   const int last = first_stage + W - 1;   // the trace marks and the flags use the last word's slot
   const size_t slot0 = size_t(rb) * ws.stages + first_stage;
@@ -200,16 +214,14 @@ CUTE_DEVICE void l2_exchange_states(L2Workspace const& ws, uint32_t tag, int rb,
 
 // One float per row combined by an associative operator (sum / max / min); out[row] = result * scale.
 template <int Rows, class RowOf, class Combine>
-CUTE_DEVICE void l2_exchange(L2Workspace const& ws, uint32_t tag, int rb, int stage, int c, int thread,
-                             float const (&part)[Rows], int slots, RowOf row_of, Combine combine, float scale,
-                             float* out, trace::Stamp* stamps = nullptr) {
+CUTE_DEVICE void l2_exchange(L2Exchange ex, float const (&part)[Rows], RowOf row_of, Combine combine, float scale,
+                             float* out) {
   float states[Rows][1];
 #pragma unroll
   for (int s = 0; s < Rows; ++s) states[s][0] = part[s];
   l2_exchange_states<1>(
-      ws, tag, rb, stage, c, thread, states, slots, row_of,
-      [combine](float (&acc)[1], float const (&x)[1], int) { acc[0] = combine(acc[0], x[0]); },
-      [out, scale](int row, float const (&acc)[1]) { out[row] = acc[0] * scale; }, stamps);
+      ex, states, row_of, [combine](float (&acc)[1], float const (&v)[1], int) { acc[0] = combine(acc[0], v[0]); },
+      [out, scale](int row, float const (&acc)[1]) { out[row] = acc[0] * scale; });
 }
 
 }  // namespace comfuse::reduce

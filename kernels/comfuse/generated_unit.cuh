@@ -1,0 +1,65 @@
+// What every generated kernel unit shares (src/codegen/psi.cpp writes the rest; docs/codegen.md shows one).
+// A unit holds only what differs between kernels:
+//
+//   #include "comfuse/generated_unit.cuh"
+//   namespace comfuse_<hash> {
+//   using namespace comfuse::generated;
+//   using v0_0 = AccEntry; ...                          one alias per Spec node
+//   using Epilogue = ...;
+//   using Cfg = GemmConfig<...>;
+//   using Unit = GeneratedUnit<Cfg, Epilogue, /*outputs*/ 1, /*params*/ 2>;
+//   inline Epilogue::Arguments make_args(Unit::Pointers const& p, int64_t ld) { ... }
+//   }
+//   COMFUSE_GENERATED_KERNEL(comfuse_<hash>)          the C entry points of kernels/comfuse/abi.h
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "comfuse/abi_entry.cuh"
+#include "comfuse/epilogue/all.cuh"
+#include "comfuse/epilogue/reduce.cuh"
+#include "comfuse/gemm.cuh"
+
+namespace comfuse::generated {
+
+using namespace comfuse;
+using namespace comfuse::epi;
+using bf16 = cutlass::bfloat16_t;
+using f16 = cutlass::half_t;
+
+// The unit's tensors, as the ABI entry (abi_entry.cuh) fills them from ComfuseKernelArgs.
+template <int Outputs, int Params>
+struct Pointers {
+  void* out[Outputs > 0 ? Outputs : 1];
+  void const* param[Params > 0 ? Params : 1];
+  reduce::L2Workspace ws;  // the reductions' cross-CTA workspace (unused without reductions)
+
+  template <class T> T* output(int i) const { return static_cast<T*>(out[i]); }
+  template <class T> T const* input(int i) const { return static_cast<T const*>(param[i]); }
+};
+
+// Row reductions of an epilogue: StageStream's count, 0 for a single-stage tree.
+template <class E, class = void> struct Reductions : std::integral_constant<int, 0> {};
+template <class E> struct Reductions<E, std::void_t<decltype(E::kReductions)>> : std::integral_constant<int, E::kReductions> {};
+
+// The traits EntryPoints (abi_entry.cuh) needs, less the name and make_args, which COMFUSE_GENERATED_KERNEL adds.
+template <class Cfg_, class Epilogue, int Outputs, int Params>
+struct GeneratedUnit {
+  using Cfg = Cfg_;
+  using Kernel = Gemm<Cfg, Epilogue>;
+  using Pointers = generated::Pointers<Outputs, Params>;
+  static constexpr int kOutputs = Outputs, kParams = Params, kReductions = Reductions<Epilogue>::value;
+};
+
+}  // namespace comfuse::generated
+
+// The traits struct of unit NS (its Unit and make_args) and the five extern "C" entry points.
+#define COMFUSE_GENERATED_KERNEL(NS)                                                                  \
+  namespace NS {                                                                                      \
+  struct Traits : Unit {                                                                              \
+    static constexpr char const* kName = #NS;                                                         \
+    static Epilogue::Arguments make_args(Unit::Pointers const& p, int64_t ld) { return NS::make_args(p, ld); } \
+  };                                                                                                  \
+  }                                                                                                   \
+  COMFUSE_KERNEL_ENTRY_POINTS(NS::Traits)
