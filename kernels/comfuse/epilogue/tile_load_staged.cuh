@@ -1,10 +1,10 @@
 // TileLoadStaged: an [M, N] input (a residual R) copied into shared memory by cp.async at the start of the
 // epilogue, then read per fragment from there - no registers held while the loads are in flight.
 //
-// Why (docs/PERF.md, the timeline): TileLoad keeps a chunk of loaded fragments in registers next to the 128
-// accumulators. ptxas compiles the whole kernel for 168 registers per thread (384 threads, one CTA per SM), so it
-// serializes those loads - one memory latency per fragment, 6-17 us per 128x128 tile. Here every thread issues
-// TileM * TileN / 1024 16-byte copies at once, waits once, and the tile is read from SMEM.
+// Why (docs/PERF.md, the timeline): TileLoad's 4-byte loads were issued one after another in the SASS, each
+// consumed before the next - one memory latency per fragment, 6-17 us per 128x128 tile (not a register cap: the
+// consumers use up to ~220 registers after setmaxnreg). Here every thread issues TileM * TileN / 1024 16-byte
+// copies at once, waits once, and the tile is read from SMEM. (TileLoad itself now loads 16 bytes per lane.)
 //
 // The buffer is one per CTA (the kernel's serial epilogue storage, TileCtx::serial_smem): the two consumer
 // groups' epilogues run one after the other (the kernel's ordered epilogue barrier), and the copies are issued
