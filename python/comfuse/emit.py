@@ -68,19 +68,8 @@ def rewrite(prog, ctas: int = 1, fuse=None) -> fx.GraphModule:
     env_g: dict = {}
     pg = prog.pg
 
-    def get_g(gid):
-        n = prog.nodes[gid]
-        if n.name in env_g:
-            return env_g[n.name]
-        if n.op == OK.Input:
-            src = prog.conv.input_source[n.name]
-            v = _cast(g, env_fx[src], DT_TO_TORCH[n.dtype])
-        elif n.op == OK.Constant:
-            v = n.value
-        else:
-            raise AssertionError(f"rewrite: '{n.name}' read before it is computed")
-        env_g[n.name] = v
-        return v
+    get_g = prog.ir_reader(env_g, lambda n, src: _cast(g, env_fx[src], DT_TO_TORCH[n.dtype]),
+                           lambda gid, n: n.value, "rewrite")
 
     def get_fx(a):
         if a in env_fx:

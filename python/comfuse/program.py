@@ -164,6 +164,26 @@ class Program:
                         return (name, ri, readers)
         raise AssertionError("program: cycle without a torch node between regions")
 
+    # ------------------------------------------------------------ reading Graph IR values
+    def ir_reader(self, env: dict, from_input, from_constant, who: str):
+        """`get(gid)`: Graph IR value gid as a run (reference.py) or an emission (emit.py) holds it in `env`,
+        by node name. A value not there yet must be an input or a constant: made once, on its first read, by
+        `from_input(node, its fx source)` or `from_constant(gid, node)`, and kept in `env`. Anything else is
+        read before its step computes it, which names `who` in the error."""
+        def get(gid):
+            n = self.nodes[gid]
+            if n.name in env:
+                return env[n.name]
+            if n.op == OK.Input:
+                v = from_input(n, self.conv.input_source[n.name])
+            elif n.op == OK.Constant:
+                v = from_constant(gid, n)
+            else:
+                raise AssertionError(f"{who}: '{n.name}' read before it is computed")
+            env[n.name] = v
+            return v
+        return get
+
     # ------------------------------------------------------------ the other two jobs, in their own modules
     def run(self, args, mode: str = "spec", ctas: int = 1) -> list:
         """The CPU reference run (reference.run)."""

@@ -32,19 +32,8 @@ def run(prog, args, mode: str = "spec", ctas: int = 1) -> list:
     def np32(t):
         return np.ascontiguousarray(t.detach().to("cpu", torch.float32).numpy())
 
-    def get_g(gid):
-        n = prog.nodes[gid]
-        if n.name in env_g:
-            return env_g[n.name]
-        if n.op == OK.Input:
-            src = prog.conv.input_source[n.name]
-            v = C.round_to_dtype(np32(env_fx[src]), n.dtype)
-        elif n.op == OK.Constant:
-            v = C.eval_node(pg, gid, [])
-        else:
-            raise AssertionError(f"program: '{n.name}' read before it is computed")
-        env_g[n.name] = v
-        return v
+    get_g = prog.ir_reader(env_g, lambda n, src: C.round_to_dtype(np32(env_fx[src]), n.dtype),
+                           lambda gid, n: C.eval_node(pg, gid, []), "program")
 
     def get_fx(a):
         if a in env_fx:

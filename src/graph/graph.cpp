@@ -7,6 +7,7 @@
 #include <set>
 #include <unordered_set>
 #include <sstream>
+#include <utility>
 
 namespace comfuse {
 
@@ -222,6 +223,55 @@ std::vector<std::vector<int>> Graph::users() const {
   return u;
 }
 
+namespace {
+
+// What every builder makes: a node of `op` over `inputs`, with the inferred shape and dtype. The builders
+// below state only their checks and what differs; add_node() names the node, checks its element count and
+// stamps the location.
+Node make_node(OpKind op, std::vector<int> inputs, Shape shape, DType dtype) {
+  Node n;
+  n.op = op;
+  n.inputs = std::move(inputs);
+  n.shape = std::move(shape);
+  n.dtype = dtype;
+  return n;
+}
+
+// A node over X alone that keeps X's shape and dtype (elementwise ops, softmax, the norms; reductions then
+// change the shape).
+Node over(OpKind op, const Node& X) { return make_node(op, {X.id}, X.shape, X.dtype); }
+
+// X's shape with `dim` (normalized) reduced: kept as 1 or dropped.
+Shape reduced(Shape s, int dim, bool keepdim) {
+  if (keepdim) s[dim] = 1;
+  else s.erase(s.begin() + dim);
+  return s;
+}
+
+// A normalization over X's last dim with `eps` (layer_norm, rms_norm), after the checks they share.
+Node norm_over(OpKind op, const Node& X, double eps) {
+  const std::string what = op_name(op);
+  if (X.shape.empty()) throw GraphError(what + ": operand is a scalar");
+  if (!(eps > 0) || !std::isfinite(eps)) throw GraphError(what + ": eps must be finite and > 0");
+  Node n = over(op, X);
+  n.value = eps;
+  n.dim = static_cast<int>(X.shape.size()) - 1;
+  return n;
+}
+
+void check_affine(const Graph& g, const Node& X, Value p, const char* what, const char* pname) {
+  if (!p.valid()) return;
+  const Node& P = g.node(p);
+  if (P.shape != Shape{X.shape.back()})
+    throw GraphError(std::string("shape mismatch: ") + what + ": " + pname + " must be [" +
+                     std::to_string(X.shape.back()) + "] (the normalized dim), got " + desc(P));
+  if (P.dtype != X.dtype)
+    throw GraphError(std::string("dtype mismatch: ") + what + ": " + pname + " is " + dtype_name(P.dtype) + ", x is " +
+                     dtype_name(X.dtype));
+}
+
+}  // namespace
+
 Value Graph::input(const std::string& name, DType dt, const Shape& shape) {
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == kDynamic && i == 0) continue;
@@ -229,21 +279,15 @@ Value Graph::input(const std::string& name, DType dt, const Shape& shape) {
       throw GraphError("input '" + name + "': only the leading dim may be symbolic ('?'), got " + shape_str(shape));
     if (shape[i] <= 0) throw GraphError("input '" + name + "': every dim must be positive, got " + shape_str(shape));
   }
-  Node n;
-  n.op = OpKind::Input;
-  n.dtype = dt;
-  n.shape = shape;
-  Value v = add_node(n, name);
+  Value v = add_node(make_node(OpKind::Input, {}, shape, dt), name);
   inputs.push_back(v.id);
   return v;
 }
 
 Value Graph::constant(double v, const std::string& name) {
   if (!std::isfinite(v)) throw GraphError("constant must be finite");
-  Node n;
-  n.op = OpKind::Constant;
+  Node n = make_node(OpKind::Constant, {}, {}, DType::F32);
   n.value = v;
-  n.dtype = DType::F32;
   return add_node(n, name);
 }
 
@@ -268,33 +312,19 @@ Value Graph::matmul(Value a, Value b, bool ta, bool tb, const std::string& name)
   Shape lead = broadcast_shapes(la, lb);
   lead.push_back(m);
   lead.push_back(nn);
-  Node n;
-  n.op = OpKind::MatMul;
-  n.inputs = {a.id, b.id};
+  Node n = make_node(OpKind::MatMul, {a.id, b.id}, lead, A.dtype);
   n.transpose_a = ta;
   n.transpose_b = tb;
-  n.shape = lead;
-  n.dtype = A.dtype;
   return add_node(n, name);
 }
 
 Value Graph::unary(OpKind op, Value x, const std::string& name) {
   if (!is_unary(op) || op == OpKind::Cast) throw GraphError(std::string("not a unary op: ") + op_name(op));
-  const Node& X = node(x);
-  Node n;
-  n.op = op;
-  n.inputs = {x.id};
-  n.shape = X.shape;
-  n.dtype = X.dtype;
-  return add_node(n, name);
+  return add_node(over(op, node(x)), name);
 }
 
 Value Graph::cast(Value x, DType to, const std::string& name) {
-  const Node& X = node(x);
-  Node n;
-  n.op = OpKind::Cast;
-  n.inputs = {x.id};
-  n.shape = X.shape;
+  Node n = over(OpKind::Cast, node(x));
   n.dtype = to;
   n.cast_to = to;
   return add_node(n, name);
@@ -317,38 +347,23 @@ Value Graph::binary(OpKind op, Value a, Value b, const std::string& name) {
     throw GraphError(std::string("dtype mismatch: ") + op_name(op) + "(" + desc(A) + ", " + desc(B) +
                      "): operands must have the same dtype; insert cast(x, dtype=...)");
   else dt = A.dtype;
-  Node n;
-  n.op = op;
-  n.inputs = {a.id, b.id};
-  n.shape = s;
-  n.dtype = dt;
-  return add_node(n, name);
+  return add_node(make_node(op, {a.id, b.id}, s, dt), name);
 }
 
 Value Graph::pow(Value x, double exponent, const std::string& name) {
   if (!std::isfinite(exponent)) throw GraphError("pow: exponent must be finite");
-  const Node& X = node(x);
-  Node n;
-  n.op = OpKind::Pow;
-  n.inputs = {x.id};
+  Node n = over(OpKind::Pow, node(x));
   n.value = exponent;
-  n.shape = X.shape;
-  n.dtype = X.dtype;
   return add_node(n, name);
 }
 
 Value Graph::reduce(OpKind op, Value x, int dim, bool keepdim, const std::string& name) {
   if (!is_reduction(op)) throw GraphError(std::string("not a reduction: ") + op_name(op));
   const Node& X = node(x);
-  Node n;
-  n.op = op;
-  n.inputs = {x.id};
+  Node n = over(op, X);
   n.dim = normalize_dim(dim, X.shape.size(), op_name(op));
   n.keepdim = keepdim;
-  n.shape = X.shape;
-  if (keepdim) n.shape[n.dim] = 1;
-  else n.shape.erase(n.shape.begin() + n.dim);
-  n.dtype = X.dtype;
+  n.shape = reduced(X.shape, n.dim, keepdim);
   return add_node(n, name);
 }
 
@@ -363,21 +378,20 @@ Value Graph::transpose(Value x, const std::vector<int64_t>& perm_in, const std::
   }
   if (perm.size() != r) throw GraphError("transpose: perm has " + std::to_string(perm.size()) + " entries, rank is " + std::to_string(r));
   std::vector<bool> seen(r, false);
-  Node n;
+  Shape shape;
   for (auto p : perm) {
     if (p < 0 || p >= static_cast<int64_t>(r) || seen[p]) throw GraphError("transpose: perm is not a permutation of 0.." + std::to_string(r - 1));
     seen[p] = true;
-    n.shape.push_back(X.shape[p]);
+    shape.push_back(X.shape[p]);
   }
-  n.op = OpKind::Transpose;
-  n.inputs = {x.id};
+  Node n = make_node(OpKind::Transpose, {x.id}, shape, X.dtype);
   n.perm = perm;
-  n.dtype = X.dtype;
   return add_node(n, name);
 }
 
 Value Graph::reshape(Value x, const Shape& shape_in, const std::string& name) {
   const Node& X = node(x);
+  Shape shape;
   // A symbolic dim must survive as itself: the same number of ?s on both sides, the concrete dims alone
   // keeping the element count (so the reshape is valid for every row count).
   if (is_symbolic(X.shape) || is_symbolic(shape_in)) {
@@ -393,131 +407,76 @@ Value Graph::reshape(Value x, const Shape& shape_in, const std::string& name) {
     Graph probe;  // the concrete dims alone, through the checks below
     Value px = probe.input("x", X.dtype, xc.empty() ? Shape{1} : xc);
     Shape t = probe.node(probe.reshape(px, tc.empty() ? Shape{1} : tc)).shape;
-    Shape shape;
     size_t j = 0;
     for (auto d : shape_in) shape.push_back(d == kDynamic ? kDynamic : t[j++]);
-    Node n;
-    n.op = OpKind::Reshape;
-    n.inputs = {x.id};
-    n.shape = shape;
-    n.dtype = X.dtype;
-    return add_node(n, name);
-  }
-  Shape shape = shape_in;
-  int infer = -1;
-  int64_t known = 1;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] == -1) {
-      if (infer >= 0) throw GraphError("reshape: at most one dim may be -1");
-      infer = static_cast<int>(i);
-    } else if (shape[i] <= 0) {
-      throw GraphError("reshape: dims must be positive or -1, got " + shape_str(shape_in));
-    } else {
-      if (shape[i] > kMaxElements / known) throw GraphError("reshape: " + shape_str(shape_in) + " is too large");
-      known *= shape[i];
+  } else {
+    shape = shape_in;
+    int infer = -1;
+    int64_t known = 1;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (shape[i] == -1) {
+        if (infer >= 0) throw GraphError("reshape: at most one dim may be -1");
+        infer = static_cast<int>(i);
+      } else if (shape[i] <= 0) {
+        throw GraphError("reshape: dims must be positive or -1, got " + shape_str(shape_in));
+      } else {
+        if (shape[i] > kMaxElements / known) throw GraphError("reshape: " + shape_str(shape_in) + " is too large");
+        known *= shape[i];
+      }
     }
+    if (infer >= 0) {
+      if (known == 0 || numel(X.shape) % known) throw GraphError("reshape: cannot infer -1 in " + shape_str(shape_in) + " from " + desc(X));
+      shape[infer] = numel(X.shape) / known;
+    }
+    if (numel(shape) != numel(X.shape))
+      throw GraphError("shape mismatch: reshape of " + desc(X) + " to " + shape_str(shape) + " changes the element count");
   }
-  if (infer >= 0) {
-    if (known == 0 || numel(X.shape) % known) throw GraphError("reshape: cannot infer -1 in " + shape_str(shape_in) + " from " + desc(X));
-    shape[infer] = numel(X.shape) / known;
-  }
-  if (numel(shape) != numel(X.shape))
-    throw GraphError("shape mismatch: reshape of " + desc(X) + " to " + shape_str(shape) + " changes the element count");
-  Node n;
-  n.op = OpKind::Reshape;
-  n.inputs = {x.id};
-  n.shape = shape;
-  n.dtype = X.dtype;
-  return add_node(n, name);
+  return add_node(make_node(OpKind::Reshape, {x.id}, shape, X.dtype), name);
 }
-
-namespace {
-void check_affine(const Graph& g, const Node& X, Value p, const char* what, const char* pname) {
-  if (!p.valid()) return;
-  const Node& P = g.node(p);
-  if (P.shape != Shape{X.shape.back()})
-    throw GraphError(std::string("shape mismatch: ") + what + ": " + pname + " must be [" +
-                     std::to_string(X.shape.back()) + "] (the normalized dim), got " + desc(P));
-  if (P.dtype != X.dtype)
-    throw GraphError(std::string("dtype mismatch: ") + what + ": " + pname + " is " + dtype_name(P.dtype) + ", x is " +
-                     dtype_name(X.dtype));
-}
-}  // namespace
 
 Value Graph::layer_norm(Value x, Value w, Value b, double eps, const std::string& name) {
-  const Node& X = node(x);
-  if (X.shape.empty()) throw GraphError("layer_norm: operand is a scalar");
-  if (!(eps > 0) || !std::isfinite(eps)) throw GraphError("layer_norm: eps must be finite and > 0");
-  check_affine(*this, X, w, "layer_norm", "weight");
-  check_affine(*this, X, b, "layer_norm", "bias");
-  Node n;
-  n.op = OpKind::LayerNorm;
-  n.inputs = {x.id};
+  Node n = norm_over(OpKind::LayerNorm, node(x), eps);
+  check_affine(*this, node(x), w, "layer_norm", "weight");
+  check_affine(*this, node(x), b, "layer_norm", "bias");
   if (w.valid()) n.inputs.push_back(w.id);
   if (b.valid()) {
     if (!w.valid()) throw GraphError("layer_norm: a bias needs a weight");
     n.inputs.push_back(b.id);
   }
-  n.value = eps;
-  n.dim = static_cast<int>(X.shape.size()) - 1;
-  n.shape = X.shape;
-  n.dtype = X.dtype;
   return add_node(n, name);
 }
 
 Value Graph::rms_norm(Value x, Value w, double eps, const std::string& name) {
-  const Node& X = node(x);
-  if (X.shape.empty()) throw GraphError("rms_norm: operand is a scalar");
-  if (!(eps > 0) || !std::isfinite(eps)) throw GraphError("rms_norm: eps must be finite and > 0");
-  check_affine(*this, X, w, "rms_norm", "weight");
-  Node n;
-  n.op = OpKind::RmsNorm;
-  n.inputs = {x.id};
+  Node n = norm_over(OpKind::RmsNorm, node(x), eps);
+  check_affine(*this, node(x), w, "rms_norm", "weight");
   if (w.valid()) n.inputs.push_back(w.id);
-  n.value = eps;
-  n.dim = static_cast<int>(X.shape.size()) - 1;
-  n.shape = X.shape;
-  n.dtype = X.dtype;
   return add_node(n, name);
 }
 
 Value Graph::softmax(Value x, int dim, const std::string& name) {
   const Node& X = node(x);
-  Node n;
-  n.op = OpKind::Softmax;
-  n.inputs = {x.id};
+  Node n = over(OpKind::Softmax, X);
   n.dim = normalize_dim(dim, X.shape.size(), "softmax");
-  n.shape = X.shape;
-  n.dtype = X.dtype;
   return add_node(n, name);
 }
 
 Value Graph::log_softmax(Value x, int dim, const std::string& name) {
   const Node& X = node(x);
-  Node n;
-  n.op = OpKind::LogSoftmax;
-  n.inputs = {x.id};
+  Node n = over(OpKind::LogSoftmax, X);
   n.dim = normalize_dim(dim, X.shape.size(), "log_softmax");
-  n.shape = X.shape;
-  n.dtype = X.dtype;
   return add_node(n, name);
 }
 
 Value Graph::var(Value x, int dim, int64_t correction, bool keepdim, const std::string& name) {
   const Node& X = node(x);
-  Node n;
-  n.op = OpKind::Var;
-  n.inputs = {x.id};
+  Node n = over(OpKind::Var, X);
   n.dim = normalize_dim(dim, X.shape.size(), "var");
   if (correction < 0 || (X.shape[n.dim] != kDynamic && correction >= X.shape[n.dim]))
     throw GraphError("var: correction=" + std::to_string(correction) + " must be in [0, " +
                      std::to_string(X.shape[n.dim]) + ")");
   n.correction = correction;
   n.keepdim = keepdim;
-  n.shape = X.shape;
-  if (keepdim) n.shape[n.dim] = 1;
-  else n.shape.erase(n.shape.begin() + n.dim);
-  n.dtype = X.dtype;
+  n.shape = reduced(X.shape, n.dim, keepdim);
   return add_node(n, name);
 }
 
