@@ -244,30 +244,22 @@ struct GemmKernel {
         tree.prefetch();   // epilogue inputs staged in SMEM while the MMAs run
 
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-        if constexpr (kCooperative) {
-          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlStart);
-          mainloop.mma(pipeline, state, accum, p.k_tiles, thread_idx - 128, ss.mainloop, p.mainloop);
-          mainloop.mma_tail(pipeline, state, p.k_tiles);
-          state.advance(p.k_tiles);
-          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlEnd);
-          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
-          epi::run_epilogue(tree, accum, tCcD, ctx);   // no order: each group's rows are its own
-          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
-        } else {
-          order.wait();      // our turn for the tensor cores
-          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlStart);
-          mainloop.mma(pipeline, state, accum, p.k_tiles, wg_thread, ss.mainloop, p.mainloop);
-          order.arrive();    // the other group may start its mainloop
-          mainloop.mma_tail(pipeline, state, p.k_tiles);
-          state.advance(p.k_tiles * 2);   // skip the other group's tile in the stage ring
-          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlEnd);
+        // PingPong: the order barrier alternates the groups' mainloops and, separately, their epilogues (tile order).
+        // Cooperative: both groups run every tile's mainloop together, and each its own rows' epilogue: no order.
+        if constexpr (!kCooperative) order.wait();   // our turn for the tensor cores
+        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlStart);
+        mainloop.mma(pipeline, state, accum, p.k_tiles, kCooperative ? thread_idx - 128 : wg_thread, ss.mainloop,
+                     p.mainloop);
+        if constexpr (!kCooperative) order.arrive();   // the other group may start its mainloop
+        mainloop.mma_tail(pipeline, state, p.k_tiles);
+        state.advance(p.k_tiles * (kCooperative ? 1 : 2));   // PingPong: skip the other group's tile in the ring
+        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlEnd);
 
-          order.wait();      // epilogues in tile order
-          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
-          epi::run_epilogue(tree, accum, tCcD, ctx);
-          COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
-          order.arrive();
-        }
+        if constexpr (!kCooperative) order.wait();   // epilogues in tile order
+        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
+        epi::run_epilogue(tree, accum, tCcD, ctx);
+        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
+        if constexpr (!kCooperative) order.arrive();
       }
       if (l2_exchanges) {   // both consumer groups are past their last exchange: count this CTA as finished
         asm volatile("bar.sync 10, 256;\n" ::: "memory");
