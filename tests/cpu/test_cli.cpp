@@ -14,6 +14,7 @@
 #include "comfuse/tensor.h"
 #include "comfuse/text.h"
 #include "norms.h"
+#include "test_util.h"
 
 using namespace comfuse;
 using comfuse::test::rel_err;
@@ -21,22 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out;  // stdout + stderr
-};
-
-CliRun run(const std::string& args) {
-  std::string cmd = std::string(COMFUSE_CLI) + " " + args + " 2>&1";
-  CliRun r{-1, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using test::CliRun;
+CliRun run(const std::string& args) { return test::run_cli(args); }
 
 std::vector<fs::path> examples(const std::string& sub) {
   std::vector<fs::path> out;
@@ -46,12 +33,7 @@ std::vector<fs::path> examples(const std::string& sub) {
   return out;
 }
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("comfuse_cli_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return test::fresh_dir("cli", name); }
 
 }  // namespace
 

@@ -13,18 +13,14 @@
 #include "comfuse/compiler.h"
 #include "comfuse/runtime.h"
 #include "comfuse/text.h"
+#include "test_util.h"
 
 using namespace comfuse;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("comfuse_compiler_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return test::fresh_dir("compiler", name); }
 
 Graph small(const std::string& name) {
   return parse_cf_file((fs::path(COMFUSE_SOURCE_DIR) / "examples/small" / (name + ".cf")).string());
@@ -41,12 +37,9 @@ std::string message_of(F&& f) {
 }
 
 int run_cli(const std::string& args, std::string* out) {
-  std::string cmd = std::string(COMFUSE_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out->append(buf.data(), n);
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  test::CliRun r = test::run_cli(args);
+  *out += r.out;
+  return r.code;
 }
 
 }  // namespace

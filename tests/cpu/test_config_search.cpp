@@ -13,18 +13,14 @@
 
 #include "comfuse/plan.h"
 #include "compiler/config_search.h"
+#include "test_util.h"
 
 using namespace comfuse;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("comfuse_search_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return test::fresh_dir("search", name); }
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);

@@ -12,6 +12,7 @@
 #include "comfuse/compiler.h"
 #include "comfuse/interp.h"
 #include "comfuse/text.h"
+#include "test_util.h"
 
 using namespace comfuse;
 namespace fs = std::filesystem;
@@ -54,11 +55,9 @@ TensorMap random_inputs(const Graph& g, uint32_t seed) {
 }
 
 int run_cli(const std::string& args, std::string* out) {
-  FILE* p = popen((std::string(COMFUSE_CLI) + " " + args + " 2>&1").c_str(), "r");
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out->append(buf.data(), n);
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  test::CliRun r = test::run_cli(args);
+  *out += r.out;
+  return r.code;
 }
 
 }  // namespace

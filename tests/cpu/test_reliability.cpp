@@ -21,39 +21,18 @@
 #include "comfuse/runtime.h"
 #include "comfuse/tensor.h"
 #include "comfuse/text.h"
+#include "test_util.h"
 
 using namespace comfuse;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out;  // stdout + stderr
-  double seconds;
-};
+using test::CliRun;
+// `timeout 60` keeps a regression from hanging ctest; `prefix` runs before it (e.g. a ulimit).
+CliRun cli(const std::string& args, const std::string& prefix = "") { return test::run_cli(args, prefix + "timeout 60 "); }
 
-// `prefix` runs first in the same shell (e.g. a ulimit); `timeout 60` keeps a regression from hanging ctest.
-CliRun cli(const std::string& args, const std::string& prefix = "") {
-  std::string cmd = prefix + "timeout 60 " + std::string(COMFUSE_CLI) + " " + args + " 2>&1";
-  auto t0 = std::chrono::steady_clock::now();
-  CliRun r{-1, "", 0};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("comfuse_rel_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return test::fresh_dir("rel", name); }
 
 ParseError parse_error(const std::string& text) {
   try {
