@@ -42,9 +42,8 @@ done
 
 OUT="${OUT:-$root/build/gpu-check/out}"
 mkdir -p "$OUT"
-cutlass="$root/.carry/cutlass/include"
-[ -f "$cutlass/cutlass/cutlass.h" ] || cutlass="$(ls -d .venv/lib/python3*/site-packages/cutlass_library/source/include 2>/dev/null | head -1)"
-[ -f "$cutlass/cutlass/cutlass.h" ] || { echo "gpu-check: no CUTLASS headers (.carry/cutlass/include): run --prepare here and carry .carry" >&2; exit 1; }
+source scripts/gpu-lib.sh
+cutlass="$(gpu_cutlass_dir gpu-check)" || exit 1
 
 declare -A status
 t0=$(date +%s)

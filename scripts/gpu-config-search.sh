@@ -29,9 +29,8 @@ while [ $# -gt 0 ]; do
 done
 OUT="${OUT:-$root/build/gpu-config-search/out}"
 mkdir -p "$OUT"
-cutlass="$root/.carry/cutlass/include"
-[ -f "$cutlass/cutlass/cutlass.h" ] || cutlass="$(ls -d .venv/lib/python3*/site-packages/cutlass_library/source/include 2>/dev/null | head -1)"
-[ -f "$cutlass/cutlass/cutlass.h" ] || { echo "gpu-config-search: no CUTLASS headers (.carry/cutlass/include): run scripts/gpu-check.sh --prepare here and carry .carry" >&2; exit 1; }
+source scripts/gpu-lib.sh
+cutlass="$(gpu_cutlass_dir gpu-config-search)" || exit 1
 export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$cutlass"
 cache=/tmp/comfuse-config-search-cache   # not under $OUT: the kernel libraries are large
 rm -rf "$cache"
@@ -127,11 +126,4 @@ echo "| graph (rows $rows) | candidates (prior first) | prior | chosen | cold co
 echo "|---|---|---|---|---|---|---|---|"
 for g in plain bias_gelu; do echo "${row[$g]}"; done
 echo
-echo "| step | rc |"
-echo "|---|---|"
-rc=0
-for k in $(echo "${!status[@]}" | tr ' ' '\n' | sort); do
-  echo "| $k | ${status[$k]} |"
-  [ "${status[$k]}" = 0 ] || rc=1
-done
-exit $rc
+gpu_status_table

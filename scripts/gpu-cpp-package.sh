@@ -26,9 +26,8 @@ done
 
 OUT="${OUT:-$root/build/gpu-cpp-package/out}"
 mkdir -p "$OUT"
-cutlass="$root/.carry/cutlass/include"
-[ -f "$cutlass/cutlass/cutlass.h" ] || cutlass="$(ls -d .venv/lib/python3*/site-packages/cutlass_library/source/include 2>/dev/null | head -1)"
-[ -f "$cutlass/cutlass/cutlass.h" ] || { echo "gpu-cpp-package: no CUTLASS headers (.carry/cutlass/include): run scripts/gpu-check.sh --prepare here and carry .carry" >&2; exit 1; }
+source scripts/gpu-lib.sh
+cutlass="$(gpu_cutlass_dir gpu-cpp-package)" || exit 1
 
 work="$root/build/gpu-cpp-package"
 prefix="$work/prefix"

@@ -39,7 +39,9 @@ cli="${1:-build/bin/comfuse}"
 aot="${2:-}"
 OUT="${OUT:-$root/build/gpu-examples}"
 mkdir -p "$OUT/random_logs"
-export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include"
+source scripts/gpu-lib.sh
+COMFUSE_CUTLASS_DIR="$(gpu_cutlass_dir gpu-examples)" || exit 1
+export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR
 export COMFUSE_CACHE_DIR="$OUT/cache"
 declare -A status
 
@@ -103,11 +105,4 @@ for ex in postnorm softmax gelu_new; do
 done
 
 echo
-echo "| step | rc |"
-echo "|---|---|"
-rc=0
-for k in $(echo "${!status[@]}" | tr ' ' '\n' | sort); do
-  echo "| $k | ${status[$k]} |"
-  [ "${status[$k]}" = 0 ] || rc=1
-done
-exit $rc
+gpu_status_table

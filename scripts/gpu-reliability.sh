@@ -38,9 +38,8 @@ case "$part" in checks|sanitizers|all) ;; *) echo "gpu-reliability: --part check
 OUT="${OUT:-$root/build/gpu-reliability}"
 results="$OUT/results"
 mkdir -p "$results" "$OUT/logs"
-cutlass="$root/.carry/cutlass/include"
-[ -f "$cutlass/cutlass/cutlass.h" ] || cutlass="$(ls -d .venv/lib/python3*/site-packages/cutlass_library/source/include 2>/dev/null | head -1)"
-[ -f "$cutlass/cutlass/cutlass.h" ] || { echo "gpu-reliability: no CUTLASS headers (.carry/cutlass/include): run scripts/gpu-check.sh --prepare here and carry .carry" >&2; exit 1; }
+source scripts/gpu-lib.sh
+cutlass="$(gpu_cutlass_dir gpu-reliability)" || exit 1
 export COMFUSE_CUTLASS_DIR="$cutlass"
 export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-rel-cache}"
 export COMFUSE_NVCC_TIMEOUT="${COMFUSE_NVCC_TIMEOUT:-600}"

@@ -31,7 +31,9 @@ while [ $# -gt 0 ]; do
 done
 OUT="${OUT:-$root/build/gpu-suite}"
 mkdir -p "$OUT/cf" "$OUT/logs"
-export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include"
+source scripts/gpu-lib.sh
+COMFUSE_CUTLASS_DIR="$(gpu_cutlass_dir gpu-suite)" || exit 1
+export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR
 export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-$OUT/cache}"
 [ -x "$cli" ] || { echo "gpu-suite: no CLI at $cli" >&2; exit 1; }
 

@@ -1,0 +1,26 @@
+# Shared by the device scripts (scripts/gpu-*.sh), which source it from the repository root.
+
+# gpu_cutlass_dir NAME: the CUTLASS include folder: .carry/cutlass/include (`scripts/gpu-check.sh --prepare` here,
+# carried to the device), else the copy in .venv. Without either it says so, as NAME, and exits.
+gpu_cutlass_dir() {
+  local dir="$PWD/.carry/cutlass/include"
+  [ -f "$dir/cutlass/cutlass.h" ] || dir="$(ls -d "$PWD"/.venv/lib/python3*/site-packages/cutlass_library/source/include 2>/dev/null | head -1)"
+  if [ ! -f "$dir/cutlass/cutlass.h" ]; then
+    echo "$1: no CUTLASS headers (.carry/cutlass/include): run scripts/gpu-check.sh --prepare here and carry .carry" >&2
+    exit 1
+  fi
+  echo "$dir"
+}
+
+# gpu_status_table: the steps of the associative array `status` (step -> exit code), sorted, as a table;
+# returns 1 when any step failed.
+gpu_status_table() {
+  local k rc=0
+  echo "| step | rc |"
+  echo "|---|---|"
+  for k in $(echo "${!status[@]}" | tr ' ' '\n' | sort); do
+    echo "| $k | ${status[$k]} |"
+    [ "${status[$k]}" = 0 ] || rc=1
+  done
+  return $rc
+}
