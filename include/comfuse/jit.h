@@ -41,7 +41,7 @@ struct JitOptions {
 struct CompileResult {
   std::string key;          // 32 hex digits
   std::string cubin_path;   // the artifact: kernel.cubin or kernel.so in the cache entry
-  std::vector<char> cubin;  // the file's bytes
+  std::vector<char> cubin;  // a cubin artifact's bytes (empty for kernel.so: dlopen loads it from cubin_path)
   bool cache_hit = false;
   double seconds = 0;       // compile time (0 on a hit)
   double lookup_ms = 0;     // on a hit: the whole call (key hashing, entry check, read)

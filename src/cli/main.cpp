@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -471,21 +472,47 @@ int cmd_run(const Args& a) {
   return ok ? 0 : 1;
 }
 
-// Times `launch` on the default stream: 5 warm-up calls, then `iters` samples of 10 calls each. Per-call
-// microseconds, sorted.
-template <class F>
-std::vector<double> sorted_times_us(F&& launch, int iters) {
-  for (int i = 0; i < 5; ++i) launch();
-  rt::synchronize();
-  rt::Timer timer;
-  std::vector<double> us;
-  for (int i = 0; i < iters; ++i) {
-    timer.start();
-    for (int j = 0; j < 10; ++j) launch();
-    us.push_back(timer.stop_us() / 10.0);
+// Timing for `bench`. Near peak the H200 is power-bound, so a kernel's time depends on what ran just before it
+// and for how long: a burst after idle runs at boost clock, and a kernel timed right after another runs at the
+// clock the other one left. So every kernel (the fused graph, and each region's cuBLAS GEMM) is timed in samples
+// of about kSampleUs of back-to-back launches, the GPU is first kept busy for kPreheatUs, and the kernels take
+// turns in kBlocks blocks of samples each, long enough for the clock to follow; a kernel's time is its median
+// sample. Ratios from one run then compare kernels under the same conditions.
+constexpr double kSampleUs = 2000, kPreheatUs = 300000;
+constexpr int kBlocks = 4;
+
+struct TimedKernel {
+  std::function<void()> launch;
+  int per_sample = 10;        // launches per sample
+  std::vector<double> us;     // per-launch microseconds, one per sample
+  double median() {
+    std::sort(us.begin(), us.end());
+    return us[us.size() / 2];
   }
-  std::sort(us.begin(), us.end());
-  return us;
+};
+
+// Times every kernel: `samples` samples each (at least kBlocks), on the default stream.
+void time_interleaved(std::vector<TimedKernel>& ks, int samples) {
+  rt::Timer timer;
+  for (auto& k : ks) {   // first-launch costs out; an estimate that sizes the samples
+    for (int i = 0; i < 3; ++i) k.launch();
+    timer.start();
+    k.launch();
+    k.per_sample = static_cast<int>(std::clamp(kSampleUs / std::max(timer.stop_us(), 1.0), 10.0, 10000.0));
+  }
+  for (double spent = 0; spent < kPreheatUs;) {
+    timer.start();
+    for (int j = 0; j < ks[0].per_sample; ++j) ks[0].launch();
+    spent += timer.stop_us();
+  }
+  const int per_block = std::max(1, (samples + kBlocks - 1) / kBlocks);
+  for (int b = 0; b < kBlocks; ++b)
+    for (auto& k : ks)
+      for (int i = 0; i < per_block; ++i) {
+        timer.start();
+        for (int j = 0; j < k.per_sample; ++j) k.launch();
+        k.us.push_back(timer.stop_us() / k.per_sample);
+      }
 }
 
 int cmd_bench(const Args& a) {
@@ -514,26 +541,32 @@ int cmd_bench(const Args& a) {
   double flops = 0;
   for (const auto& r : cg.partition().regions)
     flops += 2.0 * double(r.spec.gemm.rows) * double(r.spec.gemm.n) * double(r.spec.gemm.k);
-  const std::vector<double> us = sorted_times_us([&] { rows ? cg.run(buf.map, nullptr, rows) : cg.run(buf.map); }, iters);
-  double med = us[us.size() / 2];
-  print_choices(cg);   // the config search ran in the warm-up
-  std::printf("%s: median %.1f us over %d x 10 launches (min %.1f, max %.1f), %.1f TFLOP/s\n", a.file.c_str(), med,
-              iters, us.front(), us.back(), flops / (med * 1e-6) / 1e12);
-  // The baseline: cuBLASLt GEMMs of the regions' shapes alone (no epilogue), timed the same way in this run.
-  if (!rt::CublasGemm::available()) {
+  // The fused graph first; then, where cuBLASLt is there, the regions' GEMMs alone (no epilogue), the baseline.
+  std::vector<TimedKernel> ks;
+  ks.push_back({[&] { rows ? cg.run(buf.map, nullptr, rows) : cg.run(buf.map); }});
+  std::vector<std::unique_ptr<rt::CublasGemm>> cublas;
+  if (rt::CublasGemm::available())
+    for (const auto& r : cg.partition().regions) {
+      const GemmDesc& gd = r.spec.gemm;
+      cublas.push_back(std::make_unique<rt::CublasGemm>(gd.rows, gd.n, gd.k, gd.transpose_b, gd.dtype == DType::F16));
+      rt::CublasGemm* c = cublas.back().get();
+      ks.push_back({[c] { c->run(); }});
+    }
+  time_interleaved(ks, iters);
+  const double med = ks[0].median();
+  print_choices(cg);   // the config search ran in the first launch
+  std::printf("%s: median %.1f us over %zu samples of %d launches (min %.1f, max %.1f), %.1f TFLOP/s\n", a.file.c_str(),
+              med, ks[0].us.size(), ks[0].per_sample, ks[0].us.front(), ks[0].us.back(), flops / (med * 1e-6) / 1e12);
+  if (cublas.empty()) {
     std::cout << "cuBLASLt not found (libcublasLt.so.13): no ÷cuBLAS\n";
     return 0;
   }
   double gemm_us = 0;
-  for (const auto& r : cg.partition().regions) {
-    const GemmDesc& gd = r.spec.gemm;
-    rt::CublasGemm cub(gd.rows, gd.n, gd.k, gd.transpose_b, gd.dtype == DType::F16);
-    const std::vector<double> t = sorted_times_us([&] { cub.run(); }, iters);
-    gemm_us += t[t.size() / 2];
-  }
+  for (size_t i = 1; i < ks.size(); ++i) gemm_us += ks[i].median();
   std::printf("cuBLASLt GEMM%s of the same shape%s alone: %.1f us; fused graph ÷ cuBLAS = %.3f\n",
-              cg.partition().regions.size() > 1 ? "s" : "", cg.partition().regions.size() > 1 ? "s" : "", gemm_us,
-              med / gemm_us);
+              cublas.size() > 1 ? "s" : "", cublas.size() > 1 ? "s" : "", gemm_us, med / gemm_us);
+  std::printf("timing: %.0f ms warm-up, then the %zu kernels in turn in %d blocks, samples of ~%.0f us, medians\n",
+              kPreheatUs / 1000, ks.size(), kBlocks, kSampleUs);
   return 0;
 }
 

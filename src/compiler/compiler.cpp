@@ -2,6 +2,7 @@
 // CompiledGraph::run: the regions in schedule order, each through its kernel library.
 #include "comfuse/compiler.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -527,9 +528,14 @@ std::string set_id_of(const CompiledRegion& r) {
   return search::set_id(r.kernel.name, keys, configs);
 }
 
-// Launches per timing sample and samples per candidate (interleaved across candidates, the fastest counts).
-constexpr int kTimedLaunches = 3;
-constexpr int kTimingRounds = 2;
+// How the search times candidates. Near peak the H200 is power-bound: a burst of a few launches runs at boost
+// clock and ranks kernels differently from a steady stream (measured: two configs 355.6 / 352.2 us in 3-launch
+// bursts, 395.5 / 398.6 us in a long run). So the GPU is first kept busy with the prior for kPreheatUs, then
+// each sample is about kSampleUs of back-to-back launches, the candidates interleaved over kTimingRounds rounds;
+// a candidate's time is its median sample. About 60 ms once per M bucket for a 3-candidate, ~1 ms GEMM.
+constexpr double kPreheatUs = 20000;
+constexpr double kSampleUs = 2000;
+constexpr int kTimingRounds = 5;
 
 }  // namespace
 
@@ -591,18 +597,33 @@ int CompiledGraph::choose_candidate(const Search& s) {
       return false;
     }
   };
-  for (int i = 0; i < n; ++i)
-    if (lib[i]) launch(i, 1);   // warm-up: first-launch costs (module load, attributes) out of the samples
   {
     rt::Timer timer;
+    // Warm-up: first-launch costs (module load, attributes) out of the samples, and a first estimate of each
+    // candidate's time, which sizes its samples.
+    std::vector<int> per_sample(n, 1);
+    for (int i = 0; i < n; ++i) {
+      if (!lib[i] || !launch(i, 1)) continue;
+      timer.start(s.stream);
+      if (!launch(i, 1)) continue;
+      const double t = std::max(timer.stop_us(s.stream), 1.0);
+      per_sample[i] = static_cast<int>(std::clamp(kSampleUs / t, 1.0, 1000.0));
+    }
+    int hot = 0;   // the GPU at its steady clock: the first candidate that still runs, for kPreheatUs
+    while (hot < n && !lib[hot]) ++hot;
+    if (hot < n) launch(hot, static_cast<int>(per_sample[hot] * kPreheatUs / kSampleUs));
+    std::vector<std::vector<double>> samples(n);
     for (int round = 0; round < kTimingRounds; ++round)
       for (int i = 0; i < n; ++i) {
         if (!lib[i]) continue;
         timer.start(s.stream);
-        const bool ok = launch(i, kTimedLaunches);
-        const double t = timer.stop_us(s.stream) / kTimedLaunches;   // waits for the stream
-        us[i] = ok ? std::min(us[i], t) : inf;
+        if (launch(i, per_sample[i])) samples[i].push_back(timer.stop_us(s.stream) / per_sample[i]);   // waits
       }
+    for (int i = 0; i < n; ++i) {
+      if (!lib[i] || samples[i].empty()) continue;   // lib[i] is cleared when a launch failed
+      std::sort(samples[i].begin(), samples[i].end());
+      us[i] = samples[i][samples[i].size() / 2];
+    }
   }
   int best = 0;
   for (int i = 1; i < n; ++i)

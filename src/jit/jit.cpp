@@ -41,12 +41,16 @@ Log log_level() {
   return Log::Info;
 }
 
+// One sized read (a cache hit reads every candidate's ~1 MB library: no stream-buffer growth and copies).
 std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
+  std::ifstream f(p, std::ios::binary | std::ios::ate);
   if (!f) return {};
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
+  const std::streamoff size = f.tellg();
+  if (size <= 0) return {};
+  std::string bytes(static_cast<size_t>(size), '\0');
+  f.seekg(0);
+  if (!f.read(bytes.data(), size)) return {};
+  return bytes;
 }
 
 void write_file(const fs::path& p, const std::string& bytes) {
@@ -187,40 +191,68 @@ struct Entry {
   fs::path meta() const { return dir / "meta"; }
 };
 
-// Content hash of an artifact, 8 bytes a step (a cache hit hashes a ~1 MB library: this keeps it near 1 ms).
-std::string artifact_hash(const std::string& bytes) {
-  uint64_t h1 = 0x9e3779b97f4a7c15ull ^ bytes.size(), h2 = 0xc2b2ae3d27d4eb4full;
-  size_t i = 0;
-  for (; i + 8 <= bytes.size(); i += 8) {
-    uint64_t w;
-    std::memcpy(&w, bytes.data() + i, 8);
-    h1 = (h1 ^ w) * 0x100000001b3ull;
-    h1 ^= h1 >> 29;
-    h2 = (h2 + w) * 0xff51afd7ed558ccdull;
-    h2 ^= h2 >> 32;
+// Content hash of an artifact, 8 bytes a step (a cache hit hashes every candidate's ~1 MB library: this keeps it
+// near 1 ms). Incremental, so a file can be hashed in chunks; every chunk but the last is a multiple of 8 bytes.
+struct ArtifactHash {
+  uint64_t h1, h2 = 0xc2b2ae3d27d4eb4full;
+  explicit ArtifactHash(size_t total) : h1(0x9e3779b97f4a7c15ull ^ total) {}
+  void update(const char* p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      h1 = (h1 ^ w) * 0x100000001b3ull;
+      h1 ^= h1 >> 29;
+      h2 = (h2 + w) * 0xff51afd7ed558ccdull;
+      h2 ^= h2 >> 32;
+    }
+    for (; i < n; ++i) h1 = (h1 ^ static_cast<unsigned char>(p[i])) * 0x100000001b3ull;
   }
-  for (; i < bytes.size(); ++i) h1 = (h1 ^ static_cast<unsigned char>(bytes[i])) * 0x100000001b3ull;
-  char buf[33];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h1), static_cast<unsigned long long>(h2));
-  return buf;
-}
+  std::string meta(size_t total) const {
+    char buf[33];
+    std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h1), static_cast<unsigned long long>(h2));
+    return "size " + std::to_string(total) + "\nhash2 " + buf + "\n";
+  }
+};
 
 std::string meta_of(const std::string& bytes) {
-  return "size " + std::to_string(bytes.size()) + "\nhash2 " + artifact_hash(bytes) + "\n";
+  ArtifactHash h(bytes.size());
+  h.update(bytes.data(), bytes.size());
+  return h.meta(bytes.size());
+}
+
+// meta_of(the file's bytes), read in chunks into one small buffer: no whole-file allocation. "" if unreadable.
+std::string meta_of_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary | std::ios::ate);
+  if (!f) return {};
+  const std::streamoff total = f.tellg();
+  if (total <= 0) return {};
+  f.seekg(0);
+  ArtifactHash h(static_cast<size_t>(total));
+  std::vector<char> chunk(size_t(1) << 18);   // a multiple of 8
+  for (std::streamoff left = total; left > 0;) {
+    const std::streamoff n = std::min<std::streamoff>(left, static_cast<std::streamoff>(chunk.size()));
+    if (!f.read(chunk.data(), n)) return {};
+    h.update(chunk.data(), static_cast<size_t>(n));
+    left -= n;
+  }
+  return h.meta(static_cast<size_t>(total));
 }
 
 // A valid entry has a meta file whose recorded size and hash match the artifact. (Entries written before the
-// faster hash record "hash" with hash_hex: still accepted.)
+// faster hash record "hash" with hash_hex: still accepted.) A cubin's bytes go to `out`; a shared object is only
+// checked (it is loaded from its path).
 bool load_entry(const Entry& e, std::vector<char>& out) {
   std::string meta = read_file(e.meta());
   if (meta.empty()) return false;
+  const bool legacy = meta.find("\nhash ") != std::string::npos;
+  if (!legacy && e.file != "kernel.cubin") return meta_of_file(e.cubin()) == meta;
   std::string bytes = read_file(e.cubin());
   if (bytes.empty()) return false;
-  const bool legacy = meta.find("\nhash ") != std::string::npos;
   const std::string want =
       legacy ? "size " + std::to_string(bytes.size()) + "\nhash " + hash_hex(bytes) + "\n" : meta_of(bytes);
   if (meta != want) return false;
-  out.assign(bytes.begin(), bytes.end());
+  if (e.file == "kernel.cubin") out.assign(bytes.begin(), bytes.end());
   return true;
 }
 
@@ -327,9 +359,25 @@ std::string hash_tree(const std::string& dir) {
   for (const auto& e : fs::recursive_directory_iterator(dir))
     if (e.is_regular_file()) files.push_back(e.path());
   std::sort(files.begin(), files.end());
+  // Every compile asks (cache hits too): remembered per process for an unchanged listing of names, sizes and
+  // modification times, so a hit stats the headers instead of reading them all.
+  std::string stamp = dir;
+  for (const auto& f : files) {
+    std::error_code ec;
+    stamp += '\0' + f.string() + ' ' + std::to_string(fs::file_size(f, ec)) + ' ' +
+             std::to_string(fs::last_write_time(f, ec).time_since_epoch().count());
+  }
+  static std::mutex m;
+  static std::map<std::string, std::string> memo;   // stamp -> hash
+  {
+    std::lock_guard<std::mutex> lk(m);
+    if (auto it = memo.find(stamp); it != memo.end()) return it->second;
+  }
   std::string all;
   for (const auto& f : files) all += fs::relative(f, dir).string() + '\0' + read_file(f) + '\0';
-  return hash_hex(all);
+  std::string h = hash_hex(all);
+  std::lock_guard<std::mutex> lk(m);
+  return memo[stamp] = h;
 }
 
 double compile_timeout_s(const JitOptions& o) {
@@ -432,7 +480,7 @@ CompileResult compile(const std::string& source, const std::string& name, const 
   fs::rename(tmp, entry.dir);
   if (level != Log::Quiet)
     std::cerr << "comfuse: compiled " << name << " in " << std::fixed << std::setprecision(1) << r.seconds << " s\n";
-  r.cubin.assign(bytes.begin(), bytes.end());
+  if (!so) r.cubin.assign(bytes.begin(), bytes.end());
   r.cubin_path = entry.cubin().string();
   return r;
 }
