@@ -45,8 +45,10 @@ const char* kUsage =
     "                                       runs the graph's fused kernels on the GPU (JIT-compiled and cached, or\n"
     "                                       from --aot DIR); inputs from DIR/NAME.npy, else fresh random ones;\n"
     "                                       --check compares every output with the CPU interpreter (exit 1 if off)\n"
-    "  comfuse bench FILE.cf [--iters N] [--transport T]\n"
-    "                                       median time of the whole graph on the GPU, TFLOP/s\n"
+    "  comfuse bench FILE.cf [--iters N] [--transport T] [--settle-ms MS] [--series FILE.csv]\n"
+    "                                       median time of the whole graph on the GPU, TFLOP/s, and ÷ the cuBLASLt\n"
+    "                                       GEMM alone; the two take turns, each block first runs MS ms untimed\n"
+    "                                       (default 50: the GPU's clock settles); --series writes every sample\n"
     "  comfuse aot FILE.cf -o DIR           compiles every fused region into DIR (kernel libraries + manifest.txt)\n"
     "                                       for 'run --aot DIR' on a machine without nvcc\n"
     "  (T: l2 | dsmem_p2p | dsmem_leader, the row reductions' cross-CTA transport; default: the planner's)\n"
@@ -473,26 +475,29 @@ int cmd_run(const Args& a) {
 }
 
 // Timing for `bench`. Near peak the H200 is power-bound, so a kernel's time depends on what ran just before it
-// and for how long: a burst after idle runs at boost clock, and a kernel timed right after another runs at the
-// clock the other one left. So every kernel (the fused graph, and each region's cuBLAS GEMM) is timed in samples
-// of about kSampleUs of back-to-back launches, the GPU is first kept busy for kPreheatUs, and the kernels take
-// turns in kBlocks blocks of samples each, long enough for the clock to follow; a kernel's time is its median
-// sample. Ratios from one run then compare kernels under the same conditions.
+// and for how long: a burst after idle runs at boost clock, and a kernel timed right after another one starts at
+// the clock the other one left. So every kernel (the fused graph, and each region's cuBLAS GEMM) is timed in
+// samples of about kSampleUs of back-to-back launches; the GPU is first kept busy for kPreheatUs; the kernels
+// take turns in kBlocks blocks, and each block first runs its kernel untimed for `settle_ms`, so that every
+// sample is taken at the kernel's own steady clock. A kernel's time is its median sample.
 constexpr double kSampleUs = 2000, kPreheatUs = 300000;
 constexpr int kBlocks = 4;
 
 struct TimedKernel {
+  std::string name;
   std::function<void()> launch;
   int per_sample = 10;        // launches per sample
   std::vector<double> us;     // per-launch microseconds, one per sample
   double median() {
-    std::sort(us.begin(), us.end());
-    return us[us.size() / 2];
+    std::vector<double> v = us;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
   }
 };
 
-// Times every kernel: `samples` samples each (at least kBlocks), on the default stream.
-void time_interleaved(std::vector<TimedKernel>& ks, int samples) {
+// Times every kernel: `samples` samples each (at least kBlocks), on the default stream. With `series` set,
+// every sample (settling ones too) goes there as CSV: kernel, block, settling, ms since the start, us per launch.
+void time_interleaved(std::vector<TimedKernel>& ks, int samples, double settle_ms, const std::string& series) {
   rt::Timer timer;
   for (auto& k : ks) {   // first-launch costs out; an estimate that sizes the samples
     for (int i = 0; i < 3; ++i) k.launch();
@@ -500,19 +505,28 @@ void time_interleaved(std::vector<TimedKernel>& ks, int samples) {
     k.launch();
     k.per_sample = static_cast<int>(std::clamp(kSampleUs / std::max(timer.stop_us(), 1.0), 10.0, 10000.0));
   }
-  for (double spent = 0; spent < kPreheatUs;) {
+  std::ostringstream csv;
+  double clock_ms = 0;
+  auto sample = [&](TimedKernel& k, int block, bool settling) {
     timer.start();
-    for (int j = 0; j < ks[0].per_sample; ++j) ks[0].launch();
-    spent += timer.stop_us();
-  }
+    for (int j = 0; j < k.per_sample; ++j) k.launch();
+    const double us = timer.stop_us();
+    clock_ms += us / 1000;
+    if (!series.empty()) csv << k.name << "," << block << "," << settling << "," << clock_ms << "," << us / k.per_sample << "\n";
+    return us;
+  };
+  for (double spent = 0; spent < kPreheatUs;) spent += sample(ks[0], -1, true);
   const int per_block = std::max(1, (samples + kBlocks - 1) / kBlocks);
   for (int b = 0; b < kBlocks; ++b)
-    for (auto& k : ks)
-      for (int i = 0; i < per_block; ++i) {
-        timer.start();
-        for (int j = 0; j < k.per_sample; ++j) k.launch();
-        k.us.push_back(timer.stop_us() / k.per_sample);
-      }
+    for (auto& k : ks) {
+      for (double spent = 0; spent < settle_ms * 1000;) spent += sample(k, b, true);
+      for (int i = 0; i < per_block; ++i) k.us.push_back(sample(k, b, false) / k.per_sample);
+    }
+  if (!series.empty()) {
+    std::ofstream f(series);
+    f << "kernel,block,settling,ms,us\n" << csv.str();
+    if (!f) throw UsageError("cannot write --series file " + series);
+  }
 }
 
 int cmd_bench(const Args& a) {
@@ -525,6 +539,13 @@ int cmd_bench(const Args& a) {
       iters = -1;
     }
     if (iters < 1) throw UsageError("--iters must be a positive integer, got '" + s + "'");
+  }
+  double settle_ms = 50;
+  if (std::string v = a.get("settle-ms"); !v.empty()) {
+    char* end = nullptr;
+    settle_ms = std::strtod(v.c_str(), &end);
+    if (end == v.c_str() || *end || !(settle_ms >= 0) || settle_ms > 60000)
+      throw UsageError("--settle-ms must be a number of milliseconds in [0, 60000], got '" + v + "'");
   }
   // The GPU first: building a large graph's random inputs takes seconds and gigabytes.
   if (std::string why = rt::unsupported_reason(); !why.empty()) throw rt::UnsupportedDevice(why);
@@ -543,16 +564,16 @@ int cmd_bench(const Args& a) {
     flops += 2.0 * double(r.spec.gemm.rows) * double(r.spec.gemm.n) * double(r.spec.gemm.k);
   // The fused graph first; then, where cuBLASLt is there, the regions' GEMMs alone (no epilogue), the baseline.
   std::vector<TimedKernel> ks;
-  ks.push_back({[&] { rows ? cg.run(buf.map, nullptr, rows) : cg.run(buf.map); }});
+  ks.push_back({"fused", [&] { rows ? cg.run(buf.map, nullptr, rows) : cg.run(buf.map); }});
   std::vector<std::unique_ptr<rt::CublasGemm>> cublas;
   if (rt::CublasGemm::available())
     for (const auto& r : cg.partition().regions) {
       const GemmDesc& gd = r.spec.gemm;
       cublas.push_back(std::make_unique<rt::CublasGemm>(gd.rows, gd.n, gd.k, gd.transpose_b, gd.dtype == DType::F16));
       rt::CublasGemm* c = cublas.back().get();
-      ks.push_back({[c] { c->run(); }});
+      ks.push_back({"cublas" + std::to_string(cublas.size() - 1), [c] { c->run(); }});
     }
-  time_interleaved(ks, iters);
+  time_interleaved(ks, iters, settle_ms, a.get("series"));
   const double med = ks[0].median();
   print_choices(cg);   // the config search ran in the first launch
   std::printf("%s: median %.1f us over %zu samples of %d launches (min %.1f, max %.1f), %.1f TFLOP/s\n", a.file.c_str(),
@@ -565,8 +586,8 @@ int cmd_bench(const Args& a) {
   for (size_t i = 1; i < ks.size(); ++i) gemm_us += ks[i].median();
   std::printf("cuBLASLt GEMM%s of the same shape%s alone: %.1f us; fused graph ÷ cuBLAS = %.3f\n",
               cublas.size() > 1 ? "s" : "", cublas.size() > 1 ? "s" : "", gemm_us, med / gemm_us);
-  std::printf("timing: %.0f ms warm-up, then the %zu kernels in turn in %d blocks, samples of ~%.0f us, medians\n",
-              kPreheatUs / 1000, ks.size(), kBlocks, kSampleUs);
+  std::printf("timing: %.0f ms warm-up, then the %zu kernels in turn in %d blocks (each first runs %.0f ms untimed), "
+              "samples of ~%.0f us, medians\n", kPreheatUs / 1000, ks.size(), kBlocks, settle_ms, kSampleUs);
   return 0;
 }
 
@@ -597,7 +618,7 @@ int main(int argc, char** argv) {
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows"}));
     if (cmd == "run")
       return cmd_run(parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "aot", "seed", "rows"}));
-    if (cmd == "bench") return cmd_bench(parse_args(argc, argv, {}, {"iters", "transport", "aot", "rows"}));
+    if (cmd == "bench") return cmd_bench(parse_args(argc, argv, {}, {"iters", "transport", "aot", "rows", "settle-ms", "series"}));
     if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "rows"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
