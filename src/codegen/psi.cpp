@@ -215,13 +215,15 @@ class Psi {
     const int red = s.nodes[s.terminal].kind == SpecKind::Reduction ? s.terminal : -1;
     if (carry >= 0) {
       int first = -1;
-      if (red >= 0 && s.nodes[red].args[0] == carry) first = red;
+      if (red >= 0 && (s.nodes[red].args[0] == carry || mapped_source(k, s.nodes[red]) == carry)) first = red;
       for (size_t i = 0; first < 0 && i < s.nodes.size(); ++i)
         if (s.nodes[i].kind == SpecKind::Store && s.nodes[i].args[0] == carry) first = static_cast<int>(i);
       roots.push_back(first >= 0 ? first : carry);
     }
+    const int folded = red >= 0 ? folded_store(k, s.nodes[red]) : -1;
     for (size_t i = 0; i < s.nodes.size(); ++i)
-      if (s.nodes[i].kind == SpecKind::Store && std::find(roots.begin(), roots.end(), int(i)) == roots.end())
+      if (s.nodes[i].kind == SpecKind::Store && int(i) != folded &&
+          std::find(roots.begin(), roots.end(), int(i)) == roots.end())
         roots.push_back(static_cast<int>(i));
     if (red >= 0 && std::find(roots.begin(), roots.end(), red) == roots.end()) roots.push_back(red);
     std::string init = args_[k][roots.back()];
@@ -261,6 +263,32 @@ class Psi {
   std::string epilogue_args(size_t k) const {
     if (k + 1 == st_.size()) return "{" + tree_args_[k] + "}";
     return "{" + tree_args_[k] + ", " + epilogue_args(k + 1) + "}";
+  }
+
+  // A reduction of f(x), where x is the tile value carried to the next stage and f a unary op with no
+  // parameters (RMSNorm's mean(x^2), LayerNorm's mean(d^2)), renders as Reduce<.., x, f>: the node returns x and
+  // folds f(x), so x's subtree is visited once. (As two roots, Outputs<x, Reduce<f(x)>>, each root would hold its
+  // own copy of x's subtree, and every load in it, e.g. the residual R, would run twice.) x, or -1.
+  int mapped_source(size_t k, const SpecNode& red) const {
+    if (red.kind != SpecKind::Reduction || k + 1 >= st_.size()) return -1;
+    const SpecNode& fx = st_[k]->nodes[red.args.at(0)];
+    if (fx.kind != SpecKind::Compute || fx.args.size() != 1 || fx.op == OpKind::Cast || fx.op == OpKind::Pow ||
+        !op_functor(fx.op))
+      return -1;
+    return fx.args[0] == carried_[k + 1] ? fx.args[0] : -1;
+  }
+
+  // A store of the value a reduction reads (x, or x of a mapped f(x)) becomes the reduction's child: Store returns
+  // x, so x's subtree is visited once for both (prenorm's stored residual stream h and its LayerNorm). The first
+  // such store, or -1.
+  int folded_store(size_t k, const SpecNode& red) const {
+    if (red.kind != SpecKind::Reduction) return -1;
+    const int x = mapped_source(k, red);
+    const int src = x >= 0 ? x : red.args.at(0);
+    const auto& nodes = st_[k]->nodes;
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (nodes[i].kind == SpecKind::Store && nodes[i].args.at(0) == src) return static_cast<int>(i);
+    return -1;
   }
 
   std::string operand(size_t k, const SpecNode& n, int a) const { return names_[k][n.args.at(a)]; }
@@ -330,10 +358,17 @@ class Psi {
         return unary(f, std::string(op_name(n.op)) + "(" + a + ")");
       }
       case SpecKind::Reduction: {
-        const std::string a = operand(k, n, 0);
-        return {std::string("Reduce<") + reduce_kind(n.reduce) + ", " + std::to_string(k) + ", " + a + ">",
-                "{" + operand_args(k, n, 0) + ", p.ws}",
-                a + "; r" + std::to_string(k) + " = " + reduce_kind_name(n.reduce) + "(" + a + ") over the row"};
+        // The child: what is reduced, or x where f(x) is (the map f folded in), or a store of x (it returns x).
+        const int x = mapped_source(k, n);
+        const int src = x >= 0 ? x : n.args.at(0);
+        const int st = folded_store(k, n);
+        const int child = st >= 0 ? st : src;
+        const std::string c = names_[k][child], r = "r" + std::to_string(k);
+        const std::string map = x >= 0 ? std::string(", ") + op_functor(st_[k]->nodes[n.args[0]].op) : "";
+        return {std::string("Reduce<") + reduce_kind(n.reduce) + ", " + std::to_string(k) + ", " + c + map + ">",
+                "{" + args_[k][child] + ", p.ws}",
+                names_[k][src] + "; " + r + " = " + reduce_kind_name(n.reduce) + "(" + names_[k][n.args[0]] +
+                    ") over the row" + (st >= 0 ? ", after " + c + " stores it" : "")};
       }
       case SpecKind::Store: {
         const std::string a = operand(k, n, 0), o = std::to_string(n.output);

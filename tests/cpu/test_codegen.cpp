@@ -124,9 +124,9 @@ TEST(Codegen, AliasesNameTheNestedType) {
   const std::string src = generate_kernel(p.regions.at(0).spec).source;
   const std::string x = "Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoad<bf16>>";
   EXPECT_EQ(expanded_epilogue(src),
-            "StageStream<Stage<Outputs<Reduce<RowReduce::Mean, 0, " + x + ">, Store<bf16, " + x +
-                ">>, Stage<Outputs<Compute<ops::Sub, AccEntry, RowResult<0>>, Reduce<RowReduce::Mean, 1, "
-                "Compute<ops::Square, Compute<ops::Sub, AccEntry, RowResult<0>>>>>, Stage<Store<bf16, Compute<ops::Add, "
+            "StageStream<Stage<Reduce<RowReduce::Mean, 0, Store<bf16, " + x +
+                ">>, Stage<Reduce<RowReduce::Mean, 1, Compute<ops::Sub, AccEntry, RowResult<0>>, ops::Square>, "
+                "Stage<Store<bf16, Compute<ops::Add, "
                 "Compute<ops::Mul, Compute<ops::Mul, AccEntry, Compute<ops::Rsqrt, Compute<ops::Add, RowResult<1>, "
                 "Scalar>>>, RowBroadcast<bf16>>, RowBroadcast<bf16>>>>>>>");
   // the unit holds what differs between kernels; the entry points come from comfuse/generated_unit.cuh

@@ -18,9 +18,7 @@ using v0_2 = Compute<ops::Add, v0_0, v0_1>;         // v0_2 = v0_0 + v0_1
 using v0_3 = TileLoad<bf16>;                        // v0_3 = param[1][row, col]
 using v0_4 = Compute<ops::Add, v0_2, v0_3>;         // v0_4 = v0_2 + v0_3
 using v0_5 = Compute<ops::Square, v0_4>;            // v0_5 = square(v0_4)
-using v0_6 = Reduce<RowReduce::Mean, 0, v0_5>;      // v0_6 = v0_5; r0 = mean(v0_5) over the row
-// stage 0 visits v0_4, v0_6 (the first is carried on)
-using Tree0 = Outputs<v0_4, v0_6>;
+using v0_6 = Reduce<RowReduce::Mean, 0, v0_4, ops::Square>; // v0_6 = v0_4; r0 = mean(v0_5) over the row
   // stage 1: after r0
   using v1_0 = RowResult<0>;                        // v1_0 = r0, per row
   using v1_1 = AccEntry;                            // v1_1 = v0_4 (carried in the accumulator registers)
@@ -32,7 +30,7 @@ using Tree0 = Outputs<v0_4, v0_6>;
   using v1_7 = Compute<ops::Mul, v1_5, v1_6>;       // v1_7 = v1_5 * v1_6
   using v1_8 = Store<bf16, v1_7>;                   // v1_8 = v1_7; out[0][row, col] = bf16(v1_7)
 
-using Epilogue = StageStream<Stage<Tree0, Stage<v1_8>>>;
+using Epilogue = StageStream<Stage<v0_6, Stage<v1_8>>>;
 using Cfg = GemmConfig<bf16, BLayout::KN, 128, 128, 64, 1, 1>;
 using Unit = GeneratedUnit<Cfg, Epilogue, /*outputs*/ 1, /*params*/ 3>;
 
@@ -45,8 +43,7 @@ inline Epilogue::Arguments make_args(Unit::Pointers const& p, int64_t ld) {
   v0_3::Arguments a0_3{p.input<bf16>(1), ld};
   v0_4::Arguments a0_4{a0_2, a0_3};
   v0_5::Arguments a0_5{a0_4};
-  v0_6::Arguments a0_6{a0_5, p.ws};
-  Tree0::Arguments tree0{a0_4, a0_6};
+  v0_6::Arguments a0_6{a0_4, p.ws};
     // stage 1
     v1_2::Arguments a1_2{9.99999997e-07f, nullptr};
     v1_3::Arguments a1_3{{}, a1_2};
@@ -55,7 +52,7 @@ inline Epilogue::Arguments make_args(Unit::Pointers const& p, int64_t ld) {
     v1_6::Arguments a1_6{p.input<bf16>(2)};
     v1_7::Arguments a1_7{a1_5, a1_6};
     v1_8::Arguments a1_8{p.output<bf16>(0), ld, a1_7};
-  return {tree0, {a1_8}};
+  return {a0_6, {a1_8}};
 }
 }  // namespace comfuse_43a35890a608639a
 
