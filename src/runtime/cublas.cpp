@@ -134,7 +134,7 @@ CublasGemm::CublasGemm(int64_t m, int64_t n, int64_t k, bool b_nk, bool f16) : p
   p_->ws = mem_alloc(p_->ws_size);
   // Random operands, uniform in [-1, 1) like `comfuse bench`'s own inputs. The time does depend on the values:
   // near peak the H200 is power-bound, and constant operands (few bit toggles in the tensor cores) let it clock
-  // higher, measured ~13% faster at 8192x4096x4096 than the same GEMM on random data.
+  // higher: at 8192x4096x4096 it measured 334 us on constant operands, 418 us on random ones (H200, two runs).
   upload_uniform(p_->a, size_t(m) * k, f16, 1);
   upload_uniform(p_->b, size_t(k) * n, f16, 2);
 }
