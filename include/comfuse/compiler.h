@@ -164,8 +164,6 @@ class CompiledGraph {
   struct Bound;     // the partition at one row count
   struct Runtime;   // libraries and per-(device, stream) state, behind a lock
   void run_bound(const BufferMap& buffers, CUstream stream, int64_t rows);
-  struct Launch;    // one run() call's steps on one stream (compiler.cpp)
-  void validate_buffers(const BufferMap& buffers) const;
   struct Search;    // one region's choice for one launch (compiler.cpp)
   int choose_candidate(const Search& s);
   std::shared_ptr<const Bound> bound(int64_t rows);

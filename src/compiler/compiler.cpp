@@ -804,200 +804,30 @@ void CompiledGraph::run(const BufferMap& buffers, CUstream stream, const ShapeMa
   run_bound(buffers, stream, rows);
 }
 
-// Every graph input and output must be given, 16-byte aligned (checked before any GPU work).
-void CompiledGraph::validate_buffers(const BufferMap& buffers) const {
-  const Graph& g = partition_.graph;
-  for (const Node& n : g.nodes) {
-    bool needed = n.op == OpKind::Input || g.is_output(n.id);
-    if (!needed) continue;
-    auto it = buffers.find(n.name);
-    if (it == buffers.end() || it->second == 0)
-      throw std::invalid_argument(std::string(g.is_output(n.id) ? "output" : "input") + " '" + n.name +
-                                  "' has no device buffer");
-    if (it->second % 16 != 0)
-      throw std::invalid_argument("buffer of '" + n.name + "' is not 16-byte aligned (TMA and vector accesses need it)");
-  }
-}
-
-// One run() call: the steps of the bound partition enqueued on `stream`, with the values handed between them in
-// the stream's state (which the caller holds locked). prepare() first (every buffer, constant and workspace),
-// then each step, then the outputs kept in another dtype converted into the caller's buffers.
-struct CompiledGraph::Launch {
-  CompiledGraph& cg;
-  const BufferMap& buffers;
-  CUstream stream;
-  int64_t rows;
-  const Partition& part;
-  const Graph& g;
-  StreamState& st;
-  const std::string& device;   // the stream's device name (the config search's records are per device)
-  PlainPath* plain = cg.rt_->plain.get();
-  const std::vector<DType>& storage = cg.storage_;
-  bool synced = false;
-
-  // Buffers grow for a larger row count: the stream may still be reading the old ones, so wait for it once.
-  void wait_once() {
-    if (!synced) rt::synchronize(stream);
-    synced = true;
-  }
-  CUdeviceptr ensure(DeviceBuffer& b, size_t bytes) {
-    bytes = std::max<size_t>(bytes, 16);
-    if (b.ptr && b.bytes >= bytes) return b.ptr;
-    if (b.ptr) {
-      wait_once();
-      rt::mem_free(b.ptr);
-      b = {};
-    }
-    b.ptr = rt::mem_alloc(bytes);
-    b.bytes = bytes;
-    return b.ptr;
-  }
-  // The value of `node` in its storage dtype: the caller's buffer when that has the same dtype, else ours.
-  CUdeviceptr value(int node) {
-    const Node& n = g.node(node);
-    if (n.op == OpKind::Constant) {
-      DeviceBuffer& c = st.constants[node];
-      if (!c.ptr) {
-        ensure(c, 4);
-        const float v = static_cast<float>(n.value);
-        rt::copy_to_device_async(c.ptr, &v, sizeof v, stream);
-      }
-      return c.ptr;
-    }
-    if (auto it = buffers.find(n.name); it != buffers.end() && storage[node] == n.dtype) return it->second;
-    return ensure(st.values[node], static_cast<size_t>(numel(n.shape)) * dtype_bytes(storage[node]));
-  }
-  // The value of `node` as `dt` (converted now, after its producer ran, when the storage dtype differs).
-  CUdeviceptr as(int node, DType dt) {
-    if (storage[node] == dt) return value(node);
-    const Node& n = g.node(node);
-    CUdeviceptr slot = ensure(st.converted[{node, static_cast<int>(dt)}], static_cast<size_t>(numel(n.shape)) * dtype_bytes(dt));
-    if (!plain) throw std::logic_error("a dtype conversion needs the plain GPU path library");
-    plain->convert(value(node), storage[node], slot, dt, numel(n.shape), stream);
-    return slot;
-  }
-
-  // Setup before any launch (all ordered on the stream): buffers, constants, workspaces, batch offsets.
-  void prepare() {
-    for (const Step& step : part.schedule) {
-      std::vector<int> plain_nodes;
-      if (!step.is_region) plain_nodes.push_back(step.index);
-      else if (cg.regions_[step.index].plain) plain_nodes = part.regions[step.index].nodes;
-      for (int id : plain_nodes) {
-        for (int x : g.node(id).inputs) (void)value(x);
-        (void)value(id);
-        std::vector<int64_t> off = PlainPath::prepare(g, g.node(id));
-        if (off.empty()) continue;
-        auto& [at_rows, buf] = st.offsets[id];
-        const size_t bytes = off.size() * sizeof(int64_t);
-        const bool fresh = !buf.ptr || buf.bytes < std::max<size_t>(bytes, 16);
-        ensure(buf, bytes);
-        if (fresh || at_rows != rows) rt::copy_to_device_async(buf.ptr, off.data(), bytes, stream);
-        at_rows = rows;
-      }
-      if (!step.is_region || cg.regions_[step.index].plain) continue;
-      const FusionSpec& fs = part.regions[step.index].spec;
-      ReductionWorkspace& w = st.ws[step.index];
-      if (fs.num_stages() > 1 && (!w.partials || w.rows < fs.gemm.rows)) {
-        if (w.partials) wait_once();
-        w.allocate(*cg.rt_->libs[step.index][0], fs.gemm.rows, fs.gemm.n, stream ? stream : CU_STREAM_LEGACY);
-      }
-    }
-  }
-
-  void step(const Step& s) {
-    if (!s.is_region) return run_plain(s.index);
-    if (cg.regions_[s.index].plain) {
-      for (int id : part.regions[s.index].nodes) run_plain(id);
-      return;
-    }
-    run_region(s.index);
-  }
-
-  // A node on the plain GPU path.
-  void run_plain(int id) {
-    const Node& n = g.node(id);
-    std::vector<CUdeviceptr> in;
-    std::vector<DType> dts;
-    for (int x : n.inputs) {
-      in.push_back(value(x));
-      dts.push_back(g.node(x).op == OpKind::Constant ? DType::F32 : storage[x]);
-    }
-    auto off = st.offsets.find(id);
-    plain->run(g, n, in, dts, value(id), storage[id], stream, off == st.offsets.end() ? 0 : off->second.second.ptr);
-  }
-
-  // A fused region: its arguments, its config (the prior or the search's choice), its launch.
-  void run_region(int index) {
-    const FusionSpec& fs = part.regions[index].spec;
-    const CompiledRegion& cr = cg.regions_[index];
-    ComfuseKernelArgs a = kernel_args(fs, fs.gemm.rows, reinterpret_cast<const void*>(as(fs.gemm.a, fs.gemm.dtype)),
-                                      reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype)), cr.plan.transport);
-    for (size_t i = 0; i < fs.outputs.size(); ++i) a.out[i] = reinterpret_cast<void*>(value(fs.outputs[i].node));
-    for (size_t i = 0; i < fs.params.size(); ++i) {
-      const RuntimeParam& prm = fs.params[i];
-      if (prm.node < 0) throw std::logic_error("runtime parameter '" + prm.name + "' has no graph node");
-      a.param[i] = reinterpret_cast<const void*>(as(prm.node, prm.dtype));
-    }
-    ReductionWorkspace& w = st.ws[index];
-    if (fs.num_stages() > 1) {
-      a.ws_partials = reinterpret_cast<float*>(w.partials);
-      a.ws_counters = reinterpret_cast<int*>(w.counters);
-    }
-    // The config: the prior, or the search's choice for this M bucket (regions with row reductions have one).
-    const rt::KernelLibrary* chosen = cg.rt_->libs[index][0].get();
-    if (cr.candidates.size() > 1 && fs.num_stages() == 1) {
-      Search srch;
-      srch.region = index;
-      srch.rows = fs.gemm.rows;
-      srch.args = &a;
-      srch.stream = stream;
-      srch.device = device;
-      if (const int c = cg.choose_candidate(srch); c > 0) {
-        std::lock_guard<std::mutex> lock(cg.rt_->mu);
-        auto& slot = cg.rt_->libs[index][c];
-        try {
-          if (!slot) slot = std::make_shared<rt::KernelLibrary>(cr.candidates[c].library_path);   // a recorded choice
-        } catch (const rt::RuntimeError&) {   // it does not load here: the prior serves
-        }
-        if (slot && slot->check(a).empty()) chosen = slot.get();
-      }
-    }
-    const rt::KernelLibrary& lib = *chosen;
-    if (std::string why = lib.check(a); !why.empty())
-      throw std::invalid_argument("region " + std::to_string(index) + " (" + cr.kernel.name + "): " + why);
-    try {
-      lib.launch(a, stream);
-    } catch (...) {
-      // an aborted launch may leave the exchange workspace mid-protocol: zero it before anyone reuses it
-      try {
-        w.reset(stream ? stream : CU_STREAM_LEGACY);
-      } catch (...) {
-      }
-      throw;
-    }
-  }
-
-  // Graph outputs kept in another dtype than their own: into the caller's buffers.
-  void convert_outputs() {
-    for (const Output& o : g.outputs) {
-      const Node& n = g.node(o.node);
-      if (n.op == OpKind::Input || storage[o.node] == n.dtype) continue;
-      if (!plain) throw std::logic_error("a dtype conversion needs the plain GPU path library");
-      plain->convert(value(o.node), storage[o.node], buffers.at(n.name), n.dtype, numel(n.shape), stream);
-    }
-  }
-};
-
-// validate, prepare, launch, convert.
 void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t rows) {
   if (aot_) throw std::logic_error("compiled ahead of time only (CompilerOptions::ahead_of_time): load it to run");
-  validate_buffers(buffers);
+  // Every graph input and output must be given, 16-byte aligned (checked before any GPU work).
+  {
+    const Graph& g = partition_.graph;
+    for (const Node& n : g.nodes) {
+      bool needed = n.op == OpKind::Input || g.is_output(n.id);
+      if (!needed) continue;
+      auto it = buffers.find(n.name);
+      if (it == buffers.end() || it->second == 0)
+        throw std::invalid_argument(std::string(g.is_output(n.id) ? "output" : "input") + " '" + n.name +
+                                    "' has no device buffer");
+      if (it->second % 16 != 0)
+        throw std::invalid_argument("buffer of '" + n.name + "' is not 16-byte aligned (TMA and vector accesses need it)");
+    }
+  }
   const std::shared_ptr<const Bound> bnd = bound(rows);
+  const Partition& part = bnd->p;
+  const Graph& g = part.graph;
+
   // The stream's context (its device), current for this call only.
   const rt::StreamContext sc = rt::stream_context(stream, device_);
   rt::ScopedContext in_context(sc.ctx);
-  // The libraries (loaded on the first run) and this (context, stream)'s state (created on its first run).
+
   std::shared_ptr<StreamState> st;
   {
     std::lock_guard<std::mutex> lock(rt_->mu);
@@ -1018,11 +848,156 @@ void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t
     }
     st = slot;
   }
+  const auto& libs = rt_->libs;
+  PlainPath* plain = rt_->plain.get();
   std::lock_guard<std::mutex> stream_lock(st->mu);
-  Launch launch{*this, buffers, stream, rows, bnd->p, bnd->p.graph, *st, sc.info.name};
-  launch.prepare();
-  for (const Step& s : bnd->p.schedule) launch.step(s);
-  launch.convert_outputs();
+
+  // Buffers grow for a larger row count: the stream may still be reading the old ones, so wait for it once.
+  bool synced = false;
+  auto wait_once = [&] {
+    if (!synced) rt::synchronize(stream);
+    synced = true;
+  };
+  auto ensure = [&](DeviceBuffer& b, size_t bytes) -> CUdeviceptr {
+    bytes = std::max<size_t>(bytes, 16);
+    if (b.ptr && b.bytes >= bytes) return b.ptr;
+    if (b.ptr) {
+      wait_once();
+      rt::mem_free(b.ptr);
+      b = {};
+    }
+    b.ptr = rt::mem_alloc(bytes);
+    b.bytes = bytes;
+    return b.ptr;
+  };
+  const std::vector<DType>& storage = storage_;
+  // The value of `node` in its storage dtype: the caller's buffer when that has the same dtype, else ours.
+  auto value = [&](int node) -> CUdeviceptr {
+    const Node& n = g.node(node);
+    if (n.op == OpKind::Constant) {
+      DeviceBuffer& c = st->constants[node];
+      if (!c.ptr) {
+        ensure(c, 4);
+        const float v = static_cast<float>(n.value);
+        rt::copy_to_device_async(c.ptr, &v, sizeof v, stream);
+      }
+      return c.ptr;
+    }
+    if (auto it = buffers.find(n.name); it != buffers.end() && storage[node] == n.dtype) return it->second;
+    return ensure(st->values[node], static_cast<size_t>(numel(n.shape)) * dtype_bytes(storage[node]));
+  };
+  // The value of `node` as `dt` (converted now, after its producer ran, when the storage dtype differs).
+  auto as = [&](int node, DType dt) -> CUdeviceptr {
+    if (storage[node] == dt) return value(node);
+    const Node& n = g.node(node);
+    CUdeviceptr slot = ensure(st->converted[{node, static_cast<int>(dt)}], static_cast<size_t>(numel(n.shape)) * dtype_bytes(dt));
+    if (!plain) throw std::logic_error("a dtype conversion needs the plain GPU path library");
+    plain->convert(value(node), storage[node], slot, dt, numel(n.shape), stream);
+    return slot;
+  };
+
+  // Setup before any launch (all ordered on the stream): buffers, constants, workspaces, batch offsets.
+  for (const Step& step : part.schedule) {
+    std::vector<int> plain_nodes;
+    if (!step.is_region) plain_nodes.push_back(step.index);
+    else if (regions_[step.index].plain) plain_nodes = part.regions[step.index].nodes;
+    for (int id : plain_nodes) {
+      for (int x : g.node(id).inputs) (void)value(x);
+      (void)value(id);
+      std::vector<int64_t> off = PlainPath::prepare(g, g.node(id));
+      if (off.empty()) continue;
+      auto& [at_rows, buf] = st->offsets[id];
+      const size_t bytes = off.size() * sizeof(int64_t);
+      const bool fresh = !buf.ptr || buf.bytes < std::max<size_t>(bytes, 16);
+      ensure(buf, bytes);
+      if (fresh || at_rows != rows) rt::copy_to_device_async(buf.ptr, off.data(), bytes, stream);
+      at_rows = rows;
+    }
+    if (!step.is_region || regions_[step.index].plain) continue;
+    const FusionSpec& fs = part.regions[step.index].spec;
+    ReductionWorkspace& w = st->ws[step.index];
+    if (fs.num_stages() > 1 && (!w.partials || w.rows < fs.gemm.rows)) {
+      if (w.partials) wait_once();
+      w.allocate(*libs[step.index][0], fs.gemm.rows, fs.gemm.n, stream ? stream : CU_STREAM_LEGACY);
+    }
+  }
+
+  auto run_plain = [&](int id) {
+    const Node& n = g.node(id);
+    std::vector<CUdeviceptr> in;
+    std::vector<DType> dts;
+    for (int x : n.inputs) {
+      in.push_back(value(x));
+      dts.push_back(g.node(x).op == OpKind::Constant ? DType::F32 : storage[x]);
+    }
+    auto off = st->offsets.find(id);
+    plain->run(g, n, in, dts, value(id), storage[id], stream, off == st->offsets.end() ? 0 : off->second.second.ptr);
+  };
+  for (const Step& step : part.schedule) {
+    if (!step.is_region) {
+      run_plain(step.index);
+      continue;
+    }
+    if (regions_[step.index].plain) {
+      for (int id : part.regions[step.index].nodes) run_plain(id);
+      continue;
+    }
+    const Region& reg = part.regions[step.index];
+    const FusionSpec& fs = reg.spec;
+    const CompiledRegion& cr = regions_[step.index];
+    ComfuseKernelArgs a = kernel_args(fs, fs.gemm.rows, reinterpret_cast<const void*>(as(fs.gemm.a, fs.gemm.dtype)),
+                                      reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype)), cr.plan.transport);
+    for (size_t i = 0; i < fs.outputs.size(); ++i) a.out[i] = reinterpret_cast<void*>(value(fs.outputs[i].node));
+    for (size_t i = 0; i < fs.params.size(); ++i) {
+      const RuntimeParam& prm = fs.params[i];
+      if (prm.node < 0) throw std::logic_error("runtime parameter '" + prm.name + "' has no graph node");
+      a.param[i] = reinterpret_cast<const void*>(as(prm.node, prm.dtype));
+    }
+    ReductionWorkspace& w = st->ws[step.index];
+    if (fs.num_stages() > 1) {
+      a.ws_partials = reinterpret_cast<float*>(w.partials);
+      a.ws_counters = reinterpret_cast<int*>(w.counters);
+    }
+    // The config: the prior, or the search's choice for this M bucket (regions with row reductions have one).
+    const rt::KernelLibrary* chosen = libs[step.index][0].get();
+    if (cr.candidates.size() > 1 && fs.num_stages() == 1) {
+      Search srch;
+      srch.region = step.index;
+      srch.rows = fs.gemm.rows;
+      srch.args = &a;
+      srch.stream = stream;
+      srch.device = sc.info.name;
+      if (const int c = choose_candidate(srch); c > 0) {
+        std::lock_guard<std::mutex> lock(rt_->mu);
+        auto& slot = rt_->libs[step.index][c];
+        try {
+          if (!slot) slot = std::make_shared<rt::KernelLibrary>(cr.candidates[c].library_path);   // a recorded choice
+        } catch (const rt::RuntimeError&) {   // it does not load here: the prior serves
+        }
+        if (slot && slot->check(a).empty()) chosen = slot.get();
+      }
+    }
+    const rt::KernelLibrary& lib = *chosen;
+    if (std::string why = lib.check(a); !why.empty())
+      throw std::invalid_argument("region " + std::to_string(step.index) + " (" + cr.kernel.name + "): " + why);
+    try {
+      lib.launch(a, stream);
+    } catch (...) {
+      // an aborted launch may leave the exchange workspace mid-protocol: zero it before anyone reuses it
+      try {
+        w.reset(stream ? stream : CU_STREAM_LEGACY);
+      } catch (...) {
+      }
+      throw;
+    }
+  }
+  // Graph outputs kept in another dtype than their own: into the caller's buffers.
+  for (const Output& o : g.outputs) {
+    const Node& n = g.node(o.node);
+    if (n.op == OpKind::Input || storage[o.node] == n.dtype) continue;
+    if (!plain) throw std::logic_error("a dtype conversion needs the plain GPU path library");
+    plain->convert(value(o.node), storage[o.node], buffers.at(n.name), n.dtype, numel(n.shape), stream);
+  }
 }
 }  // namespace comfuse
 
