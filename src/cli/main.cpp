@@ -155,6 +155,9 @@ int cmd_plan(const Args& a) {
       std::cout << "\n    why: " << d.candidates_reason << "\n";
     }
   }
+  for (size_t i = 0; i < p.b2b.size(); ++i)
+    if (p.b2b[i].recognised)
+      std::cout << "  b2b chain " << i << ": declined (runs as before): " << plan_b2b(p.b2b[i].spec).reason << "\n";
   return 0;
 }
 
