@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <map>
 #include <queue>
 #include <set>
 #include <sstream>
@@ -70,14 +71,14 @@ void absorb_transpose(const Graph& g, GemmDesc& d) {
 
 Shape leading(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
 
-std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::vector<B2BGrown>& grown,
+std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::map<int, B2BGrown>& grown,
                                       const std::vector<std::vector<int>>& users, const std::vector<char>& is_output,
                                       std::vector<int>& seen, int& stamp) {
   std::vector<B2BChain> chains;
   std::vector<int> chain_of(g.nodes.size(), -1);  // matmul -> the recognised chain it is part of
-  for (const Node& m1 : g.nodes) {
-    const B2BGrown& r1 = grown[m1.id];
-    if (m1.op != OpKind::MatMul || !r1.ok) continue;
+  for (const auto& [m1_id, r1] : grown) {  // in GEMM order (node ids are topological)
+    const Node& m1 = g.node(m1_id);
+    if (!r1.ok) continue;
     std::set<int> seen_m2;
     for (int s : r1.stored)
       for (int u : users[s]) {
@@ -112,7 +113,7 @@ std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::vector<B2BGrown
           if (v == s) continue;
           if (is_output[v]) escapes = q(g, v) + " is a graph output";
           for (int w : users[v])
-            if (escapes.empty() && std::find(r1.nodes.begin(), r1.nodes.end(), w) == r1.nodes.end())
+            if (escapes.empty() && !std::binary_search(r1.nodes.begin() + 1, r1.nodes.end(), w))  // ids ascend
               escapes = q(g, v) + " is also read by " + q(g, w) + " (" + op_name(g.node(w).op) + ")";
           if (!escapes.empty()) break;
         }
@@ -136,7 +137,7 @@ std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::vector<B2BGrown
           reject("F is not expressible in a B2B kernel: " + form.why);
           continue;
         }
-        const B2BGrown& r2 = grown[m2.id];
+        const B2BGrown& r2 = grown.at(m2.id);
         if (!r2.ok) {
           reject("GEMM2 " + q(g, m2.id) + " cannot be fused: " + r2.why);
           continue;
@@ -347,7 +348,7 @@ Partition partition(const Graph& input) {
   // single-GEMM kernel does not serve, one grown by the same rules over the nodes no region claimed (recorded
   // here only: those nodes stay on the standard path). A chain is a matmul reading such a region's value as
   // its A operand. The partition above is final: this adds p.b2b and changes nothing else.
-  std::vector<B2BGrown> grown(n);
+  std::map<int, B2BGrown> grown;  // by matmul node
   for (size_t i = 0; i < p.regions.size(); ++i) {
     const Region& r = p.regions[i];
     for (int id : r.nodes) in_region[id] = 1;
@@ -355,7 +356,7 @@ Partition partition(const Graph& input) {
     for (int id : r.nodes) in_region[id] = 0;
   }
   for (const Node& root : g.nodes) {
-    if (root.op != OpKind::MatMul || grown[root.id].ok) continue;
+    if (root.op != OpKind::MatMul || grown.count(root.id)) continue;
     if (auto why = phi_rejects_root(g, root, /*batched_ok=*/true)) {
       grown[root.id].why = *why;
       continue;

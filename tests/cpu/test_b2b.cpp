@@ -6,6 +6,7 @@
 #include <fstream>
 #include <random>
 
+#include "comfuse/compiler.h"
 #include "comfuse/interp.h"
 #include "comfuse/partition.h"
 #include "comfuse/plan.h"
@@ -435,5 +436,20 @@ TEST(B2B, CliInterpB2bModeAgreesWithGraphMode) {
                     (d / "out").string() + " --n1-chunk 16");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--n1-chunk applies to --mode b2b only"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
+TEST(B2B, CompiledGraphRunsTheRegionsAndExplainsTheDecline) {
+  // Loading a manifest (fake libraries: nothing runs) needs no nvcc: the batched attention has no region, every
+  // node is on the plain path, and explain() says the chain was declined.
+  fs::path d = test::fresh_dir("b2b", "compiled");
+  Graph g = parse_cf(attention(2, 4, 8, 8), "att.cf");
+  std::ofstream(d / "comfuse_plain_path.so") << "x";
+  std::ofstream(d / "manifest.txt") << "plain comfuse_plain_path comfuse_plain_path.so\n";
+  CompiledGraph cg = Compiler().load(g, d.string());
+  EXPECT_TRUE(cg.regions().empty());
+  const std::string ex = cg.explain();
+  EXPECT_NE(ex.find("b2b chain 0 ('_2' -> 'y'): declined: no B2B kernel yet"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("plain GPU path (nodes outside fused regions): _1 _2 _3"), std::string::npos) << ex;
   fs::remove_all(d);
 }
