@@ -33,8 +33,39 @@ Tensor gemm_reference(const Tensor& a, const Tensor& b, const GemmDesc& g);
 std::vector<Tensor> interpret_spec(const FusionSpec& fs, const Tensor& a, const Tensor& b,
                                    const std::vector<Tensor>& params, int ctas);
 
+// The epilogue part of interpret_spec: `acc` is the GEMM's [rows, N] fp32 accumulator, as computed elsewhere.
+std::vector<Tensor> interpret_epilogue(const FusionSpec& fs, const Tensor& acc, const std::vector<Tensor>& params,
+                                       int ctas);
+
+// The order in which a back-to-back kernel accumulates (interpret_b2b; docs/kernel-b2b.md "Graph level").
+struct B2BOrder {
+  int64_t n1_chunk = 64;  // N1 columns per chunk: the flash-style kernel's N1 step (the last chunk may be short)
+  int n1_splits = 1;      // the cluster form: N1 cut into this many contiguous ranges (one per CTA), each with its
+                          // own partial O (and softmax max / sum), combined in range order at the end
+};
+
+// Evaluates a back-to-back chain the way its kernel does. Row by row; a row's N1 columns are visited range by
+// range (n1_splits), chunk by chunk (n1_chunk):
+//   acc1 = X·W1[:, chunk] in fp32 (k ascending), then F on the chunk in fp32;
+//   elementwise F: S = F(acc1) rounded to GEMM2's operand dtype (the tensor cores' A operand), O += S·W2[chunk, :]
+//     in fp32, j ascending within the chunk;
+//   softmax F (online rescaling): x = pre(acc1); m' = max(m, max x); a = exp(m - m'); p = exp(x - m') in fp32;
+//     l = l·a + sum(p); O = O·a + round(p)·W2[chunk, :]; after the last chunk O = O / l (fp32). The tensor cores
+//     see the unnormalised p rounded to bf16, not the graph's rounded exp/sum: agreement is to bf16 accuracy,
+//     not bitwise (docs/kernel-b2b.md gives the bound).
+// Ranges combine in order: O = sum O_i (softmax: rescaled to the common max first). Then epilogue2 on O
+// (interpret_epilogue, `ctas` column blocks). x: GEMM1's A, w1 / w2: the B operands as the GemmDescs lay them out
+// ([batch,] K, N1 or, transposed, [batch,] N1, K); params1 / params2: values of b.first.params / b.second.params.
+// Returns one tensor per b.second.outputs. Throws std::runtime_error on mis-shaped operands or a bad order.
+std::vector<Tensor> interpret_b2b(const B2BSpec& b, const Tensor& x, const Tensor& w1, const Tensor& w2,
+                                  const std::vector<Tensor>& params1, const std::vector<Tensor>& params2,
+                                  const B2BOrder& order = {}, int ctas = 1);
+
 // Runs a partitioned program: regions through interpret_spec, fallback nodes through eval_node, in p.schedule
 // order. Same contract as interpret_graph (for p.graph).
 TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas);
+// The same, with every recognised back-to-back chain (p.b2b) run by interpret_b2b in `order` instead of as its
+// regions and standard-path nodes: what the program computes once the chains are fused.
+TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas, const B2BOrder& order);
 
 }  // namespace comfuse

@@ -23,8 +23,10 @@ struct TileSpace {
 // column [rows, 1] or full tile. nullopt when the broadcast is partial (e.g. [S, 1] against [B, S, N]).
 std::optional<BroadcastKind> classify_operand(const Shape& operand, const Shape& out, const TileSpace& ts);
 
-// Why matmul `n` cannot be an epilogue root (nullopt: it can).
-std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n);
+// Why matmul `n` cannot be an epilogue root (nullopt: it can). `batched_ok`: a B operand with batch dims is
+// accepted (the GEMM of a back-to-back chain, which carries the batch itself: B2BSpec::batch); the single-GEMM
+// kernel has no batch, so partition's own regions never set it.
+std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n, bool batched_ok = false);
 
 // Values of a region: kTileValue per element, kRowValue one per row (a reduction's result and what is computed
 // from such values only). Kept by dataflow, not read off shapes: with N == 1 both are [rows, 1].
@@ -41,6 +43,8 @@ std::optional<std::string> phi_rejects(const Graph& g, const Node& n, const std:
 
 // Lowers a region (root first, topological order) to its Spec. `stored` lists the region's nodes whose values
 // leave the kernel (graph outputs or read by the rest of the program), in the order outputs should appear.
-FusionSpec lower_region(const Graph& g, const std::vector<int>& region, const std::vector<int>& stored);
+// `batched_ok` as for phi_rejects_root (the GemmDesc's rows then count every batch's rows).
+FusionSpec lower_region(const Graph& g, const std::vector<int>& region, const std::vector<int>& stored,
+                        bool batched_ok = false);
 
 }  // namespace comfuse

@@ -30,18 +30,36 @@ struct Step {
   int index = -1;               // region index, or graph node id
 };
 
+// A back-to-back GEMM chain GEMM1 -> F -> GEMM2 -> epilogue2 (spec.h "B2BSpec"). Recognised chains are recorded
+// next to the regions and do not replace them: the program still runs as the regions and fallback nodes below
+// until the planner accepts a chain (plan.h plan_b2b; today it declines every one: no B2B kernel yet).
+struct B2BChain {
+  int gemm1 = -1, gemm2 = -1;   // the matmul graph nodes
+  bool recognised = false;      // false: a candidate (a matmul reading GEMM1's epilogue) rejected, see reason
+  std::string reason;           // recognised: what the chain is; rejected: why it stays two regions (one line)
+  // recognised only:
+  std::vector<int> nodes;       // every graph node the fused kernel would compute, topological order
+  int region1 = -1, region2 = -1;  // the partition regions it would replace (-1: that GEMM is on the standard
+                                   // path, e.g. a batched GEMM the single-GEMM kernel does not serve)
+  B2BSpec spec;
+};
+
 struct Partition {
   Graph graph;                  // the program partitioned: composites decomposed, dead nodes removed
   std::vector<Region> regions;
   std::vector<int> fallback;    // graph node ids on the standard path (topological order)
   std::vector<NodeDecision> decisions;  // indexed by graph node id
   std::vector<Step> schedule;   // an order in which every step's operands exist
+  std::vector<B2BChain> b2b;    // candidate chains in GEMM1 order, recognised or not (empty: no matmul reads
+                                // another GEMM's epilogue as its A operand)
 };
 
 // Decomposes composites, removes dead code, partitions, and lowers each region with Phi.
 Partition partition(const Graph& g);
 
 // `comfuse plan` output: regions with their Specs, params, outputs, fallback nodes; per-node reasons if explain.
+// Back-to-back chains (a section only when p.b2b is not empty): each recognised chain's B2BSpec, each rejected
+// candidate's reason.
 std::string print_partition(const Partition& p, bool explain);
 
 }  // namespace comfuse

@@ -92,4 +92,9 @@ constexpr double kCandidateSlack = 1.25;
 
 PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table = measured_table());
 
+// A recognised back-to-back chain (partition.h B2BChain). There is no B2B kernel yet: every chain is declined
+// (fuse = false) and runs as the partition's regions and standard-path nodes, as before it was recognised. The
+// reason says so, with the HBM traffic of the intermediate a fused kernel would avoid.
+PlanDecision plan_b2b(const B2BSpec& b);
+
 }  // namespace comfuse

@@ -106,6 +106,54 @@ struct FusionSpec {
   std::vector<const Spec*> stages() const;  // root first, then each PostOp in order
 };
 
+// ---- Back-to-back GEMM: O = epilogue2(F(X·W1)·W2) in one kernel (DESIGN.md "B2BGEMM", docs/kernel-b2b.md) ----
+//
+// Two FusionSpecs in the single-GEMM vocabulary, chained through the on-chip intermediate S:
+//   first   GEMM1 (first.gemm: X [rows, K] x W1, N1 = first.gemm.n) and F over N1 (first's stages). It has
+//           exactly one output, S: the [rows, N1] tile that becomes GEMM2's A operand. S is never written to
+//           memory by a fused kernel; its SpecOutput's dtype is GEMM2's operand dtype (bf16/f16), the rounding
+//           the tensor cores' A operand imposes.
+//   second  GEMM2 (second.gemm: S x W2, K = N1, N = N2; second.gemm.a is S's graph node) and epilogue2 over N2.
+// F is one of two forms (B2BForm); the kernel's order of accumulation is interpret_b2b's (interp.h).
+enum class B2BForm : uint8_t {
+  Elementwise,  // F has one stage: each N1 chunk of S is F(chunk of X·W1), independent of the others
+  Softmax,      // F = softmax over N1 of an elementwise pre(acc): exactly the stages max -> sum(exp(x - max)) ->
+                // exp(x - max) / sum. A flash-style kernel uses online rescaling (interpret_b2b says how).
+};
+const char* b2b_form_name(B2BForm f);  // "elementwise", "softmax"
+
+struct B2BSpec {
+  FusionSpec first;             // GEMM1 + F; outputs = {S}
+  FusionSpec second;            // GEMM2 + epilogue2; second.gemm.a == first.outputs[0].node
+  B2BForm form = B2BForm::Elementwise;
+  // Batched (3-D) operands: `batch` independent problems of rows / batch rows each (the product of X's leading
+  // dims). A batched W1 / W2 is [batch, K, N1] / [batch, N1, N2] (or transposed, per the GemmDesc); an
+  // unbatched one ([K, N1]) is shared by every batch (then the rows of all batches form one GEMM).
+  int64_t batch = 1;
+  bool w1_batched = false, w2_batched = false;
+
+  int64_t rows() const { return first.gemm.rows; }
+  int64_t n1() const { return first.gemm.n; }
+  int64_t n2() const { return second.gemm.n; }
+};
+
+// Which B2BForm `first` (GEMM1 + F) has, or why F is not expressible in a B2B kernel (the std::string).
+// F must store exactly one per-element value (S), and its reductions, if any, must be softmax's.
+struct B2BFormCheck {
+  bool ok = false;
+  B2BForm form = B2BForm::Elementwise;
+  std::string why;              // !ok: one line
+};
+B2BFormCheck classify_b2b_f(const FusionSpec& first);
+
+// verify_spec on both halves, then the chain's invariants: S is first's only output, a per-element tile in
+// GEMM2's operand dtype, and GEMM2's A; rows agree; GEMM2's K is N1; `form` is what classify_b2b_f finds;
+// batch divides rows. Throws std::logic_error("b2b verify: ...").
+void verify_b2b(const B2BSpec& b);
+
+// Readable text form (`comfuse plan` shows it for a recognised chain).
+std::string print_b2b(const B2BSpec& b);
+
 // Checks structural invariants (operands before use, kinds in the right stages, one AccEntry in stage 0,
 // one ReductionResult placeholder per later stage, bypass slots valid, per_row flags consistent, terminal
 // correct, param/output indices valid and every output stored exactly once). Throws std::logic_error.

@@ -1,6 +1,6 @@
 // comfuse: the command-line front door.
 //   comfuse plan FILE.cf [--explain]
-//   comfuse interp FILE.cf --inputs DIR --outputs DIR [--mode graph|spec] [--ctas N]
+//   comfuse interp FILE.cf --inputs DIR --outputs DIR [--mode graph|spec|b2b] [--ctas N] [--n1-chunk C]
 //   comfuse print FILE.cf [--decomposed]
 //   comfuse emit FILE.cf -o DIR
 // Exit codes: 0 ok, 2 bad input (file, arguments, data), 1 internal error.
@@ -36,9 +36,10 @@ namespace {
 const char* kUsage =
     "usage:\n"
     "  comfuse plan FILE.cf [--explain]     fused regions, their Fusion Specs, params, fallback nodes\n"
-    "  comfuse interp FILE.cf --inputs DIR --outputs DIR [--mode graph|spec] [--ctas N]\n"
+    "  comfuse interp FILE.cf --inputs DIR --outputs DIR [--mode graph|spec|b2b] [--ctas N] [--n1-chunk C]\n"
     "                                       CPU reference run: reads DIR/NAME.npy per input (float32,\n"
-    "                                       rounded to the declared dtype), writes NAME.npy (float32) per output\n"
+    "                                       rounded to the declared dtype), writes NAME.npy (float32) per output;\n"
+    "                                       b2b: back-to-back chains as their kernel accumulates (N1 in chunks of C)\n"
     "  comfuse print FILE.cf [--decomposed] the graph in canonical .cf form (composites expanded with --decomposed)\n"
     "  comfuse emit FILE.cf -o DIR          the generated CUDA C++ of each fused region (DIR/comfuse_<hash>.cu)\n"
     "  comfuse run FILE.cf [--inputs DIR] [--outputs DIR] [--check] [--transport T] [--aot DIR] [--seed S]\n"
@@ -155,6 +156,9 @@ int cmd_plan(const Args& a) {
       std::cout << "\n    why: " << d.candidates_reason << "\n";
     }
   }
+  for (size_t i = 0; i < p.b2b.size(); ++i)
+    if (p.b2b[i].recognised)
+      std::cout << "  b2b chain " << i << ": declined (runs as before): " << plan_b2b(p.b2b[i].spec).reason << "\n";
   return 0;
 }
 
@@ -206,7 +210,8 @@ constexpr int kMaxCtas = 1024;
 int cmd_interp(const Args& a) {
   std::string in = a.get("inputs"), out = a.get("outputs"), mode = a.get("mode", "graph");
   if (in.empty() || out.empty()) throw UsageError("interp needs --inputs DIR and --outputs DIR");
-  if (mode != "graph" && mode != "spec") throw UsageError("--mode must be 'graph' or 'spec', got '" + mode + "'");
+  if (mode != "graph" && mode != "spec" && mode != "b2b")
+    throw UsageError("--mode must be 'graph', 'spec' or 'b2b', got '" + mode + "'");
   int ctas = 1;
   if (std::string c = a.get("ctas", "1"); !c.empty()) {
     try {
@@ -240,7 +245,20 @@ int cmd_interp(const Args& a) {
       throw UsageError(p.string() + ": shape " + shape_str(inputs[n.name].shape) + " does not match input '" + n.name +
                        "' " + shape_str(n.shape));
   }
-  TensorMap outs = mode == "graph" ? interpret_graph(g, inputs) : interpret_partitioned(partition(g), inputs, ctas);
+  int64_t n1_chunk = 64;
+  if (std::string c = a.get("n1-chunk"); !c.empty()) {
+    if (mode != "b2b") throw UsageError("--n1-chunk applies to --mode b2b only");
+    try {
+      size_t used = 0;
+      n1_chunk = std::stoll(c, &used);
+      if (used != c.size() || n1_chunk < 1) throw std::invalid_argument(c);
+    } catch (const std::exception&) {
+      throw UsageError("--n1-chunk must be a positive integer, got '" + c + "'");
+    }
+  }
+  TensorMap outs = mode == "graph" ? interpret_graph(g, inputs)
+                   : mode == "spec" ? interpret_partitioned(partition(g), inputs, ctas)
+                                    : interpret_partitioned(partition(g), inputs, ctas, B2BOrder{n1_chunk, 1});
   make_output_dir(out);
   for (const auto& [name, t] : outs) {
     fs::path p = fs::path(out) / (name + ".npy");
@@ -615,7 +633,7 @@ int main(int argc, char** argv) {
     if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
     if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows"}));
-    if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows"}));
+    if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
       return cmd_run(parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "aot", "seed", "rows"}));
     if (cmd == "bench") return cmd_bench(parse_args(argc, argv, {}, {"iters", "transport", "aot", "rows", "settle-ms", "series"}));

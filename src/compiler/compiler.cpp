@@ -745,6 +745,12 @@ std::string CompiledGraph::explain() const {
     for (int id : partition_.fallback) o << " " << partition_.graph.node(id).name;
     o << "\n";
   }
+  for (size_t i = 0; i < partition_.b2b.size(); ++i) {  // recognised back-to-back chains run as the above
+    const B2BChain& c = partition_.b2b[i];
+    if (c.recognised)
+      o << "b2b chain " << i << " ('" << partition_.graph.node(c.gemm1).name << "' -> '"
+        << partition_.graph.node(c.gemm2).name << "'): declined: " << plan_b2b(c.spec).reason << "\n";
+  }
   return o.str();
 }
 

@@ -132,7 +132,16 @@ std::vector<Tensor> interpret_spec(const FusionSpec& fs, const Tensor& a, const 
   const GemmDesc& g = fs.gemm;
   if (numel(a.shape) != g.rows * g.k) throw std::runtime_error("interpret_spec: A has " + shape_str(a.shape) + ", expected rows*K elements");
   if (numel(b.shape) != g.k * g.n) throw std::runtime_error("interpret_spec: B has " + shape_str(b.shape) + ", expected K*N elements");
-  Tensor acc = gemm_reference(a, b, g);
+  return interpret_epilogue(fs, gemm_reference(a, b, g), params, ctas);
+}
+
+std::vector<Tensor> interpret_epilogue(const FusionSpec& fs, const Tensor& acc, const std::vector<Tensor>& params,
+                                       int ctas) {
+  if (ctas < 1) throw std::runtime_error("interpret_spec: ctas must be >= 1");
+  if (params.size() != fs.params.size()) throw std::runtime_error("interpret_spec: wrong number of params");
+  const GemmDesc& g = fs.gemm;
+  for (size_t i = 0; i < params.size(); ++i) check_shape(params[i], fs.params[i].shape, "param '" + fs.params[i].name + "'");
+  if (numel(acc.shape) != g.rows * g.n) throw std::runtime_error("interpret_spec: the accumulator has " + shape_str(acc.shape) + ", expected rows*N elements");
   std::vector<Tensor> outs;
   for (const auto& o : fs.outputs) outs.emplace_back(o.shape, std::numeric_limits<float>::quiet_NaN());
   SpecRunner runner(fs, acc, params, ctas, outs);

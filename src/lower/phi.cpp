@@ -40,10 +40,10 @@ std::optional<BroadcastKind> classify_operand(const Shape& operand, const Shape&
   return std::nullopt;
 }
 
-std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n) {
+std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n, bool batched_ok) {
   if (n.op != OpKind::MatMul) return "not a matmul";
   const Node& b = g.node(n.inputs[1]);
-  if (b.shape.size() != 2)
+  if (b.shape.size() != 2 && !batched_ok)
     return "batched matmul (B is " + shape_str(b.shape) + ", with batch dims): runs on the standard path";
   if (n.transpose_a) return "transpose_a=true: the GEMM kernel reads A row-major [rows, K]";
   return std::nullopt;
@@ -126,12 +126,12 @@ ReduceKind reduce_kind(OpKind op) {
 // Builds the stages of one region.
 class Lowering {
  public:
-  Lowering(const Graph& g, const std::vector<int>& region, const std::vector<int>& stored)
-      : g_(g), region_(region), stored_(stored) {}
+  Lowering(const Graph& g, const std::vector<int>& region, const std::vector<int>& stored, bool batched_ok)
+      : g_(g), region_(region), stored_(stored), batched_ok_(batched_ok) {}
 
   FusionSpec run() {
     const Node& root = g_.node(region_.front());
-    if (auto why = phi_rejects_root(g_, root)) throw std::logic_error("lower_region: root rejected: " + *why);
+    if (auto why = phi_rejects_root(g_, root, batched_ok_)) throw std::logic_error("lower_region: root rejected: " + *why);
     describe_gemm(root);
     assign_stages();
     for (int v : stored_) {
@@ -312,6 +312,7 @@ class Lowering {
   const Graph& g_;
   const std::vector<int>& region_;
   const std::vector<int>& stored_;
+  bool batched_ok_;
   FusionSpec fs_;
   TileSpace ts_;
   std::set<int> in_region_;
@@ -323,9 +324,10 @@ class Lowering {
 
 }  // namespace
 
-FusionSpec lower_region(const Graph& g, const std::vector<int>& region, const std::vector<int>& stored) {
+FusionSpec lower_region(const Graph& g, const std::vector<int>& region, const std::vector<int>& stored,
+                        bool batched_ok) {
   if (region.empty()) throw std::logic_error("lower_region: empty region");
-  FusionSpec fs = Lowering(g, region, stored).run();
+  FusionSpec fs = Lowering(g, region, stored, batched_ok).run();
   verify_spec(fs);
   return fs;
 }

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
+#include <map>
 #include <queue>
 #include <set>
 #include <sstream>
@@ -42,6 +44,151 @@ std::string role(const Node& n) {
   return "elementwise";
 }
 
+// A GEMM's epilogue region as back-to-back recognition sees it.
+struct B2BGrown {
+  bool ok = false;              // false: the GEMM cannot root a region (why)
+  int region = -1;              // the partition's region, or -1 (grown for recognition only)
+  std::vector<int> nodes;       // root first
+  std::vector<int> stored;      // values leaving the region
+  FusionSpec spec;
+  std::string why;
+};
+
+std::string q(const Graph& g, int id) { return "'" + g.node(id).name + "'"; }
+
+// The B operand as the kernel reads it: a transpose of the last two dims is absorbed into the GemmDesc's layout
+// (K^T of attention), so the kernel reads the un-transposed tensor.
+void absorb_transpose(const Graph& g, GemmDesc& d) {
+  const Node& b = g.node(d.b);
+  if (b.op != OpKind::Transpose) return;
+  const size_t r = b.perm.size();
+  for (size_t i = 0; i + 2 < r; ++i)
+    if (b.perm[i] != static_cast<int64_t>(i)) return;
+  if (r < 2 || b.perm[r - 2] != static_cast<int64_t>(r - 1) || b.perm[r - 1] != static_cast<int64_t>(r - 2)) return;
+  d.b = b.inputs[0];
+  d.transpose_b = !d.transpose_b;
+}
+
+Shape leading(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
+
+std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::map<int, B2BGrown>& grown,
+                                      const std::vector<std::vector<int>>& users, const std::vector<char>& is_output,
+                                      std::vector<int>& seen, int& stamp) {
+  std::vector<B2BChain> chains;
+  std::vector<int> chain_of(g.nodes.size(), -1);  // matmul -> the recognised chain it is part of
+  for (const auto& [m1_id, r1] : grown) {  // in GEMM order (node ids are topological)
+    const Node& m1 = g.node(m1_id);
+    if (!r1.ok) continue;
+    std::set<int> seen_m2;
+    for (int s : r1.stored)
+      for (int u : users[s]) {
+        if (g.node(u).op != OpKind::MatMul || !seen_m2.insert(u).second) continue;
+        const Node& m2 = g.node(u);
+        B2BChain c;
+        c.gemm1 = m1.id;
+        c.gemm2 = m2.id;
+        auto reject = [&](const std::string& why) {
+          c.reason = why;
+          chains.push_back(c);
+        };
+        const std::string sq = q(g, s);
+        if (m2.inputs[0] != s) {
+          reject("GEMM2 " + q(g, m2.id) + " reads " + sq + " as its B operand: a B2B kernel feeds the intermediate "
+                 "to GEMM2 as the A operand");
+          continue;
+        }
+        if (m2.inputs[1] == s) { reject("GEMM2 " + q(g, m2.id) + " reads " + sq + " as both operands"); continue; }
+        if (m2.transpose_a) { reject("GEMM2 " + q(g, m2.id) + " reads " + sq + " transposed (transpose_a)"); continue; }
+        if (chain_of[m1.id] >= 0) {
+          reject("GEMM1 " + q(g, m1.id) + " is already GEMM2 of chain " + std::to_string(chain_of[m1.id]));
+          continue;
+        }
+        if (chain_of[m2.id] >= 0) {
+          reject("GEMM2 " + q(g, m2.id) + " is already part of chain " + std::to_string(chain_of[m2.id]));
+          continue;
+        }
+        // Closure: the intermediate (and everything F computes) is read by GEMM2 alone.
+        std::string escapes;
+        for (int v : r1.stored) {
+          if (v == s) continue;
+          if (is_output[v]) escapes = q(g, v) + " is a graph output";
+          for (int w : users[v])
+            if (escapes.empty() && !std::binary_search(r1.nodes.begin() + 1, r1.nodes.end(), w))  // ids ascend
+              escapes = q(g, v) + " is also read by " + q(g, w) + " (" + op_name(g.node(w).op) + ")";
+          if (!escapes.empty()) break;
+        }
+        if (escapes.empty() && is_output[s]) escapes = sq + " is a graph output";
+        if (escapes.empty() && users[s].size() > 1)
+          for (int w : users[s])
+            if (w != m2.id) {
+              escapes = sq + " is also read by " + q(g, w) + " (" + op_name(g.node(w).op) + ")";
+              break;
+            }
+        if (!escapes.empty()) {
+          reject("the intermediate must stay on chip, but " + escapes + ": it stays two regions");
+          continue;
+        }
+        if (depends_on(g, m2.inputs[1], m1.id, seen, ++stamp)) {
+          reject("GEMM2's B operand " + q(g, m2.inputs[1]) + " depends on GEMM1 " + q(g, m1.id));
+          continue;
+        }
+        B2BFormCheck form = classify_b2b_f(r1.spec);
+        if (!form.ok) {
+          reject("F is not expressible in a B2B kernel: " + form.why);
+          continue;
+        }
+        const B2BGrown& r2 = grown.at(m2.id);
+        if (!r2.ok) {
+          reject("GEMM2 " + q(g, m2.id) + " cannot be fused: " + r2.why);
+          continue;
+        }
+        B2BSpec b;
+        b.first = r1.spec;
+        b.second = r2.spec;
+        absorb_transpose(g, b.first.gemm);
+        absorb_transpose(g, b.second.gemm);
+        b.first.outputs[0].dtype = m2.dtype;  // S is GEMM2's A operand: rounded to the tensor cores' dtype
+        b.form = form.form;
+        // Batch: X's leading dims; a weight either shares them (batched) or has none (shared by every batch).
+        const Shape lx = leading(g.node(m1.inputs[0]).shape);
+        const Shape lw1 = leading(g.node(b.first.gemm.b).shape), lw2 = leading(g.node(b.second.gemm.b).shape);
+        if (g.node(s).shape != m1.shape) {
+          reject("F reshapes the intermediate " + shape_str(m1.shape) + " -> " + shape_str(g.node(s).shape) +
+                 ": GEMM2's rows would not be GEMM1's");
+          continue;
+        }
+        if ((!lw1.empty() && lw1 != lx) || (!lw2.empty() && lw2 != lx)) {
+          reject("batch dims differ: X " + shape_str(g.node(m1.inputs[0]).shape) + ", W1 " +
+                 shape_str(g.node(b.first.gemm.b).shape) + ", W2 " + shape_str(g.node(b.second.gemm.b).shape) +
+                 " (a weight either has X's batch dims or none)");
+          continue;
+        }
+        b.w1_batched = !lw1.empty();
+        b.w2_batched = !lw2.empty();
+        b.batch = b.w1_batched || b.w2_batched ? numel(lx) : 1;
+        verify_b2b(b);
+        c.recognised = true;
+        c.region1 = r1.region;
+        c.region2 = r2.region;
+        std::set<int> nodes(r1.nodes.begin(), r1.nodes.end());
+        nodes.insert(r2.nodes.begin(), r2.nodes.end());
+        for (int w : {m1.inputs[1], m2.inputs[1]})  // an absorbed transpose read by this GEMM alone
+          if (g.node(w).op == OpKind::Transpose && users[w].size() == 1 && !is_output[w] &&
+              (w == m1.inputs[1] ? b.first.gemm.b : b.second.gemm.b) != w)
+            nodes.insert(w);
+        c.nodes.assign(nodes.begin(), nodes.end());
+        c.reason = "GEMM1 " + q(g, m1.id) + " -> F (" + b2b_form_name(b.form) + ", " +
+                   std::to_string(r1.nodes.size() - 1) + " node(s)) -> GEMM2 " + q(g, m2.id) + " -> epilogue2 (" +
+                   std::to_string(r2.nodes.size() - 1) + " node(s)); the intermediate " + sq + " " +
+                   shape_str(g.node(s).shape) + " would stay on chip";
+        c.spec = std::move(b);
+        chain_of[m1.id] = chain_of[m2.id] = static_cast<int>(chains.size());
+        chains.push_back(std::move(c));
+      }
+  }
+  return chains;
+}
+
 }  // namespace
 
 Partition partition(const Graph& input) {
@@ -73,14 +220,10 @@ Partition partition(const Graph& input) {
   for (const auto& o : g.outputs) is_output[o.node] = 1;
   std::vector<int> seen(n, 0);
   int stamp = 0;
-  for (const Node& root : g.nodes) {
-    if (root.op != OpKind::MatMul) continue;
-    if (auto why = phi_rejects_root(g, root)) {
-      p.decisions[root.id] = {NodeDecision::Kind::Fallback, -1, "not fused: " + *why};
-      continue;
-    }
+  // Grows the region of matmul `root` over the nodes after it (nodes claimed by a region are skipped); every node
+  // refused is told to `reject`. Leaves in_region set on the region's nodes: the caller resets it.
+  auto grow = [&](const Node& root, const std::function<void(int, const std::string&)>& reject) {
     const int gi = gemm_index[root.id];
-    const int ri = static_cast<int>(p.regions.size());
     in_region[root.id] = kTileValue;
     std::vector<int> nodes{root.id};
     TileSpace ts{numel(root.shape) / root.shape.back(), root.shape.back()};
@@ -104,20 +247,36 @@ Partition partition(const Graph& input) {
       const Node& nd = g.nodes[id];
       if (is_leaf(nd) || claimed[id] >= 0) continue;
       if (auto why = phi_rejects(g, nd, in_region, ts, operand_ok)) {
-        rejections[id].push_back("region " + std::to_string(ri) + " ('" + root.name + "'): " + *why);
+        reject(id, *why);
         continue;
       }
       in_region[id] = region_value_kind(g, nd, in_region, ts);
       nodes.push_back(id);
       for (int u : users[id]) candidates.push(u);
     }
-    // Values leaving the kernel: graph outputs and values read outside the region.
+    return nodes;
+  };
+  // Values leaving the kernel: graph outputs and values read outside the region (in_region set).
+  auto stored_of = [&](const std::vector<int>& nodes) {
     std::vector<int> stored;
     for (int id : nodes) {
       bool escapes = is_output[id] ||
                      std::any_of(users[id].begin(), users[id].end(), [&](int u) { return !in_region[u]; });
       if (escapes) stored.push_back(id);
     }
+    return stored;
+  };
+  for (const Node& root : g.nodes) {
+    if (root.op != OpKind::MatMul) continue;
+    if (auto why = phi_rejects_root(g, root)) {
+      p.decisions[root.id] = {NodeDecision::Kind::Fallback, -1, "not fused: " + *why};
+      continue;
+    }
+    const int ri = static_cast<int>(p.regions.size());
+    std::vector<int> nodes = grow(root, [&](int id, const std::string& why) {
+      rejections[id].push_back("region " + std::to_string(ri) + " ('" + root.name + "'): " + why);
+    });
+    std::vector<int> stored = stored_of(nodes);
     Region r;
     r.root = root.id;
     r.nodes = nodes;
@@ -184,6 +343,39 @@ Partition partition(const Graph& input) {
   int expected = R + static_cast<int>(p.fallback.size());
   if (static_cast<int>(p.schedule.size()) != expected)
     throw std::logic_error("partition: internal error: the partitioned program has a cycle");
+
+  // Back-to-back chains. Every GEMM gets its epilogue region: the partition's own, or, for a batched GEMM the
+  // single-GEMM kernel does not serve, one grown by the same rules over the nodes no region claimed (recorded
+  // here only: those nodes stay on the standard path). A chain is a matmul reading such a region's value as
+  // its A operand. The partition above is final: this adds p.b2b and changes nothing else.
+  std::map<int, B2BGrown> grown;  // by matmul node
+  for (size_t i = 0; i < p.regions.size(); ++i) {
+    const Region& r = p.regions[i];
+    for (int id : r.nodes) in_region[id] = 1;
+    grown[r.root] = {true, static_cast<int>(i), r.nodes, stored_of(r.nodes), r.spec, ""};
+    for (int id : r.nodes) in_region[id] = 0;
+  }
+  for (const Node& root : g.nodes) {
+    if (root.op != OpKind::MatMul || grown.count(root.id)) continue;
+    if (auto why = phi_rejects_root(g, root, /*batched_ok=*/true)) {
+      grown[root.id].why = *why;
+      continue;
+    }
+    std::vector<int> nodes = grow(root, [](int, const std::string&) {});
+    std::vector<int> stored = stored_of(nodes);
+    B2BGrown& gr = grown[root.id];
+    gr = {true, -1, nodes, stored, lower_region(g, nodes, stored, /*batched_ok=*/true), ""};
+    // Values handed on keep the single-GEMM rule (fp32 unless only matmuls read them): as a region would.
+    for (auto& o : gr.spec.outputs)
+      if (std::any_of(users[o.node].begin(), users[o.node].end(),
+                      [&](int u) { return !in_region[u] && g.node(u).op != OpKind::MatMul; }))
+        o.dtype = DType::F32;
+    for (int id : nodes) {
+      claimed[id] = std::numeric_limits<int>::max();  // not a region: only keeps later batched regions off it
+      in_region[id] = 0;
+    }
+  }
+  p.b2b = find_b2b_chains(g, grown, users, is_output, seen, stamp);
   return p;
 }
 
@@ -210,6 +402,27 @@ std::string print_partition(const Partition& p, bool explain) {
     else o << " " << g.node(s.index).name;
   }
   o << "\n";
+  if (!p.b2b.empty()) {
+    o << "\nback-to-back chains (GEMM1 -> F -> GEMM2 -> epilogue2):\n";
+    for (size_t i = 0; i < p.b2b.size(); ++i) {
+      const B2BChain& c = p.b2b[i];
+      o << "  chain " << i << ": ";
+      if (!c.recognised) {
+        o << "not recognised ('" << g.node(c.gemm1).name << "' -> '" << g.node(c.gemm2).name << "'): " << c.reason
+          << "\n";
+        continue;
+      }
+      o << "recognised: " << c.reason << "\n    today runs as: ";
+      auto where = [&](int region, int gemm) {
+        return region >= 0 ? "region " + std::to_string(region) : "'" + g.node(gemm).name + "' on the standard path";
+      };
+      o << where(c.region1, c.gemm1) << ", then " << where(c.region2, c.gemm2) << "\n    nodes:";
+      for (int id : c.nodes) o << " " << g.node(id).name;
+      o << "\n";
+      std::istringstream spec(print_b2b(c.spec));
+      for (std::string line; std::getline(spec, line);) o << "    " << line << "\n";
+    }
+  }
   if (explain) {
     o << "\nexplain:\n";
     for (const Node& nd : g.nodes) o << "  " << nd.name << " = " << op_name(nd.op) << ": " << p.decisions[nd.id].reason << "\n";

@@ -374,4 +374,15 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   return d;
 }
 
+PlanDecision plan_b2b(const B2BSpec& b) {
+  PlanDecision d;
+  d.fuse = false;
+  const double bytes = 2.0 * static_cast<double>(b.rows()) * static_cast<double>(b.n1()) *
+                       (b.first.outputs[0].dtype == DType::F32 ? 4 : 2);   // S written, then read back
+  d.reason = "no B2B kernel yet: runs as two GEMMs with their epilogues; fusing would keep the intermediate (" +
+             fmt("%.0f MB written and read back, ~%.0f us at 4.24 TB/s", bytes / 1e6, bytes / 4.24e12 * 1e6) +
+             ") on chip";
+  return d;
+}
+
 }  // namespace comfuse

@@ -1,0 +1,455 @@
+// Back-to-back GEMM chains at graph level: recognition and its refusals, the B2B Spec's printer and verifier, the
+// planner's decline, and interpret_b2b (the kernel's order of accumulation) against the Graph interpreter.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "comfuse/compiler.h"
+#include "comfuse/interp.h"
+#include "comfuse/partition.h"
+#include "comfuse/plan.h"
+#include "comfuse/text.h"
+#include "norms.h"
+#include "random_program.h"
+#include "test_util.h"
+
+using namespace comfuse;
+using comfuse::test::rel_err;
+namespace fs = std::filesystem;
+
+namespace {
+
+Partition plan(const std::string& text) { return partition(parse_cf(text, "t.cf")); }
+
+std::string mlp(int64_t m, int64_t k, int64_t n1, int64_t n2, const std::string& tail = "output y\n") {
+  auto s = [](int64_t v) { return std::to_string(v); };
+  return "input X : bf16[" + s(m) + ", " + s(k) + "]\ninput W1 : bf16[" + s(k) + ", " + s(n1) + "]\ninput b1 : bf16[" +
+         s(n1) + "]\ninput W2 : bf16[" + s(n1) + ", " + s(n2) + "]\ninput b2 : bf16[" + s(n2) + "]\n" +
+         "h = gelu(add(matmul(X, W1), b1))\ny = add(matmul(h, W2), b2)\n" + tail;
+}
+
+std::string attention(int64_t b, int64_t lq, int64_t lk, int64_t d, bool transpose_node = true) {
+  auto s = [](int64_t v) { return std::to_string(v); };
+  return "input Q : bf16[" + s(b) + ", " + s(lq) + ", " + s(d) + "]\ninput K : bf16[" + s(b) + ", " + s(lk) + ", " +
+         s(d) + "]\ninput V : bf16[" + s(b) + ", " + s(lk) + ", " + s(d) + "]\n" +
+         (transpose_node ? "p = softmax(mul(matmul(Q, transpose(K)), 0.125), dim=-1)\n"
+                         : "p = softmax(mul(matmul(Q, K, transpose_b=true), 0.125), dim=-1)\n") +
+         "y = matmul(p, V)\noutput y\n";
+}
+
+TensorMap random_inputs(const Graph& g, uint64_t seed, float scale = 1.f) {
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::uniform_real_distribution<float> u(-scale, scale);
+  TensorMap in;
+  for (int id : g.inputs) {
+    Tensor t(g.node(id).shape);
+    for (float& v : t.data) v = u(rng);
+    in[g.node(id).name] = t;
+  }
+  return in;
+}
+
+double max_err(const TensorMap& got, const TensorMap& want) {
+  double worst = 0;
+  for (const auto& [name, t] : want) worst = std::max(worst, got.count(name) ? rel_err(got.at(name), t) : INFINITY);
+  return worst;
+}
+
+// The one chain of a partition (recognised or not).
+const B2BChain& only_chain(const Partition& p) {
+  EXPECT_EQ(p.b2b.size(), 1u) << print_partition(p, true);
+  return p.b2b.at(0);
+}
+
+void expect_rejected(const std::string& text, const std::string& why, size_t regions) {
+  Partition p = plan(text);
+  const B2BChain& c = only_chain(p);
+  EXPECT_FALSE(c.recognised) << print_partition(p, true);
+  EXPECT_NE(c.reason.find(why), std::string::npos) << c.reason;
+  EXPECT_EQ(p.regions.size(), regions);
+  std::string printed = print_partition(p, false);
+  EXPECT_NE(printed.find("not recognised"), std::string::npos);
+  EXPECT_NE(printed.find(why), std::string::npos);
+}
+
+template <typename F>
+void expect_verify_error(const B2BSpec& good, F mutate, const std::string& what) {
+  B2BSpec b = good;
+  mutate(b);
+  try {
+    verify_b2b(b);
+    ADD_FAILURE() << "no error, expected: " << what;
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("b2b verify: ", 0), 0u) << e.what();
+  }
+}
+
+}  // namespace
+
+// ---- recognition ----
+
+TEST(B2B, MlpChainIsRecognisedAndTheRegionsStay) {
+  Partition p = plan(mlp(48, 32, 70, 33));
+  ASSERT_EQ(p.regions.size(), 2u);  // still two regions: nothing runs differently
+  const B2BChain& c = only_chain(p);
+  ASSERT_TRUE(c.recognised) << c.reason;
+  EXPECT_EQ(c.region1, 0);
+  EXPECT_EQ(c.region2, 1);
+  EXPECT_EQ(c.spec.form, B2BForm::Elementwise);
+  EXPECT_EQ(c.spec.rows(), 48);
+  EXPECT_EQ(c.spec.first.gemm.k, 32);
+  EXPECT_EQ(c.spec.n1(), 70);
+  EXPECT_EQ(c.spec.n2(), 33);
+  EXPECT_EQ(c.spec.batch, 1);
+  EXPECT_EQ(c.spec.first.outputs.at(0).name, "h");
+  EXPECT_EQ(c.spec.first.outputs.at(0).dtype, DType::BF16);
+  EXPECT_EQ(c.nodes.size(), 5u);  // matmul, add, gelu (h), matmul, add (y)
+  EXPECT_NE(c.reason.find("the intermediate 'h'"), std::string::npos) << c.reason;
+}
+
+TEST(B2B, DlrmSecondEpilogueAfterGemm2) {
+  Partition p = plan(
+      "input X : bf16[40, 24]\ninput W1 : bf16[24, 20]\ninput b1 : bf16[20]\ninput W2 : bf16[20, 9]\n"
+      "input b2 : bf16[9]\ny = relu(add(matmul(relu(add(matmul(X, W1), b1)), W2), b2))\noutput y\n");
+  const B2BChain& c = only_chain(p);
+  ASSERT_TRUE(c.recognised) << c.reason;
+  // epilogue2 = add b2, relu: one row param, two computes
+  int computes = 0;
+  for (const auto& n : c.spec.second.root.nodes) computes += n.kind == SpecKind::Compute;
+  EXPECT_EQ(computes, 2);
+  ASSERT_EQ(c.spec.second.params.size(), 1u);
+  EXPECT_EQ(c.spec.second.params[0].name, "b2");
+  EXPECT_EQ(c.spec.second.params[0].kind, BroadcastKind::Row);
+}
+
+TEST(B2B, BatchedAttentionWithTransposedK) {
+  for (bool transpose_node : {true, false}) {
+    Partition p = plan(attention(3, 5, 70, 16, transpose_node));
+    EXPECT_TRUE(p.regions.empty());  // batched GEMMs: the single-GEMM kernel has no batch
+    const B2BChain& c = only_chain(p);
+    ASSERT_TRUE(c.recognised) << c.reason;
+    const B2BSpec& b = c.spec;
+    EXPECT_EQ(b.form, B2BForm::Softmax);
+    EXPECT_EQ(b.batch, 3);
+    EXPECT_TRUE(b.w1_batched);
+    EXPECT_TRUE(b.w2_batched);
+    EXPECT_EQ(b.rows(), 15);
+    EXPECT_EQ(b.n1(), 70);
+    EXPECT_EQ(b.n2(), 16);
+    EXPECT_EQ(b.first.gemm.k, 16);
+    EXPECT_TRUE(b.first.gemm.transpose_b);  // K^T read as K [Lk, D]: the transpose is absorbed
+    EXPECT_EQ(p.graph.node(b.first.gemm.b).name, "K");
+    EXPECT_FALSE(b.second.gemm.transpose_b);
+    EXPECT_EQ(c.region1, -1);
+    EXPECT_EQ(c.region2, -1);
+    // the absorbed transpose is part of the chain (only the GEMM reads it)
+    bool has_transpose = false;
+    for (int id : c.nodes) has_transpose = has_transpose || p.graph.node(id).op == OpKind::Transpose;
+    EXPECT_EQ(has_transpose, transpose_node);
+  }
+}
+
+TEST(B2B, SharedWeightsOver3DRowsAreOneGemm) {
+  Partition p = plan(
+      "input X : bf16[2, 7, 16]\ninput W1 : bf16[16, 12]\ninput W2 : bf16[12, 8]\n"
+      "y = matmul(silu(matmul(X, W1)), W2)\noutput y\n");
+  const B2BChain& c = only_chain(p);
+  ASSERT_TRUE(c.recognised) << c.reason;
+  EXPECT_EQ(c.spec.batch, 1);
+  EXPECT_EQ(c.spec.rows(), 14);
+  EXPECT_EQ(c.region1, 0);
+}
+
+TEST(B2B, IntermediateWithAnotherReaderStaysTwoRegions) {
+  // h is also a graph output
+  expect_rejected(mlp(8, 16, 24, 8, "output y\noutput h\n"), "'h' is a graph output", 2);
+  // the GEMM1 result is read by a node outside the chain (a reduction over rows)
+  expect_rejected(
+      "input X : bf16[8, 16]\ninput W1 : bf16[16, 24]\ninput W2 : bf16[24, 8]\n"
+      "a = matmul(X, W1)\nh = relu(a)\ny = matmul(h, W2)\nz = sum(a, dim=0)\noutput y\noutput z\n",
+      "'a' is also read by 'z'", 2);
+  // an intermediate of F is read by epilogue2 (a residual from F into GEMM2's epilogue)
+  expect_rejected(
+      "input X : bf16[8, 16]\ninput W1 : bf16[16, 8]\ninput W2 : bf16[8, 8]\n"
+      "h = relu(matmul(X, W1))\ny = add(matmul(h, W2), h)\noutput y\n",
+      "'h' is also read by 'y'", 2);
+}
+
+TEST(B2B, NonExpressibleFStaysTwoRegions) {
+  // a layer norm over N1 needs the whole row of S before GEMM2
+  expect_rejected(
+      "input X : bf16[8, 16]\ninput W1 : bf16[16, 24]\ninput W2 : bf16[24, 8]\n"
+      "h = layer_norm(matmul(X, W1))\ny = matmul(h, W2)\noutput y\n",
+      "F reduces over N1 but is not a softmax", 2);
+  expect_rejected(
+      "input X : bf16[8, 16]\ninput W1 : bf16[16, 24]\ninput W2 : bf16[24, 8]\n"
+      "h = log_softmax(matmul(X, W1))\ny = matmul(h, W2)\noutput y\n",
+      "not a softmax", 2);
+}
+
+TEST(B2B, OtherCandidatesSayWhy) {
+  // the epilogue's value is GEMM2's B operand
+  expect_rejected(
+      "input X : bf16[8, 16]\ninput W1 : bf16[16, 24]\ninput Z : bf16[4, 8]\n"
+      "h = relu(matmul(X, W1))\ny = matmul(Z, h)\noutput y\n",
+      "as its B operand", 2);
+  // a third GEMM: the second chain would reuse GEMM2 of the first
+  Partition p = plan(
+      "input X : bf16[8, 16]\ninput W1 : bf16[16, 24]\ninput W2 : bf16[24, 8]\ninput W3 : bf16[8, 4]\n"
+      "y = matmul(relu(matmul(relu(matmul(X, W1)), W2)), W3)\noutput y\n");
+  ASSERT_EQ(p.b2b.size(), 2u);
+  EXPECT_TRUE(p.b2b[0].recognised);
+  EXPECT_FALSE(p.b2b[1].recognised);
+  EXPECT_NE(p.b2b[1].reason.find("already GEMM2 of chain 0"), std::string::npos) << p.b2b[1].reason;
+  // a batched W2 under a 2-D X
+  expect_rejected(
+      "input X : bf16[8, 16]\ninput W1 : bf16[16, 24]\ninput W2 : bf16[2, 24, 8]\n"
+      "y = matmul(relu(matmul(X, W1)), W2)\noutput y\n",
+      "batch dims differ", 1);
+}
+
+TEST(B2B, NoChainNoSection) {
+  Partition p = plan(
+      "input X : bf16[8, 16]\ninput W : bf16[16, 24]\ny = softmax(matmul(X, W))\noutput y\n");
+  EXPECT_TRUE(p.b2b.empty());
+  EXPECT_EQ(print_partition(p, true).find("back-to-back"), std::string::npos);
+}
+
+// ---- printer, verifier, planner ----
+
+TEST(B2B, Printer) {
+  Partition p = plan(
+      "input X : bf16[6, 8]\ninput W1 : bf16[8, 10]\ninput W2 : bf16[10, 4]\ninput b2 : bf16[4]\n"
+      "h = relu(matmul(X, W1))\ny = add(matmul(h, W2), b2)\noutput y\n");
+  const B2BChain& c = only_chain(p);
+  ASSERT_TRUE(c.recognised) << c.reason;
+  std::string text = print_b2b(c.spec);
+  // the hashes are the single-GEMM Specs' own: read them back rather than hard-coding them
+  auto hash = [](const FusionSpec& fs) {
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(spec_structural_hash(fs)));
+    return std::string(buf);
+  };
+  const std::string want =
+      "b2b: F elementwise, rows=6 K=8 N1=10 N2=4 bf16 W1=[K,N1] W2=[N1,N2]\n"
+      "S = 'h': [rows, N1] on chip, rounded to bf16 as GEMM2's A operand\n"
+      "GEMM1 + F:\n"
+      "  gemm: rows=6 N=10 K=8 bf16 B=[K,N], 1 stage(s), hash " + hash(c.spec.first) + "\n"
+      "  params: -\n"
+      "  outputs:\n"
+      "    o0 tile h : bf16[6, 10]\n"
+      "  stage 0 (A: -)\n"
+      "    %0 = acc                                    # elem _1\n"
+      "    %1 = relu %0                                # elem h\n"
+      "    %2 = store o0 %1                            # elem h  [terminal]\n"
+      "GEMM2 + epilogue2:\n"
+      "  gemm: rows=6 N=4 K=10 bf16 B=[K,N], 1 stage(s), hash " + hash(c.spec.second) + "\n"
+      "  params:\n"
+      "    p0 row b2 : bf16[4]\n"
+      "  outputs:\n"
+      "    o0 tile y : bf16[6, 4]\n"
+      "  stage 0 (A: p0)\n"
+      "    %0 = acc                                    # elem _2\n"
+      "    %1 = broadcast.row p0                       # elem b2\n"
+      "    %2 = add %0, %1                             # elem y\n"
+      "    %3 = store o0 %2                            # elem y  [terminal]\n";
+  EXPECT_EQ(text, want);
+  std::string part = print_partition(p, true);
+  EXPECT_NE(part.find("back-to-back chains (GEMM1 -> F -> GEMM2 -> epilogue2):\n  chain 0: recognised: GEMM1 '_1'"),
+            std::string::npos)
+      << part;
+  EXPECT_NE(part.find("today runs as: region 0, then region 1"), std::string::npos) << part;
+  EXPECT_NE(part.find("    b2b: F elementwise"), std::string::npos) << part;
+
+  Partition pa = plan(attention(4, 8, 32, 16));
+  std::string att = print_b2b(only_chain(pa).spec);
+  EXPECT_NE(att.find("b2b: F softmax, rows=32 K=16 N1=32 N2=16 bf16 W1=[N1,K] W2=[N1,N2], batch=4 x 8 rows "
+                     "(W1 batched, W2 batched)\n"),
+            std::string::npos)
+      << att;
+}
+
+TEST(B2B, VerifierErrors) {
+  const B2BSpec good = only_chain(plan(mlp(8, 16, 24, 8))).spec;
+  ASSERT_NO_THROW(verify_b2b(good));
+  expect_verify_error(good, [](B2BSpec& b) { b.second.gemm.a = b.second.gemm.b; }, "is not S");
+  expect_verify_error(good, [](B2BSpec& b) { b.first.outputs[0].dtype = DType::F32; }, "S must be rounded");
+  expect_verify_error(good, [](B2BSpec& b) { b.second.gemm.k = 23; }, "GEMM2's K is 23, GEMM1's N1 is 24");
+  expect_verify_error(good, [](B2BSpec& b) { b.second.gemm.rows = 9; }, "GEMM2 has 9 rows");
+  expect_verify_error(good, [](B2BSpec& b) { b.form = B2BForm::Softmax; }, "form says softmax but F is elementwise");
+  expect_verify_error(good, [](B2BSpec& b) { b.batch = 3; b.w1_batched = true; }, "batch 3 does not divide rows 8");
+  expect_verify_error(good, [](B2BSpec& b) { b.w2_batched = true; }, "a batched weight needs batch > 1");
+  expect_verify_error(good, [](B2BSpec& b) { b.second.gemm.transpose_a = true; }, "reads S transposed");
+  expect_verify_error(good, [](B2BSpec& b) { b.first.root.terminal = -1; }, "GEMM1 + F: spec verify");
+  expect_verify_error(good, [](B2BSpec& b) { b.first.outputs.push_back(b.first.outputs[0]); }, "GEMM1 + F:");
+  expect_verify_error(good, [](B2BSpec& b) { b.second.root.nodes[0].per_row = true; }, "GEMM2 + epilogue2: spec verify");
+  // a softmax F whose last stage computes more than exp / sum is not a softmax
+  const B2BSpec att = only_chain(plan(attention(2, 4, 8, 8))).spec;
+  ASSERT_NO_THROW(verify_b2b(att));
+  expect_verify_error(att, [](B2BSpec& b) { b.form = B2BForm::Elementwise; }, "form says elementwise but F is softmax");
+  expect_verify_error(
+      att,
+      [](B2BSpec& b) {
+        Spec& s2 = b.first.root.post[0].post[0];
+        s2.nodes[2].op = OpKind::Mul;
+      },
+      "the stored value is not exp(x - max) / sum");
+}
+
+TEST(B2B, PlannerDeclinesEveryChainForNow) {
+  Partition p = plan(mlp(8, 16, 24, 8));
+  PlanDecision d = plan_b2b(only_chain(p).spec);
+  EXPECT_FALSE(d.fuse);
+  EXPECT_EQ(d.reason.rfind("no B2B kernel yet", 0), 0u) << d.reason;
+}
+
+// ---- interpreter: the kernel's order against the Graph interpreter ----
+
+TEST(B2B, ElementwiseChainsMatchTheGraphInterpreter) {
+  // N1, N2 not multiples of 64, odd M; the kernel accumulates O over N1 chunks in the GEMM's own k order, so
+  // with one N1 range the result is the graph's bit for bit; ranges (the cluster form) reorder the sum.
+  const std::vector<std::string> programs = {
+      mlp(1000, 16, 70, 33),
+      "input X : bf16[333, 24]\ninput W1 : bf16[24, 40]\ninput b1 : bf16[40]\ninput W2 : bf16[40, 9]\n"
+      "input b2 : bf16[9]\ny = relu(add(matmul(relu(add(matmul(X, W1), b1)), W2), b2))\noutput y\n",
+      // transposed weights (nn.Linear layout), a column param in F, a reduction over N2 in epilogue2
+      "input X : bf16[77, 16]\ninput W1 : bf16[65, 16]\ninput c : bf16[77, 1]\ninput W2 : bf16[31, 65]\n"
+      "h = gelu(mul(matmul(X, W1, transpose_b=true), c), approximate=\"tanh\")\n"
+      "y = softmax(matmul(h, W2, transpose_b=true))\noutput y\n",
+      // 3-D batched, elementwise F
+      "input A : bf16[3, 11, 16]\ninput B1 : bf16[3, 16, 70]\ninput B2 : bf16[3, 70, 20]\n"
+      "y = matmul(silu(matmul(A, B1)), B2)\noutput y\n",
+  };
+  for (size_t i = 0; i < programs.size(); ++i) {
+    Graph g = parse_cf(programs[i], "t.cf");
+    Partition p = partition(g);
+    ASSERT_EQ(p.b2b.size(), 1u) << programs[i];
+    ASSERT_TRUE(p.b2b[0].recognised) << p.b2b[0].reason;
+    TensorMap in = random_inputs(g, 17 + i);
+    TensorMap want = interpret_graph(g, in);
+    for (int64_t chunk : {64, 16, 7, 1000}) {
+      TensorMap got = interpret_partitioned(p, in, 1, B2BOrder{chunk, 1});
+      EXPECT_LE(max_err(got, want), 1e-6) << "program " << i << " chunk " << chunk;
+    }
+    TensorMap split = interpret_partitioned(p, in, 3, B2BOrder{16, 3});
+    EXPECT_LE(max_err(split, want), 5e-3) << "program " << i << " three N1 ranges";
+  }
+}
+
+TEST(B2B, SoftmaxChainOnlineRescalingMatchesTheGraphInterpreter) {
+  // B = 3 (the odd batch), Lk = 70 (a short last chunk), D = 16; online rescaling rounds the
+  // unnormalised exp(x - m) to bf16 instead of the graph's exp / sum: agreement to bf16 accuracy.
+  Graph g = parse_cf(attention(3, 13, 70, 16), "att.cf");
+  Partition p = partition(g);
+  ASSERT_TRUE(only_chain(p).recognised);
+  TensorMap in = random_inputs(g, 5, 2.f);
+  TensorMap want = interpret_graph(g, in);
+  TensorMap want64 = interpret_graph(g, in, Precision::F64);
+  const double graph_err = max_err(want, want64);
+  for (auto order : {B2BOrder{64, 1}, B2BOrder{16, 1}, B2BOrder{70, 1}, B2BOrder{8, 2}, B2BOrder{1, 5}}) {
+    TensorMap got = interpret_partitioned(p, in, 1, order);
+    const double err = max_err(got, want);
+    EXPECT_LE(err, 1e-2) << "chunk " << order.n1_chunk << " splits " << order.n1_splits;
+    EXPECT_GT(err, 0.0) << "online rescaling should round differently from the graph";
+    // as close to the fp64 graph as the fp32 graph is, within bf16 rounding of P (2^-8)
+    EXPECT_LE(max_err(got, want64), graph_err + 4e-3);
+  }
+  // a mask-like tile param and a bias in F's pre-softmax part, epilogue2 with a bias
+  Graph g2 = parse_cf(
+      "input Q : bf16[2, 9, 16]\ninput K : bf16[2, 33, 16]\ninput V : bf16[2, 33, 24]\ninput M : bf16[2, 9, 33]\n"
+      "input bo : bf16[24]\n"
+      "p = softmax(add(mul(matmul(Q, K, transpose_b=true), 0.25), M))\ny = add(matmul(p, V), bo)\noutput y\n",
+      "mask.cf");
+  Partition p2 = partition(g2);
+  ASSERT_TRUE(only_chain(p2).recognised) << only_chain(p2).reason;
+  TensorMap in2 = random_inputs(g2, 9);
+  TensorMap want2 = interpret_graph(g2, in2);
+  for (auto order : {B2BOrder{64, 1}, B2BOrder{8, 1}, B2BOrder{8, 3}})
+    EXPECT_LE(max_err(interpret_partitioned(p2, in2, 1, order), want2), 1e-2);
+}
+
+TEST(B2B, InterpreterRejectsBadOperands) {
+  Partition p = plan(mlp(8, 16, 24, 8));
+  const B2BSpec& b = only_chain(p).spec;
+  Tensor x(Shape{8, 16}), w1(Shape{16, 24}), w2(Shape{24, 8}), b1(Shape{24}), b2(Shape{8});
+  EXPECT_NO_THROW(interpret_b2b(b, x, w1, w2, {b1}, {b2}));
+  EXPECT_THROW(interpret_b2b(b, x, Tensor(Shape{16, 23}), w2, {b1}, {b2}), std::runtime_error);
+  EXPECT_THROW(interpret_b2b(b, x, w1, w2, {}, {b2}), std::runtime_error);
+  EXPECT_THROW(interpret_b2b(b, x, w1, w2, {b1}, {b1}), std::runtime_error);
+  EXPECT_THROW(interpret_b2b(b, x, w1, w2, {b1}, {b2}, B2BOrder{0, 1}), std::runtime_error);
+  EXPECT_THROW(interpret_b2b(b, x, w1, w2, {b1}, {b2}, B2BOrder{64, 0}), std::runtime_error);
+}
+
+TEST(B2B, RandomProgramsWithChainsKeepTheirMeaning) {
+  // The differential generator's "second GEMM reading the epilogue" steps give chains with every kind of F the
+  // single-GEMM epilogue has; recognised ones run through interpret_b2b.
+  int chains = 0, recognised = 0;
+  for (int i = 0; i < 400 && recognised < 40; ++i) {
+    comfuse::test::RandomProgram prog(977ull * 1000003ull + i, /*with_unsupported=*/true);
+    prog.build();
+    Partition p = partition(prog.g);
+    if (p.b2b.empty()) continue;
+    chains += static_cast<int>(p.b2b.size());
+    bool any = false;
+    for (const auto& c : p.b2b) any = any || c.recognised;
+    if (!any) continue;
+    ++recognised;
+    TensorMap want = interpret_partitioned(p, prog.inputs, 1);
+    TensorMap got = interpret_partitioned(p, prog.inputs, 1, B2BOrder{16, 1});
+    EXPECT_LE(max_err(got, want), 1e-5) << "graph " << i << "\n" << print_cf(prog.g) << print_partition(p, true);
+  }
+  std::cout << "[ stats ] candidate chains=" << chains << " graphs with a recognised chain=" << recognised << "\n";
+  EXPECT_GT(recognised, 5);
+}
+
+// ---- the workload examples ----
+
+TEST(B2B, WorkloadExamplesPlanWithTheirChainDeclined) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(COMFUSE_SOURCE_DIR) / "examples/b2b")) {
+    if (e.path().extension() != ".cf") continue;
+    ++n;
+    test::CliRun r = test::run_cli("plan " + e.path().string() + " --explain");
+    ASSERT_EQ(r.code, 0) << e.path() << "\n" << r.out;
+    EXPECT_NE(r.out.find("chain 0: recognised"), std::string::npos) << e.path() << "\n" << r.out;
+    EXPECT_NE(r.out.find("b2b chain 0: declined (runs as before): no B2B kernel yet"), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(n, 5);
+}
+
+TEST(B2B, CliInterpB2bModeAgreesWithGraphMode) {
+  fs::path d = test::fresh_dir("b2b", "cli");
+  std::ofstream(d / "att.cf") << attention(3, 5, 70, 16);
+  Graph g = parse_cf_file((d / "att.cf").string());
+  fs::create_directories(d / "in");
+  TensorMap in = random_inputs(g, 3);
+  for (const auto& [name, t] : in) write_npy((d / "in" / (name + ".npy")).string(), t);
+  test::CliRun r = test::run_cli("interp " + (d / "att.cf").string() + " --inputs " + (d / "in").string() +
+                                 " --outputs " + (d / "out").string() + " --mode b2b --n1-chunk 16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  Tensor got = read_npy((d / "out" / "y.npy").string());
+  EXPECT_LE(rel_err(got, interpret_graph(g, in).at("y")), 1e-2);
+  r = test::run_cli("interp " + (d / "att.cf").string() + " --inputs " + (d / "in").string() + " --outputs " +
+                    (d / "out").string() + " --n1-chunk 16");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--n1-chunk applies to --mode b2b only"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
+TEST(B2B, CompiledGraphRunsTheRegionsAndExplainsTheDecline) {
+  // Loading a manifest (fake libraries: nothing runs) needs no nvcc: the batched attention has no region, every
+  // node is on the plain path, and explain() says the chain was declined.
+  fs::path d = test::fresh_dir("b2b", "compiled");
+  Graph g = parse_cf(attention(2, 4, 8, 8), "att.cf");
+  std::ofstream(d / "comfuse_plain_path.so") << "x";
+  std::ofstream(d / "manifest.txt") << "plain comfuse_plain_path comfuse_plain_path.so\n";
+  CompiledGraph cg = Compiler().load(g, d.string());
+  EXPECT_TRUE(cg.regions().empty());
+  const std::string ex = cg.explain();
+  EXPECT_NE(ex.find("b2b chain 0 ('_2' -> 'y'): declined: no B2B kernel yet"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("plain GPU path (nodes outside fused regions): _1 _2 _3"), std::string::npos) << ex;
+  fs::remove_all(d);
+}
