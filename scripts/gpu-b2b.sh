@@ -3,7 +3,7 @@
 # comfuse_gpu_test_b2b with the device's own tools (standalone CMake project tests/gpu, only that target), runs the
 # tests (WORKLOADS.md §2 MLP / DLRM / FFN shapes and the odd shapes), compute-sanitizer memcheck and racecheck on the
 # odd shapes, then the bench against cuBLASLt. Logs under $OUT; a table printed last; exits non-zero on a failure.
-# About 5 minutes (build ~1 min on 16 cores).
+# Under 6 minutes: build ~1 min on 16 cores, then timeouts of 120 + 90 + 90 + 60 s (typically much less).
 #
 #   scripts/gpu-check.sh --prepare      here first: CUTLASS headers into .carry/cutlass/include (carried)
 #   scripts/gpu-b2b.sh [--no-sanitizer] [--no-bench] [--test-args "ARGS"] [--bench-args "ARGS"]
@@ -56,7 +56,7 @@ rm -f "$OUT/sass.tmp"
 cat "$OUT/sass.log"
 
 # shellcheck disable=SC2086
-timeout 240 "$bin/comfuse_gpu_test_b2b" $test_args > "$OUT/test.log" 2>&1
+timeout 120 "$bin/comfuse_gpu_test_b2b" $test_args > "$OUT/test.log" 2>&1
 status[2_tests]=$?
 grep -E "FAIL|PASSED|FAILED|seed" "$OUT/test.log" | head -30
 if [ "${status[2_tests]}" != 0 ]; then   # a broken kernel may hang the rest too: keep the minutes
@@ -65,17 +65,17 @@ if [ "${status[2_tests]}" != 0 ]; then   # a broken kernel may hang the rest too
   do_san=0 do_bench=0
 fi
 if [ $do_san = 1 ]; then
-  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/comfuse_gpu_test_b2b" --odd-only \
+  timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/comfuse_gpu_test_b2b" --odd-only \
     > "$OUT/memcheck.log" 2>&1
   status[3_memcheck]=$?
-  timeout 150 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
+  timeout 90 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
     "$bin/comfuse_gpu_test_b2b" --shape 1000,520,200,72 --shape 130,24,40,200 --no-graph > "$OUT/racecheck.log" 2>&1
   status[4_racecheck]=$?
   tail -3 "$OUT/memcheck.log"; tail -3 "$OUT/racecheck.log"
 fi
 if [ $do_bench = 1 ]; then
   # shellcheck disable=SC2086
-  timeout 150 "$bin/comfuse_gpu_test_b2b" --bench --reps 10 $bench_args > "$OUT/bench.log" 2>&1
+  timeout 60 "$bin/comfuse_gpu_test_b2b" --bench --reps 10 $bench_args > "$OUT/bench.log" 2>&1
   status[5_bench]=$?
   sed -n '/^bench /,/^B2B SUMMARY/p' "$OUT/bench.log" | grep -v "^B2B SUMMARY"
 fi

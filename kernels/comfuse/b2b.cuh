@@ -293,10 +293,10 @@ struct B2bKernel {
 
           // GEMM1: S = X_blk · W1[:, chunk]
           cutlass::PipelineState<kStagesX> r1_prev = r1;
-          warpgroup_fence_operand(tSrS);
           for (int k = 0; k < p.k_tiles; ++k) {
             pipe1.consumer_wait(r1);
             int const s = r1.index();
+            warpgroup_fence_operand(tSrS);
             warpgroup_arrive();
             CUTE_UNROLL
             for (int kb = 0; kb < size<2>(tSrX); ++kb) {
@@ -305,6 +305,7 @@ struct B2bKernel {
             }
             warpgroup_commit_batch();
             warpgroup_wait<1>();   // all but the newest batch done: the previous k-tile, and GEMM2 of chunk c-1
+            warpgroup_fence_operand(tSrS);
             warpgroup_fence_operand(tOrP);
             if (k > 0) pipe1.consumer_release(r1_prev);
             if (w2_pending) {
