@@ -428,6 +428,7 @@ struct LtGemm {
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t a, b, c;
   cublasLtMatmulAlgo_t algo;
+  bool ok = false;   // cublasLt has an algorithm for this problem
   void* ws;
   size_t ws_size = 64ull << 20;
   LtGemm(int M, int N, int K, cublasLtEpilogue_t epi) {
@@ -451,12 +452,10 @@ struct LtGemm {
                                                       sizeof ws_size));
     cublasLtMatmulHeuristicResult_t res[1];
     int n = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, res, &n));
-    if (n < 1) {
-      std::fprintf(stderr, "cublasLt: no algorithm\n");
-      std::exit(1);
-    }
-    algo = res[0].algo;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, res, &n);
+    ok = st == CUBLAS_STATUS_SUCCESS && n >= 1;
+    if (!ok) std::printf("  cublasLt: no algorithm for %dx%dx%d with epilogue %d (status %d)\n", M, N, K, int(epi), int(st));
+    else algo = res[0].algo;
     cublasLtMatmulPreferenceDestroy(pref);
   }
   void run(void const* A, void const* B, void const* bias, void* C, cudaStream_t st) {
@@ -542,13 +541,19 @@ int run_bench(std::vector<B2bShape> shapes, std::string const& filter, int reps)
       std::string name;
       std::function<void(int)> launch;
     };
+    if (!g1.ok || !g2.ok) {
+      std::printf("FAILED: no cuBLASLt baseline for this shape\n");
+      return 1;
+    }
     std::vector<Variant> vs;
     vs.push_back({"cublasLt 2 GEMMs", [&](int k) {
                     g1.run(sets[k].X, sets[k].W1, nullptr, sets[k].H, nullptr);
                     g2.run(sets[k].H, sets[k].W2, nullptr, sets[k].O, nullptr);
                   }});
-    vs.push_back({"cublasLt bias+act GEMM + GEMM", [&](int k) {
-                    g1a.run(sets[k].X, sets[k].W1, sets[k].b1, sets[k].H, nullptr);
+    // without a fused-epilogue algorithm the second baseline repeats the first (the table says so)
+    vs.push_back({g1a.ok ? "cublasLt bias+act GEMM + GEMM" : "(no cublasLt bias+act algo: 2 GEMMs)", [&](int k) {
+                    if (g1a.ok) g1a.run(sets[k].X, sets[k].W1, sets[k].b1, sets[k].H, nullptr);
+                    else g1.run(sets[k].X, sets[k].W1, nullptr, sets[k].H, nullptr);
                     g2.run(sets[k].H, sets[k].W2, nullptr, sets[k].O, nullptr);
                   }});
     // fused: launchers prepared per set (TMA descriptors encoded once)
