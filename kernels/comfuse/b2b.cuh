@@ -1,0 +1,527 @@
+// ComFuse back-to-back GEMM for sm_90a, the single-CTA flash-style form (issue 16, docs/kernel-b2b.md):
+//
+//   O[M, N2] = Act2( Act1(X · W1 + b1) · W2 + b2 )
+//
+//   X  [M, K] row-major; W1 [K, N1] row-major (BLayout::KN) or [N1, K] (BLayout::NK, the nn.Linear weight);
+//   W2 [N1, N2] row-major (KN) or [N2, N1] (NK); b1 [N1], b2 [N2] (optional); bf16 operands, fp32 accumulators,
+//   the intermediate S = Act1(X · W1 + b1) rounded to bf16 (it is GEMM2's A operand), bf16 output.
+//
+// One persistent CTA per SM takes output tiles (a TileM-row block of X x a TileN2-column block of O) in turn:
+//   warp group 0, warp 0:  producer. TMA loads into two mbarrier rings (cutlass::PipelineTmaAsync):
+//                          ring 1: X [TileM, TileK] + W1 [TileK, Chunk] k-tiles; ring 2: W2 [Chunk, TileN2].
+//                          Order per tile: for each N1 chunk, its K loop in ring 1, then its W2 slice in ring 2
+//                          (the consumers read them in the same order, so neither ring can deadlock the other).
+//   warp groups 1..kGroups: consumers, 64 rows each (TileM = 64 x kGroups), all on the same stages:
+//     for each chunk c of N1:
+//       S  = X_blk · W1[:, c]                    SS WGMMA m64 x Chunk x 16, fp32 in registers
+//       P  = bf16(Act1(S + b1[c]))               in registers; columns >= N1 zeroed (the last chunk)
+//       O += P · W2[c, :]                        RS WGMMA m64 x TileN2 x 16: A = P straight from registers
+//     O = Act2(O + b2) -> bf16 -> SMEM staging (64 x 64 per group, XOR-swizzled) -> 16-byte predicated stores.
+//   The accumulator fragment of an m64nNk16 WGMMA (per thread: 2 columns x 2 rows x N/8 column groups) is, in the
+//   same element order, the A fragment of an m64k16 RS WGMMA for K = N (2 columns x 2 rows x 2 k-halves x N/16
+//   k-blocks), so P needs no shuffle: convert pairs to bf16x2 in place of the accumulator order.
+//   GEMM2 of chunk c stays in flight while GEMM1 of chunk c+1 is issued (kOverlap, when the registers allow).
+//
+// Not here yet: F with a row reduction over N1 (softmax, online rescaling: target attention), batched 3-D
+// operands, the cluster form (N1 split across a cluster, partial O summed over DSMEM), N2 > TileN2 without
+// recomputing GEMM1 (each N2 tile recomputes S). See docs/kernel-b2b.md.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/pipeline/pipeline.hpp"
+#include "cutlass/gemm/collective/builders/sm90_common.inl"   // ss_smem_selector
+
+#include "comfuse/epilogue/ops.cuh"
+#include "comfuse/gemm.cuh"   // BLayout
+
+namespace comfuse::b2b {
+
+// Act1 / Act2 are the elementwise ops of epilogue/ops.cuh (Relu, GeluTanh, ...), or Identity.
+struct Identity {
+  using Params = epi::ops::NoParams;
+  CUTE_DEVICE float operator()(Params const&, float x) const { return x; }
+};
+
+// Marks F as a row reduction over N1 (softmax with online rescaling). Not implemented in this form yet.
+template <class T>
+struct is_row_reduction : std::false_type {};
+
+template <class Element_, BLayout LayoutW1_, BLayout LayoutW2_, int TileM_, int Chunk_, int TileN2_, int TileK_,
+          class Act1_, class Act2_ = Identity, int StagesW2_ = 2>
+struct B2bConfig {
+  using Element = Element_;
+  using Act1 = Act1_;
+  using Act2 = Act2_;
+  static constexpr BLayout kLayoutW1 = LayoutW1_, kLayoutW2 = LayoutW2_;
+  static constexpr int kTileM = TileM_, kChunk = Chunk_, kTileN2 = TileN2_, kTileK = TileK_;
+  static constexpr int kGroups = TileM_ / 64;   // consumer warp groups, 64 rows each
+  static constexpr int kStagesW2 = StagesW2_;
+  static_assert(TileM_ == 64 || TileM_ == 128, "one or two consumer warp groups of 64 rows");
+  static_assert(Chunk_ % 16 == 0 && Chunk_ >= 16 && Chunk_ <= 256, "N1 chunk: a multiple of 16, at most 256 (WGMMA N)");
+  static_assert(TileN2_ % 64 == 0 && TileN2_ <= 256,
+                "TileN2: a multiple of 64 (the epilogue stages 64-column subtiles), at most 256 (one WGMMA N); "
+                "wider N2 is tiled over the grid");
+  static_assert(TileK_ % 16 == 0, "TileK: a multiple of 16");
+  static_assert(!is_row_reduction<Act1_>::value,
+                "TODO(issue 16): F with a row reduction over N1 (softmax) needs online rescaling; not in this form yet");
+  // Registers per consumer thread: O (TileN2 / 2 floats), S (Chunk / 2 floats), P (Chunk / 4 words). Keeping
+  // GEMM2 of one chunk in flight during GEMM1 of the next keeps P alive next to the next S.
+  static constexpr int kAccRegs = TileN2_ / 2 + Chunk_ / 2 + Chunk_ / 4;
+  static_assert(TileN2_ / 2 + Chunk_ / 2 <= 192, "O and S accumulators exceed a consumer thread's registers");
+  static constexpr bool kOverlap = kAccRegs <= 176;
+};
+
+template <class Cfg>
+struct B2bKernel {
+  using Element = typename Cfg::Element;
+  using Act1 = typename Cfg::Act1;
+  using Act2 = typename Cfg::Act2;
+  static constexpr int TM = Cfg::kTileM, C1 = Cfg::kChunk, N2T = Cfg::kTileN2, TK = Cfg::kTileK;
+  static constexpr int kGroups = Cfg::kGroups;
+  static constexpr int kThreads = 128 * (1 + kGroups);
+  static constexpr uint32_t kProducerRegs = 40;
+  static constexpr uint32_t kConsumerRegs = kGroups == 2 ? 232 : 240;
+
+  // ---- shared memory: the two rings and the epilogue staging ----
+  static constexpr cute::GMMA::Major kMajorW1 = Cfg::kLayoutW1 == BLayout::KN ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
+  static constexpr cute::GMMA::Major kMajorW2 = Cfg::kLayoutW2 == BLayout::KN ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
+  static constexpr int kEpiBytes = kGroups * 64 * 64 * 2;   // one 64 x 64 bf16 staging tile per consumer group
+  static constexpr int kStage1Bytes = (TM * TK + C1 * TK) * 2;
+  static constexpr int kStage2Bytes = C1 * N2T * 2;
+  static constexpr int kSmemBudget = 232448 - 1024;   // minus barriers and alignment
+  static constexpr int kStagesX = (kSmemBudget - kEpiBytes - Cfg::kStagesW2 * kStage2Bytes) / kStage1Bytes > 8
+                                      ? 8
+                                      : (kSmemBudget - kEpiBytes - Cfg::kStagesW2 * kStage2Bytes) / kStage1Bytes;
+  static_assert(kStagesX >= 2, "shared memory: fewer than 2 X/W1 stages fit next to the W2 stages");
+
+  template <cute::GMMA::Major Major, int MN, int K>
+  using SmemAtom = decltype(cutlass::gemm::collective::detail::ss_smem_selector<Major, Element, cute::Int<MN>, cute::Int<K>>());
+  // MN-major tiles are laid out K first (as CUTLASS does) so a TMA box spans the whole K extent.
+  template <cute::GMMA::Major Major>
+  using TileOrder = std::conditional_t<Major == cute::GMMA::Major::MN, cute::Step<cute::_2, cute::_1, cute::_3>,
+                                       cute::Step<cute::_1, cute::_2, cute::_3>>;
+  using SmemLayoutX = decltype(cute::tile_to_shape(SmemAtom<cute::GMMA::Major::K, TM, TK>{},
+                                                   cute::make_shape(cute::Int<TM>{}, cute::Int<TK>{}, cute::Int<kStagesX>{})));
+  using SmemLayoutW1 = decltype(cute::tile_to_shape(SmemAtom<kMajorW1, C1, TK>{},
+                                                    cute::make_shape(cute::Int<C1>{}, cute::Int<TK>{}, cute::Int<kStagesX>{}),
+                                                    TileOrder<kMajorW1>{}));
+  using SmemLayoutW2 = decltype(cute::tile_to_shape(SmemAtom<kMajorW2, N2T, C1>{},
+                                                    cute::make_shape(cute::Int<N2T>{}, cute::Int<C1>{}, cute::Int<Cfg::kStagesW2>{}),
+                                                    TileOrder<kMajorW2>{}));
+
+  using Pipe1 = cutlass::PipelineTmaAsync<kStagesX>;
+  using Pipe2 = cutlass::PipelineTmaAsync<Cfg::kStagesW2>;
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutX>, 1024> x;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutW1>, 1024> w1;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutW2>, 1024> w2;
+    alignas(128) Element epi[kGroups][64 * 64];
+    alignas(16) typename Pipe1::SharedStorage pipe1;
+    alignas(16) typename Pipe2::SharedStorage pipe2;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 232448, "shared memory");
+
+  // ---- MMAs: both split M over the consumer groups ----
+  using GroupLayout = cute::Layout<cute::Shape<cute::Int<kGroups>, cute::_1, cute::_1>>;
+  using TiledMma1 = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<C1>, cute::Int<TK>>,
+                                 cute::GMMA::Major::K, kMajorW1>(),
+      GroupLayout{}));
+  using TiledMma2 = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<N2T>, cute::Int<C1>>,
+                                 cute::GMMA::Major::K, kMajorW2>(),
+      GroupLayout{}));
+  // P in registers: the A fragment of TiledMma2 ((2 cols, 2 rows, 2 k-halves), 1, C1 / 16 k-blocks), compact, which
+  // is element for element the compact order of TiledMma1's accumulator ((2, 2, C1 / 8), 1, 1).
+  using LayoutP = cute::Layout<cute::Shape<cute::Shape<cute::_2, cute::_2, cute::_2>, cute::_1, cute::Int<C1 / 16>>>;
+
+  // ---- TMA: global views in (MN, K) order, as the MMAs read them ----
+  using StrideX = cute::Stride<int64_t, cute::_1>;                                          // X  (M, K)
+  using StrideW1 = std::conditional_t<Cfg::kLayoutW1 == BLayout::KN, cute::Stride<cute::_1, int64_t>,
+                                      cute::Stride<int64_t, cute::_1>>;                     // W1 (N1, K)
+  using StrideW2 = std::conditional_t<Cfg::kLayoutW2 == BLayout::KN, cute::Stride<cute::_1, int64_t>,
+                                      cute::Stride<int64_t, cute::_1>>;                     // W2 (N2, N1)
+  template <class Stride, class SLayout>
+  using TmaFor = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{},
+      cute::make_tensor(static_cast<Element const*>(nullptr), cute::make_layout(cute::make_shape(int32_t(0), int32_t(0)), Stride{})),
+      SLayout{}(cute::_, cute::_, cute::Int<0>{})));
+  using TmaX = TmaFor<StrideX, SmemLayoutX>;
+  using TmaW1 = TmaFor<StrideW1, SmemLayoutW1>;
+  using TmaW2 = TmaFor<StrideW2, SmemLayoutW2>;
+
+  struct Params {
+    TmaX tma_x;
+    TmaW1 tma_w1;
+    TmaW2 tma_w2;
+    Element const* b1;   // [N1] or null
+    Element const* b2;   // [N2] or null
+    Element* O;          // [M, N2], row stride ldo
+    int64_t ldo;
+    int M, K, N1, N2;
+    int k_tiles, chunks, tiles_n2, total;
+    typename Act1::Params act1;
+    typename Act2::Params act2;
+  };
+
+  static CUTE_DEVICE float2 load_pair(Element const* p, int n, int n_end) {
+    if (p == nullptr || n >= n_end) return make_float2(0.f, 0.f);
+    __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162 const*>(p + n);   // n even, n_end even: both in bounds
+    return __bfloat1622float2(v);
+  }
+
+  static CUTE_DEVICE void run(Params const& p, char* smem_raw) {
+    using namespace cute;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
+    int const thread_idx = int(threadIdx.x);
+    int const warp_idx = cutlass::canonical_warp_idx_sync();
+    int const warp_group = cutlass::canonical_warp_group_idx();
+
+    if (warp_idx == 0 && cute::elect_one_sync()) {
+      cute::prefetch_tma_descriptor(p.tma_x.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_w1.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_w2.get_tma_descriptor());
+    }
+    using Role = typename Pipe1::ThreadCategory;
+    typename Pipe1::Params pp1;
+    pp1.role = warp_group == 0 ? (warp_idx == 0 ? Role::Producer : Role::NonParticipant) : Role::Consumer;
+    pp1.is_leader = thread_idx % 128 == 0;
+    pp1.num_consumers = 128 * kGroups;
+    pp1.transaction_bytes = kStage1Bytes;
+    Pipe1 pipe1(ss.pipe1, pp1, Shape<_1, _1, _1>{});
+    typename Pipe2::Params pp2;
+    pp2.role = static_cast<typename Pipe2::ThreadCategory>(int(pp1.role));
+    pp2.is_leader = pp1.is_leader;
+    pp2.num_consumers = 128 * kGroups;
+    pp2.transaction_bytes = kStage2Bytes;
+    Pipe2 pipe2(ss.pipe2, pp2, Shape<_1, _1, _1>{});
+    __syncthreads();   // barrier initialization visible to all before first use
+
+    Tensor sX = make_tensor(make_smem_ptr(ss.x.data()), SmemLayoutX{});      // (TM, TK, stages)
+    Tensor sW1 = make_tensor(make_smem_ptr(ss.w1.data()), SmemLayoutW1{});   // (C1, TK, stages)
+    Tensor sW2 = make_tensor(make_smem_ptr(ss.w2.data()), SmemLayoutW2{});   // (N2T, C1, stages)
+
+    if (warp_group == 0) {
+      // ---------------- producer ----------------
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+      if (warp_idx == 0 && cute::elect_one_sync()) {
+        Tensor mX = p.tma_x.get_tma_tensor(make_shape(p.M, p.K));
+        Tensor mW1 = p.tma_w1.get_tma_tensor(make_shape(p.N1, p.K));
+        Tensor mW2 = p.tma_w2.get_tma_tensor(make_shape(p.N2, p.N1));
+        Tensor gX = local_tile(mX, Shape<Int<TM>, Int<TK>>{}, make_coord(_, _));      // (TM, TK, m, k)
+        Tensor gW1 = local_tile(mW1, Shape<Int<C1>, Int<TK>>{}, make_coord(_, _));    // (C1, TK, c, k)
+        Tensor gW2 = local_tile(mW2, Shape<Int<N2T>, Int<C1>>{}, make_coord(_, _));   // (N2T, C1, n, c)
+        auto cx = p.tma_x.get_slice(0);
+        auto cw1 = p.tma_w1.get_slice(0);
+        auto cw2 = p.tma_w2.get_slice(0);
+        Tensor tXgX = cx.partition_S(gX);
+        Tensor tXsX = cx.partition_D(sX);
+        Tensor tWgW1 = cw1.partition_S(gW1);
+        Tensor tWsW1 = cw1.partition_D(sW1);
+        Tensor tVgW2 = cw2.partition_S(gW2);
+        Tensor tVsW2 = cw2.partition_D(sW2);
+        auto w1 = cutlass::make_producer_start_state<Pipe1>();
+        auto w2 = cutlass::make_producer_start_state<Pipe2>();
+        for (int tile = int(blockIdx.x); tile < p.total; tile += int(gridDim.x)) {
+          int const mb = tile / p.tiles_n2, nb = tile % p.tiles_n2;
+          for (int c = 0; c < p.chunks; ++c) {
+            for (int k = 0; k < p.k_tiles; ++k) {
+              pipe1.producer_acquire(w1);
+              auto* bar = pipe1.producer_get_barrier(w1);
+              copy(p.tma_x.with(*bar), tXgX(_, _, _, mb, k), tXsX(_, _, _, w1.index()));
+              copy(p.tma_w1.with(*bar), tWgW1(_, _, _, c, k), tWsW1(_, _, _, w1.index()));
+              ++w1;
+            }
+            pipe2.producer_acquire(w2);
+            copy(p.tma_w2.with(*pipe2.producer_get_barrier(w2)), tVgW2(_, _, _, nb, c), tVsW2(_, _, _, w2.index()));
+            ++w2;
+          }
+        }
+        pipe1.producer_tail(w1);   // every stage released: no TMA write outlives the CTA
+        pipe2.producer_tail(w2);
+      }
+    } else {
+      // ---------------- consumers ----------------
+      cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+      int const ct = thread_idx - 128;   // 0 .. 128 * kGroups - 1
+      int const group = warp_group - 1;
+      int const wg_thread = thread_idx % 128;
+      TiledMma1 mma1;
+      TiledMma2 mma2;
+      auto thr1 = mma1.get_slice(ct);
+      auto thr2 = mma2.get_slice(ct);
+      Tensor tSrX = thr1.make_fragment_A(thr1.partition_A(sX));     // smem descriptors (MMA, 1, TK/16, stages)
+      Tensor tSrW1 = thr1.make_fragment_B(thr1.partition_B(sW1));   // (MMA, 1, TK/16, stages)
+      Tensor tOrW2 = thr2.make_fragment_B(thr2.partition_B(sW2));   // (MMA, 1, C1/16, stages)
+      Tensor tSrS = partition_fragment_C(mma1, Shape<Int<TM>, Int<C1>>{});    // ((2, 2, C1/8), 1, 1) fp32
+      Tensor tOrO = partition_fragment_C(mma2, Shape<Int<TM>, Int<N2T>>{});   // ((2, 2, N2T/8), 1, 1) fp32
+      Tensor tOrP = make_tensor<Element>(LayoutP{});
+      Tensor tOrP32 = recast<uint32_t>(tOrP);
+      // Tile coordinates (row, col) of every accumulator element, from the MMAs' own partitioning.
+      Tensor tScS = thr1.partition_C(make_identity_tensor(Shape<Int<TM>, Int<C1>>{}));
+      Tensor tOcO = thr2.partition_C(make_identity_tensor(Shape<Int<TM>, Int<N2T>>{}));
+      // Element 4j + 2r + c of an m64nN accumulator fragment sits at (row0 + 8r, col0 + 8j + c) of the tile: the
+      // loops below use that instead of indexing the coordinate tensors (fewer live registers). test_b2b checks it.
+      int const s_col0 = int(get<1>(tScS(0)));
+      static_assert(decltype(size(tSrS))::value == 2 * decltype(size(tOrP32))::value, "P: one bf16 per S element");
+      static_assert(decltype(size<2>(tOrP))::value == decltype(size<2>(tOrW2))::value, "GEMM2 k-blocks");
+
+      Act1 act1;
+      Act2 act2;
+      cutlass::PipelineState<kStagesX> r1;
+      cutlass::PipelineState<Cfg::kStagesW2> r2;
+      for (int tile = int(blockIdx.x); tile < p.total; tile += int(gridDim.x)) {
+        int const mb = tile / p.tiles_n2, nb = tile % p.tiles_n2;
+        bool w2_pending = false;   // GEMM2 of the previous chunk in flight, its W2 stage not yet released
+        cutlass::PipelineState<Cfg::kStagesW2> r2_prev = r2;
+        for (int c = 0; c < p.chunks; ++c) {
+          int const n1_0 = c * C1;
+          // b1 of this chunk, one pair per column group (the same for both rows of a thread)
+          float2 bias[C1 / 8];
+          CUTE_UNROLL
+          for (int j = 0; j < C1 / 8; ++j) bias[j] = load_pair(p.b1, n1_0 + s_col0 + 8 * j, p.N1);
+
+          // GEMM1: S = X_blk · W1[:, chunk]
+          cutlass::PipelineState<kStagesX> r1_prev = r1;
+          for (int k = 0; k < p.k_tiles; ++k) {
+            pipe1.consumer_wait(r1);
+            int const s = r1.index();
+            warpgroup_fence_operand(tSrS);
+            warpgroup_arrive();
+            CUTE_UNROLL
+            for (int kb = 0; kb < size<2>(tSrX); ++kb) {
+              mma1.accumulate_ = (k == 0 && kb == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+              cute::gemm(mma1, tSrX(_, _, kb, s), tSrW1(_, _, kb, s), tSrS);
+            }
+            warpgroup_commit_batch();
+            warpgroup_wait<1>();   // all but the newest batch done: the previous k-tile, and GEMM2 of chunk c-1
+            warpgroup_fence_operand(tSrS);
+            warpgroup_fence_operand(tOrP);
+            if (k > 0) pipe1.consumer_release(r1_prev);
+            if (w2_pending) {
+              pipe2.consumer_release(r2_prev);
+              w2_pending = false;
+            }
+            r1_prev = r1;
+            ++r1;
+          }
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tSrS);
+          pipe1.consumer_release(r1_prev);
+
+          // F: P = bf16(Act1(S + b1)), columns >= N1 zeroed (TMA zero-fills them in S, but Act1(0 + b1) need not be 0)
+          int const n1_left = p.N1 - n1_0;   // columns of this chunk inside N1
+          CUTE_UNROLL
+          for (int t = 0; t < size(tOrP32); ++t) {
+            int const e = 2 * t;   // elements e, e+1: one row, adjacent columns
+            float2 const b = bias[e / 4];
+            float y0 = act1(p.act1, tSrS(e) + b.x);
+            float y1 = act1(p.act1, tSrS(e + 1) + b.y);
+            if (s_col0 + 8 * (e / 4) >= n1_left) y0 = y1 = 0.f;   // N1 % 8 == 0: a pair is all in or all out
+            __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
+            tOrP32(t) = reinterpret_cast<uint32_t const&>(h);
+          }
+
+          // GEMM2: O += P · W2[chunk, :], A from registers
+          pipe2.consumer_wait(r2);
+          warpgroup_fence_operand(tOrP);
+          warpgroup_fence_operand(tOrO);
+          warpgroup_arrive();
+          CUTE_UNROLL
+          for (int kb = 0; kb < size<2>(tOrP); ++kb) {
+            mma2.accumulate_ = (c == 0 && kb == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+            cute::gemm(mma2, tOrP(_, _, kb), tOrW2(_, _, kb, r2.index()), tOrO);
+          }
+          warpgroup_commit_batch();
+          warpgroup_fence_operand(tOrO);
+          r2_prev = r2;
+          ++r2;
+          w2_pending = true;
+          if constexpr (!Cfg::kOverlap) {
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tOrP);
+            pipe2.consumer_release(r2_prev);
+            w2_pending = false;
+          }
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        if (w2_pending) pipe2.consumer_release(r2_prev);
+
+        // Epilogue: O = Act2(O + b2) -> bf16, staged per 64-column subtile, then 16-byte stores of whole rows.
+        // Staging: 64 rows x 8 chunks of 16 bytes, chunk index XOR (row & 7): the fragment writes (8 rows x 4
+        // column pairs per warp) and the row-wise 16-byte reads are both free of bank conflicts.
+        Element* stage = ss.epi[group];
+        int const o_row0 = int(get<0>(tOcO(0))) - group * 64;   // this thread's rows o_row0, o_row0 + 8 (0 .. 63)
+        int const o_col0 = int(get<1>(tOcO(0)));                // its columns o_col0 + 8j (+1), o_col0 < 8
+        Element* st_w = stage + o_row0 * 64 + o_col0;
+        int const sw_w = o_row0 & 7;                            // the same for both rows
+        int const st_row = wg_thread / 8, st_ch = wg_thread % 8;   // reads: rows st_row + 16 it, chunk st_ch
+        Element const* st_r = stage + st_row * 64 + ((st_ch ^ (st_row & 7)) * 8);
+        int const row_base = mb * TM + group * 64 + st_row;
+        int const n2_base = nb * N2T;
+        CUTE_UNROLL
+        for (int sub = 0; sub < N2T / 64; ++sub) {
+          CUTE_UNROLL
+          for (int j = 8 * sub; j < 8 * sub + 8; ++j) {   // column group j: elements 4j .. 4j+3 (2 rows x 2 cols)
+            float2 const b = load_pair(p.b2, n2_base + o_col0 + 8 * j, p.N2);
+            CUTE_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              int const e = 4 * j + 2 * r;
+              float y0 = act2(p.act2, tOrO(e) + b.x);
+              float y1 = act2(p.act2, tOrO(e + 1) + b.y);
+              __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
+              *reinterpret_cast<__nv_bfloat162*>(st_w + r * 8 * 64 + (((j - 8 * sub) ^ sw_w) * 8)) = h;
+            }
+          }
+          asm volatile("bar.sync %0, 128;\n" ::"r"(8 + group) : "memory");
+          int const col = n2_base + sub * 64 + st_ch * 8;
+          CUTE_UNROLL
+          for (int it = 0; it < 4; ++it) {
+            int const row = row_base + 16 * it;
+            uint4 v = *reinterpret_cast<uint4 const*>(st_r + it * 16 * 64);
+            if (row < p.M && col < p.N2) *reinterpret_cast<uint4*>(p.O + int64_t(row) * p.ldo + col) = v;
+          }
+          asm volatile("bar.sync %0, 128;\n" ::"r"(8 + group) : "memory");   // staging free for the next subtile
+        }
+      }
+    }
+#else
+    if (threadIdx.x == 0) printf("comfuse::b2b needs sm_90a (-gencode=arch=compute_90a,code=sm_90a)\n");
+#endif
+  }
+};
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1)
+    b2b_kernel_entry(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
+  extern __shared__ __align__(1024) char comfuse_b2b_smem[];
+  Kernel::run(params, comfuse_b2b_smem);
+}
+
+// Host side: argument checking and launch.
+template <class Cfg>
+struct B2b {
+  using Kernel = B2bKernel<Cfg>;
+  using Element = typename Cfg::Element;
+
+  struct Arguments {
+    Element const* X = nullptr;    // [M, K], row stride ldx
+    Element const* W1 = nullptr;   // [K, N1] (KN) or [N1, K] (NK), row stride ldw1
+    Element const* b1 = nullptr;   // [N1], optional
+    Element const* W2 = nullptr;   // [N1, N2] (KN) or [N2, N1] (NK), row stride ldw2
+    Element const* b2 = nullptr;   // [N2], optional
+    Element* O = nullptr;          // [M, N2], row stride ldo
+    int M = 0, K = 0, N1 = 0, N2 = 0;
+    int64_t ldx = 0, ldw1 = 0, ldw2 = 0, ldo = 0;
+    typename Cfg::Act1::Params act1{};
+    typename Cfg::Act2::Params act2{};
+  };
+
+  // nullptr when the kernel can run these arguments, else the reason it cannot.
+  static char const* can_implement(Arguments const& a) {
+    if (a.M <= 0 || a.K <= 0 || a.N1 <= 0 || a.N2 <= 0) return "empty problem";
+    if (!a.X || !a.W1 || !a.W2 || !a.O) return "X, W1, W2 and O must be set";
+    if (a.K % 8 != 0) return "K must be a multiple of 8 (16-byte rows for TMA)";
+    if (a.N1 % 8 != 0) return "N1 must be a multiple of 8 (16-byte rows for TMA, column pairs of the bias)";
+    if (a.N2 % 8 != 0) return "N2 must be a multiple of 8 (16-byte vector stores)";
+    if (a.ldx % 8 || a.ldw1 % 8 || a.ldw2 % 8 || a.ldo % 8) return "row strides must be multiples of 8 elements";
+    if (a.ldx < a.K || a.ldo < a.N2) return "row strides shorter than the rows";
+    if (a.ldw1 < (Cfg::kLayoutW1 == BLayout::KN ? a.N1 : a.K)) return "W1 row stride shorter than its rows";
+    if (a.ldw2 < (Cfg::kLayoutW2 == BLayout::KN ? a.N2 : a.N1)) return "W2 row stride shorter than its rows";
+    auto addr = [](void const* q) { return reinterpret_cast<uintptr_t>(q); };
+    if ((addr(a.X) | addr(a.W1) | addr(a.W2) | addr(a.O)) % 16 != 0) return "X, W1, W2 and O must be 16-byte aligned";
+    if ((addr(a.b1) | addr(a.b2)) % 4 != 0) return "b1 and b2 must be 4-byte aligned";
+    return nullptr;
+  }
+
+  static typename Kernel::Params make_params(Arguments const& a) {
+    using namespace cute;
+    typename Kernel::Params p;
+    auto x = make_tensor(a.X, make_layout(make_shape(a.M, a.K), typename Kernel::StrideX{a.ldx, _1{}}));
+    typename Kernel::StrideW1 dw1{};
+    if constexpr (Cfg::kLayoutW1 == BLayout::KN) get<1>(dw1) = a.ldw1;   // W1(n, k) at k * ldw1 + n
+    else get<0>(dw1) = a.ldw1;                                          // W1(n, k) at n * ldw1 + k
+    typename Kernel::StrideW2 dw2{};
+    if constexpr (Cfg::kLayoutW2 == BLayout::KN) get<1>(dw2) = a.ldw2;   // W2(n2, n1) at n1 * ldw2 + n2
+    else get<0>(dw2) = a.ldw2;                                          // W2(n2, n1) at n2 * ldw2 + n1
+    auto w1 = make_tensor(a.W1, make_layout(make_shape(a.N1, a.K), dw1));
+    auto w2 = make_tensor(a.W2, make_layout(make_shape(a.N2, a.N1), dw2));
+    p.tma_x = make_tma_copy(SM90_TMA_LOAD{}, x, typename Kernel::SmemLayoutX{}(_, _, Int<0>{}));
+    p.tma_w1 = make_tma_copy(SM90_TMA_LOAD{}, w1, typename Kernel::SmemLayoutW1{}(_, _, Int<0>{}));
+    p.tma_w2 = make_tma_copy(SM90_TMA_LOAD{}, w2, typename Kernel::SmemLayoutW2{}(_, _, Int<0>{}));
+    p.b1 = a.b1;
+    p.b2 = a.b2;
+    p.O = a.O;
+    p.ldo = a.ldo;
+    p.M = a.M;
+    p.K = a.K;
+    p.N1 = a.N1;
+    p.N2 = a.N2;
+    p.k_tiles = (a.K + Cfg::kTileK - 1) / Cfg::kTileK;
+    p.chunks = (a.N1 + Cfg::kChunk - 1) / Cfg::kChunk;
+    p.tiles_n2 = (a.N2 + Cfg::kTileN2 - 1) / Cfg::kTileN2;
+    p.total = ((a.M + Cfg::kTileM - 1) / Cfg::kTileM) * p.tiles_n2;
+    p.act1 = a.act1;
+    p.act2 = a.act2;
+    return p;
+  }
+
+  static int sm_count() {
+    static int cached[64] = {};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 1;
+    }
+    if (dev < 64 && cached[dev] > 0) return cached[dev];
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+      (void)cudaGetLastError();
+      n = 1;
+    }
+    if (dev < 64) cached[dev] = n;
+    return n;
+  }
+
+  // CTAs of the persistent grid: one per SM (the SMEM use allows no more), at most one per tile; max_ctas > 0
+  // caps it (tests use it to give each CTA many tiles).
+  static int grid_size(typename Kernel::Params const& p, int max_ctas = 0) {
+    int g = sm_count();
+    if (max_ctas > 0 && max_ctas < g) g = max_ctas;
+    return p.total < g ? p.total : g;
+  }
+
+  static cudaError_t launch(typename Kernel::Params const& p, cudaStream_t stream = nullptr, int max_ctas = 0) {
+    auto kernel = &b2b_kernel_entry<Kernel>;
+    static bool attr_set = false;   // per process; set again if it failed (a race sets it twice: harmless)
+    if (!attr_set) {
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return e;
+      }
+      attr_set = true;
+    }
+    (void)cudaGetLastError();   // the error read below must be this launch's
+    kernel<<<grid_size(p, max_ctas), Kernel::kThreads, Kernel::kSmemBytes, stream>>>(p);
+    return cudaGetLastError();
+  }
+
+  static cudaError_t run(Arguments const& a, cudaStream_t stream = nullptr, int max_ctas = 0) {
+    if (can_implement(a) != nullptr) return cudaErrorInvalidValue;
+    return launch(make_params(a), stream, max_ctas);
+  }
+};
+
+}  // namespace comfuse::b2b

@@ -1,0 +1,45 @@
+// Type-erased registry of the compiled back-to-back GEMM instances (kernels/comfuse/b2b.cuh), for test_b2b.
+// One instance per translation unit (b2b_instance.cu.inc, generated per line of COMFUSE_B2B_INSTANCES in
+// tests/gpu/CMakeLists.txt). Host-only header: no CUTLASS here.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+#include <cuda_runtime.h>
+
+namespace comfuse::gpu {
+
+enum class Act { None = 0, Gelu = 1, Relu = 2 };
+inline char const* act_name(Act a) { return a == Act::Gelu ? "gelu" : a == Act::Relu ? "relu" : "none"; }
+
+// O = act2(act1(X · W1 + b1) · W2 + b2); bf16 device pointers (void* keeps CUDA half types out of this header).
+// Both weight layouts are passed: an instance reads the one it was compiled for.
+struct B2bProblem {
+  void const* X = nullptr;     // [M, K]
+  void const* W1kn = nullptr;  // [K, N1]
+  void const* W1nk = nullptr;  // [N1, K]
+  void const* b1 = nullptr;    // [N1] or null
+  void const* W2kn = nullptr;  // [N1, N2]
+  void const* W2nk = nullptr;  // [N2, N1]
+  void const* b2 = nullptr;    // [N2] or null
+  void* O = nullptr;           // [M, N2], row stride ldo
+  int M = 0, K = 0, N1 = 0, N2 = 0;
+  int64_t ldo = 0;             // 0: N2
+  int max_ctas = 0;            // cap on the persistent grid (0: one CTA per SM)
+};
+
+struct B2bInstance {
+  std::string name;
+  Act act1, act2;
+  bool w_nk;     // W1 [N1, K] and W2 [N2, N1] (nn.Linear weights) instead of [K, N1] and [N1, N2]
+  int tile_m, chunk, tile_n2, tile_k, stages_x, stages_w2, smem_bytes;
+  char const* (*can_implement)(B2bProblem const&);
+  // Encodes the TMA descriptors once; the returned launcher only launches (for timing and graph capture).
+  std::function<cudaError_t(cudaStream_t)> (*prepare)(B2bProblem const&);
+  int (*grid)(B2bProblem const&);   // CTAs of the launch
+};
+
+std::vector<B2bInstance>& b2b_registry();
+
+}  // namespace comfuse::gpu

@@ -1,0 +1,703 @@
+// GPU test and bench of the back-to-back GEMM instances (kernels/comfuse/b2b.cuh, issue 16):
+//   O = act2(act1(X · W1 + b1) · W2 + b2)
+//
+//   test_b2b [--shape M,K,N1,N2]... [--filter SUBSTR] [--seed S] [--no-graph] [--odd-only]
+//   test_b2b --bench [--shape M,K,N1,N2]... [--filter SUBSTR] [--reps N]
+//
+// Test (default): every instance on every shape whose activations it implements (the WORKLOADS.md §2 MLP /
+// DLRM / FFN shapes take the instances of their own activations; the odd shapes every instance). Fresh random
+// inputs every run (seed from the clock unless --seed; printed): X uniform [-1, 1], W1 uniform scaled by 4/sqrt(K)
+// so X·W1 + b1 spans about [-4, 4] (GELU's curved part), b1 uniform [-1, 1], W2 by 2/sqrt(N1), b2 [-0.5, 0.5].
+// Reference on the GPU: H = X·W1 in fp32 (FMA), P = bf16(act1(H + b1)) with the accurate tanhf (the kernel rounds
+// its intermediate to bf16 as well; it is GEMM2's operand), R = P·W2 and A = |P|·|W2| in fp32, ref = act2(R + b2).
+// Per element: |out - ref| <= 2^-8 |ref| + 2^-10 A + 2^-6 T + 1e-6, T = max_k |P_k W2_k| (bf16 output rounding;
+// P elements that the kernel's tanh.approx and summation order round to the other bf16 neighbour, each off by at
+// most 2^-7 |P_k|: many small ones in large N1 (2^-10 A), a few large ones in small N1 (2^-6 T); a missing or
+// doubled chunk of N1 moves an element by about sqrt(Chunk) / N1 * A: 2^-7 A, 8x the 2^-10 A term, at N1 = 1024,
+// Chunk = 64), no NaN/Inf, normwise relative error <= 1e-2 (a missing chunk: about sqrt(Chunk / N1), >= 14%). Outputs are poisoned (0xFF, bf16 NaN) before each launch, with a padded row stride and extra rows whose
+// poison must survive (predicated stores). A second launch must be bit-identical. On odd shapes every instance also
+// runs with the persistent grid capped at 1 and 3 CTAs (many tiles per CTA). CUDA graph: one launch captured, then
+// replayed twice with new X values against a fresh reference. A PASS/FAIL table last.
+//
+// Bench (--bench): each WORKLOADS.md §2 shape, the fused instances of its activations against two cuBLASLt
+// GEMMs (bf16 H in between, no bias/activation: the issue's baseline) and against cuBLASLt GEMM1 with its
+// GELU_BIAS / RELU_BIAS epilogue + GEMM2, interleaved timing as bench/bench_gemm.cu (batches of 10 launches,
+// rotating buffer sets > 4x L2, 2 rounds of --reps repetitions, best round median), random operands.
+// Exit 77 without a cc 9.0 GPU.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <cublasLt.h>
+
+#include "b2b_instances.h"
+#include "gpu_common.cuh"
+
+using namespace comfuse::gpu;
+
+namespace comfuse::gpu {
+std::vector<B2bInstance>& b2b_registry() {
+  static std::vector<B2bInstance> r;
+  return r;
+}
+}  // namespace comfuse::gpu
+
+#define CUBLAS_CHECK(call)                                                                 \
+  do {                                                                                     \
+    cublasStatus_t st_ = (call);                                                           \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                    \
+      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, int(st_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+namespace {
+
+struct B2bShape {
+  int M, K, N1, N2;
+  Act act1, act2;   // None/None: an odd shape, run by every instance with its own activations
+  char const* label;
+};
+
+bool parse_b2b_shape(char const* t, B2bShape* s) {
+  s->act1 = s->act2 = Act::None;
+  s->label = "cli";
+  return std::sscanf(t, "%d,%d,%d,%d", &s->M, &s->K, &s->N1, &s->N2) == 4;
+}
+
+// WORKLOADS.md §2 (the MLP / DLRM / FFN rows) and the odd shapes.
+std::vector<B2bShape> workload_shapes() {
+  return {{65536, 256, 1024, 256, Act::Gelu, Act::None, "mlp_gelu_1"},
+          {32768, 512, 2048, 512, Act::Gelu, Act::None, "mlp_gelu_2"},
+          {65536, 512, 256, 64, Act::Relu, Act::Relu, "dlrm_bottom"},
+          {16384, 768, 3072, 768, Act::Gelu, Act::None, "ffn_gelu"}};
+}
+std::vector<B2bShape> odd_shapes() {
+  return {{1000, 520, 200, 72, Act::None, Act::None, "odd"},
+          {1000, 520, 264, 264, Act::None, Act::None, "odd"},   // N2 > 256: two column tiles, the second partial
+          {130, 24, 40, 200, Act::None, Act::None, "odd"},      // K < TileK, N1 < chunk
+          {1, 64, 8, 8, Act::None, Act::None, "odd"}};
+}
+
+__device__ float act_ref(int a, float x) {
+  if (a == 1) return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  if (a == 2) return x < 0.f ? 0.f : x;
+  return x;
+}
+
+// P[m, n] = bf16(act1(H[m, n] + b1[n]))
+__global__ void ref_intermediate(float const* H, __nv_bfloat16 const* b1, __nv_bfloat16* P, int M, int N1, int act1) {
+  int64_t total = int64_t(M) * N1;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
+    P[i] = __float2bfloat16_rn(act_ref(act1, H[i] + __bfloat162float(b1[i % N1])));
+}
+
+// R = P · W2, A = |P| · |W2| and T = max_k |P_k| |W2_k| in fp32 (W2 [N1, N2] row-major), then R = act2(R + b2).
+// 32x32 tiles, 2x2 per thread.
+__global__ void ref_gemm2(__nv_bfloat16 const* P, __nv_bfloat16 const* W2, __nv_bfloat16 const* b2, float* R,
+                          float* A, float* T, int M, int N2, int N1, int act2) {
+  __shared__ float Ps[32][33];
+  __shared__ float Ws[32][33];
+  int tx = threadIdx.x, ty = threadIdx.y;   // 16 x 16
+  int m0 = blockIdx.y * 32, n0 = blockIdx.x * 32;
+  float acc[2][2] = {}, abs_acc[2][2] = {}, max_term[2][2] = {};
+  for (int k0 = 0; k0 < N1; k0 += 32) {
+    for (int i = ty; i < 32; i += 16)
+      for (int j = tx; j < 32; j += 16) {
+        int m = m0 + i, k = k0 + j;
+        Ps[i][j] = (m < M && k < N1) ? __bfloat162float(P[int64_t(m) * N1 + k]) : 0.f;
+        int kb = k0 + i, n = n0 + j;
+        Ws[i][j] = (kb < N1 && n < N2) ? __bfloat162float(W2[int64_t(kb) * N2 + n]) : 0.f;
+      }
+    __syncthreads();
+    for (int kk = 0; kk < 32; ++kk)
+      for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < 2; ++b) {
+          float p = Ps[ty + 16 * a][kk], w = Ws[kk][tx + 16 * b];
+          acc[a][b] = fmaf(p, w, acc[a][b]);
+          abs_acc[a][b] = fmaf(fabsf(p), fabsf(w), abs_acc[a][b]);
+          max_term[a][b] = fmaxf(max_term[a][b], fabsf(p * w));
+        }
+    __syncthreads();
+  }
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 2; ++b) {
+      int m = m0 + ty + 16 * a, n = n0 + tx + 16 * b;
+      if (m < M && n < N2) {
+        R[int64_t(m) * N2 + n] = act_ref(act2, acc[a][b] + __bfloat162float(b2[n]));
+        A[int64_t(m) * N2 + n] = abs_acc[a][b];
+        T[int64_t(m) * N2 + n] = max_term[a][b];
+      }
+    }
+}
+
+// stats: [0] elements over tolerance, [1] non-finite outputs, [2] poisoned padding overwritten (canary),
+// [3] max |out - ref| / tol (as float bits), [4..5] sum (out - ref)^2 and ref^2 (double bits).
+struct CheckStats {
+  unsigned long long bad, nonfinite, canary;
+  float worst;
+  double rel;
+};
+
+__global__ void check_output(__nv_bfloat16 const* O, int64_t ldo, int rows_alloc, float const* R, float const* A,
+                             float const* T, int M, int N2, unsigned long long* counts, float* worst, double* sums) {
+  unsigned long long bad = 0, nonfinite = 0, canary = 0;
+  float w = 0.f;
+  double d2 = 0, r2 = 0;
+  int64_t total = int64_t(rows_alloc) * ldo;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    int m = int(i / ldo), n = int(i % ldo);
+    float o = __bfloat162float(O[i]);
+    if (m >= M || n >= N2) {   // padding: must still hold the poison (NaN)
+      canary += !isnan(o);
+      continue;
+    }
+    float r = R[int64_t(m) * N2 + n];
+    if (!isfinite(o)) {
+      ++nonfinite;
+      continue;
+    }
+    int64_t at = int64_t(m) * N2 + n;
+    float tol = 0.00390625f * fabsf(r) + 0.0009765625f * A[at] + 0.015625f * T[at] + 1e-6f;
+    float e = fabsf(o - r);
+    bad += e > tol;
+    w = fmaxf(w, e / tol);
+    d2 += double(e) * e;
+    r2 += double(r) * r;
+  }
+  for (int off = 16; off; off >>= 1) {
+    bad += __shfl_xor_sync(0xffffffffu, bad, off);
+    nonfinite += __shfl_xor_sync(0xffffffffu, nonfinite, off);
+    canary += __shfl_xor_sync(0xffffffffu, canary, off);
+    w = fmaxf(w, __shfl_xor_sync(0xffffffffu, w, off));
+    d2 += __shfl_xor_sync(0xffffffffu, d2, off);
+    r2 += __shfl_xor_sync(0xffffffffu, r2, off);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (bad) atomicAdd(&counts[0], bad);
+    if (nonfinite) atomicAdd(&counts[1], nonfinite);
+    if (canary) atomicAdd(&counts[2], canary);
+    atomicMax(reinterpret_cast<int*>(worst), __float_as_int(w));   // w >= 0: int order = float order
+    atomicAdd(&sums[0], d2);
+    atomicAdd(&sums[1], r2);
+  }
+}
+
+struct Checker {
+  unsigned long long* counts;
+  float* worst;
+  double* sums;
+  Checker() {
+    CF_CHECK(cudaMalloc(&counts, 3 * sizeof(unsigned long long)));
+    CF_CHECK(cudaMalloc(&worst, sizeof(float)));
+    CF_CHECK(cudaMalloc(&sums, 2 * sizeof(double)));
+  }
+  ~Checker() {
+    cudaFree(counts);
+    cudaFree(worst);
+    cudaFree(sums);
+  }
+  CheckStats run(__nv_bfloat16 const* O, int64_t ldo, int rows_alloc, float const* R, float const* A, float const* T,
+                 int M, int N2) {
+    CF_CHECK(cudaMemset(counts, 0, 3 * sizeof(unsigned long long)));
+    CF_CHECK(cudaMemset(worst, 0, sizeof(float)));
+    CF_CHECK(cudaMemset(sums, 0, 2 * sizeof(double)));
+    check_output<<<1024, 256>>>(O, ldo, rows_alloc, R, A, T, M, N2, counts, worst, sums);
+    CF_CHECK(cudaGetLastError());
+    unsigned long long c[3];
+    float w;
+    double s[2];
+    CF_CHECK(cudaMemcpy(c, counts, sizeof c, cudaMemcpyDeviceToHost));
+    CF_CHECK(cudaMemcpy(&w, worst, sizeof w, cudaMemcpyDeviceToHost));
+    CF_CHECK(cudaMemcpy(s, sums, sizeof s, cudaMemcpyDeviceToHost));
+    return {c[0], c[1], c[2], w, s[1] > 0 ? std::sqrt(s[0] / s[1]) : std::sqrt(s[0])};
+  }
+};
+
+// Device buffers of one problem.
+struct Buffers {
+  int M, K, N1, N2;
+  __nv_bfloat16 *X, *X2, *W1, *W1t, *b1, *W2, *W2t, *b2, *P;
+  float *H, *R, *A, *T;
+  Buffers(int M_, int K_, int N1_, int N2_) : M(M_), K(K_), N1(N1_), N2(N2_) {
+    CF_CHECK(cudaMalloc(&X, int64_t(M) * K * 2));
+    CF_CHECK(cudaMalloc(&X2, int64_t(M) * K * 2));
+    CF_CHECK(cudaMalloc(&W1, int64_t(K) * N1 * 2));
+    CF_CHECK(cudaMalloc(&W1t, int64_t(K) * N1 * 2));
+    CF_CHECK(cudaMalloc(&b1, int64_t(N1) * 2));
+    CF_CHECK(cudaMalloc(&W2, int64_t(N1) * N2 * 2));
+    CF_CHECK(cudaMalloc(&W2t, int64_t(N1) * N2 * 2));
+    CF_CHECK(cudaMalloc(&b2, int64_t(N2) * 2));
+    CF_CHECK(cudaMalloc(&P, int64_t(M) * N1 * 2));
+    CF_CHECK(cudaMalloc(&H, int64_t(M) * N1 * 4));
+    CF_CHECK(cudaMalloc(&R, int64_t(M) * N2 * 4));
+    CF_CHECK(cudaMalloc(&A, int64_t(M) * N2 * 4));
+    CF_CHECK(cudaMalloc(&T, int64_t(M) * N2 * 4));
+  }
+  ~Buffers() {
+    for (void* q : {(void*)X, (void*)X2, (void*)W1, (void*)W1t, (void*)b1, (void*)W2, (void*)W2t, (void*)b2, (void*)P,
+                    (void*)H, (void*)R, (void*)A, (void*)T})
+      cudaFree(q);
+  }
+  void fill(uint64_t seed) {
+    fill_uniform<<<1024, 256>>>(X, int64_t(M) * K, seed + 1, -1.f, 1.f);
+    float s1 = 4.f / std::sqrt(float(K)), s2 = 2.f / std::sqrt(float(N1));
+    fill_uniform<<<1024, 256>>>(W1, int64_t(K) * N1, seed + 2, -s1, s1);
+    fill_uniform<<<256, 256>>>(b1, N1, seed + 3, -1.f, 1.f);
+    fill_uniform<<<1024, 256>>>(W2, int64_t(N1) * N2, seed + 4, -s2, s2);
+    fill_uniform<<<256, 256>>>(b2, N2, seed + 5, -0.5f, 0.5f);
+    CF_CHECK(cudaGetLastError());
+    transpose_bf16<<<dim3((N1 + 31) / 32, (K + 31) / 32), dim3(32, 8)>>>(W1, W1t, K, N1);
+    transpose_bf16<<<dim3((N2 + 31) / 32, (N1 + 31) / 32), dim3(32, 8)>>>(W2, W2t, N1, N2);
+    CF_CHECK(cudaGetLastError());
+  }
+  // R, A for input x and the activations (on the default stream).
+  void reference(__nv_bfloat16 const* x, Act act1, Act act2) {
+    launch_reference_gemm(x, W1, H, M, N1, K);
+    CF_CHECK(cudaGetLastError());
+    ref_intermediate<<<1024, 256>>>(H, b1, P, M, N1, int(act1));
+    CF_CHECK(cudaGetLastError());
+    ref_gemm2<<<dim3((N2 + 31) / 32, (M + 31) / 32), dim3(16, 16)>>>(P, W2, b2, R, A, T, M, N2, N1, int(act2));
+    CF_CHECK(cudaGetLastError());
+    CF_CHECK(cudaDeviceSynchronize());
+  }
+  B2bProblem problem(__nv_bfloat16 const* x, void* out, int64_t ldo) const {
+    B2bProblem p;
+    p.X = x;
+    p.W1kn = W1;
+    p.W1nk = W1t;
+    p.b1 = b1;
+    p.W2kn = W2;
+    p.W2nk = W2t;
+    p.b2 = b2;
+    p.O = out;
+    p.M = M;
+    p.K = K;
+    p.N1 = N1;
+    p.N2 = N2;
+    p.ldo = ldo;
+    return p;
+  }
+};
+
+struct Row {
+  std::string instance, shape, mode;
+  bool ok;
+  std::string detail;
+};
+std::vector<Row> rows;
+
+void report(std::string const& inst, std::string const& shape, std::string const& mode, bool ok, std::string detail) {
+  rows.push_back({inst, shape, mode, ok, detail});
+  std::printf("%s %-40s %-26s %-12s %s\n", ok ? "  ok  " : "  FAIL", inst.c_str(), shape.c_str(), mode.c_str(),
+              detail.c_str());
+  std::fflush(stdout);
+}
+
+std::string shape_str(B2bShape const& s) {
+  char b[96];
+  std::snprintf(b, sizeof b, "%d,%d,%d,%d", s.M, s.K, s.N1, s.N2);
+  return b;
+}
+
+std::string stats_str(CheckStats const& c) {
+  char b[200];
+  std::snprintf(b, sizeof b, "worst_err/tol=%.3f rel=%.2e over_tol=%llu nonfinite=%llu canary=%llu", c.worst, c.rel,
+                c.bad, c.nonfinite, c.canary);
+  return b;
+}
+bool stats_ok(CheckStats const& c) { return c.bad == 0 && c.nonfinite == 0 && c.canary == 0 && c.rel <= 1e-2; }
+
+int run_tests(std::vector<B2bShape> shapes, std::string const& filter, uint64_t seed, bool graphs) {
+  auto const& reg = b2b_registry();
+  std::printf("seed %llu, %zu b2b instances registered\n", (unsigned long long)seed, reg.size());
+  for (auto const& in : reg)
+    std::printf("  %s: tile %dx%d (N2 %d), k %d, stages %d + %d W2, smem %d B\n", in.name.c_str(), in.tile_m, in.chunk,
+                in.tile_n2, in.tile_k, in.stages_x, in.stages_w2, in.smem_bytes);
+  Checker checker;
+  unsigned long long* d_count;
+  CF_CHECK(cudaMalloc(&d_count, sizeof(unsigned long long)));
+  cudaStream_t stream;
+  CF_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  for (B2bShape const& s : shapes) {
+    bool odd = s.act1 == Act::None && s.act2 == Act::None;
+    std::printf("shape %s M=%d K=%d N1=%d N2=%d\n", s.label, s.M, s.K, s.N1, s.N2);
+    Buffers b(s.M, s.K, s.N1, s.N2);
+    uint64_t sd = seed ^ (uint64_t(s.M) << 40) ^ (uint64_t(s.K) << 26) ^ (uint64_t(s.N1) << 13) ^ uint64_t(s.N2);
+    b.fill(sd);
+    // Padded output: row stride N2 + 16, 64 extra rows; the padding must keep its poison.
+    int64_t ldo = s.N2 + 16;
+    int rows_alloc = s.M + 64;
+    int64_t out_bytes = int64_t(rows_alloc) * ldo * 2;
+    void* out[2];
+    for (auto& o : out) CF_CHECK(cudaMalloc(&o, out_bytes));
+    int ref_act1 = -1, ref_act2 = -1;   // activations of the reference in R / A now
+    for (B2bInstance const& in : reg) {
+      if (!filter.empty() && in.name.find(filter) == std::string::npos) continue;
+      if (!odd && (in.act1 != s.act1 || in.act2 != s.act2)) continue;
+      if (int(in.act1) != ref_act1 || int(in.act2) != ref_act2) {
+        b.reference(b.X, in.act1, in.act2);
+        ref_act1 = int(in.act1);
+        ref_act2 = int(in.act2);
+      }
+      std::string sh = std::string(s.label) + " " + shape_str(s);
+      B2bProblem p = b.problem(b.X, out[0], ldo);
+      if (char const* why = in.can_implement(p)) {
+        report(in.name, sh, "implement", false, why);
+        continue;
+      }
+      std::vector<int> caps = {0};
+      if (odd) caps = {0, 1, 3};
+      for (int cap : caps) {
+        for (int l = 0; l < 2; ++l) {
+          CF_CHECK(cudaMemset(out[l], 0xFF, out_bytes));
+          B2bProblem q = b.problem(b.X, out[l], ldo);
+          q.max_ctas = cap;
+          auto launch = in.prepare(q);
+          CF_CHECK(launch(nullptr));
+          CF_CHECK(cudaGetLastError());
+          CF_CHECK(cudaDeviceSynchronize());
+        }
+        CheckStats c = checker.run(static_cast<__nv_bfloat16 const*>(out[0]), ldo, rows_alloc, b.R, b.A, b.T, s.M, s.N2);
+        unsigned long long diff = bytes_differ(out[0], out[1], out_bytes, d_count);
+        B2bProblem q = p;
+        q.max_ctas = cap;
+        char mode[48];
+        std::snprintf(mode, sizeof mode, "grid=%d", in.grid(q));
+        report(in.name, sh, mode, stats_ok(c) && diff == 0,
+               stats_str(c) + " rerun_words_differ=" + std::to_string(diff));
+      }
+      if (!graphs) continue;
+      // CUDA graph: one launch on X2 captured, replayed twice with new X2 values.
+      {
+        CF_CHECK(cudaMemset(out[0], 0xFF, out_bytes));
+        auto launch = in.prepare(b.problem(b.X2, out[0], ldo));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CF_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        cudaError_t launched = launch(stream);
+        CF_CHECK(cudaStreamEndCapture(stream, &graph));
+        CF_CHECK(launched);
+        CF_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int r = 0; r < 2; ++r) {
+          fill_uniform<<<1024, 256>>>(b.X2, int64_t(s.M) * s.K, sd + 100 + r, -1.f, 1.f);
+          CF_CHECK(cudaGetLastError());
+          b.reference(b.X2, in.act1, in.act2);
+          CF_CHECK(cudaMemset(out[0], 0xFF, out_bytes));
+          CF_CHECK(cudaDeviceSynchronize());
+          CF_CHECK(cudaGraphLaunch(exec, stream));
+          CF_CHECK(cudaStreamSynchronize(stream));
+          CheckStats c = checker.run(static_cast<__nv_bfloat16 const*>(out[0]), ldo, rows_alloc, b.R, b.A, b.T, s.M, s.N2);
+          report(in.name, sh, "graph" + std::to_string(r + 1), stats_ok(c), stats_str(c));
+        }
+        CF_CHECK(cudaGraphExecDestroy(exec));
+        CF_CHECK(cudaGraphDestroy(graph));
+        ref_act1 = ref_act2 = -1;   // R / A now hold X2's reference
+      }
+    }
+    for (auto& o : out) CF_CHECK(cudaFree(o));
+  }
+  CF_CHECK(cudaStreamDestroy(stream));
+  CF_CHECK(cudaFree(d_count));
+
+  int failures = 0;
+  for (auto const& r : rows) failures += !r.ok;
+  // One line per (instance, shape): its checks (grid caps, rerun, graph replays) together.
+  std::printf("\n| instance | shape | checks | result |\n|---|---|---|---|\n");
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i;
+    int bad = 0;
+    for (; j < rows.size() && rows[j].instance == rows[i].instance && rows[j].shape == rows[i].shape; ++j)
+      bad += !rows[j].ok;
+    std::printf("| %s | %s | %zu | %s |\n", rows[i].instance.c_str(), rows[i].shape.c_str(), j - i,
+                bad ? "FAIL" : "PASS");
+    i = j;
+  }
+  std::printf("%s: %d of %zu checks passed (seed %llu)\n", failures ? "FAILED" : "PASSED", int(rows.size()) - failures,
+              rows.size(), (unsigned long long)seed);
+  if (rows.empty()) {
+    std::printf("FAILED: no check ran (filter '%s' matched nothing?)\n", filter.c_str());
+    return 1;
+  }
+  return failures ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Bench
+
+// Row-major C[M, N] = A[M, K] B[K, N] (+ bias[N], activation) by cuBLASLt: column-major C^T = B^T A^T.
+struct LtGemm {
+  cublasLtHandle_t lt;
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, c;
+  cublasLtMatmulAlgo_t algo;
+  bool ok = false;   // cublasLt has an algorithm for this problem
+  void* ws;
+  size_t ws_size = 64ull << 20;
+  LtGemm(int M, int N, int K, cublasLtEpilogue_t epi) {
+    CUBLAS_CHECK(cublasLtCreate(&lt));
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t t = CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &t, sizeof t));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
+      cudaDataType_t bt = CUDA_R_16BF;
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, N, K, N));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, K, M, K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, N, M, N));
+    CF_CHECK(cudaMalloc(&ws, ws_size));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_size,
+                                                      sizeof ws_size));
+    cublasLtMatmulHeuristicResult_t res[1];
+    int n = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, res, &n);
+    ok = st == CUBLAS_STATUS_SUCCESS && n >= 1;
+    if (!ok) std::printf("  cublasLt: no algorithm for %dx%dx%d with epilogue %d (status %d)\n", M, N, K, int(epi), int(st));
+    else algo = res[0].algo;
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  void run(void const* A, void const* B, void const* bias, void* C, cudaStream_t st) {
+    if (bias) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    float alpha = 1.f, beta = 0.f;
+    CUBLAS_CHECK(cublasLtMatmul(lt, op, &alpha, B, a, A, b, &beta, C, c, C, c, &algo, ws, ws_size, st));
+  }
+  ~LtGemm() {
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatmulDescDestroy(op);
+    cublasLtDestroy(lt);
+    cudaFree(ws);
+  }
+};
+
+// One sample: an event pair around `batch` back-to-back launches, per-launch microseconds.
+float time_batch(std::function<void(int)> const& launch, int& k, int nsets, int batch = 10) {
+  for (int i = 0; i < 2; ++i) launch(k++ % nsets);   // untimed
+  cudaEvent_t e0, e1;
+  CF_CHECK(cudaEventCreate(&e0));
+  CF_CHECK(cudaEventCreate(&e1));
+  CF_CHECK(cudaEventRecord(e0));
+  for (int b = 0; b < batch; ++b) launch(k++ % nsets);
+  CF_CHECK(cudaEventRecord(e1));
+  CF_CHECK(cudaEventSynchronize(e1));
+  CF_CHECK(cudaGetLastError());
+  float ms = 0;
+  CF_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  CF_CHECK(cudaEventDestroy(e0));
+  CF_CHECK(cudaEventDestroy(e1));
+  return ms * 1000.f / batch;
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int run_bench(std::vector<B2bShape> shapes, std::string const& filter, int reps) {
+  struct Set {
+    __nv_bfloat16 *X, *W1, *b1, *W2, *W2t, *W1t, *b2, *H, *O;
+  };
+  std::string md = "| shape (M, K, N1, N2) | act | 2x cuBLASLt µs | cuBLASLt bias+act, GEMM µs | fused µs [instance] | "
+                   "fused ÷ 2 GEMMs | fused ÷ (bias+act GEMM + GEMM) |\n|---|---|---|---|---|---|---|\n";
+  for (B2bShape const& s : shapes) {
+    if (s.act1 == Act::None && s.act2 == Act::None) continue;   // odd shapes: tests only
+    int64_t MK = int64_t(s.M) * s.K, KN1 = int64_t(s.K) * s.N1, N1N2 = int64_t(s.N1) * s.N2;
+    int64_t MN1 = int64_t(s.M) * s.N1, MN2 = int64_t(s.M) * s.N2;
+    double set_bytes = 2.0 * (MK + KN1 + N1N2 + MN1 + MN2);
+    int nsets = std::max(2, int(std::ceil(240e6 / set_bytes)));
+    std::printf("\nbench %s M=%d K=%d N1=%d N2=%d: %d buffer sets of %.0f MB\n", s.label, s.M, s.K, s.N1, s.N2, nsets,
+                set_bytes / 1e6);
+    std::vector<Set> sets(nsets);
+    uint64_t seed = 777;
+    for (auto& st : sets) {
+      CF_CHECK(cudaMalloc(&st.X, MK * 2));
+      CF_CHECK(cudaMalloc(&st.W1, KN1 * 2));
+      CF_CHECK(cudaMalloc(&st.W1t, KN1 * 2));
+      CF_CHECK(cudaMalloc(&st.b1, s.N1 * 2));
+      CF_CHECK(cudaMalloc(&st.W2, N1N2 * 2));
+      CF_CHECK(cudaMalloc(&st.W2t, N1N2 * 2));
+      CF_CHECK(cudaMalloc(&st.b2, s.N2 * 2));
+      CF_CHECK(cudaMalloc(&st.H, MN1 * 2));
+      CF_CHECK(cudaMalloc(&st.O, MN2 * 2));
+      float s1 = 4.f / std::sqrt(float(s.K)), s2 = 2.f / std::sqrt(float(s.N1));
+      fill_uniform<<<1024, 256>>>(st.X, MK, ++seed, -1.f, 1.f);
+      fill_uniform<<<1024, 256>>>(st.W1, KN1, ++seed, -s1, s1);
+      fill_uniform<<<1024, 256>>>(st.W1t, KN1, ++seed, -s1, s1);   // timing only: any values
+      fill_uniform<<<64, 256>>>(st.b1, s.N1, ++seed, -1.f, 1.f);
+      fill_uniform<<<1024, 256>>>(st.W2, N1N2, ++seed, -s2, s2);
+      fill_uniform<<<1024, 256>>>(st.W2t, N1N2, ++seed, -s2, s2);
+      fill_uniform<<<64, 256>>>(st.b2, s.N2, ++seed, -0.5f, 0.5f);
+      CF_CHECK(cudaGetLastError());
+    }
+    CF_CHECK(cudaDeviceSynchronize());
+    LtGemm g1(s.M, s.N1, s.K, CUBLASLT_EPILOGUE_DEFAULT), g2(s.M, s.N2, s.N1, CUBLASLT_EPILOGUE_DEFAULT);
+    LtGemm g1a(s.M, s.N1, s.K, s.act1 == Act::Relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS);
+
+    struct Variant {
+      std::string name;
+      std::function<void(int)> launch;
+    };
+    if (!g1.ok || !g2.ok) {
+      std::printf("FAILED: no cuBLASLt baseline for this shape\n");
+      return 1;
+    }
+    std::vector<Variant> vs;
+    vs.push_back({"cublasLt 2 GEMMs", [&](int k) {
+                    g1.run(sets[k].X, sets[k].W1, nullptr, sets[k].H, nullptr);
+                    g2.run(sets[k].H, sets[k].W2, nullptr, sets[k].O, nullptr);
+                  }});
+    // without a fused-epilogue algorithm the second baseline repeats the first (the table says so)
+    vs.push_back({g1a.ok ? "cublasLt bias+act GEMM + GEMM" : "(no cublasLt bias+act algo: 2 GEMMs)", [&](int k) {
+                    if (g1a.ok) g1a.run(sets[k].X, sets[k].W1, sets[k].b1, sets[k].H, nullptr);
+                    else g1.run(sets[k].X, sets[k].W1, nullptr, sets[k].H, nullptr);
+                    g2.run(sets[k].H, sets[k].W2, nullptr, sets[k].O, nullptr);
+                  }});
+    // fused: launchers prepared per set (TMA descriptors encoded once)
+    std::vector<std::vector<std::function<cudaError_t(cudaStream_t)>>> prepared;
+    for (B2bInstance const& in : b2b_registry()) {
+      if (in.act1 != s.act1 || in.act2 != s.act2) continue;
+      if (!filter.empty() && in.name.find(filter) == std::string::npos) continue;
+      std::vector<std::function<cudaError_t(cudaStream_t)>> ls;
+      for (auto& st : sets) {
+        B2bProblem p;
+        p.X = st.X;
+        p.W1kn = st.W1;
+        p.W1nk = st.W1t;
+        p.b1 = st.b1;
+        p.W2kn = st.W2;
+        p.W2nk = st.W2t;
+        p.b2 = st.b2;
+        p.O = st.O;
+        p.M = s.M;
+        p.K = s.K;
+        p.N1 = s.N1;
+        p.N2 = s.N2;
+        if (char const* why = in.can_implement(p)) {
+          std::printf("  %s cannot run this shape: %s\n", in.name.c_str(), why);
+          ls.clear();
+          break;
+        }
+        ls.push_back(in.prepare(p));
+      }
+      if (ls.empty()) continue;
+      prepared.push_back(ls);
+      size_t idx = prepared.size() - 1;
+      vs.push_back({in.name, [&prepared, idx](int k) { CF_CHECK(prepared[idx][k](nullptr)); }});
+    }
+    // clocks up: ~0.3 s of the baseline
+    {
+      int k = 0;
+      auto t0 = std::chrono::steady_clock::now();
+      while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.3) {
+        for (int i = 0; i < 10; ++i) vs[0].launch(k++ % nsets);
+        CF_CHECK(cudaDeviceSynchronize());
+      }
+    }
+    std::vector<float> best(vs.size(), 1e30f), spread(vs.size(), 0.f);
+    std::vector<float> meds[2];
+    for (int round = 0; round < 2; ++round) {
+      std::vector<std::vector<float>> us(vs.size());
+      int k = 0;
+      for (int rep = 0; rep < reps; ++rep)
+        for (size_t j = 0; j < vs.size(); ++j) us[j].push_back(time_batch(vs[j].launch, k, nsets));
+      for (size_t j = 0; j < vs.size(); ++j) meds[round].push_back(median(us[j]));
+    }
+    for (size_t j = 0; j < vs.size(); ++j) {
+      best[j] = std::min(meds[0][j], meds[1][j]);
+      spread[j] = std::fabs(meds[0][j] - meds[1][j]) / best[j];
+    }
+    double flops = 2.0 * s.M * (double(s.K) * s.N1 + double(s.N1) * s.N2);
+    std::printf("%-44s %9s %7s %8s %9s %9s\n", "variant", "us", "spread", "TFLOP/s", "/2GEMMs", "/GEMM+act");
+    size_t fbest = 0;
+    for (size_t j = 0; j < vs.size(); ++j) {
+      std::printf("%-44s %9.1f %6.1f%% %8.1f %9.3f %9.3f\n", vs[j].name.c_str(), best[j], 100 * spread[j],
+                  flops / (best[j] * 1e-6) / 1e12, best[j] / best[0], best[j] / best[1]);
+      if (j >= 2 && (fbest == 0 || best[j] < best[fbest])) fbest = j;
+    }
+    char line[512];
+    if (fbest)
+      std::snprintf(line, sizeof line, "| %d, %d, %d, %d | %s/%s | %.1f | %.1f | %.1f [%s] | %.3f | %.3f |\n", s.M, s.K,
+                    s.N1, s.N2, act_name(s.act1), act_name(s.act2), best[0], best[1], best[fbest],
+                    vs[fbest].name.c_str(), best[fbest] / best[0], best[fbest] / best[1]);
+    else
+      std::snprintf(line, sizeof line, "| %d, %d, %d, %d | %s/%s | %.1f | %.1f | - | - | - |\n", s.M, s.K, s.N1, s.N2,
+                    act_name(s.act1), act_name(s.act2), best[0], best[1]);
+    md += line;
+    CF_CHECK(cudaDeviceSynchronize());
+    for (auto& st : sets)
+      for (void* q : {(void*)st.X, (void*)st.W1, (void*)st.W1t, (void*)st.b1, (void*)st.W2, (void*)st.W2t,
+                      (void*)st.b2, (void*)st.H, (void*)st.O})
+        CF_CHECK(cudaFree(q));
+  }
+  std::printf("\nB2B SUMMARY (medians; ratios are time / baseline time, lower is better; target fused ÷ 2 GEMMs <= 1.0)\n%s",
+              md.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<B2bShape> shapes;
+  std::string filter;
+  bool graphs = true, bench = false, odd_only = false;
+  int reps = 15;
+  uint64_t seed = uint64_t(std::chrono::high_resolution_clock::now().time_since_epoch().count());
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--shape" && i + 1 < argc) {
+      B2bShape s;
+      if (!parse_b2b_shape(argv[++i], &s)) {
+        std::fprintf(stderr, "--shape wants M,K,N1,N2\n");
+        return 2;
+      }
+      shapes.push_back(s);
+    } else if (a == "--filter" && i + 1 < argc) {
+      filter = argv[++i];
+    } else if (a == "--seed" && i + 1 < argc) {
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--reps" && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else if (a == "--no-graph") {
+      graphs = false;
+    } else if (a == "--odd-only") {
+      odd_only = true;
+    } else if (a == "--bench") {
+      bench = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--bench] [--shape M,K,N1,N2]... [--filter SUBSTR] [--seed S] [--reps N] [--no-graph] "
+                   "[--odd-only]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (!have_hopper()) return kSkip;
+  if (b2b_registry().empty()) {
+    std::printf("FAILED: no b2b instance compiled in\n");
+    return 1;
+  }
+  if (bench) {
+    if (shapes.empty()) {
+      shapes = workload_shapes();
+    } else {   // a CLI shape is benched with GELU (and none after GEMM2)
+      for (auto& s : shapes) s.act1 = Act::Gelu;
+    }
+    return run_bench(shapes, filter, reps);
+  }
+  if (shapes.empty()) {
+    if (!odd_only) shapes = workload_shapes();
+    for (auto const& s : odd_shapes()) shapes.push_back(s);
+  }
+  return run_tests(shapes, filter, seed, graphs);
+}
