@@ -166,7 +166,12 @@ std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::map<int, B2BGro
         b.w1_batched = !lw1.empty();
         b.w2_batched = !lw2.empty();
         b.batch = b.w1_batched || b.w2_batched ? numel(lx) : 1;
-        verify_b2b(b);
+        try {   // recognition is optional: a chain whose Spec does not verify stays two regions, never an error
+          verify_b2b(b);
+        } catch (const std::exception& e) {
+          reject(std::string("its B2B Spec does not verify (") + e.what() + "): it stays two regions");
+          continue;
+        }
         c.recognised = true;
         c.region1 = r1.region;
         c.region2 = r2.region;
