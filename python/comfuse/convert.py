@@ -184,7 +184,7 @@ def find_softmax_fold(out: fx.Node) -> SoftmaxFold | None:
     d = one_dim(s, 1, 2)
     if d is None or s.kwargs.get("dtype") is not None or not _only_users(e, s, div) or not _only_users(s, div):
         return None
-    nodes = [s, e]
+    nodes = [div, s, e]
     t, scale = e.args[0], 1.0
     post = _scalar_operand(t, (aten.mul.Tensor, aten.mul.Scalar))
     if post is not None:
