@@ -552,6 +552,7 @@ class Converter:
         """The SoftmaxFold ending in `n` as max -> exp(x - max) -> sum -> divide in the logits' dtype (the
         primitives `softmax` decomposes to), named after `n` so that every node maps back to it."""
         x = self.x(f.x)
+        self.static_dims(x, [f.dim], "softmax")
         if f.scale != 1.0:
             x = self.g.binary(OK.Mul, x, self.const(f.scale), self.name("scale"))
         m = self.g.reduce(OK.ReduceMax, x, f.dim, True, self.name("max"))
