@@ -143,15 +143,15 @@ class SoftmaxFold:
     """A softmax of a bf16/f16 tensor as the traced graph writes it: computed in f32 between an upcast and a
     downcast (torch's softmax of a half tensor), in either decomposed form, with `out` the downcast:
 
-        z = upcast(x) [* c0];  m = amax(z, d);  e = exp((z - m) [* c]);  out = downcast(e / sum(e, d))
+        z = upcast(x) [* c0];  m = amax(z, d);  e = exp((z - m) [* c or / c]);  out = downcast(e / sum(e, d))
 
     (the second form, c > 0, is Inductor's: its post-grad pattern moves the scale after the max). It converts to
-    one softmax of `x * c0 * c` in x's dtype, whose primitives are exactly what partition's back-to-back
+    one softmax of `x * c0 * c` (or `x * c0 / c`) in x's dtype, whose primitives are exactly what partition's back-to-back
     recognition takes for F (max -> sum(exp(x - max)) -> exp / sum): the two casts are no-ops there, since
     the Graph IR computes in f32 between ops and a matmul rounds its operands to their dtype anyway."""
     x: fx.Node          # the half-precision logits
     dim: int
-    scale: float
+    scale: list         # (OpKind.Mul or OpKind.Div, constant), applied to x in order
     nodes: list         # the ATen nodes it replaces (upcast ... div), `out` excluded
 
 
@@ -185,13 +185,19 @@ def find_softmax_fold(out: fx.Node) -> SoftmaxFold | None:
     if d is None or s.kwargs.get("dtype") is not None or not _only_users(e, s, div) or not _only_users(s, div):
         return None
     nodes = [div, s, e]
-    t, scale = e.args[0], 1.0
+    t, scale = e.args[0], []
     post = _scalar_operand(t, (aten.mul.Tensor, aten.mul.Scalar))
+    op = OK.Mul
+    if post is None and call(t, aten.div.Tensor, aten.div.Scalar) and t.kwargs.get("rounding_mode") is None:
+        post = _scalar_operand(t, (t.target,))
+        op = OK.Div
+        if post is not None and post[0] is not t.args[0]:
+            return None   # c / (z - m)
     if post is not None:
         if post[1] <= 0 or not _only_users(t, e):   # exp((z - max z) * c) is softmax(c z) only for c > 0
             return None
         nodes.append(t)
-        t, scale = post
+        t, scale = post[0], [(op, post[1])]
     if not (call(t, aten.sub.Tensor) and t.kwargs.get("alpha", 1) == 1 and _only_users(t, nodes[-1])):
         return None
     z, m = t.args
@@ -204,7 +210,7 @@ def find_softmax_fold(out: fx.Node) -> SoftmaxFold | None:
     if pre is not None:
         nodes.append(z)
         z, c0 = pre
-        scale *= c0
+        scale.insert(0, (OK.Mul, c0))
         if not _only_users(z, nodes[-1]):
             return None
     if not (call(z, *_DOWNCASTS) and _meta(z).dtype == torch.float32 and isinstance(_meta(z.args[0]), torch.Tensor)
@@ -553,8 +559,9 @@ class Converter:
         primitives `softmax` decomposes to), named after `n` so that every node maps back to it."""
         x = self.x(f.x)
         self.static_dims(x, [f.dim], "softmax")
-        if f.scale != 1.0:
-            x = self.g.binary(OK.Mul, x, self.const(f.scale), self.name("scale"))
+        for i, (op, c) in enumerate(f.scale):
+            if c != 1.0:
+                x = self.g.binary(op, x, self.const(c), self.name(f"scale{i}" if len(f.scale) > 1 else "scale"))
         m = self.g.reduce(OK.ReduceMax, x, f.dim, True, self.name("max"))
         e = self.g.unary(OK.Exp, self.g.binary(OK.Sub, x, m, self.name("shifted")), self.name("exp"))
         return self.g.binary(OK.Div, e, self.g.reduce(OK.Sum, e, f.dim, True, self.name("sum")), self.name())

@@ -19,12 +19,13 @@ BF16 = torch.bfloat16
 class TargetAttention(nn.Module):
     """softmax(q @ k^T * s) @ v on [B, L, D] tensors, written out in ops."""
 
-    def __init__(self, scale: float = 0.125, also_p: bool = False):
+    def __init__(self, scale: float = 0.125, also_p: bool = False, divide: bool = False):
         super().__init__()
-        self.scale, self.also_p = scale, also_p
+        self.scale, self.also_p, self.divide = scale, also_p, divide
 
     def forward(self, q, k, v):
-        p = torch.softmax(q @ k.transpose(-1, -2) * self.scale, dim=-1)
+        s = q @ k.transpose(-1, -2)
+        p = torch.softmax(s / self.scale if self.divide else s * self.scale, dim=-1)
         return (p @ v, p) if self.also_p else p @ v
 
 
@@ -116,17 +117,17 @@ def test_ffn_gelu_tanh_on_3d_activations():
     assert not plan.fuse
 
 
-@pytest.mark.parametrize("scale", [0.125, 1.0])
-def test_attention_chain_through_the_inductor_pass(scale, caplog):
+@pytest.mark.parametrize("scale,divide", [(0.125, False), (1.0, False), (4.0, True)])
+def test_attention_chain_through_the_inductor_pass(scale, divide, caplog):
     """torch.compile(backend="comfuse"): the post-grad graph Inductor hands the pass writes the softmax with the
-    scale moved after the max (exp((x - max x) * s)), or with no scale at all; both are recognised, and the log
-    says the chain is recognised and why it is not fused."""
+    scale moved after the max (exp((x - max x) * s), or / s for `/ sqrt(d)`), or with no scale at all; each is
+    recognised, and the log says the chain is recognised and why it is not fused."""
     from comfuse import inductor
 
     caplog.set_level(logging.INFO, logger="comfuse")
     inductor.reset_reports()
     q, k, v = (torch.randn(2, lq, 16, dtype=BF16) for lq in (8, 32, 32))
-    m = TargetAttention(scale).eval()
+    m = TargetAttention(scale, divide=divide).eval()
     with torch.no_grad():
         y = torch.compile(m, backend="comfuse")(q, k, v)
         ref = m(q, k, v)
