@@ -73,7 +73,7 @@ class GraphReport:
     @property
     def chains(self) -> list:
         """The back-to-back candidates partition found (_core.B2BChain: GEMM1 -> F -> GEMM2), recognised or not."""
-        return list(self.analysis.part.b2b) if self.analysis else []
+        return list(getattr(self.analysis.part, "b2b", [])) if self.analysis else []   # (a core built before B2B: none)
 
     def gemm_name(self, gid: int) -> str:
         """A GEMM of the partitioned Graph IR by the name of its ATen node (addmm, bmm_1, ...)."""
