@@ -242,3 +242,34 @@ def test_folded_softmax_inside_a_fused_region_keeps_the_aten_graph():
     with torch.no_grad():
         got, ref = gm(*rep.example_inputs)[0], m(x)
     assert torch.allclose(got.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+# ---------------------------------------------------------------- on an H200: the same decisions
+
+def _gpu_analysis(monkeypatch, rep):
+    """analyze_graph of a captured graph on fake CUDA tensors of an sm_90 GPU (as test_backend does; no GPU)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from comfuse import _core, backend
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
+    monkeypatch.setattr(_core, "unsupported_device_reason", lambda i: "")
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        inputs = [fake.from_tensor(t).to("cuda:0") for t in rep.example_inputs]
+        with torch.no_grad():
+            return backend.analyze_graph(rep.gm, inputs)
+
+
+def test_on_a_hopper_gpu_the_mlp_regions_fuse_and_the_chain_is_declined(monkeypatch):
+    rep = _gpu_analysis(monkeypatch, capture_one(dlrm_bottom(64, 32, 16).to(BF16), torch.randn(16, 64, dtype=BF16)))
+    assert rep.fallback is None                      # the single-GEMM regions still run as ComFuse kernels
+    c, plan = only_chain(rep)
+    assert c.recognised and not plan.fuse
+
+
+def test_on_a_hopper_gpu_attention_falls_back_naming_the_chain(monkeypatch):
+    rep = _gpu_analysis(monkeypatch, capture_one(TargetAttention(), *(torch.randn(2, lq, 16, dtype=BF16)
+                                                                      for lq in (8, 32, 32))))
+    assert rep.fallback.startswith("no GEMM with a fusable epilogue in this graph (1 back-to-back chain(s) "
+                                   "recognised, not fused: no B2B kernel yet")
