@@ -63,10 +63,35 @@ class GraphReport:
     gm: Any = None                    # the Dynamo graph and the inputs it was captured with (comfuse.capture)
     example_inputs: Any = None
     plans: list = dataclasses.field(default_factory=list)   # the planner's decision per region
+    b2b_plans: list = dataclasses.field(default_factory=list)   # per back-to-back chain: its PlanDecision (None:
+                                                                 # not recognised, the chain's reason says why)
 
     @property
     def regions(self) -> list:
         return list(self.analysis.part.regions) if self.analysis else []
+
+    @property
+    def chains(self) -> list:
+        """The back-to-back candidates partition found (_core.B2BChain: GEMM1 -> F -> GEMM2), recognised or not."""
+        return list(getattr(self.analysis.part, "b2b", [])) if self.analysis else []   # (a core built before B2B: none)
+
+    def gemm_name(self, gid: int) -> str:
+        """A GEMM of the partitioned Graph IR by the name of its ATen node (addmm, bmm_1, ...)."""
+        name = self.analysis.part.graph.node(gid).name
+        f = self.analysis.program.fx_of(name)
+        return f.name if f is not None else name
+
+    def chain_lines(self) -> list[str]:
+        """One line per back-to-back chain: what it is, and why it is not (or is) fused as one kernel."""
+        out = []
+        for i, (c, p) in enumerate(zip(self.chains, self.b2b_plans)):
+            head = f"chain {i}: GEMM '{self.gemm_name(c.gemm1)}' -> GEMM '{self.gemm_name(c.gemm2)}': "
+            if not c.recognised:
+                out.append(head + "not recognised: " + c.reason)
+            else:
+                out.append(head + f"recognised (F {c.spec.form}): {c.reason}; " +
+                           ("fused as one kernel" if p.fuse else "not fused: " + p.reason))
+        return out
 
 
 def _tensors(xs):
@@ -181,11 +206,15 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
         rep.error = f"{type(e).__name__}: {e}"
         rep.fallback = rep.fallback or f"ComFuse could not analyze the graph ({rep.error})"
         return rep
-    no_region = None if rep.regions else (_dynamic_reason(rep, sym) if sym else
-                                          "no GEMM with a fusable epilogue in this graph")
-    rep.fallback = rep.fallback or dtype_reason(aten_gm) or no_region or device_reason(example_inputs)
     from . import _core as C
 
+    rep.b2b_plans = [C.plan_b2b(c.spec) if c.recognised else None for c in rep.chains]
+    no_region = None if rep.regions else (_dynamic_reason(rep, sym) if sym else
+                                          "no GEMM with a fusable epilogue in this graph")
+    declined = [p for p in rep.b2b_plans if p is not None and not p.fuse]
+    if no_region and declined:   # e.g. attention: two batched GEMMs, a recognised chain that is not fused yet
+        no_region += (f" ({len(declined)} back-to-back chain(s) recognised, not fused: {declined[0].reason})")
+    rep.fallback = rep.fallback or dtype_reason(aten_gm) or no_region or device_reason(example_inputs)
     rep.plans = [C.plan_region(r.spec) for r in rep.regions]
     if rep.fallback is None:
         dev = next(t.device for t in _tensors(example_inputs) if t.device.type == "cuda")
@@ -209,6 +238,8 @@ def log_report(rep: GraphReport) -> None:
                      str(g.dtype).split(".")[-1].lower(), len(r.nodes) - 1, r.spec.num_stages())
         log.info("comfuse: graph %d: %d region(s), %d Graph IR node(s) on the standard path, %d node(s) left in torch",
                  rep.index, len(a.part.regions), len(a.part.fallback), len(a.conv.torch_nodes))
+        for line in rep.chain_lines():
+            log.info("comfuse: graph %d back-to-back %s", rep.index, line)
         if a.conv.dynamic:
             log.info("comfuse: graph %d has a dynamic batch dim: analyzed at its example sizes; the kernels take "
                      "the rows M at launch, so other batch sizes reuse them", rep.index)

@@ -62,6 +62,7 @@ class Conversion:
     gemm_dtype: Any                     # tensor-core dtype used for fp32 GEMMs
     dynamic_reshapes: set = dataclasses.field(default_factory=set)   # Reshape names with a symbolic dim 0
     dynamic: bool = False               # the graph has symbolic sizes
+    softmax_folds: dict = dataclasses.field(default_factory=dict)   # downcast fx.Node -> SoftmaxFold it ends
 
     def name_of(self, node: fx.Node) -> str | None:
         v = self.value.get(node)
@@ -119,6 +120,106 @@ def _only_gemm_operand(node: fx.Node) -> bool:
     return True
 
 
+_DOWNCASTS = {prims.convert_element_type.default, aten._to_copy.default}
+
+
+def _only_users(n: fx.Node, *users) -> bool:
+    return set(n.users) == set(users)
+
+
+def _scalar_operand(n: fx.Node, target_ops) -> tuple[fx.Node, float] | None:
+    """(x, c) for a mul `n` = x * c (either order) with c a Python scalar; None otherwise."""
+    if not (isinstance(n, fx.Node) and n.op == "call_function" and n.target in target_ops and len(n.args) == 2):
+        return None
+    a, b = n.args
+    for x, c in ((a, b), (b, a)):
+        if isinstance(x, fx.Node) and isinstance(c, (int, float)) and not isinstance(c, bool):
+            return x, float(c)
+    return None
+
+
+@dataclasses.dataclass
+class SoftmaxFold:
+    """A softmax of a bf16/f16 tensor as the traced graph writes it: computed in f32 between an upcast and a
+    downcast (torch's softmax of a half tensor), in either decomposed form, with `out` the downcast:
+
+        z = upcast(x) [* c0];  m = amax(z, d);  e = exp((z - m) [* c or / c]);  out = downcast(e / sum(e, d))
+
+    (the second form, c > 0, is Inductor's: its post-grad pattern moves the scale after the max). It converts to
+    one softmax of `x * c0 * c` (or `x * c0 / c`) in x's dtype, whose primitives are exactly what partition's back-to-back
+    recognition takes for F (max -> sum(exp(x - max)) -> exp / sum): the two casts are no-ops there, since
+    the Graph IR computes in f32 between ops and a matmul rounds its operands to their dtype anyway."""
+    x: fx.Node          # the half-precision logits
+    dim: int
+    scale: list         # (OpKind.Mul or OpKind.Div, constant), applied to x in order
+    nodes: list         # the ATen nodes it replaces (upcast ... div), `out` excluded
+
+
+def find_softmax_fold(out: fx.Node) -> SoftmaxFold | None:
+    """The SoftmaxFold ending in downcast `out`, if `out` is one. Each intermediate must be read only inside the
+    pattern (otherwise its value is needed elsewhere and folding would compute the softmax twice)."""
+    def call(n, *targets):
+        return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
+
+    if not call(out, *_DOWNCASTS) or not isinstance(_meta(out), torch.Tensor):
+        return None
+    dt = _meta(out).dtype
+    div = out.args[0]
+    if dt not in (torch.bfloat16, torch.float16) or not call(div, aten.div.Tensor) or not _only_users(div, out):
+        return None
+    if div.kwargs.get("rounding_mode") is not None or len(div.args) != 2:
+        return None
+    e, s = div.args
+    if not (call(s, aten.sum.dim_IntList) and s.args[0] is e and call(e, aten.exp.default)):
+        return None
+    rank = len(_meta(div).shape)
+
+    def one_dim(n, dims_at, keep_at):
+        dims = n.args[dims_at] if len(n.args) > dims_at else n.kwargs.get("dim")
+        keep = n.args[keep_at] if len(n.args) > keep_at else n.kwargs.get("keepdim", False)
+        if not keep or not isinstance(dims, (list, tuple)) or len(dims) != 1:
+            return None
+        return dims[0] % rank
+
+    d = one_dim(s, 1, 2)
+    if d is None or s.kwargs.get("dtype") is not None or not _only_users(e, s, div) or not _only_users(s, div):
+        return None
+    nodes = [div, s, e]
+    t, scale = e.args[0], []
+    post = _scalar_operand(t, (aten.mul.Tensor, aten.mul.Scalar))
+    op = OK.Mul
+    if post is None and call(t, aten.div.Tensor, aten.div.Scalar) and t.kwargs.get("rounding_mode") is None:
+        post = _scalar_operand(t, (t.target,))
+        op = OK.Div
+        if post is not None and post[0] is not t.args[0]:
+            return None   # c / (z - m)
+    if post is not None:
+        if post[1] <= 0 or not _only_users(t, e):   # exp((z - max z) * c) is softmax(c z) only for c > 0
+            return None
+        nodes.append(t)
+        t, scale = post[0], [(op, post[1])]
+    if not (call(t, aten.sub.Tensor) and t.kwargs.get("alpha", 1) == 1 and _only_users(t, nodes[-1])):
+        return None
+    z, m = t.args
+    if not (call(m, aten.amax.default) and m.args[0] is z and one_dim(m, 1, 2) == d and _only_users(m, t)):
+        return None
+    if not _only_users(z, m, t):
+        return None
+    nodes += [t, m]
+    pre = _scalar_operand(z, (aten.mul.Tensor, aten.mul.Scalar))
+    if pre is not None:
+        nodes.append(z)
+        z, c0 = pre
+        scale.insert(0, (OK.Mul, c0))
+        if not _only_users(z, nodes[-1]):
+            return None
+    if not (call(z, *_DOWNCASTS) and _meta(z).dtype == torch.float32 and isinstance(_meta(z.args[0]), torch.Tensor)
+            and _meta(z.args[0]).dtype == dt):
+        return None
+    nodes.append(z)
+    return SoftmaxFold(z.args[0], d, scale, nodes[::-1])
+
+
 class Converter:
     def __init__(self, gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = None):
         self.gm = gm
@@ -135,6 +236,7 @@ class Converter:
         self.dyn0: set = set()        # Graph IR ids whose dim 0 is symbolic
         self.dynamic_reshapes: set = set()
         self.dynamic = False
+        self.softmax_folds: dict = {}
 
     def shape(self, m, what: str) -> tuple[list[int], bool]:
         """A tensor's shape as ints, and whether its dim 0 is symbolic. Symbolic sizes elsewhere: Unsupported."""
@@ -452,6 +554,18 @@ class Converter:
         dt = TORCH_TO_DT[m.dtype]
         return x if self.nd(x).dtype == dt else self.g.cast(x, dt, self.name())
 
+    def softmax_fold(self, n: fx.Node, f: SoftmaxFold) -> int:
+        """The SoftmaxFold ending in `n` as max -> exp(x - max) -> sum -> divide in the logits' dtype (the
+        primitives `softmax` decomposes to), named after `n` so that every node maps back to it."""
+        x = self.x(f.x)
+        self.static_dims(x, [f.dim], "softmax")
+        for i, (op, c) in enumerate(f.scale):
+            if c != 1.0:
+                x = self.g.binary(op, x, self.const(c), self.name(f"scale{i}" if len(f.scale) > 1 else "scale"))
+        m = self.g.reduce(OK.ReduceMax, x, f.dim, True, self.name("max"))
+        e = self.g.unary(OK.Exp, self.g.binary(OK.Sub, x, m, self.name("shifted")), self.name("exp"))
+        return self.g.binary(OK.Div, e, self.g.reduce(OK.Sum, e, f.dim, True, self.name("sum")), self.name())
+
     def h_getitem(self, n):
         v = self.value.get(n.args[0])
         if not isinstance(v, tuple):
@@ -531,6 +645,11 @@ def convert(gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = N
             elif not _is_float_tensor(m):
                 reason = f"result is {m.dtype if isinstance(m, torch.Tensor) else type(m).__name__}, not a " \
                          f"bf16/f16/f32 tensor"
+        fold = find_softmax_fold(n) if reason is None else None
+        if fold is not None and any(f in conv.torch_nodes for f in fold.nodes):
+            fold = None   # a part of it stays in torch (a dynamic size, a forced node): convert it as it is
+        if fold is not None:
+            handler = lambda c, node, f=fold: c.softmax_fold(node, f)  # noqa: E731
         if reason is None:
             try:
                 v = handler(conv, n)
@@ -538,6 +657,8 @@ def convert(gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = N
                     v = conv.finish(v)
                 _check_result(conv, n, v)
                 conv.value[n] = v
+                if fold is not None:
+                    conv.softmax_folds[n] = fold
                 continue
             except Unsupported as e:
                 reason = str(e)
@@ -563,4 +684,4 @@ def convert(gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = N
                                (f" ({why}{'; ...' if len(conv.torch_nodes) > 3 else ''})" if why else ""))
     g.verify()
     return Conversion(gm, g, conv.value, conv.torch_nodes, conv.input_source, gemm_dtype, conv.dynamic_reshapes,
-                      conv.dynamic)
+                      conv.dynamic, conv.softmax_folds)

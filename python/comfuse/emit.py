@@ -132,6 +132,11 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
             if len(rs) != 1 or None in rs:
                 raise NotKeepable(f"ATen node '{f.name}' is split across a fused region's boundary")
             absorbed[f] = rs.pop()
+    # A folded softmax (convert.SoftmaxFold) is computed from the logits by nodes named after its last ATen node:
+    # the ATen nodes it replaces go where that one goes (into the region, or copied as they were).
+    for out, fold in prog.conv.softmax_folds.items():
+        if out in absorbed:
+            absorbed.update({f: absorbed[out] for f in fold.nodes})
     for ri in fuse:
         for gid in prog.regions[ri].nodes:
             f = prog.fx_of(prog.nodes[gid].name)

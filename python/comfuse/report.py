@@ -77,6 +77,12 @@ def report_text(rep: GraphReport) -> str:
         o.append(f"  region {i}: {'fuse' if p.fuse else 'declined'}: {p.reason}")
     if not plans:
         o.append("  (no region)")
+    if len(rep.b2b_plans) != len(rep.chains):   # a report made without analyze_aten's plans
+        rep.b2b_plans = [C.plan_b2b(c.spec) if c.recognised else None for c in rep.chains]
+    chains = rep.chain_lines()
+    if chains:   # only graphs with a matmul reading another GEMM's epilogue as its A operand
+        o.append("back-to-back chains (GEMM1 -> F -> GEMM2 -> epilogue2; the B2BSpecs are in the partition below):")
+        o.extend("  " + line for line in chains)
     o.append("partition (Fusion Specs):")
     o.extend("  " + line if line else "" for line in part.text(False).rstrip("\n").split("\n"))
     return "\n".join(o) + "\n"

@@ -286,7 +286,28 @@ NB_MODULE(_core, m) {
       .value("FALLBACK", NodeDecision::Kind::Fallback);
   decision.def_ro("kind", &NodeDecision::kind).def_ro("region", &NodeDecision::region).def_ro("reason", &NodeDecision::reason);
 
+  // Back-to-back chains (partition.h B2BChain): recognised or rejected, with the reason, for explain and tests.
+  nb::class_<B2BSpec>(m, "B2BSpec")
+      .def_ro("first", &B2BSpec::first)
+      .def_ro("second", &B2BSpec::second)
+      .def_prop_ro("form", [](const B2BSpec& b) { return std::string(b2b_form_name(b.form)); })
+      .def_ro("batch", &B2BSpec::batch)
+      .def_ro("w1_batched", &B2BSpec::w1_batched)
+      .def_ro("w2_batched", &B2BSpec::w2_batched)
+      .def("__str__", [](const B2BSpec& b) { return print_b2b(b); });
+
+  nb::class_<B2BChain>(m, "B2BChain")
+      .def_ro("gemm1", &B2BChain::gemm1)
+      .def_ro("gemm2", &B2BChain::gemm2)
+      .def_ro("recognised", &B2BChain::recognised)
+      .def_ro("reason", &B2BChain::reason)
+      .def_ro("nodes", &B2BChain::nodes)
+      .def_ro("region1", &B2BChain::region1)
+      .def_ro("region2", &B2BChain::region2)
+      .def_ro("spec", &B2BChain::spec);
+
   nb::class_<Partition>(m, "Partition")
+      .def_ro("b2b", &Partition::b2b)
       .def_ro("graph", &Partition::graph)
       .def_ro("regions", &Partition::regions)
       .def_ro("fallback", &Partition::fallback)
@@ -356,6 +377,8 @@ NB_MODULE(_core, m) {
       .def_ro("epilogue_us", &PlanDecision::epilogue_us)
       .def_prop_ro("epilogue", [](const PlanDecision& d) { return d.epilogue.summary(); });
   m.def("plan_region", [](const FusionSpec& fs) { return plan_region(fs); }, "spec"_a);
+  m.def("plan_b2b", [](const B2BSpec& b) { return plan_b2b(b); }, "spec"_a,
+        "The planner's decision for a recognised back-to-back chain (today always declined: no B2B kernel yet).");
 
   // The GPU side: why kernels cannot run here ("" = they can), and one fused region as a kernel.
   m.def("unsupported_device_reason", [](int device) { return rt::unsupported_reason(device); }, "device"_a = 0);
