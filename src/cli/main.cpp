@@ -565,6 +565,8 @@ int cmd_bench(const Args& a) {
     if (end == v.c_str() || *end || !(settle_ms >= 0) || settle_ms > 60000)
       throw UsageError("--settle-ms must be a number of milliseconds in [0, 60000], got '" + v + "'");
   }
+  if (std::string f = a.get("series"); !f.empty() && !std::ofstream(f))   // before any GPU work
+    throw UsageError("cannot write --series file " + f);
   // The GPU first: building a large graph's random inputs takes seconds and gigabytes.
   if (std::string why = rt::unsupported_reason(); !why.empty()) throw rt::UnsupportedDevice(why);
   const int64_t rows = g.symbolic() ? (rows_arg(a) ? rows_arg(a) : kDefaultRows) : run_rows(a, g);
