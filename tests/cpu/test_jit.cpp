@@ -96,6 +96,32 @@ TEST(Jit, CorruptOrTruncatedEntryIsRebuilt) {
   EXPECT_TRUE(compile("kernel C", "c", o).cache_hit);
 }
 
+// A shared-object entry is checked by hashing the file in chunks, never read whole into memory: a hit has the
+// path and no bytes, and a flipped byte past the first chunk (same size) is caught as well as a truncation.
+TEST(Jit, SharedObjectEntryIsHashedInChunks) {
+  setenv("COMFUSE_LOG", "quiet", 1);
+  FakeNvcc fake("so");
+  auto o = fake.options();
+  o.artifact = Artifact::SharedObject;
+  const std::string src = "kernel S " + std::string(600001, 'x');   // > two 256 KB chunks, odd length
+  CompileResult a = compile(src, "s", o);
+  EXPECT_FALSE(a.cache_hit);
+  CompileResult b = compile(src, "s", o);
+  EXPECT_TRUE(b.cache_hit);
+  EXPECT_TRUE(b.cubin.empty());
+  EXPECT_EQ(b.cubin_path, a.cubin_path);
+  {
+    std::fstream f(a.cubin_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(300000);
+    f.put('y');   // same size, other content
+  }
+  EXPECT_FALSE(compile(src, "s", o).cache_hit);
+  EXPECT_TRUE(compile(src, "s", o).cache_hit);
+  fs::resize_file(a.cubin_path, 599999);
+  EXPECT_FALSE(compile(src, "s", o).cache_hit);
+  EXPECT_EQ(fake.runs(), 3);
+}
+
 TEST(Jit, TwoProcessesCompilingTheSameKeyCompileOnce) {
   setenv("COMFUSE_LOG", "quiet", 1);
   FakeNvcc fake("procs", 1.0);
