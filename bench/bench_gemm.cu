@@ -25,15 +25,6 @@
 
 using namespace comfuse::gpu;
 
-#define CUBLAS_CHECK(call)                                                                \
-  do {                                                                                    \
-    cublasStatus_t st_ = (call);                                                          \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                   \
-      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, int(st_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
-
 namespace {
 
 struct Set {

@@ -247,20 +247,7 @@ TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int
   for (size_t i = 0; i < items.size(); ++i)
     if (indeg[i] == 0) ready.push(static_cast<int>(i));
 
-  auto fed = detail::prepare_inputs(g, inputs);
-  std::vector<std::optional<Tensor>> env(g.nodes.size());
-  for (size_t i = 0; i < g.inputs.size(); ++i) env[g.inputs[i]] = fed[i];
-  for (const Node& n : g.nodes)
-    if (n.op == OpKind::Constant) env[n.id] = eval_node(n, {});
-  auto get = [&](int id) -> const Tensor& {
-    if (!env[id]) throw std::logic_error("interpret_partitioned: '" + g.node(id).name + "' used before it is computed");
-    return *env[id];
-  };
-  auto params_of = [&](const FusionSpec& fs) {
-    std::vector<Tensor> v;
-    for (const auto& prm : fs.params) v.push_back(get(prm.node));
-    return v;
-  };
+  detail::ValueEnv env(g, inputs);
   size_t done = 0;
   while (!ready.empty()) {
     const int idx = ready.top();
@@ -269,30 +256,21 @@ TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int
     ++done;
     if (it.chain >= 0) {
       const B2BSpec& b = p.b2b[it.chain].spec;
-      auto outs = interpret_b2b(b, get(b.first.gemm.a), get(b.first.gemm.b), get(b.second.gemm.b), params_of(b.first),
-                                params_of(b.second), order, ctas);
-      for (size_t o = 0; o < outs.size(); ++o) env[b.second.outputs[o].node] = std::move(outs[o]);
+      auto outs = interpret_b2b(b, env.get(b.first.gemm.a), env.get(b.first.gemm.b), env.get(b.second.gemm.b),
+                                env.params(b.first), env.params(b.second), order, ctas);
+      for (size_t o = 0; o < outs.size(); ++o) env.set(b.second.outputs[o].node, std::move(outs[o]));
     } else if (it.region >= 0) {
       const FusionSpec& fs = p.regions[it.region].spec;
-      auto outs = interpret_spec(fs, get(fs.gemm.a), get(fs.gemm.b), params_of(fs), ctas);
-      for (size_t o = 0; o < outs.size(); ++o) env[fs.outputs[o].node] = std::move(outs[o]);
+      auto outs = interpret_spec(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas);
+      for (size_t o = 0; o < outs.size(); ++o) env.set(fs.outputs[o].node, std::move(outs[o]));
     } else {
-      const Node& n = g.node(it.node);
-      std::vector<const Tensor*> ops;
-      for (int in : n.inputs) ops.push_back(&get(in));
-      env[n.id] = eval_node(n, ops);
+      env.eval(it.node);
     }
     for (int s : succ[idx])
       if (--indeg[s] == 0) ready.push(s);
   }
   if (done != items.size()) throw std::logic_error("interpret_partitioned: the program with its B2B chains has a cycle");
-  TensorMap out;
-  for (const auto& o : g.outputs) {
-    Tensor t = get(o.node);
-    for (float& v : t.data) v = round_to_dtype(v, g.node(o.node).dtype);
-    out[o.name] = std::move(t);
-  }
-  return out;
+  return env.outputs();
 }
 
 }  // namespace comfuse

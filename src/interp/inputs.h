@@ -2,12 +2,31 @@
 // the Graph interpreter and the partitioned (Spec) interpreter so both start from the same values.
 #pragma once
 
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "comfuse/spec.h"
 #include "comfuse/tensor.h"
 
 namespace comfuse::detail {
 
 std::vector<Tensor> prepare_inputs(const Graph& g, const TensorMap& inputs);
+
+// The values of a partitioned program while it runs (interpret_partitioned, with or without B2B chains): the
+// fed inputs and the constants first, then each value as its step computes it.
+class ValueEnv {
+ public:
+  ValueEnv(const Graph& g, const TensorMap& inputs);
+  const Tensor& get(int id) const;              // throws if `id` has not been computed yet
+  void set(int id, Tensor t) { env_[id] = std::move(t); }
+  void eval(int id);                            // a node outside any fused region, from its operands
+  std::vector<Tensor> params(const FusionSpec& fs) const;   // a region's runtime parameters, in order
+  TensorMap outputs() const;                    // the graph's outputs, rounded to their dtypes
+
+ private:
+  const Graph& g_;
+  std::vector<std::optional<Tensor>> env_;
+};
 
 }  // namespace comfuse::detail

@@ -149,38 +149,57 @@ std::vector<Tensor> interpret_epilogue(const FusionSpec& fs, const Tensor& acc, 
   return outs;
 }
 
-TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas) {
-  const Graph& g = p.graph;
-  auto fed = detail::prepare_inputs(g, inputs);
-  std::vector<std::optional<Tensor>> env(g.nodes.size());
-  for (size_t i = 0; i < g.inputs.size(); ++i) env[g.inputs[i]] = fed[i];
+namespace detail {
+
+ValueEnv::ValueEnv(const Graph& g, const TensorMap& inputs) : g_(g), env_(g.nodes.size()) {
+  auto fed = prepare_inputs(g, inputs);
+  for (size_t i = 0; i < g.inputs.size(); ++i) env_[g.inputs[i]] = std::move(fed[i]);
   for (const Node& n : g.nodes)
-    if (n.op == OpKind::Constant) env[n.id] = eval_node(n, {});
-  auto get = [&](int id) -> const Tensor& {
-    if (!env[id]) throw std::logic_error("interpret_partitioned: '" + g.node(id).name + "' used before it is computed");
-    return *env[id];
-  };
-  for (const Step& s : p.schedule) {
-    if (s.is_region) {
-      const FusionSpec& fs = p.regions[s.index].spec;
-      std::vector<Tensor> params;
-      for (const auto& prm : fs.params) params.push_back(get(prm.node));
-      auto outs = interpret_spec(fs, get(fs.gemm.a), get(fs.gemm.b), params, ctas);
-      for (size_t o = 0; o < outs.size(); ++o) env[fs.outputs[o].node] = std::move(outs[o]);
-    } else {
-      const Node& n = g.node(s.index);
-      std::vector<const Tensor*> ops;
-      for (int in : n.inputs) ops.push_back(&get(in));
-      env[n.id] = eval_node(n, ops);
-    }
-  }
+    if (n.op == OpKind::Constant) env_[n.id] = eval_node(n, {});
+}
+
+const Tensor& ValueEnv::get(int id) const {
+  if (!env_[id]) throw std::logic_error("interpret_partitioned: '" + g_.node(id).name + "' used before it is computed");
+  return *env_[id];
+}
+
+void ValueEnv::eval(int id) {
+  const Node& n = g_.node(id);
+  std::vector<const Tensor*> ops;
+  for (int in : n.inputs) ops.push_back(&get(in));
+  env_[id] = eval_node(n, ops);
+}
+
+std::vector<Tensor> ValueEnv::params(const FusionSpec& fs) const {
+  std::vector<Tensor> v;
+  for (const auto& prm : fs.params) v.push_back(get(prm.node));
+  return v;
+}
+
+TensorMap ValueEnv::outputs() const {
   TensorMap out;
-  for (const auto& o : g.outputs) {
+  for (const auto& o : g_.outputs) {
     Tensor t = get(o.node);
-    for (float& v : t.data) v = round_to_dtype(v, g.node(o.node).dtype);
+    for (float& v : t.data) v = round_to_dtype(v, g_.node(o.node).dtype);
     out[o.name] = std::move(t);
   }
   return out;
+}
+
+}  // namespace detail
+
+TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas) {
+  detail::ValueEnv env(p.graph, inputs);
+  for (const Step& s : p.schedule) {
+    if (!s.is_region) {
+      env.eval(s.index);
+      continue;
+    }
+    const FusionSpec& fs = p.regions[s.index].spec;
+    auto outs = interpret_spec(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas);
+    for (size_t o = 0; o < outs.size(); ++o) env.set(fs.outputs[o].node, std::move(outs[o]));
+  }
+  return env.outputs();
 }
 
 }  // namespace comfuse

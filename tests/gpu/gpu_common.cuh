@@ -18,6 +18,16 @@
     }                                                                                    \
   } while (0)
 
+// For the cuBLASLt baselines (the caller includes <cublasLt.h>).
+#define CUBLAS_CHECK(call)                                                                 \
+  do {                                                                                     \
+    cublasStatus_t st_ = (call);                                                           \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                    \
+      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, int(st_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
 namespace comfuse::gpu {
 
 constexpr int kSkip = 77;
