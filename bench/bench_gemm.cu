@@ -202,6 +202,13 @@ int main(int argc, char** argv) {
     CF_CHECK(cudaMemset(ws_partials, 0, reduce_workspace_bytes(s.M, s.N)));   // zeroed with the counters
     CF_CHECK(cudaMalloc(&ws_counters, reduce_counter_bytes(s.M)));
     CF_CHECK(cudaMemset(ws_counters, 0, reduce_counter_bytes(s.M)));
+    float* scratch;   // split-phase epilogues' carried tiles: poisoned, so a read of an unwritten slot shows
+    {
+      int sms = 0;
+      CF_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      CF_CHECK(cudaMalloc(&scratch, scratch_bytes(sms)));
+      CF_CHECK(cudaMemset(scratch, 0xFF, scratch_bytes(sms)));
+    }
     CublasGemm cub(s.M, s.N, s.K);
     // cuBLAS reference output of set 0, as float.
     cub.run(sets[0], nullptr);
@@ -220,7 +227,7 @@ int main(int argc, char** argv) {
       p.A = st.A; p.B = st.B; p.d0 = st.d0; p.d1 = st.d1;
       p.bias = st.bias; p.residual = st.R; p.v = st.v;
       p.gamma = st.v; p.beta = st.bias;   // any [N] vectors: the timing does not depend on their values
-      p.ws_partials = ws_partials; p.ws_counters = ws_counters;
+      p.ws_partials = ws_partials; p.ws_counters = ws_counters; p.scratch = scratch;
       return p;
     };
 
@@ -345,6 +352,7 @@ int main(int argc, char** argv) {
     CF_CHECK(cudaFree(ref));
     CF_CHECK(cudaFree(ws_partials));
     CF_CHECK(cudaFree(ws_counters));
+    CF_CHECK(cudaFree(scratch));
   }
 
   // Summary: best config per epilogue, time relative to cuBLAS GEMM alone.

@@ -44,7 +44,6 @@
 #include "cutlass/gemm/collective/builders/sm90_gmma_builder.inl"
 
 #include "comfuse/epilogue/core.cuh"
-#include "comfuse/epilogue/tile_load_staged.cuh"   // SerialBytes: the per-CTA epilogue storage of a tree
 #include "comfuse/reduce/dsmem_exchange.cuh"
 #include "comfuse/reduce/l2_exchange.cuh"
 #include "comfuse/tile_scheduler.cuh"
@@ -85,15 +84,11 @@ struct GemmKernel {
                                        cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
   using OrderBarrier = cutlass::OrderedSequenceBarrier<2, 2>;   // PingPong: {mainloop, epilogue} x 2 groups
   using EpiStorage = typename Tree::SharedStorage;
-  // One per CTA, for epilogue nodes that stage data only inside the ordered epilogue (TileLoadStaged).
-  static constexpr int kSerialBytes = epi::SerialBytes<Tree>::value;
-  static_assert(!(Cfg::kCooperative && kSerialBytes > 0),
-                "Cooperative: the groups' epilogues run at the same time, so they cannot share serial SMEM (TileLoadStaged)");
-  struct SerialStorage {
-    alignas(128) char bytes[kSerialBytes > 0 ? kSerialBytes : 16];
-  };
-  static constexpr int kCarveout = int(2 * sizeof(EpiStorage) + sizeof(typename OrderBarrier::SharedStorage) +
-                                       (kSerialBytes > 0 ? sizeof(SerialStorage) + 128 : 0)) + 64;
+  // Split-phase epilogues (StageStream<.., Deferred = true>) finish a tile one tile later: each consumer group
+  // keeps two copies of its epilogue SMEM, the tile being published and the one being finished.
+  static constexpr bool kDeferred = epi::IsDeferred<Tree>::value;
+  static constexpr int kEpiCopies = kDeferred ? 2 : 1;
+  static constexpr int kCarveout = int(2 * kEpiCopies * sizeof(EpiStorage) + sizeof(typename OrderBarrier::SharedStorage)) + 64;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -112,17 +107,12 @@ struct GemmKernel {
   static constexpr uint32_t kProducerRegs = 40;
   static constexpr uint32_t kConsumerRegs = 232;
 
-  struct SharedStorageBase {
+  struct SharedStorage {
     typename Mainloop::TensorStorage mainloop;                       // the A / B stage ring
     alignas(16) typename Mainloop::PipelineStorage pipeline;         // full / empty mbarriers
     alignas(16) typename OrderBarrier::SharedStorage order;
-    alignas(16) EpiStorage epi[2];                                   // one per consumer group
+    alignas(16) EpiStorage epi[2 * kEpiCopies];                      // per consumer group (two: split phase)
   };
-  struct SharedStorageSerial : SharedStorageBase {
-    SerialStorage serial;                                            // shared by the groups' ordered epilogues
-  };
-  // Kernels without serial storage keep exactly the layout they had before it existed.
-  using SharedStorage = std::conditional_t<(kSerialBytes > 0), SharedStorageSerial, SharedStorageBase>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 232448, "shared memory");
 
@@ -139,6 +129,7 @@ struct GemmKernel {
     int group_m;      // tile order: row blocks per band (1: row-block-major; tile_scheduler.cuh)
     int transport;    // reduce::Transport of the row reductions' cross-CTA exchanges
     int* reduce_counters;   // L2 transport: the workspace's launch counters (reduce::L2Workspace::counters)
+    float* scratch;         // split-phase epilogues: one slot of kGroupTileM x kTileN floats per consumer group
   };
   static constexpr bool kReduces = epi::NeedsCoResidency<Tree>::value;
 
@@ -169,8 +160,7 @@ struct GemmKernel {
     OrderBarrier order(ss.order, op);
 
     if (thread_idx == 0) {   // the epilogue's own mbarriers (DSMEM exchange)
-      epi::init<Tree>(ss.epi[0]);
-      epi::init<Tree>(ss.epi[1]);
+      for (int k = 0; k < 2 * kEpiCopies; ++k) epi::init<Tree>(ss.epi[k]);
       cutlass::arch::fence_barrier_init();
     }
     // Barrier initialization is visible to the whole cluster before anyone uses it.
@@ -225,7 +215,7 @@ struct GemmKernel {
       // PingPong: the groups take alternate tiles; Cooperative: both take every tile.
       int const u_first = sched.first + (kCooperative ? 0 : group * sched.stride);
       int const u_step = (kCooperative ? 1 : 2) * sched.stride;
-      for (int u = u_first; u < sched.total; u += u_step) {
+      auto tile_ctx = [&](int u) {
         auto t = sched.tile(u, rx, ry);
         epi::TileCtx ctx{t.m * Cfg::kTileM + (kCooperative ? group * Cfg::kGroupTileM : 0), t.n * Cfg::kTileN,
                          p.M, p.N, Cfg::kGroupTileM, Cfg::kTileN, wg_thread, group};
@@ -234,13 +224,39 @@ struct GemmKernel {
         ctx.exchange_tag = exchange_tag;
         ctx.exchange_ctas = Cfg::kClusterN;   // DSMEM: the cluster is the row block, its rank the column block
         ctx.exchange_rank = ry;
-        if constexpr (kSerialBytes > 0) ctx.serial_smem = ss.serial.bytes;
 #ifdef COMFUSE_TRACE
         ctx.trace = trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), group, ctx.iter);
+#endif
+        return ctx;
+      };
+      // This group's epilogue SMEM for its tile iteration `iter` (split phase: alternating copies).
+      auto epi_smem = [&](int iter) -> EpiStorage& { return ss.epi[group * kEpiCopies + iter % kEpiCopies]; };
+      // Split phase: the group's scratch slot, and the tile it published but has not finished (-1: none).
+      float4* const scratch_slot =
+          kDeferred ? reinterpret_cast<float4*>(p.scratch) +
+                          size_t(int(blockIdx.x + gridDim.x * blockIdx.y) * 2 + group) * (Cfg::kGroupTileM * Cfg::kTileN / 4)
+                    : nullptr;
+      int pending = -1;
+      // The finish turn of tile u (split phase): its row block's partials collected, its last stage streamed from
+      // the scratch slot. Its SMEM copy still holds what its publish turn staged (the next prefetch into it comes
+      // after this turn's closing barrier).
+      auto finish = [&](int u, auto const& acc_layout, trace::Stamp* turn) {
+        epi::TileCtx pc = tile_ctx(u);
+        pc.scratch = scratch_slot;
+        pc.trace = turn;
+        epi::bind<Tree>(pc, epi_smem(pc.iter));
+        Tree pt(p.epi, epi_smem(pc.iter), pc);
+        epi::run_epilogue_finish(pt, acc_layout, tCcD, pc);
+      };
+
+      for (int u = u_first; u < sched.total; u += u_step) {
+        epi::TileCtx ctx = tile_ctx(u);
+        ctx.scratch = scratch_slot;
+#ifdef COMFUSE_TRACE
         if (ctx.trace && wg_thread == 0) ctx.trace[trace::TileIndex] = trace::Stamp{(unsigned long long)u, 0ull};
 #endif
-        epi::bind<Tree>(ctx, ss.epi[group]);
-        Tree tree(p.epi, ss.epi[group], ctx);
+        epi::bind<Tree>(ctx, epi_smem(ctx.iter));
+        Tree tree(p.epi, epi_smem(ctx.iter), ctx);
         tree.prefetch();   // epilogue inputs staged in SMEM while the MMAs run
 
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
@@ -257,9 +273,23 @@ struct GemmKernel {
 
         if constexpr (!kCooperative) order.wait();   // epilogues in tile order
         COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
-        epi::run_epilogue(tree, accum, tCcD, ctx);
+        if constexpr (kDeferred) {
+          // Finish the previous tile first (its peers published during this mainloop), then publish this one.
+          // Progress: a finish waits only for a row block below this tile's (tiles of a row block are consecutive
+          // and the group stride is at least C), whose tiles every peer publishes without waiting on anything
+          // above it; by induction on the row block every publish happens (tile_scheduler.cuh).
+          if (pending >= 0) finish(pending, accum, ctx.trace);
+          epi::run_epilogue_publish(tree, accum, tCcD, ctx);
+          epi::group_barrier(group);   // this turn's SMEM reads are done before the next prefetch overwrites them
+          pending = u;
+        } else {
+          epi::run_epilogue(tree, accum, tCcD, ctx);
+        }
         COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
         if constexpr (!kCooperative) order.arrive();
+      }
+      if constexpr (kDeferred) {
+        if (pending >= 0) finish(pending, partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})), nullptr);
       }
       if (l2_exchanges) {   // both consumer groups are past their last exchange: count this CTA as finished
         asm volatile("bar.sync 10, 256;\n" ::: "memory");
@@ -304,7 +334,15 @@ struct Gemm {
     // Tile order: row blocks per band of the grouped order (tile_scheduler.cuh); 0 picks one from the shape.
     // Kernels with row reductions always run row-block-major (1).
     int raster_group = 0;
+    // Split-phase epilogues: scratch_bytes(ctas of the launch) of device memory, any contents (the carried tiles).
+    float* scratch = nullptr;
   };
+
+  static constexpr bool kDeferred = Kernel::kDeferred;
+  // Scratch a split-phase launch of `ctas` CTAs needs: one fp32 tile slot per consumer group.
+  static size_t scratch_bytes(int ctas) {
+    return kDeferred ? size_t(ctas) * 2 * Cfg::kGroupTileM * Cfg::kTileN * sizeof(float) : 0;
+  }
 
   static int column_blocks(int N) { return (N + Cfg::kTileN - 1) / Cfg::kTileN; }
 
@@ -317,6 +355,11 @@ struct Gemm {
     if ((reinterpret_cast<uintptr_t>(a.A) | reinterpret_cast<uintptr_t>(a.B)) % 16 != 0)
       return "A and B must be 16-byte aligned";
     if (a.raster_group < 0 || a.raster_group > 64) return "raster_group must be 0 (automatic) or 1 .. 64";
+    if constexpr (kDeferred) {
+      if (reduce::is_dsmem(a.transport)) return "a split-phase epilogue exchanges through L2 (no DSMEM transport)";
+      if (a.scratch == nullptr || reinterpret_cast<uintptr_t>(a.scratch) % 16 != 0)
+        return "a split-phase epilogue needs its scratch (scratch_bytes, 16-byte aligned)";
+    }
     if (reduce::is_dsmem(a.transport)) {
       if constexpr (!kReduces) {
         return "the DSMEM transport is for epilogues with row reductions";
@@ -445,6 +488,7 @@ struct Gemm {
     p.group_m = kReduces ? 1 : a.raster_group > 0 ? a.raster_group : auto_raster_group(tiles_m / Cfg::kClusterM, p.cl_tiles_n);
     p.transport = int(a.transport);
     p.reduce_counters = a.reduce_counters;
+    p.scratch = a.scratch;
     return p;
   }
 

@@ -25,6 +25,9 @@ enum Event : int {
   StageEnded = 6,       // + 2 * stage: end_stage done (reductions combined, exchanges finished)
   ExchangeArrived = 16,  // + 2 * reduction id: partials published, counter raised
   ExchangeComplete = 17, // + 2 * reduction id: every peer has published
+  FinishStart = 25,      // split phase: the turn's finish of the group's previous tile begins (collect)
+  FinishCollected = 26,  // its row block's partials collected
+  FinishEnd = 27,        // its last stage streamed and stored
   TileIndex = 31,        // {tile index u, 0}
 };
 

@@ -108,7 +108,7 @@ std::string compact(const std::string& init) {
 
 class Psi {
  public:
-  explicit Psi(const FusionSpec& fs) : fs_(fs), st_(fs.stages()) {
+  Psi(const FusionSpec& fs, const KernelConfig& cfg) : fs_(fs), st_(fs.stages()), staged_(staged_tile_type(fs, cfg)) {
     constexpr int kMaxReductions = 4;  // kernels/comfuse/epilogue/reduce.cuh
     if (static_cast<int>(st_.size()) - 1 > kMaxReductions)
       throw CodegenError("more than " + std::to_string(kMaxReductions) + " chained reductions");
@@ -161,6 +161,30 @@ class Psi {
                              " deep: too large for one kernel");
       }
     }
+  }
+
+  // [rows, N] inputs (a residual) are staged through the consumer group's SMEM by copies issued before the
+  // mainloop (TileLoadStaged) when K is short and they fit the budget below, else read in the epilogue (TileLoad).
+  // Returns the staged node's template arguments after the element type (", <group rows>, <tile N>"), or "".
+  // Budget: one 128 x 128 (or 64 x 256) 16-bit tile per group, ~35 KB, which the mainloop's stage ring gives up
+  // (a 128 x 192 tile, or two tile inputs, would cost it too many stages). Measured on the H200 (docs/PERF.md,
+  // 2026-12-01, fourth session): staging wins at K <= 1024, where the epilogue is as long as the mainloop
+  // (RMSNorm 16384x1024x1024: 77 -> 70 us; 8192x768x768: 31 -> 28 us), and loses at K >= 3072, where the fewer
+  // stages cost the longer mainloop more (8192x4096x4096: 409 -> 464 us).
+  static constexpr long kStageTilesMaxK = 1024;
+  static std::string staged_tile_type(const FusionSpec& fs, const KernelConfig& cfg) {
+    if (fs.gemm.k > kStageTilesMaxK) return "";
+    int tiles = 0, elem = 0;
+    for (const Spec* st : fs.stages())
+      for (const SpecNode& n : st->nodes)
+        if (n.kind == SpecKind::Broadcast && n.bcast == BroadcastKind::Tile) {
+          ++tiles;
+          elem = std::max(elem, fs.params[n.param].dtype == DType::F32 ? 4 : 2);
+        }
+    const int rows = cfg.cooperative ? cfg.tile_m / 2 : cfg.tile_m;
+    constexpr long kBudget = 128L * (128 + 8) * 2;   // bytes per consumer group
+    if (tiles == 0 || long(tiles) * rows * (cfg.tile_n + 16 / elem) * elem > kBudget) return "";
+    return ", " + std::to_string(rows) + ", " + std::to_string(cfg.tile_n);
   }
 
   size_t stages() const { return st_.size(); }
@@ -321,6 +345,9 @@ class Psi {
         const std::string i = std::to_string(n.param), ptr = std::string("p.input<") + t + ">(" + i + ")";
         if (n.bcast == BroadcastKind::Row) return {std::string("RowBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][col]"};
         if (n.bcast == BroadcastKind::Col) return {std::string("ColBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][row]"};
+        if (!staged_.empty())
+          return {std::string("TileLoadStaged<") + t + staged_ + ">", "{" + ptr + ", ld}",
+                  "param[" + i + "][row, col] (staged)"};
         return {std::string("TileLoad<") + t + ">", "{" + ptr + ", ld}", "param[" + i + "][row, col]"};
       }
       case SpecKind::Compute: {
@@ -384,6 +411,7 @@ class Psi {
   const FusionSpec& fs_;
   std::vector<const Spec*> st_;
   std::vector<int> carried_;
+  std::string staged_;   // staged_tile_type(): how [rows, N] inputs are read
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
   std::vector<std::string> tree_types_, tree_args_;      // per stage: its tree's type and Arguments expression
   std::ostringstream types_, args_body_;
@@ -416,7 +444,7 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
 std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig& cfg) {
   try {
     check_limits(fs, cfg);
-    Psi psi(fs);
+    Psi psi(fs, cfg);
   } catch (const CodegenError& e) {
     return e.what();
   }
@@ -425,7 +453,7 @@ std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig&
 
 GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   check_limits(fs, cfg);
-  Psi psi(fs);
+  Psi psi(fs, cfg);
   std::ostringstream hash;
   hash << std::hex << std::setw(16) << std::setfill('0') << spec_structural_hash(fs);
   GeneratedKernel g;

@@ -122,7 +122,8 @@ TEST(Codegen, ManyOutputsStayWithin120Characters) {
 TEST(Codegen, AliasesNameTheNestedType) {
   Partition p = partition(parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/examples/small/prenorm_two_outputs.cf"));
   const std::string src = generate_kernel(p.regions.at(0).spec).source;
-  const std::string x = "Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoad<bf16>>";
+  const std::string x =
+      "Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoadStaged<bf16, 128, 128>>";
   EXPECT_EQ(expanded_epilogue(src),
             "StageStream<Stage<Reduce<RowReduce::Mean, 0, Store<bf16, " + x +
                 ">>, Stage<Reduce<RowReduce::Mean, 1, Compute<ops::Sub, AccEntry, RowResult<0>>, ops::Square>, "
@@ -198,4 +199,25 @@ TEST(Codegen, PowByAnIntegerIsMultiplications) {
   EXPECT_EQ(epilogue("1.0"), "using Epilogue = Store<bf16, AccEntry>");
   EXPECT_EQ(epilogue("1.5"), "using Epilogue = Store<bf16, Compute<ops::PowConst, AccEntry>>");
   EXPECT_EQ(epilogue("100.0"), "using Epilogue = Store<bf16, Compute<ops::PowConst, AccEntry>>");
+}
+
+// A [rows, N] input is staged through SMEM before the mainloop only where that was measured to win (K <= 1024)
+// and the group's tile fits the budget; elsewhere it is read in the epilogue.
+TEST(Codegen, StagesTileInputsAtShortKWhereTheyFit) {
+  Partition p = partition(parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/examples/small/prenorm_two_outputs.cf"));
+  FusionSpec fs = p.regions.at(0).spec;
+  ASSERT_LE(fs.gemm.k, 1024);
+  auto type = [&](const FusionSpec& f, const KernelConfig& c) { return expanded_epilogue(generate_kernel(f, c).source); };
+  KernelConfig pingpong;                                    // 128 x 128: one group's tile, 34.8 KB
+  EXPECT_NE(type(fs, pingpong).find("TileLoadStaged<bf16, 128, 128>"), std::string::npos);
+  KernelConfig coop;
+  coop.tile_n = 256;
+  coop.cooperative = true;                                  // 64 x 256 per group
+  EXPECT_NE(type(fs, coop).find("TileLoadStaged<bf16, 64, 256>"), std::string::npos);
+  KernelConfig wide;
+  wide.tile_n = 192;                                        // 128 x 192: over the budget
+  EXPECT_EQ(type(fs, wide).find("TileLoadStaged"), std::string::npos);
+  EXPECT_NE(type(fs, wide).find("TileLoad<bf16>"), std::string::npos);
+  fs.gemm.k = 4096;                                         // long K: the stages are worth more
+  EXPECT_EQ(type(fs, pingpong).find("TileLoadStaged"), std::string::npos);
 }

@@ -47,11 +47,8 @@ cudaError_t compile_check_launch_c(Gemm<CfgA, composed::LnSoftmax>::Arguments co
 static_assert(composed::LnSoftmax::kReductions == 4 && composed::PostNorm::kReductions == 2 && composed::Softmax::kReductions == 2 &&
                   composed::RmsNorm::kReductions == 1,
               "StageStream numbers its exchanges per tile");
-static_assert(SerialBytes<composed::PostNorm>::value == 0 && SerialBytes<Everything>::value == 0,
-              "no serial storage without TileLoadStaged");
-static_assert(SerialBytes<composed::PostNormStaged>::value == 128 * (128 + 8) * 2,
-              "TileLoadStaged's padded tile is found through StageStream, Stage, Reduce and Compute");
-static_assert(GemmKernel<CfgA, composed::PostNorm>::kSerialBytes == 0 &&
-                  sizeof(GemmKernel<CfgA, composed::PostNorm>::SharedStorage) ==
-                      sizeof(GemmKernel<CfgA, composed::PostNorm>::SharedStorageBase),
-              "a kernel without serial storage keeps its former SMEM layout");
+static_assert(sizeof(composed::PostNormStaged::SharedStorage) >= sizeof(composed::PostNorm::SharedStorage) + 128 * (128 + 8) * 2,
+              "TileLoadStaged's padded tile is part of the consumer group's epilogue SMEM");
+static_assert(!GemmKernel<CfgA, composed::PostNorm>::kDeferred && GemmKernel<CfgA, composed::RmsNormDeferred>::kDeferred &&
+                  composed::PostNormDeferred::kSplitStage == 1 && composed::RmsNormDeferred::kSplitStage == 0,
+              "split-phase epilogues are recognised and split before their last stage");

@@ -69,10 +69,12 @@ using LnAffine = Compute<ops::Add,
                                          Compute<ops::Rsqrt, Compute<ops::Add, RowResult<1>, Scalar>>>,
                                  RowBroadcast<bf16>>,
                          RowBroadcast<bf16>>;
-using PostNormMerged = StageStream<Stage<
-    LocalReduce<RowReduce::Mean, 0, XBiasRes>,                                                     // carries x
+template <class RLoad> using PostNormMergedT = StageStream<Stage<
+    LocalReduce<RowReduce::Mean, 0, XBiasResT<RLoad>>,                                             // carries x
     Stage<Outputs<AccEntry, MergedReduce<Merge::CenteredSquares, RowReduce::Mean, 1, Compute<ops::Square, Centered>>>,
           Stage<Store<bf16, LnAffine>>>>>;
+using PostNormMerged = PostNormMergedT<TileLoad<bf16>>;
+using PostNormMergedStaged = PostNormMergedT<StagedR>;
 using Shifted0 = Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<0>>>;                   // exp(x - max)
 using SoftmaxMerged = StageStream<Stage<
     LocalReduce<RowReduce::Max, 0, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>,                // carries x
@@ -85,6 +87,12 @@ using LnSoftmaxMerged = StageStream<Stage<
           Stage<LocalReduce<RowReduce::Max, 2, LnAffine>,                                            // carries y
                 Stage<Outputs<AccEntry, MergedReduce<Merge::ShiftedExp, RowReduce::Sum, 3, Shifted2>>,
                       Stage<Store<bf16, Compute<ops::Div, Shifted2, RowResult<3>>>>>>>>>;
+
+// Split-phase forms (StageStream<.., Deferred = true>): the same trees, the one exchange published at the end of
+// the next-to-last stage and collected one tile later (kernel: gemm.cuh; driver: core.cuh). L2 transport only.
+using PostNormDeferred = StageStream<PostNormMerged::RootType, 2, true>;
+using RmsNormDeferred = StageStream<RmsNorm::RootType, 2, true>;
+using SoftmaxDeferred = StageStream<SoftmaxMerged::RootType, 2, true>;
 
 struct ReducePointers {
   bf16* out = nullptr;              // [M, N]
@@ -146,12 +154,19 @@ inline LnSoftmax::Arguments make_args(LnSoftmax*, ReducePointers const& e) {
 inline LnAffine::Arguments ln_affine_args(ReducePointers const& e) {
   return {{{{{}, {}}, {{{}, {e.eps, nullptr}}}}, {e.gamma}}, {e.beta}};
 }
-inline PostNormMerged::Arguments make_args(PostNormMerged*, ReducePointers const& e) {
-  PostNormMerged::Arguments a{};
+template <class RLoad>
+typename PostNormMergedT<RLoad>::Arguments postnorm_merged_args(ReducePointers const& e) {
+  typename PostNormMergedT<RLoad>::Arguments a{};
   a.tree = {{{{}, {e.bias}}, {e.residual, e.ld}}, e.ws};
   a.post.tree = {{}, {{{{}, {}}}, e.ws}};
   a.post.post.tree = {e.out, e.ld, ln_affine_args(e)};
   return a;
+}
+inline PostNormMerged::Arguments make_args(PostNormMerged*, ReducePointers const& e) {
+  return postnorm_merged_args<TileLoad<bf16>>(e);
+}
+inline PostNormMergedStaged::Arguments make_args(PostNormMergedStaged*, ReducePointers const& e) {
+  return postnorm_merged_args<StagedR>(e);
 }
 inline SoftmaxMerged::Arguments make_args(SoftmaxMerged*, ReducePointers const& e) {
   SoftmaxMerged::Arguments a{};
@@ -168,6 +183,17 @@ inline LnSoftmaxMerged::Arguments make_args(LnSoftmaxMerged*, ReducePointers con
   a.post.post.post.tree = {{}, {{{{}, {}}}, e.ws}};
   a.post.post.post.post.tree = {e.out, e.ld, {{{{}, {}}}, {}}};
   return a;
+}
+
+// The split-phase trees take their one-pass forms' arguments (same root).
+inline PostNormDeferred::Arguments make_args(PostNormDeferred*, ReducePointers const& e) {
+  return make_args(static_cast<PostNormMerged*>(nullptr), e);
+}
+inline RmsNormDeferred::Arguments make_args(RmsNormDeferred*, ReducePointers const& e) {
+  return make_args(static_cast<RmsNorm*>(nullptr), e);
+}
+inline SoftmaxDeferred::Arguments make_args(SoftmaxDeferred*, ReducePointers const& e) {
+  return make_args(static_cast<SoftmaxMerged*>(nullptr), e);
 }
 
 }  // namespace comfuse::composed

@@ -12,9 +12,13 @@ namespace comfuse::gpu {
 
 // 7..9: the residual epilogues with R staged through SMEM (TileLoadStaged); same math as 3, 4, 2.
 // 10..12: postnorm, softmax and LN+softmax with each chained pair of reductions merged into one exchange.
+// 13..15: postnorm (merged), rmsnorm and softmax (merged) as split-phase epilogues (publish, finish a tile later).
+// 16: postnorm (merged) with R staged through SMEM.
 enum class Epi { Identity = 0, BiasGelu = 1, BiasResidual2 = 2, PostNorm = 3, RmsNorm = 4, Softmax = 5, LnSoftmax = 6,
                  PostNormStaged = 7, RmsNormStaged = 8, BiasResidual2Staged = 9, PostNormMerged = 10,
-                 SoftmaxMerged = 11, LnSoftmaxMerged = 12 };
+                 SoftmaxMerged = 11, LnSoftmaxMerged = 12, PostNormDeferred = 13, RmsNormDeferred = 14,
+                 SoftmaxDeferred = 15, PostNormMergedStaged = 16 };
+inline bool epi_deferred(Epi e) { return int(e) >= 13 && int(e) <= 15; }
 // The reference (and the bench's epilogue class) of an instance's epilogue.
 inline Epi reference_epi(Epi e) {
   switch (e) {
@@ -24,6 +28,10 @@ inline Epi reference_epi(Epi e) {
     case Epi::PostNormMerged: return Epi::PostNorm;
     case Epi::SoftmaxMerged: return Epi::Softmax;
     case Epi::LnSoftmaxMerged: return Epi::LnSoftmax;
+    case Epi::PostNormDeferred: return Epi::PostNorm;
+    case Epi::RmsNormDeferred: return Epi::RmsNorm;
+    case Epi::SoftmaxDeferred: return Epi::Softmax;
+    case Epi::PostNormMergedStaged: return Epi::PostNorm;
     default: return e;
   }
 }
@@ -54,6 +62,8 @@ inline int epi_reductions(Epi e) {
 // Bytes of L2 workspace any instance needs for an M x N problem (partials; counters are separate).
 inline size_t reduce_workspace_bytes(int M, int N) { return size_t(M + 128) * 4 * (N / 64 + 2) * sizeof(uint64_t); }
 inline size_t reduce_counter_bytes(int) { return 4 * sizeof(int); }
+// Scratch any split-phase instance needs on a GPU of `sms` SMs: one 128 x 256 fp32 tile per consumer group.
+inline size_t scratch_bytes(int sms) { return size_t(sms) * 2 * 128 * 256 * sizeof(float); }
 inline int epi_outputs(Epi e) { return reference_epi(e) == Epi::BiasResidual2 ? 2 : 1; }
 
 // bf16 everywhere (passed as void* so this header needs no CUDA half types).
@@ -71,6 +81,7 @@ struct Problem {
   float eps = 1e-5f;
   float* ws_partials = nullptr;    // reduce_workspace_bytes(M, N)
   int* ws_counters = nullptr;      // reduce_counter_bytes(M), zeroed with ws_partials before the first launch
+  float* scratch = nullptr;        // split-phase epilogues: scratch_bytes() (one fp32 tile per consumer group)
   int max_clusters = 0;      // > 0: cap the persistent grid
   int transport = 0;         // reductions' cross-CTA exchange: 0 L2, 1 DSMEM peer-to-peer, 2 DSMEM leader-follower
   int raster_group = 0;      // tile order: row blocks per band (0: the kernel's automatic choice; 1: row-major)

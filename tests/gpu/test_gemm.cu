@@ -82,6 +82,13 @@ int main(int argc, char** argv) {
     CF_CHECK(cudaMemset(ws_partials, 0, reduce_workspace_bytes(s.M, s.N)));   // zeroed with the counters
     CF_CHECK(cudaMalloc(&ws_counters, reduce_counter_bytes(s.M)));
     CF_CHECK(cudaMemset(ws_counters, 0, reduce_counter_bytes(s.M)));
+    float* scratch;   // split-phase epilogues' carried tiles: poisoned, so a read of an unwritten slot shows
+    {
+      int sms = 0;
+      CF_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      CF_CHECK(cudaMalloc(&scratch, scratch_bytes(sms)));
+      CF_CHECK(cudaMemset(scratch, 0xFF, scratch_bytes(sms)));
+    }
     CF_CHECK(cudaMalloc(&d_worst, sizeof(float)));
     CF_CHECK(cudaMalloc(&A, MK * 2));
     CF_CHECK(cudaMalloc(&B, KN * 2));
@@ -152,6 +159,7 @@ int main(int argc, char** argv) {
           p.eps = 1e-5f;
           p.ws_partials = ws_partials;
           p.ws_counters = ws_counters;
+          p.scratch = scratch;
           p.max_clusters = cap;
           p.transport = tp;
           p.raster_group = raster;
@@ -234,7 +242,7 @@ int main(int argc, char** argv) {
     CF_CHECK(cudaStreamDestroy(stream));
     for (void* q : {(void*)A, (void*)A2, (void*)acc2, (void*)e2, (void*)B, (void*)Bt, (void*)bias, (void*)R, (void*)v,
                     (void*)acc, (void*)e0, (void*)e1,
-                    (void*)gamma, (void*)beta, (void*)ws_partials, (void*)ws_counters, (void*)d_worst})
+                    (void*)gamma, (void*)beta, (void*)ws_partials, (void*)ws_counters, (void*)scratch, (void*)d_worst})
       CF_CHECK(cudaFree(q));
   }
   CF_CHECK(cudaFree(d_sums));

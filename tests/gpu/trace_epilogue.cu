@@ -7,6 +7,7 @@
 //   vN / eN   stage N: visiting every fragment / end_stage (quad shuffles + exchange + results to SMEM)
 //   xN        exchange of reduction N: own arrival -> every peer arrived (the wait for the slowest peer)
 //   skewN     last minus first arrival among the CTAs of a row block     latN  last arrival -> complete
+//   finish    split phase: the turn's finish of the previous tile (collect: its partials combined)
 //   busy      fraction of each CTA's span in which one of its groups runs a mainloop (tensor cores fed)
 //
 // Usage: comfuse_gpu_trace [--shape M,K,N]... [--filter SUBSTRING]
@@ -102,6 +103,13 @@ int main(int argc, char** argv) {
     CF_CHECK(cudaMemset(ws_partials, 0, reduce_workspace_bytes(s.M, s.N)));   // zeroed with the counters
     CF_CHECK(cudaMalloc(&ws_counters, reduce_counter_bytes(s.M)));
     CF_CHECK(cudaMemset(ws_counters, 0, reduce_counter_bytes(s.M)));
+    float* scratch;   // split-phase epilogues' carried tiles: poisoned, so a read of an unwritten slot shows
+    {
+      int sms = 0;
+      CF_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      CF_CHECK(cudaMalloc(&scratch, scratch_bytes(sms)));
+      CF_CHECK(cudaMemset(scratch, 0xFF, scratch_bytes(sms)));
+    }
 
     for (Instance const& inst : registry())
     for (int tp = 0; tp < (epi_reduces(inst.epi) ? 3 : 1); ++tp) {
@@ -113,6 +121,7 @@ int main(int argc, char** argv) {
       p.M = s.M; p.N = s.N; p.K = s.K;
       p.A = A; p.B = B; p.d0 = d0; p.d1 = d1; p.bias = bias; p.residual = R; p.v = gamma;
       p.gamma = gamma; p.beta = beta; p.ws_partials = ws_partials; p.ws_counters = ws_counters;
+      p.scratch = scratch;
       if (char const* why = inst.can_implement(p)) {
         std::printf("%-44s %6d,%5d,%5d  skipped: %s\n", name.c_str(), s.M, s.K, s.N, why);
         continue;
@@ -157,7 +166,7 @@ int main(int argc, char** argv) {
         return (double(e[to].clock) - double(e[from].clock)) * ns_per_clk / 1000.0;   // µs
       };
 
-      std::vector<double> ml, epiwt, epi, sm, busy;
+      std::vector<double> ml, epiwt, epi, sm, busy, fin, col;
       std::map<int, std::vector<double>> visit, endst, xwait;
       // (row block, reduction) -> arrival and completion times (global ns)
       std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> arrivals;
@@ -171,7 +180,11 @@ int main(int argc, char** argv) {
             ml.push_back(d(e, tr::MlStart, tr::MlEnd));
             epiwt.push_back(d(e, tr::MlEnd, tr::EpiStart));
             epi.push_back(d(e, tr::EpiStart, tr::EpiEnd));
-            if (e[tr::SmemReady].clock) sm.push_back(d(e, tr::EpiStart, tr::SmemReady));
+            if (e[tr::FinishEnd].clock) {   // split phase: the turn first finishes the previous tile
+              fin.push_back(d(e, tr::FinishStart, tr::FinishEnd));
+              col.push_back(d(e, tr::FinishStart, tr::FinishCollected));
+            }
+            if (e[tr::SmemReady].clock) sm.push_back(d(e, e[tr::FinishEnd].clock ? tr::FinishEnd : tr::EpiStart, tr::SmemReady));
             mls.push_back({double(e[tr::MlStart].clock), double(e[tr::MlEnd].clock)});
             int prev = tr::SmemReady;
             for (int st = 0; st < 5; ++st) {
@@ -213,11 +226,12 @@ int main(int argc, char** argv) {
       for (auto& [st, v] : visit) std::printf(" v%d %.2f e%d %.2f", st, mean(v), st, mean(endst[st]));
       std::printf(" |");
       for (auto& [r, v] : xwait) std::printf(" x%d %.2f skew%d %.2f lat%d %.2f", r, mean(v), r, mean(skew[r]), r, mean(lat[r]));
+      if (!fin.empty()) std::printf(" | finish %.2f (collect %.2f)", mean(fin), mean(col));
       std::printf("  (%d CTAs, %d tiles, %.3f ns/clk)\n", ctas, tiles, ns_per_clk);
       std::fflush(stdout);
     }
     for (void* q : {(void*)A, (void*)B, (void*)R, (void*)d0, (void*)d1, (void*)bias, (void*)gamma, (void*)beta,
-                    (void*)ws_partials, (void*)ws_counters})
+                    (void*)ws_partials, (void*)ws_counters, (void*)scratch})
       CF_CHECK(cudaFree(q));
   }
   return 0;

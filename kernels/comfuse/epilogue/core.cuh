@@ -58,7 +58,10 @@ struct TileCtx {
   float4* dsmem_data = nullptr;    // DSMEM buffers of this group (set by StageStream)
   uint64_t* dsmem_full = nullptr;
   int dsmem_cols = 0;
-  void* serial_smem = nullptr;    // per-CTA SMEM used only inside the (ordered) epilogue: TileLoadStaged
+  // Split-phase epilogues (StageStream<.., Deferred = true>, reduce.cuh): the reduction publishes its partials
+  // and returns; the tile's last stage runs later, from the carried tile in this group's scratch slot.
+  bool deferred = false;
+  float4* scratch = nullptr;      // this group's scratch slot: the carried tile, one float4 per 4 accumulators
   trace::Stamp* trace = nullptr;  // this tile's timeline (COMFUSE_TRACE builds only, trace.cuh)
 };
 
@@ -226,6 +229,9 @@ template <class Node> CUTE_DEVICE void init(typename Node::SharedStorage& s) {
 template <class Node, class = void> struct NeedsCoResidency : std::false_type {};
 template <class Node> struct NeedsCoResidency<Node, std::void_t<decltype(Node::kNeedsCoResidency)>>
     : std::bool_constant<Node::kNeedsCoResidency> {};
+// Split-phase epilogue (StageStream<.., Deferred = true>) or not: the kernel then runs it in two turns.
+template <class Node, class = void> struct IsDeferred : std::false_type {};
+template <class Node> struct IsDeferred<Node, std::void_t<decltype(Node::kDeferred)>> : std::bool_constant<Node::kDeferred> {};
 template <class Node, class = void> struct CarriesTile : std::false_type {};
 template <class Node> struct CarriesTile<Node, std::void_t<decltype(Node::kCarriesTile)>>
     : std::bool_constant<Node::kCarriesTile> {};
@@ -237,6 +243,16 @@ struct HasPreload<Node, S, std::void_t<decltype(std::declval<Node&>().template p
     : std::true_type {};
 template <int S, class Node> CUTE_DEVICE void preload(Node& n, FragCtx const& f) {
   if constexpr (HasPreload<Node, S>::value) n.template preload<S>(f);
+}
+
+// collect() is optional too: in a split-phase epilogue, the nodes that published partials at the end of stage S
+// combine the row block's partials into their row results, before the deferred last stage runs (reduce.cuh).
+template <class Node, int S, class = void> struct HasCollect : std::false_type {};
+template <class Node, int S>
+struct HasCollect<Node, S, std::void_t<decltype(std::declval<Node&>().template collect<S>(std::declval<TileCtx const&>()))>>
+    : std::true_type {};
+template <int S, class Node> CUTE_DEVICE void collect(Node& n, TileCtx const& c) {
+  if constexpr (HasCollect<Node, S>::value) n.template collect<S>(c);
 }
 
 // ---- the node base ---------------------------------------------------------------------------
@@ -285,6 +301,10 @@ struct Children<C, Rest...> {
     head.template end_stage<S>(c);
     tail.template end_stage<S>(c);
   }
+  template <int S> CUTE_DEVICE void collect(TileCtx const& c) {
+    ::comfuse::epi::collect<S>(head, c);
+    tail.template collect<S>(c);
+  }
 };
 
 template <class C>
@@ -309,6 +329,7 @@ struct Children<C> {
   CUTE_DEVICE void prefetch() { head.prefetch(); }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(head, f); }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { head.template end_stage<S>(c); }
+  template <int S> CUTE_DEVICE void collect(TileCtx const& c) { ::comfuse::epi::collect<S>(head, c); }
 };
 
 template <class AccTensor, class CoordTensor>
@@ -390,6 +411,68 @@ CUTE_DEVICE void run_epilogue(Tree& tree, AccTensor& acc, CoordTensor const& tCc
   if constexpr (Tree::kUsesSmem) {
     group_barrier(ctx.group);   // nobody reads the staged vectors any more: next prefetch may write
   }
+}
+
+// ---- the split-phase driver (StageStream<.., Deferred = true>, reduce.cuh) --------------------------------
+// A split-phase epilogue runs a tile in two turns of its consumer group:
+//   publish (right after the tile's mainloop): stages 0 .. kSplitStage as usual; the reduction at the end of the
+//     split stage publishes its partials and does not wait; the carried tile goes to the group's scratch slot;
+//   finish (one tile later, after the group's next mainloop, before that tile's publish): the reduction collects
+//     the row block's partials (by then the peers have published: they ran the same mainloop meanwhile), and the
+//     last stage streams the carried tile back from the scratch slot.
+// The scratch slot is per consumer group and private to its threads: thread t writes float4 k of its accumulators
+// at slot[k * 128 + t] (a warp writes 512 contiguous bytes) and reads the same words back, so no barrier orders
+// them. fp32, so the numerics are those of the one-pass epilogue.
+
+template <class Tree, class AccTensor, class CoordTensor>
+CUTE_DEVICE void run_epilogue_publish(Tree& tree, AccTensor& acc, CoordTensor const& tCcD, TileCtx const& ctx) {
+  using namespace cute;
+  static_assert(size(AccTensor{}) % 4 == 0, "the scratch slot holds the tile as float4s");
+  if constexpr (Tree::kUsesSmem) {
+    cp_async_wait_all();
+    group_barrier(ctx.group);
+  }
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::SmemReady);
+  run_stages<Tree>(tree, acc, tCcD, ctx, std::make_integer_sequence<int, Tree::kSplitStage + 1>{});
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(AccTensor{}); i += 4)
+    ctx.scratch[(i / 4) * 128 + ctx.thread] = make_float4(acc(i), acc(i + 1), acc(i + 2), acc(i + 3));
+  // No closing barrier here: the caller's end of the turn has it (the SMEM of this tile is read again by finish).
+}
+
+// acc: any accumulator tensor of the kernel's shape (only its layout is used; it may hold the next tile).
+template <class Tree, class AccTensor, class CoordTensor>
+CUTE_DEVICE void run_epilogue_finish(Tree& tree, AccTensor const& acc, CoordTensor const& tCcD, TileCtx const& ctx) {
+  using namespace cute;
+  constexpr int S = Tree::kStage;
+  constexpr int kElems = size(AccTensor{});
+  constexpr int kChunk = 16;   // elements per chunk: one group of four column blocks of both row slots (store.cuh)
+  static_assert(kElems % kChunk == 0, "tile");
+  // ctx.trace: the timeline of the turn (the tile being published), not of the tile finished here.
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::FinishStart);
+  tree.template collect<Tree::kSplitStage>(ctx);
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::FinishCollected);
+  float4 const* slot = ctx.scratch;
+  float4 cur[kChunk / 4], next[kChunk / 4];
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < kChunk / 4; ++k) cur[k] = slot[k * 128 + ctx.thread];
+  CUTLASS_PRAGMA_UNROLL
+  for (int c = 0; c < kElems; c += kChunk) {
+    if (c + kChunk < kElems) {   // the next chunk's loads are in flight while this one is visited
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < kChunk / 4; ++k) next[k] = slot[((c + kChunk) / 4 + k) * 128 + ctx.thread];
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kChunk / 4; ++k) {
+      const int i = c + 4 * k;
+      (void)tree.template visit<S>(frag_ctx(i, acc, tCcD, ctx), Frag{{cur[k].x, cur[k].y}});
+      (void)tree.template visit<S>(frag_ctx(i + 2, acc, tCcD, ctx), Frag{{cur[k].z, cur[k].w}});
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kChunk / 4; ++k) cur[k] = next[k];
+  }
+  tree.template end_stage<S>(ctx);
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::FinishEnd);
 }
 
 // Rows / column pairs one consumer thread holds, for a tile of TileM x TileN (PingPong: one warp

@@ -27,7 +27,6 @@
 
 #include "comfuse/epilogue/core.cuh"
 #include "comfuse/epilogue/ops.cuh"
-#include "comfuse/epilogue/tile_load_staged.cuh"
 #include "comfuse/reduce/dsmem_exchange.cuh"
 #include "comfuse/reduce/l2_exchange.cuh"
 
@@ -127,6 +126,16 @@ CUTE_DEVICE void exchange_rows(TileCtx const& c, reduce::L2Workspace const& ws, 
   }
   write_row_results(c, out, [&](int k) { return part[k] * scale; });
 }
+
+// Split-phase (c.deferred): the row block's exchange in two halves. A row block of more than one column block
+// (and inside M) publishes at the end of the stage and collects one tile later; otherwise the CTA's partials are
+// the rows' results, written at once (the finish turn reads this tile's SMEM again, so they are still there).
+CUTE_DEVICE bool exchanges_via_l2(TileCtx const& c) { return col_blocks(c) > 1 && c.m0 < c.M && c.n0 < c.N; }
+CUTE_DEVICE reduce::L2Exchange l2_exchange_of(TileCtx const& c, reduce::L2Workspace const& ws, int id) {
+  reduce::L2Workspace w = ws;
+  w.cols = col_blocks(c);
+  return reduce::L2Exchange{w, c.exchange_tag, c.m0 / c.tile_m, id, c.n0 / c.tile_n, c.thread, row_slots(c), c.trace};
+}
 }  // namespace detail
 
 template <RowReduce Kind, int Id, class Child, class Map = Identity>
@@ -151,10 +160,11 @@ struct Reduce : Children<Child> {
   // Level 1: the thread folds its fragments.
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
     Frag v = this->template visit_child<0, S>(f, acc);
-    if (f.pred) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kFragSize; ++j) part[f.row_slot] = Combine{}(part[f.row_slot], Map{}({}, v.x[j]));
-    }
+    // Branch-free (a select, not an `if`): a branch per fragment kept the compiler from interleaving fragments,
+    // and with one warp per scheduler every fragment's dependent chain (exp: ~60 cycles) was then exposed.
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kFragSize; ++j)
+      part[f.row_slot] = Combine{}(part[f.row_slot], f.pred ? Map{}({}, v.x[j]) : Combine::identity());
     return v;
   }
 
@@ -162,7 +172,24 @@ struct Reduce : Children<Child> {
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
     Base::template end_stage<S>(c);
     detail::quad_reduce(part, Combine{});
+    if (c.deferred && detail::exchanges_via_l2(c)) {   // split phase: publish now, collect() one tile later
+      float states[kMaxRowSlots][1];
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < kMaxRowSlots; ++k) states[k][0] = part[k];
+      reduce::l2_publish<1>(detail::l2_exchange_of(c, ws, Id), states, detail::WgmmaRows{c.thread});
+      return;
+    }
     detail::exchange_rows(c, ws, Id, part, Combine{}, Kind == RowReduce::Mean);
+  }
+  // Split phase, the finish turn of the tile: levels 3 and 4 from the published partials.
+  template <int S> CUTE_DEVICE void collect(TileCtx const& c) {
+    Base::template collect<S>(c);
+    if (!detail::exchanges_via_l2(c)) return;   // the results were written at the end of the stage
+    const float scale = Kind == RowReduce::Mean ? 1.f / float(c.N) : 1.f;
+    float* out = detail::row_results(c, Id);
+    reduce::l2_collect<1, 8>(
+        detail::l2_exchange_of(c, ws, Id), [](float (&acc)[1], float const (&v)[1], int) { acc[0] = Combine{}(acc[0], v[0]); },
+        [out, scale](int row, float const (&acc)[1]) { out[row] = acc[0] * scale; });
   }
 };
 
@@ -206,10 +233,8 @@ struct LocalReduce : Children<Child> {
   }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
     Frag v = this->template visit_child<0, S>(f, acc);
-    if (f.pred) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kFragSize; ++j) part[f.row_slot] = Fold{}(part[f.row_slot], v.x[j]);
-    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kFragSize; ++j) part[f.row_slot] = Fold{}(part[f.row_slot], f.pred ? v.x[j] : Fold::identity());
     return v;
   }
   // Levels 2 and 4, no exchange: the CTA's own result per row (mean over its valid columns, or max) to
@@ -243,10 +268,8 @@ struct MergedReduce : Children<Child> {
   }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
     Frag v = this->template visit_child<0, S>(f, acc);
-    if (f.pred) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kFragSize; ++j) part[f.row_slot] += v.x[j];
-    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kFragSize; ++j) part[f.row_slot] += f.pred ? v.x[j] : 0.f;
     return v;
   }
 
@@ -302,6 +325,16 @@ struct MergedReduce : Children<Child> {
       reduce::dsmem_exchange(exchange(Id), p2, row_of, RowCombine<RowReduce::Sum>{}, scale, second);
       return;
     }
+    if (c.deferred && detail::exchanges_via_l2(c)) {   // split phase: publish both words now, collect() later
+      float states[kMaxRowSlots][2];
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < kMaxRowSlots; ++k) {
+        states[k][0] = local[k];
+        states[k][1] = part[k];
+      }
+      reduce::l2_publish<2>(detail::l2_exchange_of(c, ws, Id - 1), states, row_of);
+      return;
+    }
     const int cols = detail::col_blocks(c);
     if (cols > 1 && c.m0 < c.M && c.n0 < c.N) {
       reduce::L2Workspace w = ws;
@@ -323,6 +356,21 @@ struct MergedReduce : Children<Child> {
     }
     // one column block: the CTA's results are the row's
     detail::write_row_results(c, second, [&](int k) { return part[k] * scale; });
+  }
+  // Split phase, the finish turn of the tile: the row block's states merged, both results to SMEM.
+  template <int S> CUTE_DEVICE void collect(TileCtx const& c) {
+    Base::template collect<S>(c);
+    if (!detail::exchanges_via_l2(c)) return;
+    const float scale = Kind == RowReduce::Mean ? 1.f / float(c.N) : 1.f;
+    float* first = detail::row_results(c, Id - 1);
+    float* second = detail::row_results(c, Id);
+    reduce::l2_collect<2, 4>(
+        detail::l2_exchange_of(c, ws, Id - 1),
+        [&c](float (&a)[2], float const (&x)[2], int b) { fold(a[0], a[1], x[0], x[1], b, c); },
+        [first, second, scale](int row, float const (&a)[2]) {
+          first[row] = a[0];
+          second[row] = a[1] * scale;
+        });
   }
 };
 
@@ -374,6 +422,10 @@ struct Stage {
     if constexpr (S == 0) tree.template end_stage<0>(c);
     else post.template end_stage<S - 1>(c);
   }
+  template <int S> CUTE_DEVICE void collect(TileCtx const& c) {
+    if constexpr (S == 0) ::comfuse::epi::collect<0>(tree, c);
+    else post.template collect<S - 1>(c);
+  }
 };
 
 template <class Tree>
@@ -392,6 +444,7 @@ struct Stage<Tree, void> {
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<0>(tree, f); }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) { return tree.template visit<0>(f, acc); }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { tree.template end_stage<0>(c); }
+  template <int S> CUTE_DEVICE void collect(TileCtx const& c) { ::comfuse::epi::collect<0>(tree, c); }
 };
 
 // Reduce nodes in a tree, and the highest reduction id (ids must be 0 .. count-1: they number the exchanges).
@@ -415,10 +468,43 @@ template <Merge How, RowReduce Kind, int Id, class Child> struct CountReduce<Mer
   static constexpr int max_id = std::max(Id, CountReduce<Child>::max_id);
 };
 
+// Cross-CTA exchanges in a tree: Reduce and MergedReduce (LocalReduce stays inside the CTA).
+template <class T> struct CountExchanges {
+  static constexpr int count = 0;
+};
+template <template <class...> class Node, class... Args> struct CountExchanges<Node<Args...>> {
+  static constexpr int count = (0 + ... + CountExchanges<Args>::count);
+};
+template <RowReduce Kind, int Id, class Child, class Map> struct CountExchanges<Reduce<Kind, Id, Child, Map>> {
+  static constexpr int count = 1 + CountExchanges<Child>::count;
+};
+template <RowReduce Kind, int Id, class Child> struct CountExchanges<LocalReduce<Kind, Id, Child>> {
+  static constexpr int count = CountExchanges<Child>::count;
+};
+template <Merge How, RowReduce Kind, int Id, class Child> struct CountExchanges<MergedReduce<How, Kind, Id, Child>> {
+  static constexpr int count = 1 + CountExchanges<Child>::count;
+};
+// The tree of the last stage of a Stage chain.
+template <class S> struct LastStageTree;
+template <class Tree> struct LastStageTree<Stage<Tree, void>> {
+  using type = Tree;
+};
+template <class Tree, class Post> struct LastStageTree<Stage<Tree, Post>> {
+  using type = typename LastStageTree<Post>::type;
+};
+
 // The root of a Stage-Stream epilogue. DsmemCols: the most CTAs per row block the DSMEM transport serves (its
 // buffers take DsmemCols KB of SMEM per consumer group).
-template <class Root, int DsmemCols = 8>
+//
+// Deferred = true makes it a split-phase epilogue (the kernel runs it in two turns, core.cuh
+// run_epilogue_publish / run_epilogue_finish): the one cross-CTA exchange, at the end of the next-to-last stage
+// (kSplitStage), publishes the CTA's partials through L2 and returns; the last stage runs one tile later, once
+// the row block's partials are in, from the carried tile in the group's scratch slot. So no epilogue waits for a
+// peer that is still working: the peers publish while this group runs its next mainloop. The last stage is
+// streamed, not carried: it may not reduce. L2 transport only.
+template <class Root, int DsmemCols = 8, bool Deferred = false>
 struct StageStream {
+  using RootType = Root;
   using Arguments = typename Root::Arguments;
   struct SharedStorage {
     typename Root::SharedStorage root;
@@ -430,6 +516,12 @@ struct StageStream {
                 "reduction ids must be 0 .. (number of reductions - 1)");
   static constexpr int kDsmemCols = DsmemCols;
   static constexpr int kStage = Root::kStage;
+  static constexpr bool kDeferred = Deferred;
+  static constexpr int kSplitStage = kStage - 1;
+  static_assert(!Deferred || (kStage >= 1 && CountExchanges<Root>::count == 1 &&
+                              CountReduce<typename LastStageTree<Root>::type>::count == 0),
+                "a split-phase epilogue has one cross-CTA exchange, at the end of the next-to-last stage, and a last "
+                "stage without reductions");
   // The result rows live in SMEM: the driver's end-of-tile barrier keeps the next tile's writes behind
   // this tile's reads.
   static constexpr bool kUsesSmem = true;
@@ -446,6 +538,7 @@ struct StageStream {
     c.dsmem_data = &s.dsmem.data[0][0][0];
     c.dsmem_full = s.dsmem.full;
     c.dsmem_cols = DsmemCols;
+    c.deferred = Deferred;
   }
   CUTE_DEVICE static void init(SharedStorage& s) { reduce::dsmem_init(s.dsmem); }
   CUTE_DEVICE StageStream(Arguments const& a, SharedStorage& s, TileCtx const& c) : root(a, s.root, c) {}
@@ -453,20 +546,7 @@ struct StageStream {
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(root, f); }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) { return root.template visit<S>(f, acc); }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { root.template end_stage<S>(c); }
-};
-
-// Serial storage through the templates with non-type parameters (tile_load_staged.cuh has the rule).
-template <RowReduce Kind, int Id, class Child, class Map> struct SerialBytes<Reduce<Kind, Id, Child, Map>> {
-  static constexpr int value = SerialBytes<Child>::value;
-};
-template <RowReduce Kind, int Id, class Child> struct SerialBytes<LocalReduce<Kind, Id, Child>> {
-  static constexpr int value = SerialBytes<Child>::value;
-};
-template <Merge How, RowReduce Kind, int Id, class Child> struct SerialBytes<MergedReduce<How, Kind, Id, Child>> {
-  static constexpr int value = SerialBytes<Child>::value;
-};
-template <class Root, int DsmemCols> struct SerialBytes<StageStream<Root, DsmemCols>> {
-  static constexpr int value = SerialBytes<Root>::value;
+  template <int S> CUTE_DEVICE void collect(TileCtx const& c) { root.template collect<S>(c); }
 };
 
 }  // namespace comfuse::epi

@@ -1,15 +1,18 @@
-// TileLoadStaged: an [M, N] input (a residual R) copied into shared memory by cp.async at the start of the
-// epilogue, then read per fragment from there - no registers held while the loads are in flight.
+// TileLoadStaged: an [M, N] input (a residual R) copied into the consumer group's shared memory by cp.async
+// issued before the tile's mainloop, then read per fragment from there.
 //
-// Why (docs/PERF.md, the timeline): TileLoad's 4-byte loads were issued one after another in the SASS, each
-// consumed before the next - one memory latency per fragment, 6-17 us per 128x128 tile (not a register cap: the
-// consumers use up to ~220 registers after setmaxnreg). Here every thread issues TileM * TileN / 1024 16-byte
-// copies at once, waits once, and the tile is read from SMEM. (TileLoad itself now loads 16 bytes per lane.)
+// Why (docs/PERF.md, the timeline): TileLoad reads the tile in the epilogue, into registers next to the
+// accumulators, so only a few 16-byte loads per thread are in flight at a time; one L2 round trip per chunk of
+// fragments put 4 us of a 128x128 tile's epilogue on the critical path at K = 1024 (stage 0 of RMSNorm). Here
+// each thread issues its share of the tile (TileM * TileN / 1024 copies of 16 bytes) in prefetch(), before the
+// mainloop, so the loads run behind the MMAs and hold no registers; the driver's cp.async wait and group barrier
+// at the start of the epilogue (kUsesSmem) make the tile visible, and fragments read it from SMEM.
 //
-// The buffer is one per CTA (the kernel's serial epilogue storage, TileCtx::serial_smem): the two consumer
-// groups' epilogues run one after the other (the kernel's ordered epilogue barrier), and the copies are issued
-// inside the epilogue, never before the mainloop, so one group never writes it while the other reads it.
-// Rows are padded by 16 bytes so that the 8 rows a warp reads per fragment fall in different banks.
+// SMEM: one padded tile per consumer group (the tree's SharedStorage), TileM x (TileN + 16 bytes) elements:
+// 34.8 KB for a 128 x 128 bf16 tile, which the mainloop's stage ring gives up (the kernel sizes the ring after
+// the epilogue's storage). Rows are padded by 16 bytes so that the 8 rows a warp reads per fragment fall in
+// different banks. TileM x TileN must hold the consumer group's tile: 128 x 128 (PingPong) or 64 x 256
+// (Cooperative 128 x 256); the pitch follows the group's tile width.
 #pragma once
 #include "comfuse/epilogue/core.cuh"
 
@@ -21,60 +24,36 @@ struct TileLoadStaged {
     T const* ptr = nullptr;   // 16-byte aligned
     int64_t ld = 0;           // row stride in elements, a multiple of 16 / sizeof(T)
   };
-  struct SharedStorage {};
-  static constexpr int kStage = 0;
-  static constexpr bool kUsesSmem = false;
   static constexpr int kVec = 16 / int(sizeof(T));        // elements per 16-byte copy
   static constexpr int kPitch = TileN + kVec;             // padded row, in elements
-  static constexpr int kSerialBytes = TileM * kPitch * int(sizeof(T));
+  struct SharedStorage {
+    alignas(16) T data[TileM * kPitch];
+  };
+  static constexpr int kStage = 0;
+  static constexpr bool kUsesSmem = true;
 
   T const* ptr;
   int64_t ld;
-  int m0, n0, M, N, thread, group;
   T* smem;
+  TileCtx const& ctx;
 
-  CUTE_DEVICE TileLoadStaged(Arguments const& a, SharedStorage&, TileCtx const& c)
-      : ptr(a.ptr), ld(a.ld), m0(c.m0), n0(c.n0), M(c.M), N(c.N), thread(c.thread), group(c.group),
-        smem(static_cast<T*>(c.serial_smem)) {}
-  CUTE_DEVICE void prefetch() {}
+  CUTE_DEVICE TileLoadStaged(Arguments const& a, SharedStorage& s, TileCtx const& c)
+      : ptr(a.ptr), ld(a.ld), smem(s.data), ctx(c) {}
 
-  // The first fragment of stage 0 (every thread reaches it together): copy the whole tile, wait, barrier.
-  template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
-    if constexpr (S == 0) {
-      if (f.index != 0) return;
-      constexpr int kChunksPerRow = TileN / kVec;
-      constexpr int kChunks = TileM * kChunksPerRow;
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kChunks / 128; ++j) {
-        const int c = thread + 128 * j;
-        const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * kVec;
-        const bool in = m0 + r < M && n0 + col < N;   // N % kVec == 0: a chunk is all in or all out
-        cp_async_16(smem + r * kPitch + col, in ? ptr + int64_t(m0 + r) * ld + (n0 + col) : ptr, in ? 16 : 0);
-      }
-      cp_async_wait_all();
-      group_barrier(group);
+  // Before the mainloop: the group's whole tile, 16 bytes per copy, all in flight (zero-filled past M and N).
+  CUTE_DEVICE void prefetch() {
+    if (ctx.tile_m * (ctx.tile_n + kVec) > TileM * kPitch) __trap();   // a constant after inlining: folds away
+    const int chunks_per_row = ctx.tile_n / kVec, pitch = ctx.tile_n + kVec;
+    for (int c = ctx.thread; c < ctx.tile_m * chunks_per_row; c += 128) {
+      const int r = c / chunks_per_row, col = (c % chunks_per_row) * kVec;
+      const bool in = ctx.m0 + r < ctx.M && ctx.n0 + col < ctx.N;   // N % kVec == 0: all in or all out
+      cp_async_16(smem + r * pitch + col, in ? ptr + int64_t(ctx.m0 + r) * ld + (ctx.n0 + col) : ptr, in ? 16 : 0);
     }
   }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
-    return Elem<T>::load2_smem(smem + f.row_l * kPitch + f.col_l);
+    return Elem<T>::load2_smem(smem + f.row_l * (ctx.tile_n + kVec) + f.col_l);
   }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const&) {}
-};
-
-// The serial (per-CTA) epilogue storage a tree needs: the largest of its nodes' kSerialBytes (0: none).
-// Nodes are matched structurally; templates with non-type parameters are listed explicitly.
-template <class T> struct SerialBytes {
-  static constexpr int value = 0;
-};
-template <template <class...> class Node, class... Args> struct SerialBytes<Node<Args...>> {
-  static constexpr int value = [] {
-    int m = 0;
-    ((m = SerialBytes<Args>::value > m ? SerialBytes<Args>::value : m), ...);
-    return m;
-  }();
-};
-template <class T, int TileM, int TileN> struct SerialBytes<TileLoadStaged<T, TileM, TileN>> {
-  static constexpr int value = TileLoadStaged<T, TileM, TileN>::kSerialBytes;
 };
 
 }  // namespace comfuse::epi

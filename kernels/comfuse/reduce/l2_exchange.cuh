@@ -124,77 +124,65 @@ struct L2Exchange {
 //                       WGMMA layout above); the first ex.slots entries are used; quad leaders publish them
 //   fold(acc, x, c):    folds column block c's state x into acc (c = 1 .. C-1, in order; acc starts as block 0's)
 // All 32 lanes of each warp of the consumer group call it.
-template <int W, int Rows, class RowOf, class Fold, class Finish>
-CUTE_DEVICE void l2_exchange_states(L2Exchange ex, float const (&part)[Rows][W], RowOf row_of, Fold fold,
-                                    Finish finish) {
-  L2Workspace const& ws = ex.ws;
-  const uint32_t tag = ex.tag;
-  const int rb = ex.row_block, first_stage = ex.stage, c = ex.col, thread = ex.thread, slots = ex.slots;
-  trace::Stamp* const stamps = ex.stamps;
-  const int warp = thread / 32, lane = thread % 32;
-  const int last = first_stage + W - 1;   // the trace marks and the flags use the last word's slot
-  const size_t slot0 = size_t(rb) * ws.stages + first_stage;
-  const size_t word_stride = L2Workspace::slot_words(ws.cols, ws.tile_m);   // slot s + 1 - slot s, in words
-  uint64_t* base = reinterpret_cast<uint64_t*>(ws.partials) + slot0 * word_stride;
-  const uint64_t hi = uint64_t(tag) << 32;
-  if (lane % 4 == 0) {
+// Where the partials of one (row block, state) live: word w of column block c's state of tile row r is at
+// base[w * word_stride + c * tile_m + r] (64-bit words {value bits, tag}).
+struct L2Slot {
+  uint64_t* base;
+  size_t word_stride;
+};
+CUTE_DEVICE L2Slot l2_slot(L2Exchange const& ex) {
+  const size_t slot0 = size_t(ex.row_block) * ex.ws.stages + ex.stage;
+  const size_t word_stride = L2Workspace::slot_words(ex.ws.cols, ex.ws.tile_m);   // slot s + 1 - slot s, in words
+  return {reinterpret_cast<uint64_t*>(ex.ws.partials) + slot0 * word_stride, word_stride};
+}
+
+// Step 1 of an exchange: the quad leaders write this CTA's partial states of their rows, tagged with the launch.
+// Nothing waits: a split-phase epilogue (reduce.cuh, StageStream<.., Deferred>) publishes here and collects later.
+template <int W, int Rows, class RowOf>
+CUTE_DEVICE void l2_publish(L2Exchange const& ex, float const (&part)[Rows][W], RowOf row_of) {
+  const L2Slot sl = l2_slot(ex);
+  const uint64_t hi = uint64_t(ex.tag) << 32;
+  if (ex.thread % 4 == 0) {
 #pragma unroll
     for (int s = 0; s < Rows; ++s)
-      if (s < slots)
+      if (s < ex.slots)
 #pragma unroll
         for (int w = 0; w < W; ++w)
-          detail::st_relaxed_gpu(base + w * word_stride + size_t(c) * ws.tile_m + row_of(s), hi | __float_as_uint(part[s][w]));
+          detail::st_relaxed_gpu(sl.base + w * sl.word_stride + size_t(ex.col) * ex.ws.tile_m + row_of(s),
+                                 hi | __float_as_uint(part[s][w]));
   }
+}
+
+// Step 2, polling the partials' own tags: lane l of warp w loads the C states of its row (l / 16) * 64 + 16 w +
+// l % 16, Batch blocks in flight (default: as many as 4 words; a split-phase finish, whose peers have long
+// published, takes more at once), re-polls any word whose tag is not yet this launch's, folds them in column-block
+// order (so every CTA of the row block gets bit-identical results) and calls finish(row, state). Ends with a
+// __syncwarp: the warp's rows are the ones the warp reads back (WGMMA layout).
+template <int W, int Batch = 4 / W, class Fold, class Finish>
+CUTE_DEVICE void l2_collect(L2Exchange const& ex, Fold fold, Finish finish) {
+  const L2Slot sl = l2_slot(ex);
+  const int warp = ex.thread / 32, lane = ex.thread % 32;
   const int row = (lane / 16) * 64 + warp * 16 + lane % 16;
-  if (ws.cols > L2Workspace::kPollCols) {   // many column blocks: one flag per (slot, column block, warp)
-    // the last word's slot holds the flags: [cols][kWarps] after its partials
-    uint32_t* flags = reinterpret_cast<uint32_t*>(base + (W - 1) * word_stride + size_t(ws.cols) * ws.tile_m);
-    __syncwarp();   // the warp's partials are written before lane 0 releases them
-    if (lane == 0) detail::st_release_gpu(flags + c * L2Workspace::kWarps + warp, tag);
-    COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeArrived + 2 * last);
-    for (int cc = lane; cc < ws.cols; cc += 32)
-      while (detail::ld_acquire_gpu(flags + cc * L2Workspace::kWarps + warp) != tag) {
-      }
-    __syncwarp();   // every peer's flag seen by some lane: all its partials are visible to the warp
-    if (row < ws.tile_m) {
-      // the value halves (little-endian) of word w of block cc: col[2 * (w * word_stride + cc * tile_m)]
-      uint32_t const* col = reinterpret_cast<uint32_t const*>(base + row);
-      float acc[W], x[W];
-#pragma unroll
-      for (int w = 0; w < W; ++w) acc[w] = __uint_as_float(detail::ld_relaxed_gpu(col + 2 * w * word_stride));
-#pragma unroll 4
-      for (int cc = 1; cc < ws.cols; ++cc) {
-#pragma unroll
-        for (int w = 0; w < W; ++w)
-          x[w] = __uint_as_float(detail::ld_relaxed_gpu(col + 2 * (w * word_stride + size_t(cc) * ws.tile_m)));
-        fold(acc, x, cc);
-      }
-      finish(row, acc);
-    }
-    COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeComplete + 2 * last);
-    __syncwarp();
-    return;
-  }
-  COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeArrived + 2 * last);
-  if (row < ws.tile_m) {
-    uint64_t const* col = base + row;
+  const uint32_t tag = ex.tag;
+  if (row < ex.ws.tile_m) {
+    uint64_t const* col = sl.base + row;
     float acc[W];
-    constexpr int kBatch = 4 / W;   // blocks of a row in flight together (registers: the carried tile is live)
-    for (int c0 = 0; c0 < ws.cols; c0 += kBatch) {
+    constexpr int kBatch = Batch;   // blocks of a row in flight together (registers: a tile is live)
+    for (int c0 = 0; c0 < ex.ws.cols; c0 += kBatch) {
       uint64_t v[kBatch][W];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k)
-        if (c0 + k < ws.cols)
+        if (c0 + k < ex.ws.cols)
 #pragma unroll
-          for (int w = 0; w < W; ++w) v[k][w] = detail::ld_relaxed_gpu(col + w * word_stride + size_t(c0 + k) * ws.tile_m);
+          for (int w = 0; w < W; ++w) v[k][w] = detail::ld_relaxed_gpu(col + w * sl.word_stride + size_t(c0 + k) * ex.ws.tile_m);
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
-        if (c0 + k < ws.cols) {
+        if (c0 + k < ex.ws.cols) {
           float x[W];
 #pragma unroll
           for (int w = 0; w < W; ++w) {
             while (uint32_t(v[k][w] >> 32) != tag)
-              v[k][w] = detail::ld_relaxed_gpu(col + w * word_stride + size_t(c0 + k) * ws.tile_m);
+              v[k][w] = detail::ld_relaxed_gpu(col + w * sl.word_stride + size_t(c0 + k) * ex.ws.tile_m);
             x[w] = __uint_as_float(uint32_t(v[k][w]));
           }
           if (c0 + k == 0) {
@@ -208,8 +196,61 @@ CUTE_DEVICE void l2_exchange_states(L2Exchange ex, float const (&part)[Rows][W],
     }
     finish(row, acc);
   }
-  COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeComplete + 2 * last);
   __syncwarp();
+}
+
+// Combines per-row partial states of W floats across the C column blocks of row block ex.row_block; the calling
+// warp's lanes finish their rows (finish(row, state) writes the results, typically to SMEM). When the call
+// returns, the warp's own rows are finished and the results visible to the warp (other warps' rows are theirs).
+//   ex.stage:           word w of a state travels in the workspace slot of stage ex.stage + w
+//   part[s], row_of(s): this thread's state for slot s (already reduced across its quad) and its tile row (the
+//                       WGMMA layout above); the first ex.slots entries are used; quad leaders publish them
+//   fold(acc, x, c):    folds column block c's state x into acc (c = 1 .. C-1, in order; acc starts as block 0's)
+// All 32 lanes of each warp of the consumer group call it.
+template <int W, int Rows, class RowOf, class Fold, class Finish>
+CUTE_DEVICE void l2_exchange_states(L2Exchange ex, float const (&part)[Rows][W], RowOf row_of, Fold fold,
+                                    Finish finish) {
+  L2Workspace const& ws = ex.ws;
+  const uint32_t tag = ex.tag;
+  const int c = ex.col, thread = ex.thread;
+  trace::Stamp* const stamps = ex.stamps;
+  const int warp = thread / 32, lane = thread % 32;
+  const int last = ex.stage + W - 1;   // the trace marks and the flags use the last word's slot
+  const L2Slot sl = l2_slot(ex);
+  l2_publish<W>(ex, part, row_of);
+  if (ws.cols > L2Workspace::kPollCols) {   // many column blocks: one flag per (slot, column block, warp)
+    const int row = (lane / 16) * 64 + warp * 16 + lane % 16;
+    // the last word's slot holds the flags: [cols][kWarps] after its partials
+    uint32_t* flags = reinterpret_cast<uint32_t*>(sl.base + (W - 1) * sl.word_stride + size_t(ws.cols) * ws.tile_m);
+    __syncwarp();   // the warp's partials are written before lane 0 releases them
+    if (lane == 0) detail::st_release_gpu(flags + c * L2Workspace::kWarps + warp, tag);
+    COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeArrived + 2 * last);
+    for (int cc = lane; cc < ws.cols; cc += 32)
+      while (detail::ld_acquire_gpu(flags + cc * L2Workspace::kWarps + warp) != tag) {
+      }
+    __syncwarp();   // every peer's flag seen by some lane: all its partials are visible to the warp
+    if (row < ws.tile_m) {
+      // the value halves (little-endian) of word w of block cc: col[2 * (w * word_stride + cc * tile_m)]
+      uint32_t const* col = reinterpret_cast<uint32_t const*>(sl.base + row);
+      float acc[W], x[W];
+#pragma unroll
+      for (int w = 0; w < W; ++w) acc[w] = __uint_as_float(detail::ld_relaxed_gpu(col + 2 * w * sl.word_stride));
+#pragma unroll 4
+      for (int cc = 1; cc < ws.cols; ++cc) {
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+          x[w] = __uint_as_float(detail::ld_relaxed_gpu(col + 2 * (w * sl.word_stride + size_t(cc) * ws.tile_m)));
+        fold(acc, x, cc);
+      }
+      finish(row, acc);
+    }
+    COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeComplete + 2 * last);
+    __syncwarp();
+    return;
+  }
+  COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeArrived + 2 * last);
+  l2_collect<W>(ex, fold, finish);
+  COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeComplete + 2 * last);
 }
 
 // One float per row combined by an associative operator (sum / max / min); out[row] = result * scale.

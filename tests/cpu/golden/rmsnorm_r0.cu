@@ -15,7 +15,7 @@ using namespace comfuse::generated;
 using v0_0 = AccEntry;                              // v0_0 = X @ W
 using v0_1 = RowBroadcast<bf16>;                    // v0_1 = param[0][col]
 using v0_2 = Compute<ops::Add, v0_0, v0_1>;         // v0_2 = v0_0 + v0_1
-using v0_3 = TileLoad<bf16>;                        // v0_3 = param[1][row, col]
+using v0_3 = TileLoadStaged<bf16, 128, 128>;        // v0_3 = param[1][row, col] (staged)
 using v0_4 = Compute<ops::Add, v0_2, v0_3>;         // v0_4 = v0_2 + v0_3
 using v0_5 = Compute<ops::Square, v0_4>;            // v0_5 = square(v0_4)
 using v0_6 = Reduce<RowReduce::Mean, 0, v0_4, ops::Square>; // v0_6 = v0_4; r0 = mean(v0_5) over the row
