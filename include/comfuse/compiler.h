@@ -163,7 +163,9 @@ class CompiledGraph {
   friend class Compiler;
   struct Bound;     // the partition at one row count
   struct Runtime;   // libraries and per-(device, stream) state, behind a lock
-  void run_bound(const BufferMap& buffers, CUstream stream, int64_t rows);
+  void run_bound(const BufferMap& buffers, CUstream stream, int64_t rows);   // validate, prepare, steps, convert
+  void validate_buffers(const BufferMap& buffers) const;
+  struct Launch;    // one run's state and phases (compiler.cpp)
   struct Search;    // one region's choice for one launch (compiler.cpp)
   int choose_candidate(const Search& s);
   std::shared_ptr<const Bound> bound(int64_t rows);

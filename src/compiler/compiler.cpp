@@ -810,61 +810,73 @@ void CompiledGraph::run(const BufferMap& buffers, CUstream stream, const ShapeMa
   run_bound(buffers, stream, rows);
 }
 
-void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t rows) {
-  if (aot_) throw std::logic_error("compiled ahead of time only (CompilerOptions::ahead_of_time): load it to run");
-  // Every graph input and output must be given, 16-byte aligned (checked before any GPU work).
-  {
-    const Graph& g = partition_.graph;
-    for (const Node& n : g.nodes) {
-      bool needed = n.op == OpKind::Input || g.is_output(n.id);
-      if (!needed) continue;
-      auto it = buffers.find(n.name);
-      if (it == buffers.end() || it->second == 0)
-        throw std::invalid_argument(std::string(g.is_output(n.id) ? "output" : "input") + " '" + n.name +
-                                    "' has no device buffer");
-      if (it->second % 16 != 0)
-        throw std::invalid_argument("buffer of '" + n.name + "' is not 16-byte aligned (TMA and vector accesses need it)");
-    }
+// Every graph input and output must be given, 16-byte aligned: checked before any GPU work.
+void CompiledGraph::validate_buffers(const BufferMap& buffers) const {
+  const Graph& g = partition_.graph;
+  for (const Node& n : g.nodes) {
+    bool needed = n.op == OpKind::Input || g.is_output(n.id);
+    if (!needed) continue;
+    auto it = buffers.find(n.name);
+    if (it == buffers.end() || it->second == 0)
+      throw std::invalid_argument(std::string(g.is_output(n.id) ? "output" : "input") + " '" + n.name +
+                                  "' has no device buffer");
+    if (it->second % 16 != 0)
+      throw std::invalid_argument("buffer of '" + n.name + "' is not 16-byte aligned (TMA and vector accesses need it)");
   }
-  const std::shared_ptr<const Bound> bnd = bound(rows);
-  const Partition& part = bnd->p;
-  const Graph& g = part.graph;
+}
 
-  // The stream's context (its device), current for this call only.
-  const rt::StreamContext sc = rt::stream_context(stream, device_);
-  rt::ScopedContext in_context(sc.ctx);
-
+// One run on one stream, in its phases: the constructor binds the shapes, makes the stream's context current,
+// loads the libraries (once) and takes the stream's state (its lock held until the run is enqueued); prepare()
+// sizes buffers, constants, workspaces and batch offsets; step() launches one schedule step; convert_outputs()
+// copies outputs kept in another dtype into the caller's buffers. Everything is ordered on the stream.
+struct CompiledGraph::Launch {
+  CompiledGraph& cg;
+  const BufferMap& buffers;
+  CUstream stream;
+  int64_t rows;
+  std::shared_ptr<const Bound> bnd;
+  const Partition& part;
+  const Graph& g;
+  rt::StreamContext sc;
+  rt::ScopedContext in_context;
   std::shared_ptr<StreamState> st;
-  {
-    std::lock_guard<std::mutex> lock(rt_->mu);
-    if (!rt_->loaded) {   // once: the libraries are process-wide (dlopen), usable on every device
-      for (const auto& r : regions_) {
-        rt_->libs.emplace_back(std::max<size_t>(r.candidates.size(), 1));
-        if (!r.plain) rt_->libs.back()[0] = std::make_shared<rt::KernelLibrary>(r.library_path);   // the prior
-        rt_->set_ids.push_back(set_id_of(r));
+  std::unique_lock<std::mutex> stream_lock;
+  PlainPath* plain = nullptr;
+  bool synced = false;
+
+  Launch(CompiledGraph& c, const BufferMap& b, CUstream s, int64_t r)
+      : cg(c), buffers(b), stream(s), rows(r), bnd(c.bound(r)), part(bnd->p), g(part.graph),
+        sc(rt::stream_context(s, c.device_)), in_context(sc.ctx), st(stream_state()), stream_lock(st->mu),
+        plain(cg.rt_->plain.get()) {}
+
+  // Loads the libraries at the first run (process-wide, usable on every device) and finds this stream's state.
+  std::shared_ptr<StreamState> stream_state() {
+    Runtime& rt = *cg.rt_;
+    std::lock_guard<std::mutex> lock(rt.mu);
+    if (!rt.loaded) {
+      for (const auto& r : cg.regions_) {
+        rt.libs.emplace_back(std::max<size_t>(r.candidates.size(), 1));
+        if (!r.plain) rt.libs.back()[0] = std::make_shared<rt::KernelLibrary>(r.library_path);   // the prior
+        rt.set_ids.push_back(set_id_of(r));
       }
-      if (!plain_library_.empty()) rt_->plain = std::make_shared<PlainPath>(plain_library_);
-      rt_->loaded = true;
+      if (!cg.plain_library_.empty()) rt.plain = std::make_shared<PlainPath>(cg.plain_library_);
+      rt.loaded = true;
     }
-    auto& slot = rt_->streams[{sc.ctx, stream}];
+    auto& slot = rt.streams[{sc.ctx, stream}];
     if (!slot) {
       slot = std::make_shared<StreamState>();
       slot->ctx = sc.ctx;
-      slot->ws.resize(regions_.size());
+      slot->ws.resize(cg.regions_.size());
     }
-    st = slot;
+    return slot;
   }
-  const auto& libs = rt_->libs;
-  PlainPath* plain = rt_->plain.get();
-  std::lock_guard<std::mutex> stream_lock(st->mu);
 
   // Buffers grow for a larger row count: the stream may still be reading the old ones, so wait for it once.
-  bool synced = false;
-  auto wait_once = [&] {
+  void wait_once() {
     if (!synced) rt::synchronize(stream);
     synced = true;
-  };
-  auto ensure = [&](DeviceBuffer& b, size_t bytes) -> CUdeviceptr {
+  }
+  CUdeviceptr ensure(DeviceBuffer& b, size_t bytes) {
     bytes = std::max<size_t>(bytes, 16);
     if (b.ptr && b.bytes >= bytes) return b.ptr;
     if (b.ptr) {
@@ -875,10 +887,9 @@ void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t
     b.ptr = rt::mem_alloc(bytes);
     b.bytes = bytes;
     return b.ptr;
-  };
-  const std::vector<DType>& storage = storage_;
+  }
   // The value of `node` in its storage dtype: the caller's buffer when that has the same dtype, else ours.
-  auto value = [&](int node) -> CUdeviceptr {
+  CUdeviceptr value(int node) {
     const Node& n = g.node(node);
     if (n.op == OpKind::Constant) {
       DeviceBuffer& c = st->constants[node];
@@ -889,68 +900,87 @@ void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t
       }
       return c.ptr;
     }
-    if (auto it = buffers.find(n.name); it != buffers.end() && storage[node] == n.dtype) return it->second;
-    return ensure(st->values[node], static_cast<size_t>(numel(n.shape)) * dtype_bytes(storage[node]));
-  };
+    if (auto it = buffers.find(n.name); it != buffers.end() && cg.storage_[node] == n.dtype) return it->second;
+    return ensure(st->values[node], static_cast<size_t>(numel(n.shape)) * dtype_bytes(cg.storage_[node]));
+  }
   // The value of `node` as `dt` (converted now, after its producer ran, when the storage dtype differs).
-  auto as = [&](int node, DType dt) -> CUdeviceptr {
-    if (storage[node] == dt) return value(node);
+  CUdeviceptr as(int node, DType dt) {
+    if (cg.storage_[node] == dt) return value(node);
     const Node& n = g.node(node);
     CUdeviceptr slot = ensure(st->converted[{node, static_cast<int>(dt)}], static_cast<size_t>(numel(n.shape)) * dtype_bytes(dt));
     if (!plain) throw std::logic_error("a dtype conversion needs the plain GPU path library");
-    plain->convert(value(node), storage[node], slot, dt, numel(n.shape), stream);
+    plain->convert(value(node), cg.storage_[node], slot, dt, numel(n.shape), stream);
     return slot;
-  };
+  }
 
-  // Setup before any launch (all ordered on the stream): buffers, constants, workspaces, batch offsets.
-  for (const Step& step : part.schedule) {
-    std::vector<int> plain_nodes;
-    if (!step.is_region) plain_nodes.push_back(step.index);
-    else if (regions_[step.index].plain) plain_nodes = part.regions[step.index].nodes;
-    for (int id : plain_nodes) {
-      for (int x : g.node(id).inputs) (void)value(x);
-      (void)value(id);
-      std::vector<int64_t> off = PlainPath::prepare(g, g.node(id));
-      if (off.empty()) continue;
-      auto& [at_rows, buf] = st->offsets[id];
-      const size_t bytes = off.size() * sizeof(int64_t);
-      const bool fresh = !buf.ptr || buf.bytes < std::max<size_t>(bytes, 16);
-      ensure(buf, bytes);
-      if (fresh || at_rows != rows) rt::copy_to_device_async(buf.ptr, off.data(), bytes, stream);
-      at_rows = rows;
-    }
-    if (!step.is_region || regions_[step.index].plain) continue;
-    const FusionSpec& fs = part.regions[step.index].spec;
-    ReductionWorkspace& w = st->ws[step.index];
-    if (fs.num_stages() > 1 && (!w.partials || w.rows < fs.gemm.rows)) {
-      if (w.partials) wait_once();
-      w.allocate(*libs[step.index][0], fs.gemm.rows, fs.gemm.n, stream ? stream : CU_STREAM_LEGACY);
+  // Before any launch: every value's buffer, the constants, the plain path's batch offsets, the workspaces.
+  void prepare() {
+    for (const Step& step : part.schedule) {
+      std::vector<int> plain_nodes;
+      if (!step.is_region) plain_nodes.push_back(step.index);
+      else if (cg.regions_[step.index].plain) plain_nodes = part.regions[step.index].nodes;
+      for (int id : plain_nodes) {
+        for (int x : g.node(id).inputs) (void)value(x);
+        (void)value(id);
+        std::vector<int64_t> off = PlainPath::prepare(g, g.node(id));
+        if (off.empty()) continue;
+        auto& [at_rows, buf] = st->offsets[id];
+        const size_t bytes = off.size() * sizeof(int64_t);
+        const bool fresh = !buf.ptr || buf.bytes < std::max<size_t>(bytes, 16);
+        ensure(buf, bytes);
+        if (fresh || at_rows != rows) rt::copy_to_device_async(buf.ptr, off.data(), bytes, stream);
+        at_rows = rows;
+      }
+      if (!step.is_region || cg.regions_[step.index].plain) continue;
+      const FusionSpec& fs = part.regions[step.index].spec;
+      ReductionWorkspace& w = st->ws[step.index];
+      if (fs.num_stages() > 1 && (!w.partials || w.rows < fs.gemm.rows)) {
+        if (w.partials) wait_once();
+        w.allocate(*cg.rt_->libs[step.index][0], fs.gemm.rows, fs.gemm.n, stream ? stream : CU_STREAM_LEGACY);
+      }
     }
   }
 
-  auto run_plain = [&](int id) {
+  void run_plain(int id) {
     const Node& n = g.node(id);
     std::vector<CUdeviceptr> in;
     std::vector<DType> dts;
     for (int x : n.inputs) {
       in.push_back(value(x));
-      dts.push_back(g.node(x).op == OpKind::Constant ? DType::F32 : storage[x]);
+      dts.push_back(g.node(x).op == OpKind::Constant ? DType::F32 : cg.storage_[x]);
     }
     auto off = st->offsets.find(id);
-    plain->run(g, n, in, dts, value(id), storage[id], stream, off == st->offsets.end() ? 0 : off->second.second.ptr);
-  };
-  for (const Step& step : part.schedule) {
-    if (!step.is_region) {
-      run_plain(step.index);
-      continue;
+    plain->run(g, n, in, dts, value(id), cg.storage_[id], stream, off == st->offsets.end() ? 0 : off->second.second.ptr);
+  }
+
+  // The kernel library of a fused region for this launch: the prior, or the config search's choice for this M
+  // bucket (regions with row reductions have one candidate).
+  const rt::KernelLibrary& library(int region, const FusionSpec& fs, const ComfuseKernelArgs& a) {
+    const CompiledRegion& cr = cg.regions_[region];
+    const rt::KernelLibrary* chosen = cg.rt_->libs[region][0].get();
+    if (cr.candidates.size() > 1 && fs.num_stages() == 1) {
+      Search srch;
+      srch.region = region;
+      srch.rows = fs.gemm.rows;
+      srch.args = &a;
+      srch.stream = stream;
+      srch.device = sc.info.name;
+      if (const int c = cg.choose_candidate(srch); c > 0) {
+        std::lock_guard<std::mutex> lock(cg.rt_->mu);
+        auto& slot = cg.rt_->libs[region][c];
+        try {
+          if (!slot) slot = std::make_shared<rt::KernelLibrary>(cr.candidates[c].library_path);   // a recorded choice
+        } catch (const rt::RuntimeError&) {   // it does not load here: the prior serves
+        }
+        if (slot && slot->check(a).empty()) chosen = slot.get();
+      }
     }
-    if (regions_[step.index].plain) {
-      for (int id : part.regions[step.index].nodes) run_plain(id);
-      continue;
-    }
-    const Region& reg = part.regions[step.index];
-    const FusionSpec& fs = reg.spec;
-    const CompiledRegion& cr = regions_[step.index];
+    return *chosen;
+  }
+
+  void run_region(int region) {
+    const FusionSpec& fs = part.regions[region].spec;
+    const CompiledRegion& cr = cg.regions_[region];
     ComfuseKernelArgs a = kernel_args(fs, fs.gemm.rows, reinterpret_cast<const void*>(as(fs.gemm.a, fs.gemm.dtype)),
                                       reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype)), cr.plan.transport);
     for (size_t i = 0; i < fs.outputs.size(); ++i) a.out[i] = reinterpret_cast<void*>(value(fs.outputs[i].node));
@@ -959,33 +989,14 @@ void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t
       if (prm.node < 0) throw std::logic_error("runtime parameter '" + prm.name + "' has no graph node");
       a.param[i] = reinterpret_cast<const void*>(as(prm.node, prm.dtype));
     }
-    ReductionWorkspace& w = st->ws[step.index];
+    ReductionWorkspace& w = st->ws[region];
     if (fs.num_stages() > 1) {
       a.ws_partials = reinterpret_cast<float*>(w.partials);
       a.ws_counters = reinterpret_cast<int*>(w.counters);
     }
-    // The config: the prior, or the search's choice for this M bucket (regions with row reductions have one).
-    const rt::KernelLibrary* chosen = libs[step.index][0].get();
-    if (cr.candidates.size() > 1 && fs.num_stages() == 1) {
-      Search srch;
-      srch.region = step.index;
-      srch.rows = fs.gemm.rows;
-      srch.args = &a;
-      srch.stream = stream;
-      srch.device = sc.info.name;
-      if (const int c = choose_candidate(srch); c > 0) {
-        std::lock_guard<std::mutex> lock(rt_->mu);
-        auto& slot = rt_->libs[step.index][c];
-        try {
-          if (!slot) slot = std::make_shared<rt::KernelLibrary>(cr.candidates[c].library_path);   // a recorded choice
-        } catch (const rt::RuntimeError&) {   // it does not load here: the prior serves
-        }
-        if (slot && slot->check(a).empty()) chosen = slot.get();
-      }
-    }
-    const rt::KernelLibrary& lib = *chosen;
+    const rt::KernelLibrary& lib = library(region, fs, a);
     if (std::string why = lib.check(a); !why.empty())
-      throw std::invalid_argument("region " + std::to_string(step.index) + " (" + cr.kernel.name + "): " + why);
+      throw std::invalid_argument("region " + std::to_string(region) + " (" + cr.kernel.name + "): " + why);
     try {
       lib.launch(a, stream);
     } catch (...) {
@@ -997,13 +1008,34 @@ void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t
       throw;
     }
   }
-  // Graph outputs kept in another dtype than their own: into the caller's buffers.
-  for (const Output& o : g.outputs) {
-    const Node& n = g.node(o.node);
-    if (n.op == OpKind::Input || storage[o.node] == n.dtype) continue;
-    if (!plain) throw std::logic_error("a dtype conversion needs the plain GPU path library");
-    plain->convert(value(o.node), storage[o.node], buffers.at(n.name), n.dtype, numel(n.shape), stream);
+
+  void step(const Step& s) {
+    if (!s.is_region) return run_plain(s.index);
+    if (cg.regions_[s.index].plain) {
+      for (int id : part.regions[s.index].nodes) run_plain(id);
+      return;
+    }
+    run_region(s.index);
   }
+
+  // Graph outputs kept in another dtype than their own: into the caller's buffers.
+  void convert_outputs() {
+    for (const Output& o : g.outputs) {
+      const Node& n = g.node(o.node);
+      if (n.op == OpKind::Input || cg.storage_[o.node] == n.dtype) continue;
+      if (!plain) throw std::logic_error("a dtype conversion needs the plain GPU path library");
+      plain->convert(value(o.node), cg.storage_[o.node], buffers.at(n.name), n.dtype, numel(n.shape), stream);
+    }
+  }
+};
+
+void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t rows) {
+  if (aot_) throw std::logic_error("compiled ahead of time only (CompilerOptions::ahead_of_time): load it to run");
+  validate_buffers(buffers);
+  Launch l(*this, buffers, stream, rows);
+  l.prepare();
+  for (const Step& step : l.part.schedule) l.step(step);
+  l.convert_outputs();
 }
 }  // namespace comfuse
 
