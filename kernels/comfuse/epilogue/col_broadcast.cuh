@@ -15,6 +15,7 @@ struct ColBroadcast {
   };
   static constexpr int kStage = 0;
   static constexpr bool kUsesSmem = true;
+  static constexpr bool kPerRow = true;
   static constexpr int kChunk = 16 / sizeof(T);
 
   T const* ptr;

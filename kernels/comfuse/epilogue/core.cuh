@@ -229,6 +229,10 @@ template <class Node> CUTE_DEVICE void init(typename Node::SharedStorage& s) {
 template <class Node, class = void> struct NeedsCoResidency : std::false_type {};
 template <class Node> struct NeedsCoResidency<Node, std::void_t<decltype(Node::kNeedsCoResidency)>>
     : std::bool_constant<Node::kNeedsCoResidency> {};
+// A node whose value depends on the row only (RowResult, Scalar, ColBroadcast, and Compute over such nodes): a
+// parent may compute it once per row slot instead of once per fragment (compute.cuh).
+template <class Node, class = void> struct PerRow : std::false_type {};
+template <class Node> struct PerRow<Node, std::void_t<decltype(Node::kPerRow)>> : std::bool_constant<Node::kPerRow> {};
 // Split-phase epilogue (StageStream<.., Deferred = true>) or not: the kernel then runs it in two turns.
 template <class Node, class = void> struct IsDeferred : std::false_type {};
 template <class Node> struct IsDeferred<Node, std::void_t<decltype(Node::kDeferred)>> : std::bool_constant<Node::kDeferred> {};

@@ -380,6 +380,7 @@ struct RowResult {
   struct SharedStorage {};
   static constexpr int kStage = 0;
   static constexpr bool kUsesSmem = false;
+  static constexpr bool kPerRow = true;
   float const* rows;
   CUTE_DEVICE RowResult(Arguments const&, SharedStorage&, TileCtx const& c) : rows(c.row_results + Id * kMaxTileM) {}
   CUTE_DEVICE void prefetch() {}

@@ -13,6 +13,7 @@ struct Scalar {
   struct SharedStorage {};
   static constexpr int kStage = 0;
   static constexpr bool kUsesSmem = false;
+  static constexpr bool kPerRow = true;
 
   float v;
   CUTE_DEVICE Scalar(Arguments const& a, SharedStorage&, TileCtx const&)
