@@ -34,6 +34,14 @@ struct GeneratedKernel {
 // partition asks Phi (phi_rejects, lower.h); no source is written.
 std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig& cfg);
 
+// Whether Psi stages the [rows, N] inputs (a residual) of `fs` through SMEM before the mainloop (TileLoadStaged)
+// for `cfg`, rather than reading them in the epilogue (TileLoad). Measured on the H200 (docs/PERF.md, 2026-12-01,
+// fourth session): it wins for PingPong at K <= 1024, where the epilogue is as long as the mainloop (RMSNorm
+// 16384x1024x1024: 77 -> 70 us; 8192x768x768: 31 -> 28 us), if the inputs fit one padded 128 x 128 16-bit tile per
+// consumer group (~35 KB, which the stage ring gives up); it loses at K >= 3072 (8192x4096x4096: 409 -> 464 us)
+// and in the cooperative schedule, whose 48 KB stages it leaves too few (16384x1024x1024: 74 -> 95 us).
+bool psi_stages_tile_inputs(const FusionSpec& fs, const KernelConfig& cfg);
+
 // Renders `fs` for `cfg`; throws CodegenError with psi_rejects' reason where it cannot. The TU defines, in
 // namespace <name>, only what differs between kernels (comfuse/generated_unit.cuh has the rest):
 //   using v<stage>_<node> = ...;           one alias per Spec node, with its math as a comment

@@ -163,27 +163,11 @@ class Psi {
     }
   }
 
-  // [rows, N] inputs (a residual) are staged through the consumer group's SMEM by copies issued before the
-  // mainloop (TileLoadStaged) when K is short and they fit the budget below, else read in the epilogue (TileLoad).
-  // Returns the staged node's template arguments after the element type (", <group rows>, <tile N>"), or "".
-  // Budget: one 128 x 128 (or 64 x 256) 16-bit tile per group, ~35 KB, which the mainloop's stage ring gives up
-  // (a 128 x 192 tile, or two tile inputs, would cost it too many stages). Measured on the H200 (docs/PERF.md,
-  // 2026-12-01, fourth session): staging wins at K <= 1024, where the epilogue is as long as the mainloop
-  // (RMSNorm 16384x1024x1024: 77 -> 70 us; 8192x768x768: 31 -> 28 us), and loses at K >= 3072, where the fewer
-  // stages cost the longer mainloop more (8192x4096x4096: 409 -> 464 us).
-  static constexpr long kStageTilesMaxK = 1024;
+  // staged_tile_type(): see psi_stages_tile_inputs (codegen.h). Returns the staged node's template arguments
+  // after the element type (", <group rows>, <tile N>"), or "" for TileLoad.
   static std::string staged_tile_type(const FusionSpec& fs, const KernelConfig& cfg) {
-    if (fs.gemm.k > kStageTilesMaxK) return "";
-    int tiles = 0, elem = 0;
-    for (const Spec* st : fs.stages())
-      for (const SpecNode& n : st->nodes)
-        if (n.kind == SpecKind::Broadcast && n.bcast == BroadcastKind::Tile) {
-          ++tiles;
-          elem = std::max(elem, fs.params[n.param].dtype == DType::F32 ? 4 : 2);
-        }
+    if (!psi_stages_tile_inputs(fs, cfg)) return "";
     const int rows = cfg.cooperative ? cfg.tile_m / 2 : cfg.tile_m;
-    constexpr long kBudget = 128L * (128 + 8) * 2;   // bytes per consumer group
-    if (tiles == 0 || long(tiles) * rows * (cfg.tile_n + 16 / elem) * elem > kBudget) return "";
     return ", " + std::to_string(rows) + ", " + std::to_string(cfg.tile_n);
   }
 
@@ -440,6 +424,19 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
 }
 
 }  // namespace
+
+bool psi_stages_tile_inputs(const FusionSpec& fs, const KernelConfig& cfg) {
+  if (fs.gemm.k > 1024 || cfg.cooperative) return false;
+  int tiles = 0, elem = 0;
+  for (const Spec* st : fs.stages())
+    for (const SpecNode& n : st->nodes)
+      if (n.kind == SpecKind::Broadcast && n.bcast == BroadcastKind::Tile) {
+        ++tiles;
+        elem = std::max(elem, fs.params[n.param].dtype == DType::F32 ? 4 : 2);
+      }
+  constexpr long kBudget = 128L * (128 + 8) * 2;   // bytes per consumer group: one padded 128 x 128 16-bit tile
+  return tiles > 0 && long(tiles) * cfg.tile_m * (cfg.tile_n + 16 / elem) * elem <= kBudget;
+}
 
 std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig& cfg) {
   try {

@@ -85,10 +85,21 @@ bool has_tile_param(const FusionSpec& fs) {
   return false;
 }
 
-// A measured row of epilogue class `cls` whose config (parsed into c) can serve `fs`.
+// A measured row's config (parsed into c): a config name, or one with "_sr", an instance whose residual tile is
+// staged through SMEM before the mainloop (TileLoadStaged). Other instance forms ("_mg", "_sp") are not Psi's.
+bool row_config(const MeasuredRow& f, KernelConfig& c, bool& staged) {
+  const std::string sr = "_sr";
+  staged = f.config.size() > sr.size() && f.config.compare(f.config.size() - sr.size(), sr.size(), sr) == 0;
+  return parse_config(staged ? f.config.substr(0, f.config.size() - sr.size()) : f.config, c);
+}
+
+// A measured row of epilogue class `cls` whose config (parsed into c) can serve `fs`, measured with the residual
+// read the way Psi will render it for that config (staged or in the epilogue: psi_stages_tile_inputs).
 bool eligible(const MeasuredRow& f, const FusionSpec& fs, const std::string& cls, KernelConfig& c) {
   const bool reduces = fs.num_stages() > 1;
-  if (f.epilogue != cls || !parse_config(f.config, c)) return false;
+  bool staged = false;
+  if (f.epilogue != cls || !row_config(f, c, staged)) return false;
+  if (staged != psi_stages_tile_inputs(fs, c)) return false;
   if (has_tile_param(fs) && c.tile_n > 128 && !c.cooperative) return false;  // PingPong 128x192 + a residual tile spills (docs/PERF.md)
   // A DSMEM measurement only applies where this shape's row block fits one cluster.
   if (reduces && f.transport.rfind("dsmem", 0) == 0 && (fs.gemm.n + c.tile_n - 1) / c.tile_n > kDsmemMaxCols) return false;
@@ -319,7 +330,8 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
     cublas = &r;
   }
   if (!best) return decline("no measurement of a '" + cls + "' kernel to plan from (src/plan/measured.csv)");
-  parse_config(best->config, d.config);
+  bool staged = false;
+  row_config(*best, d.config, staged);
   if (reduces && !best->transport.empty()) d.transport = best->transport;
   pick_candidates(d, fs, cls, *best, table);
 

@@ -253,10 +253,11 @@ TEST(PlanCandidates, RowReductionsKeepTheirPriorAlone) {
 }
 
 TEST(PlanCandidates, AResidualTileKeepsPingPongAt128Columns) {
-  // PingPong 128x192 with a residual tile spills (the prior's filter): no candidate either
+  // PingPong 128x192 with a residual tile spills (the prior's filter): no candidate either. (128x128 at K = 1024
+  // stages the residual, so its measurement is the "_sr" instance's.)
   auto table = parse_measured_table(std::string(kHeader) +
       "16384,1024,1024,cublas,x,identity,50.0\n"
-      "16384,1024,1024,a,128x128x64_c1x1,bias_res_2out,60.0\n"
+      "16384,1024,1024,a,128x128x64_c1x1_sr,bias_res_2out,60.0\n"
       "16384,1024,1024,b,128x192x64_c2x1,bias_res_2out,59.0\n"
       "16384,1024,1024,c,128x256x64_c2x1_coop,bias_res_2out,61.0\n");
   const std::string body = "input R : bf16[16384, 1024]\nx = add(add(h, b), R)\ny = gelu(x)\noutput x\noutput y\n";
@@ -281,4 +282,26 @@ TEST(PlanCandidates, ConfigNamesRoundTrip) {
   // bench variants Psi does not emit are not configs: a fixed tile order, merged or SMEM-staged epilogues
   for (const std::string s : {"128x256x64_c2x1_coop_r8", "128x128x64_c1x1_mg", "128x128x64_c1x8_sr"})
     EXPECT_FALSE(parse_config(s, c)) << s;
+}
+
+TEST(Plan, AResidualIsPlannedFromRowsMeasuredTheWayPsiReadsIt) {
+  // Psi stages a residual tile through SMEM for PingPong at K <= 1024 (psi_stages_tile_inputs): there the planner
+  // takes the "_sr" instances' times, elsewhere the in-epilogue ones
+  auto table = parse_measured_table(
+      "M,K,N,variant,config,epilogue,us\n"
+      "16384,1024,1024,cublas,x,identity,50.0\n"
+      "16384,1024,1024,a,128x128x64_c1x1,rmsnorm,77.0\n"
+      "16384,1024,1024,b,128x128x64_c1x1_sr,rmsnorm,70.0\n"
+      "16384,1024,1024,c,128x256x64_c1x1_coop,rmsnorm,74.0\n"
+      "16384,1024,1024,d,128x256x64_c1x1_coop_sr,rmsnorm,60.0\n"
+      "8192,4096,4096,cublas,x,identity,400.0\n"
+      "8192,4096,4096,a,128x128x64_c1x1,rmsnorm,409.0\n"
+      "8192,4096,4096,b,128x128x64_c1x1_sr,rmsnorm,300.0\n");
+  const std::string rms = "input R : bf16[16384, 1024]\ny = rms_norm(add(add(h, b), R), g)\noutput y\n";
+  PlanDecision short_k = plan_region(spec_of(gemm(16384, 1024, 1024, rms)), table);
+  EXPECT_EQ(config_name(short_k.config), "128x128x64_c1x1") << short_k.reason;   // the staged row, 70 us
+  EXPECT_NE(short_k.reason.find("1.400x"), std::string::npos) << short_k.reason;
+  const std::string rms_long = "input R : bf16[8192, 4096]\ny = rms_norm(add(add(h, b), R), g)\noutput y\n";
+  PlanDecision long_k = plan_region(spec_of(gemm(8192, 4096, 4096, rms_long)), table);
+  EXPECT_NE(long_k.reason.find("1.022x"), std::string::npos) << long_k.reason;   // 409 us: read in the epilogue
 }
