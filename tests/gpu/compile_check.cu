@@ -47,7 +47,9 @@ cudaError_t compile_check_launch_c(Gemm<CfgA, composed::LnSoftmax>::Arguments co
 static_assert(composed::LnSoftmax::kReductions == 4 && composed::PostNorm::kReductions == 2 && composed::Softmax::kReductions == 2 &&
                   composed::RmsNorm::kReductions == 1,
               "StageStream numbers its exchanges per tile");
-static_assert(sizeof(composed::PostNormStaged::SharedStorage) >= sizeof(composed::PostNorm::SharedStorage) + 128 * (128 + 8) * 2,
+static_assert(sizeof(composed::StagedR::SharedStorage) == 128 * (128 + 8) * 2 &&
+                  sizeof(composed::PostNormStaged::SharedStorage) >=
+                      sizeof(composed::PostNorm::SharedStorage) + 128 * (128 + 8) * 2 - 16,
               "TileLoadStaged's padded tile is part of the consumer group's epilogue SMEM");
 static_assert(!GemmKernel<CfgA, composed::PostNorm>::kDeferred && GemmKernel<CfgA, composed::RmsNormDeferred>::kDeferred &&
                   composed::PostNormDeferred::kSplitStage == 1 && composed::RmsNormDeferred::kSplitStage == 0,
