@@ -39,7 +39,8 @@ std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig&
 // fourth session): it wins for PingPong at K <= 1024, where the epilogue is as long as the mainloop (RMSNorm
 // 16384x1024x1024: 77 -> 70 us; 8192x768x768: 31 -> 28 us), if the inputs fit one padded 128 x 128 16-bit tile per
 // consumer group (~35 KB, which the stage ring gives up); it loses at K >= 3072 (8192x4096x4096: 409 -> 464 us)
-// and in the cooperative schedule, whose 48 KB stages it leaves too few (16384x1024x1024: 74 -> 95 us).
+// and in the cooperative schedule, whose 48 KB stages it leaves too few (16384x1024x1024: 74 -> 95 us). The nodes
+// are counted as the rendered tree holds them: a value read twice instantiates its subtree, and SMEM, twice.
 bool psi_stages_tile_inputs(const FusionSpec& fs, const KernelConfig& cfg);
 
 // Renders `fs` for `cfg`; throws CodegenError with psi_rejects' reason where it cannot. The TU defines, in

@@ -15,9 +15,12 @@
 // Specs the templates cannot express raise CodegenError with the reason; psi_rejects() asks without rendering
 // the source (the planner declines the region).
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <optional>
 #include <iomanip>
+#include <functional>
+#include <map>
 #include <sstream>
 
 #include "comfuse/abi.h"  // the entry points' limits on outputs and parameters
@@ -108,7 +111,9 @@ std::string compact(const std::string& init) {
 
 class Psi {
  public:
-  Psi(const FusionSpec& fs, const KernelConfig& cfg) : fs_(fs), st_(fs.stages()), staged_(staged_tile_type(fs, cfg)) {
+  // stage_tiles: render [rows, N] inputs as TileLoadStaged (psi_stages_tile_inputs decides), else TileLoad.
+  Psi(const FusionSpec& fs, const KernelConfig& cfg, bool stage_tiles)
+      : fs_(fs), st_(fs.stages()), staged_(stage_tiles ? staged_tile_args(cfg) : "") {
     constexpr int kMaxReductions = 4;  // kernels/comfuse/epilogue/reduce.cuh
     if (static_cast<int>(st_.size()) - 1 > kMaxReductions)
       throw CodegenError("more than " + std::to_string(kMaxReductions) + " chained reductions");
@@ -163,12 +168,36 @@ class Psi {
     }
   }
 
-  // staged_tile_type(): see psi_stages_tile_inputs (codegen.h). Returns the staged node's template arguments
-  // after the element type (", <group rows>, <tile N>"), or "" for TileLoad.
-  static std::string staged_tile_type(const FusionSpec& fs, const KernelConfig& cfg) {
-    if (!psi_stages_tile_inputs(fs, cfg)) return "";
+  // TileLoadStaged's template arguments after the element type: ", <group rows>, <tile N>".
+  static std::string staged_tile_args(const KernelConfig& cfg) {
     const int rows = cfg.cooperative ? cfg.tile_m / 2 : cfg.tile_m;
     return ", " + std::to_string(rows) + ", " + std::to_string(cfg.tile_n);
+  }
+
+  // How many TileLoadStaged nodes the epilogue type holds with its aliases expanded. Each has its own SMEM, and a
+  // value read twice is instantiated twice (the type is a tree, not a DAG): min(R, ...) squared holds two.
+  int staged_nodes() const {
+    std::map<std::string, int> memo;
+    std::function<int(const std::string&)> count = [&](const std::string& t) {
+      int c = 0;
+      for (size_t at = t.find("TileLoadStaged<"); at != std::string::npos; at = t.find("TileLoadStaged<", at + 1)) ++c;
+      for (size_t i = 0; i < t.size();) {
+        if (!std::isalpha(static_cast<unsigned char>(t[i])) && t[i] != '_') {
+          ++i;
+          continue;
+        }
+        size_t j = i;
+        while (j < t.size() && (std::isalnum(static_cast<unsigned char>(t[j])) || t[j] == '_')) ++j;
+        const std::string w = t.substr(i, j - i);
+        if (auto a = alias_types_.find(w); a != alias_types_.end()) {
+          auto m = memo.find(w);
+          c += m != memo.end() ? m->second : (memo[w] = count(a->second));
+        }
+        i = j;
+      }
+      return c;
+    };
+    return count(epilogue_type(0));
   }
 
   size_t stages() const { return st_.size(); }
@@ -183,6 +212,7 @@ class Psi {
 
   // Writes `using <name> = <type>;  // <math>`, the comment aligned where the line leaves room for it.
   void type_line(size_t k, const std::string& name, const std::string& type, const std::string& comment) {
+    alias_types_[name] = type;
     std::string line = indent(k) + "using " + name + " = " + type + ";";
     if (!comment.empty()) line += std::string(line.size() < 52 ? 52 - line.size() : 1, ' ') + "// " + comment;
     types_ << line << "\n";
@@ -253,6 +283,7 @@ class Psi {
     visits += names_[k][roots.back()];
     flat += names_[k][roots.back()] + close;
     wrapped += ", " + names_[k][roots.back()] + close;
+    alias_types_[name] = flat;
     types_ << indent(k) << "// stage " << k << " visits " << visits << (carry >= 0 ? " (the first is carried on)" : "")
            << "\n" << head << (head.size() + flat.size() + 1 <= 120 ? flat : wrapped) << ";\n";
     init = compact(init);
@@ -395,7 +426,8 @@ class Psi {
   const FusionSpec& fs_;
   std::vector<const Spec*> st_;
   std::vector<int> carried_;
-  std::string staged_;   // staged_tile_type(): how [rows, N] inputs are read
+  std::string staged_;   // TileLoadStaged's arguments after the type, or "": [rows, N] inputs read by TileLoad
+  std::map<std::string, std::string> alias_types_;   // every alias the unit defines -> its type
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
   std::vector<std::string> tree_types_, tree_args_;      // per stage: its tree's type and Arguments expression
   std::ostringstream types_, args_body_;
@@ -427,21 +459,24 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
 
 bool psi_stages_tile_inputs(const FusionSpec& fs, const KernelConfig& cfg) {
   if (fs.gemm.k > 1024 || cfg.cooperative) return false;
-  int tiles = 0, elem = 0;
-  for (const Spec* st : fs.stages())
-    for (const SpecNode& n : st->nodes)
-      if (n.kind == SpecKind::Broadcast && n.bcast == BroadcastKind::Tile) {
-        ++tiles;
-        elem = std::max(elem, fs.params[n.param].dtype == DType::F32 ? 4 : 2);
-      }
+  int elem = 0;
+  for (const auto& p : fs.params)
+    if (p.kind == BroadcastKind::Tile) elem = std::max(elem, p.dtype == DType::F32 ? 4 : 2);
+  if (elem == 0) return false;
   constexpr long kBudget = 128L * (128 + 8) * 2;   // bytes per consumer group: one padded 128 x 128 16-bit tile
-  return tiles > 0 && long(tiles) * cfg.tile_m * (cfg.tile_n + 16 / elem) * elem <= kBudget;
+  const long per_node = long(cfg.tile_m) * (cfg.tile_n + 16 / elem) * elem;
+  try {
+    check_limits(fs, cfg);
+    return long(Psi(fs, cfg, true).staged_nodes()) * per_node <= kBudget;   // the nodes as the tree holds them
+  } catch (const CodegenError&) {
+    return false;
+  }
 }
 
 std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig& cfg) {
   try {
     check_limits(fs, cfg);
-    Psi psi(fs, cfg);
+    Psi psi(fs, cfg, false);
   } catch (const CodegenError& e) {
     return e.what();
   }
@@ -450,7 +485,7 @@ std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig&
 
 GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   check_limits(fs, cfg);
-  Psi psi(fs, cfg);
+  Psi psi(fs, cfg, psi_stages_tile_inputs(fs, cfg));
   std::ostringstream hash;
   hash << std::hex << std::setw(16) << std::setfill('0') << spec_structural_hash(fs);
   GeneratedKernel g;

@@ -220,4 +220,14 @@ TEST(Codegen, StagesTileInputsAtShortKWhereTheyFit) {
   EXPECT_NE(type(fs, wide).find("TileLoad<bf16>"), std::string::npos);
   fs.gemm.k = 4096;                                         // long K: the stages are worth more
   EXPECT_EQ(type(fs, pingpong).find("TileLoadStaged"), std::string::npos);
+  // A residual read twice in the tree (m = min(h, R) squared: the type holds min(h, R) twice) would need two
+  // staged tiles per group, more than the budget: read in the epilogue instead (seen as an nvcc SMEM overflow).
+  Partition twice = partition(parse_cf(
+      "input X : bf16[636, 184]\ninput W : bf16[184, 512]\ninput R : bf16[636, 512]\nh = matmul(X, W)\n"
+      "m = min(h, R)\ny = mul(m, m)\noutput y\n",
+      "t.cf"));
+  const FusionSpec& t = twice.regions.at(0).spec;
+  EXPECT_FALSE(psi_stages_tile_inputs(t, pingpong));
+  EXPECT_EQ(type(t, pingpong).find("TileLoadStaged"), std::string::npos);
+  EXPECT_NE(type(t, pingpong).find("TileLoad<bf16>"), std::string::npos);
 }
