@@ -13,6 +13,7 @@
 #include "comfuse/codegen.h"
 #include "comfuse/partition.h"
 #include "comfuse/text.h"
+#include "random_program.h"
 
 using namespace comfuse;
 namespace fs = std::filesystem;
@@ -230,4 +231,46 @@ TEST(Codegen, StagesTileInputsAtShortKWhereTheyFit) {
   EXPECT_FALSE(psi_stages_tile_inputs(t, pingpong));
   EXPECT_EQ(type(t, pingpong).find("TileLoadStaged"), std::string::npos);
   EXPECT_NE(type(t, pingpong).find("TileLoad<bf16>"), std::string::npos);
+}
+
+// Every staged residual tile takes its own SMEM, and a value read twice instantiates its subtree twice: over random
+// programs and the configs Psi serves, the expanded tree never holds more staged tiles than the budget allows, and
+// holds some exactly when psi_stages_tile_inputs says so (two random programs once overflowed SMEM at nvcc).
+TEST(Codegen, StagedTilesStayWithinTheirSmemBudget) {
+  comfuse::test::RandomSizes sizes;
+  sizes.align = 8;
+  sizes.n_hi = 512;
+  sizes.k_hi = 256;
+  std::vector<KernelConfig> configs(4);
+  configs[1].tile_n = 192;                                             // PingPong 128 x 192
+  configs[2].tile_m = 64, configs[2].tile_n = 256;                     // PingPong 64 x 256
+  configs[3].tile_n = 256, configs[3].cooperative = true;              // Cooperative 128 x 256
+  int staged = 0, with_tiles = 0;
+  for (int i = 0; i < 400; ++i) {
+    comfuse::test::RandomProgram prog(4242ull * 1000003ull + i, /*with_unsupported=*/false, sizes);
+    prog.build();
+    Partition p = partition(prog.g);
+    for (const Region& r : p.regions) {
+      bool tile = false;
+      for (const auto& prm : r.spec.params) tile = tile || prm.kind == BroadcastKind::Tile;
+      if (!tile) continue;
+      ++with_tiles;
+      for (const KernelConfig& c : configs) {
+        std::string src;
+        try {
+          src = generate_kernel(r.spec, c).source;
+        } catch (const CodegenError&) {
+          continue;
+        }
+        const std::string type = expanded_epilogue(src);
+        int n = 0;
+        for (size_t at = type.find("TileLoadStaged<"); at != std::string::npos; at = type.find("TileLoadStaged<", at + 1)) ++n;
+        EXPECT_EQ(n > 0, psi_stages_tile_inputs(r.spec, c)) << src;
+        EXPECT_LE(long(n) * c.tile_m * (c.tile_n + 8) * 2, 128L * (128 + 8) * 2) << src;   // bf16 tiles
+        staged += n > 0;
+      }
+    }
+  }
+  EXPECT_GT(with_tiles, 20);   // the generator makes residual programs, and some of them are staged
+  EXPECT_GT(staged, 5);
 }
