@@ -202,13 +202,7 @@ int main(int argc, char** argv) {
     CF_CHECK(cudaMemset(ws_partials, 0, reduce_workspace_bytes(s.M, s.N)));   // zeroed with the counters
     CF_CHECK(cudaMalloc(&ws_counters, reduce_counter_bytes(s.M)));
     CF_CHECK(cudaMemset(ws_counters, 0, reduce_counter_bytes(s.M)));
-    float* scratch;   // split-phase epilogues' carried tiles: poisoned, so a read of an unwritten slot shows
-    {
-      int sms = 0;
-      CF_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-      CF_CHECK(cudaMalloc(&scratch, scratch_bytes(sms)));
-      CF_CHECK(cudaMemset(scratch, 0xFF, scratch_bytes(sms)));
-    }
+    float* scratch = alloc_poisoned_scratch();   // split-phase epilogues' carried tiles
     CublasGemm cub(s.M, s.N, s.K);
     // cuBLAS reference output of set 0, as float.
     cub.run(sets[0], nullptr);

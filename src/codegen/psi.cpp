@@ -21,6 +21,7 @@
 #include <iomanip>
 #include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "comfuse/abi.h"  // the entry points' limits on outputs and parameters
@@ -168,10 +169,10 @@ class Psi {
     }
   }
 
-  // TileLoadStaged's template arguments after the element type: ", <group rows>, <tile N>".
+  // TileLoadStaged's template arguments after the element type: ", <group rows>, <tile N>" (PingPong only:
+  // a group holds the whole tile).
   static std::string staged_tile_args(const KernelConfig& cfg) {
-    const int rows = cfg.cooperative ? cfg.tile_m / 2 : cfg.tile_m;
-    return ", " + std::to_string(rows) + ", " + std::to_string(cfg.tile_n);
+    return ", " + std::to_string(cfg.tile_m) + ", " + std::to_string(cfg.tile_n);
   }
 
   // How many TileLoadStaged nodes the epilogue type holds with its aliases expanded. Each has its own SMEM, and a
@@ -457,17 +458,34 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
 
 }  // namespace
 
-bool psi_stages_tile_inputs(const FusionSpec& fs, const KernelConfig& cfg) {
-  if (fs.gemm.k > 1024 || cfg.cooperative) return false;
+namespace {
+
+// SMEM per consumer group for staged [rows, N] inputs: one padded 128 x 128 16-bit tile.
+constexpr long kStagedBudget = 128L * (128 + 8) * 2;
+
+// The SMEM one staged node takes for `cfg`, or 0 where the measured rule (codegen.h) reads tiles in the epilogue.
+long staged_node_bytes(const FusionSpec& fs, const KernelConfig& cfg) {
+  if (fs.gemm.k > 1024 || cfg.cooperative) return 0;
   int elem = 0;
   for (const auto& p : fs.params)
     if (p.kind == BroadcastKind::Tile) elem = std::max(elem, p.dtype == DType::F32 ? 4 : 2);
-  if (elem == 0) return false;
-  constexpr long kBudget = 128L * (128 + 8) * 2;   // bytes per consumer group: one padded 128 x 128 16-bit tile
-  const long per_node = long(cfg.tile_m) * (cfg.tile_n + 16 / elem) * elem;
+  return elem == 0 ? 0 : long(cfg.tile_m) * (cfg.tile_n + 16 / elem) * elem;
+}
+
+// The unit rendered with staged tiles, counted as the tree holds them, if they fit the budget; else nullptr.
+std::unique_ptr<Psi> staged_psi(const FusionSpec& fs, const KernelConfig& cfg) {
+  const long per_node = staged_node_bytes(fs, cfg);
+  if (per_node == 0) return nullptr;
+  auto psi = std::make_unique<Psi>(fs, cfg, true);
+  return long(psi->staged_nodes()) * per_node <= kStagedBudget ? std::move(psi) : nullptr;
+}
+
+}  // namespace
+
+bool psi_stages_tile_inputs(const FusionSpec& fs, const KernelConfig& cfg) {
   try {
     check_limits(fs, cfg);
-    return long(Psi(fs, cfg, true).staged_nodes()) * per_node <= kBudget;   // the nodes as the tree holds them
+    return staged_psi(fs, cfg) != nullptr;
   } catch (const CodegenError&) {
     return false;
   }
@@ -485,7 +503,9 @@ std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig&
 
 GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   check_limits(fs, cfg);
-  Psi psi(fs, cfg, psi_stages_tile_inputs(fs, cfg));
+  std::unique_ptr<Psi> staged = staged_psi(fs, cfg);   // rendered once: staged where it fits, else TileLoad
+  std::unique_ptr<Psi> owned = staged ? std::move(staged) : std::make_unique<Psi>(fs, cfg, false);
+  const Psi& psi = *owned;
   std::ostringstream hash;
   hash << std::hex << std::setw(16) << std::setfill('0') << spec_structural_hash(fs);
   GeneratedKernel g;

@@ -8,6 +8,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "instances.h"   // scratch_bytes
+
 #define CF_CHECK(call)                                                                   \
   do {                                                                                   \
     cudaError_t err_ = (call);                                                           \
@@ -31,6 +33,17 @@
 namespace comfuse::gpu {
 
 constexpr int kSkip = 77;
+
+// The split-phase epilogues' scratch (their carried tiles) for this GPU, poisoned with 0xFF (NaN): a read of a slot
+// no tile wrote shows in the results.
+inline float* alloc_poisoned_scratch() {
+  int sms = 0;
+  CF_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  float* scratch = nullptr;
+  CF_CHECK(cudaMalloc(&scratch, scratch_bytes(sms)));
+  CF_CHECK(cudaMemset(scratch, 0xFF, scratch_bytes(sms)));
+  return scratch;
+}
 
 // A GEMM problem as the tools take it on their command lines: --shape M,K,N.
 struct Shape {
