@@ -69,7 +69,7 @@ if [ $do_san = 1 ]; then
     > "$OUT/memcheck.log" 2>&1
   status[3_memcheck]=$?
   timeout 90 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
-    "$bin/comfuse_gpu_test_b2b" --shape 1000,520,200,72 --shape 130,24,40,200 --no-graph > "$OUT/racecheck.log" 2>&1
+    "$bin/comfuse_gpu_test_b2b" --shape 1000,520,200,72 --shape 130,24,40,200 --shape 1000,200,264,264 --no-graph > "$OUT/racecheck.log" 2>&1
   status[4_racecheck]=$?
   tail -3 "$OUT/memcheck.log"; tail -3 "$OUT/racecheck.log"
 fi

@@ -22,9 +22,10 @@
 //   k-blocks), so P needs no shuffle: convert pairs to bf16x2 in place of the accumulator order.
 //   GEMM2 of chunk c stays in flight while GEMM1 of chunk c+1 is issued (kOverlap, when the registers allow).
 //
-// Not here yet: F with a row reduction over N1 (softmax, online rescaling: target attention), batched 3-D
-// operands, the cluster form (N1 split across a cluster, partial O summed over DSMEM), N2 > TileN2 without
-// recomputing GEMM1 (each N2 tile recomputes S). See docs/kernel-b2b.md.
+// Options: ResidentK (the X block loaded once per tile and kept for all chunks) and Stagger (the two consumer
+// groups take turns issuing GEMM1). Not here yet: F with a row reduction over N1 (softmax, online rescaling:
+// target attention), batched 3-D operands, the cluster form (N1 split across a cluster, partial O summed over
+// DSMEM), N2 > TileN2 without recomputing GEMM1 (each N2 tile recomputes S). See docs/kernel-b2b.md.
 #pragma once
 
 #include <cstdint>
@@ -54,7 +55,8 @@ template <class T>
 struct is_row_reduction : std::false_type {};
 
 template <class Element_, BLayout LayoutW1_, BLayout LayoutW2_, int TileM_, int Chunk_, int TileN2_, int TileK_,
-          class Act1_, class Act2_ = Identity, int StagesW2_ = 2>
+          class Act1_, class Act2_ = Identity, int StagesW2_ = 2, int ResidentK_ = 0,
+          bool Stagger_ = false>
 struct B2bConfig {
   using Element = Element_;
   using Act1 = Act1_;
@@ -63,6 +65,16 @@ struct B2bConfig {
   static constexpr int kTileM = TileM_, kChunk = Chunk_, kTileN2 = TileN2_, kTileK = TileK_;
   static constexpr int kGroups = TileM_ / 64;   // consumer warp groups, 64 rows each
   static constexpr int kStagesW2 = StagesW2_;
+  // ResidentK > 0: the CTA's X block [TileM, K] stays in SMEM for all N1 chunks of a tile (K <= ResidentK), loaded
+  // once per tile instead of once per chunk. The kernel is bound by L2 -> SM traffic, and re-reading X per chunk
+  // is half of it at K = 256 (docs/kernel-b2b.md "X resident").
+  static constexpr int kResidentK = ResidentK_;
+  static constexpr bool kXResident = ResidentK_ > 0;
+  static_assert(ResidentK_ % TileK_ == 0, "ResidentK: a multiple of TileK");
+  // Stagger: the two consumer groups take turns issuing GEMM1 (two named barriers), so that one group's F runs
+  // while the other's WGMMAs keep the tensor cores busy; without it both groups wait on the same stages and run
+  // F at the same time, with the tensor cores idle (docs/kernel-b2b.md "Staggered groups").
+  static constexpr bool kStagger = Stagger_ && TileM_ == 128;
   static_assert(TileM_ == 64 || TileM_ == 128, "one or two consumer warp groups of 64 rows");
   static_assert(Chunk_ % 16 == 0 && Chunk_ >= 16 && Chunk_ <= 256, "N1 chunk: a multiple of 16, at most 256 (WGMMA N)");
   static_assert(TileN2_ % 64 == 0 && TileN2_ <= 256,
@@ -93,13 +105,16 @@ struct B2bKernel {
   static constexpr cute::GMMA::Major kMajorW1 = Cfg::kLayoutW1 == BLayout::KN ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
   static constexpr cute::GMMA::Major kMajorW2 = Cfg::kLayoutW2 == BLayout::KN ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
   static constexpr int kEpiBytes = kGroups * 64 * 64 * 2;   // one 64 x 64 bf16 staging tile per consumer group
-  static constexpr int kStage1Bytes = (TM * TK + C1 * TK) * 2;
+  static constexpr bool kXResident = Cfg::kXResident;
+  // X resident: one X stage per k-tile of ResidentK, each loaded once per tile; ring 1 then carries W1 only.
+  static constexpr int kXTiles = kXResident ? Cfg::kResidentK / TK : 1;
+  static constexpr int kXResidentBytes = kXResident ? kXTiles * TM * TK * 2 : 0;
+  static constexpr int kStage1Bytes = ((kXResident ? 0 : TM * TK) + C1 * TK) * 2;
   static constexpr int kStage2Bytes = C1 * N2T * 2;
   static constexpr int kSmemBudget = 232448 - 1024;   // minus barriers and alignment
-  static constexpr int kStagesX = (kSmemBudget - kEpiBytes - Cfg::kStagesW2 * kStage2Bytes) / kStage1Bytes > 8
-                                      ? 8
-                                      : (kSmemBudget - kEpiBytes - Cfg::kStagesW2 * kStage2Bytes) / kStage1Bytes;
-  static_assert(kStagesX >= 2, "shared memory: fewer than 2 X/W1 stages fit next to the W2 stages");
+  static constexpr int kRing1Room = kSmemBudget - kEpiBytes - Cfg::kStagesW2 * kStage2Bytes - kXResidentBytes;
+  static constexpr int kStagesX = kRing1Room / kStage1Bytes > 8 ? 8 : kRing1Room / kStage1Bytes;   // ring 1 stages
+  static_assert(kStagesX >= 2, "shared memory: fewer than 2 ring-1 stages fit next to the W2 stages (and resident X)");
 
   template <cute::GMMA::Major Major, int MN, int K>
   using SmemAtom = decltype(cutlass::gemm::collective::detail::ss_smem_selector<Major, Element, cute::Int<MN>, cute::Int<K>>());
@@ -107,8 +122,11 @@ struct B2bKernel {
   template <cute::GMMA::Major Major>
   using TileOrder = std::conditional_t<Major == cute::GMMA::Major::MN, cute::Step<cute::_2, cute::_1, cute::_3>,
                                        cute::Step<cute::_1, cute::_2, cute::_3>>;
-  using SmemLayoutX = decltype(cute::tile_to_shape(SmemAtom<cute::GMMA::Major::K, TM, TK>{},
-                                                   cute::make_shape(cute::Int<TM>{}, cute::Int<TK>{}, cute::Int<kStagesX>{})));
+  // X: ring-1 stages, or (resident) one stage per k-tile of the X block.
+  static constexpr int kXStages = kXResident ? kXTiles : kStagesX;
+  using SmemLayoutX = decltype(cute::tile_to_shape(
+      SmemAtom<cute::GMMA::Major::K, TM, TK>{},
+      cute::make_shape(cute::Int<TM>{}, cute::Int<TK>{}, cute::Int<kXStages>{})));
   using SmemLayoutW1 = decltype(cute::tile_to_shape(SmemAtom<kMajorW1, C1, TK>{},
                                                     cute::make_shape(cute::Int<C1>{}, cute::Int<TK>{}, cute::Int<kStagesX>{}),
                                                     TileOrder<kMajorW1>{}));
@@ -118,6 +136,7 @@ struct B2bKernel {
 
   using Pipe1 = cutlass::PipelineTmaAsync<kStagesX>;
   using Pipe2 = cutlass::PipelineTmaAsync<Cfg::kStagesW2>;
+  using PipeX = cutlass::PipelineTmaAsync<kXTiles>;   // the resident X block's k-tiles (unused otherwise)
 
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutX>, 1024> x;
@@ -126,6 +145,7 @@ struct B2bKernel {
     alignas(128) Element epi[kGroups][64 * 64];
     alignas(16) typename Pipe1::SharedStorage pipe1;
     alignas(16) typename Pipe2::SharedStorage pipe2;
+    alignas(16) typename PipeX::SharedStorage pipex;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 232448, "shared memory");
@@ -205,6 +225,12 @@ struct B2bKernel {
     pp2.num_consumers = 128 * kGroups;
     pp2.transaction_bytes = kStage2Bytes;
     Pipe2 pipe2(ss.pipe2, pp2, Shape<_1, _1, _1>{});
+    typename PipeX::Params ppx;
+    ppx.role = static_cast<typename PipeX::ThreadCategory>(int(pp1.role));
+    ppx.is_leader = pp1.is_leader;
+    ppx.num_consumers = 128 * kGroups;
+    ppx.transaction_bytes = TM * TK * 2;   // one X k-tile per stage
+    PipeX pipex(ss.pipex, ppx, Shape<_1, _1, _1>{});
     __syncthreads();   // barrier initialization visible to all before first use
 
     Tensor sX = make_tensor(make_smem_ptr(ss.x.data()), SmemLayoutX{});      // (TM, TK, stages)
@@ -232,13 +258,21 @@ struct B2bKernel {
         Tensor tVsW2 = cw2.partition_D(sW2);
         auto w1 = cutlass::make_producer_start_state<Pipe1>();
         auto w2 = cutlass::make_producer_start_state<Pipe2>();
+        auto wx = cutlass::make_producer_start_state<PipeX>();
         for (int tile = int(blockIdx.x); tile < p.total; tile += int(gridDim.x)) {
           int const mb = tile / p.tiles_n2, nb = tile % p.tiles_n2;
+          if constexpr (kXResident) {   // the X block once per tile, each k-tile as soon as its stage is free
+            for (int k = 0; k < p.k_tiles; ++k) {
+              pipex.producer_acquire(wx);
+              copy(p.tma_x.with(*pipex.producer_get_barrier(wx)), tXgX(_, _, _, mb, k), tXsX(_, _, _, wx.index()));
+              ++wx;
+            }
+          }
           for (int c = 0; c < p.chunks; ++c) {
             for (int k = 0; k < p.k_tiles; ++k) {
               pipe1.producer_acquire(w1);
               auto* bar = pipe1.producer_get_barrier(w1);
-              copy(p.tma_x.with(*bar), tXgX(_, _, _, mb, k), tXsX(_, _, _, w1.index()));
+              if constexpr (!kXResident) copy(p.tma_x.with(*bar), tXgX(_, _, _, mb, k), tXsX(_, _, _, w1.index()));
               copy(p.tma_w1.with(*bar), tWgW1(_, _, _, c, k), tWsW1(_, _, _, w1.index()));
               ++w1;
             }
@@ -249,6 +283,7 @@ struct B2bKernel {
         }
         pipe1.producer_tail(w1);   // every stage released: no TMA write outlives the CTA
         pipe2.producer_tail(w2);
+        if constexpr (kXResident) pipex.producer_tail(wx);
       }
     } else {
       // ---------------- consumers ----------------
@@ -280,6 +315,15 @@ struct B2bKernel {
       Act2 act2;
       cutlass::PipelineState<kStagesX> r1;
       cutlass::PipelineState<Cfg::kStagesW2> r2;
+      cutlass::PipelineState<kXTiles> rx;   // first X stage of this tile (resident X)
+      // Staggered groups: group g issues its GEMM1 after the other group issued its own for the same chunk (group 0
+      // first): barrier kTurn + g holds g's turn; 256 = the 128 threads that wait + the other group's 128 arriving.
+      // A group hands the turn on only after issuing all of its chunk's k-tiles, so it must be able to hold them
+      // all at once: with more k-tiles than ring-1 stages it would wait for stages that only the other group,
+      // still waiting for its turn, can free (a deadlock). Such K runs the groups in step (same for the whole CTA).
+      constexpr int kTurn = 10;
+      bool const stagger = Cfg::kStagger && p.k_tiles <= kStagesX;
+      if (stagger && group == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurn) : "memory");
       for (int tile = int(blockIdx.x); tile < p.total; tile += int(gridDim.x)) {
         int const mb = tile / p.tiles_n2, nb = tile % p.tiles_n2;
         bool w2_pending = false;   // GEMM2 of the previous chunk in flight, its W2 stage not yet released
@@ -293,15 +337,23 @@ struct B2bKernel {
 
           // GEMM1: S = X_blk · W1[:, chunk]
           cutlass::PipelineState<kStagesX> r1_prev = r1;
+          cutlass::PipelineState<kXTiles> rxk = rx;
+          if (stagger) asm volatile("bar.sync %0, 256;\n" ::"r"(kTurn + group) : "memory");
           for (int k = 0; k < p.k_tiles; ++k) {
             pipe1.consumer_wait(r1);
             int const s = r1.index();
+            int sx = s;
+            if constexpr (kXResident) {
+              if (c == 0) pipex.consumer_wait(rxk);   // later chunks reuse the k-tile the first one waited for
+              sx = rxk.index();
+              ++rxk;
+            }
             warpgroup_fence_operand(tSrS);
             warpgroup_arrive();
             CUTE_UNROLL
             for (int kb = 0; kb < size<2>(tSrX); ++kb) {
               mma1.accumulate_ = (k == 0 && kb == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-              cute::gemm(mma1, tSrX(_, _, kb, s), tSrW1(_, _, kb, s), tSrS);
+              cute::gemm(mma1, tSrX(_, _, kb, sx), tSrW1(_, _, kb, s), tSrS);
             }
             warpgroup_commit_batch();
             warpgroup_wait<1>();   // all but the newest batch done: the previous k-tile, and GEMM2 of chunk c-1
@@ -315,9 +367,17 @@ struct B2bKernel {
             r1_prev = r1;
             ++r1;
           }
+          if (stagger) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurn + 1 - group) : "memory");
           warpgroup_wait<0>();
           warpgroup_fence_operand(tSrS);
           pipe1.consumer_release(r1_prev);
+          if constexpr (kXResident) {
+            if (c == p.chunks - 1) {   // the tile's last GEMM1 is done: its X stages may take the next tile's block
+              cutlass::PipelineState<kXTiles> rel = rx;
+              for (int k = 0; k < p.k_tiles; ++k, ++rel) pipex.consumer_release(rel);
+              rx = rxk;
+            }
+          }
 
           // F: P = bf16(Act1(S + b1)), columns >= N1 zeroed (TMA zero-fills them in S, but Act1(0 + b1) need not be 0)
           int const n1_left = p.N1 - n1_0;   // columns of this chunk inside N1
@@ -395,6 +455,9 @@ struct B2bKernel {
           asm volatile("bar.sync %0, 128;\n" ::"r"(8 + group) : "memory");   // staging free for the next subtile
         }
       }
+      // Group 1 arrived once more than group 0 waited (its head start): take that arrival, so that no named
+      // barrier is left half-complete when the CTA exits.
+      if (stagger && group == 0) asm volatile("bar.sync %0, 256;\n" ::"r"(kTurn) : "memory");
     }
 #else
     if (threadIdx.x == 0) printf("comfuse::b2b needs sm_90a (-gencode=arch=compute_90a,code=sm_90a)\n");
@@ -433,6 +496,7 @@ struct B2b {
     if (a.M <= 0 || a.K <= 0 || a.N1 <= 0 || a.N2 <= 0) return "empty problem";
     if (!a.X || !a.W1 || !a.W2 || !a.O) return "X, W1, W2 and O must be set";
     if (a.K % 8 != 0) return "K must be a multiple of 8 (16-byte rows for TMA)";
+    if (Cfg::kXResident && a.K > Cfg::kResidentK) return "K exceeds the resident X block of this instance (ResidentK)";
     if (a.N1 % 8 != 0) return "N1 must be a multiple of 8 (16-byte rows for TMA, column pairs of the bias)";
     if (a.N2 % 8 != 0) return "N2 must be a multiple of 8 (16-byte vector stores)";
     if (a.ldx % 8 || a.ldw1 % 8 || a.ldw2 % 8 || a.ldo % 8) return "row strides must be multiples of 8 elements";

@@ -33,7 +33,9 @@ struct B2bInstance {
   std::string name;
   Act act1, act2;
   bool w_nk;     // W1 [N1, K] and W2 [N2, N1] (nn.Linear weights) instead of [K, N1] and [N1, N2]
-  int tile_m, chunk, tile_n2, tile_k, stages_x, stages_w2, smem_bytes;
+  int tile_m, chunk, tile_n2, tile_k;
+  int resident_k;   // > 0: the X block stays in SMEM across N1 chunks; runs only K <= resident_k
+  int stages_x, stages_w2, smem_bytes;
   char const* (*can_implement)(B2bProblem const&);
   // Encodes the TMA descriptors once; the returned launcher only launches (for timing and graph capture).
   std::function<cudaError_t(cudaStream_t)> (*prepare)(B2bProblem const&);
