@@ -5,8 +5,10 @@
 # alternatives (bench/torch_compile_ref.py) in the same run. Logs and a CSV under $OUT; a table printed last.
 #
 #   scripts/gpu-suite.sh [--cli PATH] [--epilogues "gemm bias_gelu postnorm rmsnorm softmax ln_softmax"]
-#                        [--shapes "M,K,N M,K,N"] [--iters N] [--torch] [--jobs J]
+#                        [--shapes "M,K,N M,K,N"] [--iters N] [--torch] [--jobs J] [--merge-ab]
 #     --cli     the comfuse binary (default build/bin/comfuse: built here, carried; it runs there)
+#     --merge-ab  postnorm, softmax and ln_softmax each twice, with --merge on and --merge off (the same tile
+#               config, the reduction pairs merged into one exchange or chained), interleaved in every round
 #     --torch   also run bench/torch_compile_ref.py on the same shapes and epilogues (default and max-autotune)
 # Needs the CUTLASS headers at .carry/cutlass/include (scripts/gpu-check.sh --prepare) for the JIT.
 set -uo pipefail
@@ -16,7 +18,7 @@ cd "$root"
 cli="build/bin/comfuse"
 epilogues="gemm bias_gelu postnorm rmsnorm softmax ln_softmax"
 shapes="16384,1024,1024 16384,4096,1024 8192,4096,4096 8192,16384,4096 4096,4096,8192 8192,768,768 8192,3072,768 8192,768,3072"
-iters=30 torch=0 jobs=16
+iters=30 torch=0 jobs=16 merge_ab=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --cli) cli="$2"; shift ;;
@@ -25,6 +27,7 @@ while [ $# -gt 0 ]; do
     --iters) iters="$2"; shift ;;
     --torch) torch=1 ;;
     --jobs) jobs="$2"; shift ;;
+    --merge-ab) merge_ab=1 ;;
     *) echo "gpu-suite: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -64,14 +67,20 @@ for e in $epilogues; do
     IFS=, read -r M K N <<< "$s"
     name="${e}_${M}x${K}x${N}"
     write_cf "$e" "$M" "$K" "$N" "$OUT/cf/$name.cf" || exit 2
-    cases+=("$name")
+    if [ $merge_ab = 1 ] && { [ "$e" = postnorm ] || [ "$e" = softmax ] || [ "$e" = ln_softmax ]; }; then
+      cases+=("$name@on" "$name@off")   # the same graph, --merge on / off
+    else
+      cases+=("$name")
+    fi
   done
 done
 
 # Compile every kernel first, in parallel (the JIT cache is shared, so the benches below are cache hits).
 t0=$(date +%s)
-printf '%s\n' "${cases[@]}" | xargs -P "$jobs" -I{} sh -c '"$1" aot "$2/cf/{}.cf" -o "$2/aot/{}" > "$2/logs/{}.aot.log" 2>&1 ||
-  echo "aot failed: {}"' _ "$cli" "$OUT"
+# a case is NAME or NAME@on / NAME@off (--merge-ab): the graph's .cf is NAME's
+merge_flag() { case "$1" in *@on) echo "--merge on" ;; *@off) echo "--merge off" ;; esac; }
+printf '%s\n' "${cases[@]}" | xargs -P "$jobs" -I{} sh -c 'c={}; m=""; case "$c" in *@on) m="--merge on";; *@off) m="--merge off";; esac;
+  "$1" aot "$2/cf/${c%@*}.cf" -o "$2/aot/$c" $m > "$2/logs/$c.aot.log" 2>&1 || echo "aot failed: $c"' _ "$cli" "$OUT"
 t1=$(date +%s)
 echo "gpu-suite: compiled ${#cases[@]} graphs in $((t1 - t0)) s"
 
@@ -80,7 +89,8 @@ echo "case,epilogue,M,K,N,round,fused_us,cublas_us,ratio,config,plan" > "$csv"
 for round in 1 2; do
   for c in "${cases[@]}"; do
     log="$OUT/logs/$c.bench$round.log"
-    timeout 120 "$cli" bench "$OUT/cf/$c.cf" --iters "$iters" > "$log" 2>&1
+    # shellcheck disable=SC2046
+    timeout 120 "$cli" bench "$OUT/cf/${c%@*}.cf" --iters "$iters" $(merge_flag "$c") > "$log" 2>&1
     fused=$(sed -nE 's/.*: median ([0-9.]+) us over.*/\1/p' "$log" | head -1)
     line=$(grep -E "cuBLASLt GEMM.* alone: " "$log" | head -1)
     cub=$(echo "$line" | sed -nE 's/.* alone: ([0-9.]+) us;.*/\1/p')
@@ -93,6 +103,8 @@ for round in 1 2; do
     grep -qE "^  plan: fuse" "$log" && plan=fuse || plan=declined
     e="${c%%_[0-9]*}"
     dims="${c##*_}"
+    dims="${dims%@*}"
+    case "$c" in *@on) e="$e (merged)" ;; *@off) e="$e (chained)" ;; esac
     echo "$c,$e,${dims//x/,},$round,${fused:-nan},${cub:-nan},${ratio:-nan},${cfg:-?},$plan" >> "$csv"
   done
 done

@@ -43,6 +43,17 @@ std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig&
 // are counted as the rendered tree holds them: a value read twice instantiates its subtree, and SMEM, twice.
 bool psi_stages_tile_inputs(const FusionSpec& fs, const KernelConfig& cfg);
 
+// Whether `fs` has a chained pair of row reductions that Psi renders as one exchange when cfg.merged is set:
+// a mean followed by the mean of (x - mean)^2 (LayerNorm), or a max followed by the sum of exp(x - max)
+// (softmax), where x is carried from the first stage to the second, no store of the second stage reads the first
+// result, and what the second stage carries on is recomputable from x and the first result. Then the first
+// reduction stays inside the CTA (LocalReduce), the second exchanges both partial states at once (MergedReduce:
+// Chan's formula, or rescaling to the larger max), the second stage carries x, and the next stage recomputes the
+// carried value from the row's results (kernels/comfuse/epilogue/reduce.cuh). Pairs are taken from stage 0 on.
+// Measured on the H200 (docs/PERF.md, 2026-12-01): faster for softmax at K >= 3072 (8192x4096x4096: 482 -> 436
+// us), slower at K = 1024 and for LN -> softmax mostly; the planner picks by the "_mg" rows of its table.
+bool psi_merges(const FusionSpec& fs);
+
 // Renders `fs` for `cfg`; throws CodegenError with psi_rejects' reason where it cannot. The TU defines, in
 // namespace <name>, only what differs between kernels (comfuse/generated_unit.cuh has the rest):
 //   using v<stage>_<node> = ...;           one alias per Spec node, with its math as a comment

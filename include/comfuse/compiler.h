@@ -46,6 +46,9 @@ struct CompilerOptions {
   std::string kernel_dir;
   std::string cutlass_dir;        // CUTLASS include dir: empty = $COMFUSE_CUTLASS_DIR, else the one recorded at build
   std::string transport;          // "" = the planner's; or l2 | dsmem_p2p | dsmem_leader (tests, benchmarks)
+  // Chained pairs of row reductions merged into one exchange (KernelConfig::merged): "" = the planner's choice;
+  // "on" = wherever Psi can (psi_merges); "off" = never. The tile config stays the planner's (A/B benchmarks).
+  std::string merge;
   bool ahead_of_time = false;     // compile only (no driver needed): CompiledGraph::run refuses
   // A graph with a symbolic leading dim ("?"): the row count the planner picks tiles for (kernels run any).
   int64_t rows = 4096;

@@ -19,6 +19,10 @@ struct KernelConfig {
   int cluster_m = 1, cluster_n = 1;
   // Schedule::Cooperative (two consumer warp groups on one tile; "_coop" in a config name), else PingPong.
   bool cooperative = false;
+  // Chained pairs of row reductions (LayerNorm's mean then variance, softmax's max then sum) merged into one
+  // cross-CTA exchange each (LocalReduce + MergedReduce; "_mg" in a config name). Only for Specs that have such a
+  // pair (psi_merges, codegen.h).
+  bool merged = false;
 };
 
 struct MeasuredRow {

@@ -53,6 +53,8 @@ const char* kUsage =
     "  comfuse aot FILE.cf -o DIR           compiles every fused region into DIR (kernel libraries + manifest.txt)\n"
     "                                       for 'run --aot DIR' on a machine without nvcc\n"
     "  (T: l2 | dsmem_p2p | dsmem_leader, the row reductions' cross-CTA transport; default: the planner's)\n"
+    "  --merge on|off (emit, run, bench, aot): a LayerNorm's or softmax's two chained reductions in one cross-CTA\n"
+    "  exchange wherever the kernels can, or never; default: the planner's choice, from its measurements\n"
     "  --rows N: the row count of a graph with a symbolic leading dim (input X : bf16[?, 1024]); plan, emit,\n"
     "  aot and bench default to 4096 (the planner's tuning point; aot'd kernels run any row count); run and\n"
     "  interp take it from --inputs when not given\n";
@@ -146,7 +148,7 @@ int cmd_plan(const Args& a) {
     if (d.fuse)
       std::cout << "fuse, " << d.config.tile_m << "x" << d.config.tile_n << "x" << d.config.tile_k << " cluster "
                 << d.config.cluster_m << "x" << d.config.cluster_n << (d.config.cooperative ? " cooperative" : "")
-                << ", transport " << d.transport << ": " << d.reason
+                << (d.config.merged ? ", reduction pairs merged" : "") << ", transport " << d.transport << ": " << d.reason
                 << "\n";
     else
       std::cout << "declined (runs unfused): " << d.reason << "\n";
@@ -185,14 +187,25 @@ void make_output_dir(const std::string& dir) {
   if (!fs::is_directory(dir)) throw std::runtime_error("cannot use " + dir + " as an output directory: it is not a directory");
 }
 
+// --merge on|off: chained reduction pairs merged into one exchange wherever Psi can, or never (default: the
+// planner's choice, from its measurements).
+std::string merge_arg(const Args& a) {
+  const std::string m = a.get("merge");
+  if (!m.empty() && m != "on" && m != "off") throw UsageError("--merge must be 'on' or 'off', got '" + m + "'");
+  return m;
+}
+
 int cmd_emit(const Args& a) {
   std::string dir = a.get("o");
   if (dir.empty()) throw UsageError("emit needs -o DIR");
+  const bool merge = merge_arg(a) == "on";
   Partition p = partition(bound_graph(a, parse_cf_file(a.file), kDefaultRows));  // the source does not depend on rows
   make_output_dir(dir);
   for (size_t i = 0; i < p.regions.size(); ++i) {
     try {
-      GeneratedKernel k = generate_kernel(p.regions[i].spec);
+      KernelConfig cfg;   // the default config: the source for reading, not the planner's choice
+      cfg.merged = merge && psi_merges(p.regions[i].spec);
+      GeneratedKernel k = generate_kernel(p.regions[i].spec, cfg);
       fs::path out = fs::path(dir) / (k.name + ".cu");
       write_text_file(out, k.source);
       std::cout << "region " << i << ": wrote " << out.string() << "\n";
@@ -350,6 +363,7 @@ TensorMap make_inputs(const Graph& g, const std::string& dir, uint64_t seed) {
 CompilerOptions compiler_options(const Args& a) {
   CompilerOptions o;
   o.transport = a.get("transport");
+  o.merge = merge_arg(a);
   if (int64_t r = rows_arg(a)) o.rows = r;   // the planner tunes for the rows this command runs
   return o;
 }
@@ -414,16 +428,24 @@ void print_choices(const CompiledGraph& cg) {
   }
 }
 
+// Options that shape the kernels compiled now: checked before any GPU work, and refused with --aot (the kernels
+// were compiled then).
+void check_compile_flags(const Args& a) {
+  merge_arg(a);
+  if (a.get("aot").empty()) return;
+  if (!a.get("transport").empty()) throw UsageError("--transport is fixed when the kernels were compiled: not with --aot");
+  if (!a.get("merge").empty()) throw UsageError("--merge is fixed when the kernels were compiled: not with --aot");
+}
+
 CompiledGraph compile_for_run(const Args& a, const Graph& g) {
+  check_compile_flags(a);
   Compiler c(compiler_options(a));
-  if (std::string dir = a.get("aot"); !dir.empty()) {
-    if (!a.get("transport").empty()) throw UsageError("--transport is fixed when the kernels were compiled: not with --aot");
-    return c.load(g, dir);
-  }
+  if (std::string dir = a.get("aot"); !dir.empty()) return c.load(g, dir);
   return c.compile(g);
 }
 
 int cmd_run(const Args& a) {
+  check_compile_flags(a);
   const Graph sym = parse_cf_file(a.file);
   const int64_t rows = run_rows(a, sym);
   const Graph g = rows ? bind_rows(sym, rows) : sym;   // this run's shapes
@@ -548,6 +570,7 @@ void time_interleaved(std::vector<TimedKernel>& ks, int samples, double settle_m
 }
 
 int cmd_bench(const Args& a) {
+  check_compile_flags(a);
   Graph g = parse_cf_file(a.file);
   int iters = 50;
   if (std::string s = a.get("iters"); !s.empty()) {
@@ -634,12 +657,12 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
-    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows"}));
+    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
-      return cmd_run(parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "aot", "seed", "rows"}));
-    if (cmd == "bench") return cmd_bench(parse_args(argc, argv, {}, {"iters", "transport", "aot", "rows", "settle-ms", "series"}));
-    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "rows"}));
+      return cmd_run(parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "merge", "aot", "seed", "rows"}));
+    if (cmd == "bench") return cmd_bench(parse_args(argc, argv, {}, {"iters", "transport", "merge", "aot", "rows", "settle-ms", "series"}));
+    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "rows"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const ParseError& e) {

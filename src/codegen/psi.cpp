@@ -110,6 +110,87 @@ std::string compact(const std::string& init) {
   return init.find_first_not_of("{}, ") == std::string::npos ? "{}" : init;
 }
 
+// ---- Merged reduction pairs (psi_merges, codegen.h) ----
+enum class MergeHow { None, CenteredSquares, ShiftedExp };
+
+// The node of stage k-1 whose tile-sized value stage k reads through its Bypass placeholder, or -1.
+int carried_into(const std::vector<const Spec*>& st, size_t k) {
+  const Spec& parent = *st[k - 1];
+  for (const SpecNode& n : st[k]->nodes)
+    if (n.kind == SpecKind::Placeholder && n.placeholder == PlaceholderKind::Bypass && !n.per_row)
+      return parent.nodes[parent.terminal].bypass.at(n.slot);
+  return -1;
+}
+
+// Whether stages k and k+1 form a pair that merges into one exchange, and how (the conditions: codegen.h).
+MergeHow merge_of(const std::vector<const Spec*>& st, size_t k) {
+  if (k + 2 >= st.size()) return MergeHow::None;   // stage k+1 must reduce too (and hand on to stage k+2)
+  const Spec& s0 = *st[k];
+  const Spec& s1 = *st[k + 1];
+  const SpecNode& r1 = s0.nodes[s0.terminal];
+  const SpecNode& r2 = s1.nodes[s1.terminal];
+  if (r1.kind != SpecKind::Reduction || r2.kind != SpecKind::Reduction) return MergeHow::None;
+  const int x = r1.args.at(0);
+  if (carried_into(st, k + 1) != x) return MergeHow::None;   // the second stage shifts x itself
+  int px = -1, pr = -1;   // in stage k+1: x (carried) and the first result
+  for (size_t i = 0; i < s1.nodes.size(); ++i) {
+    const SpecNode& n = s1.nodes[i];
+    if (n.kind != SpecKind::Placeholder) continue;
+    if (n.placeholder == PlaceholderKind::ReductionResult) pr = static_cast<int>(i);
+    else if (!n.per_row && r1.bypass.at(n.slot) == x) px = static_cast<int>(i);
+  }
+  if (px < 0 || pr < 0) return MergeHow::None;
+  auto is = [&](int i, OpKind op, size_t arity) {
+    const SpecNode& n = s1.nodes.at(i);
+    return n.kind == SpecKind::Compute && n.op == op && n.args.size() == arity;
+  };
+  auto shifted = [&](int i) { return is(i, OpKind::Sub, 2) && s1.nodes[i].args[0] == px && s1.nodes[i].args[1] == pr; };
+  const int f = r2.args.at(0);
+  MergeHow how = MergeHow::None;
+  if (r1.reduce == ReduceKind::Max && r2.reduce == ReduceKind::Sum && is(f, OpKind::Exp, 1) &&
+      shifted(s1.nodes[f].args[0]))
+    how = MergeHow::ShiftedExp;
+  if (r1.reduce == ReduceKind::Mean && r2.reduce == ReduceKind::Mean) {
+    const SpecNode& q = s1.nodes[f];
+    const bool square = (is(f, OpKind::Square, 1) && shifted(q.args[0])) ||
+                        (is(f, OpKind::Mul, 2) && q.args[0] == q.args[1] && shifted(q.args[0])) ||
+                        (is(f, OpKind::Pow, 1) && q.exponent == 2.0 && shifted(q.args[0]));
+    if (square) how = MergeHow::CenteredSquares;
+  }
+  if (how == MergeHow::None) return how;
+  // In the merged stage the first result is the CTA's own: nothing it stores may read it.
+  std::vector<int> reads_pr(s1.nodes.size(), -1);
+  std::function<bool(int)> depends = [&](int i) {
+    if (reads_pr[i] < 0) {
+      reads_pr[i] = i == pr ? 1 : 0;
+      for (int a : s1.nodes[i].args) reads_pr[i] = reads_pr[i] || depends(a);
+    }
+    return reads_pr[i] == 1;
+  };
+  for (size_t i = 0; i < s1.nodes.size(); ++i)
+    if (s1.nodes[i].kind == SpecKind::Store && depends(static_cast<int>(i))) return MergeHow::None;
+  // What stage k+1 carries on is recomputed in stage k+2 from x and the row results: nothing per element but x.
+  std::function<bool(int)> recomputable = [&](int i) {
+    const SpecNode& n = s1.nodes.at(i);
+    if (n.kind == SpecKind::Broadcast && n.bcast == BroadcastKind::Tile) return false;   // would load it again
+    if (n.kind != SpecKind::Placeholder && n.kind != SpecKind::Broadcast && n.kind != SpecKind::Compute) return false;
+    for (int a : n.args)
+      if (!recomputable(a)) return false;
+    return true;
+  };
+  const int c = carried_into(st, k + 2);
+  if (c >= 0 && !recomputable(c)) return MergeHow::None;
+  return how;
+}
+
+// Per stage: how the pair starting there merges. Greedy from stage 0; a stage is in at most one pair.
+std::vector<MergeHow> merged_pairs(const std::vector<const Spec*>& st) {
+  std::vector<MergeHow> m(st.size(), MergeHow::None);
+  for (size_t k = 0; k + 2 < st.size(); ++k)
+    if ((k == 0 || m[k - 1] == MergeHow::None) && (m[k] = merge_of(st, k)) != MergeHow::None) ++k;
+  return m;
+}
+
 class Psi {
  public:
   // stage_tiles: render [rows, N] inputs as TileLoadStaged (psi_stages_tile_inputs decides), else TileLoad.
@@ -134,6 +215,14 @@ class Psi {
     for (const auto& o : fs_.outputs)
       if (o.per_row) throw CodegenError("output '" + o.name + "' is per row ([rows, 1]): no per-row store node yet");
     check_size();
+    merge_.assign(st_.size(), MergeHow::None);
+    if (cfg.merged) {
+      merge_ = merged_pairs(st_);
+      if (std::all_of(merge_.begin(), merge_.end(), [](MergeHow h) { return h == MergeHow::None; }))
+        throw CodegenError("config " + config_name(cfg) +
+                           ": no chained pair of row reductions merges into one exchange (a mean then the mean of "
+                           "(x - mean)^2, or a max then the sum of exp(x - max))");
+    }
     // Every node of every stage, in order: operands come first within a stage, and a per-row value bypassed
     // to stage k is a node of stage k - 1.
     names_.resize(st_.size());
@@ -209,13 +298,23 @@ class Psi {
 
  private:
   static std::string indent(size_t k) { return std::string(2 * k, ' '); }
-  static std::string node_name(size_t k, int i) { return "v" + std::to_string(k) + "_" + std::to_string(i); }
+  static std::string node_name(size_t k, int i) {
+    std::string n = "v";   // appended piecewise: GCC 12 warns (-Wrestrict, falsely) on the inlined "v" + ... chain
+    n += std::to_string(k);
+    n += '_';
+    n += std::to_string(i);
+    return n;
+  }
 
   // Writes `using <name> = <type>;  // <math>`, the comment aligned where the line leaves room for it.
   void type_line(size_t k, const std::string& name, const std::string& type, const std::string& comment) {
     alias_types_[name] = type;
     std::string line = indent(k) + "using " + name + " = " + type + ";";
-    if (!comment.empty()) line += std::string(line.size() < 52 ? 52 - line.size() : 1, ' ') + "// " + comment;
+    if (!comment.empty()) {
+      const std::string after = std::string(line.size() < 52 ? 52 - line.size() : 1, ' ') + "// " + comment;
+      if (line.size() + after.size() <= 120) line += after;
+      else line = indent(k) + "// " + comment + "\n" + line;   // too long for one line: the comment above it
+    }
     types_ << line << "\n";
   }
 
@@ -249,7 +348,8 @@ class Psi {
   // every store, then the reduction; combined with Outputs<>, which returns its first child's value.
   void define_tree(size_t k) {
     const Spec& s = *st_[k];
-    const int carry = k + 1 < st_.size() ? carried_[k + 1] : -1;
+    // a merged pair's second stage carries x on (its Bypass placeholder), which the next stage shifts again
+    const int carry = merged_second(k) ? x_placeholder(k) : k + 1 < st_.size() ? carried_[k + 1] : -1;
     std::vector<int> roots;
     const int red = s.nodes[s.terminal].kind == SpecKind::Reduction ? s.terminal : -1;
     if (carry >= 0) {
@@ -310,7 +410,8 @@ class Psi {
   // folds f(x), so x's subtree is visited once. (As two roots, Outputs<x, Reduce<f(x)>>, each root would hold its
   // own copy of x's subtree, and every load in it, e.g. the residual R, would run twice.) x, or -1.
   int mapped_source(size_t k, const SpecNode& red) const {
-    if (red.kind != SpecKind::Reduction || k + 1 >= st_.size()) return -1;
+    if (red.kind != SpecKind::Reduction || k + 1 >= st_.size() || merge_[k] != MergeHow::None || merged_second(k))
+      return -1;   // LocalReduce and MergedReduce take no map
     const SpecNode& fx = st_[k]->nodes[red.args.at(0)];
     if (fx.kind != SpecKind::Compute || fx.args.size() != 1 || fx.op == OpKind::Cast || fx.op == OpKind::Pow ||
         !op_functor(fx.op))
@@ -322,12 +423,23 @@ class Psi {
   // x, so x's subtree is visited once for both (prenorm's stored residual stream h and its LayerNorm). The first
   // such store, or -1.
   int folded_store(size_t k, const SpecNode& red) const {
-    if (red.kind != SpecKind::Reduction) return -1;
+    if (red.kind != SpecKind::Reduction || merged_second(k)) return -1;
     const int x = mapped_source(k, red);
     const int src = x >= 0 ? x : red.args.at(0);
     const auto& nodes = st_[k]->nodes;
     for (size_t i = 0; i < nodes.size(); ++i)
       if (nodes[i].kind == SpecKind::Store && nodes[i].args.at(0) == src) return static_cast<int>(i);
+    return -1;
+  }
+
+  // Stage k's reduction is the second of a merged pair.
+  bool merged_second(size_t k) const { return k >= 1 && merge_[k - 1] != MergeHow::None; }
+  // Stage k's Bypass placeholder of the tile-sized value (x of a merged pair), or -1.
+  int x_placeholder(size_t k) const {
+    const auto& nodes = st_[k]->nodes;
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (nodes[i].kind == SpecKind::Placeholder && nodes[i].placeholder == PlaceholderKind::Bypass && !nodes[i].per_row)
+        return static_cast<int>(i);
     return -1;
   }
 
@@ -347,6 +459,8 @@ class Psi {
         const std::string from = names_[k - 1][src];
         // a per-row value is recomputed from the reduction results (the same type: it reads nothing per element)
         if (n.per_row) return {from, args_[k - 1][src], from + ", per row (recomputed)", true};
+        // after a merged pair the registers carry x: the value is recomputed from x and the row's results
+        if (merged_second(k - 1)) return {from, args_[k - 1][src], from + " (recomputed from x and the row results)", true};
         return {"AccEntry", "{}", from + " (carried in the accumulator registers)"};
       }
       case SpecKind::Broadcast: {
@@ -401,14 +515,31 @@ class Psi {
         return unary(f, std::string(op_name(n.op)) + "(" + a + ")");
       }
       case SpecKind::Reduction: {
+        const std::string r = "r" + std::to_string(k), id = std::to_string(k);
+        if (merged_second(k)) {   // the second of a merged pair: both partial states exchanged at once
+          const std::string c = names_[k][n.args.at(0)];
+          const bool ln = merge_[k - 1] == MergeHow::CenteredSquares;
+          return {std::string("MergedReduce<Merge::") + (ln ? "CenteredSquares, " : "ShiftedExp, ") +
+                      reduce_kind(n.reduce) + ", " + id + ", " + c + ">",
+                  "{" + args_[k][n.args[0]] + ", p.ws}",
+                  c + "; r" + std::to_string(k - 1) + ", " + r + " = the row's " +
+                      reduce_kind_name(st_[k - 1]->nodes[st_[k - 1]->terminal].reduce) + " and " +
+                      reduce_kind_name(n.reduce) + "(" + c + "), one exchange for both (" +
+                      (ln ? "Chan's formula" : "rescaled to the larger max") + ")"};
+        }
         // The child: what is reduced, or x where f(x) is (the map f folded in), or a store of x (it returns x).
         const int x = mapped_source(k, n);
         const int src = x >= 0 ? x : n.args.at(0);
         const int st = folded_store(k, n);
         const int child = st >= 0 ? st : src;
-        const std::string c = names_[k][child], r = "r" + std::to_string(k);
+        const std::string c = names_[k][child];
         const std::string map = x >= 0 ? std::string(", ") + op_functor(st_[k]->nodes[n.args[0]].op) : "";
-        return {std::string("Reduce<") + reduce_kind(n.reduce) + ", " + std::to_string(k) + ", " + c + map + ">",
+        if (merge_[k] != MergeHow::None)   // the first of a merged pair: the CTA's own result, no exchange
+          return {std::string("LocalReduce<") + reduce_kind(n.reduce) + ", " + id + ", " + c + ">",
+                  "{" + args_[k][child] + ", p.ws}",
+                  names_[k][src] + "; " + r + " = " + reduce_kind_name(n.reduce) + "(" + names_[k][n.args[0]] +
+                      ") of this CTA" + (st >= 0 ? ", after " + c + " stores it" : "")};
+        return {std::string("Reduce<") + reduce_kind(n.reduce) + ", " + id + ", " + c + map + ">",
                 "{" + args_[k][child] + ", p.ws}",
                 names_[k][src] + "; " + r + " = " + reduce_kind_name(n.reduce) + "(" + names_[k][n.args[0]] +
                     ") over the row" + (st >= 0 ? ", after " + c + " stores it" : "")};
@@ -427,6 +558,7 @@ class Psi {
   const FusionSpec& fs_;
   std::vector<const Spec*> st_;
   std::vector<int> carried_;
+  std::vector<MergeHow> merge_;   // per stage: the pair (k, k+1) merges, and how
   std::string staged_;   // TileLoadStaged's arguments after the type, or "": [rows, N] inputs read by TileLoad
   std::map<std::string, std::string> alias_types_;   // every alias the unit defines -> its type
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
@@ -482,6 +614,11 @@ std::unique_ptr<Psi> staged_psi(const FusionSpec& fs, const KernelConfig& cfg) {
 
 }  // namespace
 
+bool psi_merges(const FusionSpec& fs) {
+  const auto m = merged_pairs(fs.stages());
+  return std::any_of(m.begin(), m.end(), [](MergeHow h) { return h != MergeHow::None; });
+}
+
 bool psi_stages_tile_inputs(const FusionSpec& fs, const KernelConfig& cfg) {
   try {
     check_limits(fs, cfg);
@@ -514,7 +651,8 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   o << "// Generated by ComFuse (Psi) from a Fusion Spec; do not edit. How to read it: docs/codegen.md.\n"
     << "// spec " << hash.str() << ": N=" << fs.gemm.n << " K=" << fs.gemm.k << ", " << fs.num_stages()
     << " stage(s); tile " << cfg.tile_m << "x" << cfg.tile_n << "x" << cfg.tile_k << ", cluster " << cfg.cluster_m
-    << "x" << cfg.cluster_n << (cfg.cooperative ? ", cooperative" : "") << "\n";
+    << "x" << cfg.cluster_n << (cfg.cooperative ? ", cooperative" : "")
+    << (cfg.merged ? ", reduction pairs merged" : "") << "\n";
   // Shapes are written with "rows" for M: the source - and so the JIT's cache key - does not depend on the
   // batch size, which the kernel takes at run time.
   const std::string n_str = std::to_string(fs.gemm.n);

@@ -34,6 +34,11 @@ int transport_code(const std::string& t) {
   throw CompileError("unknown transport '" + t + "' (l2, dsmem_p2p, dsmem_leader)");
 }
 
+void check_merge(const std::string& m) {
+  if (!m.empty() && m != "on" && m != "off")
+    throw CompileError("unknown merge setting '" + m + "' (on, off, or empty for the planner's choice)");
+}
+
 // Whether running the partitioned program needs the plain path library: nodes outside regions, or a region
 // output kept in another dtype than its node's (handed on as f32), which consumers may need converted.
 bool needs_plain_path(const Partition& p) {
@@ -97,10 +102,17 @@ void check_header_dirs(const CompilerOptions& o) {
 
 // Plans a region and generates its kernel into r. False when no kernel can serve it (the plan says why); one
 // declined for speed only is still generated (it runs fused). Throws when the transport cannot serve it.
-bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const std::string& transport) {
+bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const std::string& transport,
+                       const std::string& merge) {
   r.plan = plan_region(spec);
   if (!r.plan.fuse && r.plan.reason.rfind("fusion does not pay", 0) != 0) return false;
   if (std::string why = fit_transport(r.plan, spec, transport); !why.empty()) throw CompileError(why);
+  if (!merge.empty()) {   // the user's word over the planner's (CompilerOptions::merge)
+    const bool was = r.plan.config.merged;
+    r.plan.config.merged = merge == "on" && psi_merges(spec);
+    if (r.plan.config.merged != was)
+      r.plan.reason += std::string("; reduction pairs ") + (was ? "not merged" : "merged") + " (merge=" + merge + ")";
+  }
   if (r.plan.candidates.empty() || spec.num_stages() > 1) r.plan.candidates = {r.plan.config};   // as fit_transport left it
   r.plan.candidates[0] = r.plan.config;
   if (r.plan.candidates.size() > 1 && !search::enabled()) {   // nothing would time them: compile the prior only
@@ -214,6 +226,7 @@ Compiler::Compiler(CompilerOptions o) : opts_(std::move(o)) {
 CompiledGraph Compiler::compile(const Graph& g) const {
   check_header_dirs(opts_);
   if (!opts_.transport.empty()) transport_code(opts_.transport);  // validates the name
+  check_merge(opts_.merge);
 
   CompiledGraph cg;
   cg.graph_ = g;
@@ -240,7 +253,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
     r.region = static_cast<int>(i);
     bool kernel = false;
     try {
-      kernel = plan_and_generate(r, p.regions[i].spec, opts_.transport);
+      kernel = plan_and_generate(r, p.regions[i].spec, opts_.transport, opts_.merge);
     } catch (const CompileError& e) {
       throw CompileError("region " + std::to_string(i) + ": " + e.what());
     }
@@ -290,9 +303,9 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
   fs::create_directories(dir);
   std::ostringstream m;
   m << "# ComFuse ahead-of-time kernels (comfuse aot); one line per fused region (its prior config):\n"
-    << "# region kernel-name library transport tile_m tile_n tile_k cluster_m cluster_n [coop] [key=JIT-key]\n"
+    << "# region kernel-name library transport tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [key=JIT-key]\n"
     << "# then one line per other candidate of the config search:\n"
-    << "# candidate region library tile_m tile_n tile_k cluster_m cluster_n [coop] [key=JIT-key]\n";
+    << "# candidate region library tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [key=JIT-key]\n";
   if (!cg.plain_library_.empty()) {
     fs::copy_file(cg.plain_library_, fs::path(dir) / "comfuse_plain_path.so", fs::copy_options::overwrite_existing);
     cg.plain_library_ = (fs::path(dir) / "comfuse_plain_path.so").string();
@@ -307,7 +320,7 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
       const auto& c = k.config;
       return std::to_string(c.tile_m) + " " + std::to_string(c.tile_n) + " " + std::to_string(c.tile_k) + " " +
              std::to_string(c.cluster_m) + " " + std::to_string(c.cluster_n) + (c.cooperative ? " coop" : "") +
-             (k.key.empty() ? "" : " key=" + k.key);
+             (c.merged ? " merged" : "") + (k.key.empty() ? "" : " key=" + k.key);
     };
     for (size_t c = 0; c < r.candidates.size(); ++c) {
       CompiledCandidate& k = r.candidates[c];
@@ -343,13 +356,14 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
   cg.regions_.resize(p.regions.size());
   std::vector<bool> seen(p.regions.size(), false);
   std::vector<std::pair<int, CompiledCandidate>> others;   // "candidate" lines, attached after every region's line
-  // "tile_m tile_n tile_k cluster_m cluster_n [coop] [key=K]" (a manifest before the config search: no key)
+  // "tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [key=K]" (a manifest before the config search: no key)
   auto read_config = [&](std::istringstream& ls, const std::string& line, CompiledCandidate& k) {
     KernelConfig& c = k.config;
     if (!(ls >> c.tile_m >> c.tile_n >> c.tile_k >> c.cluster_m >> c.cluster_n))
       throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
     for (std::string t; ls >> t;) {
       if (t == "coop") c.cooperative = true;
+      else if (t == "merged") c.merged = true;
       else if (t.rfind("key=", 0) == 0) k.key = t.substr(4);
       else throw CompileError(dir + "/manifest.txt: bad schedule or field '" + t + "' in '" + line + "'");
     }
@@ -715,7 +729,8 @@ std::string CompiledGraph::explain() const {
     }
     const auto& c = r.plan.config;
     o << "region " << r.region << ": " << r.kernel.name << " tile " << c.tile_m << "x" << c.tile_n << "x" << c.tile_k
-      << " cluster " << c.cluster_m << "x" << c.cluster_n << (c.cooperative ? " cooperative" : "") << ", transport "
+      << " cluster " << c.cluster_m << "x" << c.cluster_n << (c.cooperative ? " cooperative" : "")
+      << (c.merged ? ", reduction pairs merged" : "") << ", transport "
       << r.plan.transport << ", "
       << (r.cache_hit ? (r.lookup_ms > 0 ? "cache hit in " + fixed(r.lookup_ms, 2) + " ms" : std::string("ahead of time"))
                       : "compiled in " + fixed(r.compile_seconds, 1) + " s")
@@ -1045,8 +1060,9 @@ CompiledRegion RegionKernel::compile(const FusionSpec& spec, CompilerOptions o) 
   Compiler c(std::move(o));
   const CompilerOptions& opts = c.options();
   check_header_dirs(opts);
+  check_merge(opts.merge);
   CompiledRegion region;
-  if (!plan_and_generate(region, spec, opts.transport))
+  if (!plan_and_generate(region, spec, opts.transport, opts.merge))
     throw CompileError("no fused kernel can serve this region: " + region.plan.reason);
   // The prior alone: a frontend's launch has no config search (yet).
   region.plan.candidates = {region.plan.config};

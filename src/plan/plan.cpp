@@ -26,25 +26,33 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
 
 }  // namespace
 
-// "128x256x64_c2x1_coop" -> tile, cluster, schedule. Other suffixes name bench variants that Psi does not generate
-// (a fixed tile order "_r8", hand-composed merged "_mg" or SMEM-staged "_sr" epilogues): not a config, false.
+// "128x256x64_c2x1_coop_mg" -> tile, cluster, schedule, merged reduction pairs. Other suffixes name bench
+// variants that are not a config ("_r8", a fixed tile order; "_sp", split-phase epilogues; "_sr", staged residual
+// tiles, which Psi decides itself: row_config): false.
 bool parse_config(const std::string& s, KernelConfig& c) {
   int used = 0;
   if (std::sscanf(s.c_str(), "%dx%dx%d_c%dx%d%n", &c.tile_m, &c.tile_n, &c.tile_k, &c.cluster_m, &c.cluster_n, &used) != 5)
     return false;
   std::string rest = s.substr(static_cast<size_t>(used));
-  c.cooperative = rest == "_coop";
-  return rest.empty() || c.cooperative;
+  auto take = [&](const std::string& suffix) {
+    if (rest.compare(0, suffix.size(), suffix) != 0) return false;
+    rest = rest.substr(suffix.size());
+    return true;
+  };
+  c.cooperative = take("_coop");
+  c.merged = take("_mg");
+  return rest.empty();
 }
 
 bool operator==(const KernelConfig& a, const KernelConfig& b) {
   return a.tile_m == b.tile_m && a.tile_n == b.tile_n && a.tile_k == b.tile_k && a.cluster_m == b.cluster_m &&
-         a.cluster_n == b.cluster_n && a.cooperative == b.cooperative;
+         a.cluster_n == b.cluster_n && a.cooperative == b.cooperative && a.merged == b.merged;
 }
 
 std::string config_name(const KernelConfig& c) {
   return std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k) + "_c" +
-         std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + (c.cooperative ? "_coop" : "");
+         std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + (c.cooperative ? "_coop" : "") +
+         (c.merged ? "_mg" : "");
 }
 
 namespace {
@@ -85,8 +93,9 @@ bool has_tile_param(const FusionSpec& fs) {
   return false;
 }
 
-// A measured row's config (parsed into c): a config name, or one with "_sr", an instance whose residual tile is
-// staged through SMEM before the mainloop (TileLoadStaged). Other instance forms ("_mg", "_sp") are not Psi's.
+// A measured row's config (parsed into c): a config name (with "_mg": merged reduction pairs), or one with "_sr",
+// an instance whose residual tile is staged through SMEM before the mainloop (TileLoadStaged). Other instance
+// forms ("_sp", "_r8") are not Psi's.
 bool row_config(const MeasuredRow& f, KernelConfig& c, bool& staged) {
   const std::string sr = "_sr";
   staged = f.config.size() > sr.size() && f.config.compare(f.config.size() - sr.size(), sr.size(), sr) == 0;
@@ -100,6 +109,7 @@ bool eligible(const MeasuredRow& f, const FusionSpec& fs, const std::string& cls
   bool staged = false;
   if (f.epilogue != cls || !row_config(f, c, staged)) return false;
   if (staged != psi_stages_tile_inputs(fs, c)) return false;
+  if (c.merged && !psi_merges(fs)) return false;   // measured merged; this Spec has no pair to merge
   if (has_tile_param(fs) && c.tile_n > 128 && !c.cooperative) return false;  // PingPong 128x192 + a residual tile spills (docs/PERF.md)
   // A DSMEM measurement only applies where this shape's row block fits one cluster.
   if (reduces && f.transport.rfind("dsmem", 0) == 0 && (fs.gemm.n + c.tile_n - 1) / c.tile_n > kDsmemMaxCols) return false;
@@ -391,7 +401,24 @@ PlanDecision plan_b2b(const B2BSpec& b) {
   d.fuse = false;
   const double bytes = 2.0 * static_cast<double>(b.rows()) * static_cast<double>(b.n1()) *
                        (b.first.outputs[0].dtype == DType::F32 ? 4 : 2);   // S written, then read back
-  d.reason = "no B2B kernel yet: runs as two GEMMs with their epilogues; fusing would keep the intermediate (" +
+  // The flash-style kernel's best instance ÷ two cuBLASLt GEMMs on the H200 (docs/kernel-b2b.md, 2026-12-01): the
+  // nearest of the measured workloads (log distance in rows, K, N1, N2) tells the user what fusing would give.
+  struct Measured {
+    double rows, k, n1, n2, ratio;
+  };
+  static const Measured kMeasured[] = {{65536, 256, 1024, 256, 1.11}, {32768, 512, 2048, 512, 1.67},
+                                       {65536, 512, 256, 64, 0.87}, {16384, 768, 3072, 768, 2.20}};
+  const Measured* near = nullptr;
+  double best = std::numeric_limits<double>::infinity();
+  for (const Measured& m : kMeasured) {
+    const double dist = std::fabs(std::log(double(b.rows()) / m.rows)) + std::fabs(std::log(double(b.first.gemm.k) / m.k)) +
+                        std::fabs(std::log(double(b.n1()) / m.n1)) + std::fabs(std::log(double(b.n2()) / m.n2));
+    if (dist < best) best = dist, near = &m;
+  }
+  d.reason = "no B2B kernel in the compiler yet: runs as two GEMMs with their epilogues (the flash-style kernel is "
+             "measured, not wired in: " +
+             fmt("%.2fx two cuBLASLt GEMMs at %.0fx%.0f", near->ratio, near->rows, near->k) +
+             fmt("x%.0fx%.0f, the nearest measured chain); fusing would keep the intermediate (", near->n1, near->n2) +
              fmt("%.0f MB written and read back, ~%.0f us at 4.24 TB/s", bytes / 1e6, bytes / 4.24e12 * 1e6) +
              ") on chip";
   return d;

@@ -303,7 +303,7 @@ TEST(B2B, PlannerDeclinesEveryChainForNow) {
   Partition p = plan(mlp(8, 16, 24, 8));
   PlanDecision d = plan_b2b(only_chain(p).spec);
   EXPECT_FALSE(d.fuse);
-  EXPECT_EQ(d.reason.rfind("no B2B kernel yet", 0), 0u) << d.reason;
+  EXPECT_EQ(d.reason.rfind("no B2B kernel in the compiler yet", 0), 0u) << d.reason;
 }
 
 // ---- interpreter: the kernel's order against the Graph interpreter ----
@@ -415,7 +415,7 @@ TEST(B2B, WorkloadExamplesPlanWithTheirChainDeclined) {
     test::CliRun r = test::run_cli("plan " + e.path().string() + " --explain");
     ASSERT_EQ(r.code, 0) << e.path() << "\n" << r.out;
     EXPECT_NE(r.out.find("chain 0: recognised"), std::string::npos) << e.path() << "\n" << r.out;
-    EXPECT_NE(r.out.find("b2b chain 0: declined (runs as before): no B2B kernel yet"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("b2b chain 0: declined (runs as before): no B2B kernel in the compiler yet"), std::string::npos) << r.out;
   }
   EXPECT_EQ(n, 5);
 }
@@ -449,7 +449,7 @@ TEST(B2B, CompiledGraphRunsTheRegionsAndExplainsTheDecline) {
   CompiledGraph cg = Compiler().load(g, d.string());
   EXPECT_TRUE(cg.regions().empty());
   const std::string ex = cg.explain();
-  EXPECT_NE(ex.find("b2b chain 0 ('_2' -> 'y'): declined: no B2B kernel yet"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("b2b chain 0 ('_2' -> 'y'): declined: no B2B kernel in the compiler yet"), std::string::npos) << ex;
   EXPECT_NE(ex.find("plain GPU path (nodes outside fused regions): _1 _2 _3"), std::string::npos) << ex;
   fs::remove_all(d);
 }

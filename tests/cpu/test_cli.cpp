@@ -77,6 +77,35 @@ TEST(Cli, InterpGraphAndSpecModesAgreeOnSmallExamples) {
   }
 }
 
+// --merge on writes the merged form of a softmax's or LayerNorm's pair of reductions (and nothing else changes
+// for a region without such a pair); bad values and --merge with --aot are usage errors.
+TEST(Cli, MergeOnEmitsTheMergedPairs) {
+  fs::path d = temp_dir("merge");
+  const std::string small = std::string(COMFUSE_SOURCE_DIR) + "/examples/small/";
+  auto emitted = [&](const std::string& ex, const std::string& flag) {
+    fs::remove_all(d / "o");
+    CliRun r = run("emit " + small + ex + ".cf -o " + (d / "o").string() + flag);
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::string src;
+    for (const auto& e : fs::directory_iterator(d / "o")) {
+      std::ifstream in(e.path());
+      src.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    return src;
+  };
+  EXPECT_NE(emitted("softmax", " --merge on").find("MergedReduce<Merge::ShiftedExp"), std::string::npos);
+  EXPECT_NE(emitted("postnorm", " --merge on").find("MergedReduce<Merge::CenteredSquares"), std::string::npos);
+  EXPECT_EQ(emitted("softmax", "").find("MergedReduce"), std::string::npos);
+  EXPECT_EQ(emitted("rmsnorm", " --merge on"), emitted("rmsnorm", ""));   // one reduction: nothing to merge
+  CliRun r = run("emit " + small + "softmax.cf -o " + (d / "o").string() + " --merge yes");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--merge must be 'on' or 'off', got 'yes'"), std::string::npos) << r.out;
+  r = run("run " + small + "softmax.cf --aot " + d.string() + " --merge off");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--merge is fixed when the kernels were compiled"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
 TEST(Cli, ErrorsExitWithCode2AndSaySo) {
   fs::path d = temp_dir("errors");
   std::ofstream(d / "bad.cf") << "input X : bf16[4, 8]\ny = frobnicate(X)\noutput y\n";

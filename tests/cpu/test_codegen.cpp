@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include "comfuse/codegen.h"
@@ -136,6 +137,74 @@ TEST(Codegen, AliasesNameTheNestedType) {
   EXPECT_EQ(src.find("extern \"C\""), std::string::npos);
 }
 
+// Merged reduction pairs (KernelConfig::merged) render exactly the hand-composed trees the GPU tests run and the
+// bench measured (tests/gpu/epilogues_reduce.cuh: SoftmaxMerged, PostNormMerged, LnSoftmaxMerged).
+TEST(Codegen, MergedPairsRenderTheHandComposedTrees) {
+  KernelConfig mg;
+  mg.merged = true;
+  auto merged = [&](int k, const std::string& body) {
+    Partition p = partition(parse_cf(
+        "input X : bf16[64, " + std::to_string(k) + "]\ninput W : bf16[" + std::to_string(k) +
+            ", 256]\ninput b : bf16[256]\ninput R : bf16[64, 256]\ninput g : bf16[256]\ninput be : bf16[256]\n"
+            "h = matmul(X, W)\n" + body,
+        "mg.cf"));
+    const FusionSpec& fs = p.regions.at(0).spec;
+    EXPECT_TRUE(psi_merges(fs)) << body;
+    const std::string src = generate_kernel(fs, mg).source;
+    EXPECT_NE(src.find("reduction pairs merged"), std::string::npos);
+    EXPECT_NE(src, generate_kernel(fs).source);   // another kernel, another JIT cache entry
+    std::istringstream lines(src);
+    for (std::string l; std::getline(lines, l);) EXPECT_LE(l.size(), 120u) << l;
+    return expanded_epilogue(src);
+  };
+  const std::string shifted0 = "Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<0>>>";
+  EXPECT_EQ(merged(1024, "y = softmax(add(h, b))\noutput y\n"),
+            "StageStream<Stage<LocalReduce<RowReduce::Max, 0, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>, "
+            "Stage<Outputs<AccEntry, MergedReduce<Merge::ShiftedExp, RowReduce::Sum, 1, " + shifted0 + ">>, "
+            "Stage<Store<bf16, Compute<ops::Div, " + shifted0 + ", RowResult<1>>>>>>>");
+  // K > 1024: the residual is read in the epilogue (TileLoad), as in PostNormMerged
+  const std::string x = "Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoad<bf16>>";
+  const std::string centered = "Compute<ops::Sub, AccEntry, RowResult<0>>";
+  auto affine = [&](const std::string& r) {
+    return "Compute<ops::Add, Compute<ops::Mul, Compute<ops::Mul, " + centered + ", Compute<ops::Rsqrt, "
+           "Compute<ops::Add, RowResult<" + r + ">, Scalar>>>, RowBroadcast<bf16>>, RowBroadcast<bf16>>";
+  };
+  const std::string ln_pair = "LocalReduce<RowReduce::Mean, 0, " + x + ">, Stage<Outputs<AccEntry, "
+                              "MergedReduce<Merge::CenteredSquares, RowReduce::Mean, 1, Compute<ops::Square, " +
+                              centered + ">>>, ";
+  EXPECT_EQ(merged(2048, "y = layer_norm(add(add(h, b), R), g, be)\noutput y\n"),
+            "StageStream<Stage<" + ln_pair + "Stage<Store<bf16, " + affine("1") + ">>>>>");
+  // LN -> softmax: both pairs merge; the softmax pair shifts y, recomputed in its last stage
+  const std::string shifted2 = "Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<2>>>";
+  EXPECT_EQ(merged(2048, "y = softmax(layer_norm(add(add(h, b), R), g, be))\noutput y\n"),
+            "StageStream<Stage<" + ln_pair + "Stage<LocalReduce<RowReduce::Max, 2, " + affine("1") + ">, "
+            "Stage<Outputs<AccEntry, MergedReduce<Merge::ShiftedExp, RowReduce::Sum, 3, " + shifted2 + ">>, "
+            "Stage<Store<bf16, Compute<ops::Div, " + shifted2 + ", RowResult<3>>>>>>>>>");
+}
+
+// A pair merges only where the kernel's merged form computes the same values (codegen.h, psi_merges).
+TEST(Codegen, MergesOnlyWhatTheMergedFormComputesAlike) {
+  auto spec = [](const std::string& body) {
+    return partition(parse_cf("input X : bf16[8, 16]\ninput W : bf16[16, 24]\nh = matmul(X, W)\n" + body, "m.cf"))
+        .regions.at(0)
+        .spec;
+  };
+  EXPECT_TRUE(psi_merges(spec("m = max(h)\ne = exp(sub(h, m))\ny = div(e, sum(e))\noutput y\n")));
+  // the second stage stores a value that reads the first result: in the merged stage that result is the CTA's own
+  EXPECT_FALSE(psi_merges(spec("m = max(h)\nd = sub(h, m)\ne = exp(d)\ny = div(e, sum(e))\noutput y\noutput d\n")));
+  // not a shifted pair: the sum is of exp(h), not of exp(h - max)
+  EXPECT_FALSE(psi_merges(spec("m = max(h)\ne = exp(h)\ny = div(sub(e, m), sum(e))\noutput y\n")));
+  // one reduction
+  FusionSpec rms = spec("input g : bf16[24]\ny = rms_norm(h, g)\noutput y\n");
+  EXPECT_FALSE(psi_merges(rms));
+  KernelConfig mg;
+  mg.merged = true;
+  EXPECT_NE(psi_rejects(rms, mg).value_or("").find("no chained pair of row reductions merges"), std::string::npos);
+  // a variance as mean(d * d) merges as well as mean(square(d))
+  EXPECT_TRUE(psi_merges(spec("m = mean(h)\nd = sub(h, m)\nv = mean(mul(d, d))\ny = mul(d, rsqrt(add(v, 1e-5)))\n"
+                              "output y\n")));
+}
+
 // The JIT's cache key is a hash of the source: value names and the batch size must not enter it, so that every
 // layer of a stack (same structure, other names) and every batch size share one kernel and one cache entry.
 TEST(Codegen, SourceIgnoresValueNamesAndRows) {
@@ -236,6 +305,64 @@ TEST(Codegen, StagesTileInputsAtShortKWhereTheyFit) {
 // Every staged residual tile takes its own SMEM, and a value read twice instantiates its subtree twice: over random
 // programs and the configs Psi serves, the expanded tree never holds more staged tiles than the budget allows, and
 // holds some exactly when psi_stages_tile_inputs says so (two random programs once overflowed SMEM at nvcc).
+// Random epilogues around a LayerNorm or softmax pair (library or written out, with random prefixes, suffixes and
+// extra outputs): psi_merges is what the rules say, and the merged unit renders with one MergedReduce per
+// LocalReduce, within 120 characters a line, and differs from the chained one.
+TEST(Codegen, MergedPairsOverRandomEpilogues) {
+  std::mt19937 rng(20261201);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  const char* prefixes[] = {"mul(h, 0.5)", "add(h, b)", "relu(add(h, b))", "add(add(h, b), R)", "mul(add(h, R), g)",
+                            "tanh(h)"};
+  KernelConfig mg;
+  mg.merged = true;
+  int merged = 0, refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    const int k = 8 * (2 + pick(64)), n = 8 * (2 + pick(64));
+    std::string cf = "input X : bf16[64, " + std::to_string(k) + "]\ninput W : bf16[" + std::to_string(k) + ", " +
+                     std::to_string(n) + "]\ninput b : bf16[" + std::to_string(n) + "]\ninput g : bf16[" +
+                     std::to_string(n) + "]\ninput be : bf16[" + std::to_string(n) + "]\ninput R : bf16[64, " +
+                     std::to_string(n) + "]\nh = matmul(X, W)\np = " + prefixes[pick(6)] + "\n";
+    bool expect = true;
+    switch (pick(5)) {
+      case 0: cf += "y = softmax(p)\n"; break;
+      case 1: cf += "y = layer_norm(p, g, be)\n"; break;
+      case 2: cf += "m = max(p)\ne = exp(sub(p, m))\ny = div(e, sum(e))\n"; break;
+      case 3: cf += "mu = mean(p)\nd = sub(p, mu)\ny = mul(d, rsqrt(add(mean(mul(d, d)), 1e-5)))\n"; break;
+      default: cf += "y = softmax(layer_norm(p, g, be))\n"; break;
+    }
+    if (pick(3) == 0) cf += "output p\n";                   // a store of x in the first stage: folded, still merges
+    if (cf.find("d = sub") != std::string::npos && pick(2) == 0) {
+      cf += "output d\n";                                   // stored in the second stage, reads the first result
+      expect = false;
+    }
+    cf += pick(2) ? "output y\n" : "z = add(mul(y, g), b)\noutput z\n";
+    Partition p = partition(parse_cf(cf, "r.cf"));
+    ASSERT_EQ(p.regions.size(), 1u) << cf;
+    const FusionSpec& fs = p.regions[0].spec;
+    EXPECT_EQ(psi_merges(fs), expect) << cf << print_spec(fs);
+    if (!psi_merges(fs)) {
+      ++refused;
+      continue;
+    }
+    ASSERT_FALSE(psi_rejects(fs, mg).has_value()) << cf;
+    const std::string src = generate_kernel(fs, mg).source;
+    EXPECT_NE(src, generate_kernel(fs).source);
+    const std::string type = expanded_epilogue(src);
+    auto count = [&](const std::string& w) {
+      int c = 0;
+      for (size_t at = type.find(w); at != std::string::npos; at = type.find(w, at + 1)) ++c;
+      return c;
+    };
+    EXPECT_GE(count("LocalReduce<"), 1) << src;
+    EXPECT_EQ(count("LocalReduce<"), count("MergedReduce<")) << src;
+    std::istringstream lines(src);
+    for (std::string l; std::getline(lines, l);) EXPECT_LE(l.size(), 120u) << l;
+    ++merged;
+  }
+  EXPECT_GT(merged, 150);
+  EXPECT_GT(refused, 10);
+}
+
 TEST(Codegen, StagedTilesStayWithinTheirSmemBudget) {
   comfuse::test::RandomSizes sizes;
   sizes.align = 8;

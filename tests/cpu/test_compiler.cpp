@@ -122,6 +122,12 @@ TEST(Compiler, AheadOfTimeManifestIsCheckedAgainstTheGraph) {
   EXPECT_EQ(cg.regions()[0].candidates[0].key, "");
   EXPECT_EQ(cg.regions()[0].plan.candidates.size(), 1u);
 
+  // a merged-pairs config is kept as written
+  std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so l2 128 256 64 1 1 coop merged\n";
+  CompiledGraph mg = c.load(small("postnorm"), d.string());
+  EXPECT_TRUE(mg.regions()[0].plan.config.merged);
+  EXPECT_TRUE(mg.regions()[0].plan.config.cooperative);
+
   std::ofstream(d / "manifest.txt") << "3 " + name + " x.so l2 128 128 64 1 1\n";
   why = message_of<CompileError>([&] { c.load(small("postnorm"), d.string()); });
   EXPECT_NE(why.find("bad line"), std::string::npos) << why;

@@ -30,21 +30,46 @@ TEST(Plan, MeasuredTableIsCompiledIn) {
 }
 
 TEST(Plan, BenchVariantsThatPsiCannotEmitAreNotConfigs) {
-  // the table holds hand-composed merged (_mg) / SMEM-staged (_sr) instances and fixed tile orders (_r8): the planner
-  // must not pick one of them, even where it is the fastest row
+  // the table holds split-phase (_sp) instances and fixed tile orders (_r8): the planner must not pick one of
+  // them, even where it is the fastest row; nor a merged (_mg) row for a Spec without a pair of reductions to merge
   auto table = parse_measured_table(
       "M,K,N,variant,config,epilogue,us\n"
       "16384,1024,1024,cublas,x,identity,50.0\n"
-      "16384,1024,1024,a,128x128x64_c1x1_mg,postnorm,40.0\n"
-      "16384,1024,1024,b,128x128x64_c1x1_sr,postnorm,41.0\n"
+      "16384,1024,1024,a,128x128x64_c1x1_sp,postnorm,40.0\n"
+      "16384,1024,1024,b,128x128x64_c1x1_mg,rmsnorm,41.0\n"
       "16384,1024,1024,c,128x256x64_c1x1_coop_r8,bias_gelu,30.0\n"
       "16384,1024,1024,d,128x256x64_c2x1_coop,postnorm,60.0\n"
+      "16384,1024,1024,f,128x256x64_c2x1_coop,rmsnorm,61.0\n"
       "16384,1024,1024,e,128x128x64_c1x2,bias_gelu,52.0\n");
   PlanDecision ln = plan_region(spec_of(gemm(16384, 1024, 1024, "y = layer_norm(add(h, b), g, beta)\noutput y\n")), table);
   EXPECT_TRUE(ln.config.cooperative);
   EXPECT_EQ(config_name(ln.config), "128x256x64_c2x1_coop");
+  PlanDecision rms = plan_region(spec_of(gemm(16384, 1024, 1024, "y = rms_norm(add(h, b), g)\noutput y\n")), table);
+  EXPECT_EQ(config_name(rms.config), "128x256x64_c2x1_coop") << rms.reason;   // one reduction: nothing merges
   PlanDecision gelu = plan_region(spec_of(gemm(16384, 1024, 1024, "y = gelu(add(h, b))\noutput y\n")), table);
   EXPECT_EQ(config_name(gelu.config), "128x128x64_c1x2");
+}
+
+TEST(Plan, MergedReductionPairsArePlannedFromTheirOwnRows) {
+  // softmax at 8192x4096x4096: merged (one exchange) measured faster than chained; at 16384x1024x1024 slower
+  auto table = parse_measured_table(
+      "M,K,N,variant,config,epilogue,us\n"
+      "8192,4096,4096,cublas,x,identity,412.0\n"
+      "8192,4096,4096,a,128x128x64_c1x1,softmax,482.4\n"
+      "8192,4096,4096,b,128x128x64_c1x1_mg,softmax,435.8\n"
+      "16384,1024,1024,cublas,x,identity,50.0\n"
+      "16384,1024,1024,a,128x128x64_c1x8,softmax,84.2\n"
+      "16384,1024,1024,b,128x256x64_c1x4_coop_mg,softmax,89.2\n");
+  const std::string sm = "y = softmax(add(h, b))\noutput y\n";
+  PlanDecision long_k = plan_region(spec_of(gemm(8192, 4096, 4096, sm)), table);
+  EXPECT_TRUE(long_k.config.merged) << long_k.reason;
+  EXPECT_EQ(config_name(long_k.config), "128x128x64_c1x1_mg");
+  EXPECT_NE(long_k.reason.find("[128x128x64_c1x1_mg, l2]"), std::string::npos) << long_k.reason;
+  PlanDecision short_k = plan_region(spec_of(gemm(16384, 1024, 1024, sm)), table);
+  EXPECT_FALSE(short_k.config.merged) << short_k.reason;
+  // the compiled-in table: merged softmax at 8192x4096x4096 (436 us against 482 chained, docs/PERF.md)
+  PlanDecision real = plan_region(spec_of(gemm(8192, 4096, 4096, sm)));
+  EXPECT_TRUE(real.fuse && real.config.merged) << real.reason;
 }
 
 TEST(Plan, ElementwiseEpilogueIsFusedWithAMeasuredConfig) {
@@ -272,15 +297,18 @@ TEST(PlanCandidates, TheCompiledInTableGivesSeveralForAnElementwiseEpilogue) {
 }
 
 TEST(PlanCandidates, ConfigNamesRoundTrip) {
-  for (const std::string s : {"128x128x64_c1x1", "128x256x64_c2x1_coop", "64x256x64_c2x1"}) {
+  for (const std::string s : {"128x128x64_c1x1", "128x256x64_c2x1_coop", "64x256x64_c2x1", "128x128x64_c1x8_mg",
+                              "128x256x64_c1x1_coop_mg"}) {
     KernelConfig c;
     ASSERT_TRUE(parse_config(s, c)) << s;
     EXPECT_EQ(config_name(c), s);
   }
   KernelConfig c;
   EXPECT_FALSE(parse_config("cublas", c));
-  // bench variants Psi does not emit are not configs: a fixed tile order, merged or SMEM-staged epilogues
-  for (const std::string s : {"128x256x64_c2x1_coop_r8", "128x128x64_c1x1_mg", "128x128x64_c1x8_sr"})
+  // bench variants that are not configs: a fixed tile order, split-phase epilogues, SMEM-staged tiles (Psi decides
+  // that itself; the planner reads such rows through row_config), suffixes out of order
+  for (const std::string s : {"128x256x64_c2x1_coop_r8", "128x128x64_c1x1_sp", "128x128x64_c1x8_sr",
+                              "128x128x64_c1x8_mg_sr", "128x256x64_c1x1_mg_coop"})
     EXPECT_FALSE(parse_config(s, c)) << s;
 }
 

@@ -1,7 +1,7 @@
 """Back-to-back GEMM chains (GEMM1 -> F -> GEMM2, docs/kernel-b2b.md "Graph level") captured from nn.Modules:
 the frontend's graphs reach partition with the chain intact (Linear -> act -> Linear with nn.Linear's [N, K]
 weights, and target attention written out in ops), and the user sees each chain, recognised or not, with the
-planner's decision (today: declined, no B2B kernel yet) in the log and in comfuse.explain. CPU only: the
+planner's decision (today: declined, no B2B kernel in the compiler yet) in the log and in comfuse.explain. CPU only: the
 workload shapes are captured on the meta device (nothing is computed), the small ones on CPU tensors."""
 import io
 import logging
@@ -86,7 +86,7 @@ def test_dlrm_bottom_mlp_is_one_chain_at_its_shape():
     # both halves stay what they were: the partition's two regions
     assert (c.region1, c.region2) == (0, 1) and len(rep.regions) == 2
     assert (rep.gemm_name(c.gemm1), rep.gemm_name(c.gemm2)) == ("addmm", "addmm_1")
-    assert plan is not None and not plan.fuse and plan.reason.startswith("no B2B kernel yet")
+    assert plan is not None and not plan.fuse and plan.reason.startswith("no B2B kernel in the compiler yet")
 
 
 def test_target_attention_is_one_softmax_chain_at_its_shape():
@@ -102,9 +102,9 @@ def test_target_attention_is_one_softmax_chain_at_its_shape():
     assert (g2.rows, g2.k, g2.n, g2.transpose_b) == (1024 * 128, 256, 64, False)
     assert "mul" in str(b.first)                     # the scale is F's elementwise prefix
     assert (c.region1, c.region2) == (-1, -1)        # batched GEMMs: the standard path today
-    assert not plan.fuse and "no B2B kernel yet" in plan.reason
+    assert not plan.fuse and "no B2B kernel in the compiler yet" in plan.reason
     # the graph has no single-GEMM region: the whole-graph reason names the chain
-    assert "1 back-to-back chain(s) recognised, not fused: no B2B kernel yet" in rep.fallback
+    assert "1 back-to-back chain(s) recognised, not fused: no B2B kernel in the compiler yet" in rep.fallback
 
 
 def test_ffn_gelu_tanh_on_3d_activations():
@@ -137,7 +137,7 @@ def test_attention_chain_through_the_inductor_pass(scale, divide, caplog):
     assert c.recognised and c.spec.form == "softmax", c.reason
     msgs = messages(caplog)
     assert any("back-to-back chain 0: GEMM 'bmm' -> GEMM 'bmm_1': recognised (F softmax)" in s and
-               "not fused: no B2B kernel yet" in s for s in msgs), msgs
+               "not fused: no B2B kernel in the compiler yet" in s for s in msgs), msgs
 
 
 def test_dlrm_chain_through_the_inductor_pass(caplog):
@@ -163,7 +163,7 @@ def test_explain_lists_the_chain_and_the_decision():
     text = buf.getvalue()
     assert "back-to-back chains (GEMM1 -> F -> GEMM2 -> epilogue2" in text
     assert "chain 0: GEMM 'bmm' -> GEMM 'bmm_1': recognised (F softmax)" in text
-    assert "not fused: no B2B kernel yet" in text
+    assert "not fused: no B2B kernel in the compiler yet" in text
     assert "b2b: F softmax" in text                  # the B2BSpec, in the partition's text
 
 
@@ -272,4 +272,4 @@ def test_on_a_hopper_gpu_attention_falls_back_naming_the_chain(monkeypatch):
     rep = _gpu_analysis(monkeypatch, capture_one(TargetAttention(), *(torch.randn(2, lq, 16, dtype=BF16)
                                                                       for lq in (8, 32, 32))))
     assert rep.fallback.startswith("no GEMM with a fusable epilogue in this graph (1 back-to-back chain(s) "
-                                   "recognised, not fused: no B2B kernel yet")
+                                   "recognised, not fused: no B2B kernel in the compiler yet")
