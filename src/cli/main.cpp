@@ -148,7 +148,8 @@ int cmd_plan(const Args& a) {
     if (d.fuse)
       std::cout << "fuse, " << d.config.tile_m << "x" << d.config.tile_n << "x" << d.config.tile_k << " cluster "
                 << d.config.cluster_m << "x" << d.config.cluster_n << (d.config.cooperative ? " cooperative" : "")
-                << (d.config.merged ? ", reduction pairs merged" : "") << ", transport " << d.transport << ": " << d.reason
+                << (d.config.merged ? ", reduction pairs merged" : "")
+                << ", transport " << d.transport << ": " << d.reason
                 << "\n";
     else
       std::cout << "declined (runs unfused): " << d.reason << "\n";
@@ -433,7 +434,8 @@ void print_choices(const CompiledGraph& cg) {
 void check_compile_flags(const Args& a) {
   merge_arg(a);
   if (a.get("aot").empty()) return;
-  if (!a.get("transport").empty()) throw UsageError("--transport is fixed when the kernels were compiled: not with --aot");
+  if (!a.get("transport").empty())
+    throw UsageError("--transport is fixed when the kernels were compiled: not with --aot");
   if (!a.get("merge").empty()) throw UsageError("--merge is fixed when the kernels were compiled: not with --aot");
 }
 
@@ -660,8 +662,11 @@ int main(int argc, char** argv) {
     if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
-      return cmd_run(parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "merge", "aot", "seed", "rows"}));
-    if (cmd == "bench") return cmd_bench(parse_args(argc, argv, {}, {"iters", "transport", "merge", "aot", "rows", "settle-ms", "series"}));
+      return cmd_run(
+          parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "merge", "aot", "seed", "rows"}));
+    if (cmd == "bench")
+      return cmd_bench(
+          parse_args(argc, argv, {}, {"iters", "transport", "merge", "aot", "rows", "settle-ms", "series"}));
     if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "rows"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;

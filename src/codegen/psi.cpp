@@ -438,7 +438,8 @@ class Psi {
   int x_placeholder(size_t k) const {
     const auto& nodes = st_[k]->nodes;
     for (size_t i = 0; i < nodes.size(); ++i)
-      if (nodes[i].kind == SpecKind::Placeholder && nodes[i].placeholder == PlaceholderKind::Bypass && !nodes[i].per_row)
+      if (nodes[i].kind == SpecKind::Placeholder && nodes[i].placeholder == PlaceholderKind::Bypass &&
+          !nodes[i].per_row)
         return static_cast<int>(i);
     return -1;
   }
@@ -460,7 +461,8 @@ class Psi {
         // a per-row value is recomputed from the reduction results (the same type: it reads nothing per element)
         if (n.per_row) return {from, args_[k - 1][src], from + ", per row (recomputed)", true};
         // after a merged pair the registers carry x: the value is recomputed from x and the row's results
-        if (merged_second(k - 1)) return {from, args_[k - 1][src], from + " (recomputed from x and the row results)", true};
+        if (merged_second(k - 1))
+          return {from, args_[k - 1][src], from + " (recomputed from x and the row results)", true};
         return {"AccEntry", "{}", from + " (carried in the accumulator registers)"};
       }
       case SpecKind::Broadcast: {

@@ -408,10 +408,11 @@ PlanDecision plan_b2b(const B2BSpec& b) {
   };
   static const Measured kMeasured[] = {{65536, 256, 1024, 256, 1.11}, {32768, 512, 2048, 512, 1.67},
                                        {65536, 512, 256, 64, 0.87}, {16384, 768, 3072, 768, 2.20}};
-  const Measured* near = nullptr;
+  const Measured* near = &kMeasured[0];   // (kept where a distance is not a number: an empty dimension)
   double best = std::numeric_limits<double>::infinity();
   for (const Measured& m : kMeasured) {
-    const double dist = std::fabs(std::log(double(b.rows()) / m.rows)) + std::fabs(std::log(double(b.first.gemm.k) / m.k)) +
+    const double dist = std::fabs(std::log(double(b.rows()) / m.rows)) +
+                        std::fabs(std::log(double(b.first.gemm.k) / m.k)) +
                         std::fabs(std::log(double(b.n1()) / m.n1)) + std::fabs(std::log(double(b.n2()) / m.n2));
     if (dist < best) best = dist, near = &m;
   }

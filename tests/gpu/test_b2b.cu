@@ -334,7 +334,8 @@ int run_tests(std::vector<B2bShape> shapes, std::string const& filter, uint64_t 
       if (!filter.empty() && in.name.find(filter) == std::string::npos) continue;
       if (!odd && (in.act1 != s.act1 || in.act2 != s.act2)) continue;
       if (in.resident_k > 0 && s.K > in.resident_k) {   // not this instance's shape: the planner would not pick it
-        std::printf("  %s: not run at K=%d (its resident X block holds K <= %d)\n", in.name.c_str(), s.K, in.resident_k);
+        std::printf("  %s: not run at K=%d (its resident X block holds K <= %d)\n", in.name.c_str(), s.K,
+                    in.resident_k);
         continue;
       }
       if (int(in.act1) != ref_act1 || int(in.act2) != ref_act2) {
