@@ -66,14 +66,15 @@ struct B2bConfig {
   static constexpr int kGroups = TileM_ / 64;   // consumer warp groups, 64 rows each
   static constexpr int kStagesW2 = StagesW2_;
   // ResidentK > 0: the CTA's X block [TileM, K] stays in SMEM for all N1 chunks of a tile (K <= ResidentK), loaded
-  // once per tile instead of once per chunk. The kernel is bound by L2 -> SM traffic, and re-reading X per chunk
-  // is half of it at K = 256 (docs/kernel-b2b.md "X resident").
+  // once per tile instead of once per chunk. That halves the L2 -> SM traffic at K = 256, but the kernel is not
+  // memory-bound: measured, it gains 2% (docs/kernel-b2b.md "Two options").
   static constexpr int kResidentK = ResidentK_;
   static constexpr bool kXResident = ResidentK_ > 0;
   static_assert(ResidentK_ % TileK_ == 0, "ResidentK: a multiple of TileK");
   // Stagger: the two consumer groups take turns issuing GEMM1 (two named barriers), so that one group's F runs
   // while the other's WGMMAs keep the tensor cores busy; without it both groups wait on the same stages and run
-  // F at the same time, with the tensor cores idle (docs/kernel-b2b.md "Staggered groups").
+  // F at the same time, with the tensor cores idle. Measured, it helps only some tiles (docs/kernel-b2b.md "Two
+  // options").
   static constexpr bool kStagger = Stagger_ && TileM_ == 128;
   static_assert(TileM_ == 64 || TileM_ == 128, "one or two consumer warp groups of 64 rows");
   static_assert(Chunk_ % 16 == 0 && Chunk_ >= 16 && Chunk_ <= 256, "N1 chunk: a multiple of 16, at most 256 (WGMMA N)");
