@@ -11,6 +11,7 @@
 // Row-reduction epilogues run with every cross-CTA transport that can serve the shape (L2; DSMEM
 // peer-to-peer and leader-follower where N / TileN fits a cluster), and each of those is also captured in a
 // CUDA graph and replayed twice with new inputs (the exchange state must survive replays).
+// Softmax instances also run with the first 128 columns masked (bias -inf): 0 there, nothing NaN.
 // Exit 77 (ctest SKIP_RETURN_CODE) without a cc 9.0 GPU.
 #include <chrono>
 #include <cstring>
@@ -230,6 +231,52 @@ int main(int argc, char** argv) {
         if (epi_reduces(inst.epi) && served == 0 && should_serve)
           report(false, inst.name + ": no transport could run it");
       }
+    }
+    // Masked softmax: the first 128 columns' bias is -inf, so a CTA's part of every row can be all -inf (a masked
+    // block). Those columns must come out 0 and nothing NaN, in the merged form (its CTA-local max is -inf there)
+    // as in the chained one.
+    if (!plain_only) {
+      const int masked = s.N < 128 ? s.N : 128;
+      std::vector<uint16_t> ninf(size_t(masked), uint16_t(0xFF80));   // bf16 -inf
+      CF_CHECK(cudaMemcpy(bias, ninf.data(), size_t(masked) * 2, cudaMemcpyHostToDevice));
+      reference_row_epilogue<<<1024, 256>>>(5, acc, bias, R, gamma, beta, 1e-5f, e0, s.M, s.N);
+      CF_CHECK(cudaGetLastError());
+      CF_CHECK(cudaDeviceSynchronize());
+      for (Instance const& inst : registry()) {
+        if (reference_epi(inst.epi) != Epi::Softmax) continue;
+        if (!filter.empty() && inst.name.find(filter) == std::string::npos) continue;
+        for (int tp : {0, 1, 2}) {
+          Problem p;
+          p.M = s.M; p.N = s.N; p.K = s.K;
+          p.A = A;
+          p.B = inst.b_nk ? Bt : B;
+          p.bias = bias;
+          p.residual = R;
+          p.v = v;
+          p.gamma = gamma;
+          p.beta = beta;
+          p.eps = 1e-5f;
+          p.ws_partials = ws_partials;
+          p.ws_counters = ws_counters;
+          p.scratch = scratch;
+          p.transport = tp;
+          if (inst.can_implement(p)) continue;   // a transport this instance or N does not take
+          CF_CHECK(cudaMemset(out[0][0], 0xFF, MN * 2));
+          p.d0 = out[0][0];
+          p.d1 = out[0][1];
+          CF_CHECK(inst.run(p, nullptr));
+          CF_CHECK(cudaGetLastError());
+          CF_CHECK(cudaDeviceSynchronize());
+          Norms nm = compare(static_cast<__nv_bfloat16 const*>(out[0][0]), e0, MN, d_sums);
+          float row = worst_row_error(static_cast<__nv_bfloat16 const*>(out[0][0]), e0, s.M, s.N, d_worst);
+          char buf[512];
+          std::snprintf(buf, sizeof buf, "%-52s masked %d columns  rel_err=%.3e  worst_row=%.3e  nonfinite=%.0f",
+                        (inst.name + " " + transport_name(tp)).c_str(), masked, nm.rel, row, nm.nonfinite);
+          report(nm.rel <= 1e-2 && row <= 1e-2f && nm.nonfinite == 0, buf);
+        }
+      }
+      fill_uniform<<<256, 256>>>(bias, s.N, sd + 3, -1.f, 1.f);   // the bias as before
+      CF_CHECK(cudaGetLastError());
     }
     for (auto& l : out)
       for (auto& o : l) CF_CHECK(cudaFree(o));

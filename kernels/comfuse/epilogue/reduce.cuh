@@ -298,6 +298,12 @@ struct MergedReduce : Children<Child> {
     float local[kMaxRowSlots];   // this CTA's first result per row slot (quad leaders)
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < kMaxRowSlots; ++k) local[k] = k < slots ? first[detail::wgmma_row(t, k)] : 0.f;
+    if constexpr (How == Merge::ShiftedExp) {
+      // A CTA whose part of a row is all -inf (a masked block) has max_c = -inf, and its exp(x - max_c) are NaN:
+      // its true share of the sum is 0 (the chained form, shifting by the row's max, gets 0 too).
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < kMaxRowSlots; ++k) part[k] = local[k] == -INFINITY ? 0.f : part[k];
+    }
     __syncwarp();   // every lane has read `first` before any lane overwrites it
     const detail::WgmmaRows row_of{t};
     if (c.exchange_ctas > 1 && reduce::is_dsmem(reduce::Transport(c.transport))) {
