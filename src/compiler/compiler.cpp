@@ -110,8 +110,9 @@ bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const std::str
   if (!merge.empty()) {   // the user's word over the planner's (CompilerOptions::merge)
     const bool was = r.plan.config.merged;
     r.plan.config.merged = merge == "on" && psi_merges(spec);
-    if (r.plan.config.merged != was)
-      r.plan.reason += std::string("; reduction pairs ") + (was ? "not merged" : "merged") + " (merge=" + merge + ")";
+    if (r.plan.config.merged != was)   // the estimates above are the planner's form's; this one is not measured
+      r.plan.reason += std::string("; reduction pairs ") + (was ? "not merged" : "merged") + " (merge=" + merge +
+                       ": the estimate above is for the planner's form)";
   }
   if (r.plan.candidates.empty() || spec.num_stages() > 1) r.plan.candidates = {r.plan.config};   // as fit_transport left it
   r.plan.candidates[0] = r.plan.config;
@@ -417,7 +418,12 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
     r.plan = plan_region(p.regions[idx].spec);
     r.plan.config = c;
     r.plan.transport = transport;
-    r.kernel = generate_kernel(p.regions[idx].spec, c);
+    try {
+      r.kernel = generate_kernel(p.regions[idx].spec, c);
+    } catch (const CodegenError& e) {   // e.g. "merged" for a Spec without a pair: not the Spec it was built from
+      throw CompileError(dir + ": region " + std::to_string(idx) + " was compiled from another Spec (" + name +
+                         "; this graph's cannot take its config: " + e.what() + "): re-run comfuse aot");
+    }
     if (r.kernel.name != name)
       throw CompileError(dir + ": region " + std::to_string(idx) + " was compiled from another Spec (" + name +
                          ", this graph's is " + r.kernel.name + "): re-run comfuse aot");

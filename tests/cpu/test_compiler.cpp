@@ -128,6 +128,13 @@ TEST(Compiler, AheadOfTimeManifestIsCheckedAgainstTheGraph) {
   EXPECT_TRUE(mg.regions()[0].plan.config.merged);
   EXPECT_TRUE(mg.regions()[0].plan.config.cooperative);
 
+  // "merged" for a Spec without a pair to merge (RMSNorm): not the Spec the kernel was built from
+  Partition rms = partition(small("rmsnorm"));
+  const std::string rms_name = generate_kernel(rms.regions[0].spec).name;
+  std::ofstream(d / "manifest.txt") << "0 " + rms_name + " " + name + ".so l2 128 128 64 1 1 merged\n";
+  why = message_of<CompileError>([&] { c.load(small("rmsnorm"), d.string()); });
+  EXPECT_NE(why.find("compiled from another Spec"), std::string::npos) << why;
+
   std::ofstream(d / "manifest.txt") << "3 " + name + " x.so l2 128 128 64 1 1\n";
   why = message_of<CompileError>([&] { c.load(small("postnorm"), d.string()); });
   EXPECT_NE(why.find("bad line"), std::string::npos) << why;
