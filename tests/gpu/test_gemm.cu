@@ -120,6 +120,24 @@ int main(int argc, char** argv) {
     CF_CHECK(cudaGetLastError());
     CF_CHECK(cudaDeviceSynchronize());
 
+    // An instance's problem on this shape's buffers, with transport tp.
+    auto problem = [&](Instance const& inst, int tp) {
+      Problem p;
+      p.M = s.M; p.N = s.N; p.K = s.K;
+      p.A = A;
+      p.B = inst.b_nk ? Bt : B;
+      p.bias = bias;
+      p.residual = R;
+      p.v = v;
+      p.gamma = gamma;
+      p.beta = beta;
+      p.eps = 1e-5f;
+      p.ws_partials = ws_partials;
+      p.ws_counters = ws_counters;
+      p.scratch = scratch;
+      p.transport = tp;
+      return p;
+    };
     for (int kind = 0; kind < (plain_only ? 3 : 7); ++kind) {
       if (kind < 3) reference_epilogue<<<1024, 256>>>(kind, acc, bias, R, v, e0, e1, s.M, s.N);
       else reference_row_epilogue<<<1024, 256>>>(kind, acc, bias, R, gamma, beta, 1e-5f, e0, s.M, s.N);
@@ -142,21 +160,8 @@ int main(int argc, char** argv) {
         for (int tp : transports)
         for (int raster : rasters)
         for (int cap : caps) {
-          Problem p;
-          p.M = s.M; p.N = s.N; p.K = s.K;
-          p.A = A;
-          p.B = inst.b_nk ? Bt : B;
-          p.bias = bias;
-          p.residual = R;
-          p.v = v;
-          p.gamma = gamma;
-          p.beta = beta;
-          p.eps = 1e-5f;
-          p.ws_partials = ws_partials;
-          p.ws_counters = ws_counters;
-          p.scratch = scratch;
+          Problem p = problem(inst, tp);
           p.max_clusters = cap;
-          p.transport = tp;
           p.raster_group = raster;
           std::string name = inst.name + (epi_reduces(inst.epi) ? std::string(" ") + transport_name(tp) : "") +
                              (raster ? " raster=" + std::to_string(raster) : std::string());
@@ -246,20 +251,7 @@ int main(int argc, char** argv) {
         if (reference_epi(inst.epi) != Epi::Softmax) continue;
         if (!filter.empty() && inst.name.find(filter) == std::string::npos) continue;
         for (int tp : {0, 1, 2}) {
-          Problem p;
-          p.M = s.M; p.N = s.N; p.K = s.K;
-          p.A = A;
-          p.B = inst.b_nk ? Bt : B;
-          p.bias = bias;
-          p.residual = R;
-          p.v = v;
-          p.gamma = gamma;
-          p.beta = beta;
-          p.eps = 1e-5f;
-          p.ws_partials = ws_partials;
-          p.ws_counters = ws_counters;
-          p.scratch = scratch;
-          p.transport = tp;
+          Problem p = problem(inst, tp);
           if (inst.can_implement(p)) continue;   // a transport this instance or N does not take
           CF_CHECK(cudaMemset(out[0][0], 0xFF, MN * 2));
           p.d0 = out[0][0];
