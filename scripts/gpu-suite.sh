@@ -79,8 +79,9 @@ done
 t0=$(date +%s)
 # a case is NAME or NAME@on / NAME@off (--merge-ab): the graph's .cf is NAME's
 merge_flag() { case "$1" in *@on) echo "--merge on" ;; *@off) echo "--merge off" ;; esac; }
-printf '%s\n' "${cases[@]}" | xargs -P "$jobs" -I{} sh -c 'c={}; m=""; case "$c" in *@on) m="--merge on";; *@off) m="--merge off";; esac;
-  "$1" aot "$2/cf/${c%@*}.cf" -o "$2/aot/$c" $m > "$2/logs/$c.aot.log" 2>&1 || echo "aot failed: $c"' _ "$cli" "$OUT"
+for c in "${cases[@]}"; do echo "$c $(merge_flag "$c")"; done |
+  xargs -P "$jobs" -L 1 sh -c 'o="$1"; c="$2"; shift 2; "$0" aot "$o/cf/${c%@*}.cf" -o "$o/aot/$c" "$@" > "$o/logs/$c.aot.log" 2>&1 ||
+    echo "aot failed: $c"' "$cli" "$OUT"
 t1=$(date +%s)
 echo "gpu-suite: compiled ${#cases[@]} graphs in $((t1 - t0)) s"
 

@@ -200,6 +200,18 @@ struct B2bKernel {
     return __bfloat1622float2(v);
   }
 
+  // Every ring: warp 0 produces, the consumer groups consume, `bytes` of TMA transactions per stage.
+  template <class Pipe>
+  static CUTE_DEVICE typename Pipe::Params ring_params(int warp_group, int warp_idx, int thread_idx, uint32_t bytes) {
+    using Role = typename Pipe::ThreadCategory;
+    typename Pipe::Params pp;
+    pp.role = warp_group == 0 ? (warp_idx == 0 ? Role::Producer : Role::NonParticipant) : Role::Consumer;
+    pp.is_leader = thread_idx % 128 == 0;
+    pp.num_consumers = 128 * kGroups;
+    pp.transaction_bytes = bytes;
+    return pp;
+  }
+
   static CUTE_DEVICE void run(Params const& p, char* smem_raw) {
     using namespace cute;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -213,25 +225,10 @@ struct B2bKernel {
       cute::prefetch_tma_descriptor(p.tma_w1.get_tma_descriptor());
       cute::prefetch_tma_descriptor(p.tma_w2.get_tma_descriptor());
     }
-    using Role = typename Pipe1::ThreadCategory;
-    typename Pipe1::Params pp1;
-    pp1.role = warp_group == 0 ? (warp_idx == 0 ? Role::Producer : Role::NonParticipant) : Role::Consumer;
-    pp1.is_leader = thread_idx % 128 == 0;
-    pp1.num_consumers = 128 * kGroups;
-    pp1.transaction_bytes = kStage1Bytes;
-    Pipe1 pipe1(ss.pipe1, pp1, Shape<_1, _1, _1>{});
-    typename Pipe2::Params pp2;
-    pp2.role = static_cast<typename Pipe2::ThreadCategory>(int(pp1.role));
-    pp2.is_leader = pp1.is_leader;
-    pp2.num_consumers = 128 * kGroups;
-    pp2.transaction_bytes = kStage2Bytes;
-    Pipe2 pipe2(ss.pipe2, pp2, Shape<_1, _1, _1>{});
-    typename PipeX::Params ppx;
-    ppx.role = static_cast<typename PipeX::ThreadCategory>(int(pp1.role));
-    ppx.is_leader = pp1.is_leader;
-    ppx.num_consumers = 128 * kGroups;
-    ppx.transaction_bytes = TM * TK * 2;   // one X k-tile per stage
-    PipeX pipex(ss.pipex, ppx, Shape<_1, _1, _1>{});
+    Pipe1 pipe1(ss.pipe1, ring_params<Pipe1>(warp_group, warp_idx, thread_idx, kStage1Bytes), Shape<_1, _1, _1>{});
+    Pipe2 pipe2(ss.pipe2, ring_params<Pipe2>(warp_group, warp_idx, thread_idx, kStage2Bytes), Shape<_1, _1, _1>{});
+    PipeX pipex(ss.pipex, ring_params<PipeX>(warp_group, warp_idx, thread_idx, TM * TK * 2),   // X k-tiles
+                Shape<_1, _1, _1>{});
     __syncthreads();   // barrier initialization visible to all before first use
 
     Tensor sX = make_tensor(make_smem_ptr(ss.x.data()), SmemLayoutX{});      // (TM, TK, stages)

@@ -113,13 +113,21 @@ std::string compact(const std::string& init) {
 // ---- Merged reduction pairs (psi_merges, codegen.h) ----
 enum class MergeHow { None, CenteredSquares, ShiftedExp };
 
+// The stage's Bypass placeholder of a tile-sized value (what the accumulator registers carry in), or -1. (Psi
+// refuses a stage with two: the registers carry one.)
+int tile_placeholder(const Spec& s) {
+  for (size_t i = 0; i < s.nodes.size(); ++i)
+    if (s.nodes[i].kind == SpecKind::Placeholder && s.nodes[i].placeholder == PlaceholderKind::Bypass &&
+        !s.nodes[i].per_row)
+      return static_cast<int>(i);
+  return -1;
+}
+
 // The node of stage k-1 whose tile-sized value stage k reads through its Bypass placeholder, or -1.
 int carried_into(const std::vector<const Spec*>& st, size_t k) {
+  const int ph = tile_placeholder(*st[k]);
   const Spec& parent = *st[k - 1];
-  for (const SpecNode& n : st[k]->nodes)
-    if (n.kind == SpecKind::Placeholder && n.placeholder == PlaceholderKind::Bypass && !n.per_row)
-      return parent.nodes[parent.terminal].bypass.at(n.slot);
-  return -1;
+  return ph < 0 ? -1 : parent.nodes[parent.terminal].bypass.at(st[k]->nodes[ph].slot);
 }
 
 // Whether stages k and k+1 form a pair that merges into one exchange, and how (the conditions: codegen.h).
@@ -132,13 +140,11 @@ MergeHow merge_of(const std::vector<const Spec*>& st, size_t k) {
   if (r1.kind != SpecKind::Reduction || r2.kind != SpecKind::Reduction) return MergeHow::None;
   const int x = r1.args.at(0);
   if (carried_into(st, k + 1) != x) return MergeHow::None;   // the second stage shifts x itself
-  int px = -1, pr = -1;   // in stage k+1: x (carried) and the first result
-  for (size_t i = 0; i < s1.nodes.size(); ++i) {
-    const SpecNode& n = s1.nodes[i];
-    if (n.kind != SpecKind::Placeholder) continue;
-    if (n.placeholder == PlaceholderKind::ReductionResult) pr = static_cast<int>(i);
-    else if (!n.per_row && r1.bypass.at(n.slot) == x) px = static_cast<int>(i);
-  }
+  const int px = tile_placeholder(s1);   // in stage k+1: x (carried, checked above) and the first result
+  int pr = -1;
+  for (size_t i = 0; i < s1.nodes.size(); ++i)
+    if (s1.nodes[i].kind == SpecKind::Placeholder && s1.nodes[i].placeholder == PlaceholderKind::ReductionResult)
+      pr = static_cast<int>(i);
   if (px < 0 || pr < 0) return MergeHow::None;
   auto is = [&](int i, OpKind op, size_t arity) {
     const SpecNode& n = s1.nodes.at(i);
@@ -349,7 +355,7 @@ class Psi {
   void define_tree(size_t k) {
     const Spec& s = *st_[k];
     // a merged pair's second stage carries x on (its Bypass placeholder), which the next stage shifts again
-    const int carry = merged_second(k) ? x_placeholder(k) : k + 1 < st_.size() ? carried_[k + 1] : -1;
+    const int carry = merged_second(k) ? tile_placeholder(s) : k + 1 < st_.size() ? carried_[k + 1] : -1;
     std::vector<int> roots;
     const int red = s.nodes[s.terminal].kind == SpecKind::Reduction ? s.terminal : -1;
     if (carry >= 0) {
@@ -434,16 +440,6 @@ class Psi {
 
   // Stage k's reduction is the second of a merged pair.
   bool merged_second(size_t k) const { return k >= 1 && merge_[k - 1] != MergeHow::None; }
-  // Stage k's Bypass placeholder of the tile-sized value (x of a merged pair), or -1.
-  int x_placeholder(size_t k) const {
-    const auto& nodes = st_[k]->nodes;
-    for (size_t i = 0; i < nodes.size(); ++i)
-      if (nodes[i].kind == SpecKind::Placeholder && nodes[i].placeholder == PlaceholderKind::Bypass &&
-          !nodes[i].per_row)
-        return static_cast<int>(i);
-    return -1;
-  }
-
   std::string operand(size_t k, const SpecNode& n, int a) const { return names_[k][n.args.at(a)]; }
   std::string operand_args(size_t k, const SpecNode& n, int a) const { return args_[k][n.args.at(a)]; }
 
