@@ -103,8 +103,9 @@ def rel_err(out, ref) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def kernels(fn, cuda: bool) -> tuple[str, str]:
-    """The attention kernels and fp32 GEMM kernels one call runs (profiler), as short strings."""
+def kernels(fn, cuda: bool, label: str = "") -> tuple[str, str]:
+    """The attention kernels and fp32 GEMM kernels one call runs (profiler), as short strings. With a label, also
+    prints the call's GPU kernels by total time (the top 10: where a slow run's time goes)."""
     if not cuda:
         return "-", "-"
     from torch.profiler import ProfilerActivity, profile
@@ -112,7 +113,14 @@ def kernels(fn, cuda: bool) -> tuple[str, str]:
     with profile(activities=[ProfilerActivity.CUDA]) as p:
         fn()
         torch.cuda.synchronize()
-    names = {e.key for e in p.key_averages()}
+    events = p.key_averages()
+    names = {e.key for e in events}
+    if label:
+        timed = sorted(((getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0), e.count, e.key)
+                        for e in events), reverse=True)
+        total = sum(t for t, _, _ in timed if t > 0)
+        print(f"{label}: GPU kernels, total {total:.0f} us" + "".join(
+            f"\n    {t:9.0f} us {c:4d}x  {k[:110]}" for t, c, k in timed[:10] if t > 0))
     attn = sorted(n for n in names if ATTN.search(n))
     f32 = sorted(n for n in names if F32_GEMM.search(n))
     short = lambda xs: ";".join(x[:48] for x in xs[:2]) or "none"  # noqa: E731
@@ -141,8 +149,8 @@ def region_kinds(reps) -> dict:
 
 
 def host_time_us(calls: int = 1000) -> tuple[str, float]:
-    """Host (CPU) time of one comfuse::fused_region call, the kernel excluded (launches are asynchronous; the
-    stream is synchronized before and after): the registered region with the most reductions and the largest K
+    """Host (CPU) time of one comfuse::fused_region call, the kernel excluded (launches are asynchronous; timed in
+    blocks of 100 calls, synchronized in between): the registered region with the most reductions and the largest K
     (BERT-base's FFN2 + residual + LayerNorm after a BERT run), on fresh inputs of its shapes."""
     from comfuse import ops
     from comfuse.convert import DT_TO_TORCH
@@ -156,15 +164,33 @@ def host_time_us(calls: int = 1000) -> tuple[str, float]:
     b = torch.randn(*((g.n, g.k) if g.transpose_b else (g.k, g.n)), device="cuda").to(dt)
     params = [torch.randn(*[int(d) for d in p.shape], device="cuda").to(DT_TO_TORCH[p.dtype]) for p in spec.params]
     op = torch.ops.comfuse.fused_region
-    for _ in range(20):
-        op(key, [a, b, *params])
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        op(key, [a, b, *params])
-    host = (time.perf_counter() - t) / calls * 1e6
-    torch.cuda.synchronize()
-    return f"rows={g.rows} N={g.n} K={g.k} stages={spec.num_stages()}", host
+    ins = [a, b, *params]
+
+    def per_call(fn, block: int = 100) -> float:
+        # enqueue time only: blocks of 100 calls with an untimed synchronize between them, so that the launch
+        # queue never fills (a full queue would make the host wait for the kernels and time them instead)
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        total = 0.0
+        for _ in range(max(1, calls // block)):
+            t = time.perf_counter()
+            for _ in range(block):
+                fn()
+            total += time.perf_counter() - t
+            torch.cuda.synchronize()
+        return total / (max(1, calls // block) * block) * 1e6
+
+    host = per_call(lambda: op(key, ins))
+    # the parts: the C++ launch alone (RegionKernel.launch on fixed pointers) and one output allocation
+    launch = ops._LAUNCH[key]
+    outs = [torch.empty(s, dtype=d, device="cuda") for s, d in zip(launch.out_shapes(tuple(a.shape)), launch.out_dtypes)]
+    ptrs = ([o.data_ptr() for o in outs], [p.data_ptr() for p in params])
+    stream = torch.cuda.current_stream().cuda_stream
+    cpp = per_call(lambda: launch.kernel.launch(a.data_ptr(), b.data_ptr(), g.rows, ptrs[0], ptrs[1], stream))
+    alloc = per_call(lambda: torch.empty(outs[0].shape, dtype=outs[0].dtype, device="cuda"))
+    return (f"rows={g.rows} N={g.n} K={g.k} stages={spec.num_stages()}; of it: C++ launch {cpp:.1f} us, "
+            f"one output allocation {alloc:.1f} us"), host
 
 
 def main() -> int:
@@ -230,7 +256,7 @@ def main() -> int:
                     row["note"] = f"compile {time.time() - tc:.0f} s"
                     row["rel_err"] = rel_err(out, ref)
                     row["us"] = timed(lambda: run(f, kwargs), a.iters, cuda)
-                    row["attention"], row["f32_gemm"] = kernels(lambda: run(f, kwargs), cuda)
+                    row["attention"], row["f32_gemm"] = kernels(lambda: run(f, kwargs), cuda, f"{name} {mode} {backend} {fuse}")
                     if backend == "inductor":
                         ind_us = row["us"]
                     else:

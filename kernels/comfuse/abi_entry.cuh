@@ -84,25 +84,34 @@ struct EntryPoints {
 
   // Prepared parameters per argument set: encoding the TMA descriptors costs host time, and every layer of a
   // stack shares this library (one kernel per structure), so a single slot was re-encoded on every call.
-  // kSlots sets (the layers' weights and buffers, which PyTorch's allocator hands out again call after call),
-  // replaced round robin; the last hit is tried first.
+  // kSlots sets (the layers' weights and buffers, which PyTorch's allocator hands out again call after call;
+  // BERT-base's QKV projections alone are 36 sets of one library), replaced round robin. A slot is found by
+  // its hash first (a scan of kSlots integers), then compared in full; the last hit is tried first.
   struct Prepared {
-    static constexpr int kSlots = 32;
+    static constexpr int kSlots = 256;
     struct Slot {
-      bool valid = false;
       ComfuseKernelArgs args{};
       typename Kernel::Kernel::Params params;
     };
     std::mutex mu;
+    uint64_t hash[kSlots] = {};   // 0: empty
     Slot slots[kSlots];
     int last = 0, next = 0;
   };
   static inline Prepared prepared;
 
+  static uint64_t args_hash(ComfuseKernelArgs const& a) {
+    uint64_t h = 1469598103934665603ull;   // FNV-1a over the bytes (the struct is zero-initialised, padding too)
+    auto const* p = reinterpret_cast<unsigned char const*>(&a);
+    for (size_t i = 0; i < sizeof a; ++i) h = (h ^ p[i]) * 1099511628211ull;
+    return h | 1;   // never 0 (the empty mark)
+  }
+
   static int launch(ComfuseKernelArgs const* a, void* stream, char* why, int len) {
     std::lock_guard<std::mutex> lock(prepared.mu);
+    const uint64_t h = args_hash(*a);
     auto hit = [&](int i) {
-      return prepared.slots[i].valid && std::memcmp(&prepared.slots[i].args, a, sizeof *a) == 0;
+      return prepared.hash[i] == h && std::memcmp(&prepared.slots[i].args, a, sizeof *a) == 0;
     };
     int at = hit(prepared.last) ? prepared.last : -1;
     for (int i = 0; at < 0 && i < Prepared::kSlots; ++i)
@@ -112,10 +121,10 @@ struct EntryPoints {
       at = prepared.next;
       prepared.next = (prepared.next + 1) % Prepared::kSlots;
       auto& slot = prepared.slots[at];
-      slot.valid = false;
+      prepared.hash[at] = 0;
       slot.params = Kernel::make_params(arguments(*a));
       slot.args = *a;
-      slot.valid = true;
+      prepared.hash[at] = h;
     }
     prepared.last = at;
     auto& params = prepared.slots[at].params;

@@ -20,7 +20,32 @@ from . import _core as C
 from .convert import DT_TO_TORCH, OK, TORCH_TO_DT, size_hints
 
 
+_VIEWS = (torch.ops.aten.reshape.default, torch.ops.aten.view.default)
+
+
+def _dtype_of(v):
+    """The dtype of FX value `v` where it is known without running the graph (its fake value, or through the
+    reshapes and casts this module adds), else None."""
+    while isinstance(v, fx.Node):
+        val = v.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.dtype
+        if v.target == torch.ops.prims.convert_element_type.default:
+            return v.args[1]
+        if v.target is operator.getitem and getattr(v.args[0], "target", None) is torch.ops.comfuse.fused_region.default:
+            from . import ops
+            return DT_TO_TORCH[ops.region_spec(v.args[0].args[0]).outputs[v.args[1]].dtype]
+        if v.target not in _VIEWS:
+            return None
+        v = v.args[0]
+    return None
+
+
 def _cast(g: fx.Graph, v, dtype):
+    """v in `dtype`: v itself when it already is. A cast to the same dtype is not free: Inductor realizes it
+    as a copy kernel in front of the extern fused_region call (a weight and an activation copied per call)."""
+    if _dtype_of(v) == dtype:
+        return v
     return g.call_function(torch.ops.prims.convert_element_type.default, (v, dtype))
 
 

@@ -147,7 +147,8 @@ CompiledCandidate candidate_of(const KernelConfig& c, const std::string& name, c
 // The launch arguments every kernel takes: dense row-major A [rows, K], B [K, N] (or [N, K]), outputs [rows, N].
 ComfuseKernelArgs kernel_args(const FusionSpec& fs, int64_t rows, const void* a, const void* b,
                               const std::string& transport) {
-  ComfuseKernelArgs k{};
+  ComfuseKernelArgs k;
+  std::memset(&k, 0, sizeof k);   // padding included: the kernel library finds its prepared launch by these bytes
   k.abi = COMFUSE_KERNEL_ABI;
   k.a = a;
   k.b = b;

@@ -196,7 +196,7 @@ double op_slots(const SpecNode& n, EpilogueCost& c) {
     case OpKind::Sigmoid:
     case OpKind::Silu: return 3 + mufu(2);         // ex2, then the fast division's rcp
     case OpKind::GeluTanh: return 6 + mufu(1);
-    case OpKind::Gelu: return 14 + mufu(1);        // erff's polynomial
+    case OpKind::Gelu: return 11 + mufu(2);        // ops::gelu_erf: rcp, ex2 and a degree-5 polynomial
     case OpKind::Pow: {
       const double e = n.exponent;
       if (e == 1.0 || e == 0.0) return 0;

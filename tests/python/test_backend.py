@@ -5,6 +5,7 @@ import logging
 
 import pytest
 import torch
+from torch.fx.passes.shape_prop import ShapeProp
 
 import comfuse
 from conftest import assert_fp32_match, bf16_exact, bf16_randn, messages, reference, rel_err
@@ -309,6 +310,12 @@ def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
     kept = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     orig = {n.target for n in rep.analysis.conv.torch_nodes}
     assert orig <= kept   # torch nodes (cumsum, ...) stay
+    # No cast to a value's own dtype: Inductor realizes one as a copy kernel per call (a weight, an activation).
+    gm.graph.lint()
+    ShapeProp(gm).propagate(*rep.example_inputs)
+    same = [n.name for n in gm.graph.nodes if n.target == torch.ops.prims.convert_element_type.default
+            and n.args[0].meta["tensor_meta"].dtype == n.args[1]]
+    assert not same, same
     if make is PostNormEncoderLayer:
         assert torch.ops.aten.bmm.default in kept   # attention: not fused, kept as ATen bmm
         # q/k/v: read by bf16 ATen views, so the kernel stores bf16 (the Graph IR hands on f32)
