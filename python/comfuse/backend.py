@@ -302,6 +302,123 @@ def prepare_kernels(rep: GraphReport, target) -> bool:
     return True
 
 
+# Memory-bound pass of the unfused alternative (the GEMM's output read back, tile inputs read, outputs written), at
+# the planner's bandwidth figure (src/plan/plan.cpp kUnfusedBytesPerSecond).
+_UNFUSED_BYTES_PER_S = 3.0e12
+
+
+def _time_us(fn, blocks: int = 5, launches: int = 10) -> float:
+    """Median over `blocks` of the mean GPU time of `launches` back-to-back calls (CUDA events), after a warm-up."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(blocks):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(launches):
+            fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / launches)
+    return sorted(times)[len(times) // 2]
+
+
+def _cublas_alone(rep: GraphReport, ri: int) -> bool:
+    """Whether cuBLAS computes region `ri` by itself: a GEMM, maybe with a bias (its epilogue adds one)."""
+    from . import _core as C
+
+    r = rep.regions[ri]
+    pg = rep.analysis.part.graph
+    ops_ = {C.op_name(pg.node(i).op) for i in r.nodes}
+    rows = [p for p in r.spec.params if p.kind == C.BroadcastKind.ROW]
+    return ops_ <= {"matmul", "add", "cast", "reshape"} and len(rows) == len(r.spec.params) <= 1 and (
+        "add" not in ops_ or len(rows) == 1)
+
+
+def time_region_on_gpu(key: str) -> tuple[float, float]:
+    """(fused kernel us, cuBLAS GEMM us) of a registered region at its Spec's shapes, on random inputs."""
+    from . import ops
+    from .convert import DT_TO_TORCH
+
+    spec = ops.region_spec(key)
+    g = spec.gemm
+    dt = DT_TO_TORCH[g.dtype]
+    a = torch.randn(g.rows, g.k, device="cuda").to(dt)
+    b = torch.randn(*((g.n, g.k) if g.transpose_b else (g.k, g.n)), device="cuda").to(dt)
+    params = [torch.randn(*[int(d) for d in p.shape], device="cuda").to(DT_TO_TORCH[p.dtype]) for p in spec.params]
+    bt = b.t() if g.transpose_b else b
+    return _time_us(lambda: ops._run_gpu(key, [a, b, *params])), _time_us(lambda: torch.matmul(a, bt))
+
+
+def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu) -> set:
+    """The planner's choice checked on this GPU at the graph's own shapes: each fused region's kernel is timed
+    against the cuBLAS GEMM of its shape (torch.matmul) plus the memory-bound pass Inductor would run for the
+    epilogue (a GEMM with at most a bias: none, cuBLAS adds it). The planner reads a table measured at other
+    shapes and on other epilogues, and its estimate can miss by tens of percent (GPT-2's c_proj + residual +
+    LayerNorm: ~67 us predicted, ~100 us in the model), so a region the GPU shows slower is not fused.
+    Returns the regions that lost; each region's times are logged. One timing per distinct kernel and shape
+    (~10 ms each). `timer(key) -> (fused us, GEMM us)`."""
+    from . import _core as C
+    from . import ops
+    from .convert import DT_TO_TORCH
+
+    def numel(shape) -> int:
+        out = 1
+        for d in shape:
+            out *= int(d)
+        return out
+
+    by_gemm = {rep.regions[ri].spec.gemm.node: ri for ri in fuse}
+    done: dict = {}
+    lost = set()
+    for n in target.graph.nodes:
+        if n.op != "call_function" or n.target is not torch.ops.comfuse.fused_region.default:
+            continue
+        key = n.args[0]
+        spec = ops.region_spec(key)
+        ri = by_gemm.get(spec.gemm.node)
+        if ri is None:
+            continue
+        g = spec.gemm
+        sig = (spec.structural_hash(), g.rows)
+        if sig not in done:
+            fused_us, gemm_us = timer(key)
+            bytes_ = 0 if _cublas_alone(rep, ri) else (
+                g.rows * g.n * DT_TO_TORCH[g.dtype].itemsize
+                + sum(numel(p.shape) * DT_TO_TORCH[p.dtype].itemsize for p in spec.params
+                      if p.kind == C.BroadcastKind.TILE)
+                + sum(numel(o.shape) * DT_TO_TORCH[o.dtype].itemsize for o in spec.outputs))
+            done[sig] = (fused_us, gemm_us, bytes_ / _UNFUSED_BYTES_PER_S * 1e6)
+        fused_us, gemm_us, pass_us = done[sig]
+        keep = fused_us <= gemm_us + pass_us
+        log.info("comfuse: graph %d region %d: on this GPU the kernel takes %.1f us, the cuBLAS GEMM %.1f us (+ an "
+                 "epilogue pass ~%.1f us): %s", rep.index, ri, fused_us, gemm_us, pass_us,
+                 "fused" if keep else "not fused (slower than the GEMM and a separate pass)")
+        if not keep:
+            lost.add(ri)
+    return lost
+
+
+def measuring(fuse_all: bool) -> bool:
+    """Whether the planner's choice is checked on the GPU (measure_fused): with fuse="planner", unless
+    COMFUSE_MEASURE=0. fuse="all" fuses what it is told."""
+    return not fuse_all and os.environ.get("COMFUSE_MEASURE", "1") != "0" and torch.cuda.is_available()
+
+
+def drop_measured_losers(rep: GraphReport, fuse: set, target, rewrite, timer=time_region_on_gpu):
+    """(fuse, target) with the regions the GPU shows slower (measure_fused) left to torch: the graph rewritten
+    without them by `rewrite(fuse)`, whose kernels are those already compiled (cache hits). target is None
+    when no region is left."""
+    lost = measure_fused(rep, target, fuse, timer)
+    if not lost:
+        return fuse, target
+    fuse = fuse - lost
+    target = rewrite(fuse) if fuse else None
+    if target is not None and not prepare_kernels(rep, target):
+        target = None
+    return fuse, target
+
+
 def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: str = "keep"):
     """The rewritten graph with the planner's fused regions (with `fuse_all`, also those declined for speed
     only) as comfuse::fused_region calls, their kernels compiled now; `gm` on failure."""
@@ -315,6 +432,10 @@ def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: 
         return gm
     if not prepare_kernels(rep, target):
         return gm
+    if measuring(fuse_all):
+        fuse, target = drop_measured_losers(rep, fuse, target, lambda f: _rewrite(rep, f, ctas, how))
+        if target is None:
+            return gm
     log.info("comfuse: graph %d: %d region(s) run as ComFuse kernels", rep.index, len(fuse))
     return target
 

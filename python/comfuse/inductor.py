@@ -119,6 +119,13 @@ class ComFusePass(CustomGraphPass):
             return
         if not cpu_reference and not backend.prepare_kernels(rep, target):
             return
+        if not cpu_reference and backend.measuring(self.fuse == "all"):
+            fuse, target = backend.drop_measured_losers(
+                rep, fuse, target, lambda f: rep.analysis.program.rewrite_keeping_torch(f, self.ctas))
+            if target is None:
+                log.info("comfuse: graph %d runs without ComFuse kernels: every planned region was slower on this "
+                         "GPU than its GEMM and a separate pass", rep.index)
+                return
         _replace_graph(graph, target.graph)
         rep.fused = fuse
         log.info("comfuse: graph %d: %d region(s) run as ComFuse kernels%s", rep.index, len(fuse),

@@ -202,6 +202,16 @@ class Lowering {
     for (auto& bp : bypass_) std::sort(bp.begin(), bp.end());
   }
 
+  // A bf16/f16 graph input widened to f32 outside the region (a LayerNorm's gamma, upcast by the frontend):
+  // the parameter is the input itself. The epilogue converts every parameter to f32 as it loads it, and the
+  // widening is exact, so the values are the same and no separate cast runs before the kernel.
+  int widened_input(int in) const {
+    const Node& o = g_.node(in);
+    if (o.op != OpKind::Cast || o.cast_to != DType::F32 || o.inputs.size() != 1) return in;
+    const Node& x = g_.node(o.inputs[0]);
+    return x.op == OpKind::Input && (x.dtype == DType::BF16 || x.dtype == DType::F16) ? x.id : in;
+  }
+
   int param_index(int node, BroadcastKind kind) {
     for (size_t i = 0; i < fs_.params.size(); ++i)
       if (fs_.params[i].node == node && fs_.params[i].kind == kind) return static_cast<int>(i);
@@ -250,6 +260,7 @@ class Lowering {
     }
     auto operand = [&](int in, const Node& user) -> int {
       if (in_region_.count(in)) return local.at(value(in));
+      in = widened_input(in);
       const Node& o = g_.node(in);
       BroadcastKind kind = *classify_operand(o.shape, user.shape, ts_);
       int param = o.op == OpKind::Constant ? -1 : param_index(in, kind);

@@ -208,3 +208,35 @@ TEST(Stages, WithOutputDtypesStoresInTheAskedDtype) {
   }
   EXPECT_TRUE(differs);
 }
+
+// The PyTorch frontend widens a bf16 LayerNorm's gamma and beta to f32 outside the region: the region takes the
+// bf16 inputs themselves as parameters (the epilogue widens on load, exactly), so no cast runs before the kernel,
+// and it computes what the graph computes.
+TEST(Stages, WidenedInputsAreTheParametersThemselves) {
+  Gemm t(64, 32, 48);
+  Value gamma = t.row("g"), beta = t.row("beta");
+  Value g32 = t.g.cast(gamma, DType::F32, "g32"), b32 = t.g.cast(beta, DType::F32, "b32");
+  t.g.output(t.g.layer_norm(t.g.cast(t.h, DType::F32), g32, b32, 1e-5, "y"));
+  Partition p = partition(t.g);
+  ASSERT_EQ(p.regions.size(), 1u);
+  const FusionSpec& fs = p.regions[0].spec;   // (the casts stay on the standard path; nothing in it reads them)
+  ASSERT_EQ(fs.params.size(), 2u) << print_spec(fs);
+  for (const RuntimeParam& prm : fs.params) {
+    EXPECT_EQ(prm.dtype, DType::BF16) << prm.name;
+    EXPECT_EQ(t.g.node(prm.node).op, OpKind::Input) << prm.name;
+  }
+  TensorMap in;
+  int seed = 1;
+  for (int id : t.g.inputs) {
+    const Node& n = t.g.node(id);
+    Tensor x(n.shape);
+    for (size_t i = 0; i < x.data.size(); ++i)
+      x.data[i] = round_to_dtype(static_cast<float>((i * 7919 + seed * 104729) % 2001) / 1000.f - 1.f, n.dtype);
+    in[n.name] = x;
+    ++seed;
+  }
+  TensorMap ref = interpret_graph(t.g, in), got = interpret_partitioned(p, in, 1);
+  const Tensor &r = ref.at("y"), &o = got.at("y");
+  ASSERT_EQ(r.data.size(), o.data.size());
+  for (size_t i = 0; i < r.data.size(); ++i) ASSERT_NEAR(o.data[i], r.data[i], 1e-4) << i;
+}

@@ -534,3 +534,45 @@ def test_graph_with_no_float_op_says_so_instead_of_no_outputs(caplog):
     text = " ".join(r.fallback or "" for r in reps)
     assert "no op of this graph is in the Graph IR" in text, text
     assert "has no outputs" not in text
+
+
+def test_planned_regions_the_gpu_shows_slower_are_not_fused(monkeypatch, caplog):
+    """The planner's choice is checked at the graph's own shapes (backend.measure_fused): a region whose kernel
+    takes longer than its cuBLAS GEMM plus the epilogue's memory pass goes back to torch, with both times logged;
+    the others stay fused calls. A GEMM with at most a bias is held to the GEMM alone (cuBLAS adds a bias)."""
+    from comfuse import backend, ops
+
+    torch.manual_seed(3)
+    m = _bf16(PostNormEncoderLayer())
+    x = bf16_randn(2, 8, 32, seed=42).to(torch.bfloat16)
+    rep = comfuse.capture(m, x)[0]
+    prog = rep.analysis.program
+    fuse = set(range(len(rep.regions)))
+    target = prog.rewrite_keeping_torch(fuse)
+    reduces = {ri for ri in fuse if rep.regions[ri].spec.num_stages() > 1}
+    alone = {ri for ri in fuse if backend._cublas_alone(rep, ri)}
+    assert reduces and alone and not reduces & alone
+    by_gemm = {rep.regions[ri].spec.gemm.node: ri for ri in fuse}
+    slow = min(reduces)
+
+    def timer(key):   # (fused us, GEMM us): region `slow` 3x its GEMM, GEMM-and-bias regions 1.01x, the rest 1x
+        ri = by_gemm[ops.region_spec(key).gemm.node]
+        return (30.0 if ri == slow else 10.1 if ri in alone else 10.0), 10.0
+
+    monkeypatch.setattr(backend, "prepare_kernels", lambda rep, target: True)
+    with caplog.at_level(logging.INFO, logger="comfuse"):
+        kept, new = backend.drop_measured_losers(rep, fuse, target, prog.rewrite_keeping_torch, timer)
+    assert kept == fuse - {slow} - alone, (kept, slow, alone)
+    calls = [n for n in new.graph.nodes if n.target is torch.ops.comfuse.fused_region.default]
+    assert {by_gemm[ops.region_spec(n.args[0]).gemm.node] for n in calls} == kept
+    assert any(f"region {slow}: on this GPU the kernel takes 30.0 us" in r.getMessage() and "not fused" in r.getMessage()
+               for r in caplog.records)
+    with torch.no_grad():
+        got = new(*rep.example_inputs)
+        ref = m(x)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    for a, c in zip(got, refs):
+        assert rel_err(a.float(), c.float()) <= 2e-2
+    # every region losing: nothing left to rewrite
+    _, none = backend.drop_measured_losers(rep, fuse, target, prog.rewrite_keeping_torch, lambda k: (99.0, 1.0))
+    assert none is None
