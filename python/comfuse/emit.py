@@ -226,7 +226,9 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
     def stored_dtypes(ri):
         """Each output in the dtype its ATen readers have (bf16 rather than the f32 a value handed on within
         the Graph IR keeps): the torch ops reading it round to that dtype anyway, so the kernel stores less.
-        An output another fused region reads keeps the Graph IR's f32 hand-off."""
+        An output another fused region reads keeps the Graph IR's f32 hand-off, unless every such region takes
+        it in one bf16/f16 dtype (a tile parameter, or a GEMM operand): the launch would round it to that dtype
+        (a copy kernel per call: LLaMA's SiLU(gate) read by the up projection), so the kernel stores it so."""
         fs = prog.regions[ri].spec
         out = []
         for o in fs.outputs:
@@ -234,8 +236,15 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
             gid = prog.pg.find(o.name)
             fused_reader = any(gid in list(n.inputs) and region_of_name.get(n.name, ri) != ri for n in prog.nodes)
             narrow = len(dts) == 1 and next(iter(dts)) in (torch.bfloat16, torch.float16)
-            out.append(TORCH_TO_DT[next(iter(dts))] if narrow and o.dtype == C.DType.F32 and not fused_reader
-                       else o.dtype)
+            if narrow and o.dtype == C.DType.F32 and not fused_reader:
+                out.append(TORCH_TO_DT[next(iter(dts))])
+                continue
+            taken = {p.dtype for rj in fuse if rj != ri for p in prog.regions[rj].spec.params if p.node == gid}
+            taken |= {prog.regions[rj].spec.gemm.dtype for rj in fuse if rj != ri
+                      if gid in (prog.regions[rj].spec.gemm.a, prog.regions[rj].spec.gemm.b)}
+            same = len(taken) == 1 and next(iter(taken)) in (C.DType.BF16, C.DType.F16) and (
+                not dts or {TORCH_TO_DT.get(d) for d in dts} == taken)
+            out.append(next(iter(taken)) if fused_reader and same and o.dtype == C.DType.F32 else o.dtype)
         return out
 
     def emit_region(ri):

@@ -316,6 +316,14 @@ def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
     same = [n.name for n in gm.graph.nodes if n.target == torch.ops.prims.convert_element_type.default
             and n.args[0].meta["tensor_meta"].dtype == n.args[1]]
     assert not same, same
+    # A value one fused call stores and another takes (a tile parameter, a GEMM operand) is stored in the dtype the
+    # reader takes: otherwise each call converts it first (a copy kernel per call)
+    stored = {prog.pg.find(o.name): o.dtype for n in calls for o in ops.region_spec(n.args[0]).outputs}
+    for n in calls:
+        spec = ops.region_spec(n.args[0])
+        taken = [(p.node, p.dtype) for p in spec.params] + [(spec.gemm.a, spec.gemm.dtype), (spec.gemm.b, spec.gemm.dtype)]
+        for gid, dt in taken:
+            assert stored.get(gid, dt) == dt, (prog.pg.node(gid).name, stored[gid], dt)
     if make is PostNormEncoderLayer:
         assert torch.ops.aten.bmm.default in kept   # attention: not fused, kept as ATen bmm
         # q/k/v: read by bf16 ATen views, so the kernel stores bf16 (the Graph IR hands on f32)
