@@ -298,15 +298,24 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Ten
          enable_gqa: bool = False) -> torch.Tensor:
     """F.scaled_dot_product_attention as one opaque op: at run time PyTorch picks its kernel as in eager
     (flash, cuDNN, memory-efficient), where tracing would decompose it into a math path (fp32 bmm + softmax)
-    for some masks. The result is made contiguous, as the fake implementation says."""
-    return torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-        enable_gqa=enable_gqa).contiguous()
+    for some masks. The result has q's memory layout where its last dim matches v's (empty_like(q)): how the
+    flash and cuDNN kernels allocate it, so for q a transposed view of [B, S, H, D] the model's
+    transpose(1, 2).reshape() after it is a view, not a copy. The fake implementation says the same; another
+    kernel's result is copied into that layout."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    want = torch.empty_like(q, device="meta").stride() if out.shape == q.shape else None
+    if want is None:
+        return out.contiguous()
+    if out.stride() == want:
+        return out
+    return torch.empty_like(q).copy_(out)
 
 
 @sdpa.register_fake
 def _sdpa_fake(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    return q.new_empty(list(q.shape[:-1]) + [v.shape[-1]])
+    shape = list(q.shape[:-1]) + [v.shape[-1]]
+    return torch.empty_like(q) if v.shape[-1] == q.shape[-1] else q.new_empty(shape)
 
 
 _SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
