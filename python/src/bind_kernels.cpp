@@ -1,0 +1,79 @@
+// comfuse._core: the GPU side: why kernels cannot run here, and one fused region compiled and launched on device pointers (the custom op's CUDA implementation; only RegionKernel.launch needs a GPU).
+#include <cstring>
+#include <memory>
+
+#include "binders.h"
+
+namespace comfuse::py {
+
+using namespace nb::literals;
+
+namespace {
+
+// A region's compiler options from the Python arguments ("" = the defaults).
+CompilerOptions region_options(const std::string& kernel_dir, const std::string& cutlass_dir,
+                               const std::string& cache_dir, const std::string& transport) {
+  CompilerOptions o;
+  o.kernel_dir = kernel_dir;
+  o.cutlass_dir = cutlass_dir;
+  o.jit.cache_dir = cache_dir;
+  o.transport = transport;
+  return o;
+}
+
+}  // namespace
+
+void bind_kernels(nb::module_& m) {
+  // The GPU side: why kernels cannot run here ("" = they can), and one fused region as a kernel.
+  m.def("unsupported_device_reason", [](int device) { return rt::unsupported_reason(device); }, "device"_a = 0);
+  m.def(
+      "compile_region",
+      [](const FusionSpec& fs, const std::string& kernel_dir, const std::string& cutlass_dir, const std::string& cache_dir,
+         const std::string& transport) {
+        CompilerOptions o = region_options(kernel_dir, cutlass_dir, cache_dir, transport);
+        nb::gil_scoped_release release;  // nvcc runs here: other Python threads (other regions) keep going
+        CompiledRegion r = RegionKernel::compile(fs, o);
+        return std::make_tuple(r.kernel.name, r.cache_hit, r.compile_seconds);
+      },
+      "spec"_a, "kernel_dir"_a = "", "cutlass_dir"_a = "", "cache_dir"_a = "", "transport"_a = "",
+      "Plans, generates and JIT-compiles a region's kernel into the cache without loading it (any thread, no "
+      "GPU): returns (kernel name, cache hit, nvcc seconds).");
+  nb::class_<RegionKernel>(m, "RegionKernel")
+      .def(
+          "__init__",
+          [](RegionKernel* self, const FusionSpec& fs, const std::string& kernel_dir, const std::string& cutlass_dir,
+             const std::string& cache_dir, const std::string& transport) {
+            CompilerOptions o = region_options(kernel_dir, cutlass_dir, cache_dir, transport);
+            nb::gil_scoped_release release;  // nvcc may take a while; other Python threads keep running
+            new (self) RegionKernel(fs, o);
+          },
+          "spec"_a, "kernel_dir"_a = "", "cutlass_dir"_a = "", "cache_dir"_a = "", "transport"_a = "")
+      .def(
+          "launch",
+          [](RegionKernel& k, uintptr_t a, uintptr_t b, int64_t rows, const std::vector<uintptr_t>& outs,
+             const std::vector<uintptr_t>& params, uintptr_t stream) {
+            std::vector<void*> o;
+            for (auto p : outs) o.push_back(reinterpret_cast<void*>(p));
+            std::vector<const void*> ps;
+            for (auto p : params) ps.push_back(reinterpret_cast<const void*>(p));
+            k.launch(reinterpret_cast<const void*>(a), reinterpret_cast<const void*>(b), rows, o, ps,
+                     reinterpret_cast<CUstream>(stream));
+          },
+          "a"_a, "b"_a, "rows"_a, "outs"_a, "params"_a, "stream"_a,
+          "Launches on device pointers (ints, e.g. tensor.data_ptr()) on a CUDA stream (int, e.g. cuda_stream).")
+      .def_prop_ro("name", [](const RegionKernel& k) { return k.info().kernel.name; })
+      .def_prop_ro("transport", [](const RegionKernel& k) { return k.info().plan.transport; })
+      .def_prop_ro("config", [](const RegionKernel& k) { return config_name(k.info().plan.config); })
+      .def_prop_ro("plan", [](const RegionKernel& k) { return k.info().plan.reason; })
+      .def_prop_ro("cache_hit", [](const RegionKernel& k) { return k.info().cache_hit; })
+      .def_prop_ro("compile_seconds", [](const RegionKernel& k) { return k.info().compile_seconds; });
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const CompileError& e) {
+      PyErr_SetString(PyExc_RuntimeError, (std::string("comfuse: cannot compile: ") + e.what()).c_str());
+    }
+  });
+}
+
+}  // namespace comfuse::py
