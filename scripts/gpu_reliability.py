@@ -105,7 +105,7 @@ class Family:
     def outputs(self, m=M):
         from comfuse.convert import DT_TO_TORCH
 
-        return [self.torch.full(self.ops._out_shape(o, (m, K)), float("nan"), dtype=DT_TO_TORCH[o.dtype],
+        return [self.torch.full(self.ops._out_shape(self.spec, o, (m, K)), float("nan"), dtype=DT_TO_TORCH[o.dtype],
                                 device=self.dev) for o in self.spec.outputs]
 
     def launch(self, ins, outs, stream, m=M):

@@ -241,8 +241,9 @@ def log_report(rep: GraphReport) -> None:
         for line in rep.chain_lines():
             log.info("comfuse: graph %d back-to-back %s", rep.index, line)
         if a.conv.dynamic:
-            log.info("comfuse: graph %d has a dynamic batch dim: analyzed at its example sizes; the kernels take "
-                     "the rows M at launch, so other batch sizes reuse them", rep.index)
+            log.info("comfuse: graph %d has a dynamic batch dim%s: analyzed at its example sizes; the kernels take "
+                     "the rows M at launch, so other sizes reuse them", rep.index,
+                     " and other dynamic leading dims (e.g. the sequence)" if a.conv.dynamic_inner else "")
     if rep.fallback:
         log.info("comfuse: graph %d runs without ComFuse kernels: %s", rep.index, rep.fallback)
 
@@ -256,18 +257,45 @@ def _rewrite(rep: GraphReport, fuse: set, ctas: int, how: str):
     from .program import NotKeepable
 
     prog = rep.analysis.program
-    if how == "keep":
+    # symbolic sizes beyond dim 0 (a dynamic sequence): only the ATen-keeping rewrite expresses them
+    if how == "keep" or prog.conv.dynamic_inner:
         try:
             return prog.rewrite_keeping_torch(fuse, ctas)
         except NotKeepable as e:
+            if prog.conv.dynamic_inner:
+                raise
             log.info("comfuse: graph %d: nodes outside the fused regions re-emitted from the Graph IR (fp32): %s",
                      rep.index, e)
     return prog.rewrite(ctas, fuse=fuse)
 
 
+def _rows_layout(spec) -> bool:
+    """Whether every output of the region has its GEMM's leading dims (then the op gives it A's leading dims at
+    run time, symbolic ones included: ops._out_shape)."""
+    lead = [int(d) for d in spec.gemm.out_shape[:-1]]
+    return all([int(d) for d in o.shape[:-1]] == lead for o in spec.outputs)
+
+
 def fused_set(rep: GraphReport, fuse_all: bool = False) -> set:
-    """The regions to fuse: the planner's, and with `fuse_all` also those it declines for speed only."""
-    return {i for i, p in enumerate(rep.plans) if p.fuse or (fuse_all and _declined_for_speed_only(p))}
+    """The regions to fuse: the planner's, and with `fuse_all` also those it declines for speed only (less those
+    a dynamic sequence rules out: shapeable)."""
+    return shapeable(rep, {i for i, p in enumerate(rep.plans) if p.fuse or (fuse_all and _declined_for_speed_only(p))})
+
+
+def shapeable(rep: GraphReport, fuse: set) -> set:
+    """`fuse` less, with a dynamic dim other than dim 0 (a sequence), the regions whose outputs regroup their rows
+    (A flattened to [rows, K], an output [B, S, N]): shaping those outputs would need the sequence length, which
+    A no longer has. Each one dropped is logged."""
+    if rep.analysis is None or not rep.analysis.conv.dynamic_inner:
+        return set(fuse)
+    out = set()
+    for i in sorted(fuse):
+        if _rows_layout(rep.regions[i].spec):
+            out.add(i)
+        else:
+            log.info("comfuse: graph %d region %d: not fused: its outputs regroup the GEMM's rows, and a dynamic "
+                     "dim other than dim 0 would have to be known to shape them", rep.index, i)
+    return out
 
 
 def log_plans(rep: GraphReport, fuse: set) -> None:
@@ -499,9 +527,12 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
     elif (reference and rep.analysis is not None and rep.regions and
             all(t.device.type == "cpu" for t in _tensors(example_inputs)) and
             not (rep.fallback or "").startswith("graph needs gradients")):
-        target = _rewrite(rep, set(range(len(rep.regions))), ctas, how)
-        log.info("comfuse: graph %d: running %d region(s) through the CPU reference implementation",
-                 rep.index, len(rep.regions))
+        try:
+            target = _rewrite(rep, shapeable(rep, set(range(len(rep.regions)))), ctas, how)
+            log.info("comfuse: graph %d: running %d region(s) through the CPU reference implementation",
+                     rep.index, len(rep.regions))
+        except Exception as e:   # fallback, never failure
+            log.warning("comfuse: graph %d runs without ComFuse kernels: %s: %s", rep.index, type(e).__name__, e)
     if runner == "eager":
         return target.forward
     from torch._inductor.compile_fx import compile_fx

@@ -16,10 +16,12 @@ Conventions:
   * fp32 GEMMs (fp32 modules, used for CPU checks) round their operands to bf16, as tensor cores would: weights
     used only by GEMMs are declared bf16 at the input, other operands get an explicit cast; the product is cast
     back to f32. bf16/f16 graphs convert one to one.
-  * dynamic shapes: a symbolic size in dim 0 (the batch, or batch x sequence once flattened) is converted at its
-    example value (GEMM rows are a launch argument of the kernels); `dynamic_reshapes` names the reshapes whose
-    dim 0 is symbolic, which the rewrite emits with -1 there. A node with a symbolic size in any other dim, or
-    one that reduces over a symbolic dim 0, stays in torch with that reason.
+  * dynamic shapes: symbolic sizes in the leading dims (the batch, the sequence, or their product once
+    flattened: GEMM rows, a launch argument of the kernels) are converted at their example values;
+    `dynamic_reshapes` names the reshapes with a symbolic dim, and `dynamic_dims` says which dims of a value are
+    symbolic. The ATen-keeping rewrite builds those reshapes from the graph's own size values; the Graph IR
+    rewrite takes a symbolic dim 0 only (`dynamic_inner` says when there is more). A node with a symbolic last
+    dim, or one that reduces over a symbolic dim, stays in torch with that reason.
 """
 from __future__ import annotations
 
@@ -60,8 +62,9 @@ class Conversion:
     torch_nodes: dict                   # fx.Node -> reason it stays in torch (call_function nodes only)
     input_source: dict                  # Graph IR input name -> fx.Node whose value feeds it
     gemm_dtype: Any                     # tensor-core dtype used for fp32 GEMMs
-    dynamic_reshapes: set = dataclasses.field(default_factory=set)   # Reshape names with a symbolic dim 0
+    dynamic_reshapes: dict = dataclasses.field(default_factory=dict)   # Reshape name -> its symbolic dims
     dynamic: bool = False               # the graph has symbolic sizes
+    dynamic_inner: bool = False         # ... in a dim other than dim 0 (only the ATen-keeping rewrite takes that)
     softmax_folds: dict = dataclasses.field(default_factory=dict)   # downcast fx.Node -> SoftmaxFold it ends
 
     def name_of(self, node: fx.Node) -> str | None:
@@ -233,20 +236,24 @@ class Converter:
         self.casts: dict = {}
         self.force_torch = dict(force_torch or {})
         self.node: fx.Node | None = None  # the node being converted
-        self.dyn0: set = set()        # Graph IR ids whose dim 0 is symbolic
-        self.dynamic_reshapes: set = set()
+        self.dyn: dict = {}           # Graph IR id -> its symbolic dims (frozenset), for values that have any
+        self.dynamic_inner = False    # a symbolic dim other than dim 0 somewhere
+        self.dynamic_reshapes: dict = {}   # Reshape name -> its symbolic dims
         self.dynamic = False
         self.softmax_folds: dict = {}
 
-    def shape(self, m, what: str) -> tuple[list[int], bool]:
-        """A tensor's shape as ints, and whether its dim 0 is symbolic. Symbolic sizes elsewhere: Unsupported."""
-        syms = [i for i, d in enumerate(m.shape) if isinstance(d, torch.SymInt)]
+    def shape(self, m, what: str) -> tuple[list[int], frozenset]:
+        """A tensor's shape as ints (symbolic sizes at their example values), and its symbolic dims. A
+        symbolic last dim: Unsupported (a kernel's N and K are compiled in; its rows are not)."""
+        syms = frozenset(i for i, d in enumerate(m.shape) if isinstance(d, torch.SymInt))
         if syms:
             self.dynamic = True
-        if any(i != 0 for i in syms):
-            raise Unsupported(f"dynamic size in dim {[i for i in syms if i != 0][0]} of '{what}' "
-                              f"{list(m.shape)}: ComFuse kernels take a dynamic batch (leading) dim only")
-        return size_hints(m.shape), bool(syms)
+        if m.dim() > 1 and m.dim() - 1 in syms:
+            raise Unsupported(f"dynamic size in the last dim of '{what}' {list(m.shape)}: ComFuse kernels take "
+                              "dynamic leading (row) dims only")
+        if syms - {0}:
+            self.dynamic_inner = True
+        return size_hints(m.shape), syms
 
     # ---------------------------------------------------------------- helpers
     def name(self, tag: str | None = None) -> str:
@@ -276,10 +283,10 @@ class Converter:
         dt = TORCH_TO_DT[m.dtype]
         if dt == DT.F32 and _only_gemm_operand(a):
             dt = self.gemm_dtype  # a weight: rounded once where it enters, as a tensor-core input
-        shape, dyn0 = self.shape(m, a.name)
+        shape, dyn = self.shape(m, a.name)
         i = self.g.input(a.name, dt, shape)
-        if dyn0:
-            self.dyn0.add(i)
+        if dyn:
+            self.dyn[i] = dyn
         self.inputs[a] = i
         self.input_source[a.name] = a
         return i
@@ -330,14 +337,14 @@ class Converter:
         dt = TORCH_TO_DT[m.dtype]
         if self.nd(i).dtype != dt and not self.keeps_gemm_dtype(self.node, i):
             i = self.g.cast(i, dt, self.name("cast"))
-        shape, dyn0 = self.shape(m, self.node.name)
+        shape, dyn = self.shape(m, self.node.name)
         if list(self.nd(i).shape) != shape:
-            i = self.reshape(i, shape, self.name("view"), dyn0)
-        if dyn0:
-            self.dyn0.add(i)
+            i = self.reshape(i, shape, self.name("view"), dyn)
+        if dyn:
+            self.dyn[i] = dyn
         return i
 
-    def reshape(self, i: int, shape, name, dyn0: bool = False) -> int:
+    def reshape(self, i: int, shape, name, dyn: frozenset = frozenset()) -> int:
         shape = list(shape)
         # collapse chains: reshape(reshape(x)) = reshape(x); a reshape back to the source's shape is the source
         n = self.nd(i)
@@ -347,14 +354,16 @@ class Converter:
         if list(n.shape) == shape:
             return i
         r = self.g.reshape(i, shape, name)
-        if dyn0:
-            self.dyn0.add(r)
-            self.dynamic_reshapes.add(name)
+        if dyn:
+            self.dyn[r] = dyn
+            self.dynamic_reshapes[name] = dyn
         return r
 
     def static_dims(self, x: int, ds, what: str) -> None:
-        if 0 in ds and x in self.dyn0:
-            raise Unsupported(f"{what} over the dynamic batch dim 0")
+        rank = len(self.nd(x).shape)
+        bad = sorted({d % rank for d in ds} & self.dyn.get(x, frozenset())) if rank else []
+        if bad:
+            raise Unsupported(f"{what} over the dynamic dim {bad[0]}")
 
     # ---------------------------------------------------------------- GEMMs
     def gemm(self, a, b, name, bias=None, beta=1, alpha=1) -> int:
@@ -487,9 +496,9 @@ class Converter:
         if not keep:
             shape = list(self.nd(x).shape)
             del shape[d]
-            dyn0 = x in self.dyn0
-            var = self.reshape(var, shape, self.name("var.squeeze"), dyn0)
-            mean = self.reshape(mean, shape, self.name("mean.squeeze"), dyn0)
+            dyn = frozenset(i - (i > d) for i in self.dyn.get(x, frozenset()) if i != d)
+            var = self.reshape(var, shape, self.name("var.squeeze"), dyn)
+            mean = self.reshape(mean, shape, self.name("mean.squeeze"), dyn)
         return (var, mean) if want_mean else var
 
     def h_var_mean(self, n):
@@ -515,8 +524,8 @@ class Converter:
         return self.gemm(n.args[0], _Id(wt), self.name(), bias=bias)
 
     def h_view(self, n):
-        shape, dyn0 = self.shape(_meta(n), n.name)
-        return self.reshape(self.x(n.args[0]), shape, self.name(), dyn0)
+        shape, dyn = self.shape(_meta(n), n.name)
+        return self.reshape(self.x(n.args[0]), shape, self.name(), dyn)
 
     def h_permute(self, n):
         x = self.x(n.args[0])
@@ -684,4 +693,4 @@ def convert(gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = N
                                (f" ({why}{'; ...' if len(conv.torch_nodes) > 3 else ''})" if why else ""))
     g.verify()
     return Conversion(gm, g, conv.value, conv.torch_nodes, conv.input_source, gemm_dtype, conv.dynamic_reshapes,
-                      conv.dynamic, conv.softmax_folds)
+                      conv.dynamic, conv.dynamic_inner, conv.softmax_folds)

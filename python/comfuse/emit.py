@@ -89,6 +89,8 @@ def rewrite(prog, ctas: int = 1, fuse=None) -> fx.GraphModule:
     of the regions to fuse (default all); the others are emitted node by node like the standard path."""
     from . import ops
 
+    if prog.conv.dynamic_inner:   # its reshapes take -1 for one dynamic dim (Program.node_spec), no more
+        raise NotKeepable("symbolic sizes beyond dim 0: the Graph IR rewrite takes a dynamic dim 0 only")
     g, env_fx = new_graph(prog)
     env_g: dict = {}
     pg = prog.pg
@@ -191,21 +193,43 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
 
     g, env_fx = new_graph(prog)
     env_g: dict = {}
+    # The graph's own size values (placeholders and size arithmetic whose value is a SymInt), by expression, and
+    # emitted first: a reshape to a symbolic shape takes them as arguments.
+    sizes: dict = {}
+    for n in prog.gm.graph.nodes:
+        if isinstance(n.meta.get("val"), torch.SymInt):
+            sizes.setdefault(str(n.meta["val"].node.expr), n)
+            if n.op == "call_function" and n not in absorbed and all(a in env_fx for a in n.all_input_nodes):
+                env_fx[n] = g.node_copy(n, lambda a: env_fx[a])
 
-    def reshape(v, have, want, dynamic: bool):
-        """v from shape `have` to `want` (ints); a dynamic batch's dim 0 becomes -1 (the rest is static)."""
-        if list(have) == list(want):
+    def size_arg(d):
+        """A size as a reshape argument: an int, or the node of the graph that computes this symbolic size."""
+        if not isinstance(d, torch.SymInt):
+            return int(d)
+        f = sizes.get(str(d.node.expr))
+        if f is None or f not in env_fx:
+            raise NotKeepable(f"no node of the graph computes the size {d}")
+        return env_fx[f]
+
+    def reshape(v, have, want):
+        """v (ints `have`) to shape `want` (ints, or symbolic sizes of the graph: one dynamic dim becomes -1, more
+        are taken from the graph's size nodes)."""
+        if list(have) == size_hints(want):
             return v
-        return g.call_function(torch.ops.aten.reshape.default, (v, [-1] + list(want)[1:] if dynamic else list(want)))
+        syms = [i for i, d in enumerate(want) if isinstance(d, torch.SymInt)]
+        target = [-1 if len(syms) == 1 and i in syms else size_arg(d) for i, d in enumerate(want)]
+        return g.call_function(torch.ops.aten.reshape.default, (v, target))
 
-    def symbolic(shape) -> bool:
-        if any(isinstance(d, torch.SymInt) for d in list(shape)[1:]):
-            raise NotKeepable("a symbolic size outside dim 0")
-        return any(isinstance(d, torch.SymInt) for d in shape)
-
-    def reshaped(v, have, want):
-        """v (Graph IR shape `have`) as an ATen node's shape `want` (maybe symbolic in dim 0)."""
-        return reshape(v, have, size_hints(want), symbolic(want))
+    def symbolic_shape(n):
+        """Graph IR value n's shape with its symbolic sizes: that of an ATen node with its value and shape."""
+        src = prog.conv.input_source.get(n.name) if n.op == OK.Input else None
+        for f in ([src] if src is not None else []) + fx_values.get(n.name, []):
+            val = f.meta.get("val")
+            if isinstance(val, torch.Tensor) and size_hints(val.shape) == list(n.shape):
+                return list(val.shape)
+        if any(isinstance(d, torch.SymInt) for f in fx_values.get(n.name, []) for d in f.meta["val"].shape):
+            raise NotKeepable(f"no ATen node has the shape of '{n.name}' {list(n.shape)} with its symbolic sizes")
+        return list(n.shape)
 
     def value_of(gid):
         n = prog.nodes[gid]
@@ -213,7 +237,8 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
             f = source(n.name)
             if f is not None and f in env_fx:
                 have = f.meta["val"].shape   # the ATen node may be a view of the value: back to its shape
-                v = reshape(env_fx[f], size_hints(have), list(n.shape), symbolic(have))
+                want = list(n.shape) if size_hints(have) == list(n.shape) else symbolic_shape(n)
+                v = reshape(env_fx[f], size_hints(have), want)
                 env_g[n.name] = _cast(g, v, DT_TO_TORCH[n.dtype])
             elif n.op == OK.Input:
                 env_g[n.name] = _cast(g, env_fx[prog.conv.input_source[n.name]], DT_TO_TORCH[n.dtype])
@@ -257,10 +282,11 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
             env_g[o.name] = out
             for f in fx_values.get(o.name, []):
                 if absorbed.get(f) == ri:
-                    env_fx[f] = _cast(g, reshaped(out, list(o.shape), f.meta["val"].shape), f.meta["val"].dtype)
+                    env_fx[f] = _cast(g, reshape(out, list(o.shape), f.meta["val"].shape), f.meta["val"].dtype)
 
     # Kahn over ATen nodes (in their order) and fused calls: each goes once all it reads exists.
-    todo = [_CopyNode(n) for n in prog.gm.graph.nodes if n.op == "call_function" and n not in absorbed]
+    todo = [_CopyNode(n) for n in prog.gm.graph.nodes
+            if n.op == "call_function" and n not in absorbed and n not in env_fx]
     todo += [_EmitRegion(ri, set().union(*[deps(i, set()) for i in
                                            [prog.regions[ri].spec.gemm.a, prog.regions[ri].spec.gemm.b] +
                                            [p.node for p in prog.regions[ri].spec.params]]))
@@ -344,6 +370,8 @@ def emit_aten_node(g: fx.Graph, n, spec: tuple, xs: list):
     if op == OK.Cast:
         return _cast(g, _cast(g, f32[0], DT_TO_TORCH[n.cast_to]), torch.float32)
     if op == OK.Reshape:
+        if None in spec[1]:
+            raise NotKeepable(f"the helper reshape '{n.name}' has two dynamic dims")
         return g.call_function(_A.reshape.default, (f32[0], list(spec[1])))
     if op == OK.Transpose:
         return g.call_function(_A.clone.default, (g.call_function(_A.permute.default, (f32[0], list(n.perm))),),

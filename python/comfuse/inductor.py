@@ -109,7 +109,8 @@ class ComFusePass(CustomGraphPass):
         backend.log_report(rep)
         if rep.fallback:
             return
-        fuse = set(range(len(rep.regions))) if cpu_reference else backend.fused_set(rep, self.fuse == "all")
+        fuse = (backend.shapeable(rep, set(range(len(rep.regions)))) if cpu_reference
+                else backend.fused_set(rep, self.fuse == "all"))
         backend.log_plans(rep, fuse)
         try:
             target = rep.analysis.program.rewrite_keeping_torch(fuse, self.ctas)

@@ -96,15 +96,18 @@ def gpu_kernel(key: str):
     return k
 
 
-def _out_shape(o, a_shape) -> list:
-    """An output's shape for A of shape `a_shape` (ints, or SymInts while tracing a dynamic batch: no branch
-    here depends on a symbolic value). Outputs are [..., N] or [..., 1] over the GEMM's rows: with A's leading
-    dims when the Spec's output has A's layout, else the Spec's own leading dims with dim 0 scaled to A's rows.
+def _out_shape(spec, o, a_shape) -> list:
+    """Output `o`'s shape for A of shape `a_shape` (ints, or SymInts while tracing dynamic sizes: no branch here
+    depends on a symbolic value). Outputs are [..., N] or [..., 1] over the GEMM's rows: with A's leading dims
+    when the Spec's output has the GEMM's leading dims (a property of the Spec, not of the sizes: a symbolic
+    batch or sequence dim takes A's value), else the Spec's own leading dims with dim 0 scaled to A's rows.
     For the traced A this is the Spec's shape."""
     shape = [int(d) for d in o.shape]
     lead, last = shape[:-1], shape[-1:]
     a_lead = list(a_shape[:-1])
-    if len(lead) == len(a_lead) and all(isinstance(d, int) and d == e for d, e in zip(a_lead[1:], lead[1:])):
+    gemm_lead = [int(d) for d in spec.gemm.out_shape[:-1]]
+    if len(lead) == len(a_lead) and (lead == gemm_lead or all(isinstance(d, int) and d == e
+                                                               for d, e in zip(a_lead[1:], lead[1:]))):
         return a_lead + last
     rows = 1
     for d in a_lead:
@@ -133,7 +136,7 @@ class _GpuLaunch:
     def out_shapes(self, a_shape) -> list:
         s = self.shapes.get(a_shape)
         if s is None:
-            s = self.shapes[a_shape] = [_out_shape(o, a_shape) for o in self.spec.outputs]
+            s = self.shapes[a_shape] = [_out_shape(self.spec, o, a_shape) for o in self.spec.outputs]
         return s
 
 
@@ -198,7 +201,7 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 def _run_fallback(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     spec, _ = _REGIONS[key]
     outs = _FALLBACK[key](inputs)
-    return [o.to(DT_TO_TORCH[so.dtype]).reshape(_out_shape(so, inputs[0].shape)) for o, so in zip(outs, spec.outputs)]
+    return [o.to(DT_TO_TORCH[so.dtype]).reshape(_out_shape(spec, so, inputs[0].shape)) for o, so in zip(outs, spec.outputs)]
 
 
 def _np32(t: torch.Tensor) -> np.ndarray:
@@ -213,7 +216,7 @@ def _run_cpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     a, b, *params = (_np32(t) for t in inputs)
     rows = a.size // spec.gemm.k
     if rows != spec.gemm.rows:   # another batch size: the same Spec over `rows` rows, per-row values 2-D
-        shapes = [_out_shape(o, inputs[0].shape) for o in spec.outputs]
+        shapes = [_out_shape(spec, o, inputs[0].shape) for o in spec.outputs]
         spec = spec.with_rows(rows)
         params = [p.reshape([int(d) for d in sp.shape]) for p, sp in zip(params, spec.params)]
         outs = C.interpret_spec(spec, a.reshape(rows, -1), b, params, ctas)
@@ -226,7 +229,7 @@ def _run_cpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 def _fused_region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     spec, _ = _REGIONS[key]
     dev = inputs[0].device
-    return [torch.empty(_out_shape(o, inputs[0].shape), dtype=DT_TO_TORCH[o.dtype], device=dev)
+    return [torch.empty(_out_shape(spec, o, inputs[0].shape), dtype=DT_TO_TORCH[o.dtype], device=dev)
             for o in spec.outputs]
 
 
@@ -288,7 +291,9 @@ def eval_graph_node(spec: tuple, *xs):
     if op == OK.Transpose:
         return xs[0].permute(list(perm)).contiguous()
     if op == OK.Reshape:
-        return xs[0].reshape(list(shape))   # shape[0] is -1 for a dynamic batch (Program.node_spec)
+        if None in shape:   # two symbolic dims (Program.node_spec): no static form
+            raise NotImplementedError("eval_graph_node: a reshape with two dynamic dims")
+        return xs[0].reshape(list(shape))   # -1 at a dynamic dim (Program.node_spec)
     raise NotImplementedError(f"eval_graph_node: {C.op_name(op)}")
 
 

@@ -203,11 +203,13 @@ class Program:
         return emit.region_in_torch(self, ri)
 
     def node_spec(self, n) -> tuple:
-        """A hashable description of a Graph IR node for ops.eval_graph_node. A reshape whose dim 0 is symbolic
-        (a dynamic batch) gets -1 there: its other dims are static, so torch infers dim 0 at run time."""
+        """A hashable description of a Graph IR node for ops.eval_graph_node. A reshape with one symbolic dim
+        (a dynamic batch, or batch x sequence flattened) gets -1 there: torch infers it at run time. One with
+        more has no such form: its shape entries are None there, and evaluating it raises."""
         shape = tuple(n.shape)
-        if n.op == OK.Reshape and n.name in self.conv.dynamic_reshapes:
-            shape = (-1,) + shape[1:]
+        dyn = self.conv.dynamic_reshapes.get(n.name) if n.op == OK.Reshape else None
+        if dyn:
+            shape = tuple((-1 if len(dyn) == 1 else None) if i in dyn else d for i, d in enumerate(shape))
         return (n.op.value, shape, n.dtype.value, float(n.value), int(n.dim), bool(n.keepdim),
                 bool(n.transpose_a), bool(n.transpose_b), tuple(n.perm), n.cast_to.value)
 
