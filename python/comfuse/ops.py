@@ -205,7 +205,8 @@ def _run_fallback(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _np32(t: torch.Tensor) -> np.ndarray:
-    return np.ascontiguousarray(t.detach().to("cpu", torch.float32).numpy())
+    # (np.ascontiguousarray would make a 0-d scalar parameter 1-d)
+    return t.detach().to("cpu", torch.float32).contiguous().numpy()
 
 
 def _run_cpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -138,3 +138,43 @@ def test_hf_models_pass_inside_inductor_on_cpu(caplog):
         got = torch.compile(m, backend="comfuse", options={"reference": True, "rewrite": "keep"})(ids)
     assert rel_err(got.last_hidden_state.float(), ref.float()) <= 3e-2
     assert any("region(s) run as ComFuse kernels (CPU reference implementation)" in s for s in messages(caplog))
+
+
+def _tiny(name: str):
+    if name == "bert":
+        cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=256, vocab_size=128, max_position_embeddings=64)
+        return transformers.BertModel(cfg, add_pooling_layer=False)
+    if name == "llama":
+        cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=1, num_attention_heads=2,
+                                       num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+        return transformers.LlamaModel(cfg)
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=128, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2Model(cfg)
+
+
+@pytest.mark.parametrize("name", ["bert", "llama", "gpt2"])
+def test_hf_models_with_a_dynamic_sequence_length(name, caplog):
+    """dynamic=True (a symbolic batch and sequence length): one graph serves other batch sizes and sequence
+    lengths with its fused regions (CPU reference implementation inside Inductor) and matches eager. Only a
+    region whose A is flattened while its output is [B, S, N] is left to torch (the attention out-projection)."""
+    import logging
+
+    from conftest import messages, rel_err
+
+    caplog.set_level(logging.INFO, logger="comfuse")
+    torch.manual_seed(0)
+    m = _tiny(name).to(torch.bfloat16).eval()
+    f = torch.compile(m, backend="comfuse", options={"reference": True, "rewrite": "keep", "fuse": "all"},
+                      dynamic=True)
+    with torch.no_grad():
+        for b, s in ((2, 16), (3, 9)):
+            ids = torch.randint(0, 128, (b, s))
+            got, ref = f(input_ids=ids).last_hidden_state, m(input_ids=ids).last_hidden_state
+            assert got.shape == ref.shape and rel_err(got.float(), ref.float()) <= 3e-2, (name, b, s)
+    msgs = messages(caplog)
+    runs = [s for s in msgs if "region(s) run as ComFuse kernels (CPU reference implementation)" in s]
+    assert len(runs) == 1, msgs   # one graph for both sizes
+    assert int(runs[0].split(": ")[2].split()[0]) >= 3, runs
+    assert sum("and other dynamic leading dims" in s for s in msgs) == 1, msgs
