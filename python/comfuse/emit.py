@@ -228,6 +228,8 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
             if isinstance(val, torch.Tensor) and size_hints(val.shape) == list(n.shape):
                 return list(val.shape)
         if any(isinstance(d, torch.SymInt) for f in fx_values.get(n.name, []) for d in f.meta["val"].shape):
+            if not prog.conv.dynamic_inner:   # only dim 0 is dynamic: torch infers it
+                return [-1] + list(n.shape)[1:]
             raise NotKeepable(f"no ATen node has the shape of '{n.name}' {list(n.shape)} with its symbolic sizes")
         return list(n.shape)
 

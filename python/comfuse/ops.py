@@ -136,6 +136,8 @@ class _GpuLaunch:
     def out_shapes(self, a_shape) -> list:
         s = self.shapes.get(a_shape)
         if s is None:
+            if len(self.shapes) >= 256:   # (a dynamic sequence length: many shapes; keep the memory bounded)
+                self.shapes.clear()
             s = self.shapes[a_shape] = [_out_shape(self.spec, o, a_shape) for o in self.spec.outputs]
         return s
 

@@ -298,6 +298,15 @@ def _bf16(model):
     return model.to(torch.bfloat16).eval()
 
 
+def _captured_bf16(make):
+    """A bf16 model of `make`, its input, its one captured graph's report and program, and all its regions."""
+    torch.manual_seed(3)
+    m = _bf16(make())
+    x = bf16_randn(2, 8, 32, seed=42).to(torch.bfloat16)
+    rep = comfuse.capture(m, x)[0]
+    return m, x, rep, rep.analysis.program, set(range(len(rep.regions)))
+
+
 @pytest.mark.parametrize("make", [PostNormEncoderLayer, RMSNormMLP, ClassifierHead, CumsumBeforeNorm])
 def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
     """The GPU path's rewrite: each fused region one comfuse::fused_region call, every other ATen node copied as
@@ -305,12 +314,7 @@ def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
     the Graph IR rewrite."""
     from comfuse import ops
 
-    torch.manual_seed(3)
-    m = _bf16(make())
-    x = bf16_randn(2, 8, 32, seed=42).to(torch.bfloat16)
-    rep = comfuse.capture(m, x)[0]
-    prog = rep.analysis.program
-    fuse = set(range(len(rep.regions)))
+    m, x, rep, prog, fuse = _captured_bf16(make)
     gm = prog.rewrite_keeping_torch(fuse)
     calls = [n for n in gm.graph.nodes if n.target is torch.ops.comfuse.fused_region.default]
     assert len(calls) == len(rep.regions) >= 1
@@ -559,12 +563,7 @@ def test_planned_regions_the_gpu_shows_slower_are_not_fused(monkeypatch, caplog)
     the others stay fused calls. A GEMM with at most a bias is held to the GEMM alone (cuBLAS adds a bias)."""
     from comfuse import backend, ops
 
-    torch.manual_seed(3)
-    m = _bf16(PostNormEncoderLayer())
-    x = bf16_randn(2, 8, 32, seed=42).to(torch.bfloat16)
-    rep = comfuse.capture(m, x)[0]
-    prog = rep.analysis.program
-    fuse = set(range(len(rep.regions)))
+    m, x, rep, prog, fuse = _captured_bf16(PostNormEncoderLayer)
     target = prog.rewrite_keeping_torch(fuse)
     reduces = {ri for ri in fuse if rep.regions[ri].spec.num_stages() > 1}
     alone = {ri for ri in fuse if backend._cublas_alone(rep, ri)}
