@@ -72,6 +72,42 @@ def build(name: str, device: str, tiny: bool = False):
     return model, kwargs
 
 
+def resized(kwargs, batch: int, seq: int) -> dict:
+    """The model's inputs at another batch size and sequence length (new token ids; the padding mask, if any,
+    as build() makes it)."""
+    ids = kwargs["input_ids"]
+    g = torch.Generator().manual_seed(batch * 1000 + seq)
+    out = {"input_ids": torch.randint(0, int(ids.max()) + 1, (batch, seq), generator=g).to(ids.device)}
+    if "attention_mask" in kwargs:
+        mask = torch.ones(batch, seq, dtype=torch.long)
+        mask[1::2, seq - seq // 4:] = 0
+        out["attention_mask"] = mask.to(ids.device)
+    return out
+
+
+def dynamic_check(model, kwargs, cuda: bool) -> dict:
+    """backend="comfuse" with dynamic=True over three (batch, sequence) sizes: each output against eager at its
+    size, and whether the later sizes needed a new graph or a new kernel (issue 13: no recompiles)."""
+    import comfuse
+    from comfuse import inductor, ops
+
+    b, s = kwargs["input_ids"].shape
+    sizes = [(b, s), (max(2, b // 2), s // 2 + 3), (b, max(8, s - 17))]
+    torch._dynamo.reset()
+    inductor.reset_reports()
+    f = torch.compile(model, backend=comfuse.compile_backend(fuse="planner"), dynamic=True)
+    errs, kernels_after_first, graphs_after_first, times = [], None, None, []
+    for i, (bb, ss) in enumerate(sizes):
+        kw = resized(kwargs, bb, ss) if i else kwargs
+        errs.append(rel_err(run(f, kw), run(model, kw)))
+        times.append(timed(lambda: run(f, kw), 10, cuda))
+        if i == 0:
+            kernels_after_first, graphs_after_first = len(ops._KERNELS), len(inductor.reports())
+    return dict(sizes=sizes, errs=errs, times=times, new_kernels=len(ops._KERNELS) - kernels_after_first,
+                new_graphs=len(inductor.reports()) - graphs_after_first,
+                fused=region_kinds(inductor.reports())["total"])
+
+
 def run(model, kwargs):
     with torch.no_grad():
         return model(**kwargs).last_hidden_state
@@ -202,6 +238,8 @@ def main() -> int:
     ap.add_argument("--out", default="hf_models.csv")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new runs after this many seconds")
     ap.add_argument("--cpu-smoke", action="store_true")
+    ap.add_argument("--dynamic", action="store_true",
+                    help="also run backend='comfuse' with dynamic=True over three batch/sequence sizes")
     a = ap.parse_args()
     import comfuse
     from comfuse import inductor
@@ -280,6 +318,22 @@ def main() -> int:
                 rows.append(row)
                 print(f"{name} {mode} {backend} {fuse}: {row['us']:.0f} us {row['vs_inductor']} err "
                       f"{row['rel_err']:.2e} fused {row['fused']} {row['note']}", flush=True)
+        if a.dynamic and cuda and time.time() - t0 <= a.budget_s:
+            row = dict(model=name, mode="dynamic", backend="comfuse", fuse="planner", us=float("nan"),
+                       vs_inductor="-", rel_err=float("nan"), fused="-", attention="-", f32_gemm="-", note="")
+            try:
+                d = dynamic_check(model, kwargs, cuda)
+                row.update(us=d["times"][-1], rel_err=max(d["errs"]), fused=str(d["fused"]),
+                           note=f"sizes {d['sizes']}: {', '.join(f'{t:.0f}' for t in d['times'])} us; after the "
+                                f"first: {d['new_graphs']} new ComFuse graph(s), {d['new_kernels']} new kernel(s)")
+                if not row["rel_err"] <= 2e-2:
+                    failures.append(f"{name} dynamic: rel err {row['rel_err']:.3g}")
+            except Exception as e:
+                row["note"] = f"FAILED {type(e).__name__}: {str(e)[:120]}"
+                failures.append(f"{name} dynamic: {type(e).__name__}: {e}")
+                traceback.print_exc()
+            rows.append(row)
+            print(f"{name} dynamic: {row['note']} err {row['rel_err']:.2e}", flush=True)
         if cuda and "comfuse" in {r["backend"] for r in rows if r["model"] == name}:
             try:
                 what, us = host_time_us()

@@ -6,7 +6,7 @@
 # table last; exit 1 on a wrong output, a missing required region (fuse="all") or a failed run.
 #
 #   scripts/gpu-hf-models.sh [--no-install] [--models bert,llama,gpt2] [--modes default,max-autotune-no-cudagraphs,reduce-overhead]
-#                            [--comfuse planner,all] [--budget-s 480]
+#                            [--comfuse planner,all] [--budget-s 480] [--dynamic]
 # Needs the CUTLASS headers at .carry/cutlass/include (scripts/gpu-check.sh --prepare), carried with .carry.
 # One command is limited to 10 minutes on the device: split the models over calls, e.g. --models bert, then
 # --models llama,gpt2; --budget-s stops starting new compiles in time to print the table.
@@ -14,6 +14,7 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 do_install=1 models=bert,llama,gpt2 modes=default,max-autotune-no-cudagraphs,reduce-overhead variants=planner,all budget=480
+dynamic=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-install) do_install=0 ;;
@@ -21,6 +22,7 @@ while [ $# -gt 0 ]; do
     --modes) modes="$2"; shift ;;
     --comfuse) variants="$2"; shift ;;
     --budget-s) budget="$2"; shift ;;
+    --dynamic) dynamic=--dynamic ;;   # also dynamic=True over three batch/sequence sizes (no recompiles)
     *) echo "gpu-hf-models: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -41,7 +43,7 @@ fi
 (cd /tmp && python3 -c "import transformers, torch, comfuse; print('transformers', transformers.__version__, 'torch', torch.__version__, 'comfuse', comfuse.__file__)") \
   2>&1 | tee "$OUT/versions.log" || { echo "gpu-hf-models: transformers is not importable here"; exit 1; }
 PYTHONUNBUFFERED=1 timeout $(( budget + 110 )) python3 bench/hf_models_bench.py --models "$models" --modes "$modes" \
-  --comfuse "$variants" --budget-s "$budget" --out "$OUT/hf_models.csv" > "$OUT/bench.log" 2>&1
+  --comfuse "$variants" --budget-s "$budget" $dynamic --out "$OUT/hf_models.csv" > "$OUT/bench.log" 2>&1
 rc=$?
 grep -vE "Warning|warn\(" "$OUT/bench.log" | grep -E "^\||FAILURE|budget|Traceback|Error" | tail -60
 echo "gpu-hf-models: rc=$rc in $(( $(date +%s) - t0 )) s (logs: $OUT/bench.log, comfuse log: $OUT/hf_models.log)"
