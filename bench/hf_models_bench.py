@@ -2,7 +2,7 @@
 Inductor mode, and eager; bf16 inference; models built from configs with random weights (no downloads).
 
     python3 bench/hf_models_bench.py [--models bert,llama,gpt2] [--modes default,max-autotune-no-cudagraphs,reduce-overhead]
-                                     [--comfuse planner,all] [--out FILE.csv] [--budget-s S] [--iters N]
+                                     [--comfuse planner,all] [--out FILE.csv] [--budget-s S] [--iters N] [--dynamic]
 
 Models (issue 13's test bed): bert = BertModel(BertConfig()) at 32 x 256 with a padding mask; bert-large (24
 layers, 1024) at 32 x 512; llama = a 4-layer LlamaModel (hidden 1024, SwiGLU 2816, 16 heads, RMSNorm, rotary) at
@@ -17,6 +17,9 @@ issue 13 (BERT: out-proj + LN, FFN1 + GELU, FFN2 + LN; Llama: o_proj + RMSNorm, 
 c_fc + gelu_new, c_proj + LN). The attention kernels of each run are listed from the profiler (flash / cuDNN /
 efficient vs an fp32 GEMM), so "attention stays fused" can be read off. After each model, the host time of one
 comfuse::fused_region call (the kernel excluded, averaged over 1000 calls) of its largest reduction region.
+
+--dynamic: after each model's runs, backend="comfuse" with dynamic=True over three batch/sequence sizes, each
+against eager, counting the ComFuse graphs and kernels the later sizes added (issue 13: none).
 
 Prints a table last; exit status 1 if an output is wrong, a required region is missing or a run failed.
 Without a GPU: "skipped: no GPU", exit 77. --cpu-smoke runs a tiny GPT-2 on the CPU through the pass (reference
