@@ -152,3 +152,28 @@ def test_backend_dynamic_batch_on_the_gpu(caplog):
     assert sum("region(s) run as ComFuse kernels" in s for s in msgs) == 2, msgs
     second = [s for s in msgs if s.startswith("comfuse: graph") and "kernel comfuse_" in s][-6:]
     assert second and all("(cache hit)" in s for s in second), second
+
+
+@requires_hopper
+def test_backend_dynamic_sequence_on_the_gpu(caplog):
+    """dynamic=True (a symbolic batch and sequence length) on the GPU: one graph, its kernels compiled once;
+    other batch sizes and sequence lengths reuse them and match eager (docs/pytorch.md, "Dynamic shapes")."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="comfuse")
+    torch.manual_seed(9)
+    m = _models()["RMSNormMLP"]().to(torch.bfloat16).cuda().eval()
+    f = torch.compile(m, backend="comfuse", options={"fuse": "all"}, dynamic=True)
+    compiled = None
+    with torch.no_grad():
+        for b, s in ((4, 64), (3, 40), (5, 72)):
+            x = torch.randn(b, s, 256, device="cuda", dtype=torch.bfloat16)
+            y = f(x)
+            torch.cuda.synchronize()
+            assert y.shape == x.shape and rel_err(y, m(x)) <= 2e-2, (b, s)
+            if compiled is None:
+                compiled = dict(ops._KERNELS)
+            assert ops._KERNELS == compiled, "another batch or sequence length compiled a new kernel"
+    msgs = messages(caplog)
+    assert sum("and other dynamic leading dims" in s for s in msgs) == 1, msgs
+    assert sum("region(s) run as ComFuse kernels" in s for s in msgs) == 1, msgs
