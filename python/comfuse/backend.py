@@ -410,7 +410,12 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu)
         g = spec.gemm
         sig = (spec.structural_hash(), g.rows)
         if sig not in done:
-            fused_us, gemm_us = timer(key)
+            try:
+                fused_us, gemm_us = timer(key)
+            except Exception as e:   # a kernel that cannot be timed is not run: fallback, never failure
+                log.warning("comfuse: graph %d region %d: not fused: timing its kernel failed (%s: %s)", rep.index,
+                            ri, type(e).__name__, e)
+                fused_us, gemm_us = float("inf"), 0.0
             bytes_ = 0 if _cublas_alone(rep, ri) else (
                 g.rows * g.n * DT_TO_TORCH[g.dtype].itemsize
                 + sum(numel(p.shape) * DT_TO_TORCH[p.dtype].itemsize for p in spec.params

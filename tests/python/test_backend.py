@@ -592,3 +592,10 @@ def test_planned_regions_the_gpu_shows_slower_are_not_fused(monkeypatch, caplog)
     # every region losing: nothing left to rewrite
     _, none = backend.drop_measured_losers(rep, fuse, target, prog.rewrite_keeping_torch, lambda k: (99.0, 1.0))
     assert none is None
+
+    def broken(key):
+        raise RuntimeError("launch failed")
+
+    # a kernel that cannot be timed is not fused (a warning), and nothing raises
+    _, none = backend.drop_measured_losers(rep, fuse, target, prog.rewrite_keeping_torch, broken)
+    assert none is None
