@@ -192,18 +192,15 @@ def host_time_us(calls: int = 1000) -> tuple[str, float]:
     blocks of 100 calls, synchronized in between): the registered region with the most reductions and the largest K
     (BERT-base's FFN2 + residual + LayerNorm after a BERT run), on fresh inputs of its shapes."""
     from comfuse import ops
-    from comfuse.convert import DT_TO_TORCH
 
     if not ops._REGIONS:
         return "-", float("nan")
     key = max(ops._REGIONS, key=lambda k: (ops._REGIONS[k][0].num_stages(), ops._REGIONS[k][0].gemm.k))
     spec = ops._REGIONS[key][0]
-    g, dt = spec.gemm, DT_TO_TORCH[spec.gemm.dtype]
-    a = torch.randn(g.rows, g.k, device="cuda").to(dt)
-    b = torch.randn(*((g.n, g.k) if g.transpose_b else (g.k, g.n)), device="cuda").to(dt)
-    params = [torch.randn(*[int(d) for d in p.shape], device="cuda").to(DT_TO_TORCH[p.dtype]) for p in spec.params]
+    g = spec.gemm
+    ins = ops.random_inputs(spec, "cuda")
+    a, b, *params = ins
     op = torch.ops.comfuse.fused_region
-    ins = [a, b, *params]
 
     def per_call(fn, block: int = 100) -> float:
         # enqueue time only: blocks of 100 calls with an untimed synchronize between them, so that the launch

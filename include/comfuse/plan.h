@@ -79,6 +79,9 @@ struct PlanDecision {
   double epilogue_us = 0;      // of fused_us: the epilogue's work beyond the measured class's, not hidden by
                                // the mainloop
   EpilogueCost epilogue;
+  // The unfused alternative's epilogue, known for every region (also one declined before any table lookup):
+  bool cublas_alone = false;   // cuBLAS computes the region by itself (a GEMM, maybe with a bias): no pass
+  double pass_us = 0;          // else the memory-bound pass over the GEMM output, tile inputs and outputs
 };
 
 // A configuration as the measured table spells it: "128x128x64_c1x1" (tile M x N x K, cluster M x N), with

@@ -330,11 +330,6 @@ def prepare_kernels(rep: GraphReport, target) -> bool:
     return True
 
 
-# Memory-bound pass of the unfused alternative (the GEMM's output read back, tile inputs read, outputs written), at
-# the planner's bandwidth figure (src/plan/plan.cpp kUnfusedBytesPerSecond).
-_UNFUSED_BYTES_PER_S = 3.0e12
-
-
 def _time_us(fn, blocks: int = 5, launches: int = 10) -> float:
     """Median over `blocks` of the mean GPU time of `launches` back-to-back calls (CUDA events), after a warm-up."""
     for _ in range(3):
@@ -351,30 +346,13 @@ def _time_us(fn, blocks: int = 5, launches: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _cublas_alone(rep: GraphReport, ri: int) -> bool:
-    """Whether cuBLAS computes region `ri` by itself: a GEMM, maybe with a bias (its epilogue adds one)."""
-    from . import _core as C
-
-    r = rep.regions[ri]
-    pg = rep.analysis.part.graph
-    ops_ = {C.op_name(pg.node(i).op) for i in r.nodes}
-    rows = [p for p in r.spec.params if p.kind == C.BroadcastKind.ROW]
-    return ops_ <= {"matmul", "add", "cast", "reshape"} and len(rows) == len(r.spec.params) <= 1 and (
-        "add" not in ops_ or len(rows) == 1)
-
-
 def time_region_on_gpu(key: str) -> tuple[float, float]:
     """(fused kernel us, cuBLAS GEMM us) of a registered region at its Spec's shapes, on random inputs."""
     from . import ops
-    from .convert import DT_TO_TORCH
 
     spec = ops.region_spec(key)
-    g = spec.gemm
-    dt = DT_TO_TORCH[g.dtype]
-    a = torch.randn(g.rows, g.k, device="cuda").to(dt)
-    b = torch.randn(*((g.n, g.k) if g.transpose_b else (g.k, g.n)), device="cuda").to(dt)
-    params = [torch.randn(*[int(d) for d in p.shape], device="cuda").to(DT_TO_TORCH[p.dtype]) for p in spec.params]
-    bt = b.t() if g.transpose_b else b
+    a, b, *params = ops.random_inputs(spec, "cuda")
+    bt = b.t() if spec.gemm.transpose_b else b
     return _time_us(lambda: ops._run_gpu(key, [a, b, *params])), _time_us(lambda: torch.matmul(a, bt))
 
 
@@ -386,15 +364,7 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu)
     LayerNorm: ~67 us predicted, ~100 us in the model), so a region the GPU shows slower is not fused.
     Returns the regions that lost; each region's times are logged. One timing per distinct kernel and shape
     (~10 ms each). `timer(key) -> (fused us, GEMM us)`."""
-    from . import _core as C
     from . import ops
-    from .convert import DT_TO_TORCH
-
-    def numel(shape) -> int:
-        out = 1
-        for d in shape:
-            out *= int(d)
-        return out
 
     by_gemm = {rep.regions[ri].spec.gemm.node: ri for ri in fuse}
     done: dict = {}
@@ -407,8 +377,7 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu)
         ri = by_gemm.get(spec.gemm.node)
         if ri is None:
             continue
-        g = spec.gemm
-        sig = (spec.structural_hash(), g.rows)
+        sig = (spec.structural_hash(), spec.gemm.rows)
         if sig not in done:
             try:
                 fused_us, gemm_us = timer(key)
@@ -416,12 +385,7 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu)
                 log.warning("comfuse: graph %d region %d: not fused: timing its kernel failed (%s: %s)", rep.index,
                             ri, type(e).__name__, e)
                 fused_us, gemm_us = float("inf"), 0.0
-            bytes_ = 0 if _cublas_alone(rep, ri) else (
-                g.rows * g.n * DT_TO_TORCH[g.dtype].itemsize
-                + sum(numel(p.shape) * DT_TO_TORCH[p.dtype].itemsize for p in spec.params
-                      if p.kind == C.BroadcastKind.TILE)
-                + sum(numel(o.shape) * DT_TO_TORCH[o.dtype].itemsize for o in spec.outputs))
-            done[sig] = (fused_us, gemm_us, bytes_ / _UNFUSED_BYTES_PER_S * 1e6)
+            done[sig] = (fused_us, gemm_us, rep.plans[ri].pass_us)   # the planner's pass (none: cuBLAS alone)
         fused_us, gemm_us, pass_us = done[sig]
         keep = fused_us <= gemm_us + pass_us
         log.info("comfuse: graph %d region %d: on this GPU the kernel takes %.1f us, the cuBLAS GEMM %.1f us (+ an "

@@ -96,6 +96,16 @@ def gpu_kernel(key: str):
     return k
 
 
+def random_inputs(spec, device: str) -> list[torch.Tensor]:
+    """[A, B, *params] of a region at its Spec's shapes and dtypes, normal random values (timing, benchmarks)."""
+    g = spec.gemm
+    dt = DT_TO_TORCH[g.dtype]
+    a = torch.randn(g.rows, g.k, device=device).to(dt)
+    b = torch.randn(*((g.n, g.k) if g.transpose_b else (g.k, g.n)), device=device).to(dt)
+    return [a, b] + [torch.randn(*[int(d) for d in p.shape], device=device).to(DT_TO_TORCH[p.dtype])
+                     for p in spec.params]
+
+
 def _out_shape(spec, o, a_shape) -> list:
     """Output `o`'s shape for A of shape `a_shape` (ints, or SymInts while tracing dynamic sizes: no branch here
     depends on a symbolic value). Outputs are [..., N] or [..., 1] over the GEMM's rows: with A's leading dims

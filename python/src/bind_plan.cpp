@@ -16,6 +16,8 @@ void bind_plan(nb::module_& m) {
       .def_ro("fused_us", &PlanDecision::fused_us)
       .def_ro("unfused_us", &PlanDecision::unfused_us)
       .def_ro("epilogue_us", &PlanDecision::epilogue_us)
+      .def_ro("cublas_alone", &PlanDecision::cublas_alone)
+      .def_ro("pass_us", &PlanDecision::pass_us)
       .def_prop_ro("epilogue", [](const PlanDecision& d) { return d.epilogue.summary(); });
   m.def("plan_region", [](const FusionSpec& fs) { return plan_region(fs); }, "spec"_a);
   m.def("plan_b2b", [](const B2BSpec& b) { return plan_b2b(b); }, "spec"_a,

@@ -315,11 +315,19 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
     d.reason = std::move(why);
     return d;
   };
+  // The unfused alternative: the GEMM, plus one memory-bound pass that reads the GEMM output and the tile params
+  // and writes the outputs (a plain GEMM region, or one with a bias alone, has no pass: cuBLAS alone).
+  const std::string cls = measured_class(fs);
+  const bool bias = bias_only(fs);
+  d.cublas_alone = cls == "identity" || bias;
+  double passes = 1;  // the GEMM output, read back
+  for (const auto& p : fs.params) passes += p.kind == BroadcastKind::Tile;
+  for (const auto& o : fs.outputs) passes += o.per_row ? 0 : 1;
+  d.pass_us = d.cublas_alone ? 0.0 : 2.0 * g.rows * g.n * passes / kUnfusedBytesPerSecond * 1e6;
   if (g.n % 8) return decline("N = " + std::to_string(g.n) + " is not a multiple of 8: rows of B and of the outputs are not 16-byte aligned for TMA");
   if (g.k % 8) return decline("K = " + std::to_string(g.k) + " is not a multiple of 8: rows of A are not 16-byte aligned for TMA");
 
   // The nearest measured shape (log distance in M, N, K) with cuBLAS and this epilogue class measured.
-  const std::string cls = measured_class(fs);
   const MeasuredRow* best = nullptr;
   const MeasuredRow* cublas = nullptr;
   double best_dist = std::numeric_limits<double>::infinity();
@@ -354,15 +362,11 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   }
 
   // Fused: the measured ratio to cuBLAS at the nearest shape, applied to this shape's GEMM time (scaled by FLOPs).
-  // Unfused: the GEMM, plus one memory-bound pass that reads the GEMM output and the tile params and writes the
-  // outputs (a plain GEMM region has no pass: cuBLAS alone).
+  // Unfused: the GEMM and d.pass_us.
   const double flops_ratio = double(g.rows) * g.n * g.k / (double(cublas->m) * cublas->n * cublas->k);
   const double gemm_us = cublas->us * flops_ratio;
   const double ratio = best->us / cublas->us;
   d.fused_us = ratio * gemm_us;
-  double passes = 1;  // the GEMM output, read back
-  for (const auto& p : fs.params) passes += p.kind == BroadcastKind::Tile;
-  for (const auto& o : fs.outputs) passes += o.per_row ? 0 : 1;
   // The epilogue's own work: what it costs beyond the measured class's epilogue, where that exceeds the tile's
   // mainloop (the other consumer's MMAs hide an epilogue up to that long), adds per tile a CTA runs.
   d.epilogue = epilogue_cost(fs);
@@ -376,9 +380,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   d.epilogue_us = tiles_per_sm * std::max(0.0, d.epilogue.slots * tile_slots_us - hidden_us);
   if (d.epilogue_us < kEpilogueNoiseUs) d.epilogue_us = 0;   // below a launch's noise: the measurement decides
   d.fused_us += d.epilogue_us;
-  const bool bias = bias_only(fs);
-  const bool plain = cls == "identity" || bias;   // cuBLAS does these alone
-  d.unfused_us = gemm_us + (plain ? 0.0 : 2.0 * g.rows * g.n * passes / kUnfusedBytesPerSecond * 1e6);
+  d.unfused_us = gemm_us + d.pass_us;
   const std::string basis = fmt("measured %.3fx cuBLAS", ratio) + " for '" + cls + "' [" + best->config +
                             (reduces ? ", " + d.transport : std::string()) + "] at " +
                             std::to_string(best->m) + "x" + std::to_string(best->k) + "x" + std::to_string(best->n) +

@@ -566,7 +566,7 @@ def test_planned_regions_the_gpu_shows_slower_are_not_fused(monkeypatch, caplog)
     m, x, rep, prog, fuse = _captured_bf16(PostNormEncoderLayer)
     target = prog.rewrite_keeping_torch(fuse)
     reduces = {ri for ri in fuse if rep.regions[ri].spec.num_stages() > 1}
-    alone = {ri for ri in fuse if backend._cublas_alone(rep, ri)}
+    alone = {ri for ri in fuse if rep.plans[ri].cublas_alone}
     assert reduces and alone and not reduces & alone
     by_gemm = {rep.regions[ri].spec.gemm.node: ri for ri in fuse}
     slow = min(reduces)
