@@ -11,6 +11,11 @@
 #                                    on the device (carry: .carry). --prebuilt: run the binaries in DIR
 #                                    (built here: cmake -S tests/gpu -DCOMFUSE_BUILD_GPU_TESTS=ON, then copied)
 #                                    instead of building them there, saving device minutes
+#                        [--trace-args "ARGS"] (comfuse_gpu_trace's shapes/filter; default: three §1 shapes)
+#                        [--ncu "REGEX" --ncu-args "ARGS"]: profile one kernel with Nsight Compute (full set,
+#                                    per-SASS-instruction stall samples): the first launch after 3 whose demangled
+#                                    name matches REGEX, while comfuse_gpu_bench runs with ARGS; writes
+#                                    ncu_details.txt and ncu_sass.csv under $OUT
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -25,6 +30,7 @@ if [ "${1:-}" = "--prepare" ]; then
 fi
 
 do_tests=1 do_san=1 do_bench=1 do_torch=1 do_trace=1 prebuilt="" test_args="" bench_args=""
+trace_args="--shape 16384,1024,1024 --shape 16384,4096,1024 --shape 4096,4096,8192" ncu_regex="" ncu_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-sanitizer) do_san=0 ;;
@@ -34,6 +40,9 @@ while [ $# -gt 0 ]; do
     --no-trace) do_trace=0 ;;
     --test-args) test_args="$2"; shift ;;
     --bench-args) bench_args="$2"; shift ;;
+    --trace-args) trace_args="$2"; shift ;;
+    --ncu) ncu_regex="$2"; shift ;;
+    --ncu-args) ncu_args="$2"; shift ;;
     --prebuilt) prebuilt="$2"; shift ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
@@ -43,7 +52,7 @@ done
 OUT="${OUT:-$root/build/gpu-check/out}"
 mkdir -p "$OUT"
 source scripts/gpu-lib.sh
-cutlass="$(gpu_cutlass_dir gpu-check)" || exit 1
+if [ -z "$prebuilt" ]; then cutlass="$(gpu_cutlass_dir gpu-check)" || exit 1; fi
 
 declare -A status
 t0=$(date +%s)
@@ -109,8 +118,8 @@ if [ $do_tests = 1 ]; then
 fi
 if [ $do_bench = 1 ] && [ $do_trace = 1 ] && [ -x "$bin/comfuse_gpu_trace" ]; then
   # where the epilogues' time goes (trace-instrumented build of the same kernels)
-  timeout 90 "$bin/comfuse_gpu_trace" --shape 16384,1024,1024 --shape 16384,4096,1024 --shape 4096,4096,8192 \
-    > "$OUT/trace.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout 90 "$bin/comfuse_gpu_trace" $trace_args > "$OUT/trace.log" 2>&1
   status[trace]=$?
 fi
 if [ $do_bench = 1 ]; then
@@ -124,13 +133,25 @@ if [ $do_bench = 1 ]; then
   sed -n '/^shape/,$p' "$OUT/bench.log" | grep -v SUMMARY | head -150
   [ -f "$OUT/torch.log" ] && cat "$OUT/torch.log"
 fi
+if [ -n "$ncu_regex" ]; then
+  # shellcheck disable=SC2086
+  timeout 240 ncu --clock-control none --set full --import-source no --kernel-name-base demangled \
+    -k "regex:$ncu_regex" --launch-skip 3 --launch-count 1 -f -o "$OUT/prof" "$bin/comfuse_gpu_bench" $ncu_args \
+    > "$OUT/ncu_run.log" 2>&1
+  status[ncu]=$?
+  ncu -i "$OUT/prof.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
+  ncu -i "$OUT/prof.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_sass.csv" 2>&1
+  rm -f "$OUT/prof.ncu-rep"
+  tail -3 "$OUT/ncu_run.log"
+  grep -E "Duration|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$OUT/ncu_details.txt" | head -12
+fi
 t2=$(date +%s)
 
 echo
 echo "gpu-check summary ($((t2 - t0)) s; logs in $OUT)"
 echo "| step | rc |"
 echo "|---|---|"
-for k in build tests memcheck racecheck racecheck_coop l2_exchange trace bench torch; do
+for k in build tests memcheck racecheck racecheck_coop l2_exchange trace bench torch ncu; do
   [ -n "${status[$k]+x}" ] && echo "| $k | ${status[$k]} |"
 done
 [ -f "$OUT/summary.md" ] && { echo; cat "$OUT/summary.md"; }

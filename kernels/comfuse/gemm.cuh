@@ -87,6 +87,9 @@ struct GemmKernel {
   // Split-phase epilogues (StageStream<.., Deferred = true>) finish a tile one tile later: each consumer group
   // keeps two copies of its epilogue SMEM, the tile being published and the one being finished.
   static constexpr bool kDeferred = epi::IsDeferred<Tree>::value;
+  // Split phase with the carried tile in registers (bf16 pairs, one word per two accumulators) or in scratch.
+  static constexpr bool kCarryRegs = kDeferred && epi::CarriesInRegisters<Tree>::value;
+  static constexpr int kCarryWords = kCarryRegs ? Cfg::kGroupTileM * Cfg::kTileN / 256 : 1;
   static constexpr int kEpiCopies = kDeferred ? 2 : 1;
   static constexpr int kCarveout = int(2 * kEpiCopies * sizeof(EpiStorage) + sizeof(typename OrderBarrier::SharedStorage)) + 64;
 
@@ -233,10 +236,11 @@ struct GemmKernel {
       auto epi_smem = [&](int iter) -> EpiStorage& { return ss.epi[group * kEpiCopies + iter % kEpiCopies]; };
       // Split phase: the group's scratch slot, and the tile it published but has not finished (-1: none).
       float4* const scratch_slot =
-          kDeferred ? reinterpret_cast<float4*>(p.scratch) +
+          kDeferred && !kCarryRegs ? reinterpret_cast<float4*>(p.scratch) +
                           size_t(int(blockIdx.x + gridDim.x * blockIdx.y) * 2 + group) * (Cfg::kGroupTileM * Cfg::kTileN / 4)
                     : nullptr;
       int pending = -1;
+      uint32_t carried[kCarryWords];   // register-carried split phase: the pending tile, bf16 pairs
       // The finish turn of tile u (split phase): its row block's partials collected, its last stage streamed from
       // the scratch slot. Its SMEM copy still holds what its publish turn staged (the next prefetch into it comes
       // after this turn's closing barrier).
@@ -246,7 +250,8 @@ struct GemmKernel {
         pc.trace = turn;
         epi::bind<Tree>(pc, epi_smem(pc.iter));
         Tree pt(p.epi, epi_smem(pc.iter), pc);
-        epi::run_epilogue_finish(pt, acc_layout, tCcD, pc);
+        if constexpr (kCarryRegs) epi::run_epilogue_finish(pt, acc_layout, tCcD, pc, carried);
+        else epi::run_epilogue_finish(pt, acc_layout, tCcD, pc);
       };
 
       for (int u = u_first; u < sched.total; u += u_step) {
@@ -279,7 +284,8 @@ struct GemmKernel {
           // and the group stride is at least C), whose tiles every peer publishes without waiting on anything
           // above it; by induction on the row block every publish happens (tile_scheduler.cuh).
           if (pending >= 0) finish(pending, accum, ctx.trace);
-          epi::run_epilogue_publish(tree, accum, tCcD, ctx);
+          if constexpr (kCarryRegs) epi::run_epilogue_publish(tree, accum, tCcD, ctx, carried);
+          else epi::run_epilogue_publish(tree, accum, tCcD, ctx);
           epi::group_barrier(group);   // this turn's SMEM reads are done before the next prefetch overwrites them
           pending = u;
         } else {
@@ -341,7 +347,7 @@ struct Gemm {
   static constexpr bool kDeferred = Kernel::kDeferred;
   // Scratch a split-phase launch of `ctas` CTAs needs: one fp32 tile slot per consumer group.
   static size_t scratch_bytes(int ctas) {
-    return kDeferred ? size_t(ctas) * 2 * Cfg::kGroupTileM * Cfg::kTileN * sizeof(float) : 0;
+    return kDeferred && !Kernel::kCarryRegs ? size_t(ctas) * 2 * Cfg::kGroupTileM * Cfg::kTileN * sizeof(float) : 0;
   }
 
   static int column_blocks(int N) { return (N + Cfg::kTileN - 1) / Cfg::kTileN; }
@@ -357,7 +363,7 @@ struct Gemm {
     if (a.raster_group < 0 || a.raster_group > 64) return "raster_group must be 0 (automatic) or 1 .. 64";
     if constexpr (kDeferred) {
       if (reduce::is_dsmem(a.transport)) return "a split-phase epilogue exchanges through L2 (no DSMEM transport)";
-      if (a.scratch == nullptr || reinterpret_cast<uintptr_t>(a.scratch) % 16 != 0)
+      if (!Kernel::kCarryRegs && (a.scratch == nullptr || reinterpret_cast<uintptr_t>(a.scratch) % 16 != 0))
         return "a split-phase epilogue needs its scratch (scratch_bytes, 16-byte aligned)";
     }
     if (reduce::is_dsmem(a.transport)) {

@@ -93,6 +93,11 @@ using LnSoftmaxMerged = StageStream<Stage<
 using PostNormDeferred = StageStream<PostNormMerged::RootType, 2, true>;
 using RmsNormDeferred = StageStream<RmsNorm::RootType, 2, true>;
 using SoftmaxDeferred = StageStream<SoftmaxMerged::RootType, 2, true>;
+// ... and with the carried tile in registers as bf16 (no scratch; core.cuh run_epilogue_publish with registers).
+using PostNormDeferredRegs = StageStream<PostNormMerged::RootType, 2, true, true>;
+using RmsNormDeferredRegs = StageStream<RmsNorm::RootType, 2, true, true>;
+// (Softmax is not carried this way: bf16 logits of magnitude ~10 move exp(x - max) by several percent; it would
+// carry the shifted exponentials instead.)
 
 struct ReducePointers {
   bf16* out = nullptr;              // [M, N]
@@ -194,6 +199,12 @@ inline RmsNormDeferred::Arguments make_args(RmsNormDeferred*, ReducePointers con
 }
 inline SoftmaxDeferred::Arguments make_args(SoftmaxDeferred*, ReducePointers const& e) {
   return make_args(static_cast<SoftmaxMerged*>(nullptr), e);
+}
+inline PostNormDeferredRegs::Arguments make_args(PostNormDeferredRegs*, ReducePointers const& e) {
+  return make_args(static_cast<PostNormMerged*>(nullptr), e);
+}
+inline RmsNormDeferredRegs::Arguments make_args(RmsNormDeferredRegs*, ReducePointers const& e) {
+  return make_args(static_cast<RmsNorm*>(nullptr), e);
 }
 
 }  // namespace comfuse::composed

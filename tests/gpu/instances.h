@@ -14,11 +14,13 @@ namespace comfuse::gpu {
 // 10..12: postnorm, softmax and LN+softmax with each chained pair of reductions merged into one exchange.
 // 13..15: postnorm (merged), rmsnorm and softmax (merged) as split-phase epilogues (publish, finish a tile later).
 // 16: postnorm (merged) with R staged through SMEM.
+// 17, 18: 13 and 14 with the carried tile in registers as bf16 (no scratch slot).
 enum class Epi { Identity = 0, BiasGelu = 1, BiasResidual2 = 2, PostNorm = 3, RmsNorm = 4, Softmax = 5, LnSoftmax = 6,
                  PostNormStaged = 7, RmsNormStaged = 8, BiasResidual2Staged = 9, PostNormMerged = 10,
                  SoftmaxMerged = 11, LnSoftmaxMerged = 12, PostNormDeferred = 13, RmsNormDeferred = 14,
-                 SoftmaxDeferred = 15, PostNormMergedStaged = 16 };
-inline bool epi_deferred(Epi e) { return int(e) >= 13 && int(e) <= 15; }
+                 SoftmaxDeferred = 15, PostNormMergedStaged = 16,
+                 PostNormDeferredRegs = 17, RmsNormDeferredRegs = 18 };
+inline bool epi_deferred(Epi e) { return (int(e) >= 13 && int(e) <= 15) || int(e) == 17 || int(e) == 18; }
 // The reference (and the bench's epilogue class) of an instance's epilogue.
 inline Epi reference_epi(Epi e) {
   switch (e) {
@@ -32,6 +34,8 @@ inline Epi reference_epi(Epi e) {
     case Epi::RmsNormDeferred: return Epi::RmsNorm;
     case Epi::SoftmaxDeferred: return Epi::Softmax;
     case Epi::PostNormMergedStaged: return Epi::PostNorm;
+    case Epi::PostNormDeferredRegs: return Epi::PostNorm;
+    case Epi::RmsNormDeferredRegs: return Epi::RmsNorm;
     default: return e;
   }
 }

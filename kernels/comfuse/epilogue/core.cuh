@@ -73,6 +73,7 @@ struct FragCtx {
   int col_slot;        // which of this thread's column pairs (0 .. kColPairsPerThread-1)
   int index;           // fragment index in the thread's tile (0 .. kFrags-1), compile-time after unrolling
   bool pred;           // row < M && col < N (N % 8 == 0, so a fragment is all in or all out)
+  int lim;             // column slots of this fragment's row inside N (0 for a row past M): pred = col_slot < lim
 };
 
 // Upper bounds on the tile shapes any kernel instantiates.
@@ -175,11 +176,14 @@ template <class T> struct Pair16;
 template <> struct Pair16<cutlass::bfloat16_t> {
   using V = __nv_bfloat162;
   CUTE_DEVICE static float2 to_float2(V v) { return __bfloat1622float2(v); }
+  // A bf16 is the top half of an fp32: one shift and one mask per pair (the intrinsic costs three instructions).
+  CUTE_DEVICE static float2 word_to_float2(uint32_t u) { return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u)); }
   CUTE_DEVICE static V from_floats(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
 template <> struct Pair16<cutlass::half_t> {
   using V = __half2;
   CUTE_DEVICE static float2 to_float2(V v) { return __half22float2(v); }
+  CUTE_DEVICE static float2 word_to_float2(uint32_t u) { return __half22float2(*reinterpret_cast<V*>(&u)); }
   CUTE_DEVICE static V from_floats(float a, float b) { return __floats2half2_rn(a, b); }
 };
 // bf16 and f16: two elements are one 32-bit word.
@@ -199,11 +203,12 @@ template <class T> struct Elem {
   CUTE_DEVICE static float to_float(T v) { return float(v); }
   static constexpr int kWords = 1;
   CUTE_DEVICE static void pack(Frag const& f, uint32_t (&w)[kWords]) { store2(reinterpret_cast<T*>(&w[0]), f); }
-  CUTE_DEVICE static Frag unpack(uint32_t const (&w)[kWords]) { return load2(reinterpret_cast<T const*>(&w[0])); }
-  CUTE_DEVICE static Frag load2_smem(T const* p) {
-    uint32_t u = lds_b32(p);
-    return load2(reinterpret_cast<T const*>(&u));
+  CUTE_DEVICE static Frag unpack(uint32_t const (&w)[kWords]) { return from_word(w[0]); }
+  CUTE_DEVICE static Frag from_word(uint32_t u) {
+    float2 v = Pair16<T>::word_to_float2(u);
+    return {{v.x, v.y}};
   }
+  CUTE_DEVICE static Frag load2_smem(T const* p) { return from_word(lds_b32(p)); }
 };
 
 // ---- the driver ------------------------------------------------------------------------------
@@ -236,6 +241,9 @@ template <class Node> struct PerRow<Node, std::void_t<decltype(Node::kPerRow)>> 
 // Split-phase epilogue (StageStream<.., Deferred = true>) or not: the kernel then runs it in two turns.
 template <class Node, class = void> struct IsDeferred : std::false_type {};
 template <class Node> struct IsDeferred<Node, std::void_t<decltype(Node::kDeferred)>> : std::bool_constant<Node::kDeferred> {};
+template <class Node, class = void> struct CarriesInRegisters : std::false_type {};
+template <class Node>
+struct CarriesInRegisters<Node, std::void_t<decltype(Node::kCarryInRegisters)>> : std::bool_constant<Node::kCarryInRegisters> {};
 template <class Node, class = void> struct CarriesTile : std::false_type {};
 template <class Node> struct CarriesTile<Node, std::void_t<decltype(Node::kCarriesTile)>>
     : std::bool_constant<Node::kCarriesTile> {};
@@ -336,8 +344,34 @@ struct Children<C> {
   template <int S> CUTE_DEVICE void collect(TileCtx const& c) { ::comfuse::epi::collect<S>(head, c); }
 };
 
+// The tile row of a consumer thread's row slot k: WGMMA m64 layout, warp w owns rows 16w..16w+15 of each 64-row
+// atom, lane l rows l/4 and l/4 + 8 (slot = half + 2 * atom, as FragCtx::row_slot counts them).
+CUTE_DEVICE int slot_row(int thread, int k) { return (k / 2) * 64 + (thread / 32) * 16 + (thread % 32) / 4 + 8 * (k % 2); }
+
+// Which of the thread's fragments lie inside [M, N], computed once per stage: row slot k's fragments with
+// col_slot < lim[k]. Lane q holds columns 8 j + 2q of column slot j; n0 and N are multiples of 8, so the valid
+// column slots of a row are a prefix, the same on every lane. One compare per fragment instead of a row and a
+// column test on recomputed coordinates (which ptxas re-derived per fragment, out of predicate registers).
+struct FragBounds {
+  int lim[kMaxRowSlots];
+};
+template <class AccTensor>
+CUTE_DEVICE FragBounds frag_bounds(TileCtx const& ctx) {
+  using namespace cute;
+  static_assert(size<2>(AccTensor{}) == 1, "one accumulator atom along N: column slot j covers columns 8j .. 8j+7");
+  constexpr int kColSlots = size<0, 2>(AccTensor{});
+  constexpr int kRowSlots = 2 * size<1>(AccTensor{});
+  int ncs = (ctx.N - ctx.n0) / 8;
+  ncs = ncs < 0 ? 0 : (ncs > kColSlots ? kColSlots : ncs);
+  FragBounds b;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < kMaxRowSlots; ++k) b.lim[k] = (k < kRowSlots && ctx.m0 + slot_row(ctx.thread, k) < ctx.M) ? ncs : 0;
+  return b;
+}
+
 template <class AccTensor, class CoordTensor>
-CUTE_DEVICE FragCtx frag_ctx(int i, AccTensor const& acc, CoordTensor const& tCcD, TileCtx const& ctx) {
+CUTE_DEVICE FragCtx frag_ctx(int i, AccTensor const& acc, CoordTensor const& tCcD, TileCtx const& ctx,
+                             FragBounds const& b) {
   using namespace cute;
   constexpr int kV1 = size<0, 1>(AccTensor{});   // rows per atom per thread (2)
   constexpr int kV2 = size<0, 2>(AccTensor{});   // column pairs per atom per thread (N/8)
@@ -351,7 +385,8 @@ CUTE_DEVICE FragCtx frag_ctx(int i, AccTensor const& acc, CoordTensor const& tCc
   f.row_slot = get<0, 1>(crd) + kV1 * get<1>(crd);
   f.col_slot = get<0, 2>(crd) + kV2 * get<2>(crd);
   f.index = i / kFragSize;
-  f.pred = f.row < ctx.M && f.col < ctx.N;
+  f.lim = b.lim[f.row_slot];
+  f.pred = f.col_slot < f.lim;
   return f;
 }
 
@@ -362,19 +397,20 @@ CUTE_DEVICE void run_stage(Tree& tree, AccTensor& acc, CoordTensor const& tCcD,
   constexpr int kElems = size(AccTensor{});
   // Tiles with more than 64 fragments per thread (128x192) have less register room: half chunks.
   constexpr int kChunkElems = (kElems / kFragSize > 64 ? kPreloadChunk / 2 : kPreloadChunk) * kFragSize;
+  const FragBounds b = frag_bounds<AccTensor>(ctx);
   // Software-pipelined: chunk c + 1's loads are issued before chunk c is visited, so one load latency is
   // exposed per stage instead of one per chunk (two chunks' loaded values are live at once).
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < kChunkElems && i < kElems; i += kFragSize)
-    ::comfuse::epi::preload<S>(tree, frag_ctx(i, acc, tCcD, ctx));
+    ::comfuse::epi::preload<S>(tree, frag_ctx(i, acc, tCcD, ctx, b));
   CUTLASS_PRAGMA_UNROLL
   for (int c = 0; c < kElems; c += kChunkElems) {
     CUTLASS_PRAGMA_UNROLL
     for (int i = c + kChunkElems; i < c + 2 * kChunkElems && i < kElems; i += kFragSize)
-      ::comfuse::epi::preload<S>(tree, frag_ctx(i, acc, tCcD, ctx));
+      ::comfuse::epi::preload<S>(tree, frag_ctx(i, acc, tCcD, ctx, b));
     CUTLASS_PRAGMA_UNROLL
     for (int i = c; i < c + kChunkElems && i < kElems; i += kFragSize) {
-      FragCtx f = frag_ctx(i, acc, tCcD, ctx);
+      FragCtx f = frag_ctx(i, acc, tCcD, ctx, b);
       Frag a{{acc(i), acc(i + 1)}};
       Frag r = tree.template visit<S>(f, a);
       if constexpr (CarriesTile<Tree>::value) {
@@ -457,6 +493,7 @@ CUTE_DEVICE void run_epilogue_finish(Tree& tree, AccTensor const& acc, CoordTens
   tree.template collect<Tree::kSplitStage>(ctx);
   COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::FinishCollected);
   float4 const* slot = ctx.scratch;
+  const FragBounds b = frag_bounds<AccTensor>(ctx);
   float4 cur[kChunk / 4], next[kChunk / 4];
   CUTLASS_PRAGMA_UNROLL
   for (int k = 0; k < kChunk / 4; ++k) cur[k] = slot[k * 128 + ctx.thread];
@@ -469,12 +506,55 @@ CUTE_DEVICE void run_epilogue_finish(Tree& tree, AccTensor const& acc, CoordTens
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < kChunk / 4; ++k) {
       const int i = c + 4 * k;
-      (void)tree.template visit<S>(frag_ctx(i, acc, tCcD, ctx), Frag{{cur[k].x, cur[k].y}});
-      (void)tree.template visit<S>(frag_ctx(i + 2, acc, tCcD, ctx), Frag{{cur[k].z, cur[k].w}});
+      (void)tree.template visit<S>(frag_ctx(i, acc, tCcD, ctx, b), Frag{{cur[k].x, cur[k].y}});
+      (void)tree.template visit<S>(frag_ctx(i + 2, acc, tCcD, ctx, b), Frag{{cur[k].z, cur[k].w}});
     }
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < kChunk / 4; ++k) cur[k] = next[k];
   }
+  tree.template end_stage<S>(ctx);
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::FinishEnd);
+}
+
+// The register-carried form (StageStream<.., Deferred = true, CarryRegisters = true>): the carried tile waits for
+// its finish turn in the thread's registers, two values per 32-bit word as bf16 (round to nearest even), instead of
+// the scratch slot: no 64 KB round trip through L2 per tile, at the cost of W registers live across the next
+// mainloop (a 128 x 128 tile: 64) and one bf16 rounding of the carried value - the rounding eager PyTorch applies
+// to the same intermediate (e.g. h + R before a LayerNorm). The reductions saw the fp32 values.
+CUTE_DEVICE uint32_t pack_bf16x2(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+CUTE_DEVICE Frag unpack_bf16x2(uint32_t w) { return Elem<cutlass::bfloat16_t>::from_word(w); }
+
+template <class Tree, class AccTensor, class CoordTensor, int W>
+CUTE_DEVICE void run_epilogue_publish(Tree& tree, AccTensor& acc, CoordTensor const& tCcD, TileCtx const& ctx,
+                                      uint32_t (&carried)[W]) {
+  using namespace cute;
+  static_assert(2 * W == size(AccTensor{}), "one word per two accumulators");
+  if constexpr (Tree::kUsesSmem) {
+    cp_async_wait_all();
+    group_barrier(ctx.group);
+  }
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::SmemReady);
+  run_stages<Tree>(tree, acc, tCcD, ctx, std::make_integer_sequence<int, Tree::kSplitStage + 1>{});
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(AccTensor{}); i += 2) carried[i / 2] = pack_bf16x2(acc(i), acc(i + 1));
+}
+
+template <class Tree, class AccTensor, class CoordTensor, int W>
+CUTE_DEVICE void run_epilogue_finish(Tree& tree, AccTensor const& acc, CoordTensor const& tCcD, TileCtx const& ctx,
+                                     uint32_t const (&carried)[W]) {
+  using namespace cute;
+  constexpr int S = Tree::kStage;
+  static_assert(2 * W == size(AccTensor{}), "one word per two accumulators");
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::FinishStart);
+  tree.template collect<Tree::kSplitStage>(ctx);
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::FinishCollected);
+  const FragBounds b = frag_bounds<AccTensor>(ctx);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(AccTensor{}); i += 2)
+    (void)tree.template visit<S>(frag_ctx(i, acc, tCcD, ctx, b), unpack_bf16x2(carried[i / 2]));
   tree.template end_stage<S>(ctx);
   COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::FinishEnd);
 }

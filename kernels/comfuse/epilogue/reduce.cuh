@@ -61,9 +61,8 @@ CUTE_DEVICE int tile_cols(TileCtx const& c, int n0) {
   const int n = c.N - n0;
   return n <= 0 ? 0 : (n < c.tile_n ? n : c.tile_n);
 }
-// The tile row of a consumer thread's row slot k: WGMMA m64 layout, warp w owns rows 16w..16w+15 of each
-// 64-row atom, lane l rows l/4 and l/4 + 8 (slot = half + 2 * atom, as FragCtx::row_slot counts them).
-CUTE_DEVICE int wgmma_row(int thread, int k) { return (k / 2) * 64 + (thread / 32) * 16 + (thread % 32) / 4 + 8 * (k % 2); }
+// The tile row of a consumer thread's row slot k (core.cuh, slot_row).
+CUTE_DEVICE int wgmma_row(int thread, int k) { return slot_row(thread, k); }
 // wgmma_row as the exchanges take it: row_of(k) for this thread.
 struct WgmmaRows {
   int thread;
@@ -509,7 +508,9 @@ template <class Tree, class Post> struct LastStageTree<Stage<Tree, Post>> {
 // the row block's partials are in, from the carried tile in the group's scratch slot. So no epilogue waits for a
 // peer that is still working: the peers publish while this group runs its next mainloop. The last stage is
 // streamed, not carried: it may not reduce. L2 transport only.
-template <class Root, int DsmemCols = 8, bool Deferred = false>
+// CarryRegisters = true (split phase only): the carried tile waits in the group's registers as bf16 instead of the
+// scratch slot (core.cuh, run_epilogue_publish with a register array): no scratch, one bf16 rounding.
+template <class Root, int DsmemCols = 8, bool Deferred = false, bool CarryRegisters = false>
 struct StageStream {
   using RootType = Root;
   using Arguments = typename Root::Arguments;
@@ -525,6 +526,8 @@ struct StageStream {
   static constexpr int kStage = Root::kStage;
   static constexpr bool kDeferred = Deferred;
   static constexpr int kSplitStage = kStage - 1;
+  static constexpr bool kCarryInRegisters = CarryRegisters;
+  static_assert(!CarryRegisters || Deferred, "only a split-phase epilogue carries a tile between turns");
   static_assert(!Deferred || (kStage >= 1 && CountExchanges<Root>::count == 1 &&
                               CountReduce<typename LastStageTree<Root>::type>::count == 0),
                 "a split-phase epilogue has one cross-CTA exchange, at the end of the next-to-last stage, and a last "

@@ -25,10 +25,9 @@ struct Store : Children<Child> {
 
   T* ptr;
   int64_t ld;
-  int M, N;
   uint32_t quad[kMaxRowSlots][4][kWords];   // the fragments of four column blocks of a row slot (compile-time indexed)
   CUTE_DEVICE Store(Arguments const& a, SharedStorage& s, TileCtx const& c)
-      : Base(s, c, a.child), ptr(a.ptr), ld(a.ld), M(c.M), N(c.N) {}
+      : Base(s, c, a.child), ptr(a.ptr), ld(a.ld) {}
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
     Frag v = this->template visit_child<0, S>(f, acc);
     if constexpr (S == kStage) {
@@ -51,9 +50,9 @@ struct Store : Children<Child> {
       CUTLASS_PRAGMA_UNROLL
       for (int p = 0; p < 4; ++p) out[p][w] = m[p];
     }
-    const int col = f.col - 2 * q - 24 + 8 * q;
-    if (f.row < M && col < N) {
-      uint4* dst = reinterpret_cast<uint4*>(ptr + int64_t(f.row) * ld + col);
+    const int j0 = f.col_slot - 3;
+    if (j0 + q < f.lim) {
+      uint4* dst = reinterpret_cast<uint4*>(ptr + int64_t(f.row) * ld + (f.col - 2 * q - 24 + 8 * q));
       uint32_t const* o = &out[0][0];
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < kWords; ++k) dst[k] = make_uint4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);
