@@ -82,7 +82,12 @@ struct GemmKernel {
   static constexpr bool kCooperative = Cfg::kCooperative;
   using KernelTag = std::conditional_t<kCooperative, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                        cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
-  using OrderBarrier = cutlass::OrderedSequenceBarrier<2, 2>;   // PingPong: {mainloop, epilogue} x 2 groups
+  // PingPong: one barrier alternates the two groups' mainloops, another their epilogues (tile order). Kernels with
+  // row reductions leave the epilogues unordered by default (Arguments::order_epilogues): one group's epilogue,
+  // an exchange wait included, then runs beside the other's instead of holding it back, which took 7-14% off
+  // the K <= 1024 shapes on the H200 (docs/PERF.md, seventh session); plain epilogues measured the same either way
+  // and keep CUTLASS's order.
+  using OrderBarrier = cutlass::OrderedSequenceBarrier<1, 2>;
   using EpiStorage = typename Tree::SharedStorage;
   // Split-phase epilogues (StageStream<.., Deferred = true>) finish a tile one tile later: each consumer group
   // keeps two copies of its epilogue SMEM, the tile being published and the one being finished.
@@ -91,7 +96,7 @@ struct GemmKernel {
   static constexpr bool kCarryRegs = kDeferred && epi::CarriesInRegisters<Tree>::value;
   static constexpr int kCarryWords = kCarryRegs ? Cfg::kGroupTileM * Cfg::kTileN / 256 : 1;
   static constexpr int kEpiCopies = kDeferred ? 2 : 1;
-  static constexpr int kCarveout = int(2 * kEpiCopies * sizeof(EpiStorage) + sizeof(typename OrderBarrier::SharedStorage)) + 64;
+  static constexpr int kCarveout = int(2 * kEpiCopies * sizeof(EpiStorage) + 2 * sizeof(typename OrderBarrier::SharedStorage)) + 64;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -113,7 +118,8 @@ struct GemmKernel {
   struct SharedStorage {
     typename Mainloop::TensorStorage mainloop;                       // the A / B stage ring
     alignas(16) typename Mainloop::PipelineStorage pipeline;         // full / empty mbarriers
-    alignas(16) typename OrderBarrier::SharedStorage order;
+    alignas(16) typename OrderBarrier::SharedStorage order;       // mainloops
+    alignas(16) typename OrderBarrier::SharedStorage epi_order;   // epilogues
     alignas(16) EpiStorage epi[2 * kEpiCopies];                      // per consumer group (two: split phase)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
@@ -130,6 +136,7 @@ struct GemmKernel {
     int cl_tiles_n;   // cluster tiles per row of cluster tiles
     int total;        // cluster tiles
     int group_m;      // tile order: row blocks per band (1: row-block-major; tile_scheduler.cuh)
+    int order_epilogues;   // PingPong: 1 runs the two groups' epilogues in tile order, 0 lets them overlap
     int transport;    // reduce::Transport of the row reductions' cross-CTA exchanges
     int* reduce_counters;   // L2 transport: the workspace's launch counters (reduce::L2Workspace::counters)
     float* scratch;         // split-phase epilogues: one slot of kGroupTileM x kTileN floats per consumer group
@@ -161,6 +168,7 @@ struct GemmKernel {
     op.group_id = warp_group > 0 ? warp_group - 1 : 0;
     op.group_size = 128;
     OrderBarrier order(ss.order, op);
+    OrderBarrier epi_order(ss.epi_order, op);
 
     if (thread_idx == 0) {   // the epilogue's own mbarriers (DSMEM exchange)
       for (int k = 0; k < 2 * kEpiCopies; ++k) epi::init<Tree>(ss.epi[k]);
@@ -276,7 +284,9 @@ struct GemmKernel {
         state.advance(p.k_tiles * (kCooperative ? 1 : 2));   // PingPong: skip the other group's tile in the ring
         COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlEnd);
 
-        if constexpr (!kCooperative) order.wait();   // epilogues in tile order
+        if constexpr (!kCooperative) {
+          if (p.order_epilogues) epi_order.wait();   // epilogues in tile order
+        }
         COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
         if constexpr (kDeferred) {
           // Finish the previous tile first (its peers published during this mainloop), then publish this one.
@@ -292,7 +302,9 @@ struct GemmKernel {
           epi::run_epilogue(tree, accum, tCcD, ctx);
         }
         COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
-        if constexpr (!kCooperative) order.arrive();
+        if constexpr (!kCooperative) {
+          if (p.order_epilogues) epi_order.arrive();
+        }
       }
       if constexpr (kDeferred) {
         if (pending >= 0) finish(pending, partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})), nullptr);
@@ -342,6 +354,9 @@ struct Gemm {
     int raster_group = 0;
     // Split-phase epilogues: scratch_bytes(ctas of the launch) of device memory, any contents (the carried tiles).
     float* scratch = nullptr;
+    // PingPong: run the two consumer groups' epilogues in tile order (true), or let them overlap (false; the
+    // default where the epilogue reduces: see OrderBarrier).
+    bool order_epilogues = !kReduces;
   };
 
   static constexpr bool kDeferred = Kernel::kDeferred;
@@ -495,6 +510,7 @@ struct Gemm {
     p.transport = int(a.transport);
     p.reduce_counters = a.reduce_counters;
     p.scratch = a.scratch;
+    p.order_epilogues = a.order_epilogues ? 1 : 0;
     return p;
   }
 

@@ -3,7 +3,8 @@
 // Tiles are numbered t = m * tiles_n + n (m: row block, n: column block), so the C = tiles_n tiles of
 // one row block have consecutive numbers. CTA (cluster) i of a grid of G takes i, i + G, i + 2G, ...;
 // in PingPong its two consumer warp groups take alternate ones (group 0: i, i + 2G, ...; group 1:
-// i + G, i + 3G, ...), and their epilogues run in that same order (OrderedSequenceBarrier).
+// i + G, i + 3G, ...), and their mainloops run in that same order (OrderedSequenceBarrier); their epilogues
+// too, unless the kernel reduces rows (gemm.cuh: order_epilogues).
 //
 // With clusters of CM x CN CTAs the unit is a cluster tile (CM row blocks x CN column blocks); the
 // same order applies to cluster tiles, and each CTA of the cluster takes its (rx, ry) tile in it.
@@ -16,12 +17,15 @@
 // forever. With G resident CTAs taking tiles in increasing order, consider the lowest row block r
 // that is not finished. Every tile numbered below r's first tile belongs to an earlier row block,
 // which is finished. A CTA holding a tile of r has therefore finished every earlier tile it took
-// (its tiles come in increasing order and its epilogues are ordered), so it is at r's tile, or
-// will reach it without waiting on anything but r. If G >= C, the tiles of r are at most C
-// consecutive numbers and land on distinct CTAs, all resident: r completes. By induction every
-// row block completes. PingPong holds two tiles per CTA (one per consumer group), t and t + G:
-// the group with t + G may wait on row block r' > r only after group t's epilogue, which is
-// ordered before it, so the argument holds per consumer group in epilogue order. The cooperative
+// (its tiles come in increasing order), so it is at r's tile, or will reach it without waiting on
+// anything but r. If G >= C, the tiles of r are at most C consecutive numbers and land on distinct
+// CTAs, all resident: r completes. By induction every row block completes. PingPong holds two tiles
+// per CTA (one per consumer group), t and t + G. The group with r's tile t reaches t's epilogue once
+// its mainloop has had its turn, which needs only the other group's mainloop of t - G (an earlier tile;
+// that group finished its epilogues before t - G, all of earlier row blocks, complete by induction).
+// It never waits for the other group's epilogue: ordered epilogues add that wait, for the epilogue of
+// t - G (earlier, completes), and unordered ones drop it, so the argument holds either way; a wait of
+// the group with t + G on a row block r' > r holds back neither t's epilogue nor its peers. The cooperative
 // schedule holds one tile per CTA at a time, its two groups exchanging for the two 64-row halves of the
 // row block with the same groups of the same C CTAs: a CTA at r's tile has both groups free for r's
 // mainloop (they finished every earlier tile), so both halves complete and the argument holds as stated.
