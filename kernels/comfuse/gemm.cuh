@@ -250,7 +250,7 @@ struct GemmKernel {
       int pending = -1;
       uint32_t carried[kCarryWords];   // register-carried split phase: the pending tile, bf16 pairs
       // The finish turn of tile u (split phase): its row block's partials collected, its last stage streamed from
-      // the scratch slot. Its SMEM copy still holds what its publish turn staged (the next prefetch into it comes
+      // the scratch slot (or the carried registers). Its SMEM copy still holds what its publish turn staged (the next prefetch into it comes
       // after this turn's closing barrier).
       auto finish = [&](int u, auto const& acc_layout, trace::Stamp* turn) {
         epi::TileCtx pc = tile_ctx(u);
