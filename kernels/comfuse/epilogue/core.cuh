@@ -464,16 +464,22 @@ CUTE_DEVICE void run_epilogue(Tree& tree, AccTensor& acc, CoordTensor const& tCc
 // at slot[k * 128 + t] (a warp writes 512 contiguous bytes) and reads the same words back, so no barrier orders
 // them. fp32, so the numerics are those of the one-pass epilogue.
 
+// The publish turn's stages 0 .. kSplitStage (the carried tile is then in acc); both carry forms run these.
 template <class Tree, class AccTensor, class CoordTensor>
-CUTE_DEVICE void run_epilogue_publish(Tree& tree, AccTensor& acc, CoordTensor const& tCcD, TileCtx const& ctx) {
-  using namespace cute;
-  static_assert(size(AccTensor{}) % 4 == 0, "the scratch slot holds the tile as float4s");
+CUTE_DEVICE void run_publish_stages(Tree& tree, AccTensor& acc, CoordTensor const& tCcD, TileCtx const& ctx) {
   if constexpr (Tree::kUsesSmem) {
     cp_async_wait_all();
     group_barrier(ctx.group);
   }
   COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::SmemReady);
   run_stages<Tree>(tree, acc, tCcD, ctx, std::make_integer_sequence<int, Tree::kSplitStage + 1>{});
+}
+
+template <class Tree, class AccTensor, class CoordTensor>
+CUTE_DEVICE void run_epilogue_publish(Tree& tree, AccTensor& acc, CoordTensor const& tCcD, TileCtx const& ctx) {
+  using namespace cute;
+  static_assert(size(AccTensor{}) % 4 == 0, "the scratch slot holds the tile as float4s");
+  run_publish_stages(tree, acc, tCcD, ctx);
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(AccTensor{}); i += 4)
     ctx.scratch[(i / 4) * 128 + ctx.thread] = make_float4(acc(i), acc(i + 1), acc(i + 2), acc(i + 3));
@@ -532,12 +538,7 @@ CUTE_DEVICE void run_epilogue_publish(Tree& tree, AccTensor& acc, CoordTensor co
                                       uint32_t (&carried)[W]) {
   using namespace cute;
   static_assert(2 * W == size(AccTensor{}), "one word per two accumulators");
-  if constexpr (Tree::kUsesSmem) {
-    cp_async_wait_all();
-    group_barrier(ctx.group);
-  }
-  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::SmemReady);
-  run_stages<Tree>(tree, acc, tCcD, ctx, std::make_integer_sequence<int, Tree::kSplitStage + 1>{});
+  run_publish_stages(tree, acc, tCcD, ctx);
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(AccTensor{}); i += 2) carried[i / 2] = pack_bf16x2(acc(i), acc(i + 1));
 }
