@@ -269,13 +269,6 @@ def _rewrite(rep: GraphReport, fuse: set, ctas: int, how: str):
     return prog.rewrite(ctas, fuse=fuse)
 
 
-def _rows_layout(spec) -> bool:
-    """Whether every output of the region has its GEMM's leading dims (then the op gives it A's leading dims at
-    run time, symbolic ones included: ops._out_shape)."""
-    lead = [int(d) for d in spec.gemm.out_shape[:-1]]
-    return all([int(d) for d in o.shape[:-1]] == lead for o in spec.outputs)
-
-
 def fused_set(rep: GraphReport, fuse_all: bool = False) -> set:
     """The regions to fuse: the planner's, and with `fuse_all` also those it declines for speed only (less those
     a dynamic sequence rules out: shapeable)."""
@@ -286,11 +279,14 @@ def shapeable(rep: GraphReport, fuse: set) -> set:
     """`fuse` less, with a dynamic dim other than dim 0 (a sequence), the regions whose outputs regroup their rows
     (A flattened to [rows, K], an output [B, S, N]): shaping those outputs would need the sequence length, which
     A no longer has. Each one dropped is logged."""
+    from . import ops
+
     if rep.analysis is None or not rep.analysis.conv.dynamic_inner:
         return set(fuse)
     out = set()
     for i in sorted(fuse):
-        if _rows_layout(rep.regions[i].spec):
+        spec = rep.regions[i].spec
+        if all(ops.has_gemm_lead(spec, o) for o in spec.outputs):   # A's leading dims, symbolic ones included
             out.add(i)
         else:
             log.info("comfuse: graph %d region %d: not fused: its outputs regroup the GEMM's rows, and a dynamic "

@@ -106,6 +106,11 @@ def random_inputs(spec, device: str) -> list[torch.Tensor]:
                      for p in spec.params]
 
 
+def has_gemm_lead(spec, o) -> bool:
+    """Whether Spec output `o` has its GEMM's leading dims (then it takes A's leading dims at run time)."""
+    return [int(d) for d in o.shape[:-1]] == [int(d) for d in spec.gemm.out_shape[:-1]]
+
+
 def _out_shape(spec, o, a_shape) -> list:
     """Output `o`'s shape for A of shape `a_shape` (ints, or SymInts while tracing dynamic sizes: no branch here
     depends on a symbolic value). Outputs are [..., N] or [..., 1] over the GEMM's rows: with A's leading dims
@@ -115,8 +120,7 @@ def _out_shape(spec, o, a_shape) -> list:
     shape = [int(d) for d in o.shape]
     lead, last = shape[:-1], shape[-1:]
     a_lead = list(a_shape[:-1])
-    gemm_lead = [int(d) for d in spec.gemm.out_shape[:-1]]
-    if len(lead) == len(a_lead) and (lead == gemm_lead or all(isinstance(d, int) and d == e
+    if len(lead) == len(a_lead) and (has_gemm_lead(spec, o) or all(isinstance(d, int) and d == e
                                                                for d, e in zip(a_lead[1:], lead[1:]))):
         return a_lead + last
     rows = 1
