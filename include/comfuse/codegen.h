@@ -34,14 +34,20 @@ struct GeneratedKernel {
 // partition asks Phi (phi_rejects, lower.h); no source is written.
 std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig& cfg);
 
-// Whether Psi stages the [rows, N] inputs (a residual) of `fs` through SMEM before the mainloop (TileLoadStaged)
-// for `cfg`, rather than reading them in the epilogue (TileLoad). Measured on the H200 (docs/PERF.md, 2026-12-01,
-// fourth session): it wins for PingPong at K <= 1024, where the epilogue is as long as the mainloop (RMSNorm
-// 16384x1024x1024: 77 -> 70 us; 8192x768x768: 31 -> 28 us), if the inputs fit one padded 128 x 128 16-bit tile per
-// consumer group (~35 KB, which the stage ring gives up); it loses at K >= 3072 (8192x4096x4096: 409 -> 464 us)
-// and in the cooperative schedule, whose 48 KB stages it leaves too few (16384x1024x1024: 74 -> 95 us). The nodes
-// are counted as the rendered tree holds them: a value read twice instantiates its subtree, and SMEM, twice.
-bool psi_stages_tile_inputs(const FusionSpec& fs, const KernelConfig& cfg);
+// How Psi reads the [rows, N] inputs (a residual) of `fs` for `cfg`. Measured on the H200 (docs/PERF.md):
+//   Staged (TileLoadStaged, "_sr" in the planner's table): each consumer group copies its tile into its own SMEM
+//     before its mainloop. Wins for PingPong at K <= 1024, where the epilogue is as long as the mainloop (RMSNorm
+//     16384x1024x1024: 77 -> 70 us), if the inputs fit one padded 128 x 128 16-bit tile per group (~35 KB each,
+//     which the stage ring gives up); loses at K >= 3072 and in the cooperative schedule (too few stages left).
+//   Ring (TileLoadRing, "_rr"): a producer warp copies the CTA's tile into one shared ring buffer (~35 KB per CTA)
+//     while the mainloops run. Wins at K > 1024 (eighth session: RMSNorm 8192x3072x768 69.8 -> 64.3 us,
+//     16384x4096x1024 221.9 -> 217.3 us); at K <= 1024 the staged form's two buffers win. One 16-bit input.
+//   Registers (TileLoad): read in the epilogue; everywhere else.
+// The nodes are counted as the rendered tree holds them: a value read twice instantiates its subtree, and SMEM, twice.
+enum class TileInputForm { Registers, Staged, Ring };
+TileInputForm psi_tile_input_form(const FusionSpec& fs, const KernelConfig& cfg);
+// The suffix of a measured instance's config for a form: "", "_sr", "_rr".
+const char* tile_input_suffix(TileInputForm form);
 
 // Whether `fs` has a chained pair of row reductions that Psi renders as one exchange when cfg.merged is set:
 // a mean followed by the mean of (x - mean)^2 (LayerNorm), or a max followed by the sum of exp(x - max)

@@ -44,6 +44,7 @@
 #include "cutlass/gemm/collective/builders/sm90_gmma_builder.inl"
 
 #include "comfuse/epilogue/core.cuh"
+#include "comfuse/epilogue/tile_load_ring.cuh"
 #include "comfuse/reduce/dsmem_exchange.cuh"
 #include "comfuse/reduce/l2_exchange.cuh"
 #include "comfuse/tile_scheduler.cuh"
@@ -96,7 +97,14 @@ struct GemmKernel {
   static constexpr bool kCarryRegs = kDeferred && epi::CarriesInRegisters<Tree>::value;
   static constexpr int kCarryWords = kCarryRegs ? Cfg::kGroupTileM * Cfg::kTileN / 256 : 1;
   static constexpr int kEpiCopies = kDeferred ? 2 : 1;
-  static constexpr int kCarveout = int(2 * kEpiCopies * sizeof(EpiStorage) + 2 * sizeof(typename OrderBarrier::SharedStorage)) + 64;
+  // Tile inputs copied by the producer warp group's second warp into one CTA-wide ring (TileLoadRing,
+  // epilogue/tile_load_ring.cuh): one buffer of the CTA tile per input, shared by the consumer groups' tiles in turn.
+  static constexpr int kRingSlots = epi::RingSlots<Tree>::value;
+  struct NoRing {};
+  using Ring = std::conditional_t<(kRingSlots > 0), epi::TileRing<(kRingSlots > 0 ? kRingSlots : 1), Cfg::kTileM, Cfg::kTileN>, NoRing>;
+  static_assert(!(kDeferred && kRingSlots > 0), "split-phase epilogues read tile inputs with TileLoad");
+  static constexpr int kCarveout = int(2 * kEpiCopies * sizeof(EpiStorage) + 2 * sizeof(typename OrderBarrier::SharedStorage) +
+                                       (kRingSlots > 0 ? sizeof(Ring) : 0)) + 64;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -121,6 +129,7 @@ struct GemmKernel {
     alignas(16) typename OrderBarrier::SharedStorage order;       // mainloops
     alignas(16) typename OrderBarrier::SharedStorage epi_order;   // epilogues
     alignas(16) EpiStorage epi[2 * kEpiCopies];                      // per consumer group (two: split phase)
+    Ring ring;                                                       // tile inputs (kRingSlots > 0)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 232448, "shared memory");
@@ -172,6 +181,7 @@ struct GemmKernel {
 
     if (thread_idx == 0) {   // the epilogue's own mbarriers (DSMEM exchange)
       for (int k = 0; k < 2 * kEpiCopies; ++k) epi::init<Tree>(ss.epi[k]);
+      if constexpr (kRingSlots > 0) ss.ring.init(kCooperative ? 256 : 128);
       cutlass::arch::fence_barrier_init();
     }
     // Barrier initialization is visible to the whole cluster before anyone uses it.
@@ -205,6 +215,15 @@ struct GemmKernel {
           state.advance(p.k_tiles);
         }
         mainloop.load_tail(pipeline, state);   // keep the CTA alive until peers stop signalling it
+      } else if (warp_idx == 1) {
+        if constexpr (kRingSlots > 0) {   // the tile-input loader: the CTA's tiles in order, as the consumers take them
+          auto origin = [&](int u, int& m0, int& n0) {
+            auto t = sched.tile(u, rx, ry);
+            m0 = t.m * Cfg::kTileM;
+            n0 = t.n * Cfg::kTileN;
+          };
+          ss.ring.load(origin, sched.first, sched.stride, sched.total, p.M, p.N);
+        }
       }
     } else {
       // ---------------- consumers ----------------
@@ -235,6 +254,10 @@ struct GemmKernel {
         ctx.exchange_tag = exchange_tag;
         ctx.exchange_ctas = Cfg::kClusterN;   // DSMEM: the cluster is the row block, its rank the column block
         ctx.exchange_rank = ry;
+        if constexpr (kRingSlots > 0) {   // the CTA's j-th tile: PingPong groups alternate, Cooperative share each
+          ss.ring.bind(ctx, kCooperative ? ctx.iter : 2 * ctx.iter + group, kCooperative ? group * Cfg::kGroupTileM : 0);
+          ctx.ring_publish = group == 0 && ctx.iter == 0;
+        }
 #ifdef COMFUSE_TRACE
         ctx.trace = trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), group, ctx.iter);
 #endif
@@ -270,6 +293,9 @@ struct GemmKernel {
 #endif
         epi::bind<Tree>(ctx, epi_smem(ctx.iter));
         Tree tree(p.epi, epi_smem(ctx.iter), ctx);
+        if constexpr (kRingSlots > 0) {   // group 0's first tree published the ring's inputs: hand them to the loader
+          if (ctx.ring_publish) asm volatile("bar.sync %0, 160;\n" ::"r"(epi::kRingArgsBarrier) : "memory");
+        }
         tree.prefetch();   // epilogue inputs staged in SMEM while the MMAs run
 
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));

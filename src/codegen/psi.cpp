@@ -199,9 +199,9 @@ std::vector<MergeHow> merged_pairs(const std::vector<const Spec*>& st) {
 
 class Psi {
  public:
-  // stage_tiles: render [rows, N] inputs as TileLoadStaged (psi_stages_tile_inputs decides), else TileLoad.
-  Psi(const FusionSpec& fs, const KernelConfig& cfg, bool stage_tiles)
-      : fs_(fs), st_(fs.stages()), staged_(stage_tiles ? staged_tile_args(cfg) : "") {
+  // form: how [rows, N] inputs are read (psi_tile_input_form decides): TileLoad, TileLoadStaged or TileLoadRing.
+  Psi(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form)
+      : fs_(fs), st_(fs.stages()), form_(form), staged_(form == TileInputForm::Staged ? staged_tile_args(cfg) : "") {
     constexpr int kMaxReductions = 4;  // kernels/comfuse/epilogue/reduce.cuh
     if (static_cast<int>(st_.size()) - 1 > kMaxReductions)
       throw CodegenError("more than " + std::to_string(kMaxReductions) + " chained reductions");
@@ -270,13 +270,14 @@ class Psi {
     return ", " + std::to_string(cfg.tile_m) + ", " + std::to_string(cfg.tile_n);
   }
 
-  // How many TileLoadStaged nodes the epilogue type holds with its aliases expanded. Each has its own SMEM, and a
-  // value read twice is instantiated twice (the type is a tree, not a DAG): min(R, ...) squared holds two.
-  int staged_nodes() const {
+  // How many TileLoadStaged / TileLoadRing nodes the epilogue type holds with its aliases expanded. Each has its own
+  // SMEM, and a value read twice is instantiated twice (the type is a tree, not a DAG): min(R, ...) squared holds two.
+  int smem_tile_nodes() const {
+    const std::string node = form_ == TileInputForm::Ring ? "TileLoadRing<" : "TileLoadStaged<";
     std::map<std::string, int> memo;
     std::function<int(const std::string&)> count = [&](const std::string& t) {
       int c = 0;
-      for (size_t at = t.find("TileLoadStaged<"); at != std::string::npos; at = t.find("TileLoadStaged<", at + 1)) ++c;
+      for (size_t at = t.find(node); at != std::string::npos; at = t.find(node, at + 1)) ++c;
       for (size_t i = 0; i < t.size();) {
         if (!std::isalpha(static_cast<unsigned char>(t[i])) && t[i] != '_') {
           ++i;
@@ -297,6 +298,7 @@ class Psi {
   }
 
   size_t stages() const { return st_.size(); }
+  TileInputForm form() const { return form_; }
   // The node aliases of the Epilogue (one per Spec node, indented by stage) and `using Epilogue = ...;`.
   std::string types() const { return types_.str() + "\nusing Epilogue = " + epilogue_type(0) + ";\n"; }
   // make_args' body: one Arguments variable per node that takes any, then the return.
@@ -473,9 +475,12 @@ class Psi {
         const std::string i = std::to_string(n.param), ptr = std::string("p.input<") + t + ">(" + i + ")";
         if (n.bcast == BroadcastKind::Row) return {std::string("RowBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][col]"};
         if (n.bcast == BroadcastKind::Col) return {std::string("ColBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][row]"};
-        if (!staged_.empty())
+        if (form_ == TileInputForm::Staged)
           return {std::string("TileLoadStaged<") + t + staged_ + ">", "{" + ptr + ", ld}",
                   "param[" + i + "][row, col] (staged)"};
+        if (form_ == TileInputForm::Ring)   // ring slot 0: the budget admits one such node (smem_tile_psi)
+          return {std::string("TileLoadRing<") + t + ", 0>", "{" + ptr + ", ld}",
+                  "param[" + i + "][row, col] (the CTA's tile ring)"};
         return {std::string("TileLoad<") + t + ">", "{" + ptr + ", ld}", "param[" + i + "][row, col]"};
       }
       case SpecKind::Compute: {
@@ -557,7 +562,8 @@ class Psi {
   std::vector<const Spec*> st_;
   std::vector<int> carried_;
   std::vector<MergeHow> merge_;   // per stage: the pair (k, k+1) merges, and how
-  std::string staged_;   // TileLoadStaged's arguments after the type, or "": [rows, N] inputs read by TileLoad
+  TileInputForm form_;
+  std::string staged_;   // TileLoadStaged's arguments after the type (form_ Staged)
   std::map<std::string, std::string> alias_types_;   // every alias the unit defines -> its type
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
   std::vector<std::string> tree_types_, tree_args_;      // per stage: its tree's type and Arguments expression
@@ -590,24 +596,44 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
 
 namespace {
 
-// SMEM per consumer group for staged [rows, N] inputs: one padded 128 x 128 16-bit tile.
-constexpr long kStagedBudget = 128L * (128 + 8) * 2;
+// SMEM for tile inputs in SMEM, per consumer group (staged) or per CTA (ring): one padded 128 x 128 16-bit tile.
+constexpr long kTileInputBudget = 128L * (128 + 8) * 2;
 
-// The SMEM one staged node takes for `cfg`, or 0 where the measured rule (codegen.h) reads tiles in the epilogue.
-long staged_node_bytes(const FusionSpec& fs, const KernelConfig& cfg) {
-  if (fs.gemm.k > 1024 || cfg.cooperative) return 0;
+// The widest [rows, N] input element in bytes, 0 if there is none.
+int tile_input_bytes(const FusionSpec& fs) {
   int elem = 0;
   for (const auto& p : fs.params)
     if (p.kind == BroadcastKind::Tile) elem = std::max(elem, p.dtype == DType::F32 ? 4 : 2);
-  return elem == 0 ? 0 : long(cfg.tile_m) * (cfg.tile_n + 16 / elem) * elem;
+  return elem;
 }
 
-// The unit rendered with staged tiles, counted as the tree holds them, if they fit the budget; else nullptr.
-std::unique_ptr<Psi> staged_psi(const FusionSpec& fs, const KernelConfig& cfg) {
-  const long per_node = staged_node_bytes(fs, cfg);
+// The SMEM one node of `form` takes for `cfg`, or 0 where the measured rule (codegen.h) does not use that form.
+long tile_node_bytes(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form) {
+  const int elem = tile_input_bytes(fs);
+  if (elem == 0) return 0;
+  if (form == TileInputForm::Staged)
+    return fs.gemm.k > 1024 || cfg.cooperative ? 0 : long(cfg.tile_m) * (cfg.tile_n + 16 / elem) * elem;
+  if (form == TileInputForm::Ring)   // the CTA tile, 16-bit rows padded by 16 bytes
+    return fs.gemm.k <= 1024 || elem != 2 ? 0 : long(cfg.tile_m) * (2L * cfg.tile_n + 16);
+  return 0;
+}
+
+// The unit rendered in `form`, its nodes counted as the tree holds them, if they fit the budget (and the ring,
+// whose slots Psi numbers per node, holds one); else nullptr.
+std::unique_ptr<Psi> smem_tile_psi(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form) {
+  const long per_node = tile_node_bytes(fs, cfg, form);
   if (per_node == 0) return nullptr;
-  auto psi = std::make_unique<Psi>(fs, cfg, true);
-  return long(psi->staged_nodes()) * per_node <= kStagedBudget ? std::move(psi) : nullptr;
+  auto psi = std::make_unique<Psi>(fs, cfg, form);
+  const int nodes = psi->smem_tile_nodes();
+  if (long(nodes) * per_node > kTileInputBudget || (form == TileInputForm::Ring && nodes > 1)) return nullptr;
+  return psi;
+}
+
+// Staged where it fits, else the ring where it fits, else TileLoad: the unit, and its form.
+std::unique_ptr<Psi> tile_input_psi(const FusionSpec& fs, const KernelConfig& cfg) {
+  for (TileInputForm form : {TileInputForm::Staged, TileInputForm::Ring})
+    if (auto psi = smem_tile_psi(fs, cfg, form)) return psi;
+  return std::make_unique<Psi>(fs, cfg, TileInputForm::Registers);
 }
 
 }  // namespace
@@ -617,19 +643,23 @@ bool psi_merges(const FusionSpec& fs) {
   return std::any_of(m.begin(), m.end(), [](MergeHow h) { return h != MergeHow::None; });
 }
 
-bool psi_stages_tile_inputs(const FusionSpec& fs, const KernelConfig& cfg) {
+TileInputForm psi_tile_input_form(const FusionSpec& fs, const KernelConfig& cfg) {
   try {
     check_limits(fs, cfg);
-    return staged_psi(fs, cfg) != nullptr;
+    return tile_input_psi(fs, cfg)->form();
   } catch (const CodegenError&) {
-    return false;
+    return TileInputForm::Registers;
   }
+}
+
+const char* tile_input_suffix(TileInputForm form) {
+  return form == TileInputForm::Staged ? "_sr" : form == TileInputForm::Ring ? "_rr" : "";
 }
 
 std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig& cfg) {
   try {
     check_limits(fs, cfg);
-    Psi psi(fs, cfg, false);
+    Psi psi(fs, cfg, TileInputForm::Registers);
   } catch (const CodegenError& e) {
     return e.what();
   }
@@ -638,8 +668,7 @@ std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig&
 
 GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   check_limits(fs, cfg);
-  std::unique_ptr<Psi> staged = staged_psi(fs, cfg);   // rendered once: staged where it fits, else TileLoad
-  std::unique_ptr<Psi> owned = staged ? std::move(staged) : std::make_unique<Psi>(fs, cfg, false);
+  std::unique_ptr<Psi> owned = tile_input_psi(fs, cfg);   // rendered once, in the form that fits
   const Psi& psi = *owned;
   std::ostringstream hash;
   hash << std::hex << std::setw(16) << std::setfill('0') << spec_structural_hash(fs);

@@ -27,8 +27,8 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
 }  // namespace
 
 // "128x256x64_c2x1_coop_mg" -> tile, cluster, schedule, merged reduction pairs. Other suffixes name bench
-// variants that are not a config ("_r8", a fixed tile order; "_sp", split-phase epilogues; "_sr", staged residual
-// tiles, which Psi decides itself: row_config): false.
+// variants that are not a config ("_r8", a fixed tile order; "_sp", split-phase epilogues; "_sr" / "_rr", residual
+// tiles staged or in the tile ring, which Psi decides itself: row_config): false.
 bool parse_config(const std::string& s, KernelConfig& c) {
   int used = 0;
   if (std::sscanf(s.c_str(), "%dx%dx%d_c%dx%d%n", &c.tile_m, &c.tile_n, &c.tile_k, &c.cluster_m, &c.cluster_n, &used) != 5)
@@ -93,22 +93,28 @@ bool has_tile_param(const FusionSpec& fs) {
   return false;
 }
 
-// A measured row's config (parsed into c): a config name (with "_mg": merged reduction pairs), or one with "_sr",
-// an instance whose residual tile is staged through SMEM before the mainloop (TileLoadStaged). Other instance
-// forms ("_sp", "_r8") are not Psi's.
-bool row_config(const MeasuredRow& f, KernelConfig& c, bool& staged) {
-  const std::string sr = "_sr";
-  staged = f.config.size() > sr.size() && f.config.compare(f.config.size() - sr.size(), sr.size(), sr) == 0;
-  return parse_config(staged ? f.config.substr(0, f.config.size() - sr.size()) : f.config, c);
+// A measured row's config (parsed into c): a config name (with "_mg": merged reduction pairs), or one with "_sr" or
+// "_rr", an instance whose residual tile is staged through SMEM before the mainloop (TileLoadStaged) or copied into
+// the CTA's tile ring (TileLoadRing): its form. Other instance forms ("_sp", "_r8") are not Psi's.
+bool row_config(const MeasuredRow& f, KernelConfig& c, TileInputForm& form) {
+  form = TileInputForm::Registers;
+  for (TileInputForm t : {TileInputForm::Staged, TileInputForm::Ring}) {
+    const std::string suffix = tile_input_suffix(t);
+    if (f.config.size() > suffix.size() && f.config.compare(f.config.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      form = t;
+      return parse_config(f.config.substr(0, f.config.size() - suffix.size()), c);
+    }
+  }
+  return parse_config(f.config, c);
 }
 
 // A measured row of epilogue class `cls` whose config (parsed into c) can serve `fs`, measured with the residual
-// read the way Psi will render it for that config (staged or in the epilogue: psi_stages_tile_inputs).
+// read the way Psi will render it for that config (psi_tile_input_form).
 bool eligible(const MeasuredRow& f, const FusionSpec& fs, const std::string& cls, KernelConfig& c) {
   const bool reduces = fs.num_stages() > 1;
-  bool staged = false;
-  if (f.epilogue != cls || !row_config(f, c, staged)) return false;
-  if (staged != psi_stages_tile_inputs(fs, c)) return false;
+  TileInputForm form = TileInputForm::Registers;
+  if (f.epilogue != cls || !row_config(f, c, form)) return false;
+  if (form != psi_tile_input_form(fs, c)) return false;
   if (c.merged && !psi_merges(fs)) return false;   // measured merged; this Spec has no pair to merge
   if (has_tile_param(fs) && c.tile_n > 128 && !c.cooperative) return false;  // PingPong 128x192 + a residual tile spills (docs/PERF.md)
   // A DSMEM measurement only applies where this shape's row block fits one cluster.
@@ -348,8 +354,8 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
     cublas = &r;
   }
   if (!best) return decline("no measurement of a '" + cls + "' kernel to plan from (src/plan/measured.csv)");
-  bool staged = false;
-  row_config(*best, d.config, staged);
+  TileInputForm form = TileInputForm::Registers;
+  row_config(*best, d.config, form);
   if (reduces && !best->transport.empty()) d.transport = best->transport;
   pick_candidates(d, fs, cls, *best, table);
 

@@ -138,7 +138,7 @@ TEST(Codegen, AliasesNameTheNestedType) {
 }
 
 // Merged reduction pairs (KernelConfig::merged) render exactly the hand-composed trees the GPU tests run and the
-// bench measured (tests/gpu/epilogues_reduce.cuh: SoftmaxMerged, PostNormMerged, LnSoftmaxMerged).
+// bench measured (tests/gpu/epilogues_reduce.cuh: SoftmaxMerged, PostNormMergedRing, LnSoftmaxMerged's pairs).
 TEST(Codegen, MergedPairsRenderTheHandComposedTrees) {
   KernelConfig mg;
   mg.merged = true;
@@ -162,8 +162,8 @@ TEST(Codegen, MergedPairsRenderTheHandComposedTrees) {
             "StageStream<Stage<LocalReduce<RowReduce::Max, 0, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>, "
             "Stage<Outputs<AccEntry, MergedReduce<Merge::ShiftedExp, RowReduce::Sum, 1, " + shifted0 + ">>, "
             "Stage<Store<bf16, Compute<ops::Div, " + shifted0 + ", RowResult<1>>>>>>>");
-  // K > 1024: the residual is read in the epilogue (TileLoad), as in PostNormMerged
-  const std::string x = "Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoad<bf16>>";
+  // K > 1024: the residual comes through the CTA's tile ring (TileLoadRing), as in PostNormMergedRing
+  const std::string x = "Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoadRing<bf16, 0>>";
   const std::string centered = "Compute<ops::Sub, AccEntry, RowResult<0>>";
   auto affine = [&](const std::string& r) {
     return "Compute<ops::Add, Compute<ops::Mul, Compute<ops::Mul, " + centered + ", Compute<ops::Rsqrt, "
@@ -271,8 +271,9 @@ TEST(Codegen, PowByAnIntegerIsMultiplications) {
   EXPECT_EQ(epilogue("100.0"), "using Epilogue = Store<bf16, Compute<ops::PowConst, AccEntry>>");
 }
 
-// A [rows, N] input is staged through SMEM before the mainloop only where that was measured to win (K <= 1024)
-// and the group's tile fits the budget; elsewhere it is read in the epilogue.
+// A [rows, N] input is staged through SMEM before the mainloop where that was measured to win (K <= 1024) and the
+// group's tile fits the budget; at longer K it goes through the CTA's tile ring where the CTA tile fits; elsewhere it
+// is read in the epilogue.
 TEST(Codegen, StagesTileInputsAtShortKWhereTheyFit) {
   Partition p = partition(parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/examples/small/prenorm_two_outputs.cf"));
   FusionSpec fs = p.regions.at(0).spec;
@@ -288,8 +289,14 @@ TEST(Codegen, StagesTileInputsAtShortKWhereTheyFit) {
   wide.tile_n = 192;                                        // 128 x 192: over the budget
   EXPECT_EQ(type(fs, wide).find("TileLoadStaged"), std::string::npos);
   EXPECT_NE(type(fs, wide).find("TileLoad<bf16>"), std::string::npos);
-  fs.gemm.k = 4096;                                         // long K: the stages are worth more
+  EXPECT_EQ(psi_tile_input_form(fs, pingpong), TileInputForm::Staged);
+  fs.gemm.k = 4096;                                         // long K: the stages are worth more; one CTA-wide buffer
   EXPECT_EQ(type(fs, pingpong).find("TileLoadStaged"), std::string::npos);
+  EXPECT_NE(type(fs, pingpong).find("TileLoadRing<bf16, 0>"), std::string::npos);
+  EXPECT_EQ(psi_tile_input_form(fs, pingpong), TileInputForm::Ring);
+  EXPECT_STREQ(tile_input_suffix(psi_tile_input_form(fs, pingpong)), "_rr");
+  EXPECT_EQ(type(fs, coop).find("TileLoadRing"), std::string::npos);   // 128 x 256 CTA tile: over the budget
+  EXPECT_EQ(type(fs, wide).find("TileLoadRing"), std::string::npos);
   // A residual read twice in the tree (m = min(h, R) squared: the type holds min(h, R) twice) would need two
   // staged tiles per group, more than the budget: read in the epilogue instead (seen as an nvcc SMEM overflow).
   Partition twice = partition(parse_cf(
@@ -297,14 +304,19 @@ TEST(Codegen, StagesTileInputsAtShortKWhereTheyFit) {
       "m = min(h, R)\ny = mul(m, m)\noutput y\n",
       "t.cf"));
   const FusionSpec& t = twice.regions.at(0).spec;
-  EXPECT_FALSE(psi_stages_tile_inputs(t, pingpong));
+  EXPECT_EQ(psi_tile_input_form(t, pingpong), TileInputForm::Registers);
   EXPECT_EQ(type(t, pingpong).find("TileLoadStaged"), std::string::npos);
   EXPECT_NE(type(t, pingpong).find("TileLoad<bf16>"), std::string::npos);
+  FusionSpec t_long = t;                                    // the ring holds one input tile: the same there
+  t_long.gemm.k = 4096;
+  EXPECT_EQ(psi_tile_input_form(t_long, pingpong), TileInputForm::Registers);
+  EXPECT_EQ(type(t_long, pingpong).find("TileLoadRing"), std::string::npos);
 }
 
 // Every staged residual tile takes its own SMEM, and a value read twice instantiates its subtree twice: over random
 // programs and the configs Psi serves, the expanded tree never holds more staged tiles than the budget allows, and
-// holds some exactly when psi_stages_tile_inputs says so (two random programs once overflowed SMEM at nvcc).
+// holds some exactly when psi_tile_input_form says so (two random programs once overflowed SMEM at nvcc); at a long
+// K the same programs go through the tile ring, one node at most (its slot 0), within the same budget per CTA.
 // Random epilogues around a LayerNorm or softmax pair (library or written out, with random prefixes, suffixes and
 // extra outputs): psi_merges is what the rules say, and the merged unit renders with one MergedReduce per
 // LocalReduce, within 120 characters a line, and differs from the chained one.
@@ -372,7 +384,7 @@ TEST(Codegen, StagedTilesStayWithinTheirSmemBudget) {
   configs[1].tile_n = 192;                                             // PingPong 128 x 192
   configs[2].tile_m = 64, configs[2].tile_n = 256;                     // PingPong 64 x 256
   configs[3].tile_n = 256, configs[3].cooperative = true;              // Cooperative 128 x 256
-  int staged = 0, with_tiles = 0;
+  int staged = 0, ringed = 0, with_tiles = 0;
   for (int i = 0; i < 400; ++i) {
     comfuse::test::RandomProgram prog(4242ull * 1000003ull + i, /*with_unsupported=*/false, sizes);
     prog.build();
@@ -382,22 +394,37 @@ TEST(Codegen, StagedTilesStayWithinTheirSmemBudget) {
       for (const auto& prm : r.spec.params) tile = tile || prm.kind == BroadcastKind::Tile;
       if (!tile) continue;
       ++with_tiles;
+      FusionSpec long_k = r.spec;
+      long_k.gemm.k = 2048;
+      for (const FusionSpec* fs : std::initializer_list<const FusionSpec*>{&r.spec, &long_k})
       for (const KernelConfig& c : configs) {
         std::string src;
         try {
-          src = generate_kernel(r.spec, c).source;
+          src = generate_kernel(*fs, c).source;
         } catch (const CodegenError&) {
           continue;
         }
         const std::string type = expanded_epilogue(src);
-        int n = 0;
-        for (size_t at = type.find("TileLoadStaged<"); at != std::string::npos; at = type.find("TileLoadStaged<", at + 1)) ++n;
-        EXPECT_EQ(n > 0, psi_stages_tile_inputs(r.spec, c)) << src;
-        EXPECT_LE(long(n) * c.tile_m * (c.tile_n + 8) * 2, 128L * (128 + 8) * 2) << src;   // bf16 tiles
+        auto count = [&](const std::string& w) {
+          int n = 0;
+          for (size_t at = type.find(w); at != std::string::npos; at = type.find(w, at + 1)) ++n;
+          return n;
+        };
+        const int n = count("TileLoadStaged<"), ring = count("TileLoadRing<");
+        const TileInputForm form = psi_tile_input_form(*fs, c);
+        EXPECT_EQ(n > 0, form == TileInputForm::Staged) << src;
+        EXPECT_EQ(ring > 0, form == TileInputForm::Ring) << src;
+        EXPECT_LE(ring, 1) << src;
+        if (fs->gemm.k > 1024) EXPECT_EQ(n, 0) << src;
+        else EXPECT_EQ(ring, 0) << src;
+        EXPECT_LE(long(n) * c.tile_m * (c.tile_n + 8) * 2, 128L * (128 + 8) * 2) << src;      // bf16 tiles, per group
+        EXPECT_LE(long(ring) * c.tile_m * (c.tile_n + 8) * 2, 128L * (128 + 8) * 2) << src;   // per CTA
         staged += n > 0;
+        ringed += ring > 0;
       }
     }
   }
   EXPECT_GT(with_tiles, 20);   // the generator makes residual programs, and some of them are staged
   EXPECT_GT(staged, 5);
+  EXPECT_GT(ringed, 5);
 }

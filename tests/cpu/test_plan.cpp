@@ -313,23 +313,29 @@ TEST(PlanCandidates, ConfigNamesRoundTrip) {
 }
 
 TEST(Plan, AResidualIsPlannedFromRowsMeasuredTheWayPsiReadsIt) {
-  // Psi stages a residual tile through SMEM for PingPong at K <= 1024 (psi_stages_tile_inputs): there the planner
-  // takes the "_sr" instances' times, elsewhere the in-epilogue ones
+  // Psi stages a residual tile through SMEM for PingPong at K <= 1024 and puts it in the CTA's tile ring at longer K
+  // (psi_tile_input_form): there the planner takes the "_sr" / "_rr" instances' times, elsewhere (the cooperative
+  // configs, whose tiles fit neither) the in-epilogue ones
   auto table = parse_measured_table(
       "M,K,N,variant,config,epilogue,us\n"
       "16384,1024,1024,cublas,x,identity,50.0\n"
       "16384,1024,1024,a,128x128x64_c1x1,rmsnorm,77.0\n"
       "16384,1024,1024,b,128x128x64_c1x1_sr,rmsnorm,70.0\n"
+      "16384,1024,1024,e,128x128x64_c1x1_rr,rmsnorm,65.0\n"
       "16384,1024,1024,c,128x256x64_c1x1_coop,rmsnorm,74.0\n"
       "16384,1024,1024,d,128x256x64_c1x1_coop_sr,rmsnorm,60.0\n"
       "8192,4096,4096,cublas,x,identity,400.0\n"
-      "8192,4096,4096,a,128x128x64_c1x1,rmsnorm,409.0\n"
-      "8192,4096,4096,b,128x128x64_c1x1_sr,rmsnorm,300.0\n");
+      "8192,4096,4096,a,128x128x64_c1x1,rmsnorm,300.0\n"
+      "8192,4096,4096,b,128x128x64_c1x1_sr,rmsnorm,300.0\n"
+      "8192,4096,4096,e,128x128x64_c1x1_rr,rmsnorm,404.0\n"
+      "8192,4096,4096,c,128x256x64_c1x1_coop,rmsnorm,408.0\n"
+      "8192,4096,4096,d,128x256x64_c1x1_coop_rr,rmsnorm,300.0\n");
   const std::string rms = "input R : bf16[16384, 1024]\ny = rms_norm(add(add(h, b), R), g)\noutput y\n";
   PlanDecision short_k = plan_region(spec_of(gemm(16384, 1024, 1024, rms)), table);
   EXPECT_EQ(config_name(short_k.config), "128x128x64_c1x1") << short_k.reason;   // the staged row, 70 us
   EXPECT_NE(short_k.reason.find("1.400x"), std::string::npos) << short_k.reason;
   const std::string rms_long = "input R : bf16[8192, 4096]\ny = rms_norm(add(add(h, b), R), g)\noutput y\n";
   PlanDecision long_k = plan_region(spec_of(gemm(8192, 4096, 4096, rms_long)), table);
-  EXPECT_NE(long_k.reason.find("1.022x"), std::string::npos) << long_k.reason;   // 409 us: read in the epilogue
+  EXPECT_EQ(config_name(long_k.config), "128x128x64_c1x1") << long_k.reason;    // the ring row, 404 us
+  EXPECT_NE(long_k.reason.find("1.010x"), std::string::npos) << long_k.reason;
 }

@@ -13,7 +13,7 @@ using Identity = Store<bf16, AccEntry>;
 // D = gelu_tanh(X·W + b)
 using BiasGelu = Store<bf16, Compute<ops::GeluTanh, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>>;
 
-// h = X·W + b + R;  D0 = h;  D1 = h * v       (R read by `RLoad`: TileLoad, or TileLoadStaged through SMEM)
+// h = X·W + b + R;  D0 = h;  D1 = h * v       (R read by `RLoad`: TileLoad, TileLoadStaged or TileLoadRing)
 template <class RLoad>
 using BiasResidual2T =
     Store<bf16, Compute<ops::Mul,
@@ -21,6 +21,7 @@ using BiasResidual2T =
                         RowBroadcast<bf16>>>;
 using BiasResidual2 = BiasResidual2T<TileLoad<bf16>>;
 using BiasResidual2Staged = BiasResidual2T<TileLoadStaged<bf16, 128, 128>>;
+using BiasResidual2Ring = BiasResidual2T<TileLoadRing<bf16, 0>>;
 
 // Pointers the three share; unused ones may be null.
 struct EpiPointers {
@@ -48,6 +49,9 @@ inline BiasResidual2::Arguments make_args(BiasResidual2*, EpiPointers const& e) 
 }
 inline BiasResidual2Staged::Arguments make_args(BiasResidual2Staged*, EpiPointers const& e) {
   return bias_residual2_args<TileLoadStaged<bf16, 128, 128>>(e);
+}
+inline BiasResidual2Ring::Arguments make_args(BiasResidual2Ring*, EpiPointers const& e) {
+  return bias_residual2_args<TileLoadRing<bf16, 0>>(e);
 }
 
 }  // namespace comfuse::composed

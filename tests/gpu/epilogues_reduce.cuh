@@ -13,6 +13,7 @@ using bf16 = cutlass::bfloat16_t;
 template <class RLoad> using XBiasResT = Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, RLoad>;
 using XBiasRes = XBiasResT<TileLoad<bf16>>;
 using StagedR = TileLoadStaged<bf16, 128, 128>;
+using RingR = TileLoadRing<bf16, 0>;   // copied by the producer's loader warp into the CTA's ring
 
 // y = LayerNorm(x) * gamma + beta    stages: mean(x) | mean((x - mean)^2) | normalize
 template <class RLoad> using PostNormT = StageStream<Stage<
@@ -27,6 +28,7 @@ template <class RLoad> using PostNormT = StageStream<Stage<
                                     RowBroadcast<bf16>>>>>>>;
 using PostNorm = PostNormT<TileLoad<bf16>>;
 using PostNormStaged = PostNormT<StagedR>;
+using PostNormRing = PostNormT<RingR>;
 
 // y = x * rsqrt(mean(x^2) + eps) * gamma    stages: mean(x^2) | normalize
 template <class RLoad> using RmsNormT = StageStream<Stage<
@@ -37,6 +39,7 @@ template <class RLoad> using RmsNormT = StageStream<Stage<
                               RowBroadcast<bf16>>>>>>;
 using RmsNorm = RmsNormT<TileLoad<bf16>>;
 using RmsNormStaged = RmsNormT<StagedR>;
+using RmsNormRing = RmsNormT<RingR>;
 
 // y = softmax(X·W + b)    stages: max | sum(exp(x - max)) | divide
 using Softmax = StageStream<Stage<
@@ -45,8 +48,8 @@ using Softmax = StageStream<Stage<
           Stage<Store<bf16, Compute<ops::Div, AccEntry, RowResult<1>>>>>>>;
 
 // y = softmax(LayerNorm(x) * gamma + beta): two chained normalizations, four reductions
-using LnSoftmax = StageStream<Stage<
-    Reduce<RowReduce::Mean, 0, XBiasRes>,
+template <class RLoad> using LnSoftmaxT = StageStream<Stage<
+    Reduce<RowReduce::Mean, 0, XBiasResT<RLoad>>,
     Stage<Outputs<Compute<ops::Sub, AccEntry, RowResult<0>>,
                   Reduce<RowReduce::Mean, 1, Compute<ops::Sub, AccEntry, RowResult<0>>, ops::Square>>,
           Stage<Reduce<RowReduce::Max, 2,
@@ -58,6 +61,8 @@ using LnSoftmax = StageStream<Stage<
                                RowBroadcast<bf16>>>,                                          // carries y
                 Stage<Reduce<RowReduce::Sum, 3, Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<2>>>>,
                       Stage<Store<bf16, Compute<ops::Div, AccEntry, RowResult<3>>>>>>>>>;
+using LnSoftmax = LnSoftmaxT<TileLoad<bf16>>;
+using LnSoftmaxRing = LnSoftmaxT<RingR>;
 
 // The same three epilogues with each chained pair of reductions merged into one exchange (MergedReduce,
 // reduce.cuh), exactly as Psi renders them: a merged stage carries x and the next stage recomputes the shifted
@@ -75,18 +80,21 @@ template <class RLoad> using PostNormMergedT = StageStream<Stage<
           Stage<Store<bf16, LnAffine>>>>>;
 using PostNormMerged = PostNormMergedT<TileLoad<bf16>>;
 using PostNormMergedStaged = PostNormMergedT<StagedR>;
+using PostNormMergedRing = PostNormMergedT<RingR>;
 using Shifted0 = Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<0>>>;                   // exp(x - max)
 using SoftmaxMerged = StageStream<Stage<
     LocalReduce<RowReduce::Max, 0, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>,                // carries x
     Stage<Outputs<AccEntry, MergedReduce<Merge::ShiftedExp, RowReduce::Sum, 1, Shifted0>>,
           Stage<Store<bf16, Compute<ops::Div, Shifted0, RowResult<1>>>>>>>;
 using Shifted2 = Compute<ops::Exp, Compute<ops::Sub, AccEntry, RowResult<2>>>;
-using LnSoftmaxMerged = StageStream<Stage<
-    LocalReduce<RowReduce::Mean, 0, XBiasRes>,
+template <class RLoad> using LnSoftmaxMergedT = StageStream<Stage<
+    LocalReduce<RowReduce::Mean, 0, XBiasResT<RLoad>>,
     Stage<Outputs<AccEntry, MergedReduce<Merge::CenteredSquares, RowReduce::Mean, 1, Compute<ops::Square, Centered>>>,
           Stage<LocalReduce<RowReduce::Max, 2, LnAffine>,                                            // carries y
                 Stage<Outputs<AccEntry, MergedReduce<Merge::ShiftedExp, RowReduce::Sum, 3, Shifted2>>,
                       Stage<Store<bf16, Compute<ops::Div, Shifted2, RowResult<3>>>>>>>>>;
+using LnSoftmaxMerged = LnSoftmaxMergedT<TileLoad<bf16>>;
+using LnSoftmaxMergedRing = LnSoftmaxMergedT<RingR>;
 
 // Split-phase forms (StageStream<.., Deferred = true>): the same trees, the one exchange published at the end of
 // the next-to-last stage and collected one tile later (kernel: gemm.cuh; driver: core.cuh). L2 transport only.
@@ -123,6 +131,7 @@ typename PostNormT<RLoad>::Arguments postnorm_args(ReducePointers const& e) {
 }
 inline PostNorm::Arguments make_args(PostNorm*, ReducePointers const& e) { return postnorm_args<TileLoad<bf16>>(e); }
 inline PostNormStaged::Arguments make_args(PostNormStaged*, ReducePointers const& e) { return postnorm_args<StagedR>(e); }
+inline PostNormRing::Arguments make_args(PostNormRing*, ReducePointers const& e) { return postnorm_args<RingR>(e); }
 
 template <class RLoad>
 typename RmsNormT<RLoad>::Arguments rmsnorm_args(ReducePointers const& e) {
@@ -134,6 +143,7 @@ typename RmsNormT<RLoad>::Arguments rmsnorm_args(ReducePointers const& e) {
 }
 inline RmsNorm::Arguments make_args(RmsNorm*, ReducePointers const& e) { return rmsnorm_args<TileLoad<bf16>>(e); }
 inline RmsNormStaged::Arguments make_args(RmsNormStaged*, ReducePointers const& e) { return rmsnorm_args<StagedR>(e); }
+inline RmsNormRing::Arguments make_args(RmsNormRing*, ReducePointers const& e) { return rmsnorm_args<RingR>(e); }
 
 inline Softmax::Arguments make_args(Softmax*, ReducePointers const& e) {
   Softmax::Arguments a{};
@@ -143,9 +153,10 @@ inline Softmax::Arguments make_args(Softmax*, ReducePointers const& e) {
   return a;
 }
 
-inline LnSoftmax::Arguments make_args(LnSoftmax*, ReducePointers const& e) {
-  XBiasRes::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
-  LnSoftmax::Arguments a{};
+template <class RLoad>
+typename LnSoftmaxT<RLoad>::Arguments ln_softmax_args(ReducePointers const& e) {
+  typename XBiasResT<RLoad>::Arguments x{{{}, {e.bias}}, {e.residual, e.ld}};
+  typename LnSoftmaxT<RLoad>::Arguments a{};
   a.tree = {x, e.ws};
   a.post.tree.a = {{}, {}};
   a.post.tree.b = {{{}, {}}, e.ws};
@@ -154,6 +165,8 @@ inline LnSoftmax::Arguments make_args(LnSoftmax*, ReducePointers const& e) {
   a.post.post.post.post.tree = {e.out, e.ld, {{}, {}}};
   return a;
 }
+inline LnSoftmax::Arguments make_args(LnSoftmax*, ReducePointers const& e) { return ln_softmax_args<TileLoad<bf16>>(e); }
+inline LnSoftmaxRing::Arguments make_args(LnSoftmaxRing*, ReducePointers const& e) { return ln_softmax_args<RingR>(e); }
 
 // Merged forms: the argument trees of the nodes above, stage by stage.
 inline LnAffine::Arguments ln_affine_args(ReducePointers const& e) {
@@ -173,6 +186,9 @@ inline PostNormMerged::Arguments make_args(PostNormMerged*, ReducePointers const
 inline PostNormMergedStaged::Arguments make_args(PostNormMergedStaged*, ReducePointers const& e) {
   return postnorm_merged_args<StagedR>(e);
 }
+inline PostNormMergedRing::Arguments make_args(PostNormMergedRing*, ReducePointers const& e) {
+  return postnorm_merged_args<RingR>(e);
+}
 inline SoftmaxMerged::Arguments make_args(SoftmaxMerged*, ReducePointers const& e) {
   SoftmaxMerged::Arguments a{};
   a.tree = {{{}, {e.bias}}, e.ws};
@@ -180,14 +196,21 @@ inline SoftmaxMerged::Arguments make_args(SoftmaxMerged*, ReducePointers const& 
   a.post.post.tree = {e.out, e.ld, {{{{}, {}}}, {}}};
   return a;
 }
-inline LnSoftmaxMerged::Arguments make_args(LnSoftmaxMerged*, ReducePointers const& e) {
-  LnSoftmaxMerged::Arguments a{};
+template <class RLoad>
+typename LnSoftmaxMergedT<RLoad>::Arguments ln_softmax_merged_args(ReducePointers const& e) {
+  typename LnSoftmaxMergedT<RLoad>::Arguments a{};
   a.tree = {{{{}, {e.bias}}, {e.residual, e.ld}}, e.ws};
   a.post.tree = {{}, {{{{}, {}}}, e.ws}};
   a.post.post.tree = {ln_affine_args(e), e.ws};
   a.post.post.post.tree = {{}, {{{{}, {}}}, e.ws}};
   a.post.post.post.post.tree = {e.out, e.ld, {{{{}, {}}}, {}}};
   return a;
+}
+inline LnSoftmaxMerged::Arguments make_args(LnSoftmaxMerged*, ReducePointers const& e) {
+  return ln_softmax_merged_args<TileLoad<bf16>>(e);
+}
+inline LnSoftmaxMergedRing::Arguments make_args(LnSoftmaxMergedRing*, ReducePointers const& e) {
+  return ln_softmax_merged_args<RingR>(e);
 }
 
 // The split-phase trees take their one-pass forms' arguments (same root).

@@ -8,5 +8,6 @@
 #include "comfuse/epilogue/col_broadcast.cuh"
 #include "comfuse/epilogue/tile_load.cuh"
 #include "comfuse/epilogue/tile_load_staged.cuh"
+#include "comfuse/epilogue/tile_load_ring.cuh"
 #include "comfuse/epilogue/compute.cuh"
 #include "comfuse/epilogue/store.cuh"

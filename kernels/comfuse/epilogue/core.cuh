@@ -40,6 +40,8 @@ struct Frag {
   float x[kFragSize];
 };
 
+struct RingArgs;   // tile_load_ring.cuh
+
 // The tile a consumer warp group is working on. Everything a node may need to place itself.
 struct TileCtx {
   int m0, n0;          // tile origin in the output [M, N]
@@ -63,6 +65,16 @@ struct TileCtx {
   bool deferred = false;
   float4* scratch = nullptr;      // this group's scratch slot: the carried tile, one float4 per 4 accumulators
   trace::Stamp* trace = nullptr;  // this tile's timeline (COMFUSE_TRACE builds only, trace.cuh)
+  // Tile inputs the producer's loader warp copies into the CTA's ring (TileLoadRing, tile_load_ring.cuh); the
+  // kernel sets these per tile (TileRing::bind):
+  uint32_t ring_tile = 0;          // SMEM address of this tile's ring buffer (input slot 0)
+  int ring_slot_bytes = 0;         // bytes per input slot, and per row
+  int ring_pitch = 0;
+  uint32_t ring_full = 0, ring_empty = 0;   // SMEM addresses of the buffer's mbarriers
+  uint32_t ring_parity = 0;        // the phase parity of `full` for this tile
+  int ring_row0 = 0;               // this group's first row in the ring's CTA tile (Cooperative group 1: 64)
+  RingArgs* ring_args = nullptr;   // where the nodes publish their inputs for the loader (once)
+  bool ring_publish = false;       // this tree publishes them (group 0's first tile)
 };
 
 // Where a fragment lives. Element j of the fragment is output (row, col + j).
@@ -231,6 +243,10 @@ struct HasInit<Node, std::void_t<decltype(Node::init(std::declval<typename Node:
 template <class Node> CUTE_DEVICE void init(typename Node::SharedStorage& s) {
   if constexpr (HasInit<Node>::value) Node::init(s);
 }
+// Input slots of the CTA's tile ring a tree reads (TileLoadRing<T, Slot>: Slot + 1; the largest over the tree).
+template <class Node, class = void> struct RingSlots : std::integral_constant<int, 0> {};
+template <class Node>
+struct RingSlots<Node, std::void_t<decltype(Node::kRingSlots)>> : std::integral_constant<int, Node::kRingSlots> {};
 template <class Node, class = void> struct NeedsCoResidency : std::false_type {};
 template <class Node> struct NeedsCoResidency<Node, std::void_t<decltype(Node::kNeedsCoResidency)>>
     : std::bool_constant<Node::kNeedsCoResidency> {};
@@ -286,6 +302,7 @@ struct Children<C, Rest...> {
   static constexpr int kStage = C::kStage > Tail::kStage ? C::kStage : Tail::kStage;
   static constexpr bool kUsesSmem = C::kUsesSmem || Tail::kUsesSmem;
   static constexpr bool kNeedsCoResidency = NeedsCoResidency<C>::value || Tail::kNeedsCoResidency;
+  static constexpr int kRingSlots = RingSlots<C>::value > Tail::kRingSlots ? RingSlots<C>::value : Tail::kRingSlots;
 
   C head;
   Tail tail;
@@ -327,6 +344,7 @@ struct Children<C> {
   static constexpr int kStage = C::kStage;
   static constexpr bool kUsesSmem = C::kUsesSmem;
   static constexpr bool kNeedsCoResidency = NeedsCoResidency<C>::value;
+  static constexpr int kRingSlots = RingSlots<C>::value;
 
   C head;
   CUTE_DEVICE Children(SharedStorage& s, TileCtx const& c, typename C::Arguments const& a) : head(a, s.head, c) {}

@@ -409,6 +409,8 @@ struct Stage {
   };
   static constexpr int kStage = 1 + Post::kStage;
   static constexpr bool kUsesSmem = Tree::kUsesSmem || Post::kUsesSmem;
+  static constexpr int kRingSlots =
+      RingSlots<Tree>::value > RingSlots<Post>::value ? RingSlots<Tree>::value : RingSlots<Post>::value;
   Tree tree;
   Post post;
   CUTE_DEVICE Stage(Arguments const& a, SharedStorage& s, TileCtx const& c) : tree(a.tree, s.tree, c), post(a.post, s.post, c) {}
@@ -444,6 +446,7 @@ struct Stage<Tree, void> {
   };
   static constexpr int kStage = 0;
   static constexpr bool kUsesSmem = Tree::kUsesSmem;
+  static constexpr int kRingSlots = RingSlots<Tree>::value;
   Tree tree;
   CUTE_DEVICE Stage(Arguments const& a, SharedStorage& s, TileCtx const& c) : tree(a.tree, s.tree, c) {}
   CUTE_DEVICE void prefetch() { tree.prefetch(); }
@@ -537,6 +540,7 @@ struct StageStream {
   static constexpr bool kUsesSmem = true;
   static constexpr bool kCarriesTile = true;     // the driver writes each stage's value back to the registers
   static constexpr bool kNeedsCoResidency = true;  // the row block's CTAs exchange: cooperative launch
+  static constexpr int kRingSlots = RingSlots<Root>::value;
 
   Root root;
   // Called by the kernel before the tree is built (epi::bind): the per-row results live in this group's
