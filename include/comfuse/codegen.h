@@ -40,8 +40,10 @@ std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig&
 //     16384x1024x1024: 77 -> 70 us), if the inputs fit one padded 128 x 128 16-bit tile per group (~35 KB each,
 //     which the stage ring gives up); loses at K >= 3072 and in the cooperative schedule (too few stages left).
 //   Ring (TileLoadRing, "_rr"): a producer warp copies the CTA's tile into one shared ring buffer (~35 KB per CTA)
-//     while the mainloops run. Wins at K > 1024 (eighth session: RMSNorm 8192x3072x768 69.8 -> 64.3 us,
-//     16384x4096x1024 221.9 -> 217.3 us); at K <= 1024 the staged form's two buffers win. One 16-bit input.
+//     while the mainloops run. Wins at 1024 < K <= 4096 (eighth session, ÷ cuBLASLt, registers -> ring: RMSNorm
+//     8192x3072x768 1.25 -> 1.15, 4096x4096x8192 1.33 -> 1.18, 8192x4096x4096 1.12 -> 1.11); at K <= 1024 the
+//     staged form's two buffers win, and at K = 16384 the stage it costs the mainloop does (RMSNorm 8192x16384x4096
+//     1.03 -> 1.12). One 16-bit input, 128 x 128 or 64 x 256 PingPong tiles.
 //   Registers (TileLoad): read in the epilogue; everywhere else.
 // The nodes are counted as the rendered tree holds them: a value read twice instantiates its subtree, and SMEM, twice.
 enum class TileInputForm { Registers, Staged, Ring };

@@ -9,6 +9,9 @@
 // Structure (modeled on CUTLASS's KernelTmaWarpSpecializedPingpong / ...Cooperative, written for ComFuse):
 //   warp group 0, warp 0:  producer. TMA loads of A / B k-tiles into a multi-stage SMEM ring
 //                          (CUTLASS CollectiveMma::load, PipelineTmaAsync), tile after tile.
+//                 warp 1:  tile-input loader, where the epilogue reads an [M, N] input through the CTA's tile ring
+//                          (TileLoadRing, epilogue/tile_load_ring.cuh): bulk copies of each tile's rows, in the
+//                          CTA's tile order, one tile ahead of the epilogue that reads it.
 //   warp groups 1 and 2:   consumers.
 //     PingPong:            each group takes every other tile of the CTA; WGMMA mainloop
 //                          (CollectiveMma::mma), then the epilogue, while the other group runs the

@@ -297,6 +297,9 @@ TEST(Codegen, StagesTileInputsAtShortKWhereTheyFit) {
   EXPECT_STREQ(tile_input_suffix(psi_tile_input_form(fs, pingpong)), "_rr");
   EXPECT_EQ(type(fs, coop).find("TileLoadRing"), std::string::npos);   // 128 x 256 CTA tile: over the budget
   EXPECT_EQ(type(fs, wide).find("TileLoadRing"), std::string::npos);
+  fs.gemm.k = 16384;                                        // very long K: the stage is worth more than the ring
+  EXPECT_EQ(psi_tile_input_form(fs, pingpong), TileInputForm::Registers);
+  EXPECT_NE(type(fs, pingpong).find("TileLoad<bf16>"), std::string::npos);
   // A residual read twice in the tree (m = min(h, R) squared: the type holds min(h, R) twice) would need two
   // staged tiles per group, more than the budget: read in the epilogue instead (seen as an nvcc SMEM overflow).
   Partition twice = partition(parse_cf(
