@@ -421,23 +421,38 @@ class Psi {
     if (red.kind != SpecKind::Reduction || k + 1 >= st_.size() || merge_[k] != MergeHow::None || merged_second(k))
       return -1;   // LocalReduce and MergedReduce take no map
     const SpecNode& fx = st_[k]->nodes[red.args.at(0)];
-    if (fx.kind != SpecKind::Compute || fx.args.size() != 1 || fx.op == OpKind::Cast || fx.op == OpKind::Pow ||
-        !op_functor(fx.op))
-      return -1;
+    if (fx.kind != SpecKind::Compute || fx.args.size() != 1 || map_functor(fx).empty()) return -1;
     return fx.args[0] == carried_[k + 1] ? fx.args[0] : -1;
+  }
+
+  // The functor of a reduction's map f (a unary op without parameters), or "": pow by an integer 2 .. kMaxPowInt
+  // is PowInt (HF's RMSNorm squares with x.pow(2)); casts and other powers are not maps.
+  static std::string map_functor(const SpecNode& fx) {
+    if (fx.op == OpKind::Cast) return "";
+    if (fx.op == OpKind::Pow) {
+      const double e = fx.exponent;
+      return e == std::trunc(e) && e >= 2 && e <= kMaxPowInt ? "ops::PowInt<" + std::to_string(int(e)) + ">" : "";
+    }
+    const char* f = op_functor(fx.op);
+    return f ? f : "";
   }
 
   // A store of the value a reduction reads (x, or x of a mapped f(x)) becomes the reduction's child: Store returns
   // x, so x's subtree is visited once for both (prenorm's stored residual stream h and its LayerNorm). The first
   // such store, or -1.
+  // A cast to f32 renders as its operand (the kernel's values are fp32), so a store of the operand folds too
+  // (HF's RMSNorm reduces x.to(float32) where the model stores x).
   int folded_store(size_t k, const SpecNode& red) const {
     if (red.kind != SpecKind::Reduction || merged_second(k)) return -1;
     const int x = mapped_source(k, red);
-    const int src = x >= 0 ? x : red.args.at(0);
     const auto& nodes = st_[k]->nodes;
-    for (size_t i = 0; i < nodes.size(); ++i)
-      if (nodes[i].kind == SpecKind::Store && nodes[i].args.at(0) == src) return static_cast<int>(i);
-    return -1;
+    for (int src = x >= 0 ? x : red.args.at(0);;) {
+      for (size_t i = 0; i < nodes.size(); ++i)
+        if (nodes[i].kind == SpecKind::Store && nodes[i].args.at(0) == src) return static_cast<int>(i);
+      const SpecNode& n = nodes[src];
+      if (n.kind != SpecKind::Compute || n.op != OpKind::Cast || n.cast_to != DType::F32) return -1;
+      src = n.args.at(0);
+    }
   }
 
   // Stage k's reduction is the second of a merged pair.
@@ -536,7 +551,7 @@ class Psi {
         const int st = folded_store(k, n);
         const int child = st >= 0 ? st : src;
         const std::string c = names_[k][child];
-        const std::string map = x >= 0 ? std::string(", ") + op_functor(st_[k]->nodes[n.args[0]].op) : "";
+        const std::string map = x >= 0 ? ", " + map_functor(st_[k]->nodes[n.args[0]]) : "";
         if (merge_[k] != MergeHow::None)   // the first of a merged pair: the CTA's own result, no exchange
           return {std::string("LocalReduce<") + reduce_kind(n.reduce) + ", " + id + ", " + c + ">",
                   "{" + args_[k][child] + ", p.ws}",

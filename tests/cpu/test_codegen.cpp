@@ -378,6 +378,30 @@ TEST(Codegen, MergedPairsOverRandomEpilogues) {
   EXPECT_GT(refused, 10);
 }
 
+// Hugging Face's RMSNorm reduces pow(x.to(float32), 2) where the model stores x (the residual stream): the pow is
+// the reduction's map (PowInt<2>), the f32 cast is x itself, and the store of x becomes the reduction's child, so
+// the residual's subtree - and its load - is in the tree once (twice, it read R twice and could not use the ring).
+TEST(Codegen, HfRmsNormSharesTheStoredResidualStream) {
+  Partition p = partition(parse_cf(
+      "input X : bf16[64, 2816]\ninput W : bf16[2816, 1024]\ninput R : bf16[64, 1024]\ninput g : bf16[1024]\n"
+      "h = add(R, matmul(X, W))\nhf = cast(h, dtype=f32)\nv = mean(pow(hf, 2.0), dim=-1, keepdim=true)\n"
+      "y = mul(g, cast(mul(hf, rsqrt(add(v, 1e-6))), dtype=bf16))\noutput h\noutput y\n",
+      "hf_rms.cf"));
+  ASSERT_EQ(p.regions.size(), 1u);
+  const FusionSpec& fs = p.regions[0].spec;
+  const std::string type = expanded_epilogue(generate_kernel(fs).source);
+  auto count = [&](const std::string& w) {
+    int n = 0;
+    for (size_t at = type.find(w); at != std::string::npos; at = type.find(w, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("TileLoad"), 1) << type;
+  EXPECT_EQ(count("Store<bf16, Compute<ops::Add, TileLoadRing<bf16, 0>, AccEntry>>"), 1) << type;
+  EXPECT_NE(type.find("Reduce<RowReduce::Mean, 0, Store<bf16, "), std::string::npos) << type;
+  EXPECT_NE(type.find(", ops::PowInt<2>>"), std::string::npos) << type;
+  EXPECT_EQ(psi_tile_input_form(fs, KernelConfig{}), TileInputForm::Ring);
+}
+
 TEST(Codegen, StagedTilesStayWithinTheirSmemBudget) {
   comfuse::test::RandomSizes sizes;
   sizes.align = 8;
