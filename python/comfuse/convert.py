@@ -634,8 +634,28 @@ def _check_result(conv: Converter, n: fx.Node, v) -> None:
             raise AssertionError(f"convert: '{n.name}' became {node!r}, torch has {mm.dtype}{list(mm.shape)}")
 
 
+# Checks the tracer inserts that read a tensor only to assert its dtype and shape (Inductor drops them too). Left in,
+# each counted as a reader: a fused region then stored the checked value as an extra output (HF Llama's RMSNorm
+# wrote its fp32 normalized rows, 32 MB a layer at 8192 x 1024, for an assertion).
+_METADATA_CHECKS = {t for t in (getattr(torch.ops.aten, "_assert_tensor_metadata", None),) if t is not None}
+_METADATA_CHECKS = {getattr(t, "default", t) for t in _METADATA_CHECKS}
+
+
+def drop_metadata_checks(gm: fx.GraphModule) -> int:
+    """Erases the tracer's metadata assertions from `gm` (they produce nothing); returns how many."""
+    dropped = 0
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and n.target in _METADATA_CHECKS and not n.users:
+            gm.graph.erase_node(n)
+            dropped += 1
+    if dropped:
+        gm.recompile()
+    return dropped
+
+
 def convert(gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = None) -> Conversion:
     """Converts what the Graph IR covers; marks as outputs the values the rest of the program reads."""
+    drop_metadata_checks(gm)
     conv = Converter(gm, gemm_dtype, force_torch)
     g = conv.g
     for n in gm.graph.nodes:

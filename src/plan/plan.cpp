@@ -386,16 +386,27 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   d.epilogue_us = tiles_per_sm * std::max(0.0, d.epilogue.slots * tile_slots_us - hidden_us);
   if (d.epilogue_us < kEpilogueNoiseUs) d.epilogue_us = 0;   // below a launch's noise: the measurement decides
   d.fused_us += d.epilogue_us;
+  // Outputs the measured class does not store (its kernels write one 16-bit tile, two for bias_res_2out): a region
+  // that also stores its residual stream, or an fp32 value, writes more bytes per element than the measurement
+  // includes. Charged as memory time, not hidden (the stores overlap the other group's mainloop only in part):
+  // HF Llama's o_proj + RMSNorm regions, planned without it, ran slower than torch (docs/PERF.md, eighth session).
+  double out_bytes = 0;
+  for (const auto& o : fs.outputs) out_bytes += o.per_row ? 0 : (o.dtype == DType::F32 ? 4 : 2);
+  const double extra_bytes = std::max(0.0, out_bytes - (cls == "bias_res_2out" ? 4 : 2));
+  const double store_us = d.cublas_alone ? 0.0 : extra_bytes * g.rows * g.n / kUnfusedBytesPerSecond * 1e6;
+  d.fused_us += store_us;
   d.unfused_us = gemm_us + d.pass_us;
   const std::string basis = fmt("measured %.3fx cuBLAS", ratio) + " for '" + cls + "' [" + best->config +
                             (reduces ? ", " + d.transport : std::string()) + "] at " +
                             std::to_string(best->m) + "x" + std::to_string(best->k) + "x" + std::to_string(best->n) +
                             fmt(" (M x K x N); this shape: fused ~%.0f us, GEMM + separate epilogue ~%.0f us", d.fused_us,
                                 d.unfused_us);
-  const std::string epi = d.epilogue_us > 0
+  std::string epi = d.epilogue_us > 0
       ? std::string("; its epilogue (") + d.epilogue.summary() + fmt(", against %.0f measured) adds ~%.0f us the mainloop does not hide",
                                                                 ref.slots, d.epilogue_us)
       : std::string();
+  if (store_us > 0)
+    epi += fmt("; its outputs store %.0f bytes per element more than the measured kernel's, ~%.0f us", extra_bytes, store_us);
   if (d.fused_us > d.unfused_us)
     return decline("fusion does not pay: " + basis + epi +
                    (bias ? " (a bias alone: cuBLAS adds it in its own epilogue)" : ""));

@@ -339,3 +339,18 @@ TEST(Plan, AResidualIsPlannedFromRowsMeasuredTheWayPsiReadsIt) {
   EXPECT_EQ(config_name(long_k.config), "128x128x64_c1x1") << long_k.reason;    // the ring row, 404 us
   EXPECT_NE(long_k.reason.find("1.010x"), std::string::npos) << long_k.reason;
 }
+
+// A region that stores more than the measured kernel of its class (here the residual stream besides the RMSNorm, and
+// an fp32 copy) is charged for the extra bytes: its fused estimate grows by them, and the reason says so.
+TEST(Plan, ExtraOutputsAreChargedToTheFusedKernel) {
+  const std::string head = "input R : bf16[8192, 1024]\nx = add(add(h, b), R)\ny = rms_norm(x, g)\noutput y\n";
+  PlanDecision one = plan_region(spec_of(gemm(8192, 1024, 1024, head)));
+  PlanDecision two = plan_region(spec_of(gemm(8192, 1024, 1024, head + "output x\n")));
+  PlanDecision f32 = plan_region(spec_of(gemm(8192, 1024, 1024, head + "xf = cast(x, dtype=f32)\noutput xf\n")));
+  EXPECT_EQ(one.reason.find("bytes per element more"), std::string::npos) << one.reason;
+  EXPECT_NE(two.reason.find("its outputs store 2 bytes per element more"), std::string::npos) << two.reason;
+  EXPECT_NE(f32.reason.find("its outputs store 4 bytes per element more"), std::string::npos) << f32.reason;
+  // 2 bytes x 8192 x 1024 at 3 TB/s: ~5.6 us more than the one-output region
+  EXPECT_NEAR(two.fused_us - one.fused_us, 2.0 * 8192 * 1024 / 3.0e12 * 1e6, 0.5);
+  EXPECT_GT(f32.fused_us, two.fused_us);
+}

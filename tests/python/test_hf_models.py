@@ -86,7 +86,9 @@ def test_llama_regions_and_decisions():
             assert r["ops"] == {"matmul"} and "'identity'" in r["plan"].reason, r["plan"].reason
         for r in (o, down):   # residual add, then RMSNorm: mean(x^2), rsqrt, the weight
             assert {"add", "pow", "mean", "rsqrt", "mul"} <= r["ops"] and r["stages"] == 2, r
-            assert r["outputs"] >= 2, r
+            # the residual sum (but after the last layer) and the normalized value: no store of the fp32 value the
+            # tracer's metadata checks read (drop_metadata_checks)
+            assert r["outputs"] == (1 if (layer, r is down) == (1, True) else 2), r
             assert _speed_only(r["plan"]), r["plan"].reason
         assert gate["ops"] == {"matmul", "silu"} and gate["plan"].fuse, gate["plan"].reason
         assert up["ops"] == {"matmul", "mul"}
