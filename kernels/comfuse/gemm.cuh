@@ -132,7 +132,7 @@ struct GemmKernel {
     alignas(16) typename OrderBarrier::SharedStorage order;       // mainloops
     alignas(16) typename OrderBarrier::SharedStorage epi_order;   // epilogues
     alignas(16) EpiStorage epi[2 * kEpiCopies];                      // per consumer group (two: split phase)
-    Ring ring;                                                       // tile inputs (kRingSlots > 0)
+    [[no_unique_address]] Ring ring;                                 // tile inputs (kRingSlots > 0; else no bytes)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 232448, "shared memory");
