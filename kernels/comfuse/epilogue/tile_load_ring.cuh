@@ -5,8 +5,9 @@
 // the reduction epilogues; staged by the consumers before their mainloop (TileLoadStaged), each consumer group held
 // a padded 128 x 128 tile (70 KB for two groups), which left the mainloop 4 stages instead of 6 (RMSNorm, 128x128). Here
 // the CTA holds one tile per input (Depth buffers, 1 by default): the loader fills it for tile j as soon as tile j - 1's
-// epilogue has read it, which in PingPong is well before tile j's mainloop ends (the other group's mainloop runs in
-// between), and the consumers issue no copies at all.
+// epilogue has read it, about a mainloop before tile j's epilogue starts in PingPong (the other group's mainloop runs
+// in between), and the consumers issue no copies at all. At K = 1024 that mainloop (~6 us) is too short and stage 0
+// waits for its tile; at K = 3072 and 4096 it hides the copy (docs/PERF.md, eighth session, per-tile budget).
 //
 // Protocol, per CTA (the loader and the consumers walk the same tile sequence j = 0, 1, ..., the CTA's tiles in
 // order; PingPong group g takes the tiles j = g, g + 2, ...):
