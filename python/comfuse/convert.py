@@ -637,8 +637,7 @@ def _check_result(conv: Converter, n: fx.Node, v) -> None:
 # Checks the tracer inserts that read a tensor only to assert its dtype and shape (Inductor drops them too). Left in,
 # each counted as a reader: a fused region then stored the checked value as an extra output (HF Llama's RMSNorm
 # wrote its fp32 normalized rows, 32 MB a layer at 8192 x 1024, for an assertion).
-_METADATA_CHECKS = {t for t in (getattr(torch.ops.aten, "_assert_tensor_metadata", None),) if t is not None}
-_METADATA_CHECKS = {getattr(t, "default", t) for t in _METADATA_CHECKS}
+_METADATA_CHECKS = {torch.ops.aten._assert_tensor_metadata.default}
 
 
 def drop_metadata_checks(gm: fx.GraphModule) -> int:

@@ -116,11 +116,12 @@ CUTE_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "
 // Two adjacent elements from shared memory, as a volatile load: the compiler must not keep a
 // broadcast vector's values live across the tile (CSE across rows costs TileN/4 registers per
 // thread, which the accumulators need); re-reading SMEM per fragment is cheap.
-CUTE_DEVICE uint32_t lds_b32(void const* smem) {
+CUTE_DEVICE uint32_t lds_b32(uint32_t smem_addr) {
   uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(cute::cast_smem_ptr_to_uint(smem)));
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr));
   return v;
 }
+CUTE_DEVICE uint32_t lds_b32(void const* smem) { return lds_b32(cute::cast_smem_ptr_to_uint(smem)); }
 CUTE_DEVICE uint2 lds_b64(void const* smem) {
   uint2 v;
   asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(cute::cast_smem_ptr_to_uint(smem)));

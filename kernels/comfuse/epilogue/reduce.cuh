@@ -409,8 +409,7 @@ struct Stage {
   };
   static constexpr int kStage = 1 + Post::kStage;
   static constexpr bool kUsesSmem = Tree::kUsesSmem || Post::kUsesSmem;
-  static constexpr int kRingSlots =
-      RingSlots<Tree>::value > RingSlots<Post>::value ? RingSlots<Tree>::value : RingSlots<Post>::value;
+  static constexpr int kRingSlots = std::max(RingSlots<Tree>::value, RingSlots<Post>::value);
   Tree tree;
   Post post;
   CUTE_DEVICE Stage(Arguments const& a, SharedStorage& s, TileCtx const& c) : tree(a.tree, s.tree, c), post(a.post, s.post, c) {}

@@ -26,6 +26,7 @@
 // The tensor must be 16-byte aligned, pointer and row stride (the ABI entry refuses a launch otherwise).
 #pragma once
 #include "comfuse/epilogue/core.cuh"
+#include "comfuse/mbarrier.cuh"
 
 namespace comfuse::epi {
 
@@ -40,21 +41,6 @@ struct RingArgs {
 };
 
 namespace ring_detail {
-CUTE_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n\t.reg .pred P;\n"
-      "RING_WAIT:\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n\t"
-      "@!P bra RING_WAIT;\n\t}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-CUTE_DEVICE void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-CUTE_DEVICE void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
 CUTE_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
@@ -81,8 +67,8 @@ struct TileRing {
 
   // One thread, before the kernel-wide barrier. `readers`: consumer threads per tile (128 PingPong, 256 Cooperative).
   CUTE_DEVICE void init(int readers) {
-    for (int b = 0; b < 2 * Depth; ++b) ring_detail::mbar_init(cute::cast_smem_ptr_to_uint(&full[b]), 1);
-    for (int b = 0; b < Depth; ++b) ring_detail::mbar_init(cute::cast_smem_ptr_to_uint(&empty[b]), readers);
+    for (int b = 0; b < 2 * Depth; ++b) mbar::init(cute::cast_smem_ptr_to_uint(&full[b]), 1);
+    for (int b = 0; b < Depth; ++b) mbar::init(cute::cast_smem_ptr_to_uint(&empty[b]), readers);
   }
   // The tile context of tile j (the CTA's j-th tile): where its buffer and barriers are.
   CUTE_DEVICE void bind(TileCtx& c, int j, int row0) {
@@ -114,7 +100,7 @@ struct TileRing {
     for (int u = first; u < total; u += stride, ++j) {
       const int b = j % Depth;
       const uint32_t full_bar = cute::cast_smem_ptr_to_uint(&full[j % (2 * Depth)]);
-      if (j >= Depth) ring_detail::mbar_wait(cute::cast_smem_ptr_to_uint(&empty[b]), uint32_t(j / Depth - 1) & 1u);
+      if (j >= Depth) mbar::wait(cute::cast_smem_ptr_to_uint(&empty[b]), uint32_t(j / Depth - 1) & 1u);
       int m0, n0;
       tile(u, m0, n0);
       const int rows = M - m0 < TileM ? (M - m0 > 0 ? M - m0 : 0) : TileM;
@@ -130,9 +116,7 @@ struct TileRing {
       }
       __syncwarp();
       if (lane == 0) {
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full_bar),
-                     "r"(uint32_t(Slots * rows * row_bytes))
-                     : "memory");
+        mbar::arrive_expect_tx(full_bar, uint32_t(Slots * rows * row_bytes));
       }
       __syncwarp();
       if (row_bytes > 0) {
@@ -187,7 +171,7 @@ struct TileLoadRing {
   }
   CUTE_DEVICE void prefetch() {}
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
-    if (f.index == 0) ring_detail::mbar_wait(full, parity);
+    if (f.index == 0) mbar::wait(full, parity);
     const int lane = int(threadIdx.x) % 32;
     if (f.col_slot == 0) {
       // ldmatrix: lane l gives the address of row l % 8 of matrix l / 8 (column block col_slot + l / 8) of the
@@ -202,7 +186,7 @@ struct TileLoadRing {
       // The last read of the tile is issued: release the buffer now rather than at the end of the stage, so the
       // loader refills it while this stage's visits (and, in a one-stage epilogue, the stores) still run.
       if (--reads_left == 0) {
-        ring_detail::mbar_arrive(empty);
+        mbar::arrive(empty);
         released = true;
       }
     }
@@ -211,20 +195,13 @@ struct TileLoadRing {
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
     if (preloaded) return Elem<T>::from_word(raw[f.row_slot][f.col_slot]);
     // A parent that does not forward preload(): read the fragment's word directly.
-    if (f.index == 0) ring_detail::mbar_wait(full, parity);
-    return Elem<T>::from_word(lds_b32_addr(tile + uint32_t(row0 + f.row_l) * pitch + uint32_t(f.col_l) * 2u));
+    if (f.index == 0) mbar::wait(full, parity);
+    return Elem<T>::from_word(lds_b32(tile + uint32_t(row0 + f.row_l) * pitch + uint32_t(f.col_l) * 2u));
   }
   // The stage that reads the input is over for this thread (direct reads): the loader may refill the buffer once
   // every reader has arrived.
   template <int S> CUTE_DEVICE void end_stage(TileCtx const&) {
-    if (!released) ring_detail::mbar_arrive(empty);
-  }
-
- private:
-  CUTE_DEVICE static uint32_t lds_b32_addr(uint32_t addr) {
-    uint32_t v;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-    return v;
+    if (!released) mbar::arrive(empty);
   }
 };
 

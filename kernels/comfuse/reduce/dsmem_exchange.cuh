@@ -23,6 +23,7 @@
 
 #include "cute/arch/cluster_sm90.hpp"
 #include "cute/config.hpp"
+#include "comfuse/mbarrier.cuh"
 #include "comfuse/trace.cuh"
 
 namespace comfuse::reduce {
@@ -45,24 +46,6 @@ namespace detail {
 
 CUTE_DEVICE uint32_t smem_addr(void const* p) { return cute::cast_smem_ptr_to_uint(p); }
 
-CUTE_DEVICE void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-CUTE_DEVICE void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-// Waits for the phase with parity `phase` to complete; acquire at cluster scope, so the peers' st.async
-// data it counted is visible.
-CUTE_DEVICE void mbar_wait_cluster(uint64_t* bar, uint32_t phase) {
-  asm volatile(
-      "{\n\t.reg .pred P;\n"
-      "WAIT:\n\t"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P, [%0], %1;\n\t"
-      "@!P bra WAIT;\n\t}\n" ::"r"(smem_addr(bar)),
-      "r"(phase)
-      : "memory");
-}
 // 16 bytes from registers into peer `rank`'s SMEM at the address `local` has here; completes 16 tx bytes on
 // the peer's copy of `bar`.
 CUTE_DEVICE void st_async_peer(float4 const* local, uint64_t const* bar, uint32_t rank, float4 v) {
@@ -78,8 +61,8 @@ CUTE_DEVICE void st_async_peer(float4 const* local, uint64_t const* bar, uint32_
 // Initializes a group's buffers (one thread, before the cluster-wide barrier that starts the kernel).
 template <int MaxCols>
 CUTE_DEVICE void dsmem_init(DsmemBuffers<MaxCols>& b) {
-  detail::mbar_init(&b.full[0], 1);
-  detail::mbar_init(&b.full[1], 1);
+  mbar::init(detail::smem_addr(&b.full[0]), 1);
+  mbar::init(detail::smem_addr(&b.full[1]), 1);
 }
 
 // One exchange through DSMEM: the group's buffers, the cluster (= the row block), and the calling thread.
@@ -128,7 +111,7 @@ CUTE_DEVICE void dsmem_exchange(DsmemExchange ex, float const (&part)[Rows], Row
   // Bytes this CTA receives: every peer's partials (peer-to-peer, or the leader), or the leader's result.
   if (thread == 0) {
     uint32_t bytes = (p2p || is_root) ? uint32_t(cols - 1) * kDsmemMessageBytes : kDsmemMessageBytes;
-    detail::mbar_arrive_expect_tx(bar, bytes);
+    mbar::arrive_expect_tx(detail::smem_addr(bar), bytes);
   }
   if (leader) {
     if (p2p) {
@@ -140,7 +123,8 @@ CUTE_DEVICE void dsmem_exchange(DsmemExchange ex, float const (&part)[Rows], Row
   }
   COMFUSE_TRACE_MARK(stamps, thread, trace_event);
   if (leader) {
-    detail::mbar_wait_cluster(bar, phase);
+    // acquire at cluster scope: the peers' st.async data it counted is visible
+    mbar::wait_cluster(detail::smem_addr(bar), phase);
     float r[4];
     if (p2p || is_root) {
 #pragma unroll
