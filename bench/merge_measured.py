@@ -6,8 +6,11 @@ as ratios do. Rows whose config already appears in the table are replaced.
 
     bench/merge_measured.py --table src/plan/measured.csv --suffix _rr RUN1.csv [RUN2.csv ...] --note "..."
 
-RUN*.csv: comfuse_gpu_bench --out DIR's bench.csv. Only configs ending in --suffix (an instance form, e.g. "_rr")
-are taken.
+RUN*.csv: comfuse_gpu_bench --out DIR's bench.csv. Only configs ending in --suffix (an instance form, e.g. "_rr";
+"" takes every config) are taken.
+
+    --replace-measured: replace only the rows the runs measured (same shape and variant) and keep every other row,
+    e.g. after a kernel change that affects some instances at some shapes (re-run just those).
 """
 import argparse
 import csv
@@ -21,6 +24,8 @@ def main() -> int:
     ap.add_argument("--table", required=True)
     ap.add_argument("--suffix", required=True, help="config suffix of the rows to merge, e.g. _rr")
     ap.add_argument("--note", required=True, help="a comment line recording where the merged rows come from")
+    ap.add_argument("--replace-measured", action="store_true",
+                    help="replace only the (shape, variant) rows the runs measured; keep the rest of the table")
     ap.add_argument("runs", nargs="+")
     a = ap.parse_args()
 
@@ -36,7 +41,7 @@ def main() -> int:
     sample: dict = {}
     for run in a.runs:
         for r in csv.DictReader(open(run)):
-            if not r["config"].endswith(a.suffix) or r["variant"] == "cublas":
+            if not r["config"].endswith(a.suffix) or r["variant"] == "cublas" or float(r["us"]) <= 0:
                 continue
             key = (r["M"], r["K"], r["N"], r["variant"])
             ratios.setdefault(key, []).append(float(r["ratio_cublas"]))
@@ -44,7 +49,10 @@ def main() -> int:
     if not ratios:
         print(f"merge_measured: no rows with a config ending in {a.suffix}", file=sys.stderr)
         return 1
-    keep = [r for r in table if not r["config"].endswith(a.suffix)]
+    if a.replace_measured:
+        keep = [r for r in table if (r["M"], r["K"], r["N"], r["variant"]) not in ratios]
+    else:
+        keep = [r for r in table if not r["config"].endswith(a.suffix)]
     added = 0
     for key, rs in sorted(ratios.items()):
         shape = key[:3]

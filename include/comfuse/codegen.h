@@ -46,8 +46,12 @@ std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig&
 //     1.03 -> 1.12). One 16-bit input, 128 x 128 or 64 x 256 PingPong tiles.
 //   Registers (TileLoad): read in the epilogue; everywhere else.
 // The nodes are counted as the rendered tree holds them: a value read twice instantiates its subtree, and SMEM, twice.
-enum class TileInputForm { Registers, Staged, Ring };
+// cfg.tile_input, when set, is the form (the planner's measured choice); psi_tile_input_form then returns it where
+// Psi can render it for this Spec (psi_can_read_tiles), and Psi refuses the config otherwise.
 TileInputForm psi_tile_input_form(const FusionSpec& fs, const KernelConfig& cfg);
+// Whether Psi can render `fs`'s tile inputs in `form` for `cfg`, whatever K (Registers: always; Staged: PingPong and
+// the inputs fit the SMEM budget; Ring: also one 16-bit input read once). A Spec without tile inputs: Registers only.
+bool psi_can_read_tiles(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form);
 // The suffix of a measured instance's config for a form: "", "_sr", "_rr".
 const char* tile_input_suffix(TileInputForm form);
 

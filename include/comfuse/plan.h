@@ -6,6 +6,7 @@
 // and its epilogue as separate kernels would be.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,11 @@
 namespace comfuse {
 
 // A kernel configuration: the planner picks one per region, Psi (codegen.h) renders the kernel for it.
+// How a kernel reads its [rows, N] inputs (a residual): in the epilogue (TileLoad), staged in SMEM by each consumer
+// group before its mainloop (TileLoadStaged, "_sr" in a config name) or copied by a producer warp into the CTA's
+// tile ring (TileLoadRing, "_rr"). codegen.h says where each was measured to win.
+enum class TileInputForm { Registers, Staged, Ring };
+
 struct KernelConfig {
   int tile_m = 128, tile_n = 128, tile_k = 64;
   int cluster_m = 1, cluster_n = 1;
@@ -23,6 +29,9 @@ struct KernelConfig {
   // cross-CTA exchange each (LocalReduce + MergedReduce; "_mg" in a config name). Only for Specs that have such a
   // pair (psi_merges, codegen.h).
   bool merged = false;
+  // The form of the tile inputs: set by the planner from the measured row it picked (the form measured fastest at
+  // that shape), or by a config name's "_sr" / "_rr"; unset, Psi applies its measured rule (psi_tile_input_form).
+  std::optional<TileInputForm> tile_input;
 };
 
 struct MeasuredRow {

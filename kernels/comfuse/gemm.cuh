@@ -163,6 +163,9 @@ struct GemmKernel {
     int const warp_idx = cutlass::canonical_warp_idx_sync();
     int const warp_group = cutlass::canonical_warp_group_idx();
     int const wg_thread = thread_idx % 128;
+#ifdef COMFUSE_TRACE
+    if (thread_idx == 0) trace::mark(trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), 0, 0), trace::KernelEntry);
+#endif
     int const lane_predicate = cute::elect_one_sync();
     uint32_t const block_rank_in_cluster = cute::block_rank_in_cluster();
 
@@ -342,6 +345,10 @@ struct GemmKernel {
         asm volatile("bar.sync 10, 256;\n" ::: "memory");
         if (wg_thread == 0 && group == 0) reduce::launch_done(p.reduce_counters, int(gridDim.x * gridDim.y));
       }
+#ifdef COMFUSE_TRACE
+      if (wg_thread == 0 && group == 0)
+        trace::mark(trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), 0, 0), trace::KernelExit);
+#endif
     }
 #else
     if (threadIdx.x == 0) printf("comfuse::GemmKernel needs sm_90a (-gencode=arch=compute_90a,code=sm_90a)\n");

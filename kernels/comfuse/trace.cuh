@@ -25,9 +25,12 @@ enum Event : int {
   StageEnded = 6,       // + 2 * stage: end_stage done (reductions combined, exchanges finished)
   ExchangeArrived = 16,  // + 2 * reduction id: partials published, counter raised
   ExchangeComplete = 17, // + 2 * reduction id: every peer has published
+  ExchangeSeen = 24,     // many-column L2 exchanges: the first level done (flags seen, or the group's fold)
   FinishStart = 25,      // split phase: the turn's finish of the group's previous tile begins (collect)
   FinishCollected = 26,  // its row block's partials collected
   FinishEnd = 27,        // its last stage streamed and stored
+  KernelEntry = 28,      // (iteration 0's record of group 0) the CTA's first instruction
+  KernelExit = 29,       // (the same record) consumer group 0 done, the launch's finish counted
   TileIndex = 31,        // {tile index u, 0}
 };
 

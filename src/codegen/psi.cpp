@@ -622,23 +622,22 @@ int tile_input_bytes(const FusionSpec& fs) {
   return elem;
 }
 
-// The SMEM one node of `form` takes for `cfg`, or 0 where the measured rule (codegen.h) does not use that form.
-long tile_node_bytes(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form) {
+// The SMEM one node of `form` takes for `cfg`, or 0 where the kernels cannot read the inputs that way (the
+// schedules the GPU tests run: PingPong) or, with `rule`, where the measured rule (codegen.h) does not use it.
+long tile_node_bytes(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form, bool rule) {
   const int elem = tile_input_bytes(fs);
-  if (elem == 0) return 0;
+  if (elem == 0 || cfg.cooperative) return 0;
   if (form == TileInputForm::Staged)
-    return fs.gemm.k > 1024 || cfg.cooperative ? 0 : long(cfg.tile_m) * (cfg.tile_n + 16 / elem) * elem;
+    return rule && fs.gemm.k > 1024 ? 0 : long(cfg.tile_m) * (cfg.tile_n + 16 / elem) * elem;
   if (form == TileInputForm::Ring)   // the CTA tile, 16-bit rows padded by 16 bytes; measured to win at 1024 < K <= 4096
-    return fs.gemm.k <= 1024 || fs.gemm.k > 4096 || elem != 2 || cfg.cooperative   // (PingPong: what the GPU tests run)
-               ? 0
-               : long(cfg.tile_m) * (2L * cfg.tile_n + 16);
+    return elem != 2 || (rule && (fs.gemm.k <= 1024 || fs.gemm.k > 4096)) ? 0 : long(cfg.tile_m) * (2L * cfg.tile_n + 16);
   return 0;
 }
 
 // The unit rendered in `form`, its nodes counted as the tree holds them, if they fit the budget (and the ring,
 // whose slots Psi numbers per node, holds one); else nullptr.
-std::unique_ptr<Psi> smem_tile_psi(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form) {
-  const long per_node = tile_node_bytes(fs, cfg, form);
+std::unique_ptr<Psi> smem_tile_psi(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form, bool rule) {
+  const long per_node = tile_node_bytes(fs, cfg, form, rule);
   if (per_node == 0) return nullptr;
   auto psi = std::make_unique<Psi>(fs, cfg, form);
   const int nodes = psi->smem_tile_nodes();
@@ -646,10 +645,19 @@ std::unique_ptr<Psi> smem_tile_psi(const FusionSpec& fs, const KernelConfig& cfg
   return psi;
 }
 
-// Staged where it fits, else the ring where it fits, else TileLoad: the unit, and its form.
+// cfg.tile_input where it is set (a CodegenError where that form cannot serve this Spec); else, by the measured
+// rule, staged where it fits, else the ring where it fits, else TileLoad: the unit, and its form.
 std::unique_ptr<Psi> tile_input_psi(const FusionSpec& fs, const KernelConfig& cfg) {
+  if (cfg.tile_input) {
+    const TileInputForm form = *cfg.tile_input;
+    if (form == TileInputForm::Registers) return std::make_unique<Psi>(fs, cfg, form);
+    if (auto psi = smem_tile_psi(fs, cfg, form, false)) return psi;
+    throw CodegenError("config " + config_name(cfg) + ": its tile inputs cannot be " +
+                       (form == TileInputForm::Staged ? "staged in SMEM (a PingPong schedule and inputs that fit one padded tile per group)"
+                                                      : "read through the tile ring (a PingPong schedule and one 16-bit [rows, N] input, read once)"));
+  }
   for (TileInputForm form : {TileInputForm::Staged, TileInputForm::Ring})
-    if (auto psi = smem_tile_psi(fs, cfg, form)) return psi;
+    if (auto psi = smem_tile_psi(fs, cfg, form, true)) return psi;
   return std::make_unique<Psi>(fs, cfg, TileInputForm::Registers);
 }
 
@@ -669,6 +677,16 @@ TileInputForm psi_tile_input_form(const FusionSpec& fs, const KernelConfig& cfg)
   }
 }
 
+bool psi_can_read_tiles(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form) {
+  if (form == TileInputForm::Registers) return true;
+  try {
+    check_limits(fs, cfg);
+    return smem_tile_psi(fs, cfg, form, false) != nullptr;
+  } catch (const CodegenError&) {
+    return false;
+  }
+}
+
 const char* tile_input_suffix(TileInputForm form) {
   return form == TileInputForm::Staged ? "_sr" : form == TileInputForm::Ring ? "_rr" : "";
 }
@@ -676,7 +694,7 @@ const char* tile_input_suffix(TileInputForm form) {
 std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig& cfg) {
   try {
     check_limits(fs, cfg);
-    Psi psi(fs, cfg, TileInputForm::Registers);
+    tile_input_psi(fs, cfg);   // the unit in its form (cfg.tile_input where set)
   } catch (const CodegenError& e) {
     return e.what();
   }

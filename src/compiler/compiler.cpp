@@ -322,7 +322,8 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
       const auto& c = k.config;
       return std::to_string(c.tile_m) + " " + std::to_string(c.tile_n) + " " + std::to_string(c.tile_k) + " " +
              std::to_string(c.cluster_m) + " " + std::to_string(c.cluster_n) + (c.cooperative ? " coop" : "") +
-             (c.merged ? " merged" : "") + (k.key.empty() ? "" : " key=" + k.key);
+             (c.merged ? " merged" : "") + (c.tile_input ? std::string(" tiles") + tile_input_suffix(*c.tile_input) : "") +
+             (k.key.empty() ? "" : " key=" + k.key);
     };
     for (size_t c = 0; c < r.candidates.size(); ++c) {
       CompiledCandidate& k = r.candidates[c];
@@ -358,7 +359,8 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
   cg.regions_.resize(p.regions.size());
   std::vector<bool> seen(p.regions.size(), false);
   std::vector<std::pair<int, CompiledCandidate>> others;   // "candidate" lines, attached after every region's line
-  // "tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [key=K]" (a manifest before the config search: no key)
+  // "tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [tiles|tiles_sr|tiles_rr] [key=K]" (a manifest
+  // before the config search: no key; before the planner chose the tile inputs' form: no tiles field)
   auto read_config = [&](std::istringstream& ls, const std::string& line, CompiledCandidate& k) {
     KernelConfig& c = k.config;
     if (!(ls >> c.tile_m >> c.tile_n >> c.tile_k >> c.cluster_m >> c.cluster_n))
@@ -366,6 +368,9 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
     for (std::string t; ls >> t;) {
       if (t == "coop") c.cooperative = true;
       else if (t == "merged") c.merged = true;
+      else if (t == "tiles") c.tile_input = TileInputForm::Registers;
+      else if (t == "tiles_sr") c.tile_input = TileInputForm::Staged;
+      else if (t == "tiles_rr") c.tile_input = TileInputForm::Ring;
       else if (t.rfind("key=", 0) == 0) k.key = t.substr(4);
       else throw CompileError(dir + "/manifest.txt: bad schedule or field '" + t + "' in '" + line + "'");
     }

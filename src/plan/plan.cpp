@@ -26,9 +26,9 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
 
 }  // namespace
 
-// "128x256x64_c2x1_coop_mg" -> tile, cluster, schedule, merged reduction pairs. Other suffixes name bench
-// variants that are not a config ("_r8", a fixed tile order; "_sp", split-phase epilogues; "_sr" / "_rr", residual
-// tiles staged or in the tile ring, which Psi decides itself: row_config): false.
+// "128x256x64_c2x1_coop_mg_rr" -> tile, cluster, schedule, merged reduction pairs, the tile inputs' form ("_sr"
+// staged, "_rr" the tile ring; none: unset). Other suffixes name bench variants that are not a config ("_r8", a
+// fixed tile order; "_sp", split-phase epilogues): false.
 bool parse_config(const std::string& s, KernelConfig& c) {
   int used = 0;
   if (std::sscanf(s.c_str(), "%dx%dx%d_c%dx%d%n", &c.tile_m, &c.tile_n, &c.tile_k, &c.cluster_m, &c.cluster_n, &used) != 5)
@@ -41,18 +41,22 @@ bool parse_config(const std::string& s, KernelConfig& c) {
   };
   c.cooperative = take("_coop");
   c.merged = take("_mg");
+  c.tile_input.reset();
+  for (TileInputForm t : {TileInputForm::Staged, TileInputForm::Ring})
+    if (take(tile_input_suffix(t))) c.tile_input = t;
   return rest.empty();
 }
 
 bool operator==(const KernelConfig& a, const KernelConfig& b) {
   return a.tile_m == b.tile_m && a.tile_n == b.tile_n && a.tile_k == b.tile_k && a.cluster_m == b.cluster_m &&
-         a.cluster_n == b.cluster_n && a.cooperative == b.cooperative && a.merged == b.merged;
+         a.cluster_n == b.cluster_n && a.cooperative == b.cooperative && a.merged == b.merged &&
+         a.tile_input == b.tile_input;
 }
 
 std::string config_name(const KernelConfig& c) {
   return std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k) + "_c" +
          std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + (c.cooperative ? "_coop" : "") +
-         (c.merged ? "_mg" : "");
+         (c.merged ? "_mg" : "") + (c.tile_input ? tile_input_suffix(*c.tile_input) : "");
 }
 
 namespace {
@@ -93,28 +97,22 @@ bool has_tile_param(const FusionSpec& fs) {
   return false;
 }
 
-// A measured row's config (parsed into c): a config name (with "_mg": merged reduction pairs), or one with "_sr" or
-// "_rr", an instance whose residual tile is staged through SMEM before the mainloop (TileLoadStaged) or copied into
-// the CTA's tile ring (TileLoadRing): its form. Other instance forms ("_sp", "_r8") are not Psi's.
-bool row_config(const MeasuredRow& f, KernelConfig& c, TileInputForm& form) {
-  form = TileInputForm::Registers;
-  for (TileInputForm t : {TileInputForm::Staged, TileInputForm::Ring}) {
-    const std::string suffix = tile_input_suffix(t);
-    if (f.config.size() > suffix.size() && f.config.compare(f.config.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      form = t;
-      return parse_config(f.config.substr(0, f.config.size() - suffix.size()), c);
-    }
-  }
-  return parse_config(f.config, c);
+// A measured row's config (parsed into c): a config name (with "_mg": merged reduction pairs; "_sr" or "_rr": the
+// residual tile staged through SMEM before the mainloop, TileLoadStaged, or copied into the CTA's tile ring,
+// TileLoadRing; neither: read in the epilogue, TileLoad). c.tile_input is always set: the form the row measured.
+// Other instance forms ("_sp", "_r8") are not Psi's.
+bool row_config(const MeasuredRow& f, KernelConfig& c) {
+  if (!parse_config(f.config, c)) return false;
+  if (!c.tile_input) c.tile_input = TileInputForm::Registers;
+  return true;
 }
 
-// A measured row of epilogue class `cls` whose config (parsed into c) can serve `fs`, measured with the residual
-// read the way Psi will render it for that config (psi_tile_input_form).
+// A measured row of epilogue class `cls` whose config (parsed into c, with the row's tile-input form) can serve
+// `fs`: Psi can read fs's tile inputs in that form (a Spec without any: rows measured with TileLoad only).
 bool eligible(const MeasuredRow& f, const FusionSpec& fs, const std::string& cls, KernelConfig& c) {
   const bool reduces = fs.num_stages() > 1;
-  TileInputForm form = TileInputForm::Registers;
-  if (f.epilogue != cls || !row_config(f, c, form)) return false;
-  if (form != psi_tile_input_form(fs, c)) return false;
+  if (f.epilogue != cls || !row_config(f, c)) return false;
+  if (!psi_can_read_tiles(fs, c, *c.tile_input)) return false;
   if (c.merged && !psi_merges(fs)) return false;   // measured merged; this Spec has no pair to merge
   if (has_tile_param(fs) && c.tile_n > 128 && !c.cooperative) return false;  // PingPong 128x192 + a residual tile spills (docs/PERF.md)
   // A DSMEM measurement only applies where this shape's row block fits one cluster.
@@ -354,8 +352,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
     cublas = &r;
   }
   if (!best) return decline("no measurement of a '" + cls + "' kernel to plan from (src/plan/measured.csv)");
-  TileInputForm form = TileInputForm::Registers;
-  row_config(*best, d.config, form);
+  row_config(*best, d.config);
   if (reduces && !best->transport.empty()) d.transport = best->transport;
   pick_candidates(d, fs, cls, *best, table);
 

@@ -100,8 +100,16 @@ std::vector<float> expected(const Problem& p, const std::vector<float>& in) {
     for (int s = 0; s < p.stages; ++s)
       for (int r = 0; r < kTileM; ++r) {
         auto at = [&](int c) { return in[((size_t(rb) * p.stages + s) * p.C + c) * kTileM + r]; };
-        float acc = at(0);
-        for (int c = 1; c < p.C; ++c) acc = s % 2 ? std::fmax(acc, at(c)) : acc + at(c);
+        auto op = [&](float a, float b) { return s % 2 ? std::fmax(a, b) : a + b; };
+        // the exchange's order: one left fold over the column blocks, or, with more than kPollCols of them, a left
+        // fold over groups of kGroupCols of each group's left fold (l2_exchange_two_level)
+        const int G = p.C > L2Workspace::kPollCols ? L2Workspace::kGroupCols : p.C;
+        float acc = 0.f;
+        for (int g0 = 0; g0 < p.C; g0 += G) {
+          float part = at(g0);
+          for (int c = g0 + 1; c < std::min(p.C, g0 + G); ++c) part = op(part, at(c));
+          acc = g0 == 0 ? part : op(acc, part);
+        }
         for (int c = 0; c < p.C; ++c) out[((size_t(rb) * p.stages + s) * p.C + c) * kTileM + r] = acc;
       }
   return out;
@@ -123,7 +131,8 @@ int main() {
     CF_CHECK(cudaLaunchCooperativeKernel(fn, dim3(G), dim3(256), args, 0, st));
   };
 
-  for (Problem p : {Problem{64, 2, 3}, Problem{128, 8, 3}, Problem{32, 16, 2}, Problem{32, 64, 2}, Problem{9, 5, 4}}) {
+  for (Problem p : {Problem{64, 2, 3}, Problem{128, 8, 3}, Problem{32, 16, 2}, Problem{32, 64, 2}, Problem{9, 5, 4},
+                    Problem{16, 12, 3}, Problem{4, 72, 2}}) {
     float *din, *dout;
     L2Workspace ws;
     ws.stages = p.stages;

@@ -8,7 +8,12 @@
 //   xN        exchange of reduction N: own arrival -> every peer arrived (the wait for the slowest peer)
 //   skewN     last minus first arrival among the CTAs of a row block     latN  last arrival -> complete
 //   finish    split phase: the turn's finish of the previous tile (collect: its partials combined)
+//   level1/2  many-column L2 exchanges (C > 8): arrival -> first level done -> the exchange complete
 //   busy      fraction of each CTA's span in which one of its groups runs a mainloop (tensor cores fed)
+//   wall      first mainloop start to last epilogue end over the grid (globaltimer); start / end: the spread of the
+//             CTAs' first mainloop starts and of their last epilogue ends
+//   ctas      first CTA's first instruction to the last CTA's end (traced - ctas: the launch itself); prologue:
+//             a CTA's first instruction to its first mainloop; exit: the last epilogue's end to the last CTA's end
 //
 // Usage: comfuse_gpu_trace [--shape M,K,N]... [--filter SUBSTRING]
 #include <algorithm>
@@ -161,7 +166,13 @@ int main(int argc, char** argv) {
       };
 
       std::vector<double> ml, epiwt, epi, sm, busy, fin, col;
+      // The kernel's edges (globaltimer, ns): every CTA's first mainloop start and last epilogue end.
+      double first_lo = 1e300, first_hi = 0, end_lo = 1e300, end_hi = 0;
+      double entry_lo = 1e300, exit_hi = 0;   // the CTAs' first instruction and consumer group 0's last
+      std::vector<double> entry_to_ml;        // per CTA: first instruction -> first mainloop start
       std::map<int, std::vector<double>> visit, endst, xwait;
+      // many-column L2 exchanges: arrival -> first level done (peers' flags seen, or the group's fold) -> complete
+      std::vector<double> seen, read;
       // (row block, reduction) -> arrival and completion times (global ns)
       std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> arrivals;
       int cols = (s.N + inst.tn - 1) / inst.tn;
@@ -188,6 +199,13 @@ int main(int argc, char** argv) {
               endst[st].push_back(d(e, v, en));
               prev = en;
             }
+            if (e[tr::ExchangeSeen].clock)
+              for (int r = 3; r >= 0; --r)
+                if (e[tr::ExchangeComplete + 2 * r].clock) {   // the stamp is the last exchange's
+                  seen.push_back(d(e, tr::ExchangeArrived + 2 * r, tr::ExchangeSeen));
+                  read.push_back(d(e, tr::ExchangeSeen, tr::ExchangeComplete + 2 * r));
+                  break;
+                }
             int rb = int(e[tr::TileIndex].global_ns) / cols;
             for (int r = 0; r < 4; ++r) {
               int a = tr::ExchangeArrived + 2 * r, b = tr::ExchangeComplete + 2 * r;
@@ -196,6 +214,23 @@ int main(int argc, char** argv) {
               arrivals[{rb, r}].push_back({double(e[a].global_ns), double(e[b].global_ns)});
             }
           }
+        double f = 1e300, l = 0;
+        for (int g = 0; g < 2; ++g)
+          for (int it = 0; it < tr::kMaxIters; ++it) {
+            tr::Stamp const* e = at(c, g, it);
+            if (!valid(e)) continue;
+            f = std::min(f, double(e[tr::MlStart].global_ns));
+            l = std::max(l, double(e[tr::EpiEnd].global_ns));
+          }
+        if (tr::Stamp const* z = at(c, 0, 0); z[tr::KernelEntry].global_ns && z[tr::KernelExit].global_ns && l > 0) {
+          entry_lo = std::min(entry_lo, double(z[tr::KernelEntry].global_ns));
+          exit_hi = std::max(exit_hi, double(z[tr::KernelExit].global_ns));
+          entry_to_ml.push_back((f - double(z[tr::KernelEntry].global_ns)) / 1000.0);
+        }
+        if (l > 0) {
+          first_lo = std::min(first_lo, f), first_hi = std::max(first_hi, f);
+          end_lo = std::min(end_lo, l), end_hi = std::max(end_hi, l);
+        }
         if (mls.size() > 1) {
           std::sort(mls.begin(), mls.end());
           double b = 0;
@@ -220,7 +255,16 @@ int main(int argc, char** argv) {
       for (auto& [st, v] : visit) std::printf(" v%d %.2f e%d %.2f", st, mean(v), st, mean(endst[st]));
       std::printf(" |");
       for (auto& [r, v] : xwait) std::printf(" x%d %.2f skew%d %.2f lat%d %.2f", r, mean(v), r, mean(skew[r]), r, mean(lat[r]));
+      if (!seen.empty()) std::printf(" | level1 %.2f level2 %.2f", mean(seen), mean(read));
       if (!fin.empty()) std::printf(" | finish %.2f (collect %.2f)", mean(fin), mean(col));
+      // wall: first mainloop start to last epilogue end over the grid (traced - wall: launch and prologue);
+      // start / end: the spread of the CTAs' first mainloop starts and of their last epilogue ends.
+      if (end_hi > 0)
+        std::printf(" | wall %.1f start %.1f end %.1f", (end_hi - first_lo) / 1000.0, (first_hi - first_lo) / 1000.0,
+                    (end_hi - end_lo) / 1000.0);
+      if (exit_hi > 0)   // entry -> exit over the grid, and each CTA's prologue (first instruction -> first mainloop)
+        std::printf(" | ctas %.1f prologue %.1f exit %.1f", (exit_hi - entry_lo) / 1000.0, mean(entry_to_ml),
+                    (exit_hi - end_hi) / 1000.0);
       std::printf("  (%d CTAs, %d tiles, %.3f ns/clk)\n", ctas, tiles, ns_per_clk);
       std::fflush(stdout);
     }

@@ -12,10 +12,13 @@
 //   3. __syncwarp: in the WGMMA accumulator layout warp w holds exactly those rows, so the rows a warp
 //      reads back are the ones its own lanes wrote - no group barrier.
 // The critical path is one L2 write and one L2 read round trip plus the wait for the slowest peer.
-// With many column blocks (C > kPollCols) every lane polling C words costs more than it saves (measured at C =
-// 64: 16 dependent rounds of loads and heavy L2 traffic), so there lane 0 of each warp, after the warp's
-// partials, stores the tag to the warp's flag of the slot with release semantics; the readers poll the C flags
-// (acquire; lane l polls blocks l, l + 32, ...), then load only the C values (4 bytes each, 8 in flight).
+// With many column blocks (C > kPollCols) reading C words per row is the cost: about one loaded L2 round trip
+// (~1 us) per 4-8 loads a lane has in flight, so ~11 us at C = 64. One-word reductions then combine in two levels
+// of 8 column blocks (l2_exchange_two_level): each lane folds its group's 8 partials, the group's first CTA
+// publishes the group's result, and every lane folds the C / 8 group results. Two-word states (the merged
+// forms, whose fold needs the column counts of a left fold) keep the flat path: lane 0 of each warp, after the
+// warp's partials, stores the tag to the warp's flag of the slot with release semantics; the readers poll the
+// C flags (acquire; lane l polls blocks l, l + 32, ...), then load only the C values (4 bytes each).
 // Flags hold tags too, so they never need resetting either (a launch over fewer row blocks, i.e. a smaller M,
 // leaves the other slots untouched, and they stay correct).
 //
@@ -41,14 +44,19 @@ namespace comfuse::reduce {
 
 struct L2Workspace {
   // [row_blocks][stages] slots, each: [cols][tile_m] 64-bit words {value, tag}, then [cols][kWarps] 32-bit flags
-  // (the many-column path's), i.e. slot_words() 64-bit words a slot. Zero at allocation.
+  // (the many-column path's), then [groups(cols)][tile_m] words {value, tag} (the two-level path's group results),
+  // i.e. slot_words() 64-bit words a slot. Zero at allocation.
   float* partials = nullptr;
   int* counters = nullptr;    // [0] launches completed, [1] CTAs finished in this launch (zero at allocation)
   int stages = 0, cols = 0, tile_m = 0;
   static constexpr int kWarps = 4;      // warps of a consumer group (one flag each)
   static constexpr int kPollCols = 8;   // up to this many column blocks every lane polls the partials' tags
 
-  CUTE_HOST_DEVICE static size_t slot_words(int cols, int tile_m) { return size_t(cols) * (tile_m + kWarps / 2); }
+  static constexpr int kGroupCols = 8;  // the two-level path: column blocks per first-level group
+  CUTE_HOST_DEVICE static int groups(int cols) { return (cols + kGroupCols - 1) / kGroupCols; }
+  CUTE_HOST_DEVICE static size_t slot_words(int cols, int tile_m) {
+    return size_t(cols) * (tile_m + kWarps / 2) + size_t(groups(cols)) * tile_m;
+  }
   CUTE_HOST_DEVICE static size_t partial_bytes(int row_blocks, int stages, int cols, int tile_m) {
     return size_t(row_blocks) * stages * slot_words(cols, tile_m) * sizeof(uint64_t);
   }
@@ -229,6 +237,7 @@ CUTE_DEVICE void l2_exchange_states(L2Exchange ex, float const (&part)[Rows][W],
       while (detail::ld_acquire_gpu(flags + cc * L2Workspace::kWarps + warp) != tag) {
       }
     __syncwarp();   // every peer's flag seen by some lane: all its partials are visible to the warp
+    COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeSeen);
     if (row < ws.tile_m) {
       // the value halves (little-endian) of word w of block cc: col[2 * (w * word_stride + cc * tile_m)]
       uint32_t const* col = reinterpret_cast<uint32_t const*>(sl.base + row);
@@ -253,10 +262,79 @@ CUTE_DEVICE void l2_exchange_states(L2Exchange ex, float const (&part)[Rows][W],
   COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeComplete + 2 * last);
 }
 
+// Folds the n tagged words p[0], p[stride], ..., p[(n - 1) stride] in order into acc (acc = p[0] first when
+// `first`), 4 loads in flight (8 made ptxas spill in the chained LayerNorm epilogue), re-polling any word whose
+// tag is not yet this launch's.
+template <class Combine>
+CUTE_DEVICE void poll_fold(uint64_t const* p, size_t stride, int n, uint32_t tag, Combine combine, float& acc,
+                           bool first) {
+  constexpr int kBatch = 4;
+  for (int k0 = 0; k0 < n; k0 += kBatch) {
+    uint64_t v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (k0 + k < n) v[k] = detail::ld_relaxed_gpu(p + size_t(k0 + k) * stride);
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (k0 + k < n) {
+        while (uint32_t(v[k] >> 32) != tag) v[k] = detail::ld_relaxed_gpu(p + size_t(k0 + k) * stride);
+        const float x = __uint_as_float(uint32_t(v[k]));
+        acc = first && k0 + k == 0 ? x : combine(acc, x);
+      }
+    }
+  }
+}
+
+// Many column blocks, one word per row: two levels of kGroupCols. Every CTA of group g (column blocks 8g ..
+// 8g + 7) folds its group's partials of its rows, in order, like the one-level poll path; the group's first CTA
+// publishes that group result (tagged, in the slot's group region); then every CTA folds the group results in
+// group order, taking its own group's from its own fold (bit-identical to the published one: same inputs, same
+// order). Every CTA of the row block thus gets the same bits, and the critical path is two short exchanges of
+// at most 8 loads each instead of C loads per row: at C = 64 the flat read of 64 values took ~11 us, about one
+// loaded L2 round trip (~1 us) per 8 loads in flight, relaxed or plain loads alike (docs/PERF.md, ninth session).
+// Progress: a group's first CTA waits only for its group's publishes, which wait for nothing.
+template <int Rows, class RowOf, class Combine>
+CUTE_DEVICE void l2_exchange_two_level(L2Exchange const& ex, float const (&part)[Rows], RowOf row_of,
+                                       Combine combine, float scale, float* out) {
+  L2Workspace const& ws = ex.ws;
+  const L2Slot sl = l2_slot(ex);
+  float states[Rows][1];
+#pragma unroll
+  for (int s = 0; s < Rows; ++s) states[s][0] = part[s];
+  l2_publish<1>(ex, states, row_of);
+  COMFUSE_TRACE_MARK(ex.stamps, ex.thread, trace::ExchangeArrived + 2 * ex.stage);
+  const int warp = ex.thread / 32, lane = ex.thread % 32;
+  const int row = (lane / 16) * 64 + warp * 16 + lane % 16;
+  constexpr int kG = L2Workspace::kGroupCols;
+  const int g = ex.col / kG, groups = L2Workspace::groups(ws.cols);
+  uint64_t* group_words = sl.base + size_t(ws.cols) * (ws.tile_m + L2Workspace::kWarps / 2);
+  if (row < ws.tile_m) {
+    float mine = 0.f;   // this group's result of the row
+    const int n = ws.cols - g * kG < kG ? ws.cols - g * kG : kG;
+    poll_fold(sl.base + size_t(g * kG) * ws.tile_m + row, size_t(ws.tile_m), n, ex.tag, combine, mine, true);
+    if (ex.col % kG == 0)
+      detail::st_relaxed_gpu(group_words + size_t(g) * ws.tile_m + row, (uint64_t(ex.tag) << 32) | __float_as_uint(mine));
+    COMFUSE_TRACE_MARK(ex.stamps, ex.thread, trace::ExchangeSeen);
+    float acc = 0.f;
+    if (g > 0) poll_fold(group_words + row, size_t(ws.tile_m), g, ex.tag, combine, acc, true);
+    acc = g > 0 ? combine(acc, mine) : mine;
+    if (g + 1 < groups)
+      poll_fold(group_words + size_t(g + 1) * ws.tile_m + row, size_t(ws.tile_m), groups - g - 1, ex.tag, combine,
+                acc, false);
+    out[row] = acc * scale;
+  }
+  COMFUSE_TRACE_MARK(ex.stamps, ex.thread, trace::ExchangeComplete + 2 * ex.stage);
+  __syncwarp();
+}
+
 // One float per row combined by an associative operator (sum / max / min); out[row] = result * scale.
 template <int Rows, class RowOf, class Combine>
 CUTE_DEVICE void l2_exchange(L2Exchange ex, float const (&part)[Rows], RowOf row_of, Combine combine, float scale,
                              float* out) {
+  if (ex.ws.cols > L2Workspace::kPollCols) {
+    l2_exchange_two_level(ex, part, row_of, combine, scale, out);
+    return;
+  }
   float states[Rows][1];
 #pragma unroll
   for (int s = 0; s < Rows; ++s) states[s][0] = part[s];
