@@ -79,7 +79,8 @@ done
 t0=$(date +%s)
 # a case is NAME or NAME@on / NAME@off (--merge-ab): the graph's .cf is NAME's
 merge_flag() { case "$1" in *@on) echo "--merge on" ;; *@off) echo "--merge off" ;; esac; }
-for c in "${cases[@]}"; do echo "$c $(merge_flag "$c")"; done |
+# (no trailing blank on a line: xargs -L would join it with the next, and every graph then went to one aot call)
+for c in "${cases[@]}"; do f="$(merge_flag "$c")"; echo "$c${f:+ $f}"; done |
   xargs -P "$jobs" -L 1 sh -c 'o="$1"; c="$2"; shift 2; "$0" aot "$o/cf/${c%@*}.cf" -o "$o/aot/$c" "$@" > "$o/logs/$c.aot.log" 2>&1 ||
     echo "aot failed: $c"' "$cli" "$OUT"
 t1=$(date +%s)
