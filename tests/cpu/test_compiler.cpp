@@ -77,6 +77,27 @@ TEST(Compiler, RegionsNoKernelCanServeRunOnThePlainPath) {
   fs::remove_all(d);
 }
 
+TEST(Compiler, TheManifestRecordsTheTileInputForm) {
+  // "tiles" / "tiles_sr" / "tiles_rr": the form the planner picked (KernelConfig::tile_input), checked on load like
+  // the rest of the config (fake libraries: nothing is run)
+  fs::path d = temp_dir("tiles");
+  Graph g = small("softmax");   // no [rows, N] input: nothing to stage
+  Partition p = partition(g);
+  std::string name = generate_kernel(p.regions[0].spec).name;
+  std::ofstream(d / (name + ".so")) << "x";
+  auto load_with = [&](const std::string& field) {
+    std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so l2 128 128 64 1 1 " + field + "\n";
+    return message_of<CompileError>([&] { Compiler().load(g, d.string()); });
+  };
+  EXPECT_EQ(load_with("tiles"), "(no exception)");
+  std::string why = load_with("tiles_sr");
+  EXPECT_NE(why.find("cannot take its config"), std::string::npos) << why;
+  EXPECT_NE(why.find("cannot be staged"), std::string::npos) << why;
+  why = load_with("tiles_xx");
+  EXPECT_NE(why.find("bad schedule or field 'tiles_xx'"), std::string::npos) << why;
+  fs::remove_all(d);
+}
+
 TEST(Compiler, SaysWhereHeadersAreMissing) {
   CompilerOptions o;
   o.kernel_dir = "/nonexistent/kernels";
