@@ -715,6 +715,9 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     << " stage(s); tile " << cfg.tile_m << "x" << cfg.tile_n << "x" << cfg.tile_k << ", cluster " << cfg.cluster_m
     << "x" << cfg.cluster_n << (cfg.cooperative ? ", cooperative" : "")
     << (cfg.merged ? ", reduction pairs merged" : "") << "\n";
+  if (psi.form() != TileInputForm::Registers)
+    o << "// tile inputs " << (psi.form() == TileInputForm::Staged ? "staged in SMEM" : "through the tile ring")
+      << (cfg.tile_input ? " (the planner's measured choice)" : " (Psi's K rule)") << "\n";
   // Shapes are written with "rows" for M: the source - and so the JIT's cache key - does not depend on the
   // batch size, which the kernel takes at run time.
   const std::string n_str = std::to_string(fs.gemm.n);
