@@ -14,6 +14,8 @@
 //             CTAs' first mainloop starts and of their last epilogue ends
 //   ctas      first CTA's first instruction to the last CTA's end (traced - ctas: the launch itself); prologue:
 //             a CTA's first instruction to its first mainloop; exit: the last epilogue's end to the last CTA's end
+// The first two columns (us: the median of 11, traced: with the timeline on) time ONE launch between two events:
+// launch latency included and L2 warm, so they are not comparable with comfuse_gpu_bench's back-to-back batches.
 //
 // Usage: comfuse_gpu_trace [--shape M,K,N]... [--filter SUBSTRING]
 #include <algorithm>
