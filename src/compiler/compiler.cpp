@@ -365,12 +365,16 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
     KernelConfig& c = k.config;
     if (!(ls >> c.tile_m >> c.tile_n >> c.tile_k >> c.cluster_m >> c.cluster_n))
       throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
+    // "tiles" + the form's config suffix, as save() writes it
+    auto tiles_form = [](const std::string& t) -> std::optional<TileInputForm> {
+      for (TileInputForm f : {TileInputForm::Registers, TileInputForm::Staged, TileInputForm::Ring})
+        if (t == std::string("tiles") + tile_input_suffix(f)) return f;
+      return std::nullopt;
+    };
     for (std::string t; ls >> t;) {
       if (t == "coop") c.cooperative = true;
       else if (t == "merged") c.merged = true;
-      else if (t == "tiles") c.tile_input = TileInputForm::Registers;
-      else if (t == "tiles_sr") c.tile_input = TileInputForm::Staged;
-      else if (t == "tiles_rr") c.tile_input = TileInputForm::Ring;
+      else if (auto f = tiles_form(t)) c.tile_input = f;
       else if (t.rfind("key=", 0) == 0) k.key = t.substr(4);
       else throw CompileError(dir + "/manifest.txt: bad schedule or field '" + t + "' in '" + line + "'");
     }

@@ -180,6 +180,7 @@ int main(int argc, char** argv) {
       int cols = (s.N + inst.tn - 1) / inst.tn;
       for (int c = 0; c < ctas; ++c) {
         std::vector<std::pair<double, double>> mls;
+        double f = 1e300, l = 0;
         for (int g = 0; g < 2; ++g)
           for (int it = 0; it < tr::kMaxIters; ++it) {
             tr::Stamp const* e = at(c, g, it);
@@ -193,6 +194,8 @@ int main(int argc, char** argv) {
             }
             if (e[tr::SmemReady].clock) sm.push_back(d(e, e[tr::FinishEnd].clock ? tr::FinishEnd : tr::EpiStart, tr::SmemReady));
             mls.push_back({double(e[tr::MlStart].clock), double(e[tr::MlEnd].clock)});
+            f = std::min(f, double(e[tr::MlStart].global_ns));   // the CTA's first mainloop start, last epilogue end
+            l = std::max(l, double(e[tr::EpiEnd].global_ns));
             int prev = tr::SmemReady;
             for (int st = 0; st < 5; ++st) {
               int v = tr::StageVisited + 2 * st, en = tr::StageEnded + 2 * st;
@@ -215,14 +218,6 @@ int main(int argc, char** argv) {
               xwait[r].push_back(d(e, a, b));
               arrivals[{rb, r}].push_back({double(e[a].global_ns), double(e[b].global_ns)});
             }
-          }
-        double f = 1e300, l = 0;
-        for (int g = 0; g < 2; ++g)
-          for (int it = 0; it < tr::kMaxIters; ++it) {
-            tr::Stamp const* e = at(c, g, it);
-            if (!valid(e)) continue;
-            f = std::min(f, double(e[tr::MlStart].global_ns));
-            l = std::max(l, double(e[tr::EpiEnd].global_ns));
           }
         if (tr::Stamp const* z = at(c, 0, 0); z[tr::KernelEntry].global_ns && z[tr::KernelExit].global_ns && l > 0) {
           entry_lo = std::min(entry_lo, double(z[tr::KernelEntry].global_ns));

@@ -161,6 +161,41 @@ CUTE_DEVICE void l2_publish(L2Exchange const& ex, float const (&part)[Rows][W], 
   }
 }
 
+// Folds n tagged states in order into acc: state k's word w is at p + k * stride + w * word_stride. With `first`,
+// acc starts as state 0 and fold(acc, x, k) takes the others; else fold takes all of them. Batch states are in
+// flight together (registers: a tile is live; more made ptxas spill in the chained LayerNorm epilogue); any word
+// whose tag is not yet this launch's is re-polled.
+template <int W, int Batch, class Fold>
+CUTE_DEVICE void poll_fold(uint64_t const* p, size_t word_stride, size_t stride, int n, uint32_t tag, Fold fold,
+                           float (&acc)[W], bool first) {
+  for (int c0 = 0; c0 < n; c0 += Batch) {
+    uint64_t v[Batch][W];
+#pragma unroll
+    for (int k = 0; k < Batch; ++k)
+      if (c0 + k < n)
+#pragma unroll
+        for (int w = 0; w < W; ++w) v[k][w] = detail::ld_relaxed_gpu(p + w * word_stride + size_t(c0 + k) * stride);
+#pragma unroll
+    for (int k = 0; k < Batch; ++k) {
+      if (c0 + k < n) {
+        float x[W];
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          while (uint32_t(v[k][w] >> 32) != tag)
+            v[k][w] = detail::ld_relaxed_gpu(p + w * word_stride + size_t(c0 + k) * stride);
+          x[w] = __uint_as_float(uint32_t(v[k][w]));
+        }
+        if (first && c0 + k == 0) {
+#pragma unroll
+          for (int w = 0; w < W; ++w) acc[w] = x[w];
+        } else {
+          fold(acc, x, c0 + k);
+        }
+      }
+    }
+  }
+}
+
 // Step 2, polling the partials' own tags: lane l of warp w loads the C states of its row (l / 16) * 64 + 16 w +
 // l % 16, Batch blocks in flight (default: as many as 4 words; a split-phase finish, whose peers have long
 // published, takes more at once), re-polls any word whose tag is not yet this launch's, folds them in column-block
@@ -173,35 +208,8 @@ CUTE_DEVICE void l2_collect(L2Exchange const& ex, Fold fold, Finish finish) {
   const int row = (lane / 16) * 64 + warp * 16 + lane % 16;
   const uint32_t tag = ex.tag;
   if (row < ex.ws.tile_m) {
-    uint64_t const* col = sl.base + row;
     float acc[W];
-    constexpr int kBatch = Batch;   // blocks of a row in flight together (registers: a tile is live)
-    for (int c0 = 0; c0 < ex.ws.cols; c0 += kBatch) {
-      uint64_t v[kBatch][W];
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k)
-        if (c0 + k < ex.ws.cols)
-#pragma unroll
-          for (int w = 0; w < W; ++w) v[k][w] = detail::ld_relaxed_gpu(col + w * sl.word_stride + size_t(c0 + k) * ex.ws.tile_m);
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        if (c0 + k < ex.ws.cols) {
-          float x[W];
-#pragma unroll
-          for (int w = 0; w < W; ++w) {
-            while (uint32_t(v[k][w] >> 32) != tag)
-              v[k][w] = detail::ld_relaxed_gpu(col + w * sl.word_stride + size_t(c0 + k) * ex.ws.tile_m);
-            x[w] = __uint_as_float(uint32_t(v[k][w]));
-          }
-          if (c0 + k == 0) {
-#pragma unroll
-            for (int w = 0; w < W; ++w) acc[w] = x[w];
-          } else {
-            fold(acc, x, c0 + k);
-          }
-        }
-      }
-    }
+    poll_fold<W, Batch>(sl.base + row, sl.word_stride, size_t(ex.ws.tile_m), ex.ws.cols, tag, fold, acc, true);
     finish(row, acc);
   }
   __syncwarp();
@@ -262,29 +270,6 @@ CUTE_DEVICE void l2_exchange_states(L2Exchange ex, float const (&part)[Rows][W],
   COMFUSE_TRACE_MARK(stamps, thread, trace::ExchangeComplete + 2 * last);
 }
 
-// Folds the n tagged words p[0], p[stride], ..., p[(n - 1) stride] in order into acc (acc = p[0] first when
-// `first`), 4 loads in flight (8 made ptxas spill in the chained LayerNorm epilogue), re-polling any word whose
-// tag is not yet this launch's.
-template <class Combine>
-CUTE_DEVICE void poll_fold(uint64_t const* p, size_t stride, int n, uint32_t tag, Combine combine, float& acc,
-                           bool first) {
-  constexpr int kBatch = 4;
-  for (int k0 = 0; k0 < n; k0 += kBatch) {
-    uint64_t v[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k)
-      if (k0 + k < n) v[k] = detail::ld_relaxed_gpu(p + size_t(k0 + k) * stride);
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      if (k0 + k < n) {
-        while (uint32_t(v[k] >> 32) != tag) v[k] = detail::ld_relaxed_gpu(p + size_t(k0 + k) * stride);
-        const float x = __uint_as_float(uint32_t(v[k]));
-        acc = first && k0 + k == 0 ? x : combine(acc, x);
-      }
-    }
-  }
-}
-
 // Many column blocks, one word per row: two levels of kGroupCols. Every CTA of group g (column blocks 8g ..
 // 8g + 7) folds its group's partials of its rows, in order, like the one-level poll path; the group's first CTA
 // publishes that group result (tagged, in the slot's group region); then every CTA folds the group results in
@@ -308,20 +293,23 @@ CUTE_DEVICE void l2_exchange_two_level(L2Exchange const& ex, float const (&part)
   constexpr int kG = L2Workspace::kGroupCols;
   const int g = ex.col / kG, groups = L2Workspace::groups(ws.cols);
   uint64_t* group_words = sl.base + size_t(ws.cols) * (ws.tile_m + L2Workspace::kWarps / 2);
+  // one-word states, combined by `combine` (the fold's column index does not matter to it)
+  auto fold = [combine](float (&a)[1], float const (&x)[1], int) { a[0] = combine(a[0], x[0]); };
   if (row < ws.tile_m) {
-    float mine = 0.f;   // this group's result of the row
+    float mine[1];   // this group's result of the row
     const int n = ws.cols - g * kG < kG ? ws.cols - g * kG : kG;
-    poll_fold(sl.base + size_t(g * kG) * ws.tile_m + row, size_t(ws.tile_m), n, ex.tag, combine, mine, true);
+    poll_fold<1, 4>(sl.base + size_t(g * kG) * ws.tile_m + row, 0, size_t(ws.tile_m), n, ex.tag, fold, mine, true);
     if (ex.col % kG == 0)
-      detail::st_relaxed_gpu(group_words + size_t(g) * ws.tile_m + row, (uint64_t(ex.tag) << 32) | __float_as_uint(mine));
+      detail::st_relaxed_gpu(group_words + size_t(g) * ws.tile_m + row,
+                             (uint64_t(ex.tag) << 32) | __float_as_uint(mine[0]));
     COMFUSE_TRACE_MARK(ex.stamps, ex.thread, trace::ExchangeSeen);
-    float acc = 0.f;
-    if (g > 0) poll_fold(group_words + row, size_t(ws.tile_m), g, ex.tag, combine, acc, true);
-    acc = g > 0 ? combine(acc, mine) : mine;
+    float acc[1];
+    if (g > 0) poll_fold<1, 4>(group_words + row, 0, size_t(ws.tile_m), g, ex.tag, fold, acc, true);
+    acc[0] = g > 0 ? combine(acc[0], mine[0]) : mine[0];
     if (g + 1 < groups)
-      poll_fold(group_words + size_t(g + 1) * ws.tile_m + row, size_t(ws.tile_m), groups - g - 1, ex.tag, combine,
-                acc, false);
-    out[row] = acc * scale;
+      poll_fold<1, 4>(group_words + size_t(g + 1) * ws.tile_m + row, 0, size_t(ws.tile_m), groups - g - 1, ex.tag,
+                      fold, acc, false);
+    out[row] = acc[0] * scale;
   }
   COMFUSE_TRACE_MARK(ex.stamps, ex.thread, trace::ExchangeComplete + 2 * ex.stage);
   __syncwarp();
