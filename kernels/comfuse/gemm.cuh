@@ -100,22 +100,49 @@ struct GemmKernel {
   static constexpr bool kCarryRegs = kDeferred && epi::CarriesInRegisters<Tree>::value;
   static constexpr int kCarryWords = kCarryRegs ? Cfg::kGroupTileM * Cfg::kTileN / 256 : 1;
   static constexpr int kEpiCopies = kDeferred ? 2 : 1;
-  // Tile inputs copied by the producer warp group's second warp into one CTA-wide ring (TileLoadRing,
-  // epilogue/tile_load_ring.cuh): one buffer of the CTA tile per input, shared by the consumer groups' tiles in turn.
   static constexpr int kRingSlots = epi::RingSlots<Tree>::value;
-  struct NoRing {};
-  using Ring = std::conditional_t<(kRingSlots > 0), epi::TileRing<(kRingSlots > 0 ? kRingSlots : 1), Cfg::kTileM, Cfg::kTileN>, NoRing>;
   static_assert(!(kDeferred && kRingSlots > 0), "split-phase epilogues read tile inputs with TileLoad");
-  static constexpr int kCarveout = int(2 * kEpiCopies * sizeof(EpiStorage) + 2 * sizeof(typename OrderBarrier::SharedStorage) +
-                                       (kRingSlots > 0 ? sizeof(Ring) : 0)) + 64;
-
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  // DSMEM exchange buffers, one per epilogue copy: only a 1 x C cluster (C >= 2) can exchange through DSMEM
+  // (Gemm::can_implement), so an L2-only kernel leaves out their 8 KB per group.
+  static constexpr bool kDsmem = Cfg::kClusterM == 1 && Cfg::kClusterN > 1 &&
+                                 !std::is_void_v<typename epi::DsmemStorageOf<Tree>::type>;
+  struct NoDsmem {};
+  using DsmemStore = std::conditional_t<kDsmem, typename epi::DsmemStorageOf<Tree>::type, NoDsmem>;
+  // SMEM besides the mainloop's stages and the tile ring.
+  static constexpr int kCarveoutBase = int(2 * kEpiCopies * sizeof(EpiStorage) + 2 * sizeof(typename OrderBarrier::SharedStorage) +
+                                           (kDsmem ? 2 * kEpiCopies * sizeof(DsmemStore) : 0)) + 64;
+  template <int Carveout>
+  using MainloopFor = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
       Element, cutlass::layout::RowMajor, 16 / sizeof(Element),
       Element, LayoutBTag, 16 / sizeof(Element),
       float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>,
+      cutlass::gemm::collective::StageCountAutoCarveout<Carveout>,
       KernelTag>::CollectiveOp;
+  template <int Carveout> static constexpr int kStagesFor = int(MainloopFor<Carveout>::DispatchPolicy::Stages);
+
+  // Tile inputs copied by the producer warp group's second warp into one CTA-wide ring (TileLoadRing,
+  // epilogue/tile_load_ring.cuh), shared by the consumer groups' tiles in turn. Its geometry: the tile's two 64-row
+  // halves in three buffers, where that leaves the mainloop as many stages as one buffer of the whole tile does
+  // (PingPong, 128-row tiles: the next tile's first half is loaded before its epilogue starts, which one buffer
+  // could not do at K = 1024); else one buffer of the whole tile.
+  static constexpr int kRingIn = kRingSlots > 0 ? kRingSlots : 1;
+  using RingWhole = epi::TileRing<kRingIn, Cfg::kTileM, Cfg::kTileN>;
+  static constexpr bool kRingHalves = [] {
+    if constexpr (kRingSlots > 0 && !kCooperative && Cfg::kTileM == 128) {
+      using RingHalves = epi::TileRing<kRingIn, Cfg::kTileM, Cfg::kTileN, 2, 3>;
+      return kStagesFor<kCarveoutBase + int(sizeof(RingHalves))> >= kStagesFor<kCarveoutBase + int(sizeof(RingWhole))> &&
+             kStagesFor<kCarveoutBase + int(sizeof(RingHalves))> >= 2;
+    } else {
+      return false;
+    }
+  }();
+  struct NoRing {};
+  using Ring = std::conditional_t<(kRingSlots > 0),
+                                  std::conditional_t<kRingHalves, epi::TileRing<kRingIn, Cfg::kTileM, Cfg::kTileN, 2, 3>, RingWhole>,
+                                  NoRing>;
+  static constexpr int kCarveout = kCarveoutBase + (kRingSlots > 0 ? int(sizeof(Ring)) : 0);
+  using Mainloop = MainloopFor<kCarveout>;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
@@ -132,6 +159,7 @@ struct GemmKernel {
     alignas(16) typename OrderBarrier::SharedStorage order;       // mainloops
     alignas(16) typename OrderBarrier::SharedStorage epi_order;   // epilogues
     alignas(16) EpiStorage epi[2 * kEpiCopies];                      // per consumer group (two: split phase)
+    [[no_unique_address]] DsmemStore dsmem[kDsmem ? 2 * kEpiCopies : 1];   // per epi copy (kDsmem; else no bytes)
     [[no_unique_address]] Ring ring;                                 // tile inputs (kRingSlots > 0; else no bytes)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
@@ -186,7 +214,9 @@ struct GemmKernel {
     OrderBarrier epi_order(ss.epi_order, op);
 
     if (thread_idx == 0) {   // the epilogue's own mbarriers (DSMEM exchange)
-      for (int k = 0; k < 2 * kEpiCopies; ++k) epi::init<Tree>(ss.epi[k]);
+      if constexpr (kDsmem) {
+        for (int k = 0; k < 2 * kEpiCopies; ++k) reduce::dsmem_init(ss.dsmem[k]);
+      }
       if constexpr (kRingSlots > 0) ss.ring.init(kCooperative ? 256 : 128);
       cutlass::arch::fence_barrier_init();
     }
@@ -269,8 +299,17 @@ struct GemmKernel {
 #endif
         return ctx;
       };
-      // This group's epilogue SMEM for its tile iteration `iter` (split phase: alternating copies).
-      auto epi_smem = [&](int iter) -> EpiStorage& { return ss.epi[group * kEpiCopies + iter % kEpiCopies]; };
+      // This group's epilogue SMEM for its tile iteration `iter` (split phase: alternating copies), bound to the
+      // tile context (the root's per-row results; the DSMEM buffers of this copy where the kernel has them).
+      auto epi_smem = [&](epi::TileCtx& c, int iter) -> EpiStorage& {
+        const int k = group * kEpiCopies + iter % kEpiCopies;
+        epi::bind<Tree>(c, ss.epi[k]);
+        if constexpr (kDsmem) {
+          c.dsmem_data = &ss.dsmem[k].data[0][0][0];
+          c.dsmem_full = ss.dsmem[k].full;
+        }
+        return ss.epi[k];
+      };
       // Split phase: the group's scratch slot, and the tile it published but has not finished (-1: none).
       float4* const scratch_slot =
           kDeferred && !kCarryRegs ? reinterpret_cast<float4*>(p.scratch) +
@@ -285,8 +324,7 @@ struct GemmKernel {
         epi::TileCtx pc = tile_ctx(u);
         pc.scratch = scratch_slot;
         pc.trace = turn;
-        epi::bind<Tree>(pc, epi_smem(pc.iter));
-        Tree pt(p.epi, epi_smem(pc.iter), pc);
+        Tree pt(p.epi, epi_smem(pc, pc.iter), pc);
         if constexpr (kCarryRegs) epi::run_epilogue_finish(pt, acc_layout, tCcD, pc, carried);
         else epi::run_epilogue_finish(pt, acc_layout, tCcD, pc);
       };
@@ -297,8 +335,7 @@ struct GemmKernel {
 #ifdef COMFUSE_TRACE
         if (ctx.trace && wg_thread == 0) ctx.trace[trace::TileIndex] = trace::Stamp{(unsigned long long)u, 0ull};
 #endif
-        epi::bind<Tree>(ctx, epi_smem(ctx.iter));
-        Tree tree(p.epi, epi_smem(ctx.iter), ctx);
+        Tree tree(p.epi, epi_smem(ctx, ctx.iter), ctx);
         if constexpr (kRingSlots > 0) {   // group 0's first tree published the ring's inputs: hand them to the loader
           if (ctx.ring_publish) asm volatile("bar.sync %0, 160;\n" ::"r"(epi::kRingArgsBarrier) : "memory");
         }

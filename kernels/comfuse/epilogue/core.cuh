@@ -67,11 +67,14 @@ struct TileCtx {
   trace::Stamp* trace = nullptr;  // this tile's timeline (COMFUSE_TRACE builds only, trace.cuh)
   // Tile inputs the producer's loader warp copies into the CTA's ring (TileLoadRing, tile_load_ring.cuh); the
   // kernel sets these per tile (TileRing::bind):
-  uint32_t ring_tile = 0;          // SMEM address of this tile's ring buffer (input slot 0)
+  // The tile's rows may come in two parts (rows 0-63 and 64-127 of a 128-row PingPong tile) in separate buffers,
+  // each with its own barriers; with one part, index 1 repeats index 0.
+  uint32_t ring_tile[2] = {0, 0};  // part p's buffer (input slot 0), as the address tile row 0 would have
   int ring_slot_bytes = 0;         // bytes per input slot, and per row
   int ring_pitch = 0;
-  uint32_t ring_full = 0, ring_empty = 0;   // SMEM addresses of the buffer's mbarriers
-  uint32_t ring_parity = 0;        // the phase parity of `full` for this tile
+  uint32_t ring_full[2] = {0, 0}, ring_empty[2] = {0, 0};   // SMEM addresses of the parts' mbarriers
+  uint32_t ring_parity = 0;        // bit p: the phase parity of part p's `full` for this tile
+  bool ring_split = false;         // two parts
   int ring_row0 = 0;               // this group's first row in the ring's CTA tile (Cooperative group 1: 64)
   RingArgs* ring_args = nullptr;   // where the nodes publish their inputs for the loader (once)
   bool ring_publish = false;       // this tree publishes them (group 0's first tile)
@@ -236,14 +239,12 @@ struct HasBind<Node, std::void_t<decltype(Node::bind(std::declval<TileCtx&>(), s
 template <class Node> CUTE_DEVICE void bind(TileCtx& c, typename Node::SharedStorage& s) {
   if constexpr (HasBind<Node>::value) Node::bind(c, s);
 }
-// init(smem): one thread initializes a root's SMEM objects (mbarriers) before the kernel-wide barrier.
-template <class Node, class = void> struct HasInit : std::false_type {};
-template <class Node>
-struct HasInit<Node, std::void_t<decltype(Node::init(std::declval<typename Node::SharedStorage&>()))>>
-    : std::true_type {};
-template <class Node> CUTE_DEVICE void init(typename Node::SharedStorage& s) {
-  if constexpr (HasInit<Node>::value) Node::init(s);
-}
+// The DSMEM exchange buffers a root exchanges through where the kernel's cluster allows it (StageStream's
+// DsmemStorage; void: the tree does not reduce). The kernel holds them (gemm.cuh), not the tree's SharedStorage.
+template <class Node, class = void> struct DsmemStorageOf { using type = void; };
+template <class Node> struct DsmemStorageOf<Node, std::void_t<typename Node::DsmemStorage>> {
+  using type = typename Node::DsmemStorage;
+};
 // Input slots of the CTA's tile ring a tree reads (TileLoadRing<T, Slot>: Slot + 1; the largest over the tree).
 template <class Node, class = void> struct RingSlots : std::integral_constant<int, 0> {};
 template <class Node>

@@ -519,8 +519,11 @@ struct StageStream {
   struct SharedStorage {
     typename Root::SharedStorage root;
     alignas(16) float results[kMaxReductions * kMaxTileM];
-    reduce::DsmemBuffers<DsmemCols> dsmem;
   };
+  // The DSMEM exchange's buffers (8 KB per group at 8 columns) are the kernel's, not the tree's: only a kernel
+  // with a 1 x C cluster can exchange through DSMEM, and an L2-only kernel gives those bytes to its mainloop
+  // stages or its tile ring (gemm.cuh, kDsmem).
+  using DsmemStorage = reduce::DsmemBuffers<DsmemCols>;
   static constexpr int kReductions = CountReduce<Root>::count;
   static_assert(kReductions >= 1 && CountReduce<Root>::max_id == kReductions - 1,
                 "reduction ids must be 0 .. (number of reductions - 1)");
@@ -544,16 +547,13 @@ struct StageStream {
   Root root;
   // Called by the kernel before the tree is built (epi::bind): the per-row results live in this group's
   // SMEM. (Keeping a TileCtx copy in the tree instead would make the nodes reference a member, and put the
-  // whole tree - accumulator-sized arrays included - in local memory.)
+  // whole tree - accumulator-sized arrays included - in local memory.) The kernel sets the DSMEM buffers.
   CUTE_DEVICE static void bind(TileCtx& c, SharedStorage& s) {
     c.row_results = s.results;
     c.exchanges = kReductions;
-    c.dsmem_data = &s.dsmem.data[0][0][0];
-    c.dsmem_full = s.dsmem.full;
     c.dsmem_cols = DsmemCols;
     c.deferred = Deferred;
   }
-  CUTE_DEVICE static void init(SharedStorage& s) { reduce::dsmem_init(s.dsmem); }
   CUTE_DEVICE StageStream(Arguments const& a, SharedStorage& s, TileCtx const& c) : root(a, s.root, c) {}
   CUTE_DEVICE void prefetch() { root.prefetch(); }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(root, f); }

@@ -3,24 +3,27 @@
 //
 // Why (docs/PERF.md, eighth session): read in the epilogue (TileLoad), the tile's loads were the largest stall of
 // the reduction epilogues; staged by the consumers before their mainloop (TileLoadStaged), each consumer group held
-// a padded 128 x 128 tile (70 KB for two groups), which left the mainloop 4 stages instead of 6 (RMSNorm, 128x128). Here
-// the CTA holds one tile per input (Depth buffers, 1 by default): the loader fills it for tile j as soon as tile j - 1's
-// epilogue has read it, about a mainloop before tile j's epilogue starts in PingPong (the other group's mainloop runs
-// in between), and the consumers issue no copies at all. At K = 1024 that mainloop (~6 us) is too short and stage 0
-// waits for its tile; at K = 3072 and 4096 it hides the copy (docs/PERF.md, eighth session, per-tile budget).
+// a padded 128 x 128 tile (70 KB for two groups), which left the mainloop 4 stages instead of 6 (RMSNorm, 128x128).
+// Here the CTA holds its tiles' inputs in a few buffers and the consumers issue no copies at all. With one buffer of
+// the whole tile, the loader fills it for tile j once tile j - 1's epilogue has read it, about a mainloop before tile
+// j's epilogue starts in PingPong; at K = 1024 that mainloop (~6 us) is too short and stage 0 waited for its tile
+// (tenth session). So a 128-row PingPong tile comes in two 64-row parts through three buffers where SMEM allows
+// (gemm.cuh, kRingHalves): tile j + 1's first half loads while tile j's epilogue runs, its second half once tile j's
+// first half is read.
 //
 // Protocol, per CTA (the loader and the consumers walk the same tile sequence j = 0, 1, ..., the CTA's tiles in
-// order; PingPong group g takes the tiles j = g, g + 2, ...):
+// order; PingPong group g takes the tiles j = g, g + 2, ...; part p of tile j is the ring's use u = Parts j + p,
+// in buffer u % Buffers):
 //   - once: group 0 builds its first tile's tree, whose TileLoadRing nodes write their input's pointer and row stride
 //     into the ring (RingArgs), then group 0 and the loader warp meet at named barrier kRingArgsBarrier;
-//   - tile j: the loader waits until buffer j % Depth is free (its `empty` mbarrier: every consumer thread of tile
-//     j - Depth arrives after its last read), zero-fills what lies past M or N, then copies the tile's rows with bulk
-//     copies (cp.async.bulk, one per row and input) that complete on the buffer's `full` mbarrier;
-//   - the consumers wait on tile j's `full` mbarrier (below: one of 2 Depth) before their first read, and arrive on
-//     `empty` after their last (a node is visited in exactly one stage; at the latest at the end of that stage).
-// Progress: the loader's wait for tile j needs only tile j - Depth's stage that reads the input, which waits for
-// nothing but its own `full` phase (and, for a stage after a row exchange, that exchange: its peers' tiles j - Depth,
-// by induction on j), so every tile's input arrives (tile_scheduler.cuh has the exchange's argument).
+//   - use u: the loader waits until its buffer is free (its `empty` mbarrier: every consumer thread of use
+//     u - Buffers arrives after its last read of that part), then copies the part's rows inside [M, N] with bulk copies (cp.async.bulk, one per row and input) that complete on use u's `full` mbarrier;
+//   - the consumers wait on a part's `full` mbarrier (one of 2 Buffers) before their first read of it, and arrive on
+//     its `empty` after their last (a node is visited in exactly one stage; at the latest at the end of that stage).
+// Progress: the loader's wait for use u needs only the reads of use u - Buffers, a part of an earlier tile (Buffers
+// >= Parts), whose stage waits for nothing but the full phases of that tile's parts, loaded before u (and, for a
+// stage after a row exchange, that exchange: its peers' earlier tiles, by induction on j), so every tile's input
+// arrives (tile_scheduler.cuh has the exchange's argument).
 //
 // Layout: rows of 2 * TileN + 16 bytes (16-bit elements), so the 8 rows an ldmatrix reads fall in distinct banks.
 // The tensor must be 16-byte aligned, pointer and row stride (the ABI entry refuses a launch otherwise).
@@ -48,37 +51,55 @@ CUTE_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t& a, uint32_t& b, uint32_t& 
 }
 }  // namespace ring_detail
 
-// The CTA's ring: Depth buffers of Slots input tiles of TileM x TileN 16-bit elements (the CTA tile: both
-// cooperative groups' rows), their mbarriers and the published arguments.
-template <int Slots, int TileM, int TileN, int Depth = 1>
+// The CTA's ring: Buffers buffers, each holding one part (TileM / Parts rows) of the CTA tile of every input slot
+// (Slots inputs of 16-bit elements), their mbarriers and the published arguments. Tile j's part p is the ring's
+// use u = Parts * j + p, in buffer u % Buffers. With one part and one buffer (35 KB for 128x128) the loader can
+// refill only after the tile's last read; with two parts in three buffers (52 KB) the next tile's first half is
+// in SMEM before this tile's epilogue starts, and its second half can load once this tile's first half is read.
+template <int Slots, int TileM, int TileN, int Parts = 1, int Buffers = 1>
 struct TileRing {
   static_assert(Slots >= 1 && Slots <= kMaxRingSlots, "ring inputs");
-  static constexpr int kPitch = 2 * TileN + 16;       // bytes per row
-  static constexpr int kSlotBytes = TileM * kPitch;   // one input's tile
-  static constexpr int kDepth = Depth;
-  alignas(128) uint8_t buf[Depth][Slots][kSlotBytes];
-  // Tile j's copies complete on full[j % (2 Depth)]: with one barrier per buffer, a PingPong group at tile j + 1 could
-  // pass its wait on the phase of tile j - 1 (same parity) while tile j was still loading (the groups' epilogues
-  // overlap). A barrier's phases then are tiles j, j + 2 Depth, ..., and the load of j + 2 Depth waits for tile j
-  // to be read, so no consumer is ever two phases behind.
-  alignas(8) uint64_t full[2 * Depth];
-  uint64_t empty[Depth];
+  static_assert(Parts == 1 || (Parts == 2 && TileM == 128), "two parts: the two 64-row atoms of a 128-row tile");
+  static_assert(Buffers >= Parts, "a tile's parts are in SMEM together");
+  static constexpr int kParts = Parts;
+  static constexpr int kPartRows = TileM / Parts;
+  static constexpr int kPitch = 2 * TileN + 16;           // bytes per row
+  static constexpr int kSlotBytes = kPartRows * kPitch;   // one input's part
+  alignas(128) uint8_t buf[Buffers][Slots][kSlotBytes];
+  // Use u's copies complete on full[u % (2 Buffers)]: with one barrier per buffer, a PingPong group at tile j + 1
+  // could pass its wait on the phase of use u - Buffers (same parity) while u was still loading (the groups'
+  // epilogues overlap). A barrier's phases then are uses u, u + 2 Buffers, ..., and the load of u + 2 Buffers waits
+  // for use u to be read (through u + Buffers' load), so no consumer is ever two phases behind.
+  alignas(8) uint64_t full[2 * Buffers];
+  uint64_t empty[Buffers];
   RingArgs args;
 
   // One thread, before the kernel-wide barrier. `readers`: consumer threads per tile (128 PingPong, 256 Cooperative).
   CUTE_DEVICE void init(int readers) {
-    for (int b = 0; b < 2 * Depth; ++b) mbar::init(cute::cast_smem_ptr_to_uint(&full[b]), 1);
-    for (int b = 0; b < Depth; ++b) mbar::init(cute::cast_smem_ptr_to_uint(&empty[b]), readers);
+    for (int b = 0; b < 2 * Buffers; ++b) mbar::init(cute::cast_smem_ptr_to_uint(&full[b]), 1);
+    for (int b = 0; b < Buffers; ++b) mbar::init(cute::cast_smem_ptr_to_uint(&empty[b]), readers);
   }
-  // The tile context of tile j (the CTA's j-th tile): where its buffer and barriers are.
+  // The tile context of tile j (the CTA's j-th tile): where its parts' buffers and barriers are.
   CUTE_DEVICE void bind(TileCtx& c, int j, int row0) {
-    const int b = j % Depth;
-    c.ring_tile = cute::cast_smem_ptr_to_uint(&buf[b][0][0]);
+    c.ring_parity = 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int p = 0; p < Parts; ++p) {
+      const int u = Parts * j + p;
+      const int b = u % Buffers;
+      c.ring_tile[p] = cute::cast_smem_ptr_to_uint(&buf[b][0][0]) - uint32_t(p * kPartRows * kPitch);
+      c.ring_full[p] = cute::cast_smem_ptr_to_uint(&full[u % (2 * Buffers)]);
+      c.ring_empty[p] = cute::cast_smem_ptr_to_uint(&empty[b]);
+      c.ring_parity |= (uint32_t(u / (2 * Buffers)) & 1u) << p;
+    }
+    if constexpr (Parts == 1) {
+      c.ring_tile[1] = c.ring_tile[0];
+      c.ring_full[1] = c.ring_full[0];
+      c.ring_empty[1] = c.ring_empty[0];
+      c.ring_parity |= c.ring_parity << 1;
+    }
+    c.ring_split = Parts == 2;
     c.ring_slot_bytes = kSlotBytes;
     c.ring_pitch = kPitch;
-    c.ring_full = cute::cast_smem_ptr_to_uint(&full[j % (2 * Depth)]);
-    c.ring_empty = cute::cast_smem_ptr_to_uint(&empty[b]);
-    c.ring_parity = uint32_t(j / (2 * Depth)) & 1u;
     c.ring_row0 = row0;
     c.ring_args = &args;
   }
@@ -96,40 +117,38 @@ struct TileRing {
       ptr[s] = args.ptr[s];
       ld[s] = args.ld[s];
     }
-    int j = 0;
-    for (int u = first; u < total; u += stride, ++j) {
-      const int b = j % Depth;
-      const uint32_t full_bar = cute::cast_smem_ptr_to_uint(&full[j % (2 * Depth)]);
-      if (j >= Depth) mbar::wait(cute::cast_smem_ptr_to_uint(&empty[b]), uint32_t(j / Depth - 1) & 1u);
+    int u = 0;   // the ring's use: part p of the CTA's j-th tile
+    for (int t = first; t < total; t += stride) {
       int m0, n0;
-      tile(u, m0, n0);
-      const int rows = M - m0 < TileM ? (M - m0 > 0 ? M - m0 : 0) : TileM;
+      tile(t, m0, n0);
       const int cols = N - n0 < TileN ? (N - n0 > 0 ? N - n0 : 0) : TileN;   // a multiple of 8: 16-byte rows
-      const int row_bytes = cols > 0 && rows > 0 ? 2 * cols : 0;
-      if (rows < TileM || cols < TileN) {   // edge tile: zeros where no copy lands (visits past M, N read 0)
-        CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < Slots; ++s)
-          for (int r = lane; r < TileM; r += 32)
-            for (int x = r < rows ? row_bytes : 0; x < 2 * TileN; x += 16)
-              *reinterpret_cast<uint4*>(&buf[b][s][r * kPitch + x]) = make_uint4(0, 0, 0, 0);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // before later bulk copies to these bytes
-      }
-      __syncwarp();
-      if (lane == 0) {
-        mbar::arrive_expect_tx(full_bar, uint32_t(Slots * rows * row_bytes));
-      }
-      __syncwarp();
-      if (row_bytes > 0) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < Slots; ++s)
-          for (int r = lane; r < rows; r += 32) {
-            char const* src = static_cast<char const*>(ptr[s]) + (int64_t(m0 + r) * ld[s] + n0) * 2;
-            asm volatile(
-                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                    cute::cast_smem_ptr_to_uint(&buf[b][s][r * kPitch])),
-                "l"(src), "r"(row_bytes), "r"(full_bar)
-                : "memory");
-          }
+      const int row_bytes = 2 * cols;
+      for (int p = 0; p < Parts; ++p, ++u) {
+        const int b = u % Buffers;
+        const uint32_t full_bar = cute::cast_smem_ptr_to_uint(&full[u % (2 * Buffers)]);
+        if (u >= Buffers) mbar::wait(cute::cast_smem_ptr_to_uint(&empty[b]), uint32_t(u / Buffers - 1) & 1u);
+        const int r0 = m0 + p * kPartRows;   // the part's first row
+        const int rows = M - r0 < kPartRows ? (M - r0 > 0 ? M - r0 : 0) : kPartRows;
+        const int bytes = cols > 0 ? row_bytes : 0;
+        // Rows past M and columns past N get no copy: what the buffer holds there is stale, and no result depends
+        // on it (the node's visit says why). No generic-proxy stores into the ring at all: an
+        // earlier version zero-filled them, and a part with nothing to copy then raced with its readers under
+        // compute-sanitizer racecheck and in a 1x2 cluster (tenth session).
+        __syncwarp();
+        if (lane == 0) mbar::arrive_expect_tx(full_bar, uint32_t(Slots * rows * bytes));
+        __syncwarp();
+        if (bytes > 0) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int s = 0; s < Slots; ++s)
+            for (int r = lane; r < rows; r += 32) {
+              char const* src = static_cast<char const*>(ptr[s]) + (int64_t(r0 + r) * ld[s] + n0) * 2;
+              asm volatile(
+                  "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                      cute::cast_smem_ptr_to_uint(&buf[b][s][r * kPitch])),
+                  "l"(src), "r"(bytes), "r"(full_bar)
+                  : "memory");
+            }
+        }
       }
     }
   }
@@ -150,58 +169,67 @@ struct TileLoadRing {
   static constexpr bool kUsesSmem = false;   // synchronized by its own mbarriers
   static constexpr int kRingSlots = Slot + 1;
 
-  uint32_t tile;     // SMEM address of this input's tile in the buffer
+  uint32_t tile[2];   // SMEM address of this input's slot, per part, as tile row 0 would have it (TileRing::bind)
   uint32_t pitch;
-  uint32_t full, empty, parity;
+  uint32_t full[2], empty[2], parity;
   int row0;
+  bool split;          // two parts: row slots 0, 1 (rows 0-63) and 2, 3 (rows 64-127) come in separate buffers
   uint32_t raw[kMaxRowSlots][kMaxTileN / 8];
   uint32_t rowp[kMaxRowSlots];   // this lane's ldmatrix row address for each row slot (set at column slot 0)
-  int reads_left;                 // ldmatrix reads of the tile still to issue (a constant once the stage is unrolled)
   bool preloaded = false;
-  bool released = false;
 
   CUTE_DEVICE TileLoadRing(Arguments const& a, SharedStorage&, TileCtx const& c)
-      : tile(c.ring_tile + uint32_t(Slot * c.ring_slot_bytes)), pitch(uint32_t(c.ring_pitch)), full(c.ring_full),
-        empty(c.ring_empty), parity(c.ring_parity), row0(c.ring_row0),
-        reads_left((2 * c.tile_m / 64) * (c.tile_n / 32)) {   // row slots x groups of four column blocks
+      : tile{c.ring_tile[0] + uint32_t(Slot * c.ring_slot_bytes), c.ring_tile[1] + uint32_t(Slot * c.ring_slot_bytes)},
+        pitch(uint32_t(c.ring_pitch)), full{c.ring_full[0], c.ring_full[1]}, empty{c.ring_empty[0], c.ring_empty[1]},
+        parity(c.ring_parity), row0(c.ring_row0), split(c.ring_split) {
     if (c.ring_publish && c.thread == 0) {   // group 0's first tile: the loader reads these at kRingArgsBarrier
       c.ring_args->ptr[Slot] = a.ptr;
       c.ring_args->ld[Slot] = a.ld;
     }
   }
   CUTE_DEVICE void prefetch() {}
+  // The part of a row slot (compile-time after unrolling, but for `split`): rows 64-127 are row slots 2 and 3.
+  CUTE_DEVICE int part_of(FragCtx const& f) const { return split && f.row_slot >= 2 ? 1 : 0; }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
-    if (f.index == 0) mbar::wait(full, parity);
+    const int p = part_of(f);
+    // The first read of each part waits for its copies: part 0 at the tile's first fragment, part 1 at the first
+    // fragment of row slot 2 (fragments run row-atom by row-atom, core.cuh frag_ctx).
+    if (f.index == 0) mbar::wait(full[0], parity & 1u);
+    else if (p == 1 && f.row_slot == 2 && f.col_slot == 0) mbar::wait(full[1], (parity >> 1) & 1u);
     const int lane = int(threadIdx.x) % 32;
     if (f.col_slot == 0) {
       // ldmatrix: lane l gives the address of row l % 8 of matrix l / 8 (column block col_slot + l / 8) of the
       // row slot's 8 rows; f.row_l is this lane's row (its quad's), so the 8 rows start at f.row_l - lane / 4.
       const int r = row0 + f.row_l - lane / 4 + lane % 8;
-      rowp[f.row_slot] = tile + uint32_t(r) * pitch + uint32_t(lane / 8) * 16u;
+      rowp[f.row_slot] = (p ? tile[1] : tile[0]) + uint32_t(r) * pitch + uint32_t(lane / 8) * 16u;
     }
     if (f.col_slot % 4 == 0) {
       auto& w = raw[f.row_slot];
       ring_detail::ldmatrix_x4(rowp[f.row_slot] + uint32_t(f.col_slot) * 16u, w[f.col_slot], w[f.col_slot + 1],
                                w[f.col_slot + 2], w[f.col_slot + 3]);
-      // The last read of the tile is issued: release the buffer now rather than at the end of the stage, so the
-      // loader refills it while this stage's visits (and, in a one-stage epilogue, the stores) still run.
-      if (--reads_left == 0) {
-        mbar::arrive(empty);
-        released = true;
-      }
     }
     preloaded = true;
   }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
+    // Past M or N (f.pred false) the buffer holds whatever an earlier tile left there: the loader copies only what
+    // exists. Such values never reach memory or a result: reductions fold them as their identity (a select on
+    // f.pred, reduce.cuh) and stores end at f.lim (store.cuh). Masking them here cost registers (spills).
     if (preloaded) return Elem<T>::from_word(raw[f.row_slot][f.col_slot]);
     // A parent that does not forward preload(): read the fragment's word directly.
-    if (f.index == 0) mbar::wait(full, parity);
-    return Elem<T>::from_word(lds_b32(tile + uint32_t(row0 + f.row_l) * pitch + uint32_t(f.col_l) * 2u));
+    const int p = part_of(f);
+    if (f.index == 0) mbar::wait(full[0], parity & 1u);
+    else if (p == 1 && f.row_slot == 2 && f.col_slot == 0) mbar::wait(full[1], (parity >> 1) & 1u);
+    return Elem<T>::from_word(lds_b32((p ? tile[1] : tile[0]) + uint32_t(row0 + f.row_l) * pitch + uint32_t(f.col_l) * 2u));
   }
-  // The stage that reads the input is over for this thread (direct reads): the loader may refill the buffer once
-  // every reader has arrived.
+  // The stage that reads the input is over for this thread: every value it read has been used, so its reads are
+  // complete, and the loader may refill the buffers once every reader has arrived. (An earlier version arrived on
+  // a buffer's `empty` right after issuing its last ldmatrix, before the values were used: in 1x2 and 2x1 clusters
+  // the loader's next bulk copy then overwrote data still being read, tenth session; the arrive must follow the use.)
   template <int S> CUTE_DEVICE void end_stage(TileCtx const&) {
-    if (!released) mbar::arrive(empty);
+    // The loader refills the buffer with bulk copies (the async proxy): order this thread's reads before them.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    mbar::arrive(empty[0]);
+    if (split) mbar::arrive(empty[1]);
   }
 };
 
