@@ -215,7 +215,8 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
     if no_region and declined:   # e.g. attention: two batched GEMMs, a recognised chain that is not fused yet
         no_region += (f" ({len(declined)} back-to-back chain(s) recognised, not fused: {declined[0].reason})")
     rep.fallback = rep.fallback or dtype_reason(aten_gm) or no_region or device_reason(example_inputs)
-    rep.plans = [C.plan_region(r.spec) for r in rep.regions]
+    # priced as the rewrite stores them (program.planned_spec: handed-on values in their own bf16/f16 dtype)
+    rep.plans = [C.plan_region(program.planned_spec(rep.analysis.part, i)) for i in range(len(rep.regions))]
     if rep.fallback is None:
         dev = next(t.device for t in _tensors(example_inputs) if t.device.type == "cuda")
         why = C.unsupported_device_reason(dev.index or 0)

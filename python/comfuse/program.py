@@ -240,3 +240,33 @@ def analyze(aten_gm: fx.GraphModule, gemm_dtype=C.DType.BF16, max_rounds: int = 
             force[f] = (f"reads '{t}', which is computed outside the region from GEMM '{root}' whose epilogue "
                         f"this would join: fusing it would create a cycle")
     raise RuntimeError("comfuse: could not make the partitioned program acyclic")
+
+
+def planned_spec(part, ri: int):
+    """Region `ri`'s Spec with the output dtypes the rewrite stores (emit.rewrite_keeping_torch, stored_dtypes), for
+    the planner to price: a value the Graph IR hands on in f32 is stored in its own bf16/f16 dtype where every
+    reader rounds to it anyway - torch ops (in the node's dtype), and other regions that take it as a GEMM operand
+    or a tile parameter in that dtype. Priced in f32, such a region looked 2 bytes per element dearer than the
+    kernel it becomes (HF BERT's out-projection and FFN2 + residual + LayerNorm: declined)."""
+    fs = part.regions[ri].spec
+    g = part.graph
+
+    def taken_as(nid: int, dt) -> bool:
+        """Every other region reading value `nid` takes it in dtype `dt`."""
+        for rj, r in enumerate(part.regions):
+            if rj == ri:
+                continue
+            s = r.spec
+            if nid in (s.gemm.a, s.gemm.b) and s.gemm.dtype != dt:
+                return False
+            if any(p.node == nid and p.dtype != dt for p in s.params):
+                return False
+        return True
+
+    narrow = (C.DType.BF16, C.DType.F16)
+    dts = []
+    for o in fs.outputs:
+        own = g.node(o.node).dtype
+        keep = o.dtype != C.DType.F32 or o.per_row or own not in narrow or not taken_as(o.node, own)
+        dts.append(o.dtype if keep else own)
+    return fs if dts == [o.dtype for o in fs.outputs] else fs.with_output_dtypes(dts)

@@ -6,6 +6,7 @@ import sys
 import torch
 
 from .backend import GraphReport, analyze_graph
+from .program import planned_spec
 
 
 def _shape(n) -> str:
@@ -72,7 +73,7 @@ def report_text(rep: GraphReport) -> str:
         o.append("  (nothing)")
     # the planner's decision per region, from the measurements compiled into the library (src/plan/)
     o.append("plan (from the measured table; a declined region runs unfused):")
-    plans = rep.plans or [C.plan_region(r.spec) for r in part.regions]
+    plans = rep.plans or [C.plan_region(planned_spec(part, i)) for i in range(len(part.regions))]
     for i, p in enumerate(plans):
         o.append(f"  region {i}: {'fuse' if p.fuse else 'declined'}: {p.reason}")
     if not plans:
