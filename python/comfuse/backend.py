@@ -353,15 +353,35 @@ def time_region_on_gpu(key: str) -> tuple[float, float]:
     return _time_us(lambda: ops._run_gpu(key, [a, b, *params])), _time_us(lambda: torch.matmul(a, bt))
 
 
-def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu) -> set:
+# Host time of one comfuse::fused_region call beyond the launches it replaces (Inductor's GEMM and its epilogue
+# pass): 25-45 us per call on the H200 machines, kernel excluded (docs/PERF.md), less ~10 us for those two launches.
+# Outside a CUDA graph a model of short kernels waits for it: HF BERT-base (32 x 256) ran 0.80x Inductor default
+# with 24 fused regions whose kernels beat the GEMM and a pass by 1-30 us each, and 1.09x in reduce-overhead.
+HOST_US_PER_CALL = 20.0
+
+
+def host_us_per_call(graphed: bool | None = None) -> float:
+    """What a fused region must win back on the host: HOST_US_PER_CALL (the COMFUSE_HOST_US environment variable
+    overrides it), or 0 where the graph runs as a CUDA graph (mode="reduce-overhead": nothing is issued per call).
+    `graphed` None: Inductor's config in effect says (the post-grad pass runs inside the compile's patches)."""
+    if graphed is None:
+        graphed = bool(torch._inductor.config.triton.cudagraphs)
+    return 0.0 if graphed else float(os.environ.get("COMFUSE_HOST_US", HOST_US_PER_CALL))
+
+
+def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu, host_us: float | None = None) -> set:
     """The planner's choice checked on this GPU at the graph's own shapes: each fused region's kernel is timed
     against the cuBLAS GEMM of its shape (torch.matmul) plus the memory-bound pass Inductor would run for the
     epilogue (a GEMM with at most a bias: none, cuBLAS adds it). The planner reads a table measured at other
     shapes and on other epilogues, and its estimate can miss by tens of percent (GPT-2's c_proj + residual +
     LayerNorm: ~67 us predicted, ~100 us in the model), so a region the GPU shows slower is not fused.
-    Returns the regions that lost; each region's times are logged. One timing per distinct kernel and shape
-    (~10 ms each). `timer(key) -> (fused us, GEMM us)`."""
+    Outside a CUDA graph the kernel must also win back the call's host time (`host_us`, default
+    host_us_per_call()). Returns the regions that lost; each region's times are logged. One timing per distinct
+    kernel and shape (~10 ms each). `timer(key) -> (fused us, GEMM us)`."""
     from . import ops
+
+    if host_us is None:
+        host_us = host_us_per_call()
 
     by_gemm = {rep.regions[ri].spec.gemm.node: ri for ri in fuse}
     done: dict = {}
@@ -384,9 +404,10 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu)
                 fused_us, gemm_us = float("inf"), 0.0
             done[sig] = (fused_us, gemm_us, rep.plans[ri].pass_us)   # the planner's pass (none: cuBLAS alone)
         fused_us, gemm_us, pass_us = done[sig]
-        keep = fused_us <= gemm_us + pass_us
-        log.info("comfuse: graph %d region %d: on this GPU the kernel takes %.1f us, the cuBLAS GEMM %.1f us (+ an "
-                 "epilogue pass ~%.1f us): %s", rep.index, ri, fused_us, gemm_us, pass_us,
+        keep = fused_us + host_us <= gemm_us + pass_us
+        log.info("comfuse: graph %d region %d: on this GPU the kernel takes %.1f us%s, the cuBLAS GEMM %.1f us (+ an "
+                 "epilogue pass ~%.1f us): %s", rep.index, ri, fused_us,
+                 f" (+ ~{host_us:.0f} us of host time per call, no CUDA graph)" if host_us else "", gemm_us, pass_us,
                  "fused" if keep else "not fused (slower than the GEMM and a separate pass)")
         if not keep:
             lost.add(ri)
@@ -399,11 +420,12 @@ def measuring(fuse_all: bool) -> bool:
     return not fuse_all and os.environ.get("COMFUSE_MEASURE", "1") != "0" and torch.cuda.is_available()
 
 
-def drop_measured_losers(rep: GraphReport, fuse: set, target, rewrite, timer=time_region_on_gpu):
+def drop_measured_losers(rep: GraphReport, fuse: set, target, rewrite, timer=time_region_on_gpu,
+                         host_us: float | None = None):
     """(fuse, target) with the regions the GPU shows slower (measure_fused) left to torch: the graph rewritten
     without them by `rewrite(fuse)`, whose kernels are those already compiled (cache hits). target is None
     when no region is left."""
-    lost = measure_fused(rep, target, fuse, timer)
+    lost = measure_fused(rep, target, fuse, timer, host_us)
     if not lost:
         return fuse, target
     fuse = fuse - lost
@@ -413,7 +435,8 @@ def drop_measured_losers(rep: GraphReport, fuse: set, target, rewrite, timer=tim
     return fuse, target
 
 
-def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: str = "keep"):
+def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: str = "keep",
+                  graphed: bool = False):
     """The rewritten graph with the planner's fused regions (with `fuse_all`, also those declined for speed
     only) as comfuse::fused_region calls, their kernels compiled now; `gm` on failure."""
     fuse = fused_set(rep, fuse_all)
@@ -427,7 +450,8 @@ def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: 
     if not prepare_kernels(rep, target):
         return gm
     if measuring(fuse_all):
-        fuse, target = drop_measured_losers(rep, fuse, target, lambda f: _rewrite(rep, f, ctas, how))
+        fuse, target = drop_measured_losers(rep, fuse, target, lambda f: _rewrite(rep, f, ctas, how),
+                                            host_us=host_us_per_call(graphed))
         if target is None:
             return gm
     log.info("comfuse: graph %d: %d region(s) run as ComFuse kernels", rep.index, len(fuse))
@@ -489,7 +513,9 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
 
     target = gm
     if rep.fallback is None and not reference:
-        target = _with_kernels(rep, gm, ctas, fuse == "all", how)
+        graphed = runner == "inductor" and (mode == "reduce-overhead" or
+                                            bool((inductor_opts or {}).get("triton.cudagraphs")))
+        target = _with_kernels(rep, gm, ctas, fuse == "all", how, graphed)
     elif (reference and rep.analysis is not None and rep.regions and
             all(t.device.type == "cpu" for t in _tensors(example_inputs)) and
             not (rep.fallback or "").startswith("graph needs gradients")):
