@@ -301,7 +301,7 @@ struct GemmKernel {
       };
       // This group's epilogue SMEM for its tile iteration `iter` (split phase: alternating copies), bound to the
       // tile context (the root's per-row results; the DSMEM buffers of this copy where the kernel has them).
-      auto epi_smem = [&](epi::TileCtx& c, int iter) -> EpiStorage& {
+      auto bound_epi_smem = [&](epi::TileCtx& c, int iter) -> EpiStorage& {
         const int k = group * kEpiCopies + iter % kEpiCopies;
         epi::bind<Tree>(c, ss.epi[k]);
         if constexpr (kDsmem) {
@@ -324,7 +324,7 @@ struct GemmKernel {
         epi::TileCtx pc = tile_ctx(u);
         pc.scratch = scratch_slot;
         pc.trace = turn;
-        Tree pt(p.epi, epi_smem(pc, pc.iter), pc);
+        Tree pt(p.epi, bound_epi_smem(pc, pc.iter), pc);
         if constexpr (kCarryRegs) epi::run_epilogue_finish(pt, acc_layout, tCcD, pc, carried);
         else epi::run_epilogue_finish(pt, acc_layout, tCcD, pc);
       };
@@ -335,7 +335,7 @@ struct GemmKernel {
 #ifdef COMFUSE_TRACE
         if (ctx.trace && wg_thread == 0) ctx.trace[trace::TileIndex] = trace::Stamp{(unsigned long long)u, 0ull};
 #endif
-        Tree tree(p.epi, epi_smem(ctx, ctx.iter), ctx);
+        Tree tree(p.epi, bound_epi_smem(ctx, ctx.iter), ctx);
         if constexpr (kRingSlots > 0) {   // group 0's first tree published the ring's inputs: hand them to the loader
           if (ctx.ring_publish) asm volatile("bar.sync %0, 160;\n" ::"r"(epi::kRingArgsBarrier) : "memory");
         }

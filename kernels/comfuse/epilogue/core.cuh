@@ -57,7 +57,7 @@ struct TileCtx {
   int exchanges = 0;               // reductions per tile (set by StageStream)
   int exchange_ctas = 1;           // DSMEM: CTAs of the cluster (= the row block) and this CTA's rank in it
   int exchange_rank = 0;
-  float4* dsmem_data = nullptr;    // DSMEM buffers of this group (set by StageStream)
+  float4* dsmem_data = nullptr;    // DSMEM buffers of this group (set by the kernel where its cluster is 1 x C)
   uint64_t* dsmem_full = nullptr;
   int dsmem_cols = 0;
   // Split-phase epilogues (StageStream<.., Deferred = true>, reduce.cuh): the reduction publishes its partials
