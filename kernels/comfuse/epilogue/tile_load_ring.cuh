@@ -8,8 +8,8 @@
 // the whole tile, the loader fills it for tile j once tile j - 1's epilogue has read it, about a mainloop before tile
 // j's epilogue starts in PingPong; at K = 1024 that mainloop (~6 us) is too short and stage 0 waited for its tile
 // (tenth session). So a 128-row PingPong tile comes in two 64-row parts through three buffers where SMEM allows
-// (gemm.cuh, kRingHalves): tile j + 1's first half loads while tile j's epilogue runs, its second half once tile j's
-// first half is read.
+// (gemm.cuh, kRingHalves): tile j + 1's first half loads before tile j's epilogue (once tile j - 1 has been read), its
+// second half once tile j's epilogue has finished the stage that reads the input.
 //
 // Protocol, per CTA (the loader and the consumers walk the same tile sequence j = 0, 1, ..., the CTA's tiles in
 // order; PingPong group g takes the tiles j = g, g + 2, ...; part p of tile j is the ring's use u = Parts j + p,
@@ -55,7 +55,7 @@ CUTE_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t& a, uint32_t& b, uint32_t& 
 // (Slots inputs of 16-bit elements), their mbarriers and the published arguments. Tile j's part p is the ring's
 // use u = Parts * j + p, in buffer u % Buffers. With one part and one buffer (35 KB for 128x128) the loader can
 // refill only after the tile's last read; with two parts in three buffers (52 KB) the next tile's first half is
-// in SMEM before this tile's epilogue starts, and its second half can load once this tile's first half is read.
+// in SMEM before this tile's epilogue starts, and its second half can load once this tile's reading stage is over.
 template <int Slots, int TileM, int TileN, int Parts = 1, int Buffers = 1>
 struct TileRing {
   static_assert(Slots >= 1 && Slots <= kMaxRingSlots, "ring inputs");
