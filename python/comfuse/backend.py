@@ -366,7 +366,14 @@ def host_us_per_call(graphed: bool | None = None) -> float:
     `graphed` None: Inductor's config in effect says (the post-grad pass runs inside the compile's patches)."""
     if graphed is None:
         graphed = bool(torch._inductor.config.triton.cudagraphs)
-    return 0.0 if graphed else float(os.environ.get("COMFUSE_HOST_US", HOST_US_PER_CALL))
+    if graphed:
+        return 0.0
+    given = os.environ.get("COMFUSE_HOST_US")
+    try:
+        return HOST_US_PER_CALL if given is None else max(0.0, float(given))
+    except ValueError:
+        log.warning("comfuse: COMFUSE_HOST_US=%r is not a number of microseconds; using %.0f", given, HOST_US_PER_CALL)
+        return HOST_US_PER_CALL
 
 
 def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu, host_us: float | None = None) -> set:
@@ -408,7 +415,8 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
         log.info("comfuse: graph %d region %d: on this GPU the kernel takes %.1f us%s, the cuBLAS GEMM %.1f us (+ an "
                  "epilogue pass ~%.1f us): %s", rep.index, ri, fused_us,
                  f" (+ ~{host_us:.0f} us of host time per call, no CUDA graph)" if host_us else "", gemm_us, pass_us,
-                 "fused" if keep else "not fused (slower than the GEMM and a separate pass)")
+                 "fused" if keep else "not fused (slower than the GEMM and a separate pass)"
+                 if fused_us > gemm_us + pass_us else "not fused (what it saves does not cover the call's host time)")
         if not keep:
             lost.add(ri)
     return lost

@@ -623,7 +623,8 @@ def test_outside_a_cuda_graph_a_region_must_win_back_its_host_time(monkeypatch, 
         kept, none = backend.drop_measured_losers(rep, fuse, target, prog.rewrite_keeping_torch, timer,
                                                   host_us=backend.host_us_per_call(graphed=False))
     assert kept == set() and none is None
-    assert any("of host time per call, no CUDA graph" in r.getMessage() for r in caplog.records)
+    assert any("of host time per call, no CUDA graph" in r.getMessage() and "does not cover the call's host time"
+               in r.getMessage() for r in caplog.records)
     # the default reads Inductor's config in effect (the post-grad pass runs inside the compile's patches)
     with torch._inductor.config.patch({"triton.cudagraphs": True}):
         assert backend.host_us_per_call() == 0.0
@@ -631,3 +632,5 @@ def test_outside_a_cuda_graph_a_region_must_win_back_its_host_time(monkeypatch, 
         assert backend.host_us_per_call() == backend.HOST_US_PER_CALL
     monkeypatch.setenv("COMFUSE_HOST_US", "5")
     assert backend.host_us_per_call(graphed=False) == 5.0
+    monkeypatch.setenv("COMFUSE_HOST_US", "fast")   # not a number: the default, with a warning
+    assert backend.host_us_per_call(graphed=False) == backend.HOST_US_PER_CALL
