@@ -128,19 +128,15 @@ struct GemmKernel {
   // could not do at K = 1024); else one buffer of the whole tile.
   static constexpr int kRingIn = kRingSlots > 0 ? kRingSlots : 1;
   using RingWhole = epi::TileRing<kRingIn, Cfg::kTileM, Cfg::kTileN>;
+  using RingHalves = epi::TileRing<kRingIn, Cfg::kTileM, Cfg::kTileN, 2, 3>;   // (named only; sized where it applies)
   static constexpr bool kRingHalves = [] {
-    if constexpr (kRingSlots > 0 && !kCooperative && Cfg::kTileM == 128) {
-      using RingHalves = epi::TileRing<kRingIn, Cfg::kTileM, Cfg::kTileN, 2, 3>;
-      return kStagesFor<kCarveoutBase + int(sizeof(RingHalves))> >= kStagesFor<kCarveoutBase + int(sizeof(RingWhole))> &&
-             kStagesFor<kCarveoutBase + int(sizeof(RingHalves))> >= 2;
-    } else {
+    if constexpr (kRingSlots > 0 && !kCooperative && Cfg::kTileM == 128)
+      return kStagesFor<kCarveoutBase + int(sizeof(RingHalves))> >= kStagesFor<kCarveoutBase + int(sizeof(RingWhole))>;
+    else
       return false;
-    }
   }();
   struct NoRing {};
-  using Ring = std::conditional_t<(kRingSlots > 0),
-                                  std::conditional_t<kRingHalves, epi::TileRing<kRingIn, Cfg::kTileM, Cfg::kTileN, 2, 3>, RingWhole>,
-                                  NoRing>;
+  using Ring = std::conditional_t<(kRingSlots > 0), std::conditional_t<kRingHalves, RingHalves, RingWhole>, NoRing>;
   static constexpr int kCarveout = kCarveoutBase + (kRingSlots > 0 ? int(sizeof(Ring)) : 0);
   using Mainloop = MainloopFor<kCarveout>;
   using TiledMma = typename Mainloop::TiledMma;

@@ -190,12 +190,15 @@ struct TileLoadRing {
   CUTE_DEVICE void prefetch() {}
   // The part of a row slot (compile-time after unrolling, but for `split`): rows 64-127 are row slots 2 and 3.
   CUTE_DEVICE int part_of(FragCtx const& f) const { return split && f.row_slot >= 2 ? 1 : 0; }
-  template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
-    const int p = part_of(f);
-    // The first read of each part waits for its copies: part 0 at the tile's first fragment, part 1 at the first
-    // fragment of row slot 2 (fragments run row-atom by row-atom, core.cuh frag_ctx).
+  // The first read of each part waits for its copies: part 0 at the tile's first fragment, part 1 at the first
+  // fragment of row slot 2 (fragments run row-atom by row-atom, core.cuh frag_ctx).
+  CUTE_DEVICE void wait_for_part(FragCtx const& f, int p) const {
     if (f.index == 0) mbar::wait(full[0], parity & 1u);
     else if (p == 1 && f.row_slot == 2 && f.col_slot == 0) mbar::wait(full[1], (parity >> 1) & 1u);
+  }
+  template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
+    const int p = part_of(f);
+    wait_for_part(f, p);
     const int lane = int(threadIdx.x) % 32;
     if (f.col_slot == 0) {
       // ldmatrix: lane l gives the address of row l % 8 of matrix l / 8 (column block col_slot + l / 8) of the
@@ -217,8 +220,7 @@ struct TileLoadRing {
     if (preloaded) return Elem<T>::from_word(raw[f.row_slot][f.col_slot]);
     // A parent that does not forward preload(): read the fragment's word directly.
     const int p = part_of(f);
-    if (f.index == 0) mbar::wait(full[0], parity & 1u);
-    else if (p == 1 && f.row_slot == 2 && f.col_slot == 0) mbar::wait(full[1], (parity >> 1) & 1u);
+    wait_for_part(f, p);
     return Elem<T>::from_word(lds_b32((p ? tile[1] : tile[0]) + uint32_t(row0 + f.row_l) * pitch + uint32_t(f.col_l) * 2u));
   }
   // The stage that reads the input is over for this thread: every value it read has been used, so its reads are
