@@ -225,8 +225,29 @@ def host_time_us(calls: int = 1000) -> tuple[str, float]:
     stream = torch.cuda.current_stream().cuda_stream
     cpp = per_call(lambda: launch.kernel.launch(a.data_ptr(), b.data_ptr(), g.rows, ptrs[0], ptrs[1], stream))
     alloc = per_call(lambda: torch.empty(outs[0].shape, dtype=outs[0].dtype, device="cuda"))
+    # what the op costs without the dispatcher (the Python body alone), and two references of this machine's
+    # speed: the dispatcher's round trip to a Python kernel that does nothing, and an ATen GEMM call
+    body = per_call(lambda: ops._run_gpu(key, ins))
+    noop = per_call(lambda: _noop_op()("x", ins))
+    bt = b.t() if g.transpose_b else b
+    mm = per_call(lambda: torch.mm(a, bt))
     return (f"rows={g.rows} N={g.n} K={g.k} stages={spec.num_stages()}; of it: C++ launch {cpp:.1f} us, "
-            f"one output allocation {alloc:.1f} us"), host
+            f"one output allocation {alloc:.1f} us, the Python body without the dispatcher {body:.1f} us; for "
+            f"scale: the dispatcher to a Python kernel that does nothing {noop:.1f} us, torch.mm {mm:.1f} us"), host
+
+
+_NOOP = None
+
+
+def _noop_op():
+    """comfuse_bench::noop(str, Tensor[]) -> Tensor[]: fused_region's schema and dispatch, a body that does nothing."""
+    global _NOOP
+    if _NOOP is None:
+        lib = torch.library.Library("comfuse_bench", "DEF")
+        lib.define("noop(str key, Tensor[] inputs) -> Tensor[]")
+        lib.impl("noop", lambda key, inputs: [inputs[0]], "CUDA")
+        _NOOP = (lib, torch.ops.comfuse_bench.noop)
+    return _NOOP[1]
 
 
 def main() -> int:
