@@ -149,7 +149,7 @@ def kernels(fn, cuda: bool, label: str = "") -> tuple[str, str]:
         return "-", "-"
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
+    with profile(activities=[ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if label else [])) as p:
         fn()
         torch.cuda.synchronize()
     events = p.key_averages()
@@ -160,6 +160,11 @@ def kernels(fn, cuda: bool, label: str = "") -> tuple[str, str]:
         total = sum(t for t, _, _ in timed if t > 0)
         print(f"{label}: GPU kernels, total {total:.0f} us" + "".join(
             f"\n    {t:9.0f} us {c:4d}x  {k[:110]}" for t, c, k in timed[:10] if t > 0))
+        # where the host's time goes (a forward whose GPU work is shorter than its host work is host-bound)
+        host = sorted(((e.self_cpu_time_total, e.count, e.key) for e in events if e.self_cpu_time_total > 0),
+                      reverse=True)
+        print(f"{label}: host (self CPU), total {sum(t for t, _, _ in host):.0f} us under the profiler" + "".join(
+            f"\n    {t:9.0f} us {c:4d}x  {k[:110]}" for t, c, k in host[:12]))
     attn = sorted(n for n in names if ATTN.search(n))
     f32 = sorted(n for n in names if F32_GEMM.search(n))
     short = lambda xs: ";".join(x[:48] for x in xs[:2]) or "none"  # noqa: E731
@@ -231,8 +236,11 @@ def host_time_us(calls: int = 1000) -> tuple[str, float]:
     noop = per_call(lambda: _noop_op()("x", ins))
     bt = b.t() if g.transpose_b else b
     mm = per_call(lambda: torch.mm(a, bt))
-    return (f"rows={g.rows} N={g.n} K={g.k} stages={spec.num_stages()}; of it: C++ launch {cpp:.1f} us, "
-            f"one output allocation {alloc:.1f} us, the Python body without the dispatcher {body:.1f} us; for "
+    fast = ops.fast_path_stats()
+    return (f"rows={g.rows} N={g.n} K={g.k} stages={spec.num_stages()}; C++ fast path "
+            f"{'on' if fast['enabled'] else 'off'} ({fast['fast']} calls served, {fast['slow']} handed to Python); "
+            f"parts: C++ launch {cpp:.1f} us, "
+            f"one output allocation {alloc:.1f} us, the Python kernel alone (no dispatcher) {body:.1f} us; for "
             f"scale: the dispatcher to a Python kernel that does nothing {noop:.1f} us, torch.mm {mm:.1f} us"), host
 
 

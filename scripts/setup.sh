@@ -45,4 +45,7 @@ cmake --build build -j "$(nproc)"
 # The extension is also copied into python/comfuse so the source tree works with PYTHONPATH=python.
 .venv/bin/python -m pip install -q --no-build-isolation --no-deps .
 cp "$(.venv/bin/python -c 'import comfuse._core as c; print(c.__file__)')" python/comfuse/
+# and the op's C++ CUDA kernel, where the build made it (python/CMakeLists.txt: needs torch)
+site="$(.venv/bin/python -c 'import comfuse, os; print(os.path.dirname(comfuse.__file__))')"
+[ -f "$site/_torch_ops.so" ] && cp "$site/_torch_ops.so" python/comfuse/
 echo "setup: done. Run scripts/test.sh"

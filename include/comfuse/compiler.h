@@ -224,6 +224,18 @@ class RegionKernel {
   void launch(const void* a, const void* b, int64_t rows, const std::vector<void*>& outs,
               const std::vector<const void*>& params, CUstream stream);
 
+  // Everything a launch needs, for a caller that launches without this object (the PyTorch op's C++ fast path,
+  // python/src/torch_ops.cpp): the kernel library's C entry, the arguments that stay the same from call to call
+  // (zeroed padding included: the library finds its prepared launch by these bytes), and `stream`'s L2 workspace
+  // grown to at least `rows` rows (null and 0 when the region does not reduce). The caller fills a, b, m, out and
+  // param. The pointers stay valid until a launch on that stream grows the workspace again, or this is destroyed.
+  struct Recipe {
+    ComfuseKernelLaunchFn entry = nullptr;
+    ComfuseKernelArgs args{};
+    int64_t workspace_rows = 0;
+  };
+  Recipe recipe(CUstream stream, int64_t rows);
+
   const CompiledRegion& info() const { return region_; }
 
  private:
@@ -232,6 +244,7 @@ class RegionKernel {
   std::unique_ptr<rt::KernelLibrary> lib_;
   std::map<CUstream, ReductionWorkspace> ws_;
   std::mutex mu_;
+  void bind_workspace(ComfuseKernelArgs& k, CUstream stream, int64_t rows);
 };
 
 // Host conversions for the CLI and tests: fp32 <-> bf16 / f16 bits, round to nearest even.

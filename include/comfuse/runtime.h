@@ -160,6 +160,8 @@ class KernelLibrary {
   void workspace_bytes(int64_t m, int64_t n, int64_t* partials, int64_t* counters) const;
   std::string check(const ComfuseKernelArgs& a) const;  // "" when the kernel can run these arguments
   void launch(const ComfuseKernelArgs& a, CUstream stream) const;  // throws RuntimeError with the kernel's reason
+  // The library's C launch entry itself: for a caller that launches without this object (RegionKernel::recipe).
+  ComfuseKernelLaunchFn launch_entry() const { return launch_; }
 
  private:
   SharedLibrary lib_;

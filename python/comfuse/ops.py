@@ -135,8 +135,9 @@ def _out_shape(spec, o, a_shape) -> list:
 class _GpuLaunch:
     """One registered region's CUDA launch with everything a call does not change worked out once: the GEMM's K
     and N, the dtypes, the kernel (compiled or loaded on first use), the output shapes per A shape. Keeps the
-    host time of a call small (issue 13: <= 10 us outside CUDA graphs)."""
-    __slots__ = ("key", "spec", "k", "kn", "dtype", "param_dtypes", "out_dtypes", "shapes", "kernel")
+    host time of a call small (issue 13: <= 10 us outside CUDA graphs). `fast`: what the C++ fast path holds
+    (None: not registered there yet; else the workspace rows it holds per stream)."""
+    __slots__ = ("key", "spec", "k", "kn", "dtype", "param_dtypes", "out_dtypes", "shapes", "kernel", "fast")
 
     def __init__(self, key: str, spec):
         g = spec.gemm
@@ -146,6 +147,7 @@ class _GpuLaunch:
         self.out_dtypes = [DT_TO_TORCH[o.dtype] for o in spec.outputs]
         self.shapes: dict = {}      # A's shape -> the outputs' shapes
         self.kernel = None
+        self.fast = None
 
     def out_shapes(self, a_shape) -> list:
         s = self.shapes.get(a_shape)
@@ -206,12 +208,40 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
             L.kernel.launch(a.data_ptr(), b.data_ptr(), rows, [o.data_ptr() for o in outs],
                             [p.data_ptr() for p in params], torch._C._cuda_getCurrentRawStream(dev))
     except RuntimeError as e:   # fallback, never failure: the region's torch form, when the backend gave one
+        if _FAST:
+            torch.ops.comfuse._fast_forget(key)
         if key not in _FALLBACK:
             raise
         _BROKEN[key] = str(e)
         log.warning("comfuse: %s; this region runs unfused (torch ops) from now on", e)
         return _run_fallback(key, [a, b] + params)
+    if _FAST:
+        _fast_register(L, torch._C._cuda_getCurrentRawStream(dev), rows)
     return outs
+
+
+# ScalarType numbers of c10 (c10/core/ScalarType.h), for the C++ fast path's registration
+_SCALAR_TYPE = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
+
+
+def _fast_register(L: _GpuLaunch, stream: int, rows: int) -> None:
+    """After a launch on the Python path: hands the region (once) and this stream's workspace (when it is new or
+    grew) to the C++ fast path, which serves the following calls of this key by itself."""
+    reduces = L.spec.num_stages() > 1
+    if L.fast is not None and (not reduces or L.fast.get(stream, 0) >= rows):
+        return
+    entry, base, partials, counters, ws_rows = L.kernel.recipe(stream, rows)
+    if L.fast is None:
+        desc = [entry, *base, int(reduces), _SCALAR_TYPE[L.dtype], len(L.param_dtypes),
+                *[_SCALAR_TYPE[d] for d in L.param_dtypes], len(L.out_dtypes)]
+        for o, d in zip(L.spec.outputs, L.out_dtypes):
+            shape = [int(x) for x in o.shape]
+            desc += [_SCALAR_TYPE[d], int(has_gemm_lead(L.spec, o)), len(shape) - 1, *shape[:-1], shape[-1]]
+        torch.ops.comfuse._fast_register(L.key, desc)
+        L.fast = {}
+    if reduces:
+        torch.ops.comfuse._fast_workspace(L.key, stream, partials, counters, ws_rows)
+        L.fast[stream] = ws_rows
 
 
 def _run_fallback(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -250,15 +280,45 @@ def _fused_region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tenso
             for o in spec.outputs]
 
 
+def _load_fast_path() -> bool:
+    """Loads comfuse/_torch_ops.so, the op's CUDA kernel in C++ (python/src/torch_ops.cpp), built against the
+    PyTorch the package was built with. False (the op's CUDA kernel is then _run_gpu) where it is absent, where
+    COMFUSE_FAST_PATH=0, or where it does not load into this PyTorch (with a warning: another torch version)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_ops.so")
+    if os.environ.get("COMFUSE_FAST_PATH", "1") == "0" or not os.path.isfile(path):
+        return False
+    try:
+        torch.ops.load_library(path)
+        return True
+    except (OSError, RuntimeError) as e:
+        log.warning("comfuse: the C++ fast path (%s) does not load into torch %s (%s); the op runs in Python "
+                    "(rebuild the package against this torch)", path, torch.__version__, e)
+        return False
+
+
 # The op is defined with torch.library.Library and a kernel per device rather than torch.library.custom_op:
 # custom_op wraps every call in Python autograd and aliasing checks (~25 us of host time per call measured on
 # the build machine, against ~9 us for this form). Inference only: there is no autograd formula.
+# Its CUDA kernel is C++ where _torch_ops.so loads (_FAST): a call of a region that has launched once runs there
+# without Python; every other call goes on to fused_region_slow, the Python kernel _run_gpu.
 _LIB = torch.library.Library("comfuse", "FRAGMENT")
 _LIB.define("fused_region(str key, Tensor[] inputs) -> Tensor[]")
-_LIB.impl("fused_region", _run_gpu, "CUDA")
+_LIB.define("fused_region_slow(str key, Tensor[] inputs) -> Tensor[]")
+_FAST = _load_fast_path()
+_LIB.impl("fused_region_slow" if _FAST else "fused_region", _run_gpu, "CUDA")
 _LIB.impl("fused_region", _run_cpu, "CPU")
 torch.library.register_fake("comfuse::fused_region", _fused_region_fake, lib=_LIB)
+torch.library.register_fake("comfuse::fused_region_slow", _fused_region_fake, lib=_LIB)
 fused_region = torch.ops.comfuse.fused_region
+
+
+def fast_path_stats() -> dict:
+    """The C++ fast path's counters: calls it served, calls it handed to the Python kernel, regions it holds
+    (all 0 without it)."""
+    if not _FAST:
+        return {"enabled": False, "fast": 0, "slow": 0, "regions": 0}
+    fast, slow, regions = torch.ops.comfuse._fast_stats()
+    return {"enabled": True, "fast": fast, "slow": slow, "regions": regions}
 
 
 def _round(x: torch.Tensor, dt: int) -> torch.Tensor:

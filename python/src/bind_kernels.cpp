@@ -61,6 +61,20 @@ void bind_kernels(nb::module_& m) {
           },
           "a"_a, "b"_a, "rows"_a, "outs"_a, "params"_a, "stream"_a,
           "Launches on device pointers (ints, e.g. tensor.data_ptr()) on a CUDA stream (int, e.g. cuda_stream).")
+      .def(
+          "recipe",
+          [](RegionKernel& k, uintptr_t stream, int64_t rows) {
+            RegionKernel::Recipe r = k.recipe(reinterpret_cast<CUstream>(stream), rows);
+            const ComfuseKernelArgs& a = r.args;
+            return std::make_tuple(reinterpret_cast<uintptr_t>(r.entry),
+                                   std::vector<int64_t>{a.abi, a.n, a.k, a.lda, a.ldb, a.ld, a.transport},
+                                   reinterpret_cast<uintptr_t>(a.ws_partials), reinterpret_cast<uintptr_t>(a.ws_counters),
+                                   r.workspace_rows);
+          },
+          "stream"_a, "rows"_a,
+          "What a launch needs without this object (the C++ fast path of comfuse::fused_region): (the kernel "
+          "library's C launch entry, [abi, n, k, lda, ldb, ld, transport], the stream's workspace partials and "
+          "counters, the rows it holds), the workspace grown to `rows` first.")
       .def_prop_ro("name", [](const RegionKernel& k) { return k.info().kernel.name; })
       .def_prop_ro("transport", [](const RegionKernel& k) { return k.info().plan.transport; })
       .def_prop_ro("config", [](const RegionKernel& k) { return config_name(k.info().plan.config); })

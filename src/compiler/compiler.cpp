@@ -1121,16 +1121,32 @@ void RegionKernel::launch(const void* a, const void* b, int64_t rows, const std:
     k.param[i] = params[i];
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (spec_.num_stages() > 1) {
-    ReductionWorkspace& w = ws_[stream];
-    if (w.rows < rows) {   // grow the workspace for a larger batch (counters zeroed again)
-      rt::synchronize(stream);
-      w.allocate(*lib_, rows, k.n);
-    }
-    k.ws_partials = reinterpret_cast<float*>(w.partials);
-    k.ws_counters = reinterpret_cast<int*>(w.counters);
-  }
+  bind_workspace(k, stream, rows);
   lib_->launch(k, stream);
+}
+
+// The stream's L2 workspace into k (grown for a larger batch: counters zeroed again). Holds mu_.
+void RegionKernel::bind_workspace(ComfuseKernelArgs& k, CUstream stream, int64_t rows) {
+  if (spec_.num_stages() <= 1) return;
+  ReductionWorkspace& w = ws_[stream];
+  if (w.rows < rows) {   // the kernels still queued on the stream use the old one: wait for them before freeing it
+    rt::synchronize(stream);
+    w.allocate(*lib_, rows, k.n);
+  }
+  k.ws_partials = reinterpret_cast<float*>(w.partials);
+  k.ws_counters = reinterpret_cast<int*>(w.counters);
+}
+
+RegionKernel::Recipe RegionKernel::recipe(CUstream stream, int64_t rows) {
+  if (rows <= 0) throw std::invalid_argument(region_.kernel.name + ": rows must be positive");
+  Recipe r;
+  r.entry = lib_->launch_entry();
+  r.args = kernel_args(spec_, rows, nullptr, nullptr, region_.plan.transport);
+  r.args.m = 0;   // per call
+  std::lock_guard<std::mutex> lock(mu_);
+  bind_workspace(r.args, stream, rows);
+  r.workspace_rows = spec_.num_stages() > 1 ? ws_[stream].rows : 0;
+  return r;
 }
 
 }  // namespace comfuse

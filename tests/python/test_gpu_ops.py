@@ -79,6 +79,86 @@ def test_a_new_batch_size_reuses_the_compiled_kernel():
         assert ops.gpu_kernel(key) is first   # no recompilation for another M
 
 
+@requires_hopper
+@pytest.mark.skipif(not ops._FAST, reason="skipped: the C++ fast path (comfuse/_torch_ops.so) is not built")
+def test_the_cpp_fast_path_serves_repeat_calls():
+    # The first call of a region runs the Python kernel, which registers the region with the C++ fast path; later
+    # calls with dense inputs of the kernel's dtypes run there. A larger batch (the workspace grows), a transposed
+    # view (copied first) and a 3-D A go back to Python, and come out right every time. So does a CUDA graph.
+    k, n = 520, 264
+    key = ops.register_region(_region("postnorm", 1000, k, n))
+    gen = torch.Generator().manual_seed(7)
+
+    def check(m, shape_a=None, mangle=None):
+        cpu = _inputs(_region("postnorm", m, k, n), m, k, n, gen)
+        ref = torch.ops.comfuse.fused_region(ops.register_region(_region("postnorm", m, k, n)), cpu)[0]
+        gpu = [t.cuda() for t in cpu]
+        if shape_a is not None:
+            gpu[0] = gpu[0].reshape(shape_a)
+        if mangle is not None:
+            gpu = mangle(gpu)
+        got = torch.ops.comfuse.fused_region(key, gpu)[0]
+        torch.cuda.synchronize()
+        assert got.shape == (*gpu[0].shape[:-1], n)
+        assert rel_err(got.reshape(m, n), ref) <= 1e-2
+        return ops.fast_path_stats()
+
+    s0 = ops.fast_path_stats()
+    s1 = check(1000)                      # Python: first call, registers
+    s2 = check(1000)                      # C++
+    assert s2["fast"] == s1["fast"] + 1 and s2["regions"] >= 1
+    s3 = check(3000)                      # Python: the workspace grows
+    assert s3["slow"] == s2["slow"] + 1
+    s4 = check(3000)
+    s5 = check(2000, shape_a=(40, 50, k))  # a 3-D A: C++ (rows = numel / K)
+    assert s5["fast"] == s4["fast"] + 1 == s3["fast"] + 2
+    # W as a transposed view: not dense, so the Python kernel copies it
+    s6 = check(1000, mangle=lambda g: [g[0], g[1].t().contiguous().t()] + g[2:])
+    assert s6["slow"] == s5["slow"] + 1
+    assert s0["fast"] < s6["fast"]
+    # a CUDA graph of a C++-path call, replayed with new inputs: warmed up on the capture stream first, as CUDA
+    # graphs of PyTorch want (the workspace is per stream, and nothing may be allocated while capturing)
+    cpu = _inputs(_region("postnorm", 1000, k, n), 1000, k, n, gen)
+    static = [t.cuda() for t in cpu]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.ops.comfuse.fused_region(key, static)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        out = torch.ops.comfuse.fused_region(key, static)[0]
+    for seed in (11, 12):
+        fresh = _inputs(_region("postnorm", 1000, k, n), 1000, k, n, torch.Generator().manual_seed(seed))
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = torch.ops.comfuse.fused_region(ops.register_region(_region("postnorm", 1000, k, n)), fresh)[0]
+        assert rel_err(out.cpu(), ref) <= 1e-2
+
+
+def test_the_fast_path_registration_checks_its_description():
+    if not ops._FAST:
+        pytest.skip("skipped: the C++ fast path (comfuse/_torch_ops.so) is not built")
+    with pytest.raises(RuntimeError, match="description too short"):
+        torch.ops.comfuse._fast_register("no-such-region", [1, 1, 8])
+    with pytest.raises(RuntimeError, match="kernel ABI"):
+        torch.ops.comfuse._fast_register("no-such-region", [1, 999])
+    with pytest.raises(RuntimeError, match="is not registered"):
+        torch.ops.comfuse._fast_workspace("no-such-region", 0, 0, 0, 0)
+    before = ops.fast_path_stats()["regions"]
+    # a whole description: entry, abi, n, k, lda, ldb, ld, transport, reduces, dtype, 0 params, 1 output
+    desc = [1, 1, 64, 32, 32, 64, 64, 0, 0, 15, 0, 1, 15, 1, 1, 100, 64]
+    torch.ops.comfuse._fast_register("test-region", desc)
+    assert ops.fast_path_stats()["regions"] == before + 1
+    with pytest.raises(RuntimeError, match="description too long"):
+        torch.ops.comfuse._fast_register("test-region-2", desc + [0])
+    torch.ops.comfuse._fast_forget("test-region")
+    assert ops.fast_path_stats()["regions"] == before
+
+
 def test_gpu_reason_is_reported_without_a_gpu():
     # the module loads without a driver, and says why kernels cannot run
     reason = C.unsupported_device_reason(0)

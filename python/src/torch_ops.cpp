@@ -1,0 +1,236 @@
+// comfuse/_torch_ops.so: the CUDA kernel of the PyTorch op comfuse::fused_region in C++ (issue 13: host time per
+// fused-region call). The op's schema, its CPU and fake kernels and every first call of a region stay in Python
+// (python/comfuse/ops.py): a call this file cannot serve is handed, unchanged, to comfuse::fused_region_slow,
+// the Python implementation, which compiles the kernel, casts or copies inputs, grows the workspace, falls back
+// to torch ops after a failed launch - and registers the region here once it has launched it.
+//
+// What a registered call does: checks the inputs (CUDA, one device, the kernel's dtypes, contiguous, 16-byte
+// aligned, A's last dim K, B's size), allocates the outputs with PyTorch's caching allocator and calls the kernel
+// library's C launch entry (kernels/comfuse/abi.h) on the current stream. No Python, no libcomfuse: this library
+// depends on PyTorch and the C ABI only.
+//
+// Registration travels through ops of its own (comfuse::_fast_register etc.), so Python needs no bindings here.
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "comfuse/abi.h"
+
+namespace {
+
+// One output's shape rule (ops.py: _out_shape): [..., last] over the GEMM's rows. With A's leading dims when the
+// Spec's output has the GEMM's leading dims, or when A's leading dims after the first equal the Spec's; else the
+// Spec's leading dims with the first scaled to A's rows.
+struct OutRule {
+  at::ScalarType dtype;
+  bool gemm_lead;
+  std::vector<int64_t> lead;
+  int64_t last;
+};
+
+struct Region {
+  ComfuseKernelLaunchFn entry = nullptr;
+  ComfuseKernelArgs base;   // zeroed, then abi, n, k, lda, ldb, ld, transport
+  int64_t k = 0, kn = 0;
+  at::ScalarType dtype;
+  std::vector<at::ScalarType> params;
+  std::vector<OutRule> outs;
+  bool reduces = false;
+  struct Workspace {
+    cudaStream_t stream;
+    void* partials;
+    void* counters;
+    int64_t rows;
+  };
+  std::vector<Workspace> ws;   // per stream, as registered by the Python path
+};
+
+std::shared_mutex g_mu;
+std::unordered_map<std::string, std::shared_ptr<Region>> g_regions;
+std::atomic<int64_t> g_fast{0}, g_slow{0};
+
+std::shared_ptr<Region> find(std::string_view key) {
+  std::shared_lock lock(g_mu);
+  auto it = g_regions.find(std::string(key));
+  return it == g_regions.end() ? nullptr : it->second;
+}
+
+std::vector<at::Tensor> slow(std::string_view key, at::TensorList inputs) {
+  ++g_slow;
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("comfuse::fused_region_slow", "")
+                       .typed<std::vector<at::Tensor>(std::string_view, at::TensorList)>();
+  return op.call(key, inputs);
+}
+
+bool dense(const at::Tensor& t, at::ScalarType dtype, c10::Device dev) {
+  return t.device() == dev && t.scalar_type() == dtype && t.is_contiguous() &&
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+std::vector<int64_t> out_shape(const OutRule& o, at::IntArrayRef a_sizes) {
+  const size_t nl = a_sizes.size() - 1;   // A's leading dims
+  bool a_lead = o.lead.size() == nl && o.gemm_lead;
+  if (o.lead.size() == nl && !a_lead) {
+    a_lead = true;
+    for (size_t i = 1; i < nl; ++i) a_lead = a_lead && a_sizes[i] == o.lead[i];
+  }
+  std::vector<int64_t> s;
+  if (a_lead) {
+    s.assign(a_sizes.begin(), a_sizes.end() - 1);
+  } else {
+    int64_t rows = 1, inner = 1;
+    for (size_t i = 0; i < nl; ++i) rows *= a_sizes[i];
+    for (size_t i = 1; i < o.lead.size(); ++i) inner *= o.lead[i];
+    s.push_back(rows / inner);
+    s.insert(s.end(), o.lead.begin() + (o.lead.empty() ? 0 : 1), o.lead.end());
+  }
+  s.push_back(o.last);
+  return s;
+}
+
+// The CUDA kernel of comfuse::fused_region.
+std::vector<at::Tensor> fused_region(std::string_view key, at::TensorList inputs) {
+  std::shared_ptr<Region> r = find(key);
+  if (!r || inputs.size() != 2 + r->params.size()) return slow(key, inputs);
+  const at::Tensor& a = inputs[0];
+  const at::Tensor& b = inputs[1];
+  const c10::Device dev = a.device();
+  if (a.dim() < 1 || a.size(-1) != r->k || b.numel() != r->kn || !dense(a, r->dtype, dev) || !dense(b, r->dtype, dev))
+    return slow(key, inputs);
+  for (size_t i = 0; i < r->params.size(); ++i)
+    if (!dense(inputs[2 + i], r->params[i], dev)) return slow(key, inputs);
+  const int64_t rows = a.numel() / r->k;
+  c10::cuda::CUDAGuard guard(dev);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
+  const Region::Workspace* ws = nullptr;
+  if (r->reduces && rows > 0) {
+    for (const auto& w : r->ws)
+      if (w.stream == stream) ws = &w;
+    if (!ws || ws->rows < rows) return slow(key, inputs);   // Python grows it, then registers it again
+  }
+  std::vector<at::Tensor> outs;
+  outs.reserve(r->outs.size());
+  for (const OutRule& o : r->outs) outs.push_back(at::empty(out_shape(o, a.sizes()), a.options().dtype(o.dtype)));
+  if (rows == 0) return outs;
+  ComfuseKernelArgs k;
+  std::memcpy(&k, &r->base, sizeof k);   // padding bytes too: the library looks its prepared launch up by them
+  k.a = a.data_ptr();
+  k.b = b.data_ptr();
+  k.m = rows;
+  for (size_t i = 0; i < outs.size(); ++i) k.out[i] = outs[i].data_ptr();
+  for (size_t i = 0; i < r->params.size(); ++i) k.param[i] = inputs[2 + i].data_ptr();
+  if (ws) {
+    k.ws_partials = static_cast<float*>(ws->partials);
+    k.ws_counters = static_cast<int*>(ws->counters);
+  }
+  char why[512] = {0};
+  if (r->entry(&k, stream, why, sizeof why) != 0) {
+    // Nothing ran. The Python path launches again through libcomfuse and, when that fails too, says why and
+    // runs the region's torch form from then on; this key goes to it directly.
+    std::unique_lock lock(g_mu);
+    g_regions.erase(std::string(key));
+    lock.unlock();
+    return slow(key, inputs);
+  }
+  ++g_fast;
+  return outs;
+}
+
+// comfuse::_fast_register(key, desc): desc, all int64:
+//   entry, abi, n, k, lda, ldb, ld, transport, reduces, A/B dtype,
+//   P, P param dtypes, O, then per output: dtype, gemm_lead, L, L lead dims, last
+// (dtypes as c10::ScalarType numbers). Replaces an earlier registration of the key; its workspaces are kept.
+void fast_register(std::string_view key, std::vector<int64_t> d) {
+  size_t i = 0;
+  auto next = [&]() {
+    TORCH_CHECK(i < d.size(), "comfuse::_fast_register: description too short");
+    return d[i++];
+  };
+  auto r = std::make_shared<Region>();
+  std::memset(&r->base, 0, sizeof r->base);
+  r->entry = reinterpret_cast<ComfuseKernelLaunchFn>(static_cast<uintptr_t>(next()));
+  r->base.abi = int(next());
+  TORCH_CHECK(r->base.abi == COMFUSE_KERNEL_ABI, "comfuse::_fast_register: kernel ABI ", r->base.abi, ", this library ",
+              COMFUSE_KERNEL_ABI, " (rebuild the package)");
+  r->base.n = next();
+  r->base.k = next();
+  r->base.lda = next();
+  r->base.ldb = next();
+  r->base.ld = next();
+  r->base.transport = int(next());
+  r->reduces = next() != 0;
+  r->k = r->base.k;
+  r->kn = r->base.k * r->base.n;
+  r->dtype = static_cast<at::ScalarType>(next());
+  const int64_t np = next();
+  TORCH_CHECK(np >= 0 && np <= COMFUSE_MAX_PARAMS, "comfuse::_fast_register: parameters");
+  for (int64_t p = 0; p < np; ++p) r->params.push_back(static_cast<at::ScalarType>(next()));
+  const int64_t no = next();
+  TORCH_CHECK(no >= 1 && no <= COMFUSE_MAX_OUTPUTS, "comfuse::_fast_register: outputs");
+  for (int64_t o = 0; o < no; ++o) {
+    OutRule rule;
+    rule.dtype = static_cast<at::ScalarType>(next());
+    rule.gemm_lead = next() != 0;
+    const int64_t nl = next();
+    for (int64_t l = 0; l < nl; ++l) rule.lead.push_back(next());
+    rule.last = next();
+    r->outs.push_back(std::move(rule));
+  }
+  TORCH_CHECK(i == d.size(), "comfuse::_fast_register: description too long");
+  TORCH_CHECK(r->entry != nullptr, "comfuse::_fast_register: no launch entry");
+  std::unique_lock lock(g_mu);
+  auto& slot = g_regions[std::string(key)];
+  if (slot) r->ws = slot->ws;
+  slot = std::move(r);
+}
+
+// comfuse::_fast_workspace(key, stream, partials, counters, rows): the region's L2 workspace on a stream (what
+// RegionKernel::recipe returned), replacing that stream's earlier one.
+void fast_workspace(std::string_view key, int64_t stream, int64_t partials, int64_t counters, int64_t rows) {
+  std::unique_lock lock(g_mu);
+  auto it = g_regions.find(std::string(key));
+  TORCH_CHECK(it != g_regions.end(), "comfuse::_fast_workspace: region ", std::string(key), " is not registered");
+  // A copy: a call in flight on another thread keeps the Region it found.
+  auto r = std::make_shared<Region>(*it->second);
+  Region::Workspace w{reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)),
+                      reinterpret_cast<void*>(static_cast<uintptr_t>(partials)),
+                      reinterpret_cast<void*>(static_cast<uintptr_t>(counters)), rows};
+  bool found = false;
+  for (auto& x : r->ws)
+    if (x.stream == w.stream) x = w, found = true;
+  if (!found) r->ws.push_back(w);
+  it->second = std::move(r);
+}
+
+void fast_forget(std::string_view key) {
+  std::unique_lock lock(g_mu);
+  g_regions.erase(std::string(key));
+}
+
+// [calls served here, calls handed to the Python path, regions registered]
+std::vector<int64_t> fast_stats() {
+  std::shared_lock lock(g_mu);
+  return {g_fast.load(), g_slow.load(), int64_t(g_regions.size())};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(comfuse, m) {
+  m.def("_fast_register(str key, int[] desc) -> ()", &fast_register);
+  m.def("_fast_workspace(str key, int stream, int partials, int counters, int rows) -> ()", &fast_workspace);
+  m.def("_fast_forget(str key) -> ()", &fast_forget);
+  m.def("_fast_stats() -> int[]", &fast_stats);
+}
+
+TORCH_LIBRARY_IMPL(comfuse, CUDA, m) { m.impl("fused_region", TORCH_FN(fused_region)); }
