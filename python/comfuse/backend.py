@@ -354,26 +354,34 @@ def time_region_on_gpu(key: str) -> tuple[float, float]:
 
 
 # Host time of one comfuse::fused_region call beyond the launches it replaces (Inductor's GEMM and its epilogue
-# pass): 25-45 us per call on the H200 machines, kernel excluded (docs/PERF.md), less ~10 us for those two launches.
-# Outside a CUDA graph a model of short kernels waits for it: HF BERT-base (32 x 256) ran 0.80x Inductor default
-# with 24 fused regions whose kernels beat the GEMM and a pass by 1-30 us each, and 1.09x in reduce-overhead.
-HOST_US_PER_CALL = 20.0
+# pass). With the op's Python kernel: 25-45 us per call on the H200 machines, kernel excluded, less ~10 us for those
+# two launches; outside a CUDA graph a model of short kernels waits for it (HF BERT-base ran 0.80x Inductor default
+# with 24 fused regions whose kernels beat the GEMM and a pass by 1-30 us each, and 1.09x in reduce-overhead).
+# With the C++ fast path (ops._FAST, python/src/torch_ops.cpp): 11.6-17.5 us per call, against 17-21 us for the
+# torch.mm call alone on the same machine (bench/host_time.py, docs/PERF.md): a region costs the host no more than
+# what it replaces.
+HOST_US_PER_CALL = 20.0        # the Python kernel
+HOST_US_PER_CALL_FAST = 0.0    # the C++ fast path
 
 
 def host_us_per_call(graphed: bool | None = None) -> float:
-    """What a fused region must win back on the host: HOST_US_PER_CALL (the COMFUSE_HOST_US environment variable
-    overrides it), or 0 where the graph runs as a CUDA graph (mode="reduce-overhead": nothing is issued per call).
-    `graphed` None: Inductor's config in effect says (the post-grad pass runs inside the compile's patches)."""
+    """What a fused region must win back on the host: HOST_US_PER_CALL, or HOST_US_PER_CALL_FAST where the op's
+    C++ kernel is loaded (the COMFUSE_HOST_US environment variable overrides both), or 0 where the graph runs as a
+    CUDA graph (mode="reduce-overhead": nothing is issued per call). `graphed` None: Inductor's config in effect
+    says (the post-grad pass runs inside the compile's patches)."""
+    from . import ops
+
     if graphed is None:
         graphed = bool(torch._inductor.config.triton.cudagraphs)
     if graphed:
         return 0.0
+    default = HOST_US_PER_CALL_FAST if ops._FAST else HOST_US_PER_CALL
     given = os.environ.get("COMFUSE_HOST_US")
     try:
-        return HOST_US_PER_CALL if given is None else max(0.0, float(given))
+        return default if given is None else max(0.0, float(given))
     except ValueError:
-        log.warning("comfuse: COMFUSE_HOST_US=%r is not a number of microseconds; using %.0f", given, HOST_US_PER_CALL)
-        return HOST_US_PER_CALL
+        log.warning("comfuse: COMFUSE_HOST_US=%r is not a number of microseconds; using %.0f", given, default)
+        return default
 
 
 def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu, host_us: float | None = None) -> set:

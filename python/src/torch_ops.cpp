@@ -10,6 +10,9 @@
 // depends on PyTorch and the C ABI only.
 //
 // Registration travels through ops of its own (comfuse::_fast_register etc.), so Python needs no bindings here.
+// Error messages are built as one std::string, never through c10::str's ostringstream: where an image links C++
+// libraries with a static libstdc++, iostream formatting in this library mixes locale facets with PyTorch's and
+// crashed on the H200 machine (a number in a TORCH_CHECK message).
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -161,8 +164,9 @@ void fast_register(std::string_view key, std::vector<int64_t> d) {
   std::memset(&r->base, 0, sizeof r->base);
   r->entry = reinterpret_cast<ComfuseKernelLaunchFn>(static_cast<uintptr_t>(next()));
   r->base.abi = int(next());
-  TORCH_CHECK(r->base.abi == COMFUSE_KERNEL_ABI, "comfuse::_fast_register: kernel ABI ", r->base.abi, ", this library ",
-              COMFUSE_KERNEL_ABI, " (rebuild the package)");
+  TORCH_CHECK(r->base.abi == COMFUSE_KERNEL_ABI, "comfuse::_fast_register: kernel ABI " + std::to_string(r->base.abi) +
+                                                     ", this library " + std::to_string(COMFUSE_KERNEL_ABI) +
+                                                     " (rebuild the package)");
   r->base.n = next();
   r->base.k = next();
   r->base.lda = next();
@@ -200,7 +204,7 @@ void fast_register(std::string_view key, std::vector<int64_t> d) {
 void fast_workspace(std::string_view key, int64_t stream, int64_t partials, int64_t counters, int64_t rows) {
   std::unique_lock lock(g_mu);
   auto it = g_regions.find(std::string(key));
-  TORCH_CHECK(it != g_regions.end(), "comfuse::_fast_workspace: region ", std::string(key), " is not registered");
+  TORCH_CHECK(it != g_regions.end(), "comfuse::_fast_workspace: region " + std::string(key) + " is not registered");
   // A copy: a call in flight on another thread keeps the Region it found.
   auto r = std::make_shared<Region>(*it->second);
   Region::Workspace w{reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)),

@@ -608,12 +608,13 @@ def test_outside_a_cuda_graph_a_region_must_win_back_its_host_time(monkeypatch, 
     CUDA graph, a kernel that beats its GEMM and pass by less goes back to torch, since a model of short kernels
     waits on the host (HF BERT-base ran 0.80x Inductor default that way). Under reduce-overhead's CUDA graphs
     nothing is issued per call and the same kernel stays fused."""
-    from comfuse import backend
+    from comfuse import backend, ops
 
     m, x, rep, prog, fuse = _captured_bf16(PostNormEncoderLayer)
     target = prog.rewrite_keeping_torch(fuse)
     monkeypatch.setattr(backend, "prepare_kernels", lambda rep, target: True)
     monkeypatch.delenv("COMFUSE_HOST_US", raising=False)
+    monkeypatch.setattr(ops, "_FAST", False)   # the op's Python kernel
     assert all(rep.plans[ri].pass_us < 10 for ri in fuse)   # so 10 us faster than the GEMM is within the host cost
     timer = lambda key: (50.0, 60.0)   # noqa: E731  every kernel 10 us faster than its GEMM alone
     kept, _ = backend.drop_measured_losers(rep, fuse, target, prog.rewrite_keeping_torch, timer,
@@ -634,3 +635,10 @@ def test_outside_a_cuda_graph_a_region_must_win_back_its_host_time(monkeypatch, 
     assert backend.host_us_per_call(graphed=False) == 5.0
     monkeypatch.setenv("COMFUSE_HOST_US", "fast")   # not a number: the default, with a warning
     assert backend.host_us_per_call(graphed=False) == backend.HOST_US_PER_CALL
+    # the op's C++ kernel costs the host no more than the GEMM call it replaces: the same kernels stay fused
+    monkeypatch.delenv("COMFUSE_HOST_US")
+    monkeypatch.setattr(ops, "_FAST", True)
+    assert backend.host_us_per_call(graphed=False) == backend.HOST_US_PER_CALL_FAST
+    kept, _ = backend.drop_measured_losers(rep, fuse, target, prog.rewrite_keeping_torch, timer,
+                                           host_us=backend.host_us_per_call(graphed=False))
+    assert kept == fuse
