@@ -477,6 +477,16 @@ def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: 
 _COMFUSE_OPTIONS = ("fallback", "reference", "ctas", "fuse", "rewrite", "mode", "inductor", "attention")
 
 
+def default_attention(version: str | None = None) -> str:
+    """attention="auto": "inductor" from torch 2.11, "eager" before. Tracing picks an SDPA kernel the way eager does;
+    with torch 2.11 on the H200, Inductor ran HF BERT (padding mask), the Llama-style model and GPT-2 on cuDNN's
+    fused attention kernel, while comfuse::sdpa (a Python custom op, then eager's kernel selection) cost ~150 us of
+    host time per call against Inductor's ~11 (docs/PERF.md, 2026-12-02): in default mode, BERT-base ran 0.80x
+    Inductor with it. Earlier torch decomposed BERT's masked SDPA into an fp32 math path, which comfuse::sdpa avoids."""
+    major, minor = (int(x) for x in (version or torch.__version__).split("+")[0].split(".")[:2])
+    return "inductor" if (major, minor) >= (2, 11) else "eager"
+
+
 def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
     """The `comfuse` torch.compile backend. Inductor's mode comes from torch.compile(mode=...) or, since
     torch.compile refuses mode= together with options=, from options={"mode": ...}; Inductor's own options go
@@ -506,9 +516,11 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
     if runner == "eager" and (mode not in (None, "default") or inductor_opts):
         raise ValueError("comfuse backend: mode and Inductor options need fallback='inductor'")
 
-    attention = opts.pop("attention", "eager")
-    if attention not in ("eager", "inductor"):
-        raise ValueError(f"comfuse backend: attention must be 'eager' or 'inductor', got {attention!r}")
+    attention = opts.pop("attention", "auto")
+    if attention not in ("auto", "eager", "inductor"):
+        raise ValueError(f"comfuse backend: attention must be 'auto', 'eager' or 'inductor', got {attention!r}")
+    if attention == "auto":
+        attention = default_attention()
     if attention == "eager" and any(t.device.type == "cuda" for t in _tensors(example_inputs)):
         from . import ops
 
