@@ -331,6 +331,8 @@ struct GemmKernel {
 #ifdef COMFUSE_TRACE
         if (ctx.trace && wg_thread == 0) ctx.trace[trace::TileIndex] = trace::Stamp{(unsigned long long)u, 0ull};
 #endif
+        // StageStream<.., InParts>: a 128-row PingPong tile's stages in two 64-row parts (core.cuh, run_stage_in_parts)
+        ctx.parts = epi::VisitsInParts<Tree>::value && !kCooperative && !kDeferred && Cfg::kGroupTileM == 128;
         Tree tree(p.epi, bound_epi_smem(ctx, ctx.iter), ctx);
         if constexpr (kRingSlots > 0) {   // group 0's first tree published the ring's inputs: hand them to the loader
           if (ctx.ring_publish) asm volatile("bar.sync %0, 160;\n" ::"r"(epi::kRingArgsBarrier) : "memory");

@@ -107,6 +107,13 @@ using RmsNormDeferredRegs = StageStream<RmsNorm::RootType, 2, true, true>;
 // (Softmax is not carried this way: bf16 logits of magnitude ~10 move exp(x - max) by several percent; it would
 // carry the shifted exponentials instead.)
 
+// Visited in 64-row parts (StageStream<.., InParts = true>): each L2 exchange published and collected per part, so
+// the wait for the slowest peer overlaps the other part's visits (core.cuh run_stage_in_parts). Same trees, same
+// arguments, same bits.
+using RmsNormRingParts = StageStream<RmsNormRing::RootType, 8, false, false, true>;
+using PostNormRingParts = StageStream<PostNormRing::RootType, 8, false, false, true>;
+using SoftmaxParts = StageStream<Softmax::RootType, 8, false, false, true>;
+
 struct ReducePointers {
   bf16* out = nullptr;              // [M, N]
   bf16 const* bias = nullptr;       // [N]
@@ -228,6 +235,13 @@ inline PostNormDeferredRegs::Arguments make_args(PostNormDeferredRegs*, ReducePo
 }
 inline RmsNormDeferredRegs::Arguments make_args(RmsNormDeferredRegs*, ReducePointers const& e) {
   return make_args(static_cast<RmsNorm*>(nullptr), e);
+}
+
+// The trees visited in parts take their whole-stage forms' arguments (same root).
+inline RmsNormRingParts::Arguments make_args(RmsNormRingParts*, ReducePointers const& e) { return rmsnorm_args<RingR>(e); }
+inline PostNormRingParts::Arguments make_args(PostNormRingParts*, ReducePointers const& e) { return postnorm_args<RingR>(e); }
+inline SoftmaxParts::Arguments make_args(SoftmaxParts*, ReducePointers const& e) {
+  return make_args(static_cast<Softmax*>(nullptr), e);
 }
 
 }  // namespace comfuse::composed

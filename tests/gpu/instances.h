@@ -17,12 +17,15 @@ namespace comfuse::gpu {
 // 17, 18: 13 and 14 with the carried tile in registers as bf16 (no scratch slot).
 // 19..24: postnorm, rmsnorm, bias+residual (2 outputs), postnorm (merged), LN+softmax and LN+softmax (merged) with
 // R copied into the CTA's tile ring by the producer's loader warp (TileLoadRing).
+// 25..27: rmsnorm (ring), postnorm (ring) and softmax with the stages visited in 64-row parts, each L2 exchange per
+// part (StageStream<.., InParts>).
 enum class Epi { Identity = 0, BiasGelu = 1, BiasResidual2 = 2, PostNorm = 3, RmsNorm = 4, Softmax = 5, LnSoftmax = 6,
                  PostNormStaged = 7, RmsNormStaged = 8, BiasResidual2Staged = 9, PostNormMerged = 10,
                  SoftmaxMerged = 11, LnSoftmaxMerged = 12, PostNormDeferred = 13, RmsNormDeferred = 14,
                  SoftmaxDeferred = 15, PostNormMergedStaged = 16,
                  PostNormDeferredRegs = 17, RmsNormDeferredRegs = 18, PostNormRing = 19, RmsNormRing = 20,
-                 BiasResidual2Ring = 21, PostNormMergedRing = 22, LnSoftmaxRing = 23, LnSoftmaxMergedRing = 24 };
+                 BiasResidual2Ring = 21, PostNormMergedRing = 22, LnSoftmaxRing = 23, LnSoftmaxMergedRing = 24,
+                 RmsNormRingParts = 25, PostNormRingParts = 26, SoftmaxParts = 27 };
 inline bool epi_deferred(Epi e) { return (int(e) >= 13 && int(e) <= 15) || int(e) == 17 || int(e) == 18; }
 // The reference (and the bench's epilogue class) of an instance's epilogue.
 inline Epi reference_epi(Epi e) {
@@ -45,6 +48,9 @@ inline Epi reference_epi(Epi e) {
     case Epi::PostNormMergedRing: return Epi::PostNorm;
     case Epi::LnSoftmaxRing: return Epi::LnSoftmax;
     case Epi::LnSoftmaxMergedRing: return Epi::LnSoftmax;
+    case Epi::RmsNormRingParts: return Epi::RmsNorm;
+    case Epi::PostNormRingParts: return Epi::PostNorm;
+    case Epi::SoftmaxParts: return Epi::Softmax;
     default: return e;
   }
 }

@@ -63,6 +63,10 @@ struct TileCtx {
   // Split-phase epilogues (StageStream<.., Deferred = true>, reduce.cuh): the reduction publishes its partials
   // and returns; the tile's last stage runs later, from the carried tile in this group's scratch slot.
   bool deferred = false;
+  // The driver visits the tile's stages in two 64-row parts (StageStream<.., InParts = true>, run_stage_in_parts):
+  // the reductions publish each part's partials once its fragments are folded and collect them just before the
+  // next stage visits that part (Reduce::publish_part / collect_part), not all at the end of the stage.
+  bool parts = false;
   float4* scratch = nullptr;      // this group's scratch slot: the carried tile, one float4 per 4 accumulators
   trace::Stamp* trace = nullptr;  // this tile's timeline (COMFUSE_TRACE builds only, trace.cuh)
   // Tile inputs the producer's loader warp copies into the CTA's ring (TileLoadRing, tile_load_ring.cuh); the
@@ -285,6 +289,29 @@ template <int S, class Node> CUTE_DEVICE void collect(Node& n, TileCtx const& c)
   if constexpr (HasCollect<Node, S>::value) n.template collect<S>(c);
 }
 
+// publish_part() and collect_part() are optional as well: with a tile visited in 64-row parts (TileCtx::parts), a
+// reduction at the end of stage S publishes part p's partials when stage S has folded part p (publish_part<S>), and
+// combines the row block's partials of part p just before stage S + 1 visits part p (collect_part<S>). So part 0's
+// exchange runs while part 1 is visited, and part 1's while part 0's next stage is (reduce.cuh, Reduce).
+template <class Node, int S, class = void> struct HasPublishPart : std::false_type {};
+template <class Node, int S>
+struct HasPublishPart<Node, S, std::void_t<decltype(std::declval<Node&>().template publish_part<S>(
+                                   std::declval<TileCtx const&>(), 0))>> : std::true_type {};
+template <int S, class Node> CUTE_DEVICE void publish_part(Node& n, TileCtx const& c, int p) {
+  if constexpr (HasPublishPart<Node, S>::value) n.template publish_part<S>(c, p);
+}
+template <class Node, int S, class = void> struct HasCollectPart : std::false_type {};
+template <class Node, int S>
+struct HasCollectPart<Node, S, std::void_t<decltype(std::declval<Node&>().template collect_part<S>(
+                                   std::declval<TileCtx const&>(), 0))>> : std::true_type {};
+template <int S, class Node> CUTE_DEVICE void collect_part(Node& n, TileCtx const& c, int p) {
+  if constexpr (HasCollectPart<Node, S>::value) n.template collect_part<S>(c, p);
+}
+// A root whose stages the driver may visit in 64-row parts (StageStream<.., InParts = true>).
+template <class Node, class = void> struct VisitsInParts : std::false_type {};
+template <class Node>
+struct VisitsInParts<Node, std::void_t<decltype(Node::kVisitInParts)>> : std::bool_constant<Node::kVisitInParts> {};
+
 // ---- the node base ---------------------------------------------------------------------------
 
 // Children<C0, C1, ...>: the base of every node with children (Compute, Store, Outputs, the reductions, Stage).
@@ -336,6 +363,14 @@ struct Children<C, Rest...> {
     ::comfuse::epi::collect<S>(head, c);
     tail.template collect<S>(c);
   }
+  template <int S> CUTE_DEVICE void publish_part(TileCtx const& c, int p) {
+    ::comfuse::epi::publish_part<S>(head, c, p);
+    tail.template publish_part<S>(c, p);
+  }
+  template <int S> CUTE_DEVICE void collect_part(TileCtx const& c, int p) {
+    ::comfuse::epi::collect_part<S>(head, c, p);
+    tail.template collect_part<S>(c, p);
+  }
 };
 
 template <class C>
@@ -362,6 +397,8 @@ struct Children<C> {
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(head, f); }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { head.template end_stage<S>(c); }
   template <int S> CUTE_DEVICE void collect(TileCtx const& c) { ::comfuse::epi::collect<S>(head, c); }
+  template <int S> CUTE_DEVICE void publish_part(TileCtx const& c, int p) { ::comfuse::epi::publish_part<S>(head, c, p); }
+  template <int S> CUTE_DEVICE void collect_part(TileCtx const& c, int p) { ::comfuse::epi::collect_part<S>(head, c, p); }
 };
 
 // The tile row of a consumer thread's row slot k: WGMMA m64 layout, warp w owns rows 16w..16w+15 of each 64-row
@@ -410,26 +447,23 @@ CUTE_DEVICE FragCtx frag_ctx(int i, AccTensor const& acc, CoordTensor const& tCc
   return f;
 }
 
-template <int S, class Tree, class AccTensor, class CoordTensor>
-CUTE_DEVICE void run_stage(Tree& tree, AccTensor& acc, CoordTensor const& tCcD,
-                           TileCtx const& ctx) {
+// Stage S over the fragments [E0, E1) of the thread's tile, in chunks (run_stage).
+template <int S, int E0, int E1, class Tree, class AccTensor, class CoordTensor>
+CUTE_DEVICE void visit_range(Tree& tree, AccTensor& acc, CoordTensor const& tCcD, TileCtx const& ctx,
+                             FragBounds const& b) {
   using namespace cute;
   constexpr int kElems = size(AccTensor{});
-  // Tiles with more than 64 fragments per thread (128x192) have less register room: half chunks.
   constexpr int kChunkElems = (kElems / kFragSize > 64 ? kPreloadChunk / 2 : kPreloadChunk) * kFragSize;
-  const FragBounds b = frag_bounds<AccTensor>(ctx);
-  // Software-pipelined: chunk c + 1's loads are issued before chunk c is visited, so one load latency is
-  // exposed per stage instead of one per chunk (two chunks' loaded values are live at once).
   CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < kChunkElems && i < kElems; i += kFragSize)
+  for (int i = E0; i < E0 + kChunkElems && i < E1; i += kFragSize)
     ::comfuse::epi::preload<S>(tree, frag_ctx(i, acc, tCcD, ctx, b));
   CUTLASS_PRAGMA_UNROLL
-  for (int c = 0; c < kElems; c += kChunkElems) {
+  for (int c = E0; c < E1; c += kChunkElems) {
     CUTLASS_PRAGMA_UNROLL
-    for (int i = c + kChunkElems; i < c + 2 * kChunkElems && i < kElems; i += kFragSize)
+    for (int i = c + kChunkElems; i < c + 2 * kChunkElems && i < E1; i += kFragSize)
       ::comfuse::epi::preload<S>(tree, frag_ctx(i, acc, tCcD, ctx, b));
     CUTLASS_PRAGMA_UNROLL
-    for (int i = c; i < c + kChunkElems && i < kElems; i += kFragSize) {
+    for (int i = c; i < c + kChunkElems && i < E1; i += kFragSize) {
       FragCtx f = frag_ctx(i, acc, tCcD, ctx, b);
       Frag a{{acc(i), acc(i + 1)}};
       Frag r = tree.template visit<S>(f, a);
@@ -439,6 +473,41 @@ CUTE_DEVICE void run_stage(Tree& tree, AccTensor& acc, CoordTensor const& tCcD,
       }
     }
   }
+}
+
+// Stage S of a tile visited in its two 64-row parts (a 128-row PingPong tile: the accumulator's two m64 atoms,
+// elements [0, kElems / 2) and [kElems / 2, kElems)). Before part p: the reductions of stage S - 1 collect part p's
+// row results; after it: the reductions of stage S publish part p's partials. The other nodes see the stage
+// whole (end_stage after both parts), e.g. the tile ring releases its buffers at the end of the reading stage.
+template <int S, class Tree, class AccTensor, class CoordTensor>
+CUTE_DEVICE void run_stage_in_parts(Tree& tree, AccTensor& acc, CoordTensor const& tCcD, TileCtx const& ctx) {
+  using namespace cute;
+  constexpr int kElems = size(AccTensor{});
+  static_assert(size<1>(AccTensor{}) == 2, "two m64 atoms: the parts");
+  const FragBounds b = frag_bounds<AccTensor>(ctx);
+  if constexpr (S > 0) tree.template collect_part<S - 1>(ctx, 0);
+  visit_range<S, 0, kElems / 2>(tree, acc, tCcD, ctx, b);
+  tree.template publish_part<S>(ctx, 0);
+  if constexpr (S > 0) tree.template collect_part<S - 1>(ctx, 1);
+  visit_range<S, kElems / 2, kElems>(tree, acc, tCcD, ctx, b);
+  tree.template publish_part<S>(ctx, 1);
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::StageVisited + 2 * S);
+  tree.template end_stage<S>(ctx);
+  COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::StageEnded + 2 * S);
+}
+
+template <int S, class Tree, class AccTensor, class CoordTensor>
+CUTE_DEVICE void run_stage(Tree& tree, AccTensor& acc, CoordTensor const& tCcD,
+                           TileCtx const& ctx) {
+  using namespace cute;
+  if constexpr (VisitsInParts<Tree>::value && size<1>(AccTensor{}) == 2) {
+    if (ctx.parts) return run_stage_in_parts<S>(tree, acc, tCcD, ctx);
+  }
+  // Software-pipelined: chunk c + 1's loads are issued before chunk c is visited, so one load latency is
+  // exposed per stage instead of one per chunk (two chunks' loaded values are live at once). Tiles with more
+  // than 64 fragments per thread (128x192) have less register room: half chunks.
+  constexpr int kElems = size(AccTensor{});
+  visit_range<S, 0, kElems>(tree, acc, tCcD, ctx, frag_bounds<AccTensor>(ctx));
   COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::StageVisited + 2 * S);
   tree.template end_stage<S>(ctx);
   COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::StageEnded + 2 * S);

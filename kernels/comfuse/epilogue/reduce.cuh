@@ -130,6 +130,13 @@ CUTE_DEVICE void exchange_rows(TileCtx const& c, reduce::L2Workspace const& ws, 
 // (and inside M) publishes at the end of the stage and collects one tile later; otherwise the CTA's partials are
 // the rows' results, written at once (the finish turn reads this tile's SMEM again, so they are still there).
 CUTE_DEVICE bool exchanges_via_l2(TileCtx const& c) { return col_blocks(c) > 1 && c.m0 < c.M && c.n0 < c.N; }
+// A tile visited in its two 64-row parts (c.parts, one-pass) whose one-word exchange goes through L2 on the flat
+// path (C <= kPollCols): it publishes and collects per part (Reduce::publish_part / collect_part). Every other
+// case exchanges at the end of the stage as usual (DSMEM, the two-level path, C = 1).
+CUTE_DEVICE bool exchanges_in_parts(TileCtx const& c) {
+  return c.parts && !c.deferred && c.tile_m == 128 && !reduce::is_dsmem(reduce::Transport(c.transport)) &&
+         exchanges_via_l2(c) && col_blocks(c) <= reduce::L2Workspace::kPollCols;
+}
 CUTE_DEVICE reduce::L2Exchange l2_exchange_of(TileCtx const& c, reduce::L2Workspace const& ws, int id) {
   reduce::L2Workspace w = ws;
   w.cols = col_blocks(c);
@@ -170,6 +177,7 @@ struct Reduce : Children<Child> {
   // Levels 2 to 4: the quad, the row block, the row result.
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
     Base::template end_stage<S>(c);
+    if (detail::exchanges_in_parts(c)) return;   // publish_part and collect_part did it (two parts)
     detail::quad_reduce(part, Combine{});
     if (c.deferred && detail::exchanges_via_l2(c)) {   // split phase: publish now, collect() one tile later
       float states[kMaxRowSlots][1];
@@ -179,6 +187,35 @@ struct Reduce : Children<Child> {
       return;
     }
     detail::exchange_rows(c, ws, Id, part, Combine{}, Kind == RowReduce::Mean);
+  }
+  // A tile visited in 64-row parts (c.parts), one-word L2 exchange: levels 2 and 3's publish for part p's rows
+  // (row slots 2p and 2p + 1) once the stage has folded them ...
+  template <int S> CUTE_DEVICE void publish_part(TileCtx const& c, int p) {
+    Base::template publish_part<S>(c, p);
+    if (!detail::exchanges_in_parts(c)) return;
+    float states[kMaxRowSlots][1];
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kMaxRowSlots; ++k) {
+      if (k / 2 == p) {   // this part's slots only: a quad reduction of a slot must happen once
+        part[k] = Combine{}(part[k], __shfl_xor_sync(0xffffffffu, part[k], 1));
+        part[k] = Combine{}(part[k], __shfl_xor_sync(0xffffffffu, part[k], 2));
+      }
+      states[k][0] = part[k];
+    }
+    reduce::l2_publish_slots<1>(detail::l2_exchange_of(c, ws, Id), states, detail::WgmmaRows{c.thread}, 2 * p, 2 * p + 2);
+    if (p == 1) COMFUSE_TRACE_MARK(c.trace, c.thread, trace::ExchangeArrived + 2 * Id);
+  }
+  // ... and levels 3 and 4's collect of part p's rows, before the next stage visits them.
+  template <int S> CUTE_DEVICE void collect_part(TileCtx const& c, int p) {
+    Base::template collect_part<S>(c, p);
+    if (!detail::exchanges_in_parts(c)) return;
+    const float scale = Kind == RowReduce::Mean ? 1.f / float(c.N) : 1.f;
+    float* out = detail::row_results(c, Id);
+    reduce::l2_collect_part<1>(
+        detail::l2_exchange_of(c, ws, Id), p,
+        [](float (&acc)[1], float const (&v)[1], int) { acc[0] = Combine{}(acc[0], v[0]); },
+        [out, scale](int row, float const (&acc)[1]) { out[row] = acc[0] * scale; });
+    if (p == 1) COMFUSE_TRACE_MARK(c.trace, c.thread, trace::ExchangeComplete + 2 * Id);
   }
   // Split phase, the finish turn of the tile: levels 3 and 4 from the published partials.
   template <int S> CUTE_DEVICE void collect(TileCtx const& c) {
@@ -433,6 +470,14 @@ struct Stage {
     if constexpr (S == 0) ::comfuse::epi::collect<0>(tree, c);
     else post.template collect<S - 1>(c);
   }
+  template <int S> CUTE_DEVICE void publish_part(TileCtx const& c, int p) {
+    if constexpr (S == 0) ::comfuse::epi::publish_part<0>(tree, c, p);
+    else post.template publish_part<S - 1>(c, p);
+  }
+  template <int S> CUTE_DEVICE void collect_part(TileCtx const& c, int p) {
+    if constexpr (S == 0) ::comfuse::epi::collect_part<0>(tree, c, p);
+    else post.template collect_part<S - 1>(c, p);
+  }
 };
 
 template <class Tree>
@@ -453,6 +498,8 @@ struct Stage<Tree, void> {
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) { return tree.template visit<0>(f, acc); }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { tree.template end_stage<0>(c); }
   template <int S> CUTE_DEVICE void collect(TileCtx const& c) { ::comfuse::epi::collect<0>(tree, c); }
+  template <int S> CUTE_DEVICE void publish_part(TileCtx const& c, int p) { ::comfuse::epi::publish_part<0>(tree, c, p); }
+  template <int S> CUTE_DEVICE void collect_part(TileCtx const& c, int p) { ::comfuse::epi::collect_part<0>(tree, c, p); }
 };
 
 // Reduce nodes in a tree, and the highest reduction id (ids must be 0 .. count-1: they number the exchanges).
@@ -512,7 +559,12 @@ template <class Tree, class Post> struct LastStageTree<Stage<Tree, Post>> {
 // streamed, not carried: it may not reduce. L2 transport only.
 // CarryRegisters = true (split phase only): the carried tile waits in the group's registers as bf16 instead of the
 // scratch slot (core.cuh, run_epilogue_publish with a register array): no scratch, one bf16 rounding.
-template <class Root, int DsmemCols = 8, bool Deferred = false, bool CarryRegisters = false>
+// InParts = true (one-pass only): a 128-row PingPong tile's stages are visited in two 64-row parts, and each
+// one-word L2 exchange (Reduce, C <= 8 column blocks) runs per part: part 0's partials are published while part 1
+// is still being folded, and collected only before the next stage visits part 0 (core.cuh, run_stage_in_parts).
+// The wait for the slowest peer then overlaps a part's visits instead of following the whole stage. The results
+// are the same bits: each row's partials are folded in the same order.
+template <class Root, int DsmemCols = 8, bool Deferred = false, bool CarryRegisters = false, bool InParts = false>
 struct StageStream {
   using RootType = Root;
   using Arguments = typename Root::Arguments;
@@ -533,6 +585,9 @@ struct StageStream {
   static constexpr int kSplitStage = kStage - 1;
   static constexpr bool kCarryInRegisters = CarryRegisters;
   static_assert(!CarryRegisters || Deferred, "only a split-phase epilogue carries a tile between turns");
+  static constexpr bool kVisitInParts = InParts;
+  static_assert(!InParts || (!Deferred && CountReduce<typename LastStageTree<Root>::type>::count == 0),
+                "a tile visited in parts: one-pass, and every reduction's results read by a later stage");
   static_assert(!Deferred || (kStage >= 1 && CountExchanges<Root>::count == 1 &&
                               CountReduce<typename LastStageTree<Root>::type>::count == 0),
                 "a split-phase epilogue has one cross-CTA exchange, at the end of the next-to-last stage, and a last "
@@ -560,6 +615,8 @@ struct StageStream {
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) { return root.template visit<S>(f, acc); }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { root.template end_stage<S>(c); }
   template <int S> CUTE_DEVICE void collect(TileCtx const& c) { root.template collect<S>(c); }
+  template <int S> CUTE_DEVICE void publish_part(TileCtx const& c, int p) { root.template publish_part<S>(c, p); }
+  template <int S> CUTE_DEVICE void collect_part(TileCtx const& c, int p) { root.template collect_part<S>(c, p); }
 };
 
 }  // namespace comfuse::epi

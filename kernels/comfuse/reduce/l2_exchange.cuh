@@ -161,6 +161,23 @@ CUTE_DEVICE void l2_publish(L2Exchange const& ex, float const (&part)[Rows][W], 
   }
 }
 
+// Step 1 for the row slots [s0, s1) only (a tile visited in 64-row parts publishes each part's rows as soon as
+// they are folded: row slots 2p and 2p + 1 hold the rows of part p, WGMMA layout).
+template <int W, int Rows, class RowOf>
+CUTE_DEVICE void l2_publish_slots(L2Exchange const& ex, float const (&part)[Rows][W], RowOf row_of, int s0, int s1) {
+  const L2Slot sl = l2_slot(ex);
+  const uint64_t hi = uint64_t(ex.tag) << 32;
+  if (ex.thread % 4 == 0) {
+#pragma unroll
+    for (int s = 0; s < Rows; ++s)
+      if (s >= s0 && s < s1 && s < ex.slots)
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+          detail::st_relaxed_gpu(sl.base + w * sl.word_stride + size_t(ex.col) * ex.ws.tile_m + row_of(s),
+                                 hi | __float_as_uint(part[s][w]));
+  }
+}
+
 // Folds n tagged states in order into acc: state k's word w is at p + k * stride + w * word_stride. With `first`,
 // acc starts as state 0 and fold(acc, x, k) takes the others; else fold takes all of them. Batch states are in
 // flight together (registers: a tile is live; more made ptxas spill in the chained LayerNorm epilogue); any word
@@ -210,6 +227,21 @@ CUTE_DEVICE void l2_collect(L2Exchange const& ex, Fold fold, Finish finish) {
   if (row < ex.ws.tile_m) {
     float acc[W];
     poll_fold<W, Batch>(sl.base + row, sl.word_stride, size_t(ex.ws.tile_m), ex.ws.cols, tag, fold, acc, true);
+    finish(row, acc);
+  }
+  __syncwarp();
+}
+
+// Step 2 for the rows of 64-row part p only (rows 64p .. 64p + 63: lanes 16p .. 16p + 15 of each warp; the
+// other lanes wait at the __syncwarp). Same folds, same order, same bits as l2_collect.
+template <int W, int Batch = 4 / W, class Fold, class Finish>
+CUTE_DEVICE void l2_collect_part(L2Exchange const& ex, int p, Fold fold, Finish finish) {
+  const L2Slot sl = l2_slot(ex);
+  const int warp = ex.thread / 32, lane = ex.thread % 32;
+  const int row = (lane / 16) * 64 + warp * 16 + lane % 16;
+  if (lane / 16 == p && row < ex.ws.tile_m) {
+    float acc[W];
+    poll_fold<W, Batch>(sl.base + row, sl.word_stride, size_t(ex.ws.tile_m), ex.ws.cols, ex.tag, fold, acc, true);
     finish(row, acc);
   }
   __syncwarp();
