@@ -32,6 +32,10 @@ struct KernelConfig {
   // The form of the tile inputs: set by the planner from the measured row it picked (the form measured fastest at
   // that shape), or by a config name's "_sr" / "_rr"; unset, Psi applies its measured rule (psi_tile_input_form).
   std::optional<TileInputForm> tile_input;
+  // The stages of a 128-row PingPong tile visited in two 64-row parts, each row reduction's L2 exchange per part
+  // (StageStream<.., InParts>, docs/kernel-reduce.md; "_pt" in a config name). Set from the measured row the planner
+  // picked; Psi renders it where the tile has two parts and a later stage reads every reduction, else ignores it.
+  bool parts = false;
 };
 
 struct MeasuredRow {

@@ -55,6 +55,8 @@ const char* kUsage =
     "  (T: l2 | dsmem_p2p | dsmem_leader, the row reductions' cross-CTA transport; default: the planner's)\n"
     "  --merge on|off (emit, run, bench, aot): a LayerNorm's or softmax's two chained reductions in one cross-CTA\n"
     "  exchange wherever the kernels can, or never; default: the planner's choice, from its measurements\n"
+    "  --parts on|off (emit): render the stages of a 128-row tile visited in 64-row parts, each row reduction's\n"
+    "  L2 exchange per part (StageStream<.., InParts>); default off, as the default config emit renders\n"
     "  --rows N: the row count of a graph with a symbolic leading dim (input X : bf16[?, 1024]); plan, emit,\n"
     "  aot and bench default to 4096 (the planner's tuning point; aot'd kernels run any row count); run and\n"
     "  interp take it from --inputs when not given\n";
@@ -200,12 +202,15 @@ int cmd_emit(const Args& a) {
   std::string dir = a.get("o");
   if (dir.empty()) throw UsageError("emit needs -o DIR");
   const bool merge = merge_arg(a) == "on";
+  const std::string parts = a.get("parts");
+  if (!parts.empty() && parts != "on" && parts != "off") throw UsageError("--parts must be 'on' or 'off', got '" + parts + "'");
   Partition p = partition(bound_graph(a, parse_cf_file(a.file), kDefaultRows));  // the source does not depend on rows
   make_output_dir(dir);
   for (size_t i = 0; i < p.regions.size(); ++i) {
     try {
       KernelConfig cfg;   // the default config: the source for reading, not the planner's choice
       cfg.merged = merge && psi_merges(p.regions[i].spec);
+      cfg.parts = parts == "on";
       GeneratedKernel k = generate_kernel(p.regions[i].spec, cfg);
       fs::path out = fs::path(dir) / (k.name + ".cu");
       write_text_file(out, k.source);
@@ -659,7 +664,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
-    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge"}));
+    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
       return cmd_run(

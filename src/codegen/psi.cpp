@@ -201,7 +201,8 @@ class Psi {
  public:
   // form: how [rows, N] inputs are read (psi_tile_input_form decides): TileLoad, TileLoadStaged or TileLoadRing.
   Psi(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form)
-      : fs_(fs), st_(fs.stages()), form_(form), staged_(form == TileInputForm::Staged ? staged_tile_args(cfg) : "") {
+      : fs_(fs), st_(fs.stages()), form_(form), staged_(form == TileInputForm::Staged ? staged_tile_args(cfg) : ""),
+        parts_(renders_parts(fs, cfg)) {
     constexpr int kMaxReductions = 4;  // kernels/comfuse/epilogue/reduce.cuh
     if (static_cast<int>(st_.size()) - 1 > kMaxReductions)
       throw CodegenError("more than " + std::to_string(kMaxReductions) + " chained reductions");
@@ -299,6 +300,7 @@ class Psi {
 
   size_t stages() const { return st_.size(); }
   TileInputForm form() const { return form_; }
+  bool parts() const { return parts_; }   // StageStream<.., InParts> (renders_parts)
   // The node aliases of the Epilogue (one per Spec node, indented by stage) and `using Epilogue = ...;`.
   std::string types() const { return types_.str() + "\nusing Epilogue = " + epilogue_type(0) + ";\n"; }
   // make_args' body: one Arguments variable per node that takes any, then the return.
@@ -406,7 +408,17 @@ class Psi {
     if (st_.size() == 1) return tree_types_[0];
     std::string t = k + 1 == st_.size() ? "Stage<" + tree_types_[k] + ">"
                                         : "Stage<" + tree_types_[k] + ", " + epilogue_type(k + 1) + ">";
-    return k == 0 ? "StageStream<" + t + ">" : t;
+    if (k != 0) return t;
+    // InParts: StageStream<Root, DsmemCols, Deferred, CarryRegisters, InParts> (reduce.cuh)
+    return parts_ ? "StageStream<" + t + ", " + std::to_string(kDsmemMaxCols) + ", false, false, true>"
+                  : "StageStream<" + t + ">";
+  }
+  // cfg.parts where it applies: a 128-row PingPong tile (two m64 parts) and a Spec with stages, whose last one
+  // (the store) reduces nothing - every reduction's results are read by a later stage.
+  static bool renders_parts(const FusionSpec& fs, const KernelConfig& cfg) {
+    if (!cfg.parts || cfg.cooperative || cfg.tile_m != 128) return false;
+    const auto st = fs.stages();
+    return st.size() > 1 && st.back()->nodes[st.back()->terminal].kind != SpecKind::Reduction;
   }
   std::string epilogue_args(size_t k) const {
     if (k + 1 == st_.size()) return "{" + tree_args_[k] + "}";
@@ -579,6 +591,7 @@ class Psi {
   std::vector<MergeHow> merge_;   // per stage: the pair (k, k+1) merges, and how
   TileInputForm form_;
   std::string staged_;   // TileLoadStaged's arguments after the type (form_ Staged)
+  bool parts_;           // StageStream<.., InParts>: the stages visited in 64-row parts (renders_parts)
   std::map<std::string, std::string> alias_types_;   // every alias the unit defines -> its type
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
   std::vector<std::string> tree_types_, tree_args_;      // per stage: its tree's type and Arguments expression
@@ -714,7 +727,8 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     << "// spec " << hash.str() << ": N=" << fs.gemm.n << " K=" << fs.gemm.k << ", " << fs.num_stages()
     << " stage(s); tile " << cfg.tile_m << "x" << cfg.tile_n << "x" << cfg.tile_k << ", cluster " << cfg.cluster_m
     << "x" << cfg.cluster_n << (cfg.cooperative ? ", cooperative" : "")
-    << (cfg.merged ? ", reduction pairs merged" : "") << "\n";
+    << (cfg.merged ? ", reduction pairs merged" : "") << (psi.parts() ? ", stages visited in 64-row parts" : "")
+    << "\n";
   if (psi.form() != TileInputForm::Registers)
     o << "// tile inputs " << (psi.form() == TileInputForm::Staged ? "staged in SMEM" : "through the tile ring")
       << (cfg.tile_input ? " (the planner's measured choice)" : " (Psi's K rule)") << "\n";

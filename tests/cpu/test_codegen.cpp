@@ -182,6 +182,42 @@ TEST(Codegen, MergedPairsRenderTheHandComposedTrees) {
             "Stage<Store<bf16, Compute<ops::Div, " + shifted2 + ", RowResult<3>>>>>>>>>");
 }
 
+// A "_pt" config renders the stages visited in 64-row parts (StageStream<.., InParts>) where the tile has two parts
+// and a later stage reads every reduction; elsewhere the config's parts flag changes nothing.
+TEST(Codegen, PartsRenderTheStageStreamInParts) {
+  auto spec = [](const std::string& body) {
+    return partition(parse_cf("input X : bf16[64, 2048]\ninput W : bf16[2048, 256]\ninput b : bf16[256]\n"
+                              "input R : bf16[64, 256]\ninput g : bf16[256]\nh = matmul(X, W)\n" + body,
+                              "pt.cf"))
+        .regions.at(0)
+        .spec;
+  };
+  KernelConfig pt;
+  pt.parts = true;
+  const FusionSpec rms = spec("y = rms_norm(add(add(h, b), R), g, eps=1e-6)\noutput y\n");
+  const std::string src = generate_kernel(rms, pt).source;
+  const std::string e = expanded_epilogue(src);
+  EXPECT_EQ(e.rfind("StageStream<Stage<", 0), 0u) << e;
+  const std::string flags = ", 8, false, false, true>";   // StageStream<Root, DsmemCols, Deferred, Regs, InParts>
+  ASSERT_GT(e.size(), flags.size());
+  EXPECT_EQ(e.substr(e.size() - flags.size()), flags) << e;
+  EXPECT_NE(src.find("stages visited in 64-row parts"), std::string::npos);
+  // the same tree as without parts: only the StageStream's flags differ
+  const std::string whole = expanded_epilogue(generate_kernel(rms).source);
+  EXPECT_EQ(e.substr(0, e.size() - flags.size()) + ">", whole);
+  // one part per tile (Cooperative 64-row groups, a 64-row tile) or no stages: nothing to visit in parts
+  KernelConfig coop = pt;
+  coop.cooperative = true;
+  coop.tile_n = 256;
+  EXPECT_EQ(generate_kernel(rms, coop).source.find("false, false, true>"), std::string::npos);
+  KernelConfig m64 = pt;
+  m64.tile_m = 64;
+  m64.tile_n = 256;
+  EXPECT_EQ(generate_kernel(rms, m64).source.find("false, false, true>"), std::string::npos);
+  const std::string gelu = generate_kernel(spec("y = gelu(add(h, b))\noutput y\n"), pt).source;
+  EXPECT_EQ(gelu.find("StageStream"), std::string::npos);
+}
+
 // A pair merges only where the kernel's merged form computes the same values (codegen.h, psi_merges).
 TEST(Codegen, MergesOnlyWhatTheMergedFormComputesAlike) {
   auto spec = [](const std::string& body) {

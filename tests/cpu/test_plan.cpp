@@ -301,7 +301,7 @@ TEST(PlanCandidates, TheCompiledInTableGivesSeveralForAnElementwiseEpilogue) {
 TEST(PlanCandidates, ConfigNamesRoundTrip) {
   for (const std::string s : {"128x128x64_c1x1", "128x256x64_c2x1_coop", "64x256x64_c2x1", "128x128x64_c1x8_mg",
                               "128x256x64_c1x1_coop_mg", "128x128x64_c1x8_sr", "128x128x64_c1x8_mg_sr",
-                              "128x128x64_c1x1_mg_rr"}) {
+                              "128x128x64_c1x1_mg_rr", "128x128x64_c1x1_rr_pt", "128x128x64_c1x1_pt"}) {
     KernelConfig c;
     ASSERT_TRUE(parse_config(s, c)) << s;
     EXPECT_EQ(config_name(c), s);
@@ -311,10 +311,13 @@ TEST(PlanCandidates, ConfigNamesRoundTrip) {
   EXPECT_EQ(c.tile_input, TileInputForm::Ring);
   ASSERT_TRUE(parse_config("128x128x64_c1x1", c));
   EXPECT_FALSE(c.tile_input.has_value());   // Psi's rule decides
+  EXPECT_FALSE(c.parts);
+  ASSERT_TRUE(parse_config("128x128x64_c1x1_rr_pt", c));
+  EXPECT_TRUE(c.parts && c.tile_input == TileInputForm::Ring);
   EXPECT_FALSE(parse_config("cublas", c));
   // bench variants that are not configs: a fixed tile order, split-phase epilogues, suffixes out of order
   for (const std::string s : {"128x256x64_c2x1_coop_r8", "128x128x64_c1x1_sp", "128x128x64_c1x8_sr_mg",
-                              "128x256x64_c1x1_mg_coop", "128x128x64_c1x1_rr_sr"})
+                              "128x256x64_c1x1_mg_coop", "128x128x64_c1x1_rr_sr", "128x128x64_c1x1_pt_rr"})
     EXPECT_FALSE(parse_config(s, c)) << s;
 }
 
