@@ -6,9 +6,11 @@ implementation gives the output shapes and dtypes, so Dynamo/AOT/Inductor can tr
 On CPU tensors it runs the CPU reference (interpret_spec). On CUDA tensors of a compute-capability-9.0 GPU it
 runs the generated kernel: comfuse._core.RegionKernel plans the region, generates its CUDA C++, JIT-compiles it
 (cached on disk) and launches it on the current stream. The batch dimension M is a launch argument, so a new
-batch size reuses the compiled kernel. If the launch fails and the backend registered the region's torch form,
-that runs instead, with a warning. The backend puts this op into the graphs it rewrites; it can also be called
-directly, torch.ops.comfuse.fused_region(key, inputs), with a key from register_region.
+batch size reuses the compiled kernel. After a region's first launch its calls are served by the op's C++ CUDA
+kernel (comfuse/_torch_ops.so, python/src/torch_ops.cpp) without Python, where that library loads; the Python
+kernel (_run_gpu) handles every call the C++ one hands back. If the launch fails and the backend registered the
+region's torch form, that runs instead, with a warning. The backend puts this op into the graphs it rewrites; it
+can also be called directly, torch.ops.comfuse.fused_region(key, inputs), with a key from register_region.
 """
 from __future__ import annotations
 

@@ -10,9 +10,10 @@
 // depends on PyTorch and the C ABI only.
 //
 // Registration travels through ops of its own (comfuse::_fast_register etc.), so Python needs no bindings here.
-// Error messages are built as one std::string, never through c10::str's ostringstream: where an image links C++
-// libraries with a static libstdc++, iostream formatting in this library mixes locale facets with PyTorch's and
-// crashed on the H200 machine (a number in a TORCH_CHECK message).
+// Error messages are built as one std::string, never through c10::str's ostringstream: formatting a number into a
+// TORCH_CHECK message that way crashed this library on the H200 machine's image (not here; a build linked with a
+// static libstdc++ here printed the message without its number), and iostream formatting is the one part of
+// libstdc++ that depends on process-wide locale state shared with PyTorch.
 #include <atomic>
 #include <cstring>
 #include <memory>
