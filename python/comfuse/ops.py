@@ -226,6 +226,18 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 _SCALAR_TYPE = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
 
 
+def _fast_description(L: _GpuLaunch, entry: int, base: list) -> list:
+    """comfuse::_fast_register's description of a region (layout: python/src/torch_ops.cpp, fast_register): the
+    launch entry, the fixed arguments `base` ([abi, n, k, lda, ldb, ld, transport], RegionKernel.recipe), whether
+    it reduces, the dtypes, and each output's shape rule."""
+    desc = [entry, *base, int(L.spec.num_stages() > 1), _SCALAR_TYPE[L.dtype], len(L.param_dtypes),
+            *[_SCALAR_TYPE[d] for d in L.param_dtypes], len(L.out_dtypes)]
+    for o, d in zip(L.spec.outputs, L.out_dtypes):
+        shape = [int(x) for x in o.shape]
+        desc += [_SCALAR_TYPE[d], int(has_gemm_lead(L.spec, o)), len(shape) - 1, *shape[:-1], shape[-1]]
+    return desc
+
+
 def _fast_register(L: _GpuLaunch, stream: int, rows: int) -> None:
     """After a launch on the Python path: hands the region (once) and this stream's workspace (when it is new or
     grew) to the C++ fast path, which serves the following calls of this key by itself."""
@@ -234,12 +246,7 @@ def _fast_register(L: _GpuLaunch, stream: int, rows: int) -> None:
         return
     entry, base, partials, counters, ws_rows = L.kernel.recipe(stream, rows)
     if L.fast is None:
-        desc = [entry, *base, int(reduces), _SCALAR_TYPE[L.dtype], len(L.param_dtypes),
-                *[_SCALAR_TYPE[d] for d in L.param_dtypes], len(L.out_dtypes)]
-        for o, d in zip(L.spec.outputs, L.out_dtypes):
-            shape = [int(x) for x in o.shape]
-            desc += [_SCALAR_TYPE[d], int(has_gemm_lead(L.spec, o)), len(shape) - 1, *shape[:-1], shape[-1]]
-        torch.ops.comfuse._fast_register(L.key, desc)
+        torch.ops.comfuse._fast_register(L.key, _fast_description(L, entry, base))
         L.fast = {}
     if reduces:
         torch.ops.comfuse._fast_workspace(L.key, stream, partials, counters, ws_rows)

@@ -223,6 +223,21 @@ void fast_forget(std::string_view key) {
   g_regions.erase(std::string(key));
 }
 
+// The output shapes a registered region's call gets for A of shape a_sizes, flattened as [rank, dims...] per output
+// (the CPU tests compare them with ops._out_shape, the Python kernel's rule).
+std::vector<int64_t> fast_out_shapes(std::string_view key, std::vector<int64_t> a_sizes) {
+  std::shared_ptr<Region> r = find(key);
+  TORCH_CHECK(r != nullptr, "comfuse::_fast_out_shapes: region " + std::string(key) + " is not registered");
+  TORCH_CHECK(!a_sizes.empty(), "comfuse::_fast_out_shapes: A needs at least one dim");
+  std::vector<int64_t> flat;
+  for (const OutRule& o : r->outs) {
+    const std::vector<int64_t> s = out_shape(o, a_sizes);
+    flat.push_back(int64_t(s.size()));
+    flat.insert(flat.end(), s.begin(), s.end());
+  }
+  return flat;
+}
+
 // [calls served here, calls handed to the Python path, regions registered]
 std::vector<int64_t> fast_stats() {
   std::shared_lock lock(g_mu);
@@ -236,6 +251,7 @@ TORCH_LIBRARY_FRAGMENT(comfuse, m) {
   m.def("_fast_workspace(str key, int stream, int partials, int counters, int rows) -> ()", &fast_workspace);
   m.def("_fast_forget(str key) -> ()", &fast_forget);
   m.def("_fast_stats() -> int[]", &fast_stats);
+  m.def("_fast_out_shapes(str key, int[] a_sizes) -> int[]", &fast_out_shapes);
 }
 
 TORCH_LIBRARY_IMPL(comfuse, CUDA, m) { m.impl("fused_region", TORCH_FN(fused_region)); }

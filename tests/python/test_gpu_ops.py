@@ -160,6 +160,42 @@ def test_the_fast_path_registration_checks_its_description():
     assert ops.fast_path_stats()["regions"] == before
 
 
+def test_the_fast_path_shapes_outputs_as_the_python_kernel_does():
+    """The C++ fast path computes each call's output shapes itself (torch_ops.cpp, out_shape): for regions traced
+    2-D and 3-D and A of other batch and sequence sizes, the same shapes as the Python kernel's rule (_out_shape),
+    so a call served in C++ returns what one served in Python would. No GPU: the region is registered with a
+    description only."""
+    if not ops._FAST:
+        pytest.skip("skipped: the C++ fast path (comfuse/_torch_ops.so) is not built")
+    graphs = {
+        "2-D": ("input X : bf16[64, 96]\ninput W : bf16[96, 32]\ninput b : bf16[32]\n", [(64, 96), (1000, 96),
+                                                                                        (4, 25, 96), (2, 3, 5, 96)]),
+        "3-D": ("input X : bf16[4, 8, 96]\ninput W : bf16[96, 32]\ninput b : bf16[32]\n", [(4, 8, 96), (2, 8, 96),
+                                                                                           (4, 13, 96), (32, 96),
+                                                                                           (3, 2, 8, 96)]),
+    }
+    for name, (inputs, a_shapes) in graphs.items():
+        spec = C.partition(C.parse_cf(inputs + "h = add(matmul(X, W), b)\ny = gelu(h)\noutput h\noutput y\n",
+                                      "shapes.cf")).regions[0].spec
+        key = ops.register_region(spec)
+        L = ops._GpuLaunch(key, spec)
+        g = spec.gemm
+        torch.ops.comfuse._fast_register(key, ops._fast_description(L, 1, [1, int(g.n), int(g.k), int(g.k),
+                                                                           int(g.n), int(g.n), 0]))
+        try:
+            for a in a_shapes:
+                flat = list(torch.ops.comfuse._fast_out_shapes(key, list(a)))
+                got = []
+                while flat:
+                    rank, flat = flat[0], flat[1:]
+                    got.append(flat[:rank])
+                    flat = flat[rank:]
+                want = [list(ops._out_shape(spec, o, a)) for o in spec.outputs]
+                assert got == want, (name, a, got, want)
+        finally:
+            torch.ops.comfuse._fast_forget(key)
+
+
 def test_gpu_reason_is_reported_without_a_gpu():
     # the module loads without a driver, and says why kernels cannot run
     reason = C.unsupported_device_reason(0)
