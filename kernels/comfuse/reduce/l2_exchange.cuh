@@ -144,25 +144,9 @@ CUTE_DEVICE L2Slot l2_slot(L2Exchange const& ex) {
   return {reinterpret_cast<uint64_t*>(ex.ws.partials) + slot0 * word_stride, word_stride};
 }
 
-// Step 1 of an exchange: the quad leaders write this CTA's partial states of their rows, tagged with the launch.
-// Nothing waits: a split-phase epilogue (reduce.cuh, StageStream<.., Deferred>) publishes here and collects later.
-template <int W, int Rows, class RowOf>
-CUTE_DEVICE void l2_publish(L2Exchange const& ex, float const (&part)[Rows][W], RowOf row_of) {
-  const L2Slot sl = l2_slot(ex);
-  const uint64_t hi = uint64_t(ex.tag) << 32;
-  if (ex.thread % 4 == 0) {
-#pragma unroll
-    for (int s = 0; s < Rows; ++s)
-      if (s < ex.slots)
-#pragma unroll
-        for (int w = 0; w < W; ++w)
-          detail::st_relaxed_gpu(sl.base + w * sl.word_stride + size_t(ex.col) * ex.ws.tile_m + row_of(s),
-                                 hi | __float_as_uint(part[s][w]));
-  }
-}
-
-// Step 1 for the row slots [s0, s1) only (a tile visited in 64-row parts publishes each part's rows as soon as
-// they are folded: row slots 2p and 2p + 1 hold the rows of part p, WGMMA layout).
+// Step 1 for the row slots [s0, s1) only: the quad leaders write this CTA's partial states of those rows, tagged
+// with the launch. (A tile visited in 64-row parts publishes each part's rows as soon as they are folded: row slots
+// 2p and 2p + 1 hold the rows of part p, WGMMA layout.)
 template <int W, int Rows, class RowOf>
 CUTE_DEVICE void l2_publish_slots(L2Exchange const& ex, float const (&part)[Rows][W], RowOf row_of, int s0, int s1) {
   const L2Slot sl = l2_slot(ex);
@@ -176,6 +160,13 @@ CUTE_DEVICE void l2_publish_slots(L2Exchange const& ex, float const (&part)[Rows
           detail::st_relaxed_gpu(sl.base + w * sl.word_stride + size_t(ex.col) * ex.ws.tile_m + row_of(s),
                                  hi | __float_as_uint(part[s][w]));
   }
+}
+
+// Step 1 of an exchange: every row slot's partial state, tagged with the launch. Nothing waits: a split-phase
+// epilogue (reduce.cuh, StageStream<.., Deferred>) publishes here and collects later.
+template <int W, int Rows, class RowOf>
+CUTE_DEVICE void l2_publish(L2Exchange const& ex, float const (&part)[Rows][W], RowOf row_of) {
+  l2_publish_slots<W>(ex, part, row_of, 0, Rows);
 }
 
 // Folds n tagged states in order into acc: state k's word w is at p + k * stride + w * word_stride. With `first`,
@@ -218,33 +209,23 @@ CUTE_DEVICE void poll_fold(uint64_t const* p, size_t word_stride, size_t stride,
 // published, takes more at once), re-polls any word whose tag is not yet this launch's, folds them in column-block
 // order (so every CTA of the row block gets bit-identical results) and calls finish(row, state). Ends with a
 // __syncwarp: the warp's rows are the ones the warp reads back (WGMMA layout).
-template <int W, int Batch = 4 / W, class Fold, class Finish>
-CUTE_DEVICE void l2_collect(L2Exchange const& ex, Fold fold, Finish finish) {
-  const L2Slot sl = l2_slot(ex);
-  const int warp = ex.thread / 32, lane = ex.thread % 32;
-  const int row = (lane / 16) * 64 + warp * 16 + lane % 16;
-  const uint32_t tag = ex.tag;
-  if (row < ex.ws.tile_m) {
-    float acc[W];
-    poll_fold<W, Batch>(sl.base + row, sl.word_stride, size_t(ex.ws.tile_m), ex.ws.cols, tag, fold, acc, true);
-    finish(row, acc);
-  }
-  __syncwarp();
-}
-
-// Step 2 for the rows of 64-row part p only (rows 64p .. 64p + 63: lanes 16p .. 16p + 15 of each warp; the
-// other lanes wait at the __syncwarp). Same folds, same order, same bits as l2_collect.
+// p >= 0: the rows of 64-row part p only (rows 64p .. 64p + 63: lanes 16p .. 16p + 15 of each warp; the other lanes
+// wait at the __syncwarp), for a tile visited in parts. p < 0: every row (l2_collect).
 template <int W, int Batch = 4 / W, class Fold, class Finish>
 CUTE_DEVICE void l2_collect_part(L2Exchange const& ex, int p, Fold fold, Finish finish) {
   const L2Slot sl = l2_slot(ex);
   const int warp = ex.thread / 32, lane = ex.thread % 32;
   const int row = (lane / 16) * 64 + warp * 16 + lane % 16;
-  if (lane / 16 == p && row < ex.ws.tile_m) {
+  if ((p < 0 || lane / 16 == p) && row < ex.ws.tile_m) {
     float acc[W];
     poll_fold<W, Batch>(sl.base + row, sl.word_stride, size_t(ex.ws.tile_m), ex.ws.cols, ex.tag, fold, acc, true);
     finish(row, acc);
   }
   __syncwarp();
+}
+template <int W, int Batch = 4 / W, class Fold, class Finish>
+CUTE_DEVICE void l2_collect(L2Exchange const& ex, Fold fold, Finish finish) {
+  l2_collect_part<W, Batch>(ex, -1, fold, finish);
 }
 
 // Combines per-row partial states of W floats across the C column blocks of row block ex.row_block; the calling
