@@ -76,11 +76,13 @@ CUTE_DEVICE float* row_results(TileCtx const& c, int id) { return c.row_results 
 
 // ---- the levels of a row reduction (levels 2 to 4; level 1 is each node's visit) ----
 
-// Level 2: the 4 lanes of a quad combine their partials of each row slot.
+// Level 2: the 4 lanes of a quad combine their partials of each row slot in [k0, k1) (all of them by default; a
+// tile visited in 64-row parts reduces each part's two slots once that part is folded).
 template <class Combine>
-CUTE_DEVICE void quad_reduce(float (&part)[kMaxRowSlots], Combine combine) {
+CUTE_DEVICE void quad_reduce(float (&part)[kMaxRowSlots], Combine combine, int k0 = 0, int k1 = kMaxRowSlots) {
   CUTLASS_PRAGMA_UNROLL
   for (int k = 0; k < kMaxRowSlots; ++k) {
+    if (k < k0 || k >= k1) continue;
     part[k] = combine(part[k], __shfl_xor_sync(0xffffffffu, part[k], 1));
     part[k] = combine(part[k], __shfl_xor_sync(0xffffffffu, part[k], 2));
   }
@@ -193,15 +195,10 @@ struct Reduce : Children<Child> {
   template <int S> CUTE_DEVICE void publish_part(TileCtx const& c, int p) {
     Base::template publish_part<S>(c, p);
     if (!detail::exchanges_in_parts(c)) return;
+    detail::quad_reduce(part, Combine{}, 2 * p, 2 * p + 2);   // this part's slots only: each is reduced once
     float states[kMaxRowSlots][1];
     CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < kMaxRowSlots; ++k) {
-      if (k / 2 == p) {   // this part's slots only: a quad reduction of a slot must happen once
-        part[k] = Combine{}(part[k], __shfl_xor_sync(0xffffffffu, part[k], 1));
-        part[k] = Combine{}(part[k], __shfl_xor_sync(0xffffffffu, part[k], 2));
-      }
-      states[k][0] = part[k];
-    }
+    for (int k = 0; k < kMaxRowSlots; ++k) states[k][0] = part[k];
     reduce::l2_publish_slots<1>(detail::l2_exchange_of(c, ws, Id), states, detail::WgmmaRows{c.thread}, 2 * p, 2 * p + 2);
     if (p == 1) COMFUSE_TRACE_MARK(c.trace, c.thread, trace::ExchangeArrived + 2 * Id);
   }
