@@ -12,7 +12,7 @@
 //                 warp 1:  tile-input loader, where the epilogue reads an [M, N] input through the CTA's tile ring
 //                          (TileLoadRing, epilogue/tile_load_ring.cuh): bulk copies of each tile's rows, in the
 //                          CTA's tile order, one tile ahead of the epilogue that reads it.
-//   warp groups 1 and 2:   consumers.
+//   warp groups 1 and 2:   consumers (EpilogueWarps: 1-4).
 //     PingPong:            each group takes every other tile of the CTA; WGMMA mainloop
 //                          (CollectiveMma::mma), then the epilogue, while the other group runs the
 //                          mainloop of the next tile. An OrderedSequenceBarrier alternates the two
@@ -25,6 +25,8 @@
 //                          next tile's stages. Fewer, larger tiles read less SMEM per FLOP (B is shared by
 //                          the groups) but the tensor cores idle during the epilogue: it wins at long K.
 //                          To the epilogue each group's half is a 64-row tile of its own.
+//     EpilogueWarps:       (experimental) PingPong mainloops in groups 1 and 2, which hand each accumulator tile to
+//                          SMEM; groups 3 and 4 run the epilogues from there (run_epilogue_warps).
 //   tile order:            RowBlockScheduler (tile_scheduler.cuh): row-block-major, persistent;
 //                          grouped into bands of row blocks for kernels without cross-CTA reductions.
 //
@@ -47,6 +49,7 @@
 #include "cutlass/gemm/collective/builders/sm90_gmma_builder.inl"
 
 #include "comfuse/epilogue/core.cuh"
+#include "comfuse/mbarrier.cuh"
 #include "comfuse/epilogue/tile_load_ring.cuh"
 #include "comfuse/reduce/dsmem_exchange.cuh"
 #include "comfuse/reduce/l2_exchange.cuh"
@@ -55,7 +58,9 @@
 namespace comfuse {
 
 enum class BLayout { KN, NK };
-enum class Schedule { PingPong, Cooperative };
+// EpilogueWarps: PingPong mainloops in two warp groups that only multiply, and two more warp groups that run the
+// epilogues (see GemmKernel::run_epilogue_warps).
+enum class Schedule { PingPong, Cooperative, EpilogueWarps };
 
 // A compile-time kernel configuration: element type, B layout, tile, cluster, schedule.
 template <class Element_, BLayout LayoutB_, int TileM_, int TileN_, int TileK_, int ClusterM_,
@@ -67,6 +72,7 @@ struct GemmConfig {
   static constexpr int kClusterM = ClusterM_, kClusterN = ClusterN_;
   static constexpr Schedule kSchedule = Schedule_;
   static constexpr bool kCooperative = Schedule_ == Schedule::Cooperative;
+  static constexpr bool kEpilogueWarps = Schedule_ == Schedule::EpilogueWarps;
   // Rows of the tile one consumer warp group works on: the whole tile (PingPong) or half of it (Cooperative).
   static constexpr int kGroupTileM = kCooperative ? kTileM / 2 : kTileM;
   static_assert(kTileN % 16 == 0 && kTileN <= epi::kMaxTileN, "tile N");
@@ -108,9 +114,24 @@ struct GemmKernel {
                                  !std::is_void_v<typename epi::DsmemStorageOf<Tree>::type>;
   struct NoDsmem {};
   using DsmemStore = std::conditional_t<kDsmem, typename epi::DsmemStorageOf<Tree>::type, NoDsmem>;
+  // Schedule::EpilogueWarps: each multiplying group hands its accumulator tile to its epilogue group through SMEM
+  // (fp32, so the epilogue computes on the same values as in registers): thread t's i-th accumulator at
+  // tile[i * 128 + t], conflict-free on both sides. `full` counts the 128 writers of a tile, `empty` its 128
+  // readers. One buffer per group: a group's next tile is 2 mainloops away, the epilogue's whole time budget.
+  static constexpr bool kEpiWarps = Cfg::kEpilogueWarps;
+  struct Handoff {
+    alignas(16) float tile[2][Cfg::kTileM * Cfg::kTileN];
+    uint64_t full[2];
+    uint64_t empty[2];
+  };
+  struct NoHandoff {};
+  using HandoffStore = std::conditional_t<kEpiWarps, Handoff, NoHandoff>;
+  static_assert(!kEpiWarps || (!kDeferred && kRingSlots == 0 && Cfg::kClusterM * Cfg::kClusterN == 1),
+                "EpilogueWarps: one-pass epilogues, tile inputs by TileLoad, no mainloop cluster (L2 transport)");
   // SMEM besides the mainloop's stages and the tile ring.
   static constexpr int kCarveoutBase = int(2 * kEpiCopies * sizeof(EpiStorage) + 2 * sizeof(typename OrderBarrier::SharedStorage) +
-                                           (kDsmem ? 2 * kEpiCopies * sizeof(DsmemStore) : 0)) + 64;
+                                           (kDsmem ? 2 * kEpiCopies * sizeof(DsmemStore) : 0)) + 64 +
+                                       (kEpiWarps ? int(sizeof(HandoffStore)) : 0);
   template <int Carveout>
   using MainloopFor = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -145,9 +166,18 @@ struct GemmKernel {
   static_assert(cute::size(TiledMma{}) == (kCooperative ? 256 : 128),
                 "PingPong: one warp group per tile; Cooperative: two, split along M");
 
-  static constexpr int kThreads = 384;
-  static constexpr uint32_t kProducerRegs = 40;
-  static constexpr uint32_t kConsumerRegs = 232;
+  // Registers per thread after setmaxnreg. An increase is served only from what other warps of the CTA released
+  // (a request beyond it waits forever: seen as a hang on the H200), so the launch allocation (168 for 384 threads,
+  // 96 for 640) must cover the sum: PingPong / Cooperative 128 x 40 + 256 x 232 = 384 x 168; EpilogueWarps (5 warp
+  // groups) 128 x 24 + 256 x 168 (multiply: 128 accumulators; 152 spilled 800 bytes) + 256 x 56 (epilogue: the tile
+  // stays in SMEM; ~100 bytes of spills) <= 640 x 96.
+  static constexpr int kThreads = kEpiWarps ? 640 : 384;
+  static constexpr uint32_t kProducerRegs = kEpiWarps ? 24 : 40;
+  static constexpr uint32_t kConsumerRegs = kEpiWarps ? 168 : 232;
+  static constexpr uint32_t kEpilogueRegs = 56;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs + (kEpiWarps ? 256 * kEpilogueRegs : 0) <=
+                    kThreads * (kEpiWarps ? 96 : 168),
+                "setmaxnreg: the increases must fit in what the decreases release");
 
   struct SharedStorage {
     typename Mainloop::TensorStorage mainloop;                       // the A / B stage ring
@@ -157,6 +187,7 @@ struct GemmKernel {
     alignas(16) EpiStorage epi[2 * kEpiCopies];                      // per consumer group (two: split phase)
     [[no_unique_address]] DsmemStore dsmem[kDsmem ? 2 * kEpiCopies : 1];   // per epi copy (kDsmem; else no bytes)
     [[no_unique_address]] Ring ring;                                 // tile inputs (kRingSlots > 0; else no bytes)
+    [[no_unique_address]] HandoffStore handoff;                      // EpilogueWarps (else no bytes)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 232448, "shared memory");
@@ -198,6 +229,7 @@ struct GemmKernel {
     typename Pipeline::Params pp;
     if (warp_group == 0 && warp_idx == 0) pp.role = Pipeline::ThreadCategory::Producer;
     if (warp_group > 0) pp.role = Pipeline::ThreadCategory::Consumer;
+    if (kEpiWarps && warp_group > 2) pp.role = Pipeline::ThreadCategory::NonParticipant;   // epilogue groups
     pp.is_leader = wg_thread == 0;
     pp.num_consumers = kCooperative ? 256 : 128;   // consumer threads that release each stage
     pp.transaction_bytes = p.mainloop.tma_transaction_bytes;
@@ -214,6 +246,12 @@ struct GemmKernel {
         for (int k = 0; k < 2 * kEpiCopies; ++k) reduce::dsmem_init(ss.dsmem[k]);
       }
       if constexpr (kRingSlots > 0) ss.ring.init(kCooperative ? 256 : 128);
+      if constexpr (kEpiWarps) {
+        for (int g = 0; g < 2; ++g) {
+          mbar::init(cute::cast_smem_ptr_to_uint(&ss.handoff.full[g]), 128);
+          mbar::init(cute::cast_smem_ptr_to_uint(&ss.handoff.empty[g]), 128);
+        }
+      }
       cutlass::arch::fence_barrier_init();
     }
     // Barrier initialization is visible to the whole cluster before anyone uses it.
@@ -257,6 +295,8 @@ struct GemmKernel {
           ss.ring.load(origin, sched.first, sched.stride, sched.total, p.M, p.N);
         }
       }
+    } else if constexpr (kEpiWarps) {
+      run_epilogue_warps(p, ss, sched, pipeline, order, rx, ry, warp_group, wg_thread);   // (below)
     } else {
       // ---------------- consumers ----------------
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
@@ -388,6 +428,97 @@ struct GemmKernel {
 #else
     if (threadIdx.x == 0) printf("comfuse::GemmKernel needs sm_90a (-gencode=arch=compute_90a,code=sm_90a)\n");
 #endif
+  }
+
+  // Schedule::EpilogueWarps, warp groups 1-4. Groups 1 and 2 multiply: PingPong mainloops on alternate tiles of the
+  // CTA, as in the PingPong schedule, each handing its accumulator tile to SMEM instead of running the epilogue.
+  // Groups 3 and 4 run the epilogues of group 1's and group 2's tiles, reading the tile from SMEM: an epilogue
+  // (its exchange waits included) then has two mainloops' time before its group needs the buffer again, and it
+  // never holds the tensor cores. Results are the same bits as the PingPong kernel's: the same fp32 values go
+  // through the same epilogue code.
+  // Progress (L2 exchanges): tile k of a CTA (its k-th) needs the multiply of tile k, which needs tile k - 2's
+  // epilogue done (the buffer) and tile k - 1's mainloop (the order barrier); tile k's exchange needs the peers'
+  // tile k, whose dependencies are the same. Everything tile k waits for is of a tile < k or a peer's tile k, so
+  // by induction on k every epilogue completes (all CTAs of a row block resident, as for the PingPong schedule).
+  template <class Sched>
+  static CUTE_DEVICE void run_epilogue_warps(Params const& p, SharedStorage& ss, Sched const& sched, Pipeline& pipeline,
+                                             OrderBarrier& order, int rx, int ry, int warp_group, int wg_thread) {
+    using namespace cute;
+    int const group = (warp_group - 1) % 2;
+    int const u_first = sched.first + group * sched.stride;
+    int const u_step = 2 * sched.stride;
+    uint32_t const full = cute::cast_smem_ptr_to_uint(&ss.handoff.full[group]);
+    uint32_t const empty = cute::cast_smem_ptr_to_uint(&ss.handoff.empty[group]);
+    float* const tile = &ss.handoff.tile[group][0];
+    TiledMma tiled_mma;
+    using AccShape = decltype(shape(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}))));
+#ifdef COMFUSE_TRACE
+    auto trace_slot = [&](int it) { return trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), group, it); };
+#endif
+    if (warp_group <= 2) {
+      // ---------------- multiply ----------------
+      cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+      Mainloop mainloop;
+      PipelineState state;
+      if (group == 1) state.advance(p.k_tiles);   // group 1 starts at the CTA's second tile
+      int it = 0;
+      for (int u = u_first; u < sched.total; u += u_step, ++it) {
+        Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+        order.wait();   // our turn for the tensor cores
+#ifdef COMFUSE_TRACE
+        trace::Stamp* const tr = trace_slot(it);
+#endif
+        COMFUSE_TRACE_MARK(tr, wg_thread, trace::MlStart);
+        mainloop.mma(pipeline, state, accum, p.k_tiles, wg_thread, ss.mainloop, p.mainloop);
+        order.arrive();
+        mainloop.mma_tail(pipeline, state, p.k_tiles);
+        state.advance(2 * p.k_tiles);   // skip the other group's tile in the ring
+        COMFUSE_TRACE_MARK(tr, wg_thread, trace::MlEnd);
+        if (it > 0) mbar::wait(empty, uint32_t(it - 1) & 1u);   // the epilogue group is done with tile it - 1
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) tile[i * 128 + wg_thread] = accum(i);
+        mbar::arrive(full);   // release: the epilogue group reads the tile after its acquire
+      }
+    } else {
+      // ---------------- epilogue ----------------
+      cutlass::arch::warpgroup_reg_dealloc<kEpilogueRegs>();
+      auto thr_mma = tiled_mma.get_thread_slice(wg_thread);
+      Tensor tCcD = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
+      // The group's tile in SMEM, seen as the accumulator fragment: element i of this thread at tile[i * 128 + t].
+      Tensor acc = make_tensor(make_smem_ptr(tile + wg_thread), make_layout(AccShape{}, compact_col_major(AccShape{}, Int<128>{})));
+      const bool l2_exchanges = kReduces && p.reduce_counters != nullptr && !reduce::is_dsmem(reduce::Transport(p.transport));
+      const uint32_t exchange_tag = l2_exchanges ? reduce::launch_tag(p.reduce_counters) : 0u;
+      int it = 0;
+      for (int u = u_first; u < sched.total; u += u_step, ++it) {
+        auto t = sched.tile(u, rx, ry);
+        epi::TileCtx ctx{t.m * Cfg::kTileM, t.n * Cfg::kTileN, p.M, p.N, Cfg::kTileM, Cfg::kTileN, wg_thread, group};
+        ctx.iter = it;
+        ctx.transport = p.transport;
+        ctx.exchange_tag = exchange_tag;
+        ctx.exchange_ctas = 1;
+        ctx.exchange_rank = ry;
+#ifdef COMFUSE_TRACE
+        ctx.trace = trace_slot(it);
+        if (ctx.trace && wg_thread == 0) ctx.trace[trace::TileIndex] = trace::Stamp{(unsigned long long)u, 0ull};
+#endif
+        epi::bind<Tree>(ctx, ss.epi[group]);
+        Tree tree(p.epi, ss.epi[group], ctx);
+        tree.prefetch();
+        mbar::wait(full, uint32_t(it) & 1u);   // the multiply group wrote tile it
+        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
+        epi::run_epilogue(tree, acc, tCcD, ctx);
+        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
+        mbar::arrive(empty);   // this thread's reads and writes of the tile are done
+      }
+      if (l2_exchanges) {   // both epilogue groups are past their last exchange: count this CTA as finished
+        asm volatile("bar.sync 10, 256;\n" ::: "memory");
+        if (wg_thread == 0 && group == 0) reduce::launch_done(p.reduce_counters, int(gridDim.x * gridDim.y));
+      }
+#ifdef COMFUSE_TRACE
+      if (wg_thread == 0 && group == 0)
+        trace::mark(trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), 0, 0), trace::KernelExit);
+#endif
+    }
   }
 };
 

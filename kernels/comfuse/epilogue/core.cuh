@@ -453,7 +453,10 @@ CUTE_DEVICE void visit_range(Tree& tree, AccTensor& acc, CoordTensor const& tCcD
                              FragBounds const& b) {
   using namespace cute;
   constexpr int kElems = size(AccTensor{});
-  constexpr int kChunkElems = (kElems / kFragSize > 64 ? kPreloadChunk / 2 : kPreloadChunk) * kFragSize;
+  // Tiles with more than 64 fragments per thread (128x192), and tiles read from SMEM by an epilogue warp group
+  // (Schedule::EpilogueWarps: 56 registers), have less register room: half chunks.
+  constexpr bool kTileInSmem = cute::is_smem<AccTensor>::value;
+  constexpr int kChunkElems = (kElems / kFragSize > 64 || kTileInSmem ? kPreloadChunk / 2 : kPreloadChunk) * kFragSize;
   CUTLASS_PRAGMA_UNROLL
   for (int i = E0; i < E0 + kChunkElems && i < E1; i += kFragSize)
     ::comfuse::epi::preload<S>(tree, frag_ctx(i, acc, tCcD, ctx, b));
