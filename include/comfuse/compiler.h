@@ -218,23 +218,37 @@ class RegionKernel {
   RegionKernel(const RegionKernel&) = delete;
   RegionKernel& operator=(const RegionKernel&) = delete;
 
+  // The L2 workspace of a caller that allocates it (the PyTorch op, from PyTorch's caching allocator): partials
+  // and counters of workspace_bytes(rows) bytes each, both zeroed before their first launch and again after a
+  // launch that failed; private to one stream (launches on it are ordered).
+  struct CallerWorkspace {
+    void* partials = nullptr;
+    void* counters = nullptr;
+    int64_t rows = 0;   // the rows it was sized for
+  };
+  // Bytes of the workspace's partials and counters for `rows` rows ({0, 0}: the region does not reduce).
+  std::pair<int64_t, int64_t> workspace_bytes(int64_t rows) const;
+
   // Dense row-major operands: a [rows, K]; b [K, N] (or [N, K] with the Spec's transpose_b); outs and params in
-  // the Spec's order (tile params [rows, N], column params [rows, 1]). Pointers must be 16-byte aligned; the
-  // L2 workspace is owned here, per stream. Throws std::invalid_argument / rt::RuntimeError.
+  // the Spec's order (tile params [rows, N], column params [rows, 1]). Pointers must be 16-byte aligned. The L2
+  // workspace is the caller's where given (it must hold `rows`), else owned here, per stream: growing it then
+  // synchronizes the stream, which a stream being captured into a CUDA graph cannot do.
+  // Throws std::invalid_argument / rt::RuntimeError.
   void launch(const void* a, const void* b, int64_t rows, const std::vector<void*>& outs,
-              const std::vector<const void*>& params, CUstream stream);
+              const std::vector<const void*>& params, CUstream stream, const CallerWorkspace* ws = nullptr);
 
   // Everything a launch needs, for a caller that launches without this object (the PyTorch op's C++ fast path,
-  // python/src/torch_ops.cpp): the kernel library's C entry, the arguments that stay the same from call to call
-  // (zeroed padding included: the library finds its prepared launch by these bytes), and `stream`'s L2 workspace
-  // grown to at least `rows` rows (null and 0 when the region does not reduce). The caller fills a, b, m, out and
-  // param. The pointers stay valid until a launch on that stream grows the workspace again, or this is destroyed.
+  // python/src/torch_ops.cpp): the kernel library's C entry and the arguments that stay the same from call to call
+  // (zeroed padding included: the library finds its prepared launch by these bytes). The caller fills a, b, m,
+  // out, param and, where the region reduces, its own workspace (workspace_bytes).
   struct Recipe {
     ComfuseKernelLaunchFn entry = nullptr;
     ComfuseKernelArgs args{};
-    int64_t workspace_rows = 0;
   };
-  Recipe recipe(CUstream stream, int64_t rows);
+  Recipe recipe() const;
+  // This object's own workspace on `stream`, grown to `rows` rows first (synchronizing the stream when it grows),
+  // for a fast path that launches with it; {} when the region does not reduce. Valid until it grows again.
+  CallerWorkspace own_workspace(CUstream stream, int64_t rows);
 
   const CompiledRegion& info() const { return region_; }
 

@@ -138,8 +138,10 @@ class _GpuLaunch:
     """One registered region's CUDA launch with everything a call does not change worked out once: the GEMM's K
     and N, the dtypes, the kernel (compiled or loaded on first use), the output shapes per A shape. Keeps the
     host time of a call small (issue 13: <= 10 us outside CUDA graphs). `fast`: what the C++ fast path holds
-    (None: not registered there yet; else the workspace rows it holds per stream)."""
-    __slots__ = ("key", "spec", "k", "kn", "dtype", "param_dtypes", "out_dtypes", "shapes", "kernel", "fast")
+    (None: not registered there yet; else the workspace rows it holds per stream). `ws`: the L2 workspace per
+    stream of a region that reduces (_workspace)."""
+    __slots__ = ("key", "spec", "k", "kn", "dtype", "param_dtypes", "out_dtypes", "shapes", "kernel", "fast", "ws",
+                 "retired", "reduces")
 
     def __init__(self, key: str, spec):
         g = spec.gemm
@@ -150,6 +152,9 @@ class _GpuLaunch:
         self.shapes: dict = {}      # A's shape -> the outputs' shapes
         self.kernel = None
         self.fast = None
+        self.ws: dict = {}          # raw stream -> (partials, counters, rows)
+        self.retired: list = []     # workspaces replaced by larger ones (kept alive: _workspace)
+        self.reduces = spec.num_stages() > 1
 
     def out_shapes(self, a_shape) -> list:
         s = self.shapes.get(a_shape)
@@ -171,6 +176,55 @@ def _dense(t: torch.Tensor, dtype) -> torch.Tensor:
     if not t.is_contiguous():
         t = t.contiguous()
     return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+# COMFUSE_WORKSPACE=kernel: the kernel library's own workspace per stream (cuMemAlloc; growing it synchronizes the
+# stream, so a capture must not be the stream's first call of a region) instead of PyTorch's allocator.
+_WS_FROM_TORCH = os.environ.get("COMFUSE_WORKSPACE", "torch") != "kernel"
+
+
+def _allocate_outside_pools(dev: int, sizes: list) -> list:
+    """uint8 tensors of `sizes` bytes from PyTorch's caching allocator on device `dev`, allocated on a thread of
+    their own. CUDA-graph captures and the warm-up runs of Inductor's CUDA-graph trees route the allocations of
+    the thread that runs them to the graph's memory pool (torch._C._cuda_beginAllocateCurrentThreadToPool), where
+    a tensor that outlives the run is an error ("tensors in the cudagraph pool not tracked as outputs"; seen on the
+    H200 under mode="reduce-overhead" when the workspace was allocated on the calling thread). Rare: once per
+    region, stream and growth."""
+    out: list = []
+    err: list = []
+
+    def work():
+        try:
+            with torch.cuda.device(dev):
+                out.extend(torch.empty(n, dtype=torch.uint8, device=dev) for n in sizes)
+        except BaseException as e:   # re-raised on the calling thread
+            err.append(e)
+
+    t = threading.Thread(target=work, name="comfuse-workspace")
+    t.start()
+    t.join()
+    if err:
+        raise err[0]
+    return out
+
+
+def _workspace(L: _GpuLaunch, dev: int, stream: int, rows: int):
+    """The region's L2 workspace on `stream`, holding at least `rows` rows: two uint8 tensors from PyTorch's caching
+    allocator (_allocate_outside_pools), zeroed on `stream` before the launch (the exchange's launch numbers start at
+    zero with the partials); a capture records the zeroing, so every replay starts from zero. Nothing synchronizes.
+    A batch larger than the workspace holds gets a new one of at least twice the rows; the old one is kept
+    (L.retired) rather than freed: kernels queued on `stream` may still use it, and its memory belongs to the
+    allocating thread's stream, which knows nothing of them."""
+    w = L.ws.get(stream)
+    if w is None or w[2] < rows:
+        if w is not None:
+            L.retired.append(w)
+        ws_rows = max(rows, 2 * w[2]) if w is not None else rows
+        partials, counters = _allocate_outside_pools(dev, list(L.kernel.workspace_bytes(ws_rows)))
+        partials.zero_()   # on `stream`: ordered before the launch
+        counters.zero_()
+        w = L.ws[stream] = (partials, counters, ws_rows)
+    return w
 
 
 def _check_device(dev: int) -> None:
@@ -205,20 +259,29 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     try:
         if L.kernel is None:
             L.kernel = gpu_kernel(key)
+        stream = torch._C._cuda_getCurrentRawStream(dev)
         # the device context only where it is not current already (a switch costs host time per launch)
         with torch.cuda.device(dev) if dev != torch._C._cuda_getDevice() else _NO_SWITCH:
-            L.kernel.launch(a.data_ptr(), b.data_ptr(), rows, [o.data_ptr() for o in outs],
-                            [p.data_ptr() for p in params], torch._C._cuda_getCurrentRawStream(dev))
+            if L.reduces and _WS_FROM_TORCH:
+                ws = _workspace(L, dev, stream, rows)
+                L.kernel.launch(a.data_ptr(), b.data_ptr(), rows, [o.data_ptr() for o in outs],
+                                [p.data_ptr() for p in params], stream, ws[0].data_ptr(), ws[1].data_ptr(), ws[2])
+            else:
+                L.kernel.launch(a.data_ptr(), b.data_ptr(), rows, [o.data_ptr() for o in outs],
+                                [p.data_ptr() for p in params], stream)
     except RuntimeError as e:   # fallback, never failure: the region's torch form, when the backend gave one
         if _FAST:
             torch.ops.comfuse._fast_forget(key)
+        for w in L.ws.values():   # a failed launch may leave the exchange mid-protocol: start from zero again
+            w[0].zero_()
+            w[1].zero_()
         if key not in _FALLBACK:
             raise
         _BROKEN[key] = str(e)
         log.warning("comfuse: %s; this region runs unfused (torch ops) from now on", e)
         return _run_fallback(key, [a, b] + params)
     if _FAST:
-        _fast_register(L, torch._C._cuda_getCurrentRawStream(dev), rows)
+        _fast_register(L, stream, rows)
     return outs
 
 
@@ -240,16 +303,21 @@ def _fast_description(L: _GpuLaunch, entry: int, base: list) -> list:
 
 def _fast_register(L: _GpuLaunch, stream: int, rows: int) -> None:
     """After a launch on the Python path: hands the region (once) and this stream's workspace (when it is new or
-    grew) to the C++ fast path, which serves the following calls of this key by itself."""
-    reduces = L.spec.num_stages() > 1
-    if L.fast is not None and (not reduces or L.fast.get(stream, 0) >= rows):
+    grew) to the C++ fast path, which serves the following calls of this key by itself. The workspace stays
+    Python's (L.ws keeps the tensors alive); the fast path holds its pointers."""
+    if L.fast is not None and (not L.reduces or L.fast.get(stream, 0) >= rows):
         return
-    entry, base, partials, counters, ws_rows = L.kernel.recipe(stream, rows)
     if L.fast is None:
+        entry, base = L.kernel.recipe()
         torch.ops.comfuse._fast_register(L.key, _fast_description(L, entry, base))
         L.fast = {}
-    if reduces:
-        torch.ops.comfuse._fast_workspace(L.key, stream, partials, counters, ws_rows)
+    if L.reduces:
+        if _WS_FROM_TORCH:
+            partials, counters, ws_rows = L.ws[stream]
+            p, c = partials.data_ptr(), counters.data_ptr()
+        else:
+            p, c, ws_rows = L.kernel.own_workspace(stream, rows)
+        torch.ops.comfuse._fast_workspace(L.key, stream, p, c, ws_rows)
         L.fast[stream] = ws_rows
 
 

@@ -51,30 +51,45 @@ void bind_kernels(nb::module_& m) {
       .def(
           "launch",
           [](RegionKernel& k, uintptr_t a, uintptr_t b, int64_t rows, const std::vector<uintptr_t>& outs,
-             const std::vector<uintptr_t>& params, uintptr_t stream) {
+             const std::vector<uintptr_t>& params, uintptr_t stream, uintptr_t ws_partials, uintptr_t ws_counters,
+             int64_t ws_rows) {
             std::vector<void*> o;
             for (auto p : outs) o.push_back(reinterpret_cast<void*>(p));
             std::vector<const void*> ps;
             for (auto p : params) ps.push_back(reinterpret_cast<const void*>(p));
+            RegionKernel::CallerWorkspace ws{reinterpret_cast<void*>(ws_partials), reinterpret_cast<void*>(ws_counters),
+                                             ws_rows};
             k.launch(reinterpret_cast<const void*>(a), reinterpret_cast<const void*>(b), rows, o, ps,
-                     reinterpret_cast<CUstream>(stream));
+                     reinterpret_cast<CUstream>(stream), ws_partials != 0 ? &ws : nullptr);
           },
-          "a"_a, "b"_a, "rows"_a, "outs"_a, "params"_a, "stream"_a,
-          "Launches on device pointers (ints, e.g. tensor.data_ptr()) on a CUDA stream (int, e.g. cuda_stream).")
+          "a"_a, "b"_a, "rows"_a, "outs"_a, "params"_a, "stream"_a, "ws_partials"_a = 0, "ws_counters"_a = 0,
+          "ws_rows"_a = 0,
+          "Launches on device pointers (ints, e.g. tensor.data_ptr()) on a CUDA stream (int, e.g. cuda_stream). "
+          "A region that reduces uses the caller's workspace where ws_partials is given (workspace_bytes, zeroed), "
+          "else its own per stream.")
       .def(
-          "recipe",
+          "workspace_bytes", [](const RegionKernel& k, int64_t rows) { return k.workspace_bytes(rows); }, "rows"_a,
+          "(partials, counters) bytes of the L2 workspace a launch of `rows` rows needs; (0, 0) without reductions.")
+      .def(
+          "own_workspace",
           [](RegionKernel& k, uintptr_t stream, int64_t rows) {
-            RegionKernel::Recipe r = k.recipe(reinterpret_cast<CUstream>(stream), rows);
-            const ComfuseKernelArgs& a = r.args;
-            return std::make_tuple(reinterpret_cast<uintptr_t>(r.entry),
-                                   std::vector<int64_t>{a.abi, a.n, a.k, a.lda, a.ldb, a.ld, a.transport},
-                                   reinterpret_cast<uintptr_t>(a.ws_partials), reinterpret_cast<uintptr_t>(a.ws_counters),
-                                   r.workspace_rows);
+            RegionKernel::CallerWorkspace w = k.own_workspace(reinterpret_cast<CUstream>(stream), rows);
+            return std::make_tuple(reinterpret_cast<uintptr_t>(w.partials), reinterpret_cast<uintptr_t>(w.counters),
+                                   w.rows);
           },
           "stream"_a, "rows"_a,
+          "The region's own L2 workspace on a stream, grown to `rows` first: (partials, counters, rows) "
+          "(COMFUSE_WORKSPACE=kernel).")
+      .def(
+          "recipe",
+          [](const RegionKernel& k) {
+            RegionKernel::Recipe r = k.recipe();
+            const ComfuseKernelArgs& a = r.args;
+            return std::make_tuple(reinterpret_cast<uintptr_t>(r.entry),
+                                   std::vector<int64_t>{a.abi, a.n, a.k, a.lda, a.ldb, a.ld, a.transport});
+          },
           "What a launch needs without this object (the C++ fast path of comfuse::fused_region): (the kernel "
-          "library's C launch entry, [abi, n, k, lda, ldb, ld, transport], the stream's workspace partials and "
-          "counters, the rows it holds), the workspace grown to `rows` first.")
+          "library's C launch entry, [abi, n, k, lda, ldb, ld, transport]).")
       .def_prop_ro("name", [](const RegionKernel& k) { return k.info().kernel.name; })
       .def_prop_ro("transport", [](const RegionKernel& k) { return k.info().plan.transport; })
       .def_prop_ro("config", [](const RegionKernel& k) { return config_name(k.info().plan.config); })

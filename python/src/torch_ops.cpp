@@ -200,8 +200,8 @@ void fast_register(std::string_view key, std::vector<int64_t> d) {
   slot = std::move(r);
 }
 
-// comfuse::_fast_workspace(key, stream, partials, counters, rows): the region's L2 workspace on a stream (what
-// RegionKernel::recipe returned), replacing that stream's earlier one.
+// comfuse::_fast_workspace(key, stream, partials, counters, rows): the region's L2 workspace on a stream (the
+// Python kernel's tensors, which it keeps alive: ops._workspace), replacing that stream's earlier one.
 void fast_workspace(std::string_view key, int64_t stream, int64_t partials, int64_t counters, int64_t rows) {
   std::unique_lock lock(g_mu);
   auto it = g_regions.find(std::string(key));

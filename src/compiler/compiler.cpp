@@ -1100,8 +1100,16 @@ RegionKernel::~RegionKernel() {
   }
 }
 
+std::pair<int64_t, int64_t> RegionKernel::workspace_bytes(int64_t rows) const {
+  if (spec_.num_stages() <= 1) return {0, 0};
+  if (rows <= 0) throw std::invalid_argument(region_.kernel.name + ": rows must be positive");
+  int64_t pb = 0, cb = 0;
+  lib_->workspace_bytes(rows, spec_.gemm.n, &pb, &cb);
+  return {std::max<int64_t>(pb, 16), std::max<int64_t>(cb, 16)};   // as ReductionWorkspace::allocate
+}
+
 void RegionKernel::launch(const void* a, const void* b, int64_t rows, const std::vector<void*>& outs,
-                          const std::vector<const void*>& params, CUstream stream) {
+                          const std::vector<const void*>& params, CUstream stream, const CallerWorkspace* ws) {
   if (outs.size() != spec_.outputs.size() || params.size() != spec_.params.size())
     throw std::invalid_argument(region_.kernel.name + ": expected " + std::to_string(spec_.outputs.size()) +
                                 " output(s) and " + std::to_string(spec_.params.size()) + " parameter(s), got " +
@@ -1120,6 +1128,15 @@ void RegionKernel::launch(const void* a, const void* b, int64_t rows, const std:
                                   " is null or not 16-byte aligned");
     k.param[i] = params[i];
   }
+  if (ws != nullptr && spec_.num_stages() > 1) {
+    if (!ws->partials || !ws->counters || ws->rows < rows)
+      throw std::invalid_argument(region_.kernel.name + ": the caller's workspace holds " + std::to_string(ws->rows) +
+                                  " rows, the launch needs " + std::to_string(rows));
+    k.ws_partials = static_cast<float*>(ws->partials);
+    k.ws_counters = static_cast<int*>(ws->counters);
+    lib_->launch(k, stream);
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   bind_workspace(k, stream, rows);
   lib_->launch(k, stream);
@@ -1137,15 +1154,20 @@ void RegionKernel::bind_workspace(ComfuseKernelArgs& k, CUstream stream, int64_t
   k.ws_counters = reinterpret_cast<int*>(w.counters);
 }
 
-RegionKernel::Recipe RegionKernel::recipe(CUstream stream, int64_t rows) {
+RegionKernel::CallerWorkspace RegionKernel::own_workspace(CUstream stream, int64_t rows) {
+  if (spec_.num_stages() <= 1) return {};
   if (rows <= 0) throw std::invalid_argument(region_.kernel.name + ": rows must be positive");
+  ComfuseKernelArgs k = kernel_args(spec_, rows, nullptr, nullptr, region_.plan.transport);
+  std::lock_guard<std::mutex> lock(mu_);
+  bind_workspace(k, stream, rows);
+  return {k.ws_partials, k.ws_counters, ws_[stream].rows};
+}
+
+RegionKernel::Recipe RegionKernel::recipe() const {
   Recipe r;
   r.entry = lib_->launch_entry();
-  r.args = kernel_args(spec_, rows, nullptr, nullptr, region_.plan.transport);
+  r.args = kernel_args(spec_, 1, nullptr, nullptr, region_.plan.transport);
   r.args.m = 0;   // per call
-  std::lock_guard<std::mutex> lock(mu_);
-  bind_workspace(r.args, stream, rows);
-  r.workspace_rows = spec_.num_stages() > 1 ? ws_[stream].rows : 0;
   return r;
 }
 

@@ -117,8 +117,8 @@ def test_the_cpp_fast_path_serves_repeat_calls():
     s6 = check(1000, mangle=lambda g: [g[0], g[1].t().contiguous().t()] + g[2:])
     assert s6["slow"] == s5["slow"] + 1
     assert s0["fast"] < s6["fast"]
-    # a CUDA graph of a C++-path call, replayed with new inputs: warmed up on the capture stream first, as CUDA
-    # graphs of PyTorch want (the workspace is per stream, and nothing may be allocated while capturing)
+    # a CUDA graph of a C++-path call, replayed with new inputs: warmed up on the capture stream first, so the
+    # captured call is the C++ one (the workspace is per stream)
     cpu = _inputs(_region("postnorm", 1000, k, n), 1000, k, n, gen)
     static = [t.cuda() for t in cpu]
     side = torch.cuda.Stream()
@@ -138,6 +138,64 @@ def test_the_cpp_fast_path_serves_repeat_calls():
         torch.cuda.synchronize()
         ref = torch.ops.comfuse.fused_region(ops.register_region(_region("postnorm", 1000, k, n)), fresh)[0]
         assert rel_err(out.cpu(), ref) <= 1e-2
+
+
+@requires_hopper
+def test_a_reducing_region_is_captured_on_a_stream_it_never_ran_on():
+    # The L2 workspace comes from PyTorch's caching allocator, zeroed on the stream, with no synchronization: a
+    # region that reduces can be captured into a CUDA graph on a new stream, with a batch larger than any before
+    # (its workspace is allocated during the capture, from the graph's pool), and replays right with new inputs.
+    k, n = 520, 264
+    key = ops.register_region(_region("postnorm", 1000, k, n))
+    gen = torch.Generator().manual_seed(21)
+    first = [t.cuda() for t in _inputs(_region("postnorm", 1000, k, n), 1000, k, n, gen)]
+    torch.ops.comfuse.fused_region(key, first)   # compiled and registered on the current stream
+    torch.cuda.synchronize()
+    L = ops._LAUNCH[key]
+    m = 2 * max([1000] + [w[2] for w in L.ws.values()])   # more rows than any stream's workspace holds
+    static = [t.cuda() for t in _inputs(_region("postnorm", m, k, n), m, k, n, gen)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        out = torch.ops.comfuse.fused_region(key, static)[0]
+    assert L.ws[side.cuda_stream][2] >= m
+    for seed in (22, 23):
+        fresh = _inputs(_region("postnorm", m, k, n), m, k, n, torch.Generator().manual_seed(seed))
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = torch.ops.comfuse.fused_region(ops.register_region(_region("postnorm", m, k, n)), fresh)[0]
+        assert rel_err(out.cpu(), ref) <= 1e-2
+
+
+@requires_hopper
+def test_the_workspace_stays_out_of_a_thread_routed_memory_pool():
+    # Inductor's CUDA-graph trees route the calling thread's allocations to the graph's pool during their warm-up
+    # runs, and fail when a tensor allocated there outlives the run: the region's workspace must come from outside
+    # (ops._allocate_outside_pools), while its outputs land in the pool like any op's.
+    k, n = 520, 264
+    key = ops.register_region(_region("postnorm", 1000, k, n))
+    gen = torch.Generator().manual_seed(31)
+    cpu = _inputs(_region("postnorm", 1000, k, n), 1000, k, n, gen)
+    ins = [t.cuda() for t in cpu]
+    pool = torch.cuda.MemPool()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.use_mem_pool(pool):
+        out = torch.ops.comfuse.fused_region(key, ins)[0]
+    torch.cuda.synchronize()
+
+    def in_pool(t):
+        return any(g["address"] <= t.data_ptr() < g["address"] + g["total_size"] for g in pool.snapshot())
+
+    assert in_pool(out)
+    partials, counters, _ = ops._LAUNCH[key].ws[s.cuda_stream]
+    assert not in_pool(partials) and not in_pool(counters)
+    ref = torch.ops.comfuse.fused_region(ops.register_region(_region("postnorm", 1000, k, n)), cpu)[0]
+    assert rel_err(out.cpu(), ref) <= 1e-2
 
 
 def test_the_fast_path_registration_checks_its_description():
