@@ -416,14 +416,7 @@ struct GemmKernel {
       if constexpr (kDeferred) {
         if (pending >= 0) finish(pending, partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})), nullptr);
       }
-      if (l2_exchanges) {   // both consumer groups are past their last exchange: count this CTA as finished
-        asm volatile("bar.sync 10, 256;\n" ::: "memory");
-        if (wg_thread == 0 && group == 0) reduce::launch_done(p.reduce_counters, int(gridDim.x * gridDim.y));
-      }
-#ifdef COMFUSE_TRACE
-      if (wg_thread == 0 && group == 0)
-        trace::mark(trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), 0, 0), trace::KernelExit);
-#endif
+      end_epilogues(p, l2_exchanges, group, wg_thread);
     }
 #else
     if (threadIdx.x == 0) printf("comfuse::GemmKernel needs sm_90a (-gencode=arch=compute_90a,code=sm_90a)\n");
@@ -510,15 +503,20 @@ struct GemmKernel {
         COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
         mbar::arrive(empty);   // this thread's reads and writes of the tile are done
       }
-      if (l2_exchanges) {   // both epilogue groups are past their last exchange: count this CTA as finished
-        asm volatile("bar.sync 10, 256;\n" ::: "memory");
-        if (wg_thread == 0 && group == 0) reduce::launch_done(p.reduce_counters, int(gridDim.x * gridDim.y));
-      }
-#ifdef COMFUSE_TRACE
-      if (wg_thread == 0 && group == 0)
-        trace::mark(trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), 0, 0), trace::KernelExit);
-#endif
+      end_epilogues(p, l2_exchanges, group, wg_thread);
     }
+  }
+
+  // After a CTA's last epilogue, by the 256 threads of its two epilogue-running groups: with L2 exchanges, once both
+  // are past their last one, the CTA counts itself finished (the last CTA advances the launch number).
+  static CUTE_DEVICE void end_epilogues(Params const& p, bool l2_exchanges, int group, int wg_thread) {
+    if (l2_exchanges) {
+      asm volatile("bar.sync 10, 256;\n" ::: "memory");
+      if (wg_thread == 0 && group == 0) reduce::launch_done(p.reduce_counters, int(gridDim.x * gridDim.y));
+    }
+#ifdef COMFUSE_TRACE
+    if (wg_thread == 0 && group == 0) trace::mark(trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), 0, 0), trace::KernelExit);
+#endif
   }
 };
 

@@ -79,6 +79,20 @@ def test_a_new_batch_size_reuses_the_compiled_kernel():
         assert ops.gpu_kernel(key) is first   # no recompilation for another M
 
 
+def _replays_match_the_reference(g, static, out, m, k, n, seeds):
+    """Replays CUDA graph `g` of a postnorm region (inputs `static`, output `out`) with fresh inputs per seed, the
+    output poisoned first, against the CPU reference."""
+    for seed in seeds:
+        fresh = _inputs(_region("postnorm", m, k, n), m, k, n, torch.Generator().manual_seed(seed))
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = torch.ops.comfuse.fused_region(ops.register_region(_region("postnorm", m, k, n)), fresh)[0]
+        assert rel_err(out.cpu(), ref) <= 1e-2
+
+
 @requires_hopper
 @pytest.mark.skipif(not ops._FAST, reason="skipped: the C++ fast path (comfuse/_torch_ops.so) is not built")
 def test_the_cpp_fast_path_serves_repeat_calls():
@@ -129,22 +143,15 @@ def test_the_cpp_fast_path_serves_repeat_calls():
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=side):
         out = torch.ops.comfuse.fused_region(key, static)[0]
-    for seed in (11, 12):
-        fresh = _inputs(_region("postnorm", 1000, k, n), 1000, k, n, torch.Generator().manual_seed(seed))
-        for dst, src in zip(static, fresh):
-            dst.copy_(src)
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        ref = torch.ops.comfuse.fused_region(ops.register_region(_region("postnorm", 1000, k, n)), fresh)[0]
-        assert rel_err(out.cpu(), ref) <= 1e-2
+    _replays_match_the_reference(g, static, out, 1000, k, n, seeds=(11, 12))
 
 
 @requires_hopper
 def test_a_reducing_region_is_captured_on_a_stream_it_never_ran_on():
     # The L2 workspace comes from PyTorch's caching allocator, zeroed on the stream, with no synchronization: a
     # region that reduces can be captured into a CUDA graph on a new stream, with a batch larger than any before
-    # (its workspace is allocated during the capture, from the graph's pool), and replays right with new inputs.
+    # (its workspace is allocated during the capture, outside the graph's pool; the graph zeroes it), and replays
+    # right with new inputs.
     k, n = 520, 264
     key = ops.register_region(_region("postnorm", 1000, k, n))
     gen = torch.Generator().manual_seed(21)
@@ -160,15 +167,7 @@ def test_a_reducing_region_is_captured_on_a_stream_it_never_ran_on():
     with torch.cuda.graph(g, stream=side):
         out = torch.ops.comfuse.fused_region(key, static)[0]
     assert L.ws[side.cuda_stream][2] >= m
-    for seed in (22, 23):
-        fresh = _inputs(_region("postnorm", m, k, n), m, k, n, torch.Generator().manual_seed(seed))
-        for dst, src in zip(static, fresh):
-            dst.copy_(src)
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        ref = torch.ops.comfuse.fused_region(ops.register_region(_region("postnorm", m, k, n)), fresh)[0]
-        assert rel_err(out.cpu(), ref) <= 1e-2
+    _replays_match_the_reference(g, static, out, m, k, n, seeds=(22, 23))
 
 
 @requires_hopper
