@@ -63,8 +63,9 @@ enum class BLayout { KN, NK };
 enum class Schedule { PingPong, Cooperative, EpilogueWarps };
 
 // A compile-time kernel configuration: element type, B layout, tile, cluster, schedule.
+// HandoffBf16_ (EpilogueWarps only): the accumulator tile goes to the epilogue warp groups as bf16, not fp32.
 template <class Element_, BLayout LayoutB_, int TileM_, int TileN_, int TileK_, int ClusterM_,
-          int ClusterN_, Schedule Schedule_ = Schedule::PingPong>
+          int ClusterN_, Schedule Schedule_ = Schedule::PingPong, bool HandoffBf16_ = false>
 struct GemmConfig {
   using Element = Element_;
   static constexpr BLayout kLayoutB = LayoutB_;
@@ -73,6 +74,8 @@ struct GemmConfig {
   static constexpr Schedule kSchedule = Schedule_;
   static constexpr bool kCooperative = Schedule_ == Schedule::Cooperative;
   static constexpr bool kEpilogueWarps = Schedule_ == Schedule::EpilogueWarps;
+  static constexpr bool kHandoffBf16 = HandoffBf16_;
+  static_assert(!kHandoffBf16 || kEpilogueWarps, "a bf16 handoff is an EpilogueWarps option");
   // Rows of the tile one consumer warp group works on: the whole tile (PingPong) or half of it (Cooperative).
   static constexpr int kGroupTileM = kCooperative ? kTileM / 2 : kTileM;
   static_assert(kTileN % 16 == 0 && kTileN <= epi::kMaxTileN, "tile N");
@@ -114,20 +117,24 @@ struct GemmKernel {
                                  !std::is_void_v<typename epi::DsmemStorageOf<Tree>::type>;
   struct NoDsmem {};
   using DsmemStore = std::conditional_t<kDsmem, typename epi::DsmemStorageOf<Tree>::type, NoDsmem>;
-  // Schedule::EpilogueWarps: each multiplying group hands its accumulator tile to its epilogue group through SMEM
-  // (fp32, so the epilogue computes on the same values as in registers): thread t's i-th accumulator at
-  // tile[i * 128 + t], conflict-free on both sides. `full` counts the 128 writers of a tile, `empty` its 128
+  // Schedule::EpilogueWarps: each multiplying group hands its accumulator tile to its epilogue group through SMEM:
+  // fp32 (the epilogue computes on the same values as in registers), thread t's i-th accumulator at
+  // tile[i * 128 + t]; or bf16 (Cfg::kHandoffBf16: half the SMEM, which leaves room for mainloop stages and the
+  // tile ring; the rounding eager PyTorch applies to a GEMM's output), the pair (2w, 2w + 1) as word w at
+  // tile[w * 128 + t]. Conflict-free on both sides. `full` counts the 128 writers of a tile, `empty` its 128
   // readers. One buffer per group: a group's next tile is 2 mainloops away, the epilogue's whole time budget.
   static constexpr bool kEpiWarps = Cfg::kEpilogueWarps;
+  using HandoffWord = std::conditional_t<Cfg::kHandoffBf16, uint32_t, float>;
+  static constexpr int kHandoffWords = Cfg::kTileM * Cfg::kTileN / (Cfg::kHandoffBf16 ? 2 : 1);
   struct Handoff {
-    alignas(16) float tile[2][Cfg::kTileM * Cfg::kTileN];
+    alignas(16) HandoffWord tile[2][kHandoffWords];
     uint64_t full[2];
     uint64_t empty[2];
   };
   struct NoHandoff {};
   using HandoffStore = std::conditional_t<kEpiWarps, Handoff, NoHandoff>;
-  static_assert(!kEpiWarps || (!kDeferred && kRingSlots == 0 && Cfg::kClusterM * Cfg::kClusterN == 1),
-                "EpilogueWarps: one-pass epilogues, tile inputs by TileLoad, no mainloop cluster (L2 transport)");
+  static_assert(!kEpiWarps || (!kDeferred && Cfg::kClusterM * Cfg::kClusterN == 1),
+                "EpilogueWarps: one-pass epilogues, no mainloop cluster (L2 transport)");
   // SMEM besides the mainloop's stages and the tile ring.
   static constexpr int kCarveoutBase = int(2 * kEpiCopies * sizeof(EpiStorage) + 2 * sizeof(typename OrderBarrier::SharedStorage) +
                                            (kDsmem ? 2 * kEpiCopies * sizeof(DsmemStore) : 0)) + 64 +
@@ -442,7 +449,7 @@ struct GemmKernel {
     int const u_step = 2 * sched.stride;
     uint32_t const full = cute::cast_smem_ptr_to_uint(&ss.handoff.full[group]);
     uint32_t const empty = cute::cast_smem_ptr_to_uint(&ss.handoff.empty[group]);
-    float* const tile = &ss.handoff.tile[group][0];
+    HandoffWord* const tile = &ss.handoff.tile[group][0];
     TiledMma tiled_mma;
     using AccShape = decltype(shape(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}))));
 #ifdef COMFUSE_TRACE
@@ -468,8 +475,13 @@ struct GemmKernel {
         state.advance(2 * p.k_tiles);   // skip the other group's tile in the ring
         COMFUSE_TRACE_MARK(tr, wg_thread, trace::MlEnd);
         if (it > 0) mbar::wait(empty, uint32_t(it - 1) & 1u);   // the epilogue group is done with tile it - 1
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); ++i) tile[i * 128 + wg_thread] = accum(i);
+        if constexpr (Cfg::kHandoffBf16) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int w = 0; w < size(accum) / 2; ++w) tile[w * 128 + wg_thread] = epi::pack_bf16x2(accum(2 * w), accum(2 * w + 1));
+        } else {
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(accum); ++i) tile[i * 128 + wg_thread] = accum(i);
+        }
         mbar::arrive(full);   // release: the epilogue group reads the tile after its acquire
       }
     } else {
@@ -477,8 +489,19 @@ struct GemmKernel {
       cutlass::arch::warpgroup_reg_dealloc<kEpilogueRegs>();
       auto thr_mma = tiled_mma.get_thread_slice(wg_thread);
       Tensor tCcD = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
-      // The group's tile in SMEM, seen as the accumulator fragment: element i of this thread at tile[i * 128 + t].
-      Tensor acc = make_tensor(make_smem_ptr(tile + wg_thread), make_layout(AccShape{}, compact_col_major(AccShape{}, Int<128>{})));
+      // The group's tile in SMEM, seen as the accumulator fragment. fp32: element i of this thread at
+      // tile[i * 128 + t]. bf16: element i is half i % 2 of word i / 2: in bf16 units 256 * (i / 2) + i % 2 from the
+      // thread's first half-word, i.e. the fp32 strides with the innermost mode's (the pair's) stride 1.
+      auto acc = [&] {
+        constexpr auto st = compact_col_major(AccShape{}, Int<128>{});
+        if constexpr (Cfg::kHandoffBf16) {
+          auto pair_st = make_stride(make_stride(Int<1>{}, get<0, 1>(st), get<0, 2>(st)), get<1>(st), get<2>(st));
+          return make_tensor(make_smem_ptr(reinterpret_cast<cutlass::bfloat16_t*>(tile + wg_thread)),
+                             make_layout(AccShape{}, pair_st));
+        } else {
+          return make_tensor(make_smem_ptr(tile + wg_thread), make_layout(AccShape{}, st));
+        }
+      }();
       const bool l2_exchanges = kReduces && p.reduce_counters != nullptr && !reduce::is_dsmem(reduce::Transport(p.transport));
       const uint32_t exchange_tag = l2_exchanges ? reduce::launch_tag(p.reduce_counters) : 0u;
       int it = 0;
@@ -495,7 +518,14 @@ struct GemmKernel {
         if (ctx.trace && wg_thread == 0) ctx.trace[trace::TileIndex] = trace::Stamp{(unsigned long long)u, 0ull};
 #endif
         epi::bind<Tree>(ctx, ss.epi[group]);
+        if constexpr (kRingSlots > 0) {   // the CTA's j-th tile: the groups alternate (as in PingPong)
+          ss.ring.bind(ctx, 2 * it + group, 0);
+          ctx.ring_publish = group == 0 && it == 0;
+        }
         Tree tree(p.epi, ss.epi[group], ctx);
+        if constexpr (kRingSlots > 0) {   // group 0's first tree published the ring's inputs: hand them to the loader
+          if (ctx.ring_publish) asm volatile("bar.sync %0, 160;\n" ::"r"(epi::kRingArgsBarrier) : "memory");
+        }
         tree.prefetch();
         mbar::wait(full, uint32_t(it) & 1u);   // the multiply group wrote tile it
         COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);

@@ -470,9 +470,10 @@ CUTE_DEVICE void visit_range(Tree& tree, AccTensor& acc, CoordTensor const& tCcD
       FragCtx f = frag_ctx(i, acc, tCcD, ctx, b);
       Frag a{{acc(i), acc(i + 1)}};
       Frag r = tree.template visit<S>(f, a);
-      if constexpr (CarriesTile<Tree>::value) {
-        acc(i) = r.x[0];
-        acc(i + 1) = r.x[1];
+      if constexpr (CarriesTile<Tree>::value) {   // (a bf16 tile in SMEM, EpilogueWarps: rounded to nearest even)
+        using V = std::remove_cv_t<std::remove_reference_t<decltype(acc(i))>>;
+        acc(i) = V(r.x[0]);
+        acc(i + 1) = V(r.x[1]);
       }
     }
   }
