@@ -256,10 +256,10 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return outs
     if key in _BROKEN:
         return _run_fallback(key, [a, b] + params)
+    stream = torch._C._cuda_getCurrentRawStream(dev)
     try:
         if L.kernel is None:
             L.kernel = gpu_kernel(key)
-        stream = torch._C._cuda_getCurrentRawStream(dev)
         # the device context only where it is not current already (a switch costs host time per launch)
         with torch.cuda.device(dev) if dev != torch._C._cuda_getDevice() else _NO_SWITCH:
             if L.reduces and _WS_FROM_TORCH:
@@ -272,7 +272,8 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     except RuntimeError as e:   # fallback, never failure: the region's torch form, when the backend gave one
         if _FAST:
             torch.ops.comfuse._fast_forget(key)
-        for w in L.ws.values():   # a failed launch may leave the exchange mid-protocol: start from zero again
+        w = L.ws.get(stream)
+        if w is not None:   # a failed launch may leave this stream's exchange mid-protocol: start from zero again
             w[0].zero_()
             w[1].zero_()
         if key not in _FALLBACK:
