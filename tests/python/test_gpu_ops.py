@@ -2,6 +2,9 @@
 the current stream, against the op's CPU reference implementation on the same bf16 inputs. Also: a second batch
 size reuses the compiled kernel (M is a launch argument). Skips, saying so, without a compute-capability-9.0 GPU.
 """
+import contextlib
+import threading
+
 import pytest
 import torch
 
@@ -251,6 +254,53 @@ def test_the_fast_path_shapes_outputs_as_the_python_kernel_does():
                 assert got == want, (name, a, got, want)
         finally:
             torch.ops.comfuse._fast_forget(key)
+
+
+def test_the_workspace_is_allocated_on_a_thread_of_its_own(monkeypatch):
+    # (CPU) Inductor's CUDA-graph trees route the calling thread's allocations to their pool during warm-up; the
+    # workspace must come from another thread (ops._allocate_outside_pools), and a failure there is raised here.
+    seen = []
+    real_empty = torch.empty
+
+    def recording_empty(n, dtype=None, device=None):
+        seen.append((threading.get_ident(), device))
+        return real_empty(n, dtype=dtype)
+
+    monkeypatch.setattr(torch, "empty", recording_empty)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    out = ops._allocate_outside_pools(3, [48, 16])
+    assert [t.numel() for t in out] == [48, 16] and all(t.dtype == torch.uint8 for t in out)
+    assert len(seen) == 2 and all(tid != threading.get_ident() and dev == 3 for tid, dev in seen)
+
+    def failing(*a, **k):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(torch, "empty", failing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        ops._allocate_outside_pools(0, [8])
+
+
+def test_the_workspace_grows_by_doubling_and_keeps_the_old_one(monkeypatch):
+    # (CPU) ops._workspace: zeroed before use, reused while it holds the rows, replaced by one of at least twice the
+    # rows when a batch outgrows it; the replaced one is kept alive (kernels still queued may use it).
+    key = ops.register_region(_region("postnorm", 1000, 520, 264))
+    L = ops._GpuLaunch(key, ops.region_spec(key))
+
+    class Kernel:
+        def workspace_bytes(self, rows):
+            return rows * 8, 16
+
+    L.kernel = Kernel()
+    monkeypatch.setattr(ops, "_allocate_outside_pools",
+                        lambda dev, sizes: [torch.full((n,), 7, dtype=torch.uint8) for n in sizes])
+    w1 = ops._workspace(L, 0, 11, 100)
+    assert w1[2] == 100 and w1[0].numel() == 800 and w1[1].numel() == 16
+    assert int(w1[0].sum()) == 0 and int(w1[1].sum()) == 0
+    assert ops._workspace(L, 0, 11, 60) is w1          # holds the rows: the same one
+    w2 = ops._workspace(L, 0, 11, 150)                # outgrown: at least twice the rows
+    assert w2[2] == 200 and w2[0].numel() == 1600 and L.retired == [w1]
+    assert ops._workspace(L, 0, 12, 10)[2] == 10      # per stream
+    assert ops._workspace(L, 0, 11, 900)[2] == 900
 
 
 def test_gpu_reason_is_reported_without_a_gpu():
