@@ -325,22 +325,7 @@ struct GemmKernel {
       int const u_first = sched.first + (kCooperative ? 0 : group * sched.stride);
       int const u_step = (kCooperative ? 1 : 2) * sched.stride;
       auto tile_ctx = [&](int u) {
-        auto t = sched.tile(u, rx, ry);
-        epi::TileCtx ctx{t.m * Cfg::kTileM + (kCooperative ? group * Cfg::kGroupTileM : 0), t.n * Cfg::kTileN,
-                         p.M, p.N, Cfg::kGroupTileM, Cfg::kTileN, wg_thread, group};
-        ctx.iter = (u - sched.first) / u_step;
-        ctx.transport = p.transport;
-        ctx.exchange_tag = exchange_tag;
-        ctx.exchange_ctas = Cfg::kClusterN;   // DSMEM: the cluster is the row block, its rank the column block
-        ctx.exchange_rank = ry;
-        if constexpr (kRingSlots > 0) {   // the CTA's j-th tile: PingPong groups alternate, Cooperative share each
-          ss.ring.bind(ctx, kCooperative ? ctx.iter : 2 * ctx.iter + group, kCooperative ? group * Cfg::kGroupTileM : 0);
-          ctx.ring_publish = group == 0 && ctx.iter == 0;
-        }
-#ifdef COMFUSE_TRACE
-        ctx.trace = trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), group, ctx.iter);
-#endif
-        return ctx;
+        return tile_context(p, ss, sched, u, u_step, rx, ry, group, wg_thread, exchange_tag);
       };
       // This group's epilogue SMEM for its tile iteration `iter` (split phase: alternating copies), bound to the
       // tile context (the root's per-row results; the DSMEM buffers of this copy where the kernel has them).
@@ -506,22 +491,11 @@ struct GemmKernel {
       const uint32_t exchange_tag = l2_exchanges ? reduce::launch_tag(p.reduce_counters) : 0u;
       int it = 0;
       for (int u = u_first; u < sched.total; u += u_step, ++it) {
-        auto t = sched.tile(u, rx, ry);
-        epi::TileCtx ctx{t.m * Cfg::kTileM, t.n * Cfg::kTileN, p.M, p.N, Cfg::kTileM, Cfg::kTileN, wg_thread, group};
-        ctx.iter = it;
-        ctx.transport = p.transport;
-        ctx.exchange_tag = exchange_tag;
-        ctx.exchange_ctas = 1;
-        ctx.exchange_rank = ry;
+        epi::TileCtx ctx = tile_context(p, ss, sched, u, u_step, rx, ry, group, wg_thread, exchange_tag);   // ctx.iter == it
 #ifdef COMFUSE_TRACE
-        ctx.trace = trace_slot(it);
         if (ctx.trace && wg_thread == 0) ctx.trace[trace::TileIndex] = trace::Stamp{(unsigned long long)u, 0ull};
 #endif
         epi::bind<Tree>(ctx, ss.epi[group]);
-        if constexpr (kRingSlots > 0) {   // the CTA's j-th tile: the groups alternate (as in PingPong)
-          ss.ring.bind(ctx, 2 * it + group, 0);
-          ctx.ring_publish = group == 0 && it == 0;
-        }
         Tree tree(p.epi, ss.epi[group], ctx);
         if constexpr (kRingSlots > 0) {   // group 0's first tree published the ring's inputs: hand them to the loader
           if (ctx.ring_publish) asm volatile("bar.sync %0, 160;\n" ::"r"(epi::kRingArgsBarrier) : "memory");
@@ -535,6 +509,29 @@ struct GemmKernel {
       }
       end_epilogues(p, l2_exchanges, group, wg_thread);
     }
+  }
+
+  // The epilogue's context of tile u for consumer group `group` (its 64 rows of a Cooperative tile), whose tiles are
+  // u_step apart: origin, bounds, iteration, exchange, its tile-ring slot, its trace slot.
+  template <class Sched>
+  static CUTE_DEVICE epi::TileCtx tile_context(Params const& p, SharedStorage& ss, Sched const& sched, int u, int u_step,
+                                               int rx, int ry, int group, int wg_thread, uint32_t exchange_tag) {
+    auto t = sched.tile(u, rx, ry);
+    epi::TileCtx ctx{t.m * Cfg::kTileM + (kCooperative ? group * Cfg::kGroupTileM : 0), t.n * Cfg::kTileN,
+                     p.M, p.N, Cfg::kGroupTileM, Cfg::kTileN, wg_thread, group};
+    ctx.iter = (u - sched.first) / u_step;
+    ctx.transport = p.transport;
+    ctx.exchange_tag = exchange_tag;
+    ctx.exchange_ctas = Cfg::kClusterN;   // DSMEM: the cluster is the row block, its rank the column block
+    ctx.exchange_rank = ry;
+    if constexpr (kRingSlots > 0) {   // the CTA's j-th tile: PingPong groups alternate, Cooperative share each
+      ss.ring.bind(ctx, kCooperative ? ctx.iter : 2 * ctx.iter + group, kCooperative ? group * Cfg::kGroupTileM : 0);
+      ctx.ring_publish = group == 0 && ctx.iter == 0;
+    }
+#ifdef COMFUSE_TRACE
+    ctx.trace = trace::slot(int(blockIdx.x + gridDim.x * blockIdx.y), group, ctx.iter);
+#endif
+    return ctx;
   }
 
   // After a CTA's last epilogue, by the 256 threads of its two epilogue-running groups: with L2 exchanges, once both
