@@ -393,6 +393,21 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   const double extra_bytes = std::max(0.0, out_bytes - (cls == "bias_res_2out" ? 4 : 2));
   const double store_us = d.cublas_alone ? 0.0 : extra_bytes * g.rows * g.n / kUnfusedBytesPerSecond * 1e6;
   d.fused_us += store_us;
+  // Too few tiles to fill the GPU: a fused kernel runs each output tile's whole K loop on one SM (no split-K: the
+  // epilogue needs the finished tile), so it takes at least the busiest SM's tiles at one SM's share of the measured
+  // cuBLAS rate, however small the FLOP-scaled estimate is. cuBLAS splits K there: HF BERT at 1 x 128 tokens, whose
+  // 128 x 768 LayerNorm regions (6 tiles) ran 24 us per call fused against 9 us for split-K cuBLAS + LayerNorm
+  // (docs/PERF.md, thirteenth session).
+  const double sm_rate = 2.0 * cublas->m * cublas->n * cublas->k / (cublas->us * 1e-6) / kSms;   // FLOP/s per SM
+  const double tile_mainloop_us = 2.0 * d.config.tile_m * d.config.tile_n * g.k / sm_rate * 1e6;
+  const double occupancy_us = tiles_per_sm * tile_mainloop_us;
+  std::string occupancy;
+  if (occupancy_us > d.fused_us) {
+    occupancy = fmt("; %.0f tiles on %.0f SMs", tiles, double(kSms)) +
+                fmt(": the busiest SM runs %.0f whole-K tiles, ~%.0f us (no split-K in a fused kernel)", tiles_per_sm,
+                    occupancy_us);
+    d.fused_us = occupancy_us;
+  }
   d.unfused_us = gemm_us + d.pass_us;
   const std::string basis = fmt("measured %.3fx cuBLAS", ratio) + " for '" + cls + "' [" + best->config +
                             (reduces ? ", " + d.transport : std::string()) + "] at " +
@@ -405,6 +420,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
       : std::string();
   if (store_us > 0)
     epi += fmt("; its outputs store %.0f bytes per element more than the measured kernel's, ~%.0f us", extra_bytes, store_us);
+  epi += occupancy;
   if (d.fused_us > d.unfused_us)
     return decline("fusion does not pay: " + basis + epi +
                    (bias ? " (a bias alone: cuBLAS adds it in its own epilogue)" : ""));

@@ -96,6 +96,18 @@ TEST(Plan, DeclinesWhatIsSlowerThanUnfused) {
   EXPECT_FALSE(plain.fuse) << "cuBLAS is measured faster than our plain GEMM";
 }
 
+TEST(Plan, TooFewTilesToFillTheGpuAreDeclined) {
+  // HF BERT at 1 x 128 tokens: FFN2 + residual + LayerNorm on 128 rows is 6 tiles of 128 x 128, each with the
+  // whole K = 3072 on one SM; cuBLAS splits K. The same region at 8192 rows fills the GPU and is priced as before.
+  const std::string ln = "y = layer_norm(add(h, b), g, beta)\noutput y\n";
+  PlanDecision small = plan_region(spec_of(gemm(128, 3072, 768, ln)));
+  EXPECT_FALSE(small.fuse) << small.reason;
+  EXPECT_NE(small.reason.find("whole-K tiles"), std::string::npos) << small.reason;
+  EXPECT_GT(small.fused_us, 10) << small.reason;
+  PlanDecision big = plan_region(spec_of(gemm(8192, 3072, 768, ln)));
+  EXPECT_EQ(big.reason.find("whole-K tiles"), std::string::npos) << big.reason;
+}
+
 TEST(Plan, ABiasAloneIsLeftToCublas) {
   // cuBLAS (and PyTorch's addmm) add a bias in their own epilogue: fused must beat the GEMM alone
   PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, "y = add(h, b)\noutput y\n")));
