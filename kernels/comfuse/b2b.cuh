@@ -22,12 +22,20 @@
 //   k-blocks), so P needs no shuffle: convert pairs to bf16x2 in place of the accumulator order.
 //   GEMM2 of chunk c stays in flight while GEMM1 of chunk c+1 is issued (kOverlap, when the registers allow).
 //
+// F = softmax over N1 (Act1 = OnlineSoftmax: target attention, O = softmax(scale · X · W1) · W2) runs as online
+// rescaling: each chunk's logits are shifted by the row's running maximum m, P = bf16(exp(S - m)) feeds GEMM2
+// unnormalized, and when a later chunk raises m, O and the running sum l are scaled by exp(m_old - m_new); O is
+// divided by l once, after the last chunk. A row's values live in the 4 threads of a quad (the accumulator layout),
+// so the row max and sum need two shuffles, never SMEM.
+// Batched operands: every operand has a batch mode L (3-D TMA views, batch strides); a tile is (batch, row
+// block, column block), so a tile never mixes batches and a partial row block or chunk is zero-filled by TMA
+// instead of reading the next batch's rows.
 // Options: ResidentK (the X block loaded once per tile and kept for all chunks) and Stagger (the two consumer
-// groups take turns issuing GEMM1). Not here yet: F with a row reduction over N1 (softmax, online rescaling:
-// target attention), batched 3-D operands, the cluster form (N1 split across a cluster, partial O summed over
-// DSMEM), N2 > TileN2 without recomputing GEMM1 (each N2 tile recomputes S). See docs/kernel-b2b.md.
+// groups take turns issuing GEMM1). Not here yet: the cluster form (N1 split across a cluster, partial O summed
+// over DSMEM), N2 > TileN2 without recomputing GEMM1 (each N2 tile recomputes S). See docs/kernel-b2b.md.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cuda_bf16.h>
@@ -50,9 +58,18 @@ struct Identity {
   CUTE_DEVICE float operator()(Params const&, float x) const { return x; }
 };
 
-// Marks F as a row reduction over N1 (softmax with online rescaling). Not implemented in this form yet.
+// Marks F as a row reduction over N1 (softmax with online rescaling).
 template <class T>
 struct is_row_reduction : std::false_type {};
+
+// F = softmax over N1 of scale * (X · W1): attention's softmax(Q · K^T * scale), with W1 = K^T. No b1.
+struct OnlineSoftmax {
+  struct Params {
+    float scale = 1.f;
+  };
+};
+template <>
+struct is_row_reduction<OnlineSoftmax> : std::true_type {};
 
 template <class Element_, BLayout LayoutW1_, BLayout LayoutW2_, int TileM_, int Chunk_, int TileN2_, int TileK_,
           class Act1_, class Act2_ = Identity, int StagesW2_ = 2, int ResidentK_ = 0,
@@ -82,8 +99,7 @@ struct B2bConfig {
                 "TileN2: a multiple of 64 (the epilogue stages 64-column subtiles), at most 256 (one WGMMA N); "
                 "wider N2 is tiled over the grid");
   static_assert(TileK_ % 16 == 0, "TileK: a multiple of 16");
-  static_assert(!is_row_reduction<Act1_>::value,
-                "TODO(issue 16): F with a row reduction over N1 (softmax) needs online rescaling; not in this form yet");
+  static constexpr bool kSoftmax = is_row_reduction<Act1_>::value;
   // Registers per consumer thread: O (TileN2 / 2 floats), S (Chunk / 2 floats), P (Chunk / 4 words). Keeping
   // GEMM2 of one chunk in flight during GEMM1 of the next keeps P alive next to the next S.
   static constexpr int kAccRegs = TileN2_ / 2 + Chunk_ / 2 + Chunk_ / 4;
@@ -166,15 +182,17 @@ struct B2bKernel {
   using LayoutP = cute::Layout<cute::Shape<cute::Shape<cute::_2, cute::_2, cute::_2>, cute::_1, cute::Int<C1 / 16>>>;
 
   // ---- TMA: global views in (MN, K) order, as the MMAs read them ----
-  using StrideX = cute::Stride<int64_t, cute::_1>;                                          // X  (M, K)
-  using StrideW1 = std::conditional_t<Cfg::kLayoutW1 == BLayout::KN, cute::Stride<cute::_1, int64_t>,
-                                      cute::Stride<int64_t, cute::_1>>;                     // W1 (N1, K)
-  using StrideW2 = std::conditional_t<Cfg::kLayoutW2 == BLayout::KN, cute::Stride<cute::_1, int64_t>,
-                                      cute::Stride<int64_t, cute::_1>>;                     // W2 (N2, N1)
+  // The last mode is the batch (L = 1 for a plain MLP).
+  using StrideX = cute::Stride<int64_t, cute::_1, int64_t>;                                 // X  (M, K, L)
+  using StrideW1 = std::conditional_t<Cfg::kLayoutW1 == BLayout::KN, cute::Stride<cute::_1, int64_t, int64_t>,
+                                      cute::Stride<int64_t, cute::_1, int64_t>>;            // W1 (N1, K, L)
+  using StrideW2 = std::conditional_t<Cfg::kLayoutW2 == BLayout::KN, cute::Stride<cute::_1, int64_t, int64_t>,
+                                      cute::Stride<int64_t, cute::_1, int64_t>>;            // W2 (N2, N1, L)
   template <class Stride, class SLayout>
   using TmaFor = decltype(cute::make_tma_copy(
       cute::SM90_TMA_LOAD{},
-      cute::make_tensor(static_cast<Element const*>(nullptr), cute::make_layout(cute::make_shape(int32_t(0), int32_t(0)), Stride{})),
+      cute::make_tensor(static_cast<Element const*>(nullptr),
+                        cute::make_layout(cute::make_shape(int32_t(0), int32_t(0), int32_t(0)), Stride{})),
       SLayout{}(cute::_, cute::_, cute::Int<0>{})));
   using TmaX = TmaFor<StrideX, SmemLayoutX>;
   using TmaW1 = TmaFor<StrideW1, SmemLayoutW1>;
@@ -186,13 +204,20 @@ struct B2bKernel {
     TmaW2 tma_w2;
     Element const* b1;   // [N1] or null
     Element const* b2;   // [N2] or null
-    Element* O;          // [M, N2], row stride ldo
-    int64_t ldo;
-    int M, K, N1, N2;
-    int k_tiles, chunks, tiles_n2, total;
+    Element* O;          // [L, M, N2], row stride ldo, batch stride bso
+    int64_t ldo, bso;
+    int M, K, N1, N2, L;
+    int k_tiles, chunks, tiles_m, tiles_n2, total;
     typename Act1::Params act1;
     typename Act2::Params act2;
   };
+
+  // 2^x by MUFU.EX2 (flush-to-zero: weights below 2^-126 of the row maximum's are 0, as in fp32 they are noise)
+  static CUTE_DEVICE float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+  }
 
   static CUTE_DEVICE float2 load_pair(Element const* p, int n, int n_end) {
     if (p == nullptr || n >= n_end) return make_float2(0.f, 0.f);
@@ -239,26 +264,24 @@ struct B2bKernel {
       // ---------------- producer ----------------
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
       if (warp_idx == 0 && cute::elect_one_sync()) {
-        Tensor mX = p.tma_x.get_tma_tensor(make_shape(p.M, p.K));
-        Tensor mW1 = p.tma_w1.get_tma_tensor(make_shape(p.N1, p.K));
-        Tensor mW2 = p.tma_w2.get_tma_tensor(make_shape(p.N2, p.N1));
-        Tensor gX = local_tile(mX, Shape<Int<TM>, Int<TK>>{}, make_coord(_, _));      // (TM, TK, m, k)
-        Tensor gW1 = local_tile(mW1, Shape<Int<C1>, Int<TK>>{}, make_coord(_, _));    // (C1, TK, c, k)
-        Tensor gW2 = local_tile(mW2, Shape<Int<N2T>, Int<C1>>{}, make_coord(_, _));   // (N2T, C1, n, c)
+        Tensor mX = p.tma_x.get_tma_tensor(make_shape(p.M, p.K, p.L));
+        Tensor mW1 = p.tma_w1.get_tma_tensor(make_shape(p.N1, p.K, p.L));
+        Tensor mW2 = p.tma_w2.get_tma_tensor(make_shape(p.N2, p.N1, p.L));
         auto cx = p.tma_x.get_slice(0);
         auto cw1 = p.tma_w1.get_slice(0);
         auto cw2 = p.tma_w2.get_slice(0);
-        Tensor tXgX = cx.partition_S(gX);
         Tensor tXsX = cx.partition_D(sX);
-        Tensor tWgW1 = cw1.partition_S(gW1);
         Tensor tWsW1 = cw1.partition_D(sW1);
-        Tensor tVgW2 = cw2.partition_S(gW2);
         Tensor tVsW2 = cw2.partition_D(sW2);
         auto w1 = cutlass::make_producer_start_state<Pipe1>();
         auto w2 = cutlass::make_producer_start_state<Pipe2>();
         auto wx = cutlass::make_producer_start_state<PipeX>();
         for (int tile = int(blockIdx.x); tile < p.total; tile += int(gridDim.x)) {
-          int const mb = tile / p.tiles_n2, nb = tile % p.tiles_n2;
+          int const b = tile / (p.tiles_m * p.tiles_n2), mb = tile / p.tiles_n2 % p.tiles_m, nb = tile % p.tiles_n2;
+          // this tile's batch: out-of-range rows and columns are zero-filled, never the next batch's
+          Tensor tXgX = cx.partition_S(local_tile(mX(_, _, b), Shape<Int<TM>, Int<TK>>{}, make_coord(_, _)));     // (.., m, k)
+          Tensor tWgW1 = cw1.partition_S(local_tile(mW1(_, _, b), Shape<Int<C1>, Int<TK>>{}, make_coord(_, _)));  // (.., c, k)
+          Tensor tVgW2 = cw2.partition_S(local_tile(mW2(_, _, b), Shape<Int<N2T>, Int<C1>>{}, make_coord(_, _))); // (.., n, c)
           if constexpr (kXResident) {   // the X block once per tile, each k-tile as soon as its stage is free
             for (int k = 0; k < p.k_tiles; ++k) {
               pipex.producer_acquire(wx);
@@ -323,15 +346,21 @@ struct B2bKernel {
       bool const stagger = Cfg::kStagger && p.k_tiles <= kStagesX;
       if (stagger && group == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurn) : "memory");
       for (int tile = int(blockIdx.x); tile < p.total; tile += int(gridDim.x)) {
-        int const mb = tile / p.tiles_n2, nb = tile % p.tiles_n2;
+        int const b = tile / (p.tiles_m * p.tiles_n2), mb = tile / p.tiles_n2 % p.tiles_m, nb = tile % p.tiles_n2;
+        // Online softmax state of this thread's two rows (r = 0: row0, r = 1: row0 + 8): the running maximum of
+        // the scaled logits (log2 units) and this thread's share of the running sum of exp (the quad's four shares
+        // are added once, at the end).
+        float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
         bool w2_pending = false;   // GEMM2 of the previous chunk in flight, its W2 stage not yet released
         cutlass::PipelineState<Cfg::kStagesW2> r2_prev = r2;
         for (int c = 0; c < p.chunks; ++c) {
           int const n1_0 = c * C1;
           // b1 of this chunk, one pair per column group (the same for both rows of a thread)
           float2 bias[C1 / 8];
-          CUTE_UNROLL
-          for (int j = 0; j < C1 / 8; ++j) bias[j] = load_pair(p.b1, n1_0 + s_col0 + 8 * j, p.N1);
+          if constexpr (!Cfg::kSoftmax) {
+            CUTE_UNROLL
+            for (int j = 0; j < C1 / 8; ++j) bias[j] = load_pair(p.b1, n1_0 + s_col0 + 8 * j, p.N1);
+          }
 
           // GEMM1: S = X_blk · W1[:, chunk]
           cutlass::PipelineState<kStagesX> r1_prev = r1;
@@ -377,17 +406,61 @@ struct B2bKernel {
             }
           }
 
-          // F: P = bf16(Act1(S + b1)), columns >= N1 zeroed (TMA zero-fills them in S, but Act1(0 + b1) need not be 0)
           int const n1_left = p.N1 - n1_0;   // columns of this chunk inside N1
-          CUTE_UNROLL
-          for (int t = 0; t < size(tOrP32); ++t) {
-            int const e = 2 * t;   // elements e, e+1: one row, adjacent columns
-            float2 const b = bias[e / 4];
-            float y0 = act1(p.act1, tSrS(e) + b.x);
-            float y1 = act1(p.act1, tSrS(e + 1) + b.y);
-            if (s_col0 + 8 * (e / 4) >= n1_left) y0 = y1 = 0.f;   // N1 % 8 == 0: a pair is all in or all out
-            __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
-            tOrP32(t) = reinterpret_cast<uint32_t const&>(h);
+          if constexpr (Cfg::kSoftmax) {
+            // F, online softmax: logits in log2 units, columns >= N1 at -inf (weight 0); the chunk's row maxima
+            // over the quad; P = bf16(2^(x - m_new)); O and the running sums scaled by 2^(m_old - m_new). Every
+            // chunk has a column inside N1, so m_new is finite (for finite inputs) and 2^(-inf - m_new) = 0 on
+            // the first chunk.
+            // The maximum is taken on the raw logits (scale > 0) and each weight is one FFMA and one MUFU.EX2:
+            // at D = 64 the exponentials cost about as much issue time as the two WGMMAs.
+            float const scale = p.act1.scale * 1.4426950408889634f;
+            float chunk_max[2] = {-INFINITY, -INFINITY};
+            CUTE_UNROLL
+            for (int e = 0; e < size(tSrS); ++e) {
+              if (s_col0 + 8 * (e / 4) >= n1_left) tSrS(e) = -INFINITY;   // N1 % 8 == 0: pairs all in or all out
+              chunk_max[(e >> 1) & 1] = fmaxf(chunk_max[(e >> 1) & 1], tSrS(e));
+            }
+            float alpha[2], neg_max[2];
+            CUTE_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              chunk_max[r] = fmaxf(chunk_max[r], __shfl_xor_sync(0xffffffffu, chunk_max[r], 1));
+              chunk_max[r] = fmaxf(chunk_max[r], __shfl_xor_sync(0xffffffffu, chunk_max[r], 2));
+              float const m_new = fmaxf(row_max[r], chunk_max[r] * scale);
+              alpha[r] = fast_exp2(row_max[r] - m_new);
+              row_max[r] = m_new;
+              neg_max[r] = -m_new;
+              row_sum[r] *= alpha[r];
+            }
+            CUTE_UNROLL
+            for (int t = 0; t < size(tOrP32); ++t) {
+              int const e = 2 * t;   // elements e, e+1: one row, adjacent columns
+              int const r = (e >> 1) & 1;
+              float const y0 = fast_exp2(fmaf(tSrS(e), scale, neg_max[r]));
+              float const y1 = fast_exp2(fmaf(tSrS(e + 1), scale, neg_max[r]));
+              row_sum[r] += y0 + y1;
+              __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
+              tOrP32(t) = reinterpret_cast<uint32_t const&>(h);
+            }
+            if (c > 0) {   // GEMM2 of chunk c-1 is complete (warpgroup_wait<0> above): rescale its sum
+              warpgroup_fence_operand(tOrO);
+              CUTE_UNROLL
+              for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= alpha[(e >> 1) & 1];
+              warpgroup_fence_operand(tOrO);
+            }
+          } else {
+            // F: P = bf16(Act1(S + b1)), columns >= N1 zeroed (TMA zero-fills them in S, but Act1(0 + b1) need
+            // not be 0)
+            CUTE_UNROLL
+            for (int t = 0; t < size(tOrP32); ++t) {
+              int const e = 2 * t;   // elements e, e+1: one row, adjacent columns
+              float2 const bb = bias[e / 4];
+              float y0 = act1(p.act1, tSrS(e) + bb.x);
+              float y1 = act1(p.act1, tSrS(e + 1) + bb.y);
+              if (s_col0 + 8 * (e / 4) >= n1_left) y0 = y1 = 0.f;   // N1 % 8 == 0: a pair is all in or all out
+              __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
+              tOrP32(t) = reinterpret_cast<uint32_t const&>(h);
+            }
           }
 
           // GEMM2: O += P · W2[chunk, :], A from registers
@@ -415,6 +488,18 @@ struct B2bKernel {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         if (w2_pending) pipe2.consumer_release(r2_prev);
+        if constexpr (Cfg::kSoftmax) {   // O / l, l the quad's four shares of the row's sum
+          float inv[2];
+          CUTE_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            float l = row_sum[r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[r] = 1.f / l;
+          }
+          CUTE_UNROLL
+          for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= inv[(e >> 1) & 1];
+        }
 
         // Epilogue: O = Act2(O + b2) -> bf16, staged per 64-column subtile, then 16-byte stores of whole rows.
         // Staging: 64 rows x 8 chunks of 16 bytes, chunk index XOR (row & 7): the fragment writes (8 rows x 4
@@ -428,16 +513,17 @@ struct B2bKernel {
         Element const* st_r = stage + st_row * 64 + ((st_ch ^ (st_row & 7)) * 8);
         int const row_base = mb * TM + group * 64 + st_row;
         int const n2_base = nb * N2T;
+        Element* const out = p.O + int64_t(b) * p.bso;
         CUTE_UNROLL
         for (int sub = 0; sub < N2T / 64; ++sub) {
           CUTE_UNROLL
           for (int j = 8 * sub; j < 8 * sub + 8; ++j) {   // column group j: elements 4j .. 4j+3 (2 rows x 2 cols)
-            float2 const b = load_pair(p.b2, n2_base + o_col0 + 8 * j, p.N2);
+            float2 const bb = load_pair(p.b2, n2_base + o_col0 + 8 * j, p.N2);
             CUTE_UNROLL
             for (int r = 0; r < 2; ++r) {
               int const e = 4 * j + 2 * r;
-              float y0 = act2(p.act2, tOrO(e) + b.x);
-              float y1 = act2(p.act2, tOrO(e + 1) + b.y);
+              float y0 = act2(p.act2, tOrO(e) + bb.x);
+              float y1 = act2(p.act2, tOrO(e + 1) + bb.y);
               __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
               *reinterpret_cast<__nv_bfloat162*>(st_w + r * 8 * 64 + (((j - 8 * sub) ^ sw_w) * 8)) = h;
             }
@@ -448,7 +534,7 @@ struct B2bKernel {
           for (int it = 0; it < 4; ++it) {
             int const row = row_base + 16 * it;
             uint4 v = *reinterpret_cast<uint4 const*>(st_r + it * 16 * 64);
-            if (row < p.M && col < p.N2) *reinterpret_cast<uint4*>(p.O + int64_t(row) * p.ldo + col) = v;
+            if (row < p.M && col < p.N2) *reinterpret_cast<uint4*>(out + int64_t(row) * p.ldo + col) = v;
           }
           asm volatile("bar.sync %0, 128;\n" ::"r"(8 + group) : "memory");   // staging free for the next subtile
         }
@@ -485,13 +571,21 @@ struct B2b {
     Element* O = nullptr;          // [M, N2], row stride ldo
     int M = 0, K = 0, N1 = 0, N2 = 0;
     int64_t ldx = 0, ldw1 = 0, ldw2 = 0, ldo = 0;
+    // Batched operands (attention): L problems, each operand's batch stride in elements (0: packed, rows x row
+    // stride). Weights shared by the batch are not supported here (their stride would be 0 = packed).
+    int L = 1;
+    int64_t bsx = 0, bsw1 = 0, bsw2 = 0, bso = 0;
     typename Cfg::Act1::Params act1{};
     typename Cfg::Act2::Params act2{};
   };
 
   // nullptr when the kernel can run these arguments, else the reason it cannot.
   static char const* can_implement(Arguments const& a) {
-    if (a.M <= 0 || a.K <= 0 || a.N1 <= 0 || a.N2 <= 0) return "empty problem";
+    if (a.M <= 0 || a.K <= 0 || a.N1 <= 0 || a.N2 <= 0 || a.L <= 0) return "empty problem";
+    if constexpr (Cfg::kSoftmax) {
+      if (a.b1) return "b1 with F = softmax: not supported (add it to the logits before the kernel)";
+      if (!(a.act1.scale > 0.f) || !std::isfinite(a.act1.scale)) return "softmax scale must be positive and finite";
+    }
     if (!a.X || !a.W1 || !a.W2 || !a.O) return "X, W1, W2 and O must be set";
     if (a.K % 8 != 0) return "K must be a multiple of 8 (16-byte rows for TMA)";
     if (Cfg::kXResident && a.K > Cfg::kResidentK) return "K exceeds the resident X block of this instance (ResidentK)";
@@ -504,21 +598,44 @@ struct B2b {
     auto addr = [](void const* q) { return reinterpret_cast<uintptr_t>(q); };
     if ((addr(a.X) | addr(a.W1) | addr(a.W2) | addr(a.O)) % 16 != 0) return "X, W1, W2 and O must be 16-byte aligned";
     if ((addr(a.b1) | addr(a.b2)) % 4 != 0) return "b1 and b2 must be 4-byte aligned";
+    if ((a.bsx | a.bsw1 | a.bsw2 | a.bso) % 8 != 0) return "batch strides must be multiples of 8 elements";
+    if (a.L > 1) {
+      Strides b = batch_strides(a);
+      if (b.x < a.M * a.ldx || b.w1 < (Cfg::kLayoutW1 == BLayout::KN ? a.K : a.N1) * a.ldw1 ||
+          b.w2 < (Cfg::kLayoutW2 == BLayout::KN ? a.N1 : a.N2) * a.ldw2 || b.o < a.M * a.ldo)
+        return "batch strides shorter than one batch's matrix (batches would overlap)";
+    }
+    if (int64_t(a.L) * ((a.M + Cfg::kTileM - 1) / Cfg::kTileM) * ((a.N2 + Cfg::kTileN2 - 1) / Cfg::kTileN2) > INT32_MAX)
+      return "too many tiles";
     return nullptr;
+  }
+
+  // Batch strides, the packed defaults filled in.
+  struct Strides {
+    int64_t x, w1, w2, o;
+  };
+  static Strides batch_strides(Arguments const& a) {
+    return {a.bsx ? a.bsx : int64_t(a.M) * a.ldx,
+            a.bsw1 ? a.bsw1 : int64_t(Cfg::kLayoutW1 == BLayout::KN ? a.K : a.N1) * a.ldw1,
+            a.bsw2 ? a.bsw2 : int64_t(Cfg::kLayoutW2 == BLayout::KN ? a.N1 : a.N2) * a.ldw2,
+            a.bso ? a.bso : int64_t(a.M) * a.ldo};
   }
 
   static typename Kernel::Params make_params(Arguments const& a) {
     using namespace cute;
     typename Kernel::Params p;
-    auto x = make_tensor(a.X, make_layout(make_shape(a.M, a.K), typename Kernel::StrideX{a.ldx, _1{}}));
+    Strides const bs = batch_strides(a);
+    auto x = make_tensor(a.X, make_layout(make_shape(a.M, a.K, a.L), typename Kernel::StrideX{a.ldx, _1{}, bs.x}));
     typename Kernel::StrideW1 dw1{};
     if constexpr (Cfg::kLayoutW1 == BLayout::KN) get<1>(dw1) = a.ldw1;   // W1(n, k) at k * ldw1 + n
     else get<0>(dw1) = a.ldw1;                                          // W1(n, k) at n * ldw1 + k
+    get<2>(dw1) = bs.w1;
     typename Kernel::StrideW2 dw2{};
     if constexpr (Cfg::kLayoutW2 == BLayout::KN) get<1>(dw2) = a.ldw2;   // W2(n2, n1) at n1 * ldw2 + n2
     else get<0>(dw2) = a.ldw2;                                          // W2(n2, n1) at n2 * ldw2 + n1
-    auto w1 = make_tensor(a.W1, make_layout(make_shape(a.N1, a.K), dw1));
-    auto w2 = make_tensor(a.W2, make_layout(make_shape(a.N2, a.N1), dw2));
+    get<2>(dw2) = bs.w2;
+    auto w1 = make_tensor(a.W1, make_layout(make_shape(a.N1, a.K, a.L), dw1));
+    auto w2 = make_tensor(a.W2, make_layout(make_shape(a.N2, a.N1, a.L), dw2));
     p.tma_x = make_tma_copy(SM90_TMA_LOAD{}, x, typename Kernel::SmemLayoutX{}(_, _, Int<0>{}));
     p.tma_w1 = make_tma_copy(SM90_TMA_LOAD{}, w1, typename Kernel::SmemLayoutW1{}(_, _, Int<0>{}));
     p.tma_w2 = make_tma_copy(SM90_TMA_LOAD{}, w2, typename Kernel::SmemLayoutW2{}(_, _, Int<0>{}));
@@ -526,6 +643,8 @@ struct B2b {
     p.b2 = a.b2;
     p.O = a.O;
     p.ldo = a.ldo;
+    p.bso = bs.o;
+    p.L = a.L;
     p.M = a.M;
     p.K = a.K;
     p.N1 = a.N1;
@@ -533,7 +652,8 @@ struct B2b {
     p.k_tiles = (a.K + Cfg::kTileK - 1) / Cfg::kTileK;
     p.chunks = (a.N1 + Cfg::kChunk - 1) / Cfg::kChunk;
     p.tiles_n2 = (a.N2 + Cfg::kTileN2 - 1) / Cfg::kTileN2;
-    p.total = ((a.M + Cfg::kTileM - 1) / Cfg::kTileM) * p.tiles_n2;
+    p.tiles_m = (a.M + Cfg::kTileM - 1) / Cfg::kTileM;
+    p.total = a.L * p.tiles_m * p.tiles_n2;
     p.act1 = a.act1;
     p.act2 = a.act2;
     return p;

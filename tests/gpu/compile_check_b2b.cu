@@ -20,8 +20,12 @@ static_assert(CfgResident::kStagger && !b2b::B2bConfig<bf16, BLayout::KN, BLayou
 static_assert(CfgGelu::kOverlap, "128x64x256: O + S + P fit with GEMM2 in flight");
 static_assert(!b2b::B2bConfig<bf16, BLayout::KN, BLayout::KN, 128, 128, 256, 64, epi::ops::GeluTanh>::kOverlap,
               "128x128x256: too many registers to keep P alive during the next GEMM1");
+// target attention: softmax over N1 by online rescaling, K [N1, D] and V [N1, N2], the Q block resident
+using CfgAttn = b2b::B2bConfig<bf16, BLayout::NK, BLayout::KN, 128, 128, 64, 64, b2b::OnlineSoftmax, b2b::Identity, 2, 64>;
+static_assert(CfgAttn::kSoftmax && CfgAttn::kOverlap, "attention: O + S + P fit with GEMM2 in flight");
 }  // namespace
 
+cudaError_t compile_check_b2b_attention(b2b::B2b<CfgAttn>::Arguments const& a) { return b2b::B2b<CfgAttn>::run(a); }
 cudaError_t compile_check_b2b_gelu(b2b::B2b<CfgGelu>::Arguments const& a) { return b2b::B2b<CfgGelu>::run(a); }
 cudaError_t compile_check_b2b_resident(b2b::B2b<CfgResident>::Arguments const& a) {
   return b2b::B2b<CfgResident>::run(a);

@@ -3,6 +3,12 @@
 //
 //   test_b2b [--shape M,K,N1,N2]... [--filter SUBSTR] [--seed S] [--no-graph] [--odd-only]
 //   test_b2b --bench [--shape M,K,N1,N2]... [--filter SUBSTR] [--reps N]
+//   test_b2b --bench-attention [--filter SUBSTR] [--reps N]
+//
+// Softmax instances (target attention, F = softmax over N1 of scale · X·W1, batched): tested on the WORKLOADS.md
+// §2 attention shapes and odd ones (batch of 3, M = 1000, N1 not a multiple of the chunk, N2 > TileN2, scale 30),
+// against P = bf16(softmax(scale · H)) in fp32 per batch, tolerance 2^-8 |ref| + 2^-8 A (both sides round the
+// weights to bf16: at most 2^-9 relative each).
 //
 // Test (default): every instance on every shape whose activations it implements (the WORKLOADS.md §2 MLP /
 // DLRM / FFN shapes take the instances of their own activations; the odd shapes every instance). Fresh random
@@ -51,7 +57,11 @@ struct B2bShape {
   int M, K, N1, N2;
   Act act1, act2;   // None/None: an odd shape, run by every instance with its own activations
   char const* label;
+  int L = 1;            // batch (attention)
+  float scale = 1.f;    // softmax instances: the logits' scale
+  bool odd = false;     // an odd attention shape: capped grids as for the odd MLP shapes
 };
+bool any_instance(B2bShape const& s) { return s.act1 == Act::None && s.act2 == Act::None; }
 
 bool parse_b2b_shape(char const* t, B2bShape* s) {
   s->act1 = s->act2 = Act::None;
@@ -65,6 +75,21 @@ std::vector<B2bShape> workload_shapes() {
           {32768, 512, 2048, 512, Act::Gelu, Act::None, "mlp_gelu_2"},
           {65536, 512, 256, 64, Act::Relu, Act::Relu, "dlrm_bottom"},
           {16384, 768, 3072, 768, Act::Gelu, Act::None, "ffn_gelu"}};
+}
+// WORKLOADS.md §2 target attention, O = softmax(Q K^T s) V per batch: M = Lq, K = D, N1 = Lk, N2 = D. The test
+// uses s = 1 (X · W1 spans about [-4, 4]: peaked rows); the bench times s = 1/sqrt(D), which costs the same.
+std::vector<B2bShape> attention_shapes() {
+  return {{128, 64, 256, 64, Act::Softmax, Act::None, "attn_1", 1024, 1.f},
+          {256, 64, 512, 64, Act::Softmax, Act::None, "attn_2", 512, 1.f},
+          {1024, 64, 1024, 64, Act::Softmax, Act::None, "attn_3", 256, 1.f}};
+}
+// Odd attention shapes: a batch of 3, M = 1000 (a partial row block per batch), N1 not a multiple of the chunk,
+// N2 > TileN2 (two column tiles), D < TileK, and logits of +-120 (scale 30: exp would overflow without the shift).
+std::vector<B2bShape> odd_attention_shapes() {
+  return {{1000, 64, 200, 64, Act::Softmax, Act::None, "attn_odd", 3, 0.7f, true},
+          {1000, 64, 264, 72, Act::Softmax, Act::None, "attn_odd", 3, 1.f, true},
+          {77, 40, 1000, 64, Act::Softmax, Act::None, "attn_odd", 3, 30.f, true},
+          {1, 64, 8, 8, Act::Softmax, Act::None, "attn_odd", 2, 1.f, true}};
 }
 std::vector<B2bShape> odd_shapes() {
   return {{1000, 520, 200, 72, Act::None, Act::None, "odd"},
@@ -87,6 +112,22 @@ __global__ void ref_intermediate(float const* H, __nv_bfloat16 const* b1, __nv_b
   int64_t total = int64_t(M) * N1;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
     P[i] = __float2bfloat16_rn(act_ref(act1, H[i] + __bfloat162float(b1[i % N1])));
+}
+
+// P[m, :] = bf16(softmax(scale * H[m, :])) in fp32, one warp per row
+__global__ void ref_softmax(float const* H, __nv_bfloat16* P, int M, int N1, float scale) {
+  int const warps = int(gridDim.x * blockDim.x / 32);
+  for (int m = int((blockIdx.x * blockDim.x + threadIdx.x) / 32); m < M; m += warps) {
+    float const* h = H + int64_t(m) * N1;
+    int const lane = int(threadIdx.x % 32);
+    float mx = -INFINITY;
+    for (int n = lane; n < N1; n += 32) mx = fmaxf(mx, scale * h[n]);
+    for (int off = 16; off; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float sum = 0.f;
+    for (int n = lane; n < N1; n += 32) sum += expf(scale * h[n] - mx);
+    for (int off = 16; off; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    for (int n = lane; n < N1; n += 32) P[int64_t(m) * N1 + n] = __float2bfloat16_rn(expf(scale * h[n] - mx) / sum);
+  }
 }
 
 // R = P · W2, A = |P| · |W2| and T = max_k |P_k| |W2_k| in fp32 (W2 [N1, N2] row-major), then R = act2(R + b2).
@@ -136,26 +177,32 @@ struct CheckStats {
   double rel;
 };
 
+// Batched: L blocks of rows_alloc rows each (O's batch stride rows_alloc x ldo), the reference L x M x N2.
+// Softmax F: P holds the normalized weights; the kernel's P (unnormalized, rounded to bf16 before the division)
+// and the reference's each differ from the exact weights by at most 2^-9 relative, so |out - ref| <= 2^-8 A.
 __global__ void check_output(__nv_bfloat16 const* O, int64_t ldo, int rows_alloc, float const* R, float const* A,
-                             float const* T, int M, int N2, unsigned long long* counts, float* worst, double* sums) {
+                             float const* T, int M, int N2, int L, bool softmax, unsigned long long* counts,
+                             float* worst, double* sums) {
   unsigned long long bad = 0, nonfinite = 0, canary = 0;
   float w = 0.f;
   double d2 = 0, r2 = 0;
-  int64_t total = int64_t(rows_alloc) * ldo;
+  int64_t per_batch = int64_t(rows_alloc) * ldo, total = per_batch * L;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    int m = int(i / ldo), n = int(i % ldo);
+    int b = int(i / per_batch);
+    int m = int(i % per_batch / ldo), n = int(i % ldo);
     float o = __bfloat162float(O[i]);
     if (m >= M || n >= N2) {   // padding: must still hold the poison (NaN)
       canary += !isnan(o);
       continue;
     }
-    float r = R[int64_t(m) * N2 + n];
+    int64_t at = (int64_t(b) * M + m) * N2 + n;
+    float r = R[at];
     if (!isfinite(o)) {
       ++nonfinite;
       continue;
     }
-    int64_t at = int64_t(m) * N2 + n;
-    float tol = 0.00390625f * fabsf(r) + 0.0009765625f * A[at] + 0.015625f * T[at] + 1e-6f;
+    float tol = softmax ? 0.00390625f * fabsf(r) + 0.00390625f * A[at] + 1e-6f
+                        : 0.00390625f * fabsf(r) + 0.0009765625f * A[at] + 0.015625f * T[at] + 1e-6f;
     float e = fabsf(o - r);
     bad += e > tol;
     w = fmaxf(w, e / tol);
@@ -195,11 +242,11 @@ struct Checker {
     cudaFree(sums);
   }
   CheckStats run(__nv_bfloat16 const* O, int64_t ldo, int rows_alloc, float const* R, float const* A, float const* T,
-                 int M, int N2) {
+                 int M, int N2, int L = 1, bool softmax = false) {
     CF_CHECK(cudaMemset(counts, 0, 3 * sizeof(unsigned long long)));
     CF_CHECK(cudaMemset(worst, 0, sizeof(float)));
     CF_CHECK(cudaMemset(sums, 0, 2 * sizeof(double)));
-    check_output<<<1024, 256>>>(O, ldo, rows_alloc, R, A, T, M, N2, counts, worst, sums);
+    check_output<<<1024, 256>>>(O, ldo, rows_alloc, R, A, T, M, N2, L, softmax, counts, worst, sums);
     CF_CHECK(cudaGetLastError());
     unsigned long long c[3];
     float w;
@@ -211,25 +258,25 @@ struct Checker {
   }
 };
 
-// Device buffers of one problem.
+// Device buffers of one problem, L batches of it (each operand's matrices back to back; H and P hold one batch).
 struct Buffers {
-  int M, K, N1, N2;
+  int M, K, N1, N2, L;
   __nv_bfloat16 *X, *X2, *W1, *W1t, *b1, *W2, *W2t, *b2, *P;
   float *H, *R, *A, *T;
-  Buffers(int M_, int K_, int N1_, int N2_) : M(M_), K(K_), N1(N1_), N2(N2_) {
-    CF_CHECK(cudaMalloc(&X, int64_t(M) * K * 2));
-    CF_CHECK(cudaMalloc(&X2, int64_t(M) * K * 2));
-    CF_CHECK(cudaMalloc(&W1, int64_t(K) * N1 * 2));
-    CF_CHECK(cudaMalloc(&W1t, int64_t(K) * N1 * 2));
+  Buffers(int M_, int K_, int N1_, int N2_, int L_ = 1) : M(M_), K(K_), N1(N1_), N2(N2_), L(L_) {
+    CF_CHECK(cudaMalloc(&X, int64_t(L) * M * K * 2));
+    CF_CHECK(cudaMalloc(&X2, int64_t(L) * M * K * 2));
+    CF_CHECK(cudaMalloc(&W1, int64_t(L) * K * N1 * 2));
+    CF_CHECK(cudaMalloc(&W1t, int64_t(L) * K * N1 * 2));
     CF_CHECK(cudaMalloc(&b1, int64_t(N1) * 2));
-    CF_CHECK(cudaMalloc(&W2, int64_t(N1) * N2 * 2));
-    CF_CHECK(cudaMalloc(&W2t, int64_t(N1) * N2 * 2));
+    CF_CHECK(cudaMalloc(&W2, int64_t(L) * N1 * N2 * 2));
+    CF_CHECK(cudaMalloc(&W2t, int64_t(L) * N1 * N2 * 2));
     CF_CHECK(cudaMalloc(&b2, int64_t(N2) * 2));
     CF_CHECK(cudaMalloc(&P, int64_t(M) * N1 * 2));
     CF_CHECK(cudaMalloc(&H, int64_t(M) * N1 * 4));
-    CF_CHECK(cudaMalloc(&R, int64_t(M) * N2 * 4));
-    CF_CHECK(cudaMalloc(&A, int64_t(M) * N2 * 4));
-    CF_CHECK(cudaMalloc(&T, int64_t(M) * N2 * 4));
+    CF_CHECK(cudaMalloc(&R, int64_t(L) * M * N2 * 4));
+    CF_CHECK(cudaMalloc(&A, int64_t(L) * M * N2 * 4));
+    CF_CHECK(cudaMalloc(&T, int64_t(L) * M * N2 * 4));
   }
   ~Buffers() {
     for (void* q : {(void*)X, (void*)X2, (void*)W1, (void*)W1t, (void*)b1, (void*)W2, (void*)W2t, (void*)b2, (void*)P,
@@ -237,28 +284,37 @@ struct Buffers {
       cudaFree(q);
   }
   void fill(uint64_t seed) {
-    fill_uniform<<<1024, 256>>>(X, int64_t(M) * K, seed + 1, -1.f, 1.f);
+    fill_uniform<<<1024, 256>>>(X, int64_t(L) * M * K, seed + 1, -1.f, 1.f);
     float s1 = 4.f / std::sqrt(float(K)), s2 = 2.f / std::sqrt(float(N1));
-    fill_uniform<<<1024, 256>>>(W1, int64_t(K) * N1, seed + 2, -s1, s1);
+    fill_uniform<<<1024, 256>>>(W1, int64_t(L) * K * N1, seed + 2, -s1, s1);
     fill_uniform<<<256, 256>>>(b1, N1, seed + 3, -1.f, 1.f);
-    fill_uniform<<<1024, 256>>>(W2, int64_t(N1) * N2, seed + 4, -s2, s2);
+    fill_uniform<<<1024, 256>>>(W2, int64_t(L) * N1 * N2, seed + 4, -s2, s2);
     fill_uniform<<<256, 256>>>(b2, N2, seed + 5, -0.5f, 0.5f);
     CF_CHECK(cudaGetLastError());
-    transpose_bf16<<<dim3((N1 + 31) / 32, (K + 31) / 32), dim3(32, 8)>>>(W1, W1t, K, N1);
-    transpose_bf16<<<dim3((N2 + 31) / 32, (N1 + 31) / 32), dim3(32, 8)>>>(W2, W2t, N1, N2);
+    for (int b = 0; b < L; ++b) {
+      transpose_bf16<<<dim3((N1 + 31) / 32, (K + 31) / 32), dim3(32, 8)>>>(W1 + int64_t(b) * K * N1,
+                                                                          W1t + int64_t(b) * K * N1, K, N1);
+      transpose_bf16<<<dim3((N2 + 31) / 32, (N1 + 31) / 32), dim3(32, 8)>>>(W2 + int64_t(b) * N1 * N2,
+                                                                           W2t + int64_t(b) * N1 * N2, N1, N2);
+    }
     CF_CHECK(cudaGetLastError());
   }
-  // R, A for input x and the activations (on the default stream).
-  void reference(__nv_bfloat16 const* x, Act act1, Act act2) {
-    launch_reference_gemm(x, W1, H, M, N1, K);
-    CF_CHECK(cudaGetLastError());
-    ref_intermediate<<<1024, 256>>>(H, b1, P, M, N1, int(act1));
-    CF_CHECK(cudaGetLastError());
-    ref_gemm2<<<dim3((N2 + 31) / 32, (M + 31) / 32), dim3(16, 16)>>>(P, W2, b2, R, A, T, M, N2, N1, int(act2));
-    CF_CHECK(cudaGetLastError());
+  // R, A for input x and the activations (on the default stream), batch by batch.
+  void reference(__nv_bfloat16 const* x, Act act1, Act act2, float scale) {
+    for (int b = 0; b < L; ++b) {
+      launch_reference_gemm(x + int64_t(b) * M * K, W1 + int64_t(b) * K * N1, H, M, N1, K);
+      CF_CHECK(cudaGetLastError());
+      if (act1 == Act::Softmax) ref_softmax<<<(M + 7) / 8, 256>>>(H, P, M, N1, scale);
+      else ref_intermediate<<<1024, 256>>>(H, b1, P, M, N1, int(act1));
+      CF_CHECK(cudaGetLastError());
+      int64_t o = int64_t(b) * M * N2;
+      ref_gemm2<<<dim3((N2 + 31) / 32, (M + 31) / 32), dim3(16, 16)>>>(P, W2 + int64_t(b) * N1 * N2, b2, R + o, A + o,
+                                                                       T + o, M, N2, N1, int(act2));
+      CF_CHECK(cudaGetLastError());
+    }
     CF_CHECK(cudaDeviceSynchronize());
   }
-  B2bProblem problem(__nv_bfloat16 const* x, void* out, int64_t ldo) const {
+  B2bProblem problem(__nv_bfloat16 const* x, void* out, int64_t ldo, int64_t bso, float scale) const {
     B2bProblem p;
     p.X = x;
     p.W1kn = W1;
@@ -273,6 +329,9 @@ struct Buffers {
     p.N1 = N1;
     p.N2 = N2;
     p.ldo = ldo;
+    p.L = L;
+    p.bso = bso;
+    p.scale = scale;
     return p;
   }
 };
@@ -293,7 +352,8 @@ void report(std::string const& inst, std::string const& shape, std::string const
 
 std::string shape_str(B2bShape const& s) {
   char b[96];
-  std::snprintf(b, sizeof b, "%d,%d,%d,%d", s.M, s.K, s.N1, s.N2);
+  if (s.L > 1) std::snprintf(b, sizeof b, "%dx(%d,%d,%d,%d)", s.L, s.M, s.K, s.N1, s.N2);
+  else std::snprintf(b, sizeof b, "%d,%d,%d,%d", s.M, s.K, s.N1, s.N2);
   return b;
 }
 
@@ -318,33 +378,36 @@ int run_tests(std::vector<B2bShape> shapes, std::string const& filter, uint64_t 
   CF_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   for (B2bShape const& s : shapes) {
-    bool odd = s.act1 == Act::None && s.act2 == Act::None;
-    std::printf("shape %s M=%d K=%d N1=%d N2=%d\n", s.label, s.M, s.K, s.N1, s.N2);
-    Buffers b(s.M, s.K, s.N1, s.N2);
+    bool odd = any_instance(s) || s.odd;
+    std::printf("shape %s M=%d K=%d N1=%d N2=%d L=%d scale=%g\n", s.label, s.M, s.K, s.N1, s.N2, s.L, s.scale);
+    Buffers b(s.M, s.K, s.N1, s.N2, s.L);
     uint64_t sd = seed ^ (uint64_t(s.M) << 40) ^ (uint64_t(s.K) << 26) ^ (uint64_t(s.N1) << 13) ^ uint64_t(s.N2);
     b.fill(sd);
-    // Padded output: row stride N2 + 16, 64 extra rows; the padding must keep its poison.
+    // Padded output: row stride N2 + 16, 64 extra rows per batch (8 with many batches); the padding must keep its
+    // poison.
     int64_t ldo = s.N2 + 16;
-    int rows_alloc = s.M + 64;
-    int64_t out_bytes = int64_t(rows_alloc) * ldo * 2;
+    int rows_alloc = s.M + (s.L > 8 ? 8 : 64);
+    int64_t bso = int64_t(rows_alloc) * ldo;
+    int64_t out_bytes = bso * s.L * 2;
     void* out[2];
     for (auto& o : out) CF_CHECK(cudaMalloc(&o, out_bytes));
     int ref_act1 = -1, ref_act2 = -1;   // activations of the reference in R / A now
     for (B2bInstance const& in : reg) {
       if (!filter.empty() && in.name.find(filter) == std::string::npos) continue;
-      if (!odd && (in.act1 != s.act1 || in.act2 != s.act2)) continue;
+      if (!any_instance(s) && (in.act1 != s.act1 || in.act2 != s.act2)) continue;
       if (in.resident_k > 0 && s.K > in.resident_k) {   // not this instance's shape: the planner would not pick it
         std::printf("  %s: not run at K=%d (its resident X block holds K <= %d)\n", in.name.c_str(), s.K,
                     in.resident_k);
         continue;
       }
       if (int(in.act1) != ref_act1 || int(in.act2) != ref_act2) {
-        b.reference(b.X, in.act1, in.act2);
+        b.reference(b.X, in.act1, in.act2, s.scale);
         ref_act1 = int(in.act1);
         ref_act2 = int(in.act2);
       }
       std::string sh = std::string(s.label) + " " + shape_str(s);
-      B2bProblem p = b.problem(b.X, out[0], ldo);
+      bool const softmax = in.act1 == Act::Softmax;
+      B2bProblem p = b.problem(b.X, out[0], ldo, bso, s.scale);
       if (char const* why = in.can_implement(p)) {
         report(in.name, sh, "implement", false, why);
         continue;
@@ -354,14 +417,15 @@ int run_tests(std::vector<B2bShape> shapes, std::string const& filter, uint64_t 
       for (int cap : caps) {
         for (int l = 0; l < 2; ++l) {
           CF_CHECK(cudaMemset(out[l], 0xFF, out_bytes));
-          B2bProblem q = b.problem(b.X, out[l], ldo);
+          B2bProblem q = b.problem(b.X, out[l], ldo, bso, s.scale);
           q.max_ctas = cap;
           auto launch = in.prepare(q);
           CF_CHECK(launch(nullptr));
           CF_CHECK(cudaGetLastError());
           CF_CHECK(cudaDeviceSynchronize());
         }
-        CheckStats c = checker.run(static_cast<__nv_bfloat16 const*>(out[0]), ldo, rows_alloc, b.R, b.A, b.T, s.M, s.N2);
+        CheckStats c = checker.run(static_cast<__nv_bfloat16 const*>(out[0]), ldo, rows_alloc, b.R, b.A, b.T, s.M, s.N2,
+                                   s.L, softmax);
         unsigned long long diff = bytes_differ(out[0], out[1], out_bytes, d_count);
         B2bProblem q = p;
         q.max_ctas = cap;
@@ -374,7 +438,7 @@ int run_tests(std::vector<B2bShape> shapes, std::string const& filter, uint64_t 
       // CUDA graph: one launch on X2 captured, replayed twice with new X2 values.
       {
         CF_CHECK(cudaMemset(out[0], 0xFF, out_bytes));
-        auto launch = in.prepare(b.problem(b.X2, out[0], ldo));
+        auto launch = in.prepare(b.problem(b.X2, out[0], ldo, bso, s.scale));
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         CF_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -383,14 +447,15 @@ int run_tests(std::vector<B2bShape> shapes, std::string const& filter, uint64_t 
         CF_CHECK(launched);
         CF_CHECK(cudaGraphInstantiate(&exec, graph, 0));
         for (int r = 0; r < 2; ++r) {
-          fill_uniform<<<1024, 256>>>(b.X2, int64_t(s.M) * s.K, sd + 100 + r, -1.f, 1.f);
+          fill_uniform<<<1024, 256>>>(b.X2, int64_t(s.L) * s.M * s.K, sd + 100 + r, -1.f, 1.f);
           CF_CHECK(cudaGetLastError());
-          b.reference(b.X2, in.act1, in.act2);
+          b.reference(b.X2, in.act1, in.act2, s.scale);
           CF_CHECK(cudaMemset(out[0], 0xFF, out_bytes));
           CF_CHECK(cudaDeviceSynchronize());
           CF_CHECK(cudaGraphLaunch(exec, stream));
           CF_CHECK(cudaStreamSynchronize(stream));
-          CheckStats c = checker.run(static_cast<__nv_bfloat16 const*>(out[0]), ldo, rows_alloc, b.R, b.A, b.T, s.M, s.N2);
+          CheckStats c = checker.run(static_cast<__nv_bfloat16 const*>(out[0]), ldo, rows_alloc, b.R, b.A, b.T, s.M,
+                                     s.N2, s.L, softmax);
           report(in.name, sh, "graph" + std::to_string(r + 1), stats_ok(c), stats_str(c));
         }
         CF_CHECK(cudaGraphExecDestroy(exec));
@@ -644,12 +709,116 @@ int run_bench(std::vector<B2bShape> shapes, std::string const& filter, int reps)
   return 0;
 }
 
+// Target attention (--bench-attention): every softmax instance on each shape, s = 1/sqrt(D), the same interleaved
+// timing over rotating buffer sets. The baselines (SDPA's flash kernel, torch.compile) are PyTorch's:
+// bench/attention_ref.py times them in the same device call (scripts/gpu-b2b.sh --attention).
+int run_attention_bench(std::vector<B2bShape> shapes, std::string const& filter, int reps) {
+  struct Set {
+    __nv_bfloat16 *Q, *K, *V, *O;
+  };
+  std::string md = "| B, Lq, Lk, D | fused µs [instance] | TFLOP/s |\n|---|---|---|\n";
+  for (B2bShape const& s : shapes) {
+    int64_t q = int64_t(s.L) * s.M * s.K, kv = int64_t(s.L) * s.N1 * s.K, o = int64_t(s.L) * s.M * s.N2;
+    double set_bytes = 2.0 * (q + 2 * kv + o);
+    int nsets = std::max(2, int(std::ceil(240e6 / set_bytes)));
+    std::printf("\nattention %s B=%d Lq=%d Lk=%d D=%d: %d buffer sets of %.0f MB\n", s.label, s.L, s.M, s.N1, s.K,
+                nsets, set_bytes / 1e6);
+    std::vector<Set> sets(nsets);
+    uint64_t seed = 991;
+    for (auto& st : sets) {
+      CF_CHECK(cudaMalloc(&st.Q, q * 2));
+      CF_CHECK(cudaMalloc(&st.K, kv * 2));
+      CF_CHECK(cudaMalloc(&st.V, kv * 2));
+      CF_CHECK(cudaMalloc(&st.O, o * 2));
+      fill_uniform<<<1024, 256>>>(st.Q, q, ++seed, -1.f, 1.f);
+      fill_uniform<<<1024, 256>>>(st.K, kv, ++seed, -1.f, 1.f);
+      fill_uniform<<<1024, 256>>>(st.V, kv, ++seed, -1.f, 1.f);
+      CF_CHECK(cudaGetLastError());
+    }
+    CF_CHECK(cudaDeviceSynchronize());
+    struct Variant {
+      std::string name;
+      std::function<void(int)> launch;
+    };
+    std::vector<Variant> vs;
+    std::vector<std::vector<std::function<cudaError_t(cudaStream_t)>>> prepared;
+    prepared.reserve(b2b_registry().size());
+    for (B2bInstance const& in : b2b_registry()) {
+      if (in.act1 != Act::Softmax || !in.w1_nk || in.w2_nk) continue;
+      if (!filter.empty() && in.name.find(filter) == std::string::npos) continue;
+      std::vector<std::function<cudaError_t(cudaStream_t)>> ls;
+      for (auto& st : sets) {
+        B2bProblem p;
+        p.X = st.Q;
+        p.W1nk = st.K;
+        p.W2kn = st.V;
+        p.O = st.O;
+        p.M = s.M;
+        p.K = s.K;
+        p.N1 = s.N1;
+        p.N2 = s.N2;
+        p.L = s.L;
+        p.scale = 1.f / std::sqrt(float(s.K));
+        if (char const* why = in.can_implement(p)) {
+          std::printf("  %s cannot run this shape: %s\n", in.name.c_str(), why);
+          ls.clear();
+          break;
+        }
+        ls.push_back(in.prepare(p));
+      }
+      if (ls.empty()) continue;
+      prepared.push_back(ls);
+      size_t idx = prepared.size() - 1;
+      vs.push_back({in.name, [&prepared, idx](int k) { CF_CHECK(prepared[idx][k](nullptr)); }});
+    }
+    if (vs.empty()) {
+      std::printf("FAILED: no attention instance to bench\n");
+      return 1;
+    }
+    {   // clocks up
+      int k = 0;
+      auto t0 = std::chrono::steady_clock::now();
+      while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.3) {
+        for (int i = 0; i < 10; ++i) vs[0].launch(k++ % nsets);
+        CF_CHECK(cudaDeviceSynchronize());
+      }
+    }
+    std::vector<float> meds[2];
+    for (int round = 0; round < 2; ++round) {
+      std::vector<std::vector<float>> us(vs.size());
+      int k = 0;
+      for (int rep = 0; rep < reps; ++rep)
+        for (size_t j = 0; j < vs.size(); ++j) us[j].push_back(time_batch(vs[j].launch, k, nsets));
+      for (size_t j = 0; j < vs.size(); ++j) meds[round].push_back(median(us[j]));
+    }
+    double flops = 2.0 * s.L * s.M * (double(s.K) * s.N1 + double(s.N1) * s.N2);
+    size_t fbest = 0;
+    std::printf("%-44s %9s %7s %8s\n", "variant", "us", "spread", "TFLOP/s");
+    for (size_t j = 0; j < vs.size(); ++j) {
+      float best = std::min(meds[0][j], meds[1][j]);
+      std::printf("%-44s %9.1f %6.1f%% %8.1f\n", vs[j].name.c_str(), best,
+                  100 * std::fabs(meds[0][j] - meds[1][j]) / best, flops / (best * 1e-6) / 1e12);
+      if (best < std::min(meds[0][fbest], meds[1][fbest])) fbest = j;
+    }
+    float best = std::min(meds[0][fbest], meds[1][fbest]);
+    char line[256];
+    std::snprintf(line, sizeof line, "| %d, %d, %d, %d | %.1f [%s] | %.1f |\n", s.L, s.M, s.N1, s.K, best,
+                  vs[fbest].name.c_str(), flops / (best * 1e-6) / 1e12);
+    md += line;
+    CF_CHECK(cudaDeviceSynchronize());
+    for (auto& st : sets)
+      for (void* ptr : {(void*)st.Q, (void*)st.K, (void*)st.V, (void*)st.O}) CF_CHECK(cudaFree(ptr));
+  }
+  std::printf("\nATTENTION SUMMARY (medians, s = 1/sqrt(D))\n%s", md.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<B2bShape> shapes;
   std::string filter;
-  bool graphs = true, bench = false, odd_only = false;
+  bool graphs = true, bench = false, bench_attention = false, odd_only = false;
   int reps = 15;
   uint64_t seed = uint64_t(std::chrono::high_resolution_clock::now().time_since_epoch().count());
   for (int i = 1; i < argc; ++i) {
@@ -673,10 +842,12 @@ int main(int argc, char** argv) {
       odd_only = true;
     } else if (a == "--bench") {
       bench = true;
+    } else if (a == "--bench-attention") {
+      bench_attention = true;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--bench] [--shape M,K,N1,N2]... [--filter SUBSTR] [--seed S] [--reps N] [--no-graph] "
-                   "[--odd-only]\n",
+                   "usage: %s [--bench | --bench-attention] [--shape M,K,N1,N2]... [--filter SUBSTR] [--seed S] "
+                   "[--reps N] [--no-graph] [--odd-only]\n",
                    argv[0]);
       return 2;
     }
@@ -686,6 +857,7 @@ int main(int argc, char** argv) {
     std::printf("FAILED: no b2b instance compiled in\n");
     return 1;
   }
+  if (bench_attention) return run_attention_bench(attention_shapes(), filter, reps);
   if (bench) {
     if (shapes.empty()) {
       shapes = workload_shapes();
@@ -695,8 +867,12 @@ int main(int argc, char** argv) {
     return run_bench(shapes, filter, reps);
   }
   if (shapes.empty()) {
-    if (!odd_only) shapes = workload_shapes();
+    if (!odd_only) {
+      shapes = workload_shapes();
+      for (auto const& s : attention_shapes()) shapes.push_back(s);
+    }
     for (auto const& s : odd_shapes()) shapes.push_back(s);
+    for (auto const& s : odd_attention_shapes()) shapes.push_back(s);
   }
   return run_tests(shapes, filter, seed, graphs);
 }
