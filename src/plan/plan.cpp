@@ -394,21 +394,28 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   const double store_us = d.cublas_alone ? 0.0 : extra_bytes * g.rows * g.n / kUnfusedBytesPerSecond * 1e6;
   d.fused_us += store_us;
   // Too few tiles to fill the GPU: a fused kernel runs each output tile's whole K loop on one SM (no split-K: the
-  // epilogue needs the finished tile), so it takes at least the busiest SM's tiles at one SM's share of the measured
-  // cuBLAS rate, however small the FLOP-scaled estimate is. cuBLAS splits K there: HF BERT at 1 x 128 tokens, whose
-  // 128 x 768 LayerNorm regions (6 tiles) ran 24 us per call fused against 9 us for split-K cuBLAS + LayerNorm
-  // (docs/PERF.md, thirteenth session).
-  const double sm_rate = 2.0 * cublas->m * cublas->n * cublas->k / (cublas->us * 1e-6) / kSms;   // FLOP/s per SM
-  const double tile_mainloop_us = 2.0 * d.config.tile_m * d.config.tile_n * g.k / sm_rate * 1e6;
-  const double occupancy_us = tiles_per_sm * tile_mainloop_us;
+  // epilogue needs the finished tile), and with one tile per SM nothing hides that tile's epilogue, so it takes at
+  // least the busiest SM's tiles at one SM's share of the measured cuBLAS rate plus one epilogue, however small the
+  // FLOP-scaled estimate is. cuBLAS splits K there. And at such sizes every kernel costs at least its launch and
+  // ramp, the unfused pair two of them. HF BERT at 1 x 128 tokens: the 128 x 768 LayerNorm regions (6 tiles) ran 24
+  // us per call fused against 9 us for split-K cuBLAS + LayerNorm (docs/PERF.md, thirteenth session).
   std::string occupancy;
-  if (occupancy_us > d.fused_us) {
-    occupancy = fmt("; %.0f tiles on %.0f SMs", tiles, double(kSms)) +
-                fmt(": the busiest SM runs %.0f whole-K tiles, ~%.0f us (no split-K in a fused kernel)", tiles_per_sm,
-                    occupancy_us);
-    d.fused_us = occupancy_us;
-  }
   d.unfused_us = gemm_us + d.pass_us;
+  if (tiles < kSms) {
+    const double sm_rate = 2.0 * cublas->m * cublas->n * cublas->k / (cublas->us * 1e-6) / kSms;   // FLOP/s per SM
+    const double tile_mainloop_us = 2.0 * d.config.tile_m * d.config.tile_n * g.k / sm_rate * 1e6;
+    const double occupancy_us = tile_mainloop_us + (reduces ? kTileReductionEpilogueUs : kTileEpilogueUs);
+    if (occupancy_us > d.fused_us) {
+      occupancy = fmt("; %.0f tiles on %.0f SMs", tiles, double(kSms)) +
+                  fmt(": each runs its whole K on one SM (no split-K in a fused kernel) and nothing hides its "
+                      "epilogue, ~%.0f us", occupancy_us);
+      d.fused_us = occupancy_us;
+    }
+    if (!d.cublas_alone) {   // two kernels against one (a GEMM with at most a bias is cuBLAS's single kernel)
+      d.fused_us = std::max(d.fused_us, kKernelFloorUs);
+      d.unfused_us = std::max(gemm_us, kKernelFloorUs) + std::max(d.pass_us, kKernelFloorUs);
+    }
+  }
   const std::string basis = fmt("measured %.3fx cuBLAS", ratio) + " for '" + cls + "' [" + best->config +
                             (reduces ? ", " + d.transport : std::string()) + "] at " +
                             std::to_string(best->m) + "x" + std::to_string(best->k) + "x" + std::to_string(best->n) +
