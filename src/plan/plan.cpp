@@ -441,25 +441,41 @@ PlanDecision plan_b2b(const B2BSpec& b) {
   d.fuse = false;
   const double bytes = 2.0 * static_cast<double>(b.rows()) * static_cast<double>(b.n1()) *
                        (b.first.outputs[0].dtype == DType::F32 ? 4 : 2);   // S written, then read back
-  // The flash-style kernel's best instance ÷ two cuBLASLt GEMMs on the H200 (docs/kernel-b2b.md, 2026-12-01): the
-  // nearest of the measured workloads (log distance in rows, K, N1, N2) tells the user what fusing would give.
+  // What the flash-style kernel measured on the H200 (docs/kernel-b2b.md): for an elementwise F its best instance ÷
+  // two cuBLASLt GEMMs (2026-12-01); for softmax (target attention, per-batch rows) ÷ torch.compile's best and ÷
+  // SDPA's flash kernel (2026-12-02). The nearest workload of the chain's form (log distance in rows per batch, K,
+  // N1, N2) tells the user what fusing would give.
   struct Measured {
-    double rows, k, n1, n2, ratio;
+    B2BForm form;
+    double rows, k, n1, n2, ratio, ratio_sdpa;
   };
-  static const Measured kMeasured[] = {{65536, 256, 1024, 256, 1.11}, {32768, 512, 2048, 512, 1.67},
-                                       {65536, 512, 256, 64, 0.87}, {16384, 768, 3072, 768, 2.20}};
-  const Measured* near = &kMeasured[0];   // (kept where a distance is not a number: an empty dimension)
+  static const Measured kMeasured[] = {{B2BForm::Elementwise, 65536, 256, 1024, 256, 1.11, 0},
+                                       {B2BForm::Elementwise, 32768, 512, 2048, 512, 1.67, 0},
+                                       {B2BForm::Elementwise, 65536, 512, 256, 64, 0.87, 0},
+                                       {B2BForm::Elementwise, 16384, 768, 3072, 768, 2.20, 0},
+                                       {B2BForm::Softmax, 128, 64, 256, 64, 0.24, 0.74},
+                                       {B2BForm::Softmax, 256, 64, 512, 64, 0.30, 0.76},
+                                       {B2BForm::Softmax, 1024, 64, 1024, 64, 0.33, 0.79}};
+  const double rows = double(b.rows()) / double(std::max<int64_t>(b.batch, 1));
+  const Measured* near = nullptr;
   double best = std::numeric_limits<double>::infinity();
   for (const Measured& m : kMeasured) {
-    const double dist = std::fabs(std::log(double(b.rows()) / m.rows)) +
-                        std::fabs(std::log(double(b.first.gemm.k) / m.k)) +
+    if (m.form != b.form) continue;
+    const double dist = std::fabs(std::log(rows / m.rows)) + std::fabs(std::log(double(b.first.gemm.k) / m.k)) +
                         std::fabs(std::log(double(b.n1()) / m.n1)) + std::fabs(std::log(double(b.n2()) / m.n2));
-    if (dist < best) best = dist, near = &m;
+    if (!near || dist < best) best = dist, near = &m;   // (the first of the form where a distance is not a number)
   }
+  std::string measured;
+  if (near && near->form == B2BForm::Softmax)
+    measured = fmt("%.2fx torch.compile's batched GEMMs and softmax, %.2fx SDPA's flash kernel", near->ratio,
+                   near->ratio_sdpa) +
+               fmt(" at %.0f rows per batch x K %.0f", near->rows, near->k) +
+               fmt(" x N1 %.0f x N2 %.0f, the nearest measured chain", near->n1, near->n2);
+  else if (near)
+    measured = fmt("%.2fx two cuBLASLt GEMMs at %.0fx%.0f", near->ratio, near->rows, near->k) +
+               fmt("x%.0fx%.0f, the nearest measured chain", near->n1, near->n2);
   d.reason = "no B2B kernel in the compiler yet: runs as two GEMMs with their epilogues (the flash-style kernel is "
-             "measured, not wired in: " +
-             fmt("%.2fx two cuBLASLt GEMMs at %.0fx%.0f", near->ratio, near->rows, near->k) +
-             fmt("x%.0fx%.0f, the nearest measured chain); fusing would keep the intermediate (", near->n1, near->n2) +
+             "measured, not wired in: " + measured + "); fusing would keep the intermediate (" +
              fmt("%.0f MB written and read back, ~%.0f us at 4.24 TB/s", bytes / 1e6, bytes / 4.24e12 * 1e6) +
              ") on chip";
   return d;

@@ -306,6 +306,16 @@ TEST(B2B, PlannerDeclinesEveryChainForNow) {
   EXPECT_EQ(d.reason.rfind("no B2B kernel in the compiler yet", 0), 0u) << d.reason;
 }
 
+TEST(B2B, TheDeclineCitesTheMeasuredKernelOfTheChainsForm) {
+  Partition mlp_p = plan(mlp(8, 16, 24, 8));
+  EXPECT_NE(plan_b2b(only_chain(mlp_p).spec).reason.find("two cuBLASLt GEMMs"), std::string::npos);
+  Partition att = plan(attention(4, 128, 256, 64));
+  PlanDecision d = plan_b2b(only_chain(att).spec);
+  EXPECT_FALSE(d.fuse);
+  EXPECT_NE(d.reason.find("SDPA's flash kernel at 128 rows per batch x K 64 x N1 256 x N2 64"), std::string::npos)
+      << d.reason;
+}
+
 // ---- interpreter: the kernel's order against the Graph interpreter ----
 
 TEST(B2B, ElementwiseChainsMatchTheGraphInterpreter) {
