@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # On the device machine: the back-to-back GEMM kernel (kernels/comfuse/b2b.cuh, issue 16). Builds
 # comfuse_gpu_test_b2b with the device's own tools (standalone CMake project tests/gpu, only that target), runs the
-# tests (WORKLOADS.md §2 MLP / DLRM / FFN shapes and the odd shapes), compute-sanitizer memcheck and racecheck on the
-# odd shapes, then the bench against cuBLASLt. Logs under $OUT; a table printed last; exits non-zero on a failure.
-# Under 6 minutes: build ~1 min on 16 cores, then timeouts of 120 + 90 + 90 + 60 s (typically much less).
+# tests (WORKLOADS.md §2 MLP / DLRM / FFN / target-attention shapes and the odd shapes), compute-sanitizer memcheck
+# and racecheck on the odd shapes, then the bench against cuBLASLt and the attention bench (with --attention-ref, also
+# bench/attention_ref.py: SDPA and torch.compile in the same call). Logs under $OUT; a table printed last; exits
+# non-zero on a failure. Build ~1 min on 16 cores, then timeouts of 240 + 90 + 150 + 60 + 60 (+ 200) s (typically
+# much less).
 #
 #   scripts/gpu-check.sh --prepare      here first: CUTLASS headers into .carry/cutlass/include (carried)
-#   scripts/gpu-b2b.sh [--no-sanitizer] [--no-bench] [--test-args "ARGS"] [--bench-args "ARGS"]
+#   scripts/gpu-b2b.sh [--no-sanitizer] [--no-bench] [--attention-ref] [--test-args "ARGS"] [--bench-args "ARGS"]
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root" || exit 1
 
-do_san=1 do_bench=1 test_args="" bench_args=""
+do_san=1 do_bench=1 do_ref=0 test_args="" bench_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-sanitizer) do_san=0 ;;
     --no-bench) do_bench=0 ;;
+    --attention-ref) do_ref=1 ;;
     --test-args) test_args="$2"; shift ;;
     --bench-args) bench_args="$2"; shift ;;
     *) echo "gpu-b2b: unknown option $1" >&2; exit 2 ;;
@@ -56,7 +59,7 @@ rm -f "$OUT/sass.tmp"
 cat "$OUT/sass.log"
 
 # shellcheck disable=SC2086
-timeout 120 "$bin/comfuse_gpu_test_b2b" $test_args > "$OUT/test.log" 2>&1
+timeout 240 "$bin/comfuse_gpu_test_b2b" $test_args > "$OUT/test.log" 2>&1
 status[2_tests]=$?
 grep -E "FAIL|PASSED|FAILED|seed" "$OUT/test.log" | head -30
 if [ "${status[2_tests]}" != 0 ]; then   # a broken kernel may hang the rest too: keep the minutes
@@ -68,7 +71,7 @@ if [ $do_san = 1 ]; then
   timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/comfuse_gpu_test_b2b" --odd-only \
     > "$OUT/memcheck.log" 2>&1
   status[3_memcheck]=$?
-  timeout 90 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
+  timeout 150 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
     "$bin/comfuse_gpu_test_b2b" --shape 1000,520,200,72 --shape 130,24,40,200 --shape 1000,200,264,264 --no-graph > "$OUT/racecheck.log" 2>&1
   status[4_racecheck]=$?
   tail -3 "$OUT/memcheck.log"; tail -3 "$OUT/racecheck.log"
@@ -78,11 +81,20 @@ if [ $do_bench = 1 ]; then
   timeout 60 "$bin/comfuse_gpu_test_b2b" --bench --reps 10 $bench_args > "$OUT/bench.log" 2>&1
   status[5_bench]=$?
   sed -n '/^bench /,/^B2B SUMMARY/p' "$OUT/bench.log" | grep -v "^B2B SUMMARY"
+  timeout 60 "$bin/comfuse_gpu_test_b2b" --bench-attention --reps 10 > "$OUT/bench_attention.log" 2>&1
+  status[6_bench_attention]=$?
+  grep -E "^attention |^b2b_" "$OUT/bench_attention.log"
+fi
+if [ $do_ref = 1 ]; then
+  timeout 200 python3 bench/attention_ref.py --out "$OUT/attention_ref.csv" > "$OUT/attention_ref.log" 2> "$OUT/attention_ref.err"
+  status[7_attention_ref]=$?
 fi
 
 echo
 echo "gpu-b2b summary ($(( $(date +%s) - t0 )) s; logs in $OUT)"
 sed -n '/^| instance/,/checks passed/p' "$OUT/test.log"
 [ -f "$OUT/bench.log" ] && sed -n '/^B2B SUMMARY/,$p' "$OUT/bench.log"
+[ -f "$OUT/bench_attention.log" ] && sed -n '/^ATTENTION SUMMARY/,$p' "$OUT/bench_attention.log"
+[ -f "$OUT/attention_ref.log" ] && cat "$OUT/attention_ref.log"
 echo
 gpu_status_table
