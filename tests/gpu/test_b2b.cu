@@ -7,8 +7,8 @@
 //
 // Softmax instances (target attention, F = softmax over N1 of scale · X·W1, batched): tested on the WORKLOADS.md
 // §2 attention shapes and odd ones (batch of 3, M = 1000, N1 not a multiple of the chunk, N2 > TileN2, scale 30),
-// against P = bf16(softmax(scale · H)) in fp32 per batch, tolerance 2^-8 |ref| + 2^-8 A (both sides round the
-// weights to bf16: at most 2^-9 relative each).
+// against P = bf16(softmax(scale · H)) in fp32 per batch, tolerance 2^-8 |ref| + 2^-7 A (both sides round the
+// weights to bf16: at most 2^-8 relative each).
 //
 // Test (default): every instance on every shape whose activations it implements (the WORKLOADS.md §2 MLP /
 // DLRM / FFN shapes take the instances of their own activations; the odd shapes every instance). Fresh random
@@ -179,7 +179,8 @@ struct CheckStats {
 
 // Batched: L blocks of rows_alloc rows each (O's batch stride rows_alloc x ldo), the reference L x M x N2.
 // Softmax F: P holds the normalized weights; the kernel's P (unnormalized, rounded to bf16 before the division)
-// and the reference's each differ from the exact weights by at most 2^-9 relative, so |out - ref| <= 2^-8 A.
+// and the reference's each differ from the exact weights by at most 2^-8 relative (bf16's unit roundoff), so
+// |out - ref| <= 2^-7 A (+ the output's rounding). A peaked row (scale 30) has too few terms for these to average out.
 __global__ void check_output(__nv_bfloat16 const* O, int64_t ldo, int rows_alloc, float const* R, float const* A,
                              float const* T, int M, int N2, int L, bool softmax, unsigned long long* counts,
                              float* worst, double* sums) {
@@ -201,7 +202,7 @@ __global__ void check_output(__nv_bfloat16 const* O, int64_t ldo, int rows_alloc
       ++nonfinite;
       continue;
     }
-    float tol = softmax ? 0.00390625f * fabsf(r) + 0.00390625f * A[at] + 1e-6f
+    float tol = softmax ? 0.00390625f * fabsf(r) + 0.0078125f * A[at] + 1e-6f
                         : 0.00390625f * fabsf(r) + 0.0009765625f * A[at] + 0.015625f * T[at] + 1e-6f;
     float e = fabsf(o - r);
     bad += e > tol;
