@@ -569,6 +569,57 @@ float median(std::vector<float> v) {
   return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// One timed variant: launch(k) runs it on buffer set k.
+struct Variant {
+  std::string name;
+  std::function<void(int)> launch;
+};
+using Launchers = std::vector<std::function<cudaError_t(cudaStream_t)>>;
+
+// Adds instance `in` as a variant over the buffer sets' problems, its launchers prepared once per set (TMA
+// descriptors encoded here, not in the timed loop); says so and adds nothing when it cannot run them. `prepared`
+// owns the launchers (reserved by the caller: the variants point into it).
+void add_instance(std::vector<Variant>& vs, std::vector<Launchers>& prepared, B2bInstance const& in,
+                  std::vector<B2bProblem> const& problems) {
+  Launchers ls;
+  for (B2bProblem const& p : problems) {
+    if (char const* why = in.can_implement(p)) {
+      std::printf("  %s cannot run this shape: %s\n", in.name.c_str(), why);
+      return;
+    }
+    ls.push_back(in.prepare(p));
+  }
+  prepared.push_back(std::move(ls));
+  size_t idx = prepared.size() - 1;
+  vs.push_back({in.name, [&prepared, idx](int k) { CF_CHECK(prepared[idx][k](nullptr)); }});
+}
+
+// The best of two rounds' medians per variant (and the rounds' relative difference): each round times `reps`
+// batches of every variant in turn, after ~0.3 s of the first variant to bring the clocks up.
+std::vector<float> time_variants(std::vector<Variant> const& vs, int nsets, int reps, std::vector<float>* spread) {
+  int k = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.3) {
+    for (int i = 0; i < 10; ++i) vs[0].launch(k++ % nsets);
+    CF_CHECK(cudaDeviceSynchronize());
+  }
+  std::vector<float> meds[2];
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::vector<float>> us(vs.size());
+    k = 0;
+    for (int rep = 0; rep < reps; ++rep)
+      for (size_t j = 0; j < vs.size(); ++j) us[j].push_back(time_batch(vs[j].launch, k, nsets));
+    for (size_t j = 0; j < vs.size(); ++j) meds[round].push_back(median(us[j]));
+  }
+  std::vector<float> best(vs.size());
+  spread->assign(vs.size(), 0.f);
+  for (size_t j = 0; j < vs.size(); ++j) {
+    best[j] = std::min(meds[0][j], meds[1][j]);
+    (*spread)[j] = std::fabs(meds[0][j] - meds[1][j]) / best[j];
+  }
+  return best;
+}
+
 int run_bench(std::vector<B2bShape> shapes, std::string const& filter, int reps) {
   struct Set {
     __nv_bfloat16 *X, *W1, *b1, *W2, *W2t, *W1t, *b2, *H, *O;
@@ -609,10 +660,6 @@ int run_bench(std::vector<B2bShape> shapes, std::string const& filter, int reps)
     LtGemm g1(s.M, s.N1, s.K, CUBLASLT_EPILOGUE_DEFAULT), g2(s.M, s.N2, s.N1, CUBLASLT_EPILOGUE_DEFAULT);
     LtGemm g1a(s.M, s.N1, s.K, s.act1 == Act::Relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS);
 
-    struct Variant {
-      std::string name;
-      std::function<void(int)> launch;
-    };
     if (!g1.ok || !g2.ok) {
       std::printf("FAILED: no cuBLASLt baseline for this shape\n");
       return 1;
@@ -629,11 +676,12 @@ int run_bench(std::vector<B2bShape> shapes, std::string const& filter, int reps)
                     g2.run(sets[k].H, sets[k].W2, nullptr, sets[k].O, nullptr);
                   }});
     // fused: launchers prepared per set (TMA descriptors encoded once)
-    std::vector<std::vector<std::function<cudaError_t(cudaStream_t)>>> prepared;
+    std::vector<Launchers> prepared;
+    prepared.reserve(b2b_registry().size());
     for (B2bInstance const& in : b2b_registry()) {
       if (in.act1 != s.act1 || in.act2 != s.act2) continue;
       if (!filter.empty() && in.name.find(filter) == std::string::npos) continue;
-      std::vector<std::function<cudaError_t(cudaStream_t)>> ls;
+      std::vector<B2bProblem> problems;
       for (auto& st : sets) {
         B2bProblem p;
         p.X = st.X;
@@ -648,40 +696,12 @@ int run_bench(std::vector<B2bShape> shapes, std::string const& filter, int reps)
         p.K = s.K;
         p.N1 = s.N1;
         p.N2 = s.N2;
-        if (char const* why = in.can_implement(p)) {
-          std::printf("  %s cannot run this shape: %s\n", in.name.c_str(), why);
-          ls.clear();
-          break;
-        }
-        ls.push_back(in.prepare(p));
+        problems.push_back(p);
       }
-      if (ls.empty()) continue;
-      prepared.push_back(ls);
-      size_t idx = prepared.size() - 1;
-      vs.push_back({in.name, [&prepared, idx](int k) { CF_CHECK(prepared[idx][k](nullptr)); }});
+      add_instance(vs, prepared, in, problems);
     }
-    // clocks up: ~0.3 s of the baseline
-    {
-      int k = 0;
-      auto t0 = std::chrono::steady_clock::now();
-      while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.3) {
-        for (int i = 0; i < 10; ++i) vs[0].launch(k++ % nsets);
-        CF_CHECK(cudaDeviceSynchronize());
-      }
-    }
-    std::vector<float> best(vs.size(), 1e30f), spread(vs.size(), 0.f);
-    std::vector<float> meds[2];
-    for (int round = 0; round < 2; ++round) {
-      std::vector<std::vector<float>> us(vs.size());
-      int k = 0;
-      for (int rep = 0; rep < reps; ++rep)
-        for (size_t j = 0; j < vs.size(); ++j) us[j].push_back(time_batch(vs[j].launch, k, nsets));
-      for (size_t j = 0; j < vs.size(); ++j) meds[round].push_back(median(us[j]));
-    }
-    for (size_t j = 0; j < vs.size(); ++j) {
-      best[j] = std::min(meds[0][j], meds[1][j]);
-      spread[j] = std::fabs(meds[0][j] - meds[1][j]) / best[j];
-    }
+    std::vector<float> spread;
+    std::vector<float> const best = time_variants(vs, nsets, reps, &spread);
     double flops = 2.0 * s.M * (double(s.K) * s.N1 + double(s.N1) * s.N2);
     std::printf("%-44s %9s %7s %8s %9s %9s\n", "variant", "us", "spread", "TFLOP/s", "/2GEMMs", "/GEMM+act");
     size_t fbest = 0;
@@ -737,17 +757,13 @@ int run_attention_bench(std::vector<B2bShape> shapes, std::string const& filter,
       CF_CHECK(cudaGetLastError());
     }
     CF_CHECK(cudaDeviceSynchronize());
-    struct Variant {
-      std::string name;
-      std::function<void(int)> launch;
-    };
     std::vector<Variant> vs;
-    std::vector<std::vector<std::function<cudaError_t(cudaStream_t)>>> prepared;
+    std::vector<Launchers> prepared;
     prepared.reserve(b2b_registry().size());
     for (B2bInstance const& in : b2b_registry()) {
       if (in.act1 != Act::Softmax || !in.w1_nk || in.w2_nk) continue;
       if (!filter.empty() && in.name.find(filter) == std::string::npos) continue;
-      std::vector<std::function<cudaError_t(cudaStream_t)>> ls;
+      std::vector<B2bProblem> problems;
       for (auto& st : sets) {
         B2bProblem p;
         p.X = st.Q;
@@ -760,51 +776,27 @@ int run_attention_bench(std::vector<B2bShape> shapes, std::string const& filter,
         p.N2 = s.N2;
         p.L = s.L;
         p.scale = 1.f / std::sqrt(float(s.K));
-        if (char const* why = in.can_implement(p)) {
-          std::printf("  %s cannot run this shape: %s\n", in.name.c_str(), why);
-          ls.clear();
-          break;
-        }
-        ls.push_back(in.prepare(p));
+        problems.push_back(p);
       }
-      if (ls.empty()) continue;
-      prepared.push_back(ls);
-      size_t idx = prepared.size() - 1;
-      vs.push_back({in.name, [&prepared, idx](int k) { CF_CHECK(prepared[idx][k](nullptr)); }});
+      add_instance(vs, prepared, in, problems);
     }
     if (vs.empty()) {
       std::printf("FAILED: no attention instance to bench\n");
       return 1;
     }
-    {   // clocks up
-      int k = 0;
-      auto t0 = std::chrono::steady_clock::now();
-      while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.3) {
-        for (int i = 0; i < 10; ++i) vs[0].launch(k++ % nsets);
-        CF_CHECK(cudaDeviceSynchronize());
-      }
-    }
-    std::vector<float> meds[2];
-    for (int round = 0; round < 2; ++round) {
-      std::vector<std::vector<float>> us(vs.size());
-      int k = 0;
-      for (int rep = 0; rep < reps; ++rep)
-        for (size_t j = 0; j < vs.size(); ++j) us[j].push_back(time_batch(vs[j].launch, k, nsets));
-      for (size_t j = 0; j < vs.size(); ++j) meds[round].push_back(median(us[j]));
-    }
+    std::vector<float> spread;
+    std::vector<float> const best = time_variants(vs, nsets, reps, &spread);
     double flops = 2.0 * s.L * s.M * (double(s.K) * s.N1 + double(s.N1) * s.N2);
     size_t fbest = 0;
     std::printf("%-44s %9s %7s %8s\n", "variant", "us", "spread", "TFLOP/s");
     for (size_t j = 0; j < vs.size(); ++j) {
-      float best = std::min(meds[0][j], meds[1][j]);
-      std::printf("%-44s %9.1f %6.1f%% %8.1f\n", vs[j].name.c_str(), best,
-                  100 * std::fabs(meds[0][j] - meds[1][j]) / best, flops / (best * 1e-6) / 1e12);
-      if (best < std::min(meds[0][fbest], meds[1][fbest])) fbest = j;
+      std::printf("%-44s %9.1f %6.1f%% %8.1f\n", vs[j].name.c_str(), best[j], 100 * spread[j],
+                  flops / (best[j] * 1e-6) / 1e12);
+      if (best[j] < best[fbest]) fbest = j;
     }
-    float best = std::min(meds[0][fbest], meds[1][fbest]);
     char line[256];
-    std::snprintf(line, sizeof line, "| %d, %d, %d, %d | %.1f [%s] | %.1f |\n", s.L, s.M, s.N1, s.K, best,
-                  vs[fbest].name.c_str(), flops / (best * 1e-6) / 1e12);
+    std::snprintf(line, sizeof line, "| %d, %d, %d, %d | %.1f [%s] | %.1f |\n", s.L, s.M, s.N1, s.K, best[fbest],
+                  vs[fbest].name.c_str(), flops / (best[fbest] * 1e-6) / 1e12);
     md += line;
     CF_CHECK(cudaDeviceSynchronize());
     for (auto& st : sets)
