@@ -401,3 +401,40 @@ def test_backend_dynamic_sequence_on_the_gpu(caplog):
     msgs = messages(caplog)
     assert sum("and other dynamic leading dims" in s for s in msgs) == 1, msgs
     assert sum("region(s) run as ComFuse kernels" in s for s in msgs) == 1, msgs
+
+
+def _second_gpu_reason():
+    if _gpu_reason() is not None:
+        return _gpu_reason()
+    if torch.cuda.device_count() < 2:
+        return f"{torch.cuda.device_count()} GPU here: cuda:1 needs a machine with two (the nvidia-h200-x2 kind)"
+    if torch.cuda.get_device_capability(1) != (9, 0):
+        return f"cuda:1 is not of compute capability 9.0 ({torch.cuda.get_device_name(1)})"
+    return C.unsupported_device_reason(1) or None
+
+
+@pytest.mark.skipif(_second_gpu_reason() is not None, reason=f"skipped: {_second_gpu_reason()}")
+@pytest.mark.parametrize("name", ["PostNormEncoderLayer", "RMSNormMLP"])
+def test_a_model_on_the_second_gpu_fuses_and_matches_eager(name, caplog):
+    """A model on cuda:1 (the current device left at cuda:0): its regions compile and run as ComFuse kernels on
+    cuda:1, with cuda:1's SM count and shared memory, and it matches eager there; then the same model on cuda:0
+    in the same process, so nothing cached for one device serves the other."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="comfuse")
+    assert torch.cuda.current_device() == 0
+    torch.manual_seed(11)
+    for dev in ("cuda:1", "cuda:0"):
+        torch._dynamo.reset()
+        m = _models()[name]().to(torch.bfloat16).to(dev).eval()
+        x = torch.randn(4, 64, 256, device=dev, dtype=torch.bfloat16)
+        with torch.no_grad():
+            ref = m(x)
+            got = torch.compile(m, backend="comfuse", options={"fuse": "all"})(x)
+        torch.cuda.synchronize(dev)
+        assert got.device == torch.device(dev) and got.shape == ref.shape
+        assert torch.isfinite(got.float()).all()
+        assert rel_err(got, ref) <= 2e-2, (dev, rel_err(got, ref))
+    msgs = messages(caplog)
+    assert sum("region(s) run as ComFuse kernels" in s for s in msgs) == 2, msgs[-8:]
+    assert not any("could not be prepared" in s for s in msgs), msgs
