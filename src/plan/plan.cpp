@@ -442,14 +442,14 @@ PlanDecision plan_b2b(const B2BSpec& b) {
   const double bytes = 2.0 * static_cast<double>(b.rows()) * static_cast<double>(b.n1()) *
                        (b.first.outputs[0].dtype == DType::F32 ? 4 : 2);   // S written, then read back
   // What the flash-style kernel measured on the H200 (docs/kernel-b2b.md): for an elementwise F its best instance ÷
-  // two cuBLASLt GEMMs (2026-12-01); for softmax (target attention, per-batch rows) ÷ torch.compile's best and ÷
+  // two cuBLASLt GEMMs (2026-12-01; the first MLP 2026-12-02, TileK 128); for softmax (target attention, per-batch rows) ÷ torch.compile's best and ÷
   // SDPA's flash kernel (2026-12-02). The nearest workload of the chain's form (log distance in rows per batch, K,
   // N1, N2) tells the user what fusing would give.
   struct Measured {
     B2BForm form;
     double rows, k, n1, n2, ratio, ratio_sdpa;
   };
-  static const Measured kMeasured[] = {{B2BForm::Elementwise, 65536, 256, 1024, 256, 1.11, 0},
+  static const Measured kMeasured[] = {{B2BForm::Elementwise, 65536, 256, 1024, 256, 1.07, 0},
                                        {B2BForm::Elementwise, 32768, 512, 2048, 512, 1.67, 0},
                                        {B2BForm::Elementwise, 65536, 512, 256, 64, 0.87, 0},
                                        {B2BForm::Elementwise, 16384, 768, 3072, 768, 2.20, 0},
