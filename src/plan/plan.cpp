@@ -442,9 +442,9 @@ PlanDecision plan_b2b(const B2BSpec& b) {
   const double bytes = 2.0 * static_cast<double>(b.rows()) * static_cast<double>(b.n1()) *
                        (b.first.outputs[0].dtype == DType::F32 ? 4 : 2);   // S written, then read back
   // What the flash-style kernel measured on the H200 (docs/kernel-b2b.md): for an elementwise F its best instance ÷
-  // two cuBLASLt GEMMs (2026-12-01; the first MLP 2026-12-02, TileK 128); for softmax (target attention, per-batch rows) ÷ torch.compile's best and ÷
-  // SDPA's flash kernel (2026-12-02). The nearest workload of the chain's form (log distance in rows per batch, K,
-  // N1, N2) tells the user what fusing would give.
+  // two cuBLASLt GEMMs (2026-12-01; the first MLP 2026-12-02, TileK 128); for softmax (target attention, per-batch
+  // rows) ÷ torch.compile's best and ÷ SDPA's flash kernel (2026-12-02). The nearest workload of the chain's form
+  // (log distance in rows per batch, K, N1, N2) tells the user what fusing would give.
   struct Measured {
     B2BForm form;
     double rows, k, n1, n2, ratio, ratio_sdpa;
