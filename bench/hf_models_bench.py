@@ -18,6 +18,13 @@ c_fc + gelu_new, c_proj + LN). The attention kernels of each run are listed from
 efficient vs an fp32 GEMM), so "attention stays fused" can be read off. After each model, the host time of one
 comfuse::fused_region call (the kernel excluded, averaged over 1000 calls) of its largest reduction region.
 
+--rounds R (default 3): after a mode's variants were compiled and timed one after the other, they are timed again
+in R interleaved rounds (Inductor, ComFuse..., then the reverse order, and so on), each round every variant once;
+the "interleaved" column is Inductor's median over the rounds ÷ the variant's. Measured back to back, a host-bound
+model's ratio moves by tens of percent with the host's speed (docs/PERF.md, thirteenth session); interleaved, the
+drift falls on every variant alike. (Dynamo's cache is reset between compiles, so each variant recompiles once,
+untimed, at its first interleaved call.)
+
 --dynamic: after each model's runs, backend="comfuse" with dynamic=True over three batch/sequence sizes, each
 against eager, counting the ComFuse graphs and kernels the later sizes added (issue 13: none).
 
@@ -139,6 +146,28 @@ def timed(fn, iters: int, cuda: bool, fastest: list | None = None) -> float:
     if fastest is not None:
         fastest.append(ts[0])
     return ts[len(ts) // 2]
+
+
+def backend_label(row) -> str:
+    return row["backend"] + ("" if row["fuse"] == "-" else " " + row["fuse"])
+
+
+def interleave(compiled, kwargs, rounds: int, iters: int, cuda: bool):
+    """Times the compiled variants of one mode in `rounds` interleaved rounds (forward order, then reversed, ...),
+    each a median of `iters` calls; sets row["us_interleaved"] (the median over rounds) and, for every variant after
+    the first (Inductor), row["vs_inductor_interleaved"]."""
+    per = [[] for _ in compiled]
+    order = list(range(len(compiled)))
+    for r in range(rounds):
+        for i in (order if r % 2 == 0 else order[::-1]):
+            f = compiled[i][1]
+            per[i].append(timed(lambda: run(f, kwargs), iters, cuda))
+    for (row, _), ts in zip(compiled, per):
+        ts = sorted(ts)
+        row["us_interleaved"] = ts[len(ts) // 2]
+    base = compiled[0][0]["us_interleaved"]
+    for row, _ in compiled[1:]:
+        row["vs_inductor_interleaved"] = f"{base / row['us_interleaved']:.3f}x"
 
 
 def rel_err(out, ref) -> float:
@@ -268,6 +297,7 @@ def main() -> int:
     ap.add_argument("--modes", default="default,max-autotune-no-cudagraphs,reduce-overhead")
     ap.add_argument("--comfuse", default="planner,all")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per mode (0: none)")
     ap.add_argument("--out", default="hf_models.csv")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new runs after this many seconds")
     ap.add_argument("--cpu-smoke", action="store_true")
@@ -305,6 +335,7 @@ def main() -> int:
         print(f"{name}: eager {eager_us:.0f} us; attention {attn}; fp32 GEMMs {f32}", flush=True)
         for mode in modes:
             ind_us = ind_min = None
+            compiled = []   # (row, compiled fn) of this mode, for the interleaved rounds
             for backend, fuse in [("inductor", "-")] + [("comfuse", v) for v in variants]:
                 if time.time() - t0 > a.budget_s:
                     print(f"budget reached: skipping {name} {mode} {backend} {fuse}")
@@ -329,6 +360,7 @@ def main() -> int:
                     fastest: list = []
                     row["us"] = timed(lambda: run(f, kwargs), a.iters, cuda, fastest)
                     row["us_min"] = fastest[0]
+                    compiled.append((row, f))
                     row["attention"], row["f32_gemm"] = kernels(lambda: run(f, kwargs), cuda, f"{name} {mode} {backend} {fuse}")
                     if backend == "inductor":
                         ind_us, ind_min = row["us"], row["us_min"]
@@ -354,6 +386,14 @@ def main() -> int:
                 rows.append(row)
                 print(f"{name} {mode} {backend} {fuse}: {row['us']:.0f} us {row['vs_inductor']} err "
                       f"{row['rel_err']:.2e} fused {row['fused']} {row['note']}", flush=True)
+            if a.rounds > 0 and len(compiled) > 1 and compiled[0][0]["backend"] == "inductor":
+                try:
+                    interleave(compiled, kwargs, a.rounds, a.iters, cuda)
+                    for row, _ in compiled:
+                        print(f"{name} {mode} {backend_label(row)}: interleaved {row['us_interleaved']:.0f} us "
+                              f"{row.get('vs_inductor_interleaved', '')}", flush=True)
+                except Exception as e:   # the back-to-back numbers stand; say why there are no others
+                    print(f"{name} {mode}: interleaved rounds failed ({type(e).__name__}: {e})", flush=True)
         if a.dynamic and cuda and time.time() - t0 <= a.budget_s:
             row = dict(model=name, mode="dynamic", backend="comfuse", fuse="planner", us=float("nan"),
                        vs_inductor="-", rel_err=float("nan"), fused="-", attention="-", f32_gemm="-", note="")
@@ -387,11 +427,13 @@ def main() -> int:
         w = csv.DictWriter(fh, fieldnames=fields, restval="")
         w.writeheader()
         w.writerows(rows)
-    print("\n| model | mode | backend | fuse | us | Inductor / this | rel err | fused regions | attention kernels "
-          "| fp32 GEMMs | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| model | mode | backend | fuse | us | Inductor / this | interleaved us | Inductor / this, interleaved | "
+          "rel err | fused regions | attention kernels | fp32 GEMMs | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        il = r.get("us_interleaved")
         print(f"| {r['model']} | {r['mode']} | {r['backend']} | {r['fuse']} | {r['us']:.0f} | {r['vs_inductor']} | "
+              f"{'-' if il is None else f'{il:.0f}'} | {r.get('vs_inductor_interleaved', '-')} | "
               f"{r['rel_err']:.2e} | {r['fused']} | {r['attention']} | {r['f32_gemm']} | {r['note']} |")
     for f in failures:
         print("FAILURE:", f)
