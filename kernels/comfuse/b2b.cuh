@@ -278,10 +278,11 @@ struct B2bKernel {
         auto wx = cutlass::make_producer_start_state<PipeX>();
         for (int tile = int(blockIdx.x); tile < p.total; tile += int(gridDim.x)) {
           int const b = tile / (p.tiles_m * p.tiles_n2), mb = tile / p.tiles_n2 % p.tiles_m, nb = tile % p.tiles_n2;
-          // this tile's batch: out-of-range rows and columns are zero-filled, never the next batch's
-          Tensor tXgX = cx.partition_S(local_tile(mX(_, _, b), Shape<Int<TM>, Int<TK>>{}, make_coord(_, _)));     // (.., m, k)
-          Tensor tWgW1 = cw1.partition_S(local_tile(mW1(_, _, b), Shape<Int<C1>, Int<TK>>{}, make_coord(_, _)));  // (.., c, k)
-          Tensor tVgW2 = cw2.partition_S(local_tile(mW2(_, _, b), Shape<Int<N2T>, Int<C1>>{}, make_coord(_, _))); // (.., n, c)
+          // This tile's batch: out-of-range rows and columns are zero-filled, never the next batch's. Tiles
+          // (.., m, k) of X, (.., c, k) of W1, (.., n, c) of W2.
+          Tensor tXgX = cx.partition_S(local_tile(mX(_, _, b), Shape<Int<TM>, Int<TK>>{}, make_coord(_, _)));
+          Tensor tWgW1 = cw1.partition_S(local_tile(mW1(_, _, b), Shape<Int<C1>, Int<TK>>{}, make_coord(_, _)));
+          Tensor tVgW2 = cw2.partition_S(local_tile(mW2(_, _, b), Shape<Int<N2T>, Int<C1>>{}, make_coord(_, _)));
           if constexpr (kXResident) {   // the X block once per tile, each k-tile as soon as its stage is free
             for (int k = 0; k < p.k_tiles; ++k) {
               pipex.producer_acquire(wx);
@@ -568,7 +569,7 @@ struct B2b {
     Element const* b1 = nullptr;   // [N1], optional
     Element const* W2 = nullptr;   // [N1, N2] (KN) or [N2, N1] (NK), row stride ldw2
     Element const* b2 = nullptr;   // [N2], optional
-    Element* O = nullptr;          // [M, N2], row stride ldo
+    Element* O = nullptr;          // [M, N2] (per batch), row stride ldo
     int M = 0, K = 0, N1 = 0, N2 = 0;
     int64_t ldx = 0, ldw1 = 0, ldw2 = 0, ldo = 0;
     // Batched operands (attention): L problems, each operand's batch stride in elements (0: packed, rows x row
