@@ -48,6 +48,24 @@ TEST(Cli, PlanEveryExample) {
   }
 }
 
+// The two interpreters agree to fp32 rounding (relative error <= 1e-5), or, where outputs are stored as bf16, every
+// element is equal or one bf16 step away, and such steps are rare: the Spec sums per-CTA partials in the kernel's
+// order, and a value that lies next to a bf16 rounding boundary can round to the other neighbour (about one run in
+// fifty with fresh random inputs flipped one element: normwise 1.4e-3 on the 5 x 33 softmax).
+static bool agree_up_to_bf16_flips(const Tensor& got, const Tensor& want) {
+  if (rel_err(got, want) <= 1e-5) return true;
+  size_t steps = 0;
+  for (size_t i = 0; i < want.data.size(); ++i) {
+    const float g = got.data[i], w = want.data[i];
+    if (g == w) continue;
+    int e = 0;
+    std::frexp(std::max(std::fabs(g), std::fabs(w)), &e);   // |x| in [2^(e-1), 2^e): bf16's step there is 2^(e-8)
+    if (std::fabs(g - w) > std::ldexp(1.0f, e - 8)) return false;
+    ++steps;
+  }
+  return steps <= std::max<size_t>(2, want.data.size() / 50);
+}
+
 TEST(Cli, InterpGraphAndSpecModesAgreeOnSmallExamples) {
   std::mt19937 rng(std::random_device{}());
   std::uniform_real_distribution<float> u(-1.f, 1.f);
@@ -69,7 +87,8 @@ TEST(Cli, InterpGraphAndSpecModesAgreeOnSmallExamples) {
       for (const auto& [name, t] : want) {
         Tensor got = read_npy((out / (name + ".npy")).string());
         ASSERT_EQ(got.shape, t.shape) << name;
-        EXPECT_LE(rel_err(got, t), 1e-5) << f << " " << mode << " output " << name;
+        EXPECT_TRUE(agree_up_to_bf16_flips(got, t)) << f << " " << mode << " output " << name << ": rel err "
+                                                    << rel_err(got, t);
       }
       fs::remove_all(out);
     }
