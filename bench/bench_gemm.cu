@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   for (Shape const& s : shapes) {
     int64_t MK = int64_t(s.M) * s.K, KN = int64_t(s.K) * s.N, MN = int64_t(s.M) * s.N;
     double set_bytes = 2.0 * (MK + KN + 3 * MN);
-    int nsets = std::max(2, int(std::ceil(240e6 / set_bytes)));
+    int nsets = buffer_sets(set_bytes);
     double flops = 2.0 * s.M * s.N * double(s.K);
     std::printf("\nshape M=%d K=%d N=%d: %d buffer sets of %.0f MB\n", s.M, s.K, s.N, nsets, set_bytes / 1e6);
     std::fflush(stdout);

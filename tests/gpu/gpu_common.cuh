@@ -1,6 +1,7 @@
 // Shared helpers of the GPU tests and the bench: error checks, device probe, random inputs,
 // the fp32 reference GEMM, the fp32 reference epilogues and GPU-side error norms.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -49,6 +50,10 @@ inline float* alloc_poisoned_scratch() {
 struct Shape {
   int M, K, N;
 };
+
+// Benches rotate over buffer sets of `set_bytes` each, at least 2 and together > 240 MB (4x the H200's L2), so that
+// no timed launch finds its inputs in L2.
+inline int buffer_sets(double set_bytes) { return std::max(2, int(std::ceil(240e6 / set_bytes))); }
 
 inline bool parse_shape(char const* text, Shape* s) { return std::sscanf(text, "%d,%d,%d", &s->M, &s->K, &s->N) == 3; }
 

@@ -631,7 +631,7 @@ int run_bench(std::vector<B2bShape> shapes, std::string const& filter, int reps)
     int64_t MK = int64_t(s.M) * s.K, KN1 = int64_t(s.K) * s.N1, N1N2 = int64_t(s.N1) * s.N2;
     int64_t MN1 = int64_t(s.M) * s.N1, MN2 = int64_t(s.M) * s.N2;
     double set_bytes = 2.0 * (MK + KN1 + N1N2 + MN1 + MN2);
-    int nsets = std::max(2, int(std::ceil(240e6 / set_bytes)));
+    int nsets = buffer_sets(set_bytes);
     std::printf("\nbench %s M=%d K=%d N1=%d N2=%d: %d buffer sets of %.0f MB\n", s.label, s.M, s.K, s.N1, s.N2, nsets,
                 set_bytes / 1e6);
     std::vector<Set> sets(nsets);
@@ -741,7 +741,7 @@ int run_attention_bench(std::vector<B2bShape> shapes, std::string const& filter,
   for (B2bShape const& s : shapes) {
     int64_t q = int64_t(s.L) * s.M * s.K, kv = int64_t(s.L) * s.N1 * s.K, o = int64_t(s.L) * s.M * s.N2;
     double set_bytes = 2.0 * (q + 2 * kv + o);
-    int nsets = std::max(2, int(std::ceil(240e6 / set_bytes)));
+    int nsets = buffer_sets(set_bytes);
     std::printf("\nattention %s B=%d Lq=%d Lk=%d D=%d: %d buffer sets of %.0f MB\n", s.label, s.L, s.M, s.N1, s.K,
                 nsets, set_bytes / 1e6);
     std::vector<Set> sets(nsets);
