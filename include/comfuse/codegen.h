@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "comfuse/plan.h"  // KernelConfig
 #include "comfuse/spec.h"
@@ -74,5 +75,23 @@ bool psi_merges(const FusionSpec& fs);
 //   Epilogue::Arguments make_args(Unit::Pointers const&, int64_t ld);
 // and expands COMFUSE_GENERATED_KERNEL(<name>): the C entry points of kernels/comfuse/abi.h.
 GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg = {});
+
+// ---- Back-to-back chains (the flash-style kernel, kernels/comfuse/b2b.cuh; docs/kernel-b2b.md) ----
+//
+// What Psi renders: F and epilogue2 each as `f(acc + v)`, v an optional bf16 [N] vector added to the accumulator
+// first (b1, b2) and f a straight-line function of that value and constants, over the same op functors as the
+// single-GEMM epilogue; or, for the softmax form, F = softmax(c * acc) with a constant c > 0 (casts of the logits
+// to bf16 are not applied: the kernel keeps them in fp32). bf16 operands and output; weights both batched or both
+// shared. Why `b` cannot be rendered for `cfg`, or nullopt.
+std::optional<std::string> psi_b2b_rejects(const B2BSpec& b, const B2BKernelConfig& cfg);
+// The scale c of a softmax-form chain's logits (throws CodegenError where F is not softmax(c * acc), c > 0).
+double b2b_softmax_scale(const B2BSpec& b);
+// The bias vectors the kernel reads: indices into b.first.params (b1) and b.second.params (b2), -1 where there is
+// none. Throws CodegenError where Psi cannot render `b`.
+std::pair<int, int> b2b_bias_params(const B2BSpec& b);
+// Renders `b` for `cfg`: one unit defining the functors F1 / F2 and the kernel's config, and expanding
+// COMFUSE_B2B_KERNEL (kernels/comfuse/b2b_unit.cuh: the C entry points of abi.h's ComfuseB2bArgs). Named
+// comfuse_b2b_<hash of both halves' structure, the form and the batching>. Throws CodegenError.
+GeneratedKernel generate_b2b_kernel(const B2BSpec& b, const B2BKernelConfig& cfg);
 
 }  // namespace comfuse

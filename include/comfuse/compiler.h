@@ -81,6 +81,19 @@ struct CompiledRegion {
   std::vector<CompiledCandidate> candidates;
 };
 
+// A recognised back-to-back chain the planner fused (partition().b2b[chain], plan.h plan_b2b), compiled: one
+// kernel that runs in place of the steps of the chain's nodes (both GEMMs' regions or standard-path nodes). Those
+// steps are still compiled: a launch whose arguments the kernel refuses (CompiledGraph::explain says why) runs them.
+struct CompiledChain {
+  int chain = -1;                 // index into partition().b2b
+  B2BPlanDecision plan;
+  GeneratedKernel kernel;         // Psi's B2B unit
+  std::string library_path;       // the JIT's shared object (or the ahead-of-time copy)
+  bool cache_hit = false;
+  double compile_seconds = 0;
+  int b1 = -1, b2 = -1;           // graph nodes of the bias vectors the kernel reads (-1: none)
+};
+
 // The L2 transport's exchange workspace of one kernel on one stream (kernels that reduce across CTAs): partials
 // and counters, the counters zeroed, sized for `rows` GEMM rows.
 struct ReductionWorkspace {
@@ -150,6 +163,8 @@ class CompiledGraph {
   // The partition at planned_rows() (concrete shapes); regions() line up with its regions.
   const Partition& partition() const { return partition_; }
   const std::vector<CompiledRegion>& regions() const { return regions_; }
+  // The back-to-back chains that run fused (recognised chains the planner declined run as their regions).
+  const std::vector<CompiledChain>& chains() const { return chains_; }
   // Per region: config, transport, plan, cache; its candidates and, per M bucket run so far, the config chosen
   // and where the choice came from (timed, the record on disk, or the prior); plain-path nodes.
   std::string explain() const;
@@ -180,6 +195,7 @@ class CompiledGraph {
   int64_t planned_rows_ = 0;
   Partition partition_;
   std::vector<CompiledRegion> regions_;
+  std::vector<CompiledChain> chains_;
   std::string plain_library_;                                // the plain GPU path's library ("" = not needed)
   std::string transport_override_;
   std::string cache_dir_;                                    // the JIT cache: the config search's records live here

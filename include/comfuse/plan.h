@@ -118,9 +118,30 @@ constexpr double kCandidateSlack = 1.25;
 
 PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table = measured_table());
 
-// A recognised back-to-back chain (partition.h B2BChain). There is no B2B kernel yet: every chain is declined
-// (fuse = false) and runs as the partition's regions and standard-path nodes, as before it was recognised. The
-// reason says so, with the HBM traffic of the intermediate a fused kernel would avoid.
-PlanDecision plan_b2b(const B2BSpec& b);
+// The compile-time knobs of the flash-style back-to-back kernel (kernels/comfuse/b2b.cuh B2bConfig).
+struct B2BKernelConfig {
+  int tile_m = 128;      // rows of X per tile (64 per consumer warp group)
+  int chunk = 128;       // N1 columns per step (GEMM1's N, GEMM2's K)
+  int tile_n2 = 64;      // columns of O per tile (GEMM2's N); wider N2 is tiled over the grid
+  int tile_k = 64;       // GEMM1's k-tile
+  int resident_k = 0;    // > 0: the tile's X block stays in SMEM for every chunk (K <= resident_k)
+  bool stagger = false;  // the two consumer groups take turns issuing GEMM1
+};
+// "128x128x64x64" (tile M x chunk x tile N2 x tile K), then "_x<resident_k>" and "_st" where set.
+std::string b2b_config_name(const B2BKernelConfig& c);
+
+// The planner's word on a recognised back-to-back chain (partition.h B2BChain).
+struct B2BPlanDecision {
+  bool fuse = false;
+  std::string reason;      // fused: the measurement it rests on; declined: what prevents it, or what fusing would give
+  B2BKernelConfig config;  // fuse only
+};
+
+// Fuses a chain where Psi can render it (psi_b2b_rejects) and the flash-style kernel was measured faster than what
+// runs otherwise at the nearest measured chain of its form (docs/kernel-b2b.md): for an elementwise F, ÷ two
+// cuBLASLt GEMMs with their epilogues (the DLRM MLP, 0.87x, fuses; the GELU MLPs and the FFN, 1.07-2.2x, do not);
+// for softmax, ÷ the batched GEMMs and softmax (0.24-0.33x torch.compile's; here the standard path's, slower still).
+// A declined chain runs as the partition's regions and standard-path nodes, as before it was recognised.
+B2BPlanDecision plan_b2b(const B2BSpec& b);
 
 }  // namespace comfuse

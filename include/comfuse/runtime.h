@@ -171,4 +171,19 @@ class KernelLibrary {
   ComfuseKernelLaunchFn launch_ = nullptr;
 };
 
+// A back-to-back kernel library (Psi's B2B unit, kernels/comfuse/b2b_unit.cuh), loaded like KernelLibrary.
+class B2bLibrary {
+ public:
+  explicit B2bLibrary(const std::string& path);     // throws RuntimeError naming the path and what is missing
+  const std::string& name() const { return name_; }
+  std::string check(const ComfuseB2bArgs& a) const;  // "" when the kernel can run these arguments
+  void launch(const ComfuseB2bArgs& a, CUstream stream) const;   // throws RuntimeError with the kernel's reason
+
+ private:
+  SharedLibrary lib_;
+  std::string name_;
+  ComfuseB2bCheckFn check_ = nullptr;
+  ComfuseB2bLaunchFn launch_ = nullptr;
+};
+
 }  // namespace comfuse::rt

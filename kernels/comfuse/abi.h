@@ -36,10 +36,33 @@ typedef struct ComfuseKernelArgs {
   int max_clusters;                         /* > 0: cap the persistent grid (tests) */
 } ComfuseKernelArgs;
 
+/* A back-to-back GEMM kernel library (kernels/comfuse/b2b_unit.cuh): O = epilogue2(F(X·W1)·W2), same abi and name
+ * symbols, and
+ *
+ *   int comfuse_b2b_check(const ComfuseB2bArgs*, char* why, int why_len);
+ *   int comfuse_b2b_launch(const ComfuseB2bArgs*, void* stream, char* why, int why_len);
+ *
+ * Dense row-major operands; the layouts of W1 and W2 are the library's (its Spec's transpose_b). With batch > 1
+ * there are `batch` problems of rows / batch rows, X and O packed batch after batch; a batched weight likewise,
+ * a shared one (batched = 0) only where the other weight is shared too (then batch must be 1). */
+typedef struct ComfuseB2bArgs {
+  int abi;                                  /* COMFUSE_KERNEL_ABI */
+  const void* x;                            /* [rows, K] */
+  const void* w1;                           /* [K, N1] or [N1, K] (per batch when batched) */
+  const void* b1;                           /* [N1] or NULL */
+  const void* w2;                           /* [N1, N2] or [N2, N1] */
+  const void* b2;                           /* [N2] or NULL */
+  void* out;                                /* [rows, N2] */
+  int64_t rows, batch, k, n1, n2;
+  int max_ctas;                             /* > 0: cap the persistent grid (tests) */
+} ComfuseB2bArgs;
+
 typedef int (*ComfuseKernelAbiFn)(void);
 typedef const char* (*ComfuseKernelNameFn)(void);
 typedef int (*ComfuseKernelCheckFn)(const ComfuseKernelArgs*, char*, int);
 typedef int (*ComfuseKernelLaunchFn)(const ComfuseKernelArgs*, void*, char*, int);
+typedef int (*ComfuseB2bCheckFn)(const ComfuseB2bArgs*, char*, int);
+typedef int (*ComfuseB2bLaunchFn)(const ComfuseB2bArgs*, void*, char*, int);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,7 @@
 
 #include "comfuse/abi.h"
 #include "comfuse/gemm.cuh"
+#include "comfuse/prepared.cuh"
 #include "comfuse/reduce/l2_exchange.cuh"
 
 namespace comfuse::abi {
@@ -82,61 +83,22 @@ struct EntryPoints {
     return 0;
   }
 
-  // Prepared parameters per argument set: encoding the TMA descriptors costs host time, and every layer of a
-  // stack shares this library (one kernel per structure), so a single slot was re-encoded on every call.
-  // kSlots sets (the layers' weights and buffers, which PyTorch's allocator hands out again call after call;
-  // BERT-base's QKV projections alone are 36 sets of one library), replaced round robin. A slot is found by
-  // its hash first (a scan of kSlots integers), then compared in full; the last hit is tried first.
-  struct Prepared {
-    static constexpr int kSlots = 256;
-    struct Slot {
-      ComfuseKernelArgs args{};
-      typename Kernel::Kernel::Params params;
-    };
-    std::mutex mu;
-    uint64_t hash[kSlots] = {};   // 0: empty
-    Slot slots[kSlots];
-    int last = 0, next = 0;
-  };
-  static inline Prepared prepared;
-
-  static uint64_t args_hash(ComfuseKernelArgs const& a) {
-    uint64_t h = 1469598103934665603ull;   // FNV-1a over the bytes (the struct is zero-initialised, padding too)
-    auto const* p = reinterpret_cast<unsigned char const*>(&a);
-    for (size_t i = 0; i < sizeof a; ++i) h = (h ^ p[i]) * 1099511628211ull;
-    return h | 1;   // never 0 (the empty mark)
-  }
+  // Prepared parameters per argument set (prepared.cuh).
+  static inline PreparedParams<ComfuseKernelArgs, typename Kernel::Kernel::Params> prepared;
 
   static int launch(ComfuseKernelArgs const* a, void* stream, char* why, int len) {
-    std::lock_guard<std::mutex> lock(prepared.mu);
-    const uint64_t h = args_hash(*a);
-    auto hit = [&](int i) {
-      return prepared.hash[i] == h && std::memcmp(&prepared.slots[i].args, a, sizeof *a) == 0;
-    };
-    int at = hit(prepared.last) ? prepared.last : -1;
-    for (int i = 0; at < 0 && i < Prepared::kSlots; ++i)
-      if (hit(i)) at = i;
-    if (at < 0) {
-      if (int c = check(a, why, len)) return c;
-      at = prepared.next;
-      prepared.next = (prepared.next + 1) % Prepared::kSlots;
-      auto& slot = prepared.slots[at];
-      prepared.hash[at] = 0;
-      slot.params = Kernel::make_params(arguments(*a));
-      slot.args = *a;
-      prepared.hash[at] = h;
-    }
-    prepared.last = at;
-    auto& params = prepared.slots[at].params;
-    cudaError_t e = Kernel::launch(params, static_cast<cudaStream_t>(stream), a->max_clusters);
-    if (e != cudaSuccess) {
-      char shape[320];
-      Kernel::describe_launch(params, a->max_clusters, shape, sizeof shape);
-      char msg[448];
-      std::snprintf(msg, sizeof msg, "%s [%s]", cudaGetErrorString(e), shape);
-      return fail(why, len, msg, 2);
-    }
-    return 0;
+    return prepared.with(
+        *a, [&](ComfuseKernelArgs const& x) { return check(&x, why, len); },
+        [](ComfuseKernelArgs const& x) { return Kernel::make_params(arguments(x)); },
+        [&](typename Kernel::Kernel::Params const& params) {
+          cudaError_t e = Kernel::launch(params, static_cast<cudaStream_t>(stream), a->max_clusters);
+          if (e == cudaSuccess) return 0;
+          char shape[320];
+          Kernel::describe_launch(params, a->max_clusters, shape, sizeof shape);
+          char msg[448];
+          std::snprintf(msg, sizeof msg, "%s [%s]", cudaGetErrorString(e), shape);
+          return fail(why, len, msg, 2);
+        });
   }
 };
 

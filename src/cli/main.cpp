@@ -161,9 +161,11 @@ int cmd_plan(const Args& a) {
       std::cout << "\n    why: " << d.candidates_reason << "\n";
     }
   }
-  for (size_t i = 0; i < p.b2b.size(); ++i)
-    if (p.b2b[i].recognised)
-      std::cout << "  b2b chain " << i << ": declined (runs as before): " << plan_b2b(p.b2b[i].spec).reason << "\n";
+  for (size_t i = 0; i < p.b2b.size(); ++i) {
+    if (!p.b2b[i].recognised) continue;
+    const B2BPlanDecision d = plan_b2b(p.b2b[i].spec);
+    std::cout << "  b2b chain " << i << ": " << (d.fuse ? "" : "declined (runs as before): ") << d.reason << "\n";
+  }
   return 0;
 }
 
@@ -218,6 +220,18 @@ int cmd_emit(const Args& a) {
     } catch (const CodegenError& e) {
       std::cout << "region " << i << ": not generated (falls back): " << e.what() << "\n";
     }
+  }
+  for (size_t i = 0; i < p.b2b.size(); ++i) {   // each chain the planner fuses, in its config
+    if (!p.b2b[i].recognised) continue;
+    const B2BPlanDecision d = plan_b2b(p.b2b[i].spec);
+    if (!d.fuse) {
+      std::cout << "b2b chain " << i << ": not generated (declined): " << d.reason << "\n";
+      continue;
+    }
+    GeneratedKernel k = generate_b2b_kernel(p.b2b[i].spec, d.config);
+    fs::path out = fs::path(dir) / (k.name + ".cu");
+    write_text_file(out, k.source);
+    std::cout << "b2b chain " << i << ": wrote " << out.string() << "\n";
   }
   return 0;
 }

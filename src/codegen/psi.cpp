@@ -26,10 +26,11 @@
 
 #include "comfuse/abi.h"  // the entry points' limits on outputs and parameters
 #include "comfuse/codegen.h"
+#include "codegen/psi_common.h"
 
 namespace comfuse {
 
-namespace {
+namespace psi_detail {
 
 const char* cpp_type(DType t) {
   switch (t) {
@@ -74,6 +75,12 @@ const char* op_functor(OpKind op) {
     default: return nullptr;
   }
 }
+
+}  // namespace psi_detail
+
+namespace {
+
+using namespace psi_detail;
 
 const char* reduce_kind(ReduceKind k) {
   switch (k) {

@@ -13,6 +13,7 @@
 #include <limits>
 #include <tuple>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -122,6 +123,14 @@ bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const std::str
   }
   r.kernel = generate_kernel(spec, r.plan.config);
   return true;
+}
+
+// Psi's unit for a fused chain and the graph nodes of the bias vectors its kernel reads.
+void set_chain_kernel(CompiledChain& cc, const B2BSpec& b) {
+  cc.kernel = generate_b2b_kernel(b, cc.plan.config);
+  const auto [p1, p2] = b2b_bias_params(b);
+  cc.b1 = p1 >= 0 ? b.first.params[p1].node : -1;
+  cc.b2 = p2 >= 0 ? b.second.params[p2].node : -1;
 }
 
 // The prior's result into the region's own fields (what users before the config search read).
@@ -272,6 +281,20 @@ CompiledGraph Compiler::compile(const Graph& g) const {
       }));
     }
   }
+  // Back-to-back chains the planner fuses: one more kernel each (their regions above are compiled all the same).
+  std::vector<std::future<jit::CompileResult>> chain_jobs;
+  for (size_t i = 0; i < p.b2b.size(); ++i) {
+    if (!p.b2b[i].recognised) continue;
+    CompiledChain cc;
+    cc.plan = plan_b2b(p.b2b[i].spec);
+    if (!cc.plan.fuse) continue;
+    cc.chain = static_cast<int>(i);
+    set_chain_kernel(cc, p.b2b[i].spec);
+    chain_jobs.push_back(std::async(std::launch::async, [src = cc.kernel.source, label = cc.kernel.name, jo] {
+      return jit::compile(src, label, jo);
+    }));
+    cg.chains_.push_back(std::move(cc));
+  }
   std::future<jit::CompileResult> plain_job;
   if (need_plain)
     plain_job = std::async(std::launch::async, [src = PlainPath::source(opts_.kernel_dir), jo] {
@@ -295,6 +318,12 @@ CompiledGraph Compiler::compile(const Graph& g) const {
     r.plan.candidates.clear();   // what compiled, in order
     for (const auto& k : r.candidates) r.plan.candidates.push_back(k.config);
   }
+  for (size_t i = 0; i < chain_jobs.size(); ++i) {
+    jit::CompileResult res = chain_jobs[i].get();   // rethrows JitError with nvcc's log
+    cg.chains_[i].library_path = res.cubin_path;
+    cg.chains_[i].cache_hit = res.cache_hit;
+    cg.chains_[i].compile_seconds = res.seconds;
+  }
   if (need_plain) cg.plain_library_ = plain_job.get().cubin_path;
   cg.storage_ = cg.storage_dtypes();
   return cg;
@@ -307,7 +336,9 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
   m << "# ComFuse ahead-of-time kernels (comfuse aot); one line per fused region (its prior config):\n"
     << "# region kernel-name library transport tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [key=JIT-key]\n"
     << "# then one line per other candidate of the config search:\n"
-    << "# candidate region library tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [key=JIT-key]\n";
+    << "# candidate region library tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [key=JIT-key]\n"
+    << "# and one per fused back-to-back chain (its config is the planner's):\n"
+    << "# b2b chain kernel-name library\n";
   if (!cg.plain_library_.empty()) {
     fs::copy_file(cg.plain_library_, fs::path(dir) / "comfuse_plain_path.so", fs::copy_options::overwrite_existing);
     cg.plain_library_ = (fs::path(dir) / "comfuse_plain_path.so").string();
@@ -338,6 +369,12 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
         m << "candidate " << r.region << " " << file << " " << tail(k) << "\n";
       }
     }
+  }
+  for (auto& c : cg.chains_) {
+    const std::string file = c.kernel.name + ".so";
+    fs::copy_file(c.library_path, fs::path(dir) / file, fs::copy_options::overwrite_existing);
+    c.library_path = (fs::path(dir) / file).string();
+    m << "b2b " << c.chain << " " << c.kernel.name << " " << file << "\n";
   }
   std::ofstream(fs::path(dir) / "manifest.txt") << m.str();
   return cg;
@@ -395,6 +432,25 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
       k.cache_hit = true;
       if (!fs::exists(k.library_path)) throw CompileError("missing kernel library " + k.library_path);
       others.push_back({idx, k});
+      continue;
+    }
+    if (first == "b2b") {   // a fused chain; a manifest without one runs the chain as its regions
+      int idx = -1;
+      std::string name, file;
+      if (!(ls >> idx >> name >> file) || idx < 0 || idx >= static_cast<int>(p.b2b.size()) || !p.b2b[idx].recognised)
+        throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or a chain this graph does not have)");
+      CompiledChain cc;
+      cc.chain = idx;
+      cc.plan = plan_b2b(p.b2b[idx].spec);
+      if (!cc.plan.fuse) continue;   // this build's planner declines it: its regions run
+      set_chain_kernel(cc, p.b2b[idx].spec);
+      if (cc.kernel.name != name)
+        throw CompileError(dir + ": b2b chain " + std::to_string(idx) + " was compiled from another Spec (" + name +
+                           ", this graph's is " + cc.kernel.name + "): re-run comfuse aot");
+      cc.library_path = (fs::path(dir) / file).string();
+      cc.cache_hit = true;
+      if (!fs::exists(cc.library_path)) throw CompileError("missing kernel library " + cc.library_path);
+      cg.chains_.push_back(std::move(cc));
       continue;
     }
     if (first == "plain") {
@@ -519,6 +575,8 @@ struct CompiledGraph::Runtime {
   // chosen; nullptr: not loaded yet, or a plain region)
   std::vector<std::vector<std::shared_ptr<rt::KernelLibrary>>> libs;
   std::vector<std::string> set_ids;                       // per region: its candidates' set id ("" = one candidate)
+  std::vector<std::shared_ptr<rt::B2bLibrary>> chain_libs;  // per fused chain (CompiledGraph::chains_)
+  std::map<int, std::string> chain_refusals;              // b2b chain -> why its kernel refused a launch's shapes
   std::shared_ptr<PlainPath> plain;
   std::map<int64_t, std::shared_ptr<const Bound>> bound;  // by row count (0: the graph as compiled)
   std::map<std::pair<CUcontext, CUstream>, std::shared_ptr<StreamState>> streams;
@@ -776,11 +834,24 @@ std::string CompiledGraph::explain() const {
     for (int id : partition_.fallback) o << " " << partition_.graph.node(id).name;
     o << "\n";
   }
-  for (size_t i = 0; i < partition_.b2b.size(); ++i) {  // recognised back-to-back chains run as the above
+  for (size_t i = 0; i < partition_.b2b.size(); ++i) {
     const B2BChain& c = partition_.b2b[i];
-    if (c.recognised)
-      o << "b2b chain " << i << " ('" << partition_.graph.node(c.gemm1).name << "' -> '"
-        << partition_.graph.node(c.gemm2).name << "'): declined: " << plan_b2b(c.spec).reason << "\n";
+    if (!c.recognised) continue;
+    o << "b2b chain " << i << " ('" << partition_.graph.node(c.gemm1).name << "' -> '"
+      << partition_.graph.node(c.gemm2).name << "'): ";
+    const CompiledChain* cc = nullptr;
+    for (const auto& k : chains_)
+      if (k.chain == static_cast<int>(i)) cc = &k;
+    if (!cc) {
+      o << "declined, runs as the regions and nodes above: " << plan_b2b(c.spec).reason << "\n";
+      continue;
+    }
+    o << cc->kernel.name << " " << b2b_config_name(cc->plan.config) << ", "
+      << (cc->cache_hit ? std::string("cache hit") : "compiled in " + fixed(cc->compile_seconds, 1) + " s")
+      << ", in place of its nodes' steps\n  plan: " << cc->plan.reason << "\n";
+    std::lock_guard<std::mutex> lock(rt_->mu);
+    if (auto it = rt_->chain_refusals.find(static_cast<int>(i)); it != rt_->chain_refusals.end())
+      o << "  ran as its regions at least once: " << it->second << "\n";
   }
   return o.str();
 }
@@ -796,6 +867,8 @@ std::vector<DType> CompiledGraph::storage_dtypes() const {
   for (size_t r = 0; r < regions_.size(); ++r)
     if (!regions_[r].plain)
       for (const SpecOutput& o : partition_.regions[r].spec.outputs) st[o.node] = o.dtype;
+  for (const CompiledChain& c : chains_)   // the B2B kernel stores bf16 (psi_b2b_rejects requires it)
+    st[partition_.b2b[c.chain].spec.second.outputs[0].node] = DType::BF16;
   return st;
 }
 
@@ -890,6 +963,7 @@ struct CompiledGraph::Launch {
         if (!r.plain) rt.libs.back()[0] = std::make_shared<rt::KernelLibrary>(r.library_path);   // the prior
         rt.set_ids.push_back(set_id_of(r));
       }
+      for (const auto& c : cg.chains_) rt.chain_libs.push_back(std::make_shared<rt::B2bLibrary>(c.library_path));
       if (!cg.plain_library_.empty()) rt.plain = std::make_shared<PlainPath>(cg.plain_library_);
       rt.loaded = true;
     }
@@ -944,9 +1018,95 @@ struct CompiledGraph::Launch {
     return slot;
   }
 
+  // Fused back-to-back chains: which schedule steps each replaces and at which step it runs (the last of them, when
+  // every operand exists). A chain whose kernel refuses this launch's shapes, or whose output a step between its
+  // first and last would read, runs as its steps.
+  std::vector<int> chain_at;    // per step: the fused chain (index into cg.chains_) launched there, or -1
+  std::vector<char> replaced;   // per step: run by a fused chain instead
+
+  ComfuseB2bArgs chain_args(const CompiledChain& cc, bool probe) {
+    const B2BSpec& b = part.b2b[cc.chain].spec;
+    ComfuseB2bArgs a;
+    std::memset(&a, 0, sizeof a);   // padding included: the library finds its prepared launch by these bytes
+    a.abi = COMFUSE_KERNEL_ABI;
+    a.rows = b.rows();
+    a.batch = b.batch > 1 && b.w1_batched ? b.batch : 1;   // shared weights: all batches' rows form one GEMM
+    a.k = b.first.gemm.k;
+    a.n1 = b.n1();
+    a.n2 = b.n2();
+    // A probe checks the shapes only: every pointer aligned, before any producer has run.
+    auto ptr = [&](int node) -> const void* {
+      if (node < 0) return nullptr;
+      return probe ? reinterpret_cast<const void*>(uintptr_t{256}) : reinterpret_cast<const void*>(as(node, DType::BF16));
+    };
+    a.x = ptr(b.first.gemm.a);
+    a.w1 = ptr(b.first.gemm.b);
+    a.b1 = ptr(cc.b1);
+    a.w2 = ptr(b.second.gemm.b);
+    a.b2 = ptr(cc.b2);
+    a.out = probe ? reinterpret_cast<void*>(uintptr_t{256}) : reinterpret_cast<void*>(value(b.second.outputs[0].node));
+    return a;
+  }
+
+  void route_chains() {
+    const auto& sched = part.schedule;
+    chain_at.assign(sched.size(), -1);
+    replaced.assign(sched.size(), 0);
+    for (size_t c = 0; c < cg.chains_.size(); ++c) {
+      const CompiledChain& cc = cg.chains_[c];
+      const B2BChain& ch = part.b2b.at(cc.chain);
+      auto refuse = [&](const std::string& why) {
+        std::lock_guard<std::mutex> lock(cg.rt_->mu);
+        cg.rt_->chain_refusals[cc.chain] = "at " + std::to_string(rows) + " rows: " + why;
+      };
+      if (!ch.recognised) {   // another row count gave another structure (not expected: check_symbolic)
+        refuse("not recognised at this row count");
+        continue;
+      }
+      if (std::string why = cg.rt_->chain_libs[c]->check(chain_args(cc, true)); !why.empty()) {
+        refuse(why);
+        continue;
+      }
+      const std::set<int> nodes(ch.nodes.begin(), ch.nodes.end());
+      std::vector<size_t> mine;
+      for (size_t i = 0; i < sched.size(); ++i) {
+        const Step& s = sched[i];
+        if (s.is_region ? (s.index == ch.region1 || s.index == ch.region2) : nodes.count(s.index) > 0) mine.push_back(i);
+      }
+      if (mine.empty()) continue;
+      const int out = ch.spec.second.outputs[0].node;
+      std::string early;   // a step between the chain's first and last that reads its output
+      for (size_t i = mine.front(); i < mine.back() && early.empty(); ++i) {
+        if (std::find(mine.begin(), mine.end(), i) != mine.end()) continue;
+        const Step& s = sched[i];
+        std::vector<int> ids = s.is_region ? part.regions[s.index].nodes : std::vector<int>{s.index};
+        for (int id : ids)
+          for (int x : g.node(id).inputs)
+            if (x == out) early = g.node(id).name;
+      }
+      if (!early.empty()) {
+        refuse("'" + early + "' reads the chain's output before the chain's last step");
+        continue;
+      }
+      for (size_t i : mine) replaced[i] = 1;
+      chain_at[mine.back()] = static_cast<int>(c);
+    }
+  }
+
+  void run_chain(int c) {
+    const CompiledChain& cc = cg.chains_[c];
+    const ComfuseB2bArgs a = chain_args(cc, false);
+    const rt::B2bLibrary& lib = *cg.rt_->chain_libs[c];
+    if (std::string why = lib.check(a); !why.empty())
+      throw std::invalid_argument("b2b chain " + std::to_string(cc.chain) + " (" + cc.kernel.name + "): " + why);
+    lib.launch(a, stream);
+  }
+
   // Before any launch: every value's buffer, the constants, the plain path's batch offsets, the workspaces.
   void prepare() {
-    for (const Step& step : part.schedule) {
+    for (size_t si = 0; si < part.schedule.size(); ++si) {
+      const Step& step = part.schedule[si];
+      if (replaced[si]) continue;
       std::vector<int> plain_nodes;
       if (!step.is_region) plain_nodes.push_back(step.index);
       else if (cg.regions_[step.index].plain) plain_nodes = part.regions[step.index].nodes;
@@ -1040,7 +1200,10 @@ struct CompiledGraph::Launch {
     }
   }
 
-  void step(const Step& s) {
+  void step(size_t i) {
+    if (chain_at[i] >= 0) return run_chain(chain_at[i]);
+    if (replaced[i]) return;
+    const Step& s = part.schedule[i];
     if (!s.is_region) return run_plain(s.index);
     if (cg.regions_[s.index].plain) {
       for (int id : part.regions[s.index].nodes) run_plain(id);
@@ -1064,8 +1227,9 @@ void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t
   if (aot_) throw std::logic_error("compiled ahead of time only (CompilerOptions::ahead_of_time): load it to run");
   validate_buffers(buffers);
   Launch l(*this, buffers, stream, rows);
+  l.route_chains();
   l.prepare();
-  for (const Step& step : l.part.schedule) l.step(step);
+  for (size_t i = 0; i < l.part.schedule.size(); ++i) l.step(i);
   l.convert_outputs();
 }
 }  // namespace comfuse

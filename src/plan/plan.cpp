@@ -436,15 +436,15 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   return d;
 }
 
-PlanDecision plan_b2b(const B2BSpec& b) {
-  PlanDecision d;
-  d.fuse = false;
+B2BPlanDecision plan_b2b(const B2BSpec& b) {
+  B2BPlanDecision d;
   const double bytes = 2.0 * static_cast<double>(b.rows()) * static_cast<double>(b.n1()) *
                        (b.first.outputs[0].dtype == DType::F32 ? 4 : 2);   // S written, then read back
+  const std::string traffic = fmt("%.0f MB written and read back, ~%.0f us at 4.24 TB/s", bytes / 1e6, bytes / 4.24e12 * 1e6);
   // What the flash-style kernel measured on the H200 (docs/kernel-b2b.md): for an elementwise F its best instance ÷
   // two cuBLASLt GEMMs (2026-12-01; the first MLP 2026-12-02, TileK 128); for softmax (target attention, per-batch
   // rows) ÷ torch.compile's best and ÷ SDPA's flash kernel (2026-12-02). The nearest workload of the chain's form
-  // (log distance in rows per batch, K, N1, N2) tells the user what fusing would give.
+  // (log distance in rows per batch, K, N1, N2) stands for the chain.
   struct Measured {
     B2BForm form;
     double rows, k, n1, n2, ratio, ratio_sdpa;
@@ -474,10 +474,36 @@ PlanDecision plan_b2b(const B2BSpec& b) {
   else if (near)
     measured = fmt("%.2fx two cuBLASLt GEMMs at %.0fx%.0f", near->ratio, near->rows, near->k) +
                fmt("x%.0fx%.0f, the nearest measured chain", near->n1, near->n2);
-  d.reason = "no B2B kernel in the compiler yet: runs as two GEMMs with their epilogues (the flash-style kernel is "
-             "measured, not wired in: " + measured + "); fusing would keep the intermediate (" +
-             fmt("%.0f MB written and read back, ~%.0f us at 4.24 TB/s", bytes / 1e6, bytes / 4.24e12 * 1e6) +
-             ") on chip";
+
+  // The instance measured fastest for the chain's shape class (docs/kernel-b2b.md, instance list of test_b2b).
+  const int64_t k = b.first.gemm.k;
+  B2BKernelConfig& c = d.config;
+  if (b.form == B2BForm::Softmax) c = {128, 128, 64, 64, 64, false};     // attention, Q block resident
+  else if (b.n2() <= 64) c = {128, 128, 64, 64, 0, false};                // the DLRM MLP
+  else if (b.n2() <= 128) c = {128, 128, 128, 64, 0, false};
+  else if (k <= 256) c = {128, 64, 256, 128, 256, true};                 // the first GELU MLP
+  else c = {128, 64, 256, 64, 0, false};
+  const std::string before = "runs as two GEMMs with their epilogues, as before";
+  if (b.form == B2BForm::Softmax && (k > 64 || b.n2() > 64)) {
+    d.reason = fmt("the attention kernel is built and tested for head dims up to 64 (K %.0f, N2 %.0f here): ",
+                   double(k), double(b.n2())) + before;
+    return d;
+  }
+  if (auto why = psi_b2b_rejects(b, c)) {
+    d.reason = "the B2B kernel cannot run it: " + *why + "; " + before;
+    return d;
+  }
+  if (!near || near->ratio >= 1.0 || b.n2() > c.tile_n2) {
+    const int64_t tiles = (b.n2() + c.tile_n2 - 1) / c.tile_n2;
+    d.reason = "fusion does not pay: " +
+               (tiles > 1 ? fmt("N2 %.0f takes ", double(b.n2())) + fmt("%.0f column tiles, each recomputing GEMM1; ", double(tiles))
+                          : std::string()) +
+               measured + "; " + before + " (fusing would keep the intermediate, " + traffic + ", on chip)";
+    return d;
+  }
+  d.fuse = true;
+  d.reason = "fuse, flash-style B2B kernel " + b2b_config_name(c) + ": measured " + measured +
+             "; the intermediate (" + traffic + ") stays on chip";
   return d;
 }
 

@@ -385,4 +385,23 @@ void KernelLibrary::launch(const ComfuseKernelArgs& a, CUstream stream) const {
   if (rc != 0) throw RuntimeError(name_ + " launch failed: " + why);
 }
 
+B2bLibrary::B2bLibrary(const std::string& path) : lib_(path, "back-to-back kernel library") {
+  lib_.require_abi("comfuse_kernel_abi", COMFUSE_KERNEL_ABI);
+  name_ = lib_.symbol<ComfuseKernelNameFn>("comfuse_kernel_name")();
+  check_ = lib_.symbol<ComfuseB2bCheckFn>("comfuse_b2b_check");
+  launch_ = lib_.symbol<ComfuseB2bLaunchFn>("comfuse_b2b_launch");
+}
+
+std::string B2bLibrary::check(const ComfuseB2bArgs& a) const {
+  char why[512] = {0};
+  return check_(&a, why, sizeof why) == 0 ? std::string() : std::string(why);
+}
+
+void B2bLibrary::launch(const ComfuseB2bArgs& a, CUstream stream) const {
+  char why[512] = {0};
+  const int rc = launch_(&a, stream, why, sizeof why);
+  if (rc == 1) throw RuntimeError(name_ + " cannot run these arguments: " + why);
+  if (rc != 0) throw RuntimeError(name_ + " launch failed: " + why);
+}
+
 }  // namespace comfuse::rt
