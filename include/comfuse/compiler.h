@@ -49,6 +49,9 @@ struct CompilerOptions {
   // Chained pairs of row reductions merged into one exchange (KernelConfig::merged): "" = the planner's choice;
   // "on" = wherever Psi can (psi_merges); "off" = never. The tile config stays the planner's (A/B benchmarks).
   std::string merge;
+  // Back-to-back GEMM chains the planner fuses (plan_b2b) run as one kernel each; false: every chain runs as its
+  // regions (A/B benchmarks).
+  bool b2b = true;
   bool ahead_of_time = false;     // compile only (no driver needed): CompiledGraph::run refuses
   // A graph with a symbolic leading dim ("?"): the row count the planner picks tiles for (kernels run any).
   int64_t rows = 4096;
@@ -275,6 +278,31 @@ class RegionKernel {
   std::map<CUstream, ReductionWorkspace> ws_;
   std::mutex mu_;
   void bind_workspace(ComfuseKernelArgs& k, CUstream stream, int64_t rows);
+};
+
+// One back-to-back chain as a launchable kernel, for frontends that keep their own tensors (the PyTorch op
+// comfuse::fused_chain): plan_b2b's config, Psi's B2B unit and the JIT for `spec`, loaded. The rows (and the batch)
+// are launch arguments: a new batch size reuses the kernel. Throws CompileError where Psi cannot render the chain
+// (the frontend keeps it as two regions); a chain the planner declines for speed is still compiled.
+class ChainKernel {
+ public:
+  ChainKernel(const B2BSpec& spec, CompilerOptions o = {});
+  ~ChainKernel();
+  ChainKernel(const ChainKernel&) = delete;
+  ChainKernel& operator=(const ChainKernel&) = delete;
+
+  // Dense row-major tensors (abi.h ComfuseB2bArgs): x [rows, K]; w1, w2 in the Spec's layouts (per batch when the
+  // chain's weights are batched); b1 / b2 where the chain has them (else null); out [rows, N2]; `batch` problems of
+  // rows / batch rows (1 for weights shared by every row). Throws std::invalid_argument with the kernel's reason
+  // (nothing launched) or rt::RuntimeError.
+  void launch(const void* x, const void* w1, const void* b1, const void* w2, const void* b2, void* out, int64_t rows,
+              int64_t batch, CUstream stream) const;
+  const CompiledChain& info() const { return chain_; }
+
+ private:
+  int64_t k_ = 0, n1_ = 0, n2_ = 0;
+  CompiledChain chain_;
+  std::unique_ptr<rt::B2bLibrary> lib_;
 };
 
 // Host conversions for the CLI and tests: fp32 <-> bf16 / f16 bits, round to nearest even.

@@ -63,8 +63,9 @@ class GraphReport:
     gm: Any = None                    # the Dynamo graph and the inputs it was captured with (comfuse.capture)
     example_inputs: Any = None
     plans: list = dataclasses.field(default_factory=list)   # the planner's decision per region
-    b2b_plans: list = dataclasses.field(default_factory=list)   # per back-to-back chain: its PlanDecision (None:
-                                                                 # not recognised, the chain's reason says why)
+    b2b_plans: list = dataclasses.field(default_factory=list)   # per back-to-back chain: its B2BPlanDecision
+                                                                 # (None: not recognised, the chain's reason says why)
+    fused_chains: set = dataclasses.field(default_factory=set)  # the chains that became comfuse::fused_chain calls
 
     @property
     def regions(self) -> list:
@@ -90,7 +91,7 @@ class GraphReport:
                 out.append(head + "not recognised: " + c.reason)
             else:
                 out.append(head + f"recognised (F {c.spec.form}): {c.reason}; " +
-                           ("fused as one kernel" if p.fuse else "not fused: " + p.reason))
+                           ("the planner fuses it (" + p.reason + ")" if p.fuse else "not fused: " + p.reason))
         return out
 
 
@@ -209,8 +210,9 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
     from . import _core as C
 
     rep.b2b_plans = [C.plan_b2b(c.spec) if c.recognised else None for c in rep.chains]
-    no_region = None if rep.regions else (_dynamic_reason(rep, sym) if sym else
-                                          "no GEMM with a fusable epilogue in this graph")
+    fused_chain = any(p is not None and (p.fuse or (fuse_all and _declined_for_speed_only(p))) for p in rep.b2b_plans)
+    no_region = None if rep.regions or fused_chain else (_dynamic_reason(rep, sym) if sym else
+                                                          "no GEMM with a fusable epilogue in this graph")
     declined = [p for p in rep.b2b_plans if p is not None and not p.fuse]
     if no_region and declined:   # e.g. attention: two batched GEMMs, a recognised chain that is not fused yet
         no_region += (f" ({len(declined)} back-to-back chain(s) recognised, not fused: {declined[0].reason})")
@@ -222,7 +224,7 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
         why = C.unsupported_device_reason(dev.index or 0)
         if why:
             rep.fallback = f"ComFuse kernels cannot run here: {why}"
-        elif not any(p.fuse or (fuse_all and _declined_for_speed_only(p)) for p in rep.plans):
+        elif not fused_chain and not any(p.fuse or (fuse_all and _declined_for_speed_only(p)) for p in rep.plans):
             rep.fallback = "the planner declines every region: " + "; ".join(
                 f"region {i}: {p.reason}" for i, p in enumerate(rep.plans))
     return rep
@@ -253,16 +255,20 @@ def _declined_for_speed_only(p) -> bool:
     return not p.fuse and p.reason.startswith("fusion does not pay")
 
 
-def _rewrite(rep: GraphReport, fuse: set, ctas: int, how: str):
-    """The program with the regions in `fuse` as comfuse::fused_region calls (see the `rewrite` option)."""
+def _rewrite(rep: GraphReport, fuse: set, ctas: int, how: str, chains=()):
+    """The program with the regions in `fuse` as comfuse::fused_region calls and the back-to-back chains in `chains`
+    as comfuse::fused_chain calls (see the `rewrite` option; the Graph IR rewrite has no chains: pass none)."""
     from .program import NotKeepable
 
     prog = rep.analysis.program
     # symbolic sizes beyond dim 0 (a dynamic sequence): only the ATen-keeping rewrite expresses them
     if how == "keep" or prog.conv.dynamic_inner:
         try:
-            return prog.rewrite_keeping_torch(fuse, ctas)
+            return prog.rewrite_keeping_torch(fuse, ctas, chains)
         except NotKeepable as e:
+            if chains:   # the chains' regions, where the planner fuses them, then run as regions
+                log.info("comfuse: graph %d: back-to-back chains %s not fused (%s)", rep.index, sorted(chains), e)
+                return _rewrite(rep, fuse | {r for r in chain_regions(rep, chains) if rep.plans[r].fuse}, ctas, how)
             if prog.conv.dynamic_inner:
                 raise
             log.info("comfuse: graph %d: nodes outside the fused regions re-emitted from the Graph IR (fp32): %s",
@@ -270,10 +276,26 @@ def _rewrite(rep: GraphReport, fuse: set, ctas: int, how: str):
     return prog.rewrite(ctas, fuse=fuse)
 
 
-def fused_set(rep: GraphReport, fuse_all: bool = False) -> set:
+def fused_set(rep: GraphReport, fuse_all: bool = False, chains=()) -> set:
     """The regions to fuse: the planner's, and with `fuse_all` also those it declines for speed only (less those
-    a dynamic sequence rules out: shapeable)."""
-    return shapeable(rep, {i for i, p in enumerate(rep.plans) if p.fuse or (fuse_all and _declined_for_speed_only(p))})
+    a dynamic sequence rules out: shapeable, and those the back-to-back chains in `chains` compute)."""
+    return shapeable(rep, {i for i, p in enumerate(rep.plans) if p.fuse or (fuse_all and _declined_for_speed_only(p))}) \
+        - chain_regions(rep, chains)
+
+
+def fused_chains(rep: GraphReport, fuse_all: bool = False) -> set:
+    """The recognised back-to-back chains to run as one kernel each (comfuse::fused_chain): those the planner fuses
+    (plan_b2b: where the flash-style kernel was measured faster), with `fuse_all` also those it declines for speed
+    only. None in a graph with a dynamic dim other than dim 0 (the chain's batch would have to be known)."""
+    if rep.analysis is None or rep.analysis.conv.dynamic_inner:
+        return set()
+    return {ci for ci, (c, p) in enumerate(zip(rep.chains, rep.b2b_plans))
+            if c.recognised and p is not None and (p.fuse or (fuse_all and _declined_for_speed_only(p)))}
+
+
+def chain_regions(rep: GraphReport, chains) -> set:
+    """The partition's regions the chains in `chains` replace (GEMM1's and GEMM2's, where they are regions)."""
+    return {r for ci in chains for r in (rep.chains[ci].region1, rep.chains[ci].region2) if r >= 0}
 
 
 def shapeable(rep: GraphReport, fuse: set) -> set:
@@ -295,10 +317,14 @@ def shapeable(rep: GraphReport, fuse: set) -> set:
     return out
 
 
-def log_plans(rep: GraphReport, fuse: set) -> None:
+def log_plans(rep: GraphReport, fuse: set, chains=()) -> None:
+    computed = chain_regions(rep, chains)
     for i, p in enumerate(rep.plans):
-        label = ("fused" if p.fuse else "fused (fuse='all'; the planner would not)" if i in fuse else "not fused")
+        label = ("part of a fused back-to-back chain" if i in computed else
+                 "fused" if p.fuse else "fused (fuse='all'; the planner would not)" if i in fuse else "not fused")
         log.info("comfuse: graph %d region %d: %s (%s)", rep.index, i, label, p.reason)
+    for ci in sorted(chains):
+        log.info("comfuse: graph %d back-to-back chain %d: fused as one kernel (%s)", rep.index, ci, rep.b2b_plans[ci].reason)
 
 
 def prepare_kernels(rep: GraphReport, target) -> bool:
@@ -309,17 +335,26 @@ def prepare_kernels(rep: GraphReport, target) -> bool:
     try:
         keys = [n.args[0] for n in target.graph.nodes
                 if n.op == "call_function" and n.target is torch.ops.comfuse.fused_region.default]
+        chain_keys = [n.args[0] for n in target.graph.nodes
+                      if n.op == "call_function" and n.target is torch.ops.comfuse.fused_chain.default]
         # nvcc runs with the GIL released: distinct kernels (one per structure: every layer of a stack shares
         # one) compile into the cache in parallel; the libraries are then loaded here, on this thread, as cache
         # hits (milliseconds each).
         distinct = list({(ops.region_spec(k).structural_hash(), ops.region_spec(k).gemm.rows): k for k in keys}.values())
-        workers = max(1, min(len(distinct), os.cpu_count() or 1, 16))
+        workers = max(1, min(len(distinct) + len(chain_keys), os.cpu_count() or 1, 16))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            list(pool.map(ops.compile_kernel, distinct))
+            jobs = [pool.submit(ops.compile_kernel, k) for k in distinct] + \
+                   [pool.submit(ops.chain_kernel, k) for k in chain_keys]   # (a chain's kernel is loaded, too)
+            for j in jobs:
+                j.result()
         kernels = [ops.gpu_kernel(k) for k in keys]
         for k in kernels:
             log.info("comfuse: graph %d: kernel %s [%s, transport %s]%s", rep.index, k.name, k.config,
                      k.transport, " (cache hit)" if k.cache_hit else f" compiled in {k.compile_seconds:.1f} s")
+        for key in chain_keys:
+            k = ops.chain_kernel(key)
+            log.info("comfuse: graph %d: back-to-back kernel %s [%s]%s", rep.index, k.name, k.config,
+                     " (cache hit)" if k.cache_hit else f" compiled in {k.compile_seconds:.1f} s")
     except Exception as e:   # fallback, never failure
         log.warning("comfuse: graph %d: ComFuse kernels could not be prepared (%s: %s); running it without them",
                     rep.index, type(e).__name__, e)
@@ -437,15 +472,15 @@ def measuring(fuse_all: bool) -> bool:
 
 
 def drop_measured_losers(rep: GraphReport, fuse: set, target, rewrite, timer=time_region_on_gpu,
-                         host_us: float | None = None):
+                         host_us: float | None = None, chains: bool = False):
     """(fuse, target) with the regions the GPU shows slower (measure_fused) left to torch: the graph rewritten
     without them by `rewrite(fuse)`, whose kernels are those already compiled (cache hits). target is None
-    when no region is left."""
+    when nothing is left to run as ComFuse kernels (with `chains`, the rewrite keeps its back-to-back chains)."""
     lost = measure_fused(rep, target, fuse, timer, host_us)
     if not lost:
         return fuse, target
     fuse = fuse - lost
-    target = rewrite(fuse) if fuse else None
+    target = rewrite(fuse) if fuse or chains else None
     if target is not None and not prepare_kernels(rep, target):
         target = None
     return fuse, target
@@ -455,10 +490,11 @@ def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: 
                   graphed: bool = False):
     """The rewritten graph with the planner's fused regions (with `fuse_all`, also those declined for speed
     only) as comfuse::fused_region calls, their kernels compiled now; `gm` on failure."""
-    fuse = fused_set(rep, fuse_all)
-    log_plans(rep, fuse)
+    chains = fused_chains(rep, fuse_all) if how == "keep" else set()   # (the Graph IR rewrite has no chains)
+    fuse = fused_set(rep, fuse_all, chains)
+    log_plans(rep, fuse, chains)
     try:
-        target = _rewrite(rep, fuse, ctas, how)
+        target = _rewrite(rep, fuse, ctas, how, chains)
     except Exception as e:   # fallback, never failure
         log.warning("comfuse: graph %d: ComFuse kernels could not be prepared (%s: %s); running it without them",
                     rep.index, type(e).__name__, e)
@@ -466,12 +502,18 @@ def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: 
     if not prepare_kernels(rep, target):
         return gm
     if measuring(fuse_all):
-        fuse, target = drop_measured_losers(rep, fuse, target, lambda f: _rewrite(rep, f, ctas, how),
-                                            host_us=host_us_per_call(graphed))
+        fuse, target = drop_measured_losers(rep, fuse, target, lambda f: _rewrite(rep, f, ctas, how, chains),
+                                            host_us=host_us_per_call(graphed), chains=bool(chains))
         if target is None:
             return gm
-    log.info("comfuse: graph %d: %d region(s) run as ComFuse kernels", rep.index, len(fuse))
+    log.info("comfuse: graph %d: %d region(s) and %d back-to-back chain(s) run as ComFuse kernels", rep.index,
+             len(fuse), count_chains(target))
     return target
+
+
+def count_chains(target) -> int:
+    """comfuse::fused_chain calls in a rewritten graph."""
+    return sum(1 for n in target.graph.nodes if n.op == "call_function" and n.target is torch.ops.comfuse.fused_chain.default)
 
 
 _COMFUSE_OPTIONS = ("fallback", "reference", "ctas", "fuse", "rewrite", "mode", "inductor", "attention")

@@ -1,5 +1,5 @@
 """FX emission of a partitioned program (program.Program): the graph TorchInductor compiles, in which each fused
-region is one `comfuse::fused_region` call.
+region is one `comfuse::fused_region` call (and each fused back-to-back chain one `comfuse::fused_chain` call).
 
   rewrite                the program re-emitted from the Graph IR: standard-path nodes as torch ops in fp32 (the
                          semantics the CPU checks compare against), torch nodes copied
@@ -35,6 +35,8 @@ def _dtype_of(v):
         if v.target is operator.getitem and getattr(v.args[0], "target", None) is torch.ops.comfuse.fused_region.default:
             from . import ops
             return DT_TO_TORCH[ops.region_spec(v.args[0].args[0]).outputs[v.args[1]].dtype]
+        if v.target is torch.ops.comfuse.fused_chain.default:
+            return torch.bfloat16
         if v.target not in _VIEWS:
             return None
         v = v.args[0]
@@ -129,14 +131,26 @@ def rewrite(prog, ctas: int = 1, fuse=None) -> fx.GraphModule:
     return gm
 
 
-def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
-    """The ATen graph with only the regions in `fuse` changed: each becomes one `comfuse::fused_region` call,
-    and every other node - standard-path ops, declined regions, torch nodes - is copied as it was (a bf16
-    model stays bf16 there, for TorchInductor to compile as it would without ComFuse). Raises NotKeepable
-    when a fused region does not line up with whole ATen nodes; `rewrite` then serves."""
+def chain_group(ci: int) -> int:
+    """The group id of back-to-back chain `ci` next to the regions' own indices (>= 0) in rewrite_keeping_torch."""
+    return -1 - ci
+
+
+def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModule:
+    """The ATen graph with only the regions in `fuse` and the back-to-back chains in `chains` (indices into the
+    partition's b2b list; their two regions must not be in `fuse`) changed: each region becomes one
+    `comfuse::fused_region` call, each chain one `comfuse::fused_chain` call, and every other node - standard-path
+    ops, declined regions, torch nodes - is copied as it was (a bf16 model stays bf16 there, for TorchInductor to
+    compile as it would without ComFuse). Raises NotKeepable when a fused region or chain does not line up with
+    whole ATen nodes; `rewrite` then serves (for the regions alone)."""
     from . import ops
 
     cg = prog.conv.graph
+    groups = {ri: list(prog.regions[ri].nodes) for ri in fuse}
+    groups.update({chain_group(ci): list(prog.part.b2b[ci].nodes) for ci in chains})
+
+    def label(gi):
+        return f"region {gi}" if gi >= 0 else f"back-to-back chain {-1 - gi}"
     live = {n.name for n in prog.nodes}
 
     def resolve(i) -> str:
@@ -146,7 +160,7 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
             i = cg.node(i).inputs[0]
         return cg.node(i).name
 
-    region_of_name = {prog.nodes[gid].name: ri for ri in fuse for gid in prog.regions[ri].nodes}
+    region_of_name = {prog.nodes[gid].name: gi for gi, nodes in groups.items() for gid in nodes}
     fx_values: dict = {}            # live Graph IR name -> the ATen nodes whose value it is (maybe reshaped)
     absorbed: dict = {}             # ATen node -> index of the fused region that computes it
     for f, v in prog.conv.value.items():
@@ -157,18 +171,18 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
         rs = {region_of_name.get(nm) for nm in names}
         if rs != {None}:
             if len(rs) != 1 or None in rs:
-                raise NotKeepable(f"ATen node '{f.name}' is split across a fused region's boundary")
+                raise NotKeepable(f"ATen node '{f.name}' is split across a fused region's or chain's boundary")
             absorbed[f] = rs.pop()
     # A folded softmax (convert.SoftmaxFold) is computed from the logits by nodes named after its last ATen node:
     # the ATen nodes it replaces go where that one goes (into the region, or copied as they were).
     for out, fold in prog.conv.softmax_folds.items():
         if out in absorbed:
             absorbed.update({f: absorbed[out] for f in fold.nodes})
-    for ri in fuse:
-        for gid in prog.regions[ri].nodes:
+    for gi, nodes in groups.items():
+        for gid in nodes:
             f = prog.fx_of(prog.nodes[gid].name)
-            if f is None or absorbed.get(f) != ri:
-                raise NotKeepable(f"region {ri} holds part of ATen node "
+            if f is None or absorbed.get(f) != gi:
+                raise NotKeepable(f"{label(gi)} holds part of ATen node "
                                   f"'{f.name if f is not None else prog.nodes[gid].name}'")
 
     def source(name):
@@ -286,6 +300,16 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
                 if absorbed.get(f) == ri:
                     env_fx[f] = _cast(g, reshape(out, list(o.shape), f.meta["val"].shape), f.meta["val"].dtype)
 
+    def emit_chain(ci):
+        gi = chain_group(ci)
+        o = prog.part.b2b[ci].spec.second.outputs[0]
+        emitted.add(RegionOutputs(gi))
+        out = chain_call(prog, g, ci, value_of)
+        env_g[o.name] = out
+        for f in fx_values.get(o.name, []):
+            if absorbed.get(f) == gi:
+                env_fx[f] = _cast(g, reshape(out, list(o.shape), f.meta["val"].shape), f.meta["val"].dtype)
+
     # Kahn over ATen nodes (in their order) and fused calls: each goes once all it reads exists.
     todo = [_CopyNode(n) for n in prog.gm.graph.nodes
             if n.op == "call_function" and n not in absorbed and n not in env_fx]
@@ -293,6 +317,8 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
                                            [prog.regions[ri].spec.gemm.a, prog.regions[ri].spec.gemm.b] +
                                            [p.node for p in prog.regions[ri].spec.params]]))
              for ri in sorted(fuse)]
+    todo += [_EmitRegion(chain_group(ci), set().union(*[deps(i, set()) for i in chain_feeds(prog, ci)]))
+             for ci in sorted(chains)]
     emitted: set = set()
     ready = lambda a: a in emitted if isinstance(a, RegionOutputs) else a in env_fx  # noqa: E731
     need = lambda t: t.node.all_input_nodes if isinstance(t, _CopyNode) else t.deps  # noqa: E731
@@ -302,8 +328,10 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
             if all(ready(a) for a in need(t)):
                 if isinstance(t, _CopyNode):
                     env_fx[t.node] = g.node_copy(t.node, lambda a: env_fx[a])
-                else:
+                elif t.region >= 0:
                     emit_region(t.region)
+                else:
+                    emit_chain(-1 - t.region)
             else:
                 left.append(t)
         if len(left) == len(todo):
@@ -313,7 +341,7 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1) -> fx.GraphModule:
     out = next(n for n in prog.gm.graph.nodes if n.op == "output")
     missing = [a.name for a in out.all_input_nodes if a not in env_fx]
     if missing:
-        raise NotKeepable(f"graph outputs {missing} are inside fused regions but not their outputs")
+        raise NotKeepable(f"graph outputs {missing} are inside fused regions or chains but not their outputs")
     g.output(fx.node.map_arg(out.args[0], lambda a: env_fx[a]))
     gm = fx.GraphModule(prog.gm, g)
     gm.graph.eliminate_dead_code()
@@ -330,6 +358,45 @@ def fused_call(prog, g: fx.Graph, ri: int, fs, ctas: int, value) -> list:
     ins = [value(fs.gemm.a), value(fs.gemm.b)] + [value(p.node) for p in fs.params]
     call = g.call_function(torch.ops.comfuse.fused_region.default, (key, ins))
     return [g.call_function(operator.getitem, (call, j)) for j in range(len(fs.outputs))]
+
+
+def chain_feeds(prog, ci: int) -> list:
+    """The Graph IR ids a comfuse::fused_chain call of chain `ci` reads, in its order: X, W1, W2, then b1 and b2 where
+    the kernel reads them."""
+    b = prog.part.b2b[ci].spec
+    b1, b2 = b.bias_params
+    return ([b.first.gemm.a, b.first.gemm.b, b.second.gemm.b] + ([b.first.params[b1].node] if b1 >= 0 else []) +
+            ([b.second.params[b2].node] if b2 >= 0 else []))
+
+
+def chain_call(prog, g: fx.Graph, ci: int, value):
+    """Back-to-back chain `ci` as one comfuse::fused_chain call in `g`, its inputs read through `value(graph IR id)`;
+    the call's output (epilogue2's value)."""
+    from . import ops
+
+    key = ops.register_chain(prog.part.b2b[ci].spec, fallback=chain_in_torch(prog, ci))
+    return g.call_function(torch.ops.comfuse.fused_chain.default, (key, [value(i) for i in chain_feeds(prog, ci)]))
+
+
+def chain_in_torch(prog, ci: int):
+    """The chain computed node by node with torch ops (`ops.eval_graph_node`), as a function of the fused call's
+    inputs returning epilogue2's value: the op's CPU form, and what it runs if the kernel cannot."""
+    from . import ops
+
+    ch = prog.part.b2b[ci]
+    feeds = chain_feeds(prog, ci)
+    steps = [(gid, prog.node_spec(prog.nodes[gid]), list(prog.nodes[gid].inputs)) for gid in ch.nodes
+             if gid not in feeds]
+    consts = {i: prog.nodes[i].value for _, _, ins in steps for i in ins if prog.nodes[i].op == OK.Constant}
+    out = ch.spec.second.outputs[0].node
+
+    def run(inputs):
+        env = dict(consts)
+        env.update(zip(feeds, inputs))
+        for gid, spec, ins in steps:
+            env[gid] = ops.eval_graph_node(spec, *[env[i] for i in ins])
+        return env[out]
+    return run
 
 
 def region_in_torch(prog, ri: int):

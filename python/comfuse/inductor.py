@@ -102,35 +102,48 @@ class ComFusePass(CustomGraphPass):
         sym = [f"input {i}" for i, v in enumerate(vals) if isinstance(v, torch.SymInt) or (
             isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape))]
         backend.analyze_aten(rep, gm, vals, self.fuse == "all", sym)
-        cpu_reference = (self.reference and rep.regions and rep.fallback is not None
-                         and rep.fallback.startswith("CPU tensors"))
+        cpu_reference = (self.reference and (rep.regions or backend.fused_chains(rep, self.fuse == "all"))
+                         and rep.fallback is not None and rep.fallback.startswith("CPU tensors"))
         if cpu_reference:
             rep.fallback = None
         backend.log_report(rep)
         if rep.fallback:
             return
-        fuse = (backend.shapeable(rep, set(range(len(rep.regions)))) if cpu_reference
-                else backend.fused_set(rep, self.fuse == "all"))
-        backend.log_plans(rep, fuse)
+        prog = rep.analysis.program
+        chains = backend.fused_chains(rep, self.fuse == "all")
+        fuse = (backend.shapeable(rep, set(range(len(rep.regions)))) - backend.chain_regions(rep, chains)
+                if cpu_reference else backend.fused_set(rep, self.fuse == "all", chains))
+        backend.log_plans(rep, fuse, chains)
         try:
-            target = rep.analysis.program.rewrite_keeping_torch(fuse, self.ctas)
+            target = prog.rewrite_keeping_torch(fuse, self.ctas, chains)
         except NotKeepable as e:
-            log.info("comfuse: graph %d runs without ComFuse kernels: its fused regions do not line up with whole "
-                     "ATen nodes (%s)", rep.index, e)
-            return
+            if not chains:
+                log.info("comfuse: graph %d runs without ComFuse kernels: its fused regions do not line up with "
+                         "whole ATen nodes (%s)", rep.index, e)
+                return
+            log.info("comfuse: graph %d: back-to-back chains %s not fused (%s)", rep.index, sorted(chains), e)
+            fuse |= {r for r in backend.chain_regions(rep, chains) if cpu_reference or rep.plans[r].fuse}
+            chains = set()
+            try:
+                target = prog.rewrite_keeping_torch(fuse, self.ctas)
+            except NotKeepable as e2:
+                log.info("comfuse: graph %d runs without ComFuse kernels: its fused regions do not line up with "
+                         "whole ATen nodes (%s)", rep.index, e2)
+                return
         if not cpu_reference and not backend.prepare_kernels(rep, target):
             return
         if not cpu_reference and backend.measuring(self.fuse == "all"):
             fuse, target = backend.drop_measured_losers(
-                rep, fuse, target, lambda f: rep.analysis.program.rewrite_keeping_torch(f, self.ctas))
+                rep, fuse, target, lambda f: prog.rewrite_keeping_torch(f, self.ctas, chains), chains=bool(chains))
             if target is None:
                 log.info("comfuse: graph %d runs without ComFuse kernels: every planned region was slower on this "
                          "GPU than its GEMM and a separate pass", rep.index)
                 return
         _replace_graph(graph, target.graph)
         rep.fused = fuse
-        log.info("comfuse: graph %d: %d region(s) run as ComFuse kernels%s", rep.index, len(fuse),
-                 " (CPU reference implementation)" if cpu_reference else "")
+        rep.fused_chains = chains
+        log.info("comfuse: graph %d: %d region(s) and %d back-to-back chain(s) run as ComFuse kernels%s", rep.index,
+                 len(fuse), len(chains), " (CPU reference implementation)" if cpu_reference else "")
 
 
 def _const_operand(n, value: float, tol: float = 1e-6):

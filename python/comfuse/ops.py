@@ -492,3 +492,113 @@ def keep_sdpa_whole(gm: torch.fx.GraphModule) -> int:
     if count:
         gm.recompile()
     return count
+
+
+# ---- back-to-back chains: comfuse::fused_chain(key, [x, w1, w2, (b1), (b2)]) -> out ----------------------------
+#
+# One recognised chain GEMM1 -> F -> GEMM2 -> epilogue2 (docs/kernel-b2b.md) as the flash-style kernel, the
+# intermediate never written to memory. `key` names a registered B2BSpec; the inputs are X, W1 and W2 as the graph
+# holds them (W1 / W2 in the Spec's layouts, per batch when batched), then the biases the kernel reads (the Spec's
+# bias_params). The output is X's leading dims by N2, in bf16. The CUDA kernel runs in Python (no C++ fast path yet);
+# on CPU tensors, and wherever the kernel refuses a launch (with a warning), the chain's torch form runs.
+
+_CHAINS: dict = {}          # key -> _Chain
+_CHAIN_KERNELS: dict = {}   # key -> C.ChainKernel
+
+
+class _Chain:
+    __slots__ = ("spec", "k", "n1", "n2", "has_b1", "has_b2", "batched", "fallback")
+
+    def __init__(self, spec, fallback):
+        self.spec, self.fallback = spec, fallback
+        self.k, self.n1, self.n2 = int(spec.first.gemm.k), int(spec.n1), int(spec.n2)
+        b1, b2 = spec.bias_params
+        self.has_b1, self.has_b2 = b1 >= 0, b2 >= 0
+        self.batched = spec.batch > 1 and spec.w1_batched   # weights per batch; else one GEMM over every row
+
+
+def register_chain(spec, fallback=None) -> str:
+    """Registers a B2BSpec; returns the key comfuse::fused_chain is called with. `fallback(inputs) -> out`, if given,
+    computes the chain with torch ops (CPU tensors, and a launch the kernel refuses)."""
+    with _LOCK:
+        key = f"c{next(_COUNTER)}"
+        _CHAINS[key] = _Chain(spec, fallback)
+    return key
+
+
+def chain_kernel(key: str):
+    """The compiled kernel of a registered chain (compiled on first use, then cached per key)."""
+    with _LOCK:
+        k = _CHAIN_KERNELS.get(key)
+    if k is None:
+        o = _kernel_options()
+        k = C.ChainKernel(_CHAINS[key].spec, o["kernel_dir"], o["cutlass_dir"], o["cache_dir"])
+        with _LOCK:
+            k = _CHAIN_KERNELS.setdefault(key, k)
+    return k
+
+
+def _chain_out_shape(ch: _Chain, x_shape) -> list:
+    return list(x_shape[:-1]) + [ch.n2]
+
+
+def _chain_fallback(key: str, inputs: list[torch.Tensor]) -> torch.Tensor:
+    ch = _CHAINS[key]
+    if ch.fallback is None:
+        raise RuntimeError(f"comfuse::fused_chain {key}: no torch form registered for this chain")
+    return ch.fallback(inputs).to(torch.bfloat16).reshape(_chain_out_shape(ch, inputs[0].shape))
+
+
+def _run_chain_gpu(key: str, inputs: list[torch.Tensor]) -> torch.Tensor:
+    ch = _CHAINS[key]
+    x = inputs[0]
+    dev = x.get_device()
+    _check_device(dev)
+    if any(t.get_device() != dev for t in inputs):
+        raise ValueError("comfuse::fused_chain: inputs on different CUDA devices")
+    if x.shape[-1] != ch.k:
+        raise ValueError(f"comfuse::fused_chain: X {tuple(x.shape)} does not have the chain's K={ch.k}")
+    rows = x.numel() // ch.k
+    batch = 1
+    if ch.batched:
+        for d in x.shape[:-2]:
+            batch *= d
+    out = torch.empty(_chain_out_shape(ch, x.shape), dtype=torch.bfloat16, device=dev)
+    if rows == 0:
+        return out
+    if key in _BROKEN:
+        return _chain_fallback(key, inputs)
+    x, w1, w2, *bias = (_dense(t, torch.bfloat16) for t in inputs)
+    b1 = bias.pop(0).data_ptr() if ch.has_b1 else 0
+    b2 = bias.pop(0).data_ptr() if ch.has_b2 else 0
+    stream = torch._C._cuda_getCurrentRawStream(dev)
+    try:
+        if w1.numel() != batch * ch.k * ch.n1 or w2.numel() != batch * ch.n1 * ch.n2:
+            raise ValueError(f"comfuse::fused_chain: W1 {tuple(w1.shape)} / W2 {tuple(w2.shape)} do not match K={ch.k}, "
+                             f"N1={ch.n1}, N2={ch.n2} over {batch} batch(es)")
+        kernel = chain_kernel(key)
+        with torch.cuda.device(dev) if dev != torch._C._cuda_getDevice() else _NO_SWITCH:
+            kernel.launch(x.data_ptr(), w1.data_ptr(), b1, w2.data_ptr(), b2, out.data_ptr(), rows, batch, stream)
+    except (RuntimeError, ValueError) as e:   # fallback, never failure: the chain's torch form, when there is one
+        if ch.fallback is None:
+            raise
+        _BROKEN[key] = str(e)
+        log.warning("comfuse: %s; this back-to-back chain runs unfused (torch ops) from now on", e)
+        return _chain_fallback(key, inputs)
+    return out
+
+
+def _run_chain_cpu(key: str, inputs: list[torch.Tensor]) -> torch.Tensor:
+    if any(t.device.type != "cpu" for t in inputs):
+        raise ValueError("comfuse::fused_chain: inputs must all be on the CPU or all on one CUDA device")
+    return _chain_fallback(key, inputs)
+
+
+def _fused_chain_fake(key: str, inputs: list[torch.Tensor]) -> torch.Tensor:
+    return torch.empty(_chain_out_shape(_CHAINS[key], inputs[0].shape), dtype=torch.bfloat16, device=inputs[0].device)
+
+
+_LIB.define("fused_chain(str key, Tensor[] inputs) -> Tensor")
+_LIB.impl("fused_chain", _run_chain_gpu, "CUDA")
+_LIB.impl("fused_chain", _run_chain_cpu, "CPU")
+torch.library.register_fake("comfuse::fused_chain", _fused_chain_fake, lib=_LIB)

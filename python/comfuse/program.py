@@ -195,9 +195,10 @@ class Program:
         """The program re-emitted from the Graph IR (emit.rewrite)."""
         return emit.rewrite(self, ctas, fuse)
 
-    def rewrite_keeping_torch(self, fuse, ctas: int = 1) -> fx.GraphModule:
-        """The ATen graph with only the regions in `fuse` changed (emit.rewrite_keeping_torch)."""
-        return emit.rewrite_keeping_torch(self, fuse, ctas)
+    def rewrite_keeping_torch(self, fuse, ctas: int = 1, chains=()) -> fx.GraphModule:
+        """The ATen graph with only the regions in `fuse` and the back-to-back chains in `chains` changed
+        (emit.rewrite_keeping_torch)."""
+        return emit.rewrite_keeping_torch(self, fuse, ctas, chains)
 
     def region_in_torch(self, ri: int):
         return emit.region_in_torch(self, ri)

@@ -96,6 +96,31 @@ void bind_kernels(nb::module_& m) {
       .def_prop_ro("plan", [](const RegionKernel& k) { return k.info().plan.reason; })
       .def_prop_ro("cache_hit", [](const RegionKernel& k) { return k.info().cache_hit; })
       .def_prop_ro("compile_seconds", [](const RegionKernel& k) { return k.info().compile_seconds; });
+  nb::class_<ChainKernel>(m, "ChainKernel")
+      .def(
+          "__init__",
+          [](ChainKernel* self, const B2BSpec& b, const std::string& kernel_dir, const std::string& cutlass_dir,
+             const std::string& cache_dir) {
+            CompilerOptions o = region_options(kernel_dir, cutlass_dir, cache_dir, "");
+            nb::gil_scoped_release release;  // nvcc may take a while; other Python threads keep running
+            new (self) ChainKernel(b, o);
+          },
+          "spec"_a, "kernel_dir"_a = "", "cutlass_dir"_a = "", "cache_dir"_a = "")
+      .def(
+          "launch",
+          [](const ChainKernel& k, uintptr_t x, uintptr_t w1, uintptr_t b1, uintptr_t w2, uintptr_t b2, uintptr_t out,
+             int64_t rows, int64_t batch, uintptr_t stream) {
+            auto in = [](uintptr_t p) { return reinterpret_cast<const void*>(p); };
+            k.launch(in(x), in(w1), in(b1), in(w2), in(b2), reinterpret_cast<void*>(out), rows, batch,
+                     reinterpret_cast<CUstream>(stream));
+          },
+          "x"_a, "w1"_a, "b1"_a, "w2"_a, "b2"_a, "out"_a, "rows"_a, "batch"_a, "stream"_a,
+          "Launches on device pointers (0 for an absent bias) on a CUDA stream (int).")
+      .def_prop_ro("name", [](const ChainKernel& k) { return k.info().kernel.name; })
+      .def_prop_ro("config", [](const ChainKernel& k) { return b2b_config_name(k.info().plan.config); })
+      .def_prop_ro("plan", [](const ChainKernel& k) { return k.info().plan.reason; })
+      .def_prop_ro("cache_hit", [](const ChainKernel& k) { return k.info().cache_hit; })
+      .def_prop_ro("compile_seconds", [](const ChainKernel& k) { return k.info().compile_seconds; });
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

@@ -75,6 +75,11 @@ void bind_partition(nb::module_& m) {
       .def_ro("batch", &B2BSpec::batch)
       .def_ro("w1_batched", &B2BSpec::w1_batched)
       .def_ro("w2_batched", &B2BSpec::w2_batched)
+      .def_prop_ro("n1", &B2BSpec::n1)
+      .def_prop_ro("n2", &B2BSpec::n2)
+      .def_prop_ro("bias_params", [](const B2BSpec& b) { return b2b_bias_params(b); },
+                   "(b1, b2): indices into first.params and second.params of the bias vectors the kernel reads, -1 "
+                   "where there is none (raises where Psi cannot render the chain)")
       .def("__str__", [](const B2BSpec& b) { return print_b2b(b); });
 
   nb::class_<B2BChain>(m, "B2BChain")

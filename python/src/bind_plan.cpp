@@ -20,8 +20,13 @@ void bind_plan(nb::module_& m) {
       .def_ro("pass_us", &PlanDecision::pass_us)
       .def_prop_ro("epilogue", [](const PlanDecision& d) { return d.epilogue.summary(); });
   m.def("plan_region", [](const FusionSpec& fs) { return plan_region(fs); }, "spec"_a);
+  nb::class_<B2BPlanDecision>(m, "B2BPlanDecision")
+      .def_ro("fuse", &B2BPlanDecision::fuse)
+      .def_ro("reason", &B2BPlanDecision::reason)
+      .def_prop_ro("config", [](const B2BPlanDecision& d) { return b2b_config_name(d.config); });
   m.def("plan_b2b", [](const B2BSpec& b) { return plan_b2b(b); }, "spec"_a,
-        "The planner's decision for a recognised back-to-back chain (today always declined: no B2B kernel yet).");
+        "The planner's decision for a recognised back-to-back chain: fuse where the flash-style kernel was measured "
+        "faster (docs/kernel-b2b.md), else declined with the reason.");
 }
 
 }  // namespace comfuse::py

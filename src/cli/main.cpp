@@ -55,6 +55,8 @@ const char* kUsage =
     "  (T: l2 | dsmem_p2p | dsmem_leader, the row reductions' cross-CTA transport; default: the planner's)\n"
     "  --merge on|off (emit, run, bench, aot): a LayerNorm's or softmax's two chained reductions in one cross-CTA\n"
     "  exchange wherever the kernels can, or never; default: the planner's choice, from its measurements\n"
+    "  --b2b on|off (run, bench, aot): back-to-back GEMM chains the planner fuses run as one kernel (on, the\n"
+    "  default), or every chain runs as its two regions (off: the A/B comparison)\n"
     "  --parts on|off (emit): render the stages of a 128-row tile visited in 64-row parts, each row reduction's\n"
     "  L2 exchange per part (StageStream<.., InParts>); default off, as the default config emit renders\n"
     "  --rows N: the row count of a graph with a symbolic leading dim (input X : bf16[?, 1024]); plan, emit,\n"
@@ -190,6 +192,13 @@ void make_output_dir(const std::string& dir) {
   fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error("cannot create directory " + dir + ": " + ec.message());
   if (!fs::is_directory(dir)) throw std::runtime_error("cannot use " + dir + " as an output directory: it is not a directory");
+}
+
+// --b2b on|off: fused back-to-back chains (default on), or none.
+bool b2b_arg(const Args& a) {
+  const std::string m = a.get("b2b");
+  if (!m.empty() && m != "on" && m != "off") throw UsageError("--b2b must be 'on' or 'off', got '" + m + "'");
+  return m != "off";
 }
 
 // --merge on|off: chained reduction pairs merged into one exchange wherever Psi can, or never (default: the
@@ -384,6 +393,7 @@ CompilerOptions compiler_options(const Args& a) {
   CompilerOptions o;
   o.transport = a.get("transport");
   o.merge = merge_arg(a);
+  o.b2b = b2b_arg(a);
   if (int64_t r = rows_arg(a)) o.rows = r;   // the planner tunes for the rows this command runs
   return o;
 }
@@ -452,10 +462,12 @@ void print_choices(const CompiledGraph& cg) {
 // were compiled then).
 void check_compile_flags(const Args& a) {
   merge_arg(a);
+  b2b_arg(a);
   if (a.get("aot").empty()) return;
   if (!a.get("transport").empty())
     throw UsageError("--transport is fixed when the kernels were compiled: not with --aot");
   if (!a.get("merge").empty()) throw UsageError("--merge is fixed when the kernels were compiled: not with --aot");
+  if (!a.get("b2b").empty()) throw UsageError("--b2b is fixed when the kernels were compiled: not with --aot");
 }
 
 CompiledGraph compile_for_run(const Args& a, const Graph& g) {
@@ -623,9 +635,12 @@ int cmd_bench(const Args& a) {
   std::cout << cg.explain();
   std::printf("compile: %.1f ms (every region's candidate configs, in parallel, or their cache hits)\n", compile_ms);
   GraphBuffers buf(cg, inputs, rows);
-  double flops = 0;
-  for (const auto& r : cg.partition().regions)
-    flops += 2.0 * double(r.spec.gemm.rows) * double(r.spec.gemm.n) * double(r.spec.gemm.k);
+  double flops = 0;   // every GEMM of the graph: the regions', the standard path's (batched) and the chains'
+  for (const Node& n : cg.partition().graph.nodes)
+    if (n.op == OpKind::MatMul) {
+      const Shape& as = cg.partition().graph.node(n.inputs[0]).shape;
+      flops += 2.0 * double(numel(n.shape)) * double(n.transpose_a ? as[as.size() - 2] : as.back());
+    }
   // The fused graph first; then, where cuBLASLt is there, the regions' GEMMs alone (no epilogue), the baseline.
   std::vector<TimedKernel> ks;
   ks.push_back({"fused", [&] { rows ? cg.run(buf.map, nullptr, rows) : cg.run(buf.map); }});
@@ -643,7 +658,8 @@ int cmd_bench(const Args& a) {
   std::printf("%s: median %.1f us over %zu samples of %d launches (min %.1f, max %.1f), %.1f TFLOP/s\n", a.file.c_str(),
               med, ks[0].us.size(), ks[0].per_sample, ks[0].us.front(), ks[0].us.back(), flops / (med * 1e-6) / 1e12);
   if (cublas.empty()) {
-    std::cout << "cuBLASLt not found (libcublasLt.so.13): no ÷cuBLAS\n";
+    std::cout << (cg.partition().regions.empty() ? "no region (its GEMMs are batched): no ÷cuBLAS\n"
+                                                 : "cuBLASLt not found (libcublasLt.so.13): no ÷cuBLAS\n");
     return 0;
   }
   double gemm_us = 0;
@@ -662,6 +678,7 @@ int cmd_aot(const Args& a) {
   CompiledGraph cg = Compiler(compiler_options(a)).save(g, dir);
   size_t libs = 0;   // every candidate config of every region
   for (const auto& r : cg.regions()) libs += r.candidates.size();
+  libs += cg.chains().size();
   std::cout << cg.explain() << "wrote " << (fs::path(dir) / "manifest.txt").string() << " and " << libs
             << " kernel librar" << (libs == 1 ? "y" : "ies") << "\n";
   return 0;
@@ -682,11 +699,11 @@ int main(int argc, char** argv) {
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
       return cmd_run(
-          parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "merge", "aot", "seed", "rows"}));
+          parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "merge", "b2b", "aot", "seed", "rows"}));
     if (cmd == "bench")
       return cmd_bench(
-          parse_args(argc, argv, {}, {"iters", "transport", "merge", "aot", "rows", "settle-ms", "series"}));
-    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "rows"}));
+          parse_args(argc, argv, {}, {"iters", "transport", "merge", "b2b", "aot", "rows", "settle-ms", "series"}));
+    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "b2b", "rows"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const ParseError& e) {

@@ -284,7 +284,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   // Back-to-back chains the planner fuses: one more kernel each (their regions above are compiled all the same).
   std::vector<std::future<jit::CompileResult>> chain_jobs;
   for (size_t i = 0; i < p.b2b.size(); ++i) {
-    if (!p.b2b[i].recognised) continue;
+    if (!p.b2b[i].recognised || !opts_.b2b) continue;
     CompiledChain cc;
     cc.plan = plan_b2b(p.b2b[i].spec);
     if (!cc.plan.fuse) continue;
@@ -843,7 +843,10 @@ std::string CompiledGraph::explain() const {
     for (const auto& k : chains_)
       if (k.chain == static_cast<int>(i)) cc = &k;
     if (!cc) {
-      o << "declined, runs as the regions and nodes above: " << plan_b2b(c.spec).reason << "\n";
+      const B2BPlanDecision d = plan_b2b(c.spec);
+      o << (d.fuse ? "not fused by this compile (CompilerOptions::b2b off, or an ahead-of-time manifest without it), "
+                   : "declined, ")
+        << "runs as the regions and nodes above: " << d.reason << "\n";
       continue;
     }
     o << cc->kernel.name << " " << b2b_config_name(cc->plan.config) << ", "
@@ -1333,6 +1336,44 @@ RegionKernel::Recipe RegionKernel::recipe() const {
   r.args = kernel_args(spec_, 1, nullptr, nullptr, region_.plan.transport);
   r.args.m = 0;   // per call
   return r;
+}
+
+ChainKernel::ChainKernel(const B2BSpec& spec, CompilerOptions o)
+    : k_(spec.first.gemm.k), n1_(spec.n1()), n2_(spec.n2()) {
+  check_header_dirs(o);
+  chain_.plan = plan_b2b(spec);
+  try {
+    set_chain_kernel(chain_, spec);
+  } catch (const CodegenError& e) {
+    throw CompileError(std::string("back-to-back chain: ") + e.what());
+  }
+  const jit::CompileResult res = jit::compile(chain_.kernel.source, chain_.kernel.name, kernel_jit_options(o));
+  chain_.library_path = res.cubin_path;
+  chain_.cache_hit = res.cache_hit;
+  chain_.compile_seconds = res.seconds;
+  lib_ = std::make_unique<rt::B2bLibrary>(chain_.library_path);
+}
+
+ChainKernel::~ChainKernel() = default;
+
+void ChainKernel::launch(const void* x, const void* w1, const void* b1, const void* w2, const void* b2, void* out,
+                         int64_t rows, int64_t batch, CUstream stream) const {
+  ComfuseB2bArgs a;
+  std::memset(&a, 0, sizeof a);   // padding included: the library finds its prepared launch by these bytes
+  a.abi = COMFUSE_KERNEL_ABI;
+  a.x = x;
+  a.w1 = w1;
+  a.b1 = b1;
+  a.w2 = w2;
+  a.b2 = b2;
+  a.out = out;
+  a.rows = rows;
+  a.batch = batch;
+  a.k = k_;
+  a.n1 = n1_;
+  a.n2 = n2_;
+  if (std::string why = lib_->check(a); !why.empty()) throw std::invalid_argument(chain_.kernel.name + ": " + why);
+  lib_->launch(a, stream);
 }
 
 }  // namespace comfuse

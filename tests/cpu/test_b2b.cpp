@@ -4,8 +4,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
+#include "comfuse/codegen.h"
 #include "comfuse/compiler.h"
 #include "comfuse/interp.h"
 #include "comfuse/partition.h"
@@ -299,21 +301,126 @@ TEST(B2B, VerifierErrors) {
       "the stored value is not exp(x - max) / sum");
 }
 
-TEST(B2B, PlannerDeclinesEveryChainForNow) {
-  Partition p = plan(mlp(8, 16, 24, 8));
-  PlanDecision d = plan_b2b(only_chain(p).spec);
-  EXPECT_FALSE(d.fuse);
-  EXPECT_EQ(d.reason.rfind("no B2B kernel in the compiler yet", 0), 0u) << d.reason;
+std::string dlrm(int64_t m, int64_t k, int64_t n1, int64_t n2, const std::string& b2_dtype = "bf16") {
+  auto s = [](int64_t v) { return std::to_string(v); };
+  return "input X : bf16[" + s(m) + ", " + s(k) + "]\ninput W1 : bf16[" + s(k) + ", " + s(n1) + "]\ninput b1 : bf16[" +
+         s(n1) + "]\ninput W2 : bf16[" + s(n1) + ", " + s(n2) + "]\ninput b2 : " + b2_dtype + "[" + s(n2) + "]\n" +
+         "h = relu(add(matmul(X, W1), b1))\ny = relu(add(matmul(h, W2), b2))\noutput y\n";
 }
 
-TEST(B2B, TheDeclineCitesTheMeasuredKernelOfTheChainsForm) {
-  Partition mlp_p = plan(mlp(8, 16, 24, 8));
-  EXPECT_NE(plan_b2b(only_chain(mlp_p).spec).reason.find("two cuBLASLt GEMMs"), std::string::npos);
-  Partition att = plan(attention(4, 128, 256, 64));
-  PlanDecision d = plan_b2b(only_chain(att).spec);
-  EXPECT_FALSE(d.fuse);
-  EXPECT_NE(d.reason.find("SDPA's flash kernel at 128 rows per batch x K 64 x N1 256 x N2 64"), std::string::npos)
+TEST(B2B, PlannerFusesWhereTheKernelWasMeasuredFaster) {
+  // The DLRM MLP's shape class (N2 <= 64): measured 0.87x two cuBLASLt GEMMs.
+  B2BPlanDecision d = plan_b2b(only_chain(plan(dlrm(65536, 512, 256, 64))).spec);
+  EXPECT_TRUE(d.fuse) << d.reason;
+  EXPECT_EQ(b2b_config_name(d.config), "128x128x64x64");
+  EXPECT_EQ(d.reason.rfind("fuse, flash-style B2B kernel 128x128x64x64: measured 0.87x two cuBLASLt GEMMs", 0), 0u) << d.reason;
+  // Target attention: against the batched GEMMs and softmax.
+  d = plan_b2b(only_chain(plan(attention(4, 128, 256, 64))).spec);
+  EXPECT_TRUE(d.fuse) << d.reason;
+  EXPECT_EQ(b2b_config_name(d.config), "128x128x64x64_x64");
+  EXPECT_NE(d.reason.find("0.74x SDPA's flash kernel at 128 rows per batch x K 64 x N1 256 x N2 64"), std::string::npos)
       << d.reason;
+  // Small odd shapes of the same classes fuse too (a tile's worth of work: one kernel instead of two).
+  EXPECT_TRUE(plan_b2b(only_chain(plan(dlrm(1000, 40, 200, 24))).spec).fuse);
+  EXPECT_TRUE(plan_b2b(only_chain(plan(attention(3, 77, 1000, 40))).spec).fuse);
+}
+
+TEST(B2B, PlannerDeclinesWithTheMeasuredReason) {
+  // The first GELU MLP: 1.07x two GEMMs.
+  B2BPlanDecision d = plan_b2b(only_chain(plan(mlp(65536, 256, 1024, 256))).spec);
+  EXPECT_FALSE(d.fuse);
+  EXPECT_EQ(d.reason.rfind("fusion does not pay: 1.07x two cuBLASLt GEMMs at 65536x256x1024x256", 0), 0u) << d.reason;
+  // The FFN: N2 = 768 is three column tiles, each recomputing GEMM1 (measured 2.20x).
+  d = plan_b2b(only_chain(plan(mlp(16384, 768, 3072, 768))).spec);
+  EXPECT_FALSE(d.fuse);
+  EXPECT_EQ(d.reason.rfind("fusion does not pay: N2 768 takes 3 column tiles, each recomputing GEMM1; 2.20x two "
+                           "cuBLASLt GEMMs at 16384x768x3072x768", 0), 0u) << d.reason;
+  // Attention with a head dim the kernel was not built for.
+  d = plan_b2b(only_chain(plan(attention(4, 128, 256, 128))).spec);
+  EXPECT_FALSE(d.fuse);
+  EXPECT_EQ(d.reason.rfind("the attention kernel is built and tested for head dims up to 64 (K 128, N2 128 here)", 0), 0u)
+      << d.reason;
+  // What Psi cannot render is declined with Psi's reason.
+  // A bias cast from f32 is a graph value of its own (the plain path rounds it): still a bias the kernel reads.
+  std::string text = dlrm(256, 64, 64, 64, "f32");
+  text.replace(text.find("b2))"), 4, "cast(b2, dtype=bf16)))");
+  EXPECT_TRUE(plan_b2b(only_chain(plan(text)).spec).fuse);
+}
+
+// ---- Psi: the B2B unit ----
+
+TEST(B2B, PsiRendersFAndEpilogue2AsDeviceFunctions) {
+  // GPT-2's gelu_new written out, with pow by 3: straight-line code over the ops functors, pow as multiplications.
+  const std::string text =
+      "input X : bf16[512, 64]\ninput W1 : bf16[96, 64]\ninput b1 : bf16[96]\ninput W2 : bf16[40, 96]\n"
+      "a = add(matmul(X, W1, transpose_b=true), b1)\n"
+      "h = mul(mul(a, 0.5), add(tanh(mul(add(a, mul(pow(a, 3.0), 0.044715)), 0.7978845608028654)), 1.0))\n"
+      "y = sigmoid(matmul(h, W2, transpose_b=true))\noutput y\n";
+  const B2BSpec b = only_chain(plan(text)).spec;
+  B2BPlanDecision d = plan_b2b(b);
+  ASSERT_TRUE(d.fuse) << d.reason;
+  GeneratedKernel k = generate_b2b_kernel(b, d.config);
+  EXPECT_EQ(k.name.rfind("comfuse_b2b_", 0), 0u);
+  for (const char* want : {"ops::PowInt<3>{}({}, x)", "ops::Tanh{}({}, ", "0.0447149985f", "ops::Sigmoid{}({}, x)",
+                           "comfuse::BLayout::NK, comfuse::BLayout::NK, 128, 128, 64, 64, F1, F2, 2, 0, false>",
+                           "kHasB1 = true, kHasB2 = false", "COMFUSE_B2B_KERNEL(" })
+    EXPECT_NE(k.source.find(want), std::string::npos) << want << "\n" << k.source;
+  EXPECT_EQ(b2b_bias_params(b), std::make_pair(0, -1));
+  // The name follows the structure, not the config or the row count.
+  EXPECT_EQ(generate_b2b_kernel(only_chain(plan(text)).spec, B2BKernelConfig{128, 64, 64, 64, 0, false}).name, k.name);
+}
+
+TEST(B2B, PsiTakesTheSoftmaxScaleFromTheLogits) {
+  auto scale_of = [](const std::string& logits) {
+    const std::string text = "input Q : bf16[2, 16, 64]\ninput K : bf16[2, 32, 64]\ninput V : bf16[2, 32, 64]\n"
+                             "p = softmax(" + logits + ", dim=-1)\ny = matmul(p, V)\noutput y\n";
+    return b2b_softmax_scale(only_chain(plan(text)).spec);
+  };
+  EXPECT_DOUBLE_EQ(scale_of("mul(matmul(Q, transpose(K)), 0.125)"), 0.125);
+  EXPECT_DOUBLE_EQ(scale_of("div(matmul(Q, transpose(K)), 8.0)"), 0.125);
+  EXPECT_DOUBLE_EQ(scale_of("matmul(Q, transpose(K))"), 1.0);
+  EXPECT_DOUBLE_EQ(scale_of("mul(mul(matmul(Q, transpose(K)), 0.5), 0.25)"), 0.125);
+  try {
+    scale_of("mul(matmul(Q, transpose(K)), -1.0)");
+    ADD_FAILURE() << "a negative scale was accepted";
+  } catch (const CodegenError& e) {
+    EXPECT_NE(std::string(e.what()).find("the kernel needs a positive, finite scale"), std::string::npos) << e.what();
+  }
+  try {
+    scale_of("tanh(matmul(Q, transpose(K)))");
+    ADD_FAILURE() << "tanh logits were accepted";
+  } catch (const CodegenError& e) {
+    EXPECT_NE(std::string(e.what()).find("the kernel's softmax takes the logits times a constant only"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(B2B, PsiRefusesWhatTheKernelCannotRead) {
+  const B2BKernelConfig c{128, 128, 64, 64, 0, false};
+  auto why = [&](const std::string& text) {
+    auto r = psi_b2b_rejects(only_chain(plan(text)).spec, c);
+    return r ? *r : std::string("(rendered)");
+  };
+  const std::string head = "input X : bf16[256, 64]\ninput W1 : bf16[64, 64]\ninput W2 : bf16[64, 64]\n";
+  // a [rows, N1] tensor in F
+  EXPECT_NE(why(head + "input R : bf16[256, 64]\nh = relu(add(matmul(X, W1), R))\ny = matmul(h, W2)\noutput y\n")
+                .find("F reads the tile tensor 'R'"), std::string::npos);
+  // a second vector, a vector not added to the accumulator
+  EXPECT_NE(why(head + "input g : bf16[64]\nh = relu(mul(matmul(X, W1), g))\ny = matmul(h, W2)\noutput y\n")
+                .find("F reads the vector 'g' other than as a bias added to the accumulator"), std::string::npos);
+  // the accumulator read twice (x * sigmoid(x) written out reads acc + b1 twice: fine; acc itself twice with a bias: not)
+  EXPECT_EQ(why(head + "input b1 : bf16[64]\na = add(matmul(X, W1), b1)\nh = mul(a, sigmoid(a))\ny = matmul(h, W2)\noutput y\n"),
+            "(rendered)");
+  // epilogue2 stored as f32 for an f32 reader
+  EXPECT_NE(why(head + "h = relu(matmul(X, W1))\ny = cast(matmul(h, W2), dtype=f32)\noutput y\n").find("the kernel stores bf16"),
+            std::string::npos);
+  // an epilogue2 row reduction
+  EXPECT_NE(why(head + "h = relu(matmul(X, W1))\ny = softmax(matmul(h, W2), dim=-1)\noutput y\n")
+                .find("epilogue2 has a row reduction"), std::string::npos);
+  // a config the kernel does not instantiate
+  auto r = psi_b2b_rejects(only_chain(plan(dlrm(256, 64, 64, 64))).spec, B2BKernelConfig{96, 128, 64, 64, 0, false});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_NE(r->find("config 96x128x64x64: tile M is 64 or 128"), std::string::npos) << *r;
 }
 
 // ---- interpreter: the kernel's order against the Graph interpreter ----
@@ -417,7 +524,14 @@ TEST(B2B, RandomProgramsWithChainsKeepTheirMeaning) {
 
 // ---- the workload examples ----
 
-TEST(B2B, WorkloadExamplesPlanWithTheirChainDeclined) {
+TEST(B2B, WorkloadExamplesPlanWithTheirDecisions) {
+  // The DLRM MLP and the attention fuse; the GELU MLPs and the FFN are declined with the measured reason.
+  const std::map<std::string, std::string> want = {
+      {"dlrm_bottom.cf", "b2b chain 0: fuse, flash-style B2B kernel 128x128x64x64: measured 0.87x"},
+      {"attention.cf", "b2b chain 0: fuse, flash-style B2B kernel 128x128x64x64_x64: measured 0.24x"},
+      {"mlp_gelu_256.cf", "b2b chain 0: declined (runs as before): fusion does not pay: 1.07x"},
+      {"mlp_gelu_512.cf", "b2b chain 0: declined (runs as before): fusion does not pay: N2 512 takes 2 column tiles"},
+      {"ffn.cf", "b2b chain 0: declined (runs as before): fusion does not pay: N2 768 takes 3 column tiles"}};
   int n = 0;
   for (const auto& e : fs::directory_iterator(fs::path(COMFUSE_SOURCE_DIR) / "examples/b2b")) {
     if (e.path().extension() != ".cf") continue;
@@ -425,7 +539,7 @@ TEST(B2B, WorkloadExamplesPlanWithTheirChainDeclined) {
     test::CliRun r = test::run_cli("plan " + e.path().string() + " --explain");
     ASSERT_EQ(r.code, 0) << e.path() << "\n" << r.out;
     EXPECT_NE(r.out.find("chain 0: recognised"), std::string::npos) << e.path() << "\n" << r.out;
-    EXPECT_NE(r.out.find("b2b chain 0: declined (runs as before): no B2B kernel in the compiler yet"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(want.at(e.path().filename().string())), std::string::npos) << r.out;
   }
   EXPECT_EQ(n, 5);
 }
@@ -449,17 +563,39 @@ TEST(B2B, CliInterpB2bModeAgreesWithGraphMode) {
   fs::remove_all(d);
 }
 
-TEST(B2B, CompiledGraphRunsTheRegionsAndExplainsTheDecline) {
-  // Loading a manifest (fake libraries: nothing runs) needs no nvcc: the batched attention has no region, every
-  // node is on the plain path, and explain() says the chain was declined.
+TEST(B2B, CompiledGraphLoadsAFusedChainAndExplainsIt) {
+  // Loading a manifest (fake libraries: nothing runs) needs no nvcc. The batched attention has no region: every node
+  // is on the plain path, and the manifest's b2b line puts the chain's kernel in their place.
   fs::path d = test::fresh_dir("b2b", "compiled");
   Graph g = parse_cf(attention(2, 4, 8, 8), "att.cf");
+  const B2BSpec b = only_chain(partition(g)).spec;
+  const std::string name = generate_b2b_kernel(b, plan_b2b(b).config).name;
   std::ofstream(d / "comfuse_plain_path.so") << "x";
-  std::ofstream(d / "manifest.txt") << "plain comfuse_plain_path comfuse_plain_path.so\n";
+  std::ofstream(d / (name + ".so")) << "x";
+  std::ofstream(d / "manifest.txt") << "plain comfuse_plain_path comfuse_plain_path.so\n"
+                                    << "b2b 0 " << name << " " << name << ".so\n";
   CompiledGraph cg = Compiler().load(g, d.string());
   EXPECT_TRUE(cg.regions().empty());
-  const std::string ex = cg.explain();
-  EXPECT_NE(ex.find("b2b chain 0 ('_2' -> 'y'): declined: no B2B kernel in the compiler yet"), std::string::npos) << ex;
+  ASSERT_EQ(cg.chains().size(), 1u);
+  EXPECT_EQ(cg.chains()[0].kernel.name, name);
+  std::string ex = cg.explain();
+  EXPECT_NE(ex.find("b2b chain 0 ('_2' -> 'y'): " + name + " 128x128x64x64_x64, cache hit, in place of its nodes' steps"),
+            std::string::npos) << ex;
+  EXPECT_NE(ex.find("plan: fuse, flash-style B2B kernel"), std::string::npos) << ex;
+  // Without the b2b line (an older manifest) the chain runs as its nodes, and explain says so.
+  std::ofstream(d / "manifest.txt") << "plain comfuse_plain_path comfuse_plain_path.so\n";
+  cg = Compiler().load(g, d.string());
+  EXPECT_TRUE(cg.chains().empty());
+  ex = cg.explain();
+  EXPECT_NE(ex.find("b2b chain 0 ('_2' -> 'y'): not fused by this compile"), std::string::npos) << ex;
   EXPECT_NE(ex.find("plain GPU path (nodes outside fused regions): _1 _2 _3"), std::string::npos) << ex;
+  // A b2b line from another Spec is refused.
+  std::ofstream(d / "manifest.txt") << "plain comfuse_plain_path comfuse_plain_path.so\nb2b 0 comfuse_b2b_0 x.so\n";
+  try {
+    (void)Compiler().load(g, d.string());
+    ADD_FAILURE() << "a stale b2b line was accepted";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("was compiled from another Spec"), std::string::npos) << e.what();
+  }
   fs::remove_all(d);
 }

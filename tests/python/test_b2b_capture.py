@@ -1,8 +1,10 @@
 """Back-to-back GEMM chains (GEMM1 -> F -> GEMM2, docs/kernel-b2b.md "Graph level") captured from nn.Modules:
 the frontend's graphs reach partition with the chain intact (Linear -> act -> Linear with nn.Linear's [N, K]
 weights, and target attention written out in ops), and the user sees each chain, recognised or not, with the
-planner's decision (today: declined, no B2B kernel in the compiler yet) in the log and in comfuse.explain. CPU only: the
-workload shapes are captured on the meta device (nothing is computed), the small ones on CPU tensors."""
+planner's decision (the DLRM MLP's and the attention's shape classes fuse, where the flash-style kernel was measured
+faster) in the log and in comfuse.explain; in the backend's CPU reference mode a fused chain becomes one
+comfuse::fused_chain call. CPU only: the workload shapes are captured on the meta device (nothing is computed), the small
+ones on CPU tensors."""
 import io
 import logging
 
@@ -86,7 +88,8 @@ def test_dlrm_bottom_mlp_is_one_chain_at_its_shape():
     # both halves stay what they were: the partition's two regions
     assert (c.region1, c.region2) == (0, 1) and len(rep.regions) == 2
     assert (rep.gemm_name(c.gemm1), rep.gemm_name(c.gemm2)) == ("addmm", "addmm_1")
-    assert plan is not None and not plan.fuse and plan.reason.startswith("no B2B kernel in the compiler yet")
+    assert plan is not None and plan.fuse and plan.config == "128x128x64x64", plan.reason
+    assert plan.reason.startswith("fuse, flash-style B2B kernel 128x128x64x64: measured 0.87x two cuBLASLt GEMMs")
 
 
 def test_target_attention_is_one_softmax_chain_at_its_shape():
@@ -102,9 +105,9 @@ def test_target_attention_is_one_softmax_chain_at_its_shape():
     assert (g2.rows, g2.k, g2.n, g2.transpose_b) == (1024 * 128, 256, 64, False)
     assert "mul" in str(b.first)                     # the scale is F's elementwise prefix
     assert (c.region1, c.region2) == (-1, -1)        # batched GEMMs: the standard path today
-    assert not plan.fuse and "no B2B kernel in the compiler yet" in plan.reason
-    # the graph has no single-GEMM region: the whole-graph reason names the chain
-    assert "1 back-to-back chain(s) recognised, not fused: no B2B kernel in the compiler yet" in rep.fallback
+    assert plan.fuse and plan.config == "128x128x64x64_x64", plan.reason
+    # the graph has no single-GEMM region, but a chain to fuse: that is not a reason to leave it to Inductor
+    assert "no GEMM with a fusable epilogue" not in (rep.fallback or "")
 
 
 def test_ffn_gelu_tanh_on_3d_activations():
@@ -114,7 +117,12 @@ def test_ffn_gelu_tanh_on_3d_activations():
     assert c.recognised, c.reason
     assert c.spec.form == "elementwise" and "gelu_tanh" in str(c.spec.first)
     assert (c.spec.first.gemm.rows, c.spec.first.gemm.n, c.spec.second.gemm.n) == (32, 256, 64)
-    assert not plan.fuse
+    assert plan.fuse   # N2 = 64: the DLRM MLP's class
+    wide = capture_one(FFN(64, 256).to(BF16), torch.randn(2, 16, 64, dtype=BF16))
+    assert only_chain(wide)[1].fuse
+    big = capture_one(FFN(768, 3072).to(device="meta", dtype=BF16), meta(16, 1024, 768))
+    _, plan = only_chain(big)
+    assert not plan.fuse and plan.reason.startswith("fusion does not pay: N2 768 takes 3 column tiles"), plan.reason
 
 
 @pytest.mark.parametrize("scale,divide", [(0.125, False), (1.0, False), (4.0, True)])
@@ -137,7 +145,7 @@ def test_attention_chain_through_the_inductor_pass(scale, divide, caplog):
     assert c.recognised and c.spec.form == "softmax", c.reason
     msgs = messages(caplog)
     assert any("back-to-back chain 0: GEMM 'bmm' -> GEMM 'bmm_1': recognised (F softmax)" in s and
-               "not fused: no B2B kernel in the compiler yet" in s for s in msgs), msgs
+               "the planner fuses it (fuse, flash-style B2B kernel" in s for s in msgs), msgs
 
 
 def test_dlrm_chain_through_the_inductor_pass(caplog):
@@ -163,7 +171,7 @@ def test_explain_lists_the_chain_and_the_decision():
     text = buf.getvalue()
     assert "back-to-back chains (GEMM1 -> F -> GEMM2 -> epilogue2" in text
     assert "chain 0: GEMM 'bmm' -> GEMM 'bmm_1': recognised (F softmax)" in text
-    assert "not fused: no B2B kernel in the compiler yet" in text
+    assert "the planner fuses it (fuse, flash-style B2B kernel 128x128x64x64_x64" in text
     assert "b2b: F softmax" in text                  # the B2BSpec, in the partition's text
 
 
@@ -261,15 +269,77 @@ def _gpu_analysis(monkeypatch, rep):
             return backend.analyze_graph(rep.gm, inputs)
 
 
-def test_on_a_hopper_gpu_the_mlp_regions_fuse_and_the_chain_is_declined(monkeypatch):
+def test_on_a_hopper_gpu_the_mlp_chain_fuses(monkeypatch):
     rep = _gpu_analysis(monkeypatch, capture_one(dlrm_bottom(64, 32, 16).to(BF16), torch.randn(16, 64, dtype=BF16)))
-    assert rep.fallback is None                      # the single-GEMM regions still run as ComFuse kernels
+    assert rep.fallback is None
     c, plan = only_chain(rep)
-    assert c.recognised and not plan.fuse
+    assert c.recognised and plan.fuse
+    from comfuse import backend
+
+    chains = backend.fused_chains(rep)
+    assert chains == {0} and backend.fused_set(rep, False, chains) == set()   # both regions are the chain's
 
 
-def test_on_a_hopper_gpu_attention_falls_back_naming_the_chain(monkeypatch):
+def test_on_a_hopper_gpu_attention_runs_as_its_chain(monkeypatch):
+    """No single-GEMM region, one fused chain: the graph does not fall back."""
     rep = _gpu_analysis(monkeypatch, capture_one(TargetAttention(), *(torch.randn(2, lq, 16, dtype=BF16)
                                                                       for lq in (8, 32, 32))))
-    assert rep.fallback.startswith("no GEMM with a fusable epilogue in this graph (1 back-to-back chain(s) "
-                                   "recognised, not fused: no B2B kernel in the compiler yet")
+    assert rep.fallback is None
+    assert rep.b2b_plans[0].fuse
+
+
+# ---------------------------------------------------------------- fused: one comfuse::fused_chain call
+
+@pytest.mark.parametrize("case", ["dlrm", "attention", "attention_div", "ffn_3d"])
+def test_a_fused_chain_becomes_one_call_in_the_reference_pass(case, caplog):
+    """The backend's CPU reference mode with the ATen-keeping rewrite runs the Inductor pass on CPU tensors: the chain
+    the planner fuses becomes
+    one comfuse::fused_chain call (its CPU form: the chain's torch ops), its two regions are not fused separately,
+    and the compiled model matches eager."""
+    from comfuse import inductor
+
+    caplog.set_level(logging.INFO, logger="comfuse")
+    inductor.reset_reports()
+    torch.manual_seed(0)
+    if case == "dlrm":
+        m, xs = dlrm_bottom(64, 32, 16).to(BF16), (torch.randn(24, 64, dtype=BF16),)
+    elif case == "ffn_3d":
+        m, xs = FFN(64, 128).to(BF16), (torch.randn(2, 12, 64, dtype=BF16),)
+    else:
+        m = TargetAttention(4.0, divide=True) if case == "attention_div" else TargetAttention(0.25)
+        xs = tuple(torch.randn(3, lq, 16, dtype=BF16) for lq in (8, 40, 40))
+    m = m.eval()
+    with torch.no_grad():
+        y = torch.compile(m, backend="comfuse", options={"reference": True, "rewrite": "keep"})(*xs)
+        ref = m(*xs)
+    assert torch.allclose(y.float(), ref.float(), atol=3e-2, rtol=3e-2), (y.float() - ref.float()).abs().max()
+    (rep,) = inductor.reports()
+    assert rep.fused_chains == {0}, messages(caplog)
+    assert not rep.fused & backend_chain_regions(rep)
+    msgs = messages(caplog)
+    assert any("back-to-back chain 0: fused as one kernel (fuse, flash-style B2B kernel" in s for s in msgs), msgs
+    assert any("1 back-to-back chain(s) run as ComFuse kernels" in s for s in msgs), msgs
+
+
+def backend_chain_regions(rep):
+    from comfuse import backend
+
+    return backend.chain_regions(rep, rep.fused_chains)
+
+
+def test_a_declined_chain_keeps_its_regions(caplog):
+    """fuse='planner' with a chain the planner declines (the FFN's class: N2 = 768): its two regions fuse as before."""
+    from comfuse import inductor
+
+    caplog.set_level(logging.INFO, logger="comfuse")
+    inductor.reset_reports()
+    m = FFN(64, 256).to(BF16).eval()
+    m.fc2 = nn.Linear(256, 768).to(BF16)
+    x = torch.randn(2, 8, 64, dtype=BF16)
+    with torch.no_grad():
+        y = torch.compile(m, backend="comfuse", options={"reference": True, "rewrite": "keep"})(x)
+        ref = m(x)
+    assert torch.allclose(y.float(), ref.float(), atol=3e-2, rtol=3e-2)
+    (rep,) = inductor.reports()
+    assert rep.fused_chains == set()
+    assert not rep.b2b_plans[0].fuse and len(rep.fused) == 2
