@@ -9,16 +9,17 @@
 #
 #   here first: scripts/gpu-check.sh --prepare (CUTLASS into .carry/cutlass); optionally the CLI built here,
 #               cp build/bin/comfuse .carry/cli/comfuse (else it is built there: ~1 min)
-#   scripts/gpu-b2b-graphs.sh [--no-cli] [--no-bench] [--no-ref] [--install] [--torch]     (carry .carry)
+#   scripts/gpu-b2b-graphs.sh [--no-cli] [--no-bench] [--no-ref] [--install] [--torch] [--pytest]   (carry .carry)
 #
 # --install: the Python package built there (pip, in the background while the CLI part runs; ~1 min on 16 cores);
 # --torch: bench/b2b_torch_bench.py (the DLRM MLP and attention modules through torch.compile, backend="comfuse"
-# against "inductor", one process) with the installed package. --no-cli skips everything but --install / --torch /
+# against "inductor", one process) with the installed package; --pytest: the chains' GPU pytests (test_gpu_ops.py -k
+# chain: odd shapes against fp32, the C++ fast path, CUDA-graph replay) with it. --no-cli skips everything but --install / --torch /
 # the attention reference. Two calls fit the 10-minute limit: --install, then --no-cli --torch.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root" || exit 1
-do_cli=1 do_bench=1 do_ref=1 do_install=0 do_torch=0
+do_cli=1 do_bench=1 do_ref=1 do_install=0 do_torch=0 do_pytest=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-cli) do_cli=0 ;;
@@ -26,6 +27,7 @@ while [ $# -gt 0 ]; do
     --no-ref) do_ref=0 ;;
     --install) do_install=1 ;;
     --torch) do_torch=1 ;;
+    --pytest) do_pytest=1 ;;
     *) echo "gpu-b2b-graphs: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -42,7 +44,6 @@ if [ $do_install = 1 ]; then
   ( CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps \
       --config-settings=cmake.define.COMFUSE_CUTLASS_INCLUDE="$cutlass" \
       --config-settings=build-dir=/tmp/comfuse-wheel-build . > "$OUT/pip.log" 2>&1; echo $? > "$OUT/pip.rc" ) &
-  pip_job=$!
 fi
 
 if [ $do_cli = 1 ]; then
@@ -102,9 +103,16 @@ if [ $do_bench = 1 ]; then
 fi
 fi   # do_cli
 if [ $do_install = 1 ]; then
-  wait "$pip_job"
+  while [ ! -f "$OUT/pip.rc" ]; do sleep 2; done   # (the job's subshell is not this shell's child to `wait` for)
   status[6_install]=$(cat "$OUT/pip.rc")
   [ "${status[6_install]}" = 0 ] || tail -20 "$OUT/pip.log"
+  rm -f "$OUT/pip.rc"
+fi
+if [ $do_pytest = 1 ]; then
+  PYTHONUNBUFFERED=1 COMFUSE_TEST_INSTALLED=1 COMFUSE_KERNEL_DIR= timeout 300 python3 -m pytest -v -rs \
+    -p no:cacheprovider tests/python/test_gpu_ops.py -k chain > "$OUT/pytest_chain.log" 2>&1
+  status[8_pytest]=$?
+  grep -E "PASSED|FAILED|SKIPPED|Error|assert" "$OUT/pytest_chain.log" | head -20
 fi
 if [ $do_torch = 1 ]; then
   PYTHONUNBUFFERED=1 COMFUSE_KERNEL_DIR= timeout 420 python3 bench/b2b_torch_bench.py --out "$OUT/b2b_torch.csv" \

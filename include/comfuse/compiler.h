@@ -293,11 +293,13 @@ class ChainKernel {
 
   // Dense row-major tensors (abi.h ComfuseB2bArgs): x [rows, K]; w1, w2 in the Spec's layouts (per batch when the
   // chain's weights are batched); b1 / b2 where the chain has them (else null); out [rows, N2]; `batch` problems of
-  // rows / batch rows (1 for weights shared by every row). Throws std::invalid_argument with the kernel's reason
-  // (nothing launched) or rt::RuntimeError.
+  // rows / batch rows (1 for weights shared by every row). Throws rt::RuntimeError with the kernel's reason (for
+  // arguments it cannot run nothing is launched).
   void launch(const void* x, const void* w1, const void* b1, const void* w2, const void* b2, void* out, int64_t rows,
               int64_t batch, CUstream stream) const;
   const CompiledChain& info() const { return chain_; }
+  // The kernel library's C launch entry (abi.h comfuse_b2b_launch), for a caller that launches without this object.
+  ComfuseB2bLaunchFn launch_entry() const { return lib_->launch_entry(); }
 
  private:
   int64_t k_ = 0, n1_ = 0, n2_ = 0;

@@ -178,6 +178,8 @@ class B2bLibrary {
   const std::string& name() const { return name_; }
   std::string check(const ComfuseB2bArgs& a) const;  // "" when the kernel can run these arguments
   void launch(const ComfuseB2bArgs& a, CUstream stream) const;   // throws RuntimeError with the kernel's reason
+  // The library's C launch entry itself: for a caller that launches without this object (the PyTorch op's C++ path).
+  ComfuseB2bLaunchFn launch_entry() const { return launch_; }
 
  private:
   SharedLibrary lib_;

@@ -506,8 +506,9 @@ def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: 
                                             host_us=host_us_per_call(graphed), chains=bool(chains))
         if target is None:
             return gm
-    log.info("comfuse: graph %d: %d region(s) and %d back-to-back chain(s) run as ComFuse kernels", rep.index,
-             len(fuse), count_chains(target))
+    n = count_chains(target)
+    log.info("comfuse: graph %d: %d region(s)%s run as ComFuse kernels", rep.index, len(fuse),
+             f" and {n} back-to-back chain(s)" if n else "")
     return target
 
 

@@ -142,8 +142,9 @@ class ComFusePass(CustomGraphPass):
         _replace_graph(graph, target.graph)
         rep.fused = fuse
         rep.fused_chains = chains
-        log.info("comfuse: graph %d: %d region(s) and %d back-to-back chain(s) run as ComFuse kernels%s", rep.index,
-                 len(fuse), len(chains), " (CPU reference implementation)" if cpu_reference else "")
+        log.info("comfuse: graph %d: %d region(s)%s run as ComFuse kernels%s", rep.index, len(fuse),
+                 f" and {len(chains)} back-to-back chain(s)" if chains else "",
+                 " (CPU reference implementation)" if cpu_reference else "")
 
 
 def _const_operand(n, value: float, tol: float = 1e-6):

@@ -382,6 +382,8 @@ def _load_fast_path() -> bool:
 _LIB = torch.library.Library("comfuse", "FRAGMENT")
 _LIB.define("fused_region(str key, Tensor[] inputs) -> Tensor[]")
 _LIB.define("fused_region_slow(str key, Tensor[] inputs) -> Tensor[]")
+_LIB.define("fused_chain(str key, Tensor[] inputs) -> Tensor")        # (below: back-to-back chains)
+_LIB.define("fused_chain_slow(str key, Tensor[] inputs) -> Tensor")
 _FAST = _load_fast_path()
 _LIB.impl("fused_region_slow" if _FAST else "fused_region", _run_gpu, "CUDA")
 _LIB.impl("fused_region", _run_cpu, "CPU")
@@ -499,8 +501,9 @@ def keep_sdpa_whole(gm: torch.fx.GraphModule) -> int:
 # One recognised chain GEMM1 -> F -> GEMM2 -> epilogue2 (docs/kernel-b2b.md) as the flash-style kernel, the
 # intermediate never written to memory. `key` names a registered B2BSpec; the inputs are X, W1 and W2 as the graph
 # holds them (W1 / W2 in the Spec's layouts, per batch when batched), then the biases the kernel reads (the Spec's
-# bias_params). The output is X's leading dims by N2, in bf16. The CUDA kernel runs in Python (no C++ fast path yet);
-# on CPU tensors, and wherever the kernel refuses a launch (with a warning), the chain's torch form runs.
+# bias_params). The output is X's leading dims by N2, in bf16. A chain's first CUDA call runs here (_run_chain_gpu:
+# compiles the kernel, makes inputs dense); later ones run in the C++ kernel of _torch_ops.so (python/src/torch_ops.cpp).
+# On CPU tensors, and wherever the kernel refuses a launch (with a warning), the chain's torch form runs.
 
 _CHAINS: dict = {}          # key -> _Chain
 _CHAIN_KERNELS: dict = {}   # key -> C.ChainKernel
@@ -580,11 +583,16 @@ def _run_chain_gpu(key: str, inputs: list[torch.Tensor]) -> torch.Tensor:
         with torch.cuda.device(dev) if dev != torch._C._cuda_getDevice() else _NO_SWITCH:
             kernel.launch(x.data_ptr(), w1.data_ptr(), b1, w2.data_ptr(), b2, out.data_ptr(), rows, batch, stream)
     except (RuntimeError, ValueError) as e:   # fallback, never failure: the chain's torch form, when there is one
+        if _FAST_CHAIN:
+            torch.ops.comfuse._fast_forget(key)
         if ch.fallback is None:
             raise
         _BROKEN[key] = str(e)
         log.warning("comfuse: %s; this back-to-back chain runs unfused (torch ops) from now on", e)
         return _chain_fallback(key, inputs)
+    if _FAST_CHAIN:   # later calls go to the C++ kernel (it hands back what it cannot serve)
+        torch.ops.comfuse._fast_chain_register(key, [kernel.entry, C.KERNEL_ABI, ch.k, ch.n1, ch.n2, int(ch.has_b1),
+                                                     int(ch.has_b2), int(ch.batched)])
     return out
 
 
@@ -598,7 +606,10 @@ def _fused_chain_fake(key: str, inputs: list[torch.Tensor]) -> torch.Tensor:
     return torch.empty(_chain_out_shape(_CHAINS[key], inputs[0].shape), dtype=torch.bfloat16, device=inputs[0].device)
 
 
-_LIB.define("fused_chain(str key, Tensor[] inputs) -> Tensor")
-_LIB.impl("fused_chain", _run_chain_gpu, "CUDA")
+# The C++ kernel of _torch_ops.so serves a chain after its first launch here (a library built before chains has
+# none: then this is the op's CUDA kernel).
+_FAST_CHAIN = _FAST and torch._C._dispatch_has_kernel_for_dispatch_key("comfuse::fused_chain", "CUDA")
+_LIB.impl("fused_chain_slow" if _FAST_CHAIN else "fused_chain", _run_chain_gpu, "CUDA")
 _LIB.impl("fused_chain", _run_chain_cpu, "CPU")
 torch.library.register_fake("comfuse::fused_chain", _fused_chain_fake, lib=_LIB)
+torch.library.register_fake("comfuse::fused_chain_slow", _fused_chain_fake, lib=_LIB)

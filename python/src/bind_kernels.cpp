@@ -25,6 +25,7 @@ CompilerOptions region_options(const std::string& kernel_dir, const std::string&
 
 void bind_kernels(nb::module_& m) {
   // The GPU side: why kernels cannot run here ("" = they can), and one fused region as a kernel.
+  m.attr("KERNEL_ABI") = COMFUSE_KERNEL_ABI;   // kernels/comfuse/abi.h: what the C++ fast path is registered with
   m.def("unsupported_device_reason", [](int device) { return rt::unsupported_reason(device); }, "device"_a = 0);
   m.def(
       "compile_region",
@@ -116,6 +117,8 @@ void bind_kernels(nb::module_& m) {
           },
           "x"_a, "w1"_a, "b1"_a, "w2"_a, "b2"_a, "out"_a, "rows"_a, "batch"_a, "stream"_a,
           "Launches on device pointers (0 for an absent bias) on a CUDA stream (int).")
+      .def_prop_ro("entry", [](const ChainKernel& k) { return reinterpret_cast<uintptr_t>(k.launch_entry()); },
+                   "The library's comfuse_b2b_launch (the C++ fast path of comfuse::fused_chain calls it).")
       .def_prop_ro("name", [](const ChainKernel& k) { return k.info().kernel.name; })
       .def_prop_ro("config", [](const ChainKernel& k) { return b2b_config_name(k.info().plan.config); })
       .def_prop_ro("plan", [](const ChainKernel& k) { return k.info().plan.reason; })

@@ -1,4 +1,4 @@
-// comfuse/_torch_ops.so: the CUDA kernel of the PyTorch op comfuse::fused_region in C++ (issue 13: host time per
+// comfuse/_torch_ops.so: the CUDA kernels of the PyTorch ops comfuse::fused_region and comfuse::fused_chain in C++ (issue 13: host time per
 // fused-region call). The op's schema, its CPU and fake kernels and every first call of a region stay in Python
 // (python/comfuse/ops.py): a call this file cannot serve is handed, unchanged, to comfuse::fused_region_slow,
 // the Python implementation, which compiles the kernel, casts or copies inputs, grows the workspace, falls back
@@ -151,6 +151,98 @@ std::vector<at::Tensor> fused_region(std::string_view key, at::TensorList inputs
   return outs;
 }
 
+// ---- comfuse::fused_chain (a back-to-back chain, kernels/comfuse/b2b_unit.cuh): the same scheme ----
+//
+// A registered call checks the inputs (CUDA, one device, bf16, contiguous, 16-byte aligned, X's last dim K, the
+// weights' sizes), allocates the output [X's leading dims, N2] and calls the library's comfuse_b2b_launch; anything
+// else goes to comfuse::fused_chain_slow (ops.py: _run_chain_gpu).
+
+struct Chain {
+  ComfuseB2bLaunchFn entry = nullptr;
+  int64_t k = 0, n1 = 0, n2 = 0;
+  bool has_b1 = false, has_b2 = false, batched = false;
+};
+
+std::unordered_map<std::string, std::shared_ptr<Chain>> g_chains;   // guarded by g_mu
+
+at::Tensor slow_chain(std::string_view key, at::TensorList inputs) {
+  ++g_slow;
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("comfuse::fused_chain_slow", "")
+                       .typed<at::Tensor(std::string_view, at::TensorList)>();
+  return op.call(key, inputs);
+}
+
+at::Tensor fused_chain(std::string_view key, at::TensorList inputs) {
+  std::shared_ptr<Chain> c;
+  {
+    std::shared_lock lock(g_mu);
+    auto it = g_chains.find(std::string(key));
+    if (it != g_chains.end()) c = it->second;
+  }
+  if (!c || inputs.size() != 3u + c->has_b1 + c->has_b2) return slow_chain(key, inputs);
+  const at::Tensor& x = inputs[0];
+  const c10::Device dev = x.device();
+  if (x.dim() < 1 || x.size(-1) != c->k) return slow_chain(key, inputs);
+  for (const at::Tensor& t : inputs)
+    if (!dense(t, at::kBFloat16, dev)) return slow_chain(key, inputs);
+  int64_t batch = 1;
+  if (c->batched)
+    for (int64_t i = 0; i + 2 < x.dim(); ++i) batch *= x.size(i);
+  if (inputs[1].numel() != batch * c->k * c->n1 || inputs[2].numel() != batch * c->n1 * c->n2)
+    return slow_chain(key, inputs);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = c->n2;
+  at::Tensor out = at::empty(shape, x.options());
+  const int64_t rows = x.numel() / c->k;
+  if (rows == 0) return out;
+  c10::cuda::CUDAGuard guard(dev);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
+  ComfuseB2bArgs a;
+  std::memset(&a, 0, sizeof a);   // padding bytes too: the library looks its prepared launch up by them
+  a.abi = COMFUSE_KERNEL_ABI;
+  a.x = x.data_ptr();
+  a.w1 = inputs[1].data_ptr();
+  a.w2 = inputs[2].data_ptr();
+  size_t next = 3;
+  if (c->has_b1) a.b1 = inputs[next++].data_ptr();
+  if (c->has_b2) a.b2 = inputs[next++].data_ptr();
+  a.out = out.data_ptr();
+  a.rows = rows;
+  a.batch = batch;
+  a.k = c->k;
+  a.n1 = c->n1;
+  a.n2 = c->n2;
+  char why[512] = {0};
+  if (c->entry(&a, stream, why, sizeof why) != 0) {   // nothing ran: the Python path says why, or falls back
+    std::unique_lock lock(g_mu);
+    g_chains.erase(std::string(key));
+    lock.unlock();
+    return slow_chain(key, inputs);
+  }
+  ++g_fast;
+  return out;
+}
+
+// comfuse::_fast_chain_register(key, [entry, abi, k, n1, n2, has_b1, has_b2, batched]).
+void fast_chain_register(std::string_view key, std::vector<int64_t> d) {
+  TORCH_CHECK(d.size() == 8, "comfuse::_fast_chain_register: a description of 8 integers");
+  TORCH_CHECK(d[1] == COMFUSE_KERNEL_ABI, "comfuse::_fast_chain_register: kernel ABI " + std::to_string(d[1]) +
+                                              ", this library " + std::to_string(COMFUSE_KERNEL_ABI) +
+                                              " (rebuild the package)");
+  auto c = std::make_shared<Chain>();
+  c->entry = reinterpret_cast<ComfuseB2bLaunchFn>(static_cast<uintptr_t>(d[0]));
+  TORCH_CHECK(c->entry != nullptr, "comfuse::_fast_chain_register: no launch entry");
+  c->k = d[2];
+  c->n1 = d[3];
+  c->n2 = d[4];
+  c->has_b1 = d[5] != 0;
+  c->has_b2 = d[6] != 0;
+  c->batched = d[7] != 0;
+  std::unique_lock lock(g_mu);
+  g_chains[std::string(key)] = std::move(c);
+}
+
 // comfuse::_fast_register(key, desc): desc, all int64:
 //   entry, abi, n, k, lda, ldb, ld, transport, reduces, A/B dtype,
 //   P, P param dtypes, O, then per output: dtype, gemm_lead, L, L lead dims, last
@@ -221,6 +313,7 @@ void fast_workspace(std::string_view key, int64_t stream, int64_t partials, int6
 void fast_forget(std::string_view key) {
   std::unique_lock lock(g_mu);
   g_regions.erase(std::string(key));
+  g_chains.erase(std::string(key));
 }
 
 // The output shapes a registered region's call gets for A of shape a_sizes, flattened as [rank, dims...] per output
@@ -241,7 +334,7 @@ std::vector<int64_t> fast_out_shapes(std::string_view key, std::vector<int64_t> 
 // [calls served here, calls handed to the Python path, regions registered]
 std::vector<int64_t> fast_stats() {
   std::shared_lock lock(g_mu);
-  return {g_fast.load(), g_slow.load(), int64_t(g_regions.size())};
+  return {g_fast.load(), g_slow.load(), int64_t(g_regions.size() + g_chains.size())};
 }
 
 }  // namespace
@@ -252,6 +345,10 @@ TORCH_LIBRARY_FRAGMENT(comfuse, m) {
   m.def("_fast_forget(str key) -> ()", &fast_forget);
   m.def("_fast_stats() -> int[]", &fast_stats);
   m.def("_fast_out_shapes(str key, int[] a_sizes) -> int[]", &fast_out_shapes);
+  m.def("_fast_chain_register(str key, int[] desc) -> ()", &fast_chain_register);
 }
 
-TORCH_LIBRARY_IMPL(comfuse, CUDA, m) { m.impl("fused_region", TORCH_FN(fused_region)); }
+TORCH_LIBRARY_IMPL(comfuse, CUDA, m) {
+  m.impl("fused_region", TORCH_FN(fused_region));
+  m.impl("fused_chain", TORCH_FN(fused_chain));
+}

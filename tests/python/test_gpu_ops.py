@@ -3,6 +3,7 @@ the current stream, against the op's CPU reference implementation on the same bf
 size reuses the compiled kernel (M is a launch argument). Skips, saying so, without a compute-capability-9.0 GPU.
 """
 import contextlib
+import copy
 import threading
 
 import pytest
@@ -438,3 +439,68 @@ def test_a_model_on_the_second_gpu_fuses_and_matches_eager(name, caplog):
     msgs = messages(caplog)
     assert sum("region(s) run as ComFuse kernels" in s for s in msgs) == 2, msgs[-8:]
     assert not any("could not be prepared" in s for s in msgs), msgs
+
+
+# ---------------------------------------------------------------- back-to-back chains: comfuse::fused_chain
+
+class _TargetAttention(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * self.scale, dim=-1) @ v
+
+
+def _chain_cases():
+    """(name, module, input shapes): odd shapes (M, N1, N2 not multiples of the tiles; a batch of 3)."""
+    dlrm = torch.nn.Sequential(torch.nn.Linear(520, 200), torch.nn.ReLU(), torch.nn.Linear(200, 40), torch.nn.ReLU())
+    gelu = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(96, 64))
+    return [("dlrm_odd", dlrm, [(1000, 520)]), ("gelu_3d", gelu, [(3, 333, 64)]),
+            ("attention_odd", _TargetAttention(0.7), [(3, 1000, 64), (3, 200, 64), (3, 200, 64)])]
+
+
+@requires_hopper
+@pytest.mark.parametrize("case", [c[0] for c in _chain_cases()])
+def test_a_fused_chain_on_the_gpu_matches_fp32(case, caplog):
+    """torch.compile(backend="comfuse") runs the chain as one comfuse::fused_chain call: within bf16 of the fp32
+    module on fresh random inputs; repeat calls go through the C++ fast path; a CUDA graph replays it with new inputs."""
+    import logging
+
+    from comfuse import inductor
+
+    caplog.set_level(logging.INFO, logger="comfuse")
+    name, m, shapes = next(c for c in _chain_cases() if c[0] == case)
+    m = m.cuda().eval()                              # the fp32 reference
+    mb = copy.deepcopy(m).to(torch.bfloat16)         # what is compiled
+    xs = [torch.randn(*s, device="cuda") for s in shapes]
+    with torch.no_grad():
+        ref = m(*xs)
+        xb = [x.to(torch.bfloat16) for x in xs]
+        inductor.reset_reports()
+        torch._dynamo.reset()
+        f = torch.compile(mb, backend="comfuse")
+        before = ops.fast_path_stats()
+        got = f(*xb)
+        got2 = f(*xb)
+        torch.cuda.synchronize()
+    assert sum(len(r.fused_chains) for r in inductor.reports()) == 1, messages(caplog)
+    assert rel_err(got.float(), ref) <= 1e-2 and torch.equal(got, got2)
+    if ops._FAST_CHAIN:
+        assert ops.fast_path_stats()["fast"] > before["fast"]   # the second call ran in C++
+    # CUDA-graph replay with new inputs
+    static = [x.clone() for x in xb]
+    with torch.no_grad():
+        f(*static)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = f(*static)
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            new = [torch.randn(*s, device="cuda") for s in shapes]
+            for dst, src in zip(static, new):
+                dst.copy_(src.to(torch.bfloat16))
+            g.replay()
+            torch.cuda.synchronize()
+            assert rel_err(out.float(), m(*new)) <= 1e-2, seed
