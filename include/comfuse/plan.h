@@ -126,8 +126,10 @@ struct B2BKernelConfig {
   int tile_k = 64;       // GEMM1's k-tile
   int resident_k = 0;    // > 0: the tile's X block stays in SMEM for every chunk (K <= resident_k)
   bool stagger = false;  // the two consumer groups take turns issuing GEMM1
+  int split_n1 = 1;      // 2: the cluster form (N1's chunks split over a 2-CTA cluster, partial O summed over DSMEM)
 };
-// "128x128x64x64" (tile M x chunk x tile N2 x tile K), then "_x<resident_k>" and "_st" where set.
+// "128x128x64x64" (tile M x chunk x tile N2 x tile K), then "_x<resident_k>", "_st" and "_c2" (the cluster form)
+// where set.
 std::string b2b_config_name(const B2BKernelConfig& c);
 
 // The planner's word on a recognised back-to-back chain (partition.h B2BChain).

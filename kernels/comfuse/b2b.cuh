@@ -31,8 +31,13 @@
 // block, column block), so a tile never mixes batches and a partial row block or chunk is zero-filled by TMA
 // instead of reading the next batch's rows.
 // Options: ResidentK (the X block loaded once per tile and kept for all chunks) and Stagger (the two consumer
-// groups take turns issuing GEMM1). Not here yet: the cluster form (N1 split across a cluster, partial O summed
-// over DSMEM), N2 > TileN2 without recomputing GEMM1 (each N2 tile recomputes S). See docs/kernel-b2b.md.
+// groups take turns issuing GEMM1).
+// The cluster form (SplitN1 = 2, elementwise F): a 2-CTA cluster shares each tile and splits its N1 chunks (rank r
+// takes chunks r, r + 2, ...); each CTA holds a partial O. CTA r owns the rows of its consumer group r: its other
+// group stores its partial for the peer's rows into the peer's SMEM (DSMEM) and signals an mbarrier there; group r
+// adds the peer's partial to its own and runs the epilogue for those rows. Twice the CTAs per tile: for problems
+// with fewer row blocks than SMs. Not here yet: N2 > TileN2 without recomputing GEMM1 (each N2 tile recomputes S).
+// See docs/kernel-b2b.md.
 #pragma once
 
 #include <cmath>
@@ -73,7 +78,7 @@ struct is_row_reduction<OnlineSoftmax> : std::true_type {};
 
 template <class Element_, BLayout LayoutW1_, BLayout LayoutW2_, int TileM_, int Chunk_, int TileN2_, int TileK_,
           class Act1_, class Act2_ = Identity, int StagesW2_ = 2, int ResidentK_ = 0,
-          bool Stagger_ = false>
+          bool Stagger_ = false, int SplitN1_ = 1>
 struct B2bConfig {
   using Element = Element_;
   using Act1 = Act1_;
@@ -100,6 +105,12 @@ struct B2bConfig {
                 "wider N2 is tiled over the grid");
   static_assert(TileK_ % 16 == 0, "TileK: a multiple of 16");
   static constexpr bool kSoftmax = is_row_reduction<Act1_>::value;
+  // SplitN1 = 2: the cluster form (a 2-CTA cluster per tile, N1's chunks split between them, partial O summed over
+  // DSMEM). Each CTA owns one consumer group's rows, so 128-row tiles; an elementwise F (a softmax's partial O would
+  // need its row maxima and sums exchanged too: not built).
+  static constexpr int kSplit = SplitN1_;
+  static_assert(SplitN1_ == 1 || (SplitN1_ == 2 && TileM_ == 128), "the cluster form: 2 CTAs, 128-row tiles");
+  static_assert(SplitN1_ == 1 || !is_row_reduction<Act1_>::value, "the cluster form takes an elementwise F");
   // Registers per consumer thread: O (TileN2 / 2 floats), S (Chunk / 2 floats), P (Chunk / 4 words). Keeping
   // GEMM2 of one chunk in flight during GEMM1 of the next keeps P alive next to the next S.
   static constexpr int kAccRegs = TileN2_ / 2 + Chunk_ / 2 + Chunk_ / 4;
@@ -122,6 +133,10 @@ struct B2bKernel {
   static constexpr cute::GMMA::Major kMajorW1 = Cfg::kLayoutW1 == BLayout::KN ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
   static constexpr cute::GMMA::Major kMajorW2 = Cfg::kLayoutW2 == BLayout::KN ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
   static constexpr int kEpiBytes = kGroups * 64 * 64 * 2;   // one 64 x 64 bf16 staging tile per consumer group
+  static constexpr int kSplit = Cfg::kSplit;
+  // The cluster form: the peer's partial O for this CTA's rows (one group's 64 x TileN2 fp32), float4 per thread
+  // and 4 accumulators, thread-major (conflict-free 16-byte accesses).
+  static constexpr int kXchgFloats = kSplit > 1 ? 64 * N2T : 4;
   static constexpr bool kXResident = Cfg::kXResident;
   // X resident: one X stage per k-tile of ResidentK, each loaded once per tile; ring 1 then carries W1 only.
   static constexpr int kXTiles = kXResident ? Cfg::kResidentK / TK : 1;
@@ -129,7 +144,8 @@ struct B2bKernel {
   static constexpr int kStage1Bytes = ((kXResident ? 0 : TM * TK) + C1 * TK) * 2;
   static constexpr int kStage2Bytes = C1 * N2T * 2;
   static constexpr int kSmemBudget = 232448 - 1024;   // minus barriers and alignment
-  static constexpr int kRing1Room = kSmemBudget - kEpiBytes - Cfg::kStagesW2 * kStage2Bytes - kXResidentBytes;
+  static constexpr int kRing1Room =
+      kSmemBudget - kEpiBytes - Cfg::kStagesW2 * kStage2Bytes - kXResidentBytes - (kSplit > 1 ? kXchgFloats * 4 : 0);
   static constexpr int kStagesX = kRing1Room / kStage1Bytes > 8 ? 8 : kRing1Room / kStage1Bytes;   // ring 1 stages
   static_assert(kStagesX >= 2, "shared memory: fewer than 2 ring-1 stages fit next to the W2 stages (and resident X)");
 
@@ -160,6 +176,9 @@ struct B2bKernel {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutW1>, 1024> w1;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutW2>, 1024> w2;
     alignas(128) Element epi[kGroups][64 * 64];
+    alignas(16) float xchg[kXchgFloats];   // the cluster form: the peer's partial O (written by the peer)
+    alignas(8) uint64_t xchg_full;         // the peer's 128 threads stored their partial (remote arrives)
+    alignas(8) uint64_t xchg_empty;        // the peer's 128 threads read the partial this CTA sent (remote arrives)
     alignas(16) typename Pipe1::SharedStorage pipe1;
     alignas(16) typename Pipe2::SharedStorage pipe2;
     alignas(16) typename PipeX::SharedStorage pipex;
@@ -225,6 +244,33 @@ struct B2bKernel {
     return __bfloat1622float2(v);
   }
 
+  // ---- the cluster form's exchange (DSMEM and mbarriers across the 2-CTA cluster) ----
+  static CUTE_DEVICE uint32_t smem_u32(void const* p) { return cute::cast_smem_ptr_to_uint(p); }
+  // The address of this CTA's SMEM location `a` in the SMEM of cluster CTA `rank`.
+  static CUTE_DEVICE uint32_t peer_addr(uint32_t a, int rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+  }
+  static CUTE_DEVICE void peer_store(uint32_t a, float x, float y, float z, float w) {
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
+  }
+  // One arrival on an mbarrier of a cluster CTA, ordered after this thread's earlier memory accesses (cluster scope).
+  static CUTE_DEVICE void peer_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+  }
+  // Waits for the phase of parity `parity` of a local mbarrier, acquiring what the arriving threads (in any CTA of the
+  // cluster) wrote before they arrived.
+  static CUTE_DEVICE void wait_cluster(uint64_t const* bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nwait_%=:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+  }
+  static CUTE_DEVICE void cluster_sync_all() {   // every thread of both CTAs (not .aligned: warps may have diverged)
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+  }
+
   // Every ring: warp 0 produces, the consumer groups consume, `bytes` of TMA transactions per stage.
   template <class Pipe>
   static CUTE_DEVICE typename Pipe::Params ring_params(int warp_group, int warp_idx, int thread_idx, uint32_t bytes) {
@@ -254,7 +300,20 @@ struct B2bKernel {
     Pipe2 pipe2(ss.pipe2, ring_params<Pipe2>(warp_group, warp_idx, thread_idx, kStage2Bytes), Shape<_1, _1, _1>{});
     PipeX pipex(ss.pipex, ring_params<PipeX>(warp_group, warp_idx, thread_idx, TM * TK * 2),   // X k-tiles
                 Shape<_1, _1, _1>{});
-    __syncthreads();   // barrier initialization visible to all before first use
+    // The cluster form: this CTA's rank, its peer, and the tiles both take (the cluster's index, not the CTA's).
+    int const rank = kSplit > 1 ? int(cute::block_rank_in_cluster()) : 0;
+    int const peer = 1 - rank;
+    int const first_tile = int(blockIdx.x) / kSplit, tile_step = int(gridDim.x) / kSplit;
+    if constexpr (kSplit > 1) {
+      if (thread_idx == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(smem_u32(&ss.xchg_full)));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(smem_u32(&ss.xchg_empty)));
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      }
+      cluster_sync_all();   // both CTAs' barriers initialized before either arrives on the other's
+    } else {
+      __syncthreads();   // barrier initialization visible to all before first use
+    }
 
     Tensor sX = make_tensor(make_smem_ptr(ss.x.data()), SmemLayoutX{});      // (TM, TK, stages)
     Tensor sW1 = make_tensor(make_smem_ptr(ss.w1.data()), SmemLayoutW1{});   // (C1, TK, stages)
@@ -276,7 +335,7 @@ struct B2bKernel {
         auto w1 = cutlass::make_producer_start_state<Pipe1>();
         auto w2 = cutlass::make_producer_start_state<Pipe2>();
         auto wx = cutlass::make_producer_start_state<PipeX>();
-        for (int tile = int(blockIdx.x); tile < p.total; tile += int(gridDim.x)) {
+        for (int tile = first_tile; tile < p.total; tile += tile_step) {
           int const b = tile / (p.tiles_m * p.tiles_n2), mb = tile / p.tiles_n2 % p.tiles_m, nb = tile % p.tiles_n2;
           // This tile's batch: out-of-range rows and columns are zero-filled, never the next batch's. Tiles
           // (.., m, k) of X, (.., c, k) of W1, (.., n, c) of W2.
@@ -284,13 +343,13 @@ struct B2bKernel {
           Tensor tWgW1 = cw1.partition_S(local_tile(mW1(_, _, b), Shape<Int<C1>, Int<TK>>{}, make_coord(_, _)));
           Tensor tVgW2 = cw2.partition_S(local_tile(mW2(_, _, b), Shape<Int<N2T>, Int<C1>>{}, make_coord(_, _)));
           if constexpr (kXResident) {   // the X block once per tile, each k-tile as soon as its stage is free
-            for (int k = 0; k < p.k_tiles; ++k) {
+            for (int k = 0; rank < p.chunks && k < p.k_tiles; ++k) {   // (a CTA without chunks reads no X)
               pipex.producer_acquire(wx);
               copy(p.tma_x.with(*pipex.producer_get_barrier(wx)), tXgX(_, _, _, mb, k), tXsX(_, _, _, wx.index()));
               ++wx;
             }
           }
-          for (int c = 0; c < p.chunks; ++c) {
+          for (int c = rank; c < p.chunks; c += kSplit) {
             for (int k = 0; k < p.k_tiles; ++k) {
               pipe1.producer_acquire(w1);
               auto* bar = pipe1.producer_get_barrier(w1);
@@ -346,7 +405,8 @@ struct B2bKernel {
       constexpr int kTurn = 10;
       bool const stagger = Cfg::kStagger && p.k_tiles <= kStagesX;
       if (stagger && group == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurn) : "memory");
-      for (int tile = int(blockIdx.x); tile < p.total; tile += int(gridDim.x)) {
+      uint32_t iter = 0;   // tiles done by this CTA: the exchange barriers' phase
+      for (int tile = first_tile; tile < p.total; tile += tile_step, ++iter) {
         int const b = tile / (p.tiles_m * p.tiles_n2), mb = tile / p.tiles_n2 % p.tiles_m, nb = tile % p.tiles_n2;
         // Online softmax state of this thread's two rows (r = 0: row0, r = 1: row0 + 8): the running maximum of
         // the scaled logits (log2 units) and this thread's share of the running sum of exp (the quad's four shares
@@ -354,8 +414,9 @@ struct B2bKernel {
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
         bool w2_pending = false;   // GEMM2 of the previous chunk in flight, its W2 stage not yet released
         cutlass::PipelineState<Cfg::kStagesW2> r2_prev = r2;
-        for (int c = 0; c < p.chunks; ++c) {
+        for (int c = rank; c < p.chunks; c += kSplit) {   // this CTA's chunks (all of them without a cluster)
           int const n1_0 = c * C1;
+          bool const first = c == rank, last = c + kSplit >= p.chunks;
           // b1 of this chunk, one pair per column group (the same for both rows of a thread)
           float2 bias[C1 / 8];
           if constexpr (!Cfg::kSoftmax) {
@@ -372,7 +433,7 @@ struct B2bKernel {
             int const s = r1.index();
             int sx = s;
             if constexpr (kXResident) {
-              if (c == 0) pipex.consumer_wait(rxk);   // later chunks reuse the k-tile the first one waited for
+              if (first) pipex.consumer_wait(rxk);   // later chunks reuse the k-tile the first one waited for
               sx = rxk.index();
               ++rxk;
             }
@@ -400,7 +461,7 @@ struct B2bKernel {
           warpgroup_fence_operand(tSrS);
           pipe1.consumer_release(r1_prev);
           if constexpr (kXResident) {
-            if (c == p.chunks - 1) {   // the tile's last GEMM1 is done: its X stages may take the next tile's block
+            if (last) {   // the tile's last GEMM1 is done: its X stages may take the next tile's block
               cutlass::PipelineState<kXTiles> rel = rx;
               for (int k = 0; k < p.k_tiles; ++k, ++rel) pipex.consumer_release(rel);
               rx = rxk;
@@ -443,7 +504,7 @@ struct B2bKernel {
               __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
               tOrP32(t) = reinterpret_cast<uint32_t const&>(h);
             }
-            if (c > 0) {   // GEMM2 of chunk c-1 is complete (warpgroup_wait<0> above): rescale its sum
+            if (!first) {   // GEMM2 of chunk c-1 is complete (warpgroup_wait<0> above): rescale its sum
               warpgroup_fence_operand(tOrO);
               CUTE_UNROLL
               for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= alpha[(e >> 1) & 1];
@@ -471,7 +532,7 @@ struct B2bKernel {
           warpgroup_arrive();
           CUTE_UNROLL
           for (int kb = 0; kb < size<2>(tOrP); ++kb) {
-            mma2.accumulate_ = (c == 0 && kb == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+            mma2.accumulate_ = (first && kb == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
             cute::gemm(mma2, tOrP(_, _, kb), tOrW2(_, _, kb, r2.index()), tOrO);
           }
           warpgroup_commit_batch();
@@ -500,6 +561,35 @@ struct B2bKernel {
           }
           CUTE_UNROLL
           for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= inv[(e >> 1) & 1];
+        }
+
+        if constexpr (kSplit > 1) {
+          if (rank >= p.chunks) {   // no chunk for this CTA (N1 <= Chunk): its partial is zero
+            CUTE_UNROLL
+            for (int e = 0; e < size(tOrO); ++e) tOrO(e) = 0.f;
+          }
+          // The cluster form: group `peer` holds a partial O of the peer's rows: it sends it (once the peer has read
+          // the previous tile's) and has no epilogue. Group `rank` adds the peer's partial for its rows to its own.
+          if (group == peer) {
+            wait_cluster(&ss.xchg_empty, (iter & 1) ^ 1);
+            uint32_t const dst = peer_addr(smem_u32(ss.xchg), peer) + uint32_t(wg_thread) * 16;
+            CUTE_UNROLL
+            for (int q = 0; q < size(tOrO) / 4; ++q)
+              peer_store(dst + uint32_t(q) * 128 * 16, tOrO(4 * q), tOrO(4 * q + 1), tOrO(4 * q + 2), tOrO(4 * q + 3));
+            peer_arrive(peer_addr(smem_u32(&ss.xchg_full), peer));
+            continue;
+          }
+          wait_cluster(&ss.xchg_full, iter & 1);
+          float4 const* in = reinterpret_cast<float4 const*>(ss.xchg) + wg_thread;
+          CUTE_UNROLL
+          for (int q = 0; q < size(tOrO) / 4; ++q) {
+            float4 const v = in[q * 128];
+            tOrO(4 * q) += v.x;
+            tOrO(4 * q + 1) += v.y;
+            tOrO(4 * q + 2) += v.z;
+            tOrO(4 * q + 3) += v.w;
+          }
+          peer_arrive(peer_addr(smem_u32(&ss.xchg_empty), peer));   // the peer may send the next tile's
         }
 
         // Epilogue: O = Act2(O + b2) -> bf16, staged per 64-column subtile, then 16-byte stores of whole rows.
@@ -544,6 +634,8 @@ struct B2bKernel {
       // barrier is left half-complete when the CTA exits.
       if (stagger && group == 0) asm volatile("bar.sync %0, 256;\n" ::"r"(kTurn) : "memory");
     }
+    // The cluster form: neither CTA exits while the other may still store into its SMEM or arrive on its barriers.
+    if constexpr (kSplit > 1) cluster_sync_all();
 #else
     if (threadIdx.x == 0) printf("comfuse::b2b needs sm_90a (-gencode=arch=compute_90a,code=sm_90a)\n");
 #endif
@@ -677,27 +769,84 @@ struct B2b {
     return n;
   }
 
+  // Clusters of the cluster form that fit the GPU at once (cudaOccupancyMaxActiveClusters), per device.
+  static int active_clusters() {
+    static int cached[64] = {};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 1;
+    }
+    if (dev < 64 && cached[dev] > 0) return cached[dev];
+    int n = 0;
+    cudaLaunchConfig_t cfg = launch_config(1, nullptr);
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = Cfg::kSplit;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.gridDim = dim3(Cfg::kSplit * 64);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    if (!set_smem_attr() || cudaOccupancyMaxActiveClusters(&n, &b2b_kernel_entry<Kernel>, &cfg) != cudaSuccess || n <= 0) {
+      (void)cudaGetLastError();
+      n = sm_count() / Cfg::kSplit;
+    }
+    if (dev < 64) cached[dev] = n;
+    return n;
+  }
+
   // CTAs of the persistent grid: one per SM (the SMEM use allows no more), at most one per tile; max_ctas > 0
-  // caps it (tests use it to give each CTA many tiles).
+  // caps it (tests use it to give each CTA many tiles). The cluster form: whole clusters, as many as fit at once,
+  // at most one per tile (a cap below one cluster is one cluster).
   static int grid_size(typename Kernel::Params const& p, int max_ctas = 0) {
+    if constexpr (Cfg::kSplit > 1) {
+      int c = active_clusters();
+      if (max_ctas > 0 && max_ctas / Cfg::kSplit < c) c = max_ctas / Cfg::kSplit > 0 ? max_ctas / Cfg::kSplit : 1;
+      return (p.total < c ? p.total : c) * Cfg::kSplit;
+    }
     int g = sm_count();
     if (max_ctas > 0 && max_ctas < g) g = max_ctas;
     return p.total < g ? p.total : g;
   }
 
-  static cudaError_t launch(typename Kernel::Params const& p, cudaStream_t stream = nullptr, int max_ctas = 0) {
-    auto kernel = &b2b_kernel_entry<Kernel>;
+  static cudaLaunchConfig_t launch_config(int grid, cudaStream_t stream) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(grid));
+    cfg.blockDim = dim3(Kernel::kThreads);
+    cfg.dynamicSmemBytes = size_t(Kernel::kSmemBytes);
+    cfg.stream = stream;
+    return cfg;
+  }
+
+  static bool set_smem_attr() {
     static bool attr_set = false;   // per process; set again if it failed (a race sets it twice: harmless)
     if (!attr_set) {
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
-      if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return e;
-      }
+      cudaError_t e = cudaFuncSetAttribute(&b2b_kernel_entry<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           Kernel::kSmemBytes);
+      if (e != cudaSuccess) return false;
       attr_set = true;
     }
+    return true;
+  }
+
+  static cudaError_t launch(typename Kernel::Params const& p, cudaStream_t stream = nullptr, int max_ctas = 0) {
+    if (!set_smem_attr()) {
+      cudaError_t e = cudaGetLastError();
+      return e != cudaSuccess ? e : cudaErrorInvalidValue;
+    }
     (void)cudaGetLastError();   // the error read below must be this launch's
-    kernel<<<grid_size(p, max_ctas), Kernel::kThreads, Kernel::kSmemBytes, stream>>>(p);
+    if constexpr (Cfg::kSplit > 1) {
+      cudaLaunchConfig_t cfg = launch_config(grid_size(p, max_ctas), stream);
+      cudaLaunchAttribute attr;
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = Cfg::kSplit;
+      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      cudaError_t e = cudaLaunchKernelEx(&cfg, &b2b_kernel_entry<Kernel>, p);
+      return e != cudaSuccess ? e : cudaGetLastError();
+    }
+    b2b_kernel_entry<Kernel><<<grid_size(p, max_ctas), Kernel::kThreads, Kernel::kSmemBytes, stream>>>(p);
     return cudaGetLastError();
   }
 

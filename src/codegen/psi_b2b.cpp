@@ -147,6 +147,11 @@ void check_chain(const B2BSpec& b, const B2BKernelConfig& c) {
   if (c.tile_n2 % 64 || c.tile_n2 < 64 || c.tile_n2 > 256) throw CodegenError("config " + name + ": tile N2 is 64, 128, 192 or 256");
   if (c.tile_k % 16 || c.tile_k <= 0 || c.resident_k % c.tile_k) throw CodegenError("config " + name + ": bad tile K or resident K");
   if (c.tile_n2 / 2 + c.chunk / 2 > 192) throw CodegenError("config " + name + ": O and S exceed a thread's registers");
+  if (c.split_n1 != 1 && c.split_n1 != 2) throw CodegenError("config " + name + ": N1 is split over 1 or 2 CTAs");
+  if (c.split_n1 == 2 && c.tile_m != 128) throw CodegenError("config " + name + ": the cluster form takes 128-row tiles");
+  if (c.split_n1 == 2 && b.form != B2BForm::Elementwise)
+    throw CodegenError("config " + name + ": the cluster form takes an elementwise F (a softmax's partial O would need "
+                       "its row maxima and sums exchanged too)");
   if (c.resident_k > 0 && b.first.gemm.k > c.resident_k)
     throw CodegenError("K " + std::to_string(b.first.gemm.k) + " exceeds the resident X block of config " + name);
 }
@@ -164,6 +169,7 @@ std::string b2b_config_name(const B2BKernelConfig& c) {
                   std::to_string(c.tile_k);
   if (c.resident_k > 0) s += "_x" + std::to_string(c.resident_k);
   if (c.stagger) s += "_st";
+  if (c.split_n1 > 1) s += "_c" + std::to_string(c.split_n1);
   return s;
 }
 
@@ -245,7 +251,7 @@ GeneratedKernel generate_b2b_kernel(const B2BSpec& b, const B2BKernelConfig& cfg
   o << "using Cfg = B2bConfig<cutlass::bfloat16_t, " << (b.first.gemm.transpose_b ? "comfuse::BLayout::NK" : "comfuse::BLayout::KN")
     << ", " << (b.second.gemm.transpose_b ? "comfuse::BLayout::NK" : "comfuse::BLayout::KN") << ", " << cfg.tile_m << ", " << cfg.chunk
     << ", " << cfg.tile_n2 << ", " << cfg.tile_k << ", " << act1 << ", F2, 2, " << cfg.resident_k << ", "
-    << (cfg.stagger ? "true" : "false") << ">;\n\n"
+    << (cfg.stagger ? "true" : "false") << ", " << cfg.split_n1 << ">;\n\n"
     << "struct Unit {\n"
     << "  using Cfg = " << g.name << "::Cfg;\n"
     << "  static constexpr char const* kName = \"" << g.name << "\";\n"

@@ -478,11 +478,11 @@ B2BPlanDecision plan_b2b(const B2BSpec& b) {
   // The instance measured fastest for the chain's shape class (docs/kernel-b2b.md, instance list of test_b2b).
   const int64_t k = b.first.gemm.k;
   B2BKernelConfig& c = d.config;
-  if (b.form == B2BForm::Softmax) c = {128, 128, 64, 64, 64, false};     // attention, Q block resident
-  else if (b.n2() <= 64) c = {128, 128, 64, 64, 0, false};                // the DLRM MLP
-  else if (b.n2() <= 128) c = {128, 128, 128, 64, 0, false};
-  else if (k <= 256) c = {128, 64, 256, 128, 256, true};                 // the first GELU MLP
-  else c = {128, 64, 256, 64, 0, false};
+  if (b.form == B2BForm::Softmax) c = {128, 128, 64, 64, 64, false, 1};     // attention, Q block resident
+  else if (b.n2() <= 64) c = {128, 128, 64, 64, 0, false, 1};                // the DLRM MLP
+  else if (b.n2() <= 128) c = {128, 128, 128, 64, 0, false, 1};
+  else if (k <= 256) c = {128, 64, 256, 128, 256, true, 1};                 // the first GELU MLP
+  else c = {128, 64, 256, 64, 0, false, 1};
   const std::string before = "runs as two GEMMs with their epilogues, as before";
   if (b.form == B2BForm::Softmax && (k > 64 || b.n2() > 64)) {
     d.reason = fmt("the attention kernel is built and tested for head dims up to 64 (K %.0f, N2 %.0f here): ",

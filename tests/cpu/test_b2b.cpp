@@ -362,12 +362,12 @@ TEST(B2B, PsiRendersFAndEpilogue2AsDeviceFunctions) {
   GeneratedKernel k = generate_b2b_kernel(b, d.config);
   EXPECT_EQ(k.name.rfind("comfuse_b2b_", 0), 0u);
   for (const char* want : {"ops::PowInt<3>{}({}, x)", "ops::Tanh{}({}, ", "0.0447149985f", "ops::Sigmoid{}({}, x)",
-                           "comfuse::BLayout::NK, comfuse::BLayout::NK, 128, 128, 64, 64, F1, F2, 2, 0, false>",
+                           "comfuse::BLayout::NK, comfuse::BLayout::NK, 128, 128, 64, 64, F1, F2, 2, 0, false, 1>",
                            "kHasB1 = true, kHasB2 = false", "COMFUSE_B2B_KERNEL(" })
     EXPECT_NE(k.source.find(want), std::string::npos) << want << "\n" << k.source;
   EXPECT_EQ(b2b_bias_params(b), std::make_pair(0, -1));
   // The name follows the structure, not the config or the row count.
-  EXPECT_EQ(generate_b2b_kernel(only_chain(plan(text)).spec, B2BKernelConfig{128, 64, 64, 64, 0, false}).name, k.name);
+  EXPECT_EQ(generate_b2b_kernel(only_chain(plan(text)).spec, B2BKernelConfig{128, 64, 64, 64, 0, false, 1}).name, k.name);
 }
 
 TEST(B2B, PsiTakesTheSoftmaxScaleFromTheLogits) {
@@ -396,7 +396,7 @@ TEST(B2B, PsiTakesTheSoftmaxScaleFromTheLogits) {
 }
 
 TEST(B2B, PsiRefusesWhatTheKernelCannotRead) {
-  const B2BKernelConfig c{128, 128, 64, 64, 0, false};
+  const B2BKernelConfig c{128, 128, 64, 64, 0, false, 1};
   auto why = [&](const std::string& text) {
     auto r = psi_b2b_rejects(only_chain(plan(text)).spec, c);
     return r ? *r : std::string("(rendered)");
@@ -418,9 +418,18 @@ TEST(B2B, PsiRefusesWhatTheKernelCannotRead) {
   EXPECT_NE(why(head + "h = relu(matmul(X, W1))\ny = softmax(matmul(h, W2), dim=-1)\noutput y\n")
                 .find("epilogue2 has a row reduction"), std::string::npos);
   // a config the kernel does not instantiate
-  auto r = psi_b2b_rejects(only_chain(plan(dlrm(256, 64, 64, 64))).spec, B2BKernelConfig{96, 128, 64, 64, 0, false});
+  auto r = psi_b2b_rejects(only_chain(plan(dlrm(256, 64, 64, 64))).spec, B2BKernelConfig{96, 128, 64, 64, 0, false, 1});
   ASSERT_TRUE(r.has_value());
   EXPECT_NE(r->find("config 96x128x64x64: tile M is 64 or 128"), std::string::npos) << *r;
+  // the cluster form: elementwise F, 128-row tiles
+  const B2BKernelConfig cluster{128, 128, 64, 64, 0, false, 2};
+  EXPECT_FALSE(psi_b2b_rejects(only_chain(plan(dlrm(256, 64, 64, 64))).spec, cluster).has_value());
+  EXPECT_NE(generate_b2b_kernel(only_chain(plan(dlrm(256, 64, 64, 64))).spec, cluster).source.find(", false, 2>;"),
+            std::string::npos);
+  EXPECT_EQ(b2b_config_name(cluster), "128x128x64x64_c2");
+  r = psi_b2b_rejects(only_chain(plan(attention(2, 16, 32, 64))).spec, B2BKernelConfig{128, 128, 64, 64, 64, false, 2});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_NE(r->find("the cluster form takes an elementwise F"), std::string::npos) << *r;
 }
 
 // ---- interpreter: the kernel's order against the Graph interpreter ----

@@ -44,6 +44,7 @@ struct B2bInstance {
   bool w2_nk;    // W2 [N2, N1] (nn.Linear weight) instead of [N1, N2] (attention's V)
   int tile_m, chunk, tile_n2, tile_k;
   int resident_k;   // > 0: the X block stays in SMEM across N1 chunks; runs only K <= resident_k
+  int split;        // 2: the cluster form (N1 split over a 2-CTA cluster); 1: one CTA per tile
   int stages_x, stages_w2, smem_bytes;
   char const* (*can_implement)(B2bProblem const&);
   // Encodes the TMA descriptors once; the returned launcher only launches (for timing and graph capture).

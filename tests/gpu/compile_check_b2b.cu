@@ -1,6 +1,6 @@
 // Compile-only check of the back-to-back GEMM header (kernels/comfuse/b2b.cuh) for sm_90a, run by ctest where nvcc
 // exists, GPU or not: both weight layouts, one and two consumer groups, with and without GEMM2 kept in flight, and
-// the X-resident, staggered form.
+// the X-resident, staggered form, target attention and the cluster form.
 #include "comfuse/b2b.cuh"
 
 namespace {
@@ -23,8 +23,15 @@ static_assert(!b2b::B2bConfig<bf16, BLayout::KN, BLayout::KN, 128, 128, 256, 64,
 // target attention: softmax over N1 by online rescaling, K [N1, D] and V [N1, N2], the Q block resident
 using CfgAttn = b2b::B2bConfig<bf16, BLayout::NK, BLayout::KN, 128, 128, 64, 64, b2b::OnlineSoftmax, b2b::Identity, 2, 64>;
 static_assert(CfgAttn::kSoftmax && CfgAttn::kOverlap, "attention: O + S + P fit with GEMM2 in flight");
+// the cluster form: N1 split over a 2-CTA cluster, the exchange buffer taken from ring 1
+using CfgCluster = b2b::B2bConfig<bf16, BLayout::KN, BLayout::KN, 128, 128, 64, 64, epi::ops::Relu, epi::ops::Relu, 2, 0,
+                                  false, 2>;
+static_assert(b2b::B2bKernel<CfgCluster>::kStagesX < b2b::B2bKernel<b2b::B2bConfig<bf16, BLayout::KN, BLayout::KN, 128,
+                  128, 64, 64, epi::ops::Relu, epi::ops::Relu>>::kStagesX,
+              "the cluster form's exchange buffer (64 x 64 fp32) costs ring 1 a stage");
 }  // namespace
 
+cudaError_t compile_check_b2b_cluster(b2b::B2b<CfgCluster>::Arguments const& a) { return b2b::B2b<CfgCluster>::run(a); }
 cudaError_t compile_check_b2b_attention(b2b::B2b<CfgAttn>::Arguments const& a) { return b2b::B2b<CfgAttn>::run(a); }
 cudaError_t compile_check_b2b_gelu(b2b::B2b<CfgGelu>::Arguments const& a) { return b2b::B2b<CfgGelu>::run(a); }
 cudaError_t compile_check_b2b_resident(b2b::B2b<CfgResident>::Arguments const& a) {

@@ -2,7 +2,7 @@
 //   O = act2(act1(X · W1 + b1) · W2 + b2)
 //
 //   test_b2b [--shape M,K,N1,N2]... [--filter SUBSTR] [--seed S] [--no-graph] [--odd-only]
-//   test_b2b --bench [--shape M,K,N1,N2]... [--filter SUBSTR] [--reps N]
+//   test_b2b --bench [--shape M,K,N1,N2[,ACT1,ACT2]]... [--filter SUBSTR] [--reps N]
 //   test_b2b --bench-attention [--filter SUBSTR] [--reps N]
 //
 // Softmax instances (target attention, F = softmax over N1 of scale · X·W1, batched): tested on the WORKLOADS.md
@@ -63,10 +63,26 @@ struct B2bShape {
 };
 bool any_instance(B2bShape const& s) { return s.act1 == Act::None && s.act2 == Act::None; }
 
+// "M,K,N1,N2" or "M,K,N1,N2,ACT1,ACT2" (gelu, relu, none).
 bool parse_b2b_shape(char const* t, B2bShape* s) {
   s->act1 = s->act2 = Act::None;
   s->label = "cli";
-  return std::sscanf(t, "%d,%d,%d,%d", &s->M, &s->K, &s->N1, &s->N2) == 4;
+  char a1[16] = "", a2[16] = "";
+  int const n = std::sscanf(t, "%d,%d,%d,%d,%15[a-z],%15[a-z]", &s->M, &s->K, &s->N1, &s->N2, a1, a2);
+  auto act = [](std::string const& a, Act* out) {
+    if (a == "gelu") *out = Act::Gelu;
+    else if (a == "relu") *out = Act::Relu;
+    else if (a != "none") return false;
+    return true;
+  };
+  return n == 4 || (n == 6 && act(a1, &s->act1) && act(a2, &s->act2));
+}
+
+// Fewer row blocks than SMs (the cluster form's case): the DLRM MLP and the first GELU MLP at small M (bench only).
+std::vector<B2bShape> small_batch_shapes() {
+  return {{4096, 512, 256, 64, Act::Relu, Act::Relu, "dlrm_4096"},
+          {8192, 256, 1024, 256, Act::Gelu, Act::None, "mlp_gelu_1_8192"},
+          {2048, 768, 1024, 64, Act::Gelu, Act::None, "gelu_2048"}};
 }
 
 // WORKLOADS.md §2 (the MLP / DLRM / FFN rows) and the odd shapes.
@@ -370,8 +386,9 @@ int run_tests(std::vector<B2bShape> shapes, std::string const& filter, uint64_t 
   auto const& reg = b2b_registry();
   std::printf("seed %llu, %zu b2b instances registered\n", (unsigned long long)seed, reg.size());
   for (auto const& in : reg)
-    std::printf("  %s: tile %dx%d (N2 %d), k %d, stages %d + %d W2, smem %d B\n", in.name.c_str(), in.tile_m, in.chunk,
-                in.tile_n2, in.tile_k, in.stages_x, in.stages_w2, in.smem_bytes);
+    std::printf("  %s: tile %dx%d (N2 %d), k %d, stages %d + %d W2, smem %d B%s\n", in.name.c_str(), in.tile_m, in.chunk,
+                in.tile_n2, in.tile_k, in.stages_x, in.stages_w2, in.smem_bytes,
+                in.split > 1 ? ", N1 split over a 2-CTA cluster" : "");
   Checker checker;
   unsigned long long* d_count;
   CF_CHECK(cudaMalloc(&d_count, sizeof(unsigned long long)));
@@ -854,8 +871,10 @@ int main(int argc, char** argv) {
   if (bench) {
     if (shapes.empty()) {
       shapes = workload_shapes();
-    } else {   // a CLI shape is benched with GELU (and none after GEMM2)
-      for (auto& s : shapes) s.act1 = Act::Gelu;
+      for (auto const& s : small_batch_shapes()) shapes.push_back(s);
+    } else {   // a CLI shape without activations is benched with GELU (and none after GEMM2)
+      for (auto& s : shapes)
+        if (any_instance(s)) s.act1 = Act::Gelu;
     }
     return run_bench(shapes, filter, reps);
   }
