@@ -267,6 +267,14 @@ struct B2bKernel {
         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
         "@!done bra wait_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
   }
+  // A consumer's release of a ring stage. The rings are each CTA's own (made for a 1x1 cluster, no multicast), but
+  // CUTLASS's release from a CTA of a launched cluster arrives on cluster rank 0's barrier: the cluster form arrives
+  // on this CTA's own.
+  template <class Pipe, class Storage, class State>
+  static CUTE_DEVICE void release(Pipe& pipe, Storage& st, State const& s) {
+    if constexpr (kSplit > 1) st.empty_barrier_[s.index()].arrive();
+    else pipe.consumer_release(s);
+  }
   static CUTE_DEVICE void cluster_sync_all() {   // every thread of both CTAs (not .aligned: warps may have diverged)
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
   }
@@ -448,9 +456,9 @@ struct B2bKernel {
             warpgroup_wait<1>();   // all but the newest batch done: the previous k-tile, and GEMM2 of chunk c-1
             warpgroup_fence_operand(tSrS);
             warpgroup_fence_operand(tOrP);
-            if (k > 0) pipe1.consumer_release(r1_prev);
+            if (k > 0) release(pipe1, ss.pipe1, r1_prev);
             if (w2_pending) {
-              pipe2.consumer_release(r2_prev);
+              release(pipe2, ss.pipe2, r2_prev);
               w2_pending = false;
             }
             r1_prev = r1;
@@ -459,11 +467,11 @@ struct B2bKernel {
           if (stagger) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurn + 1 - group) : "memory");
           warpgroup_wait<0>();
           warpgroup_fence_operand(tSrS);
-          pipe1.consumer_release(r1_prev);
+          release(pipe1, ss.pipe1, r1_prev);
           if constexpr (kXResident) {
             if (last) {   // the tile's last GEMM1 is done: its X stages may take the next tile's block
               cutlass::PipelineState<kXTiles> rel = rx;
-              for (int k = 0; k < p.k_tiles; ++k, ++rel) pipex.consumer_release(rel);
+              for (int k = 0; k < p.k_tiles; ++k, ++rel) release(pipex, ss.pipex, rel);
               rx = rxk;
             }
           }
@@ -543,13 +551,13 @@ struct B2bKernel {
           if constexpr (!Cfg::kOverlap) {
             warpgroup_wait<0>();
             warpgroup_fence_operand(tOrP);
-            pipe2.consumer_release(r2_prev);
+            release(pipe2, ss.pipe2, r2_prev);
             w2_pending = false;
           }
         }
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
-        if (w2_pending) pipe2.consumer_release(r2_prev);
+        if (w2_pending) release(pipe2, ss.pipe2, r2_prev);
         if constexpr (Cfg::kSoftmax) {   // O / l, l the quad's four shares of the row's sum
           float inv[2];
           CUTE_UNROLL
