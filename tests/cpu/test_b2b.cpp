@@ -320,9 +320,24 @@ TEST(B2B, PlannerFusesWhereTheKernelWasMeasuredFaster) {
   EXPECT_EQ(b2b_config_name(d.config), "128x128x64x64_x64");
   EXPECT_NE(d.reason.find("0.74x SDPA's flash kernel at 128 rows per batch x K 64 x N1 256 x N2 64"), std::string::npos)
       << d.reason;
-  // Small odd shapes of the same classes fuse too (a tile's worth of work: one kernel instead of two).
-  EXPECT_TRUE(plan_b2b(only_chain(plan(dlrm(1000, 40, 200, 24))).spec).fuse);
+  // Small odd shapes of the same classes fuse too (a tile's worth of work: one kernel instead of two). With fewer
+  // tiles than SMs an elementwise chain takes the cluster form (measured 0.54x against the flash-style form's 0.65x
+  // at 4096 rows); attention keeps the flash-style form.
+  d = plan_b2b(only_chain(plan(dlrm(1000, 40, 200, 24))).spec);
+  EXPECT_TRUE(d.fuse);
+  EXPECT_EQ(b2b_config_name(d.config), "128x128x64x64_c2");
+  EXPECT_EQ(d.reason.rfind("fuse, cluster-form B2B kernel (8 tiles on 132 SMs: N1 split over 2-CTA clusters) "
+                           "128x128x64x64_c2: measured 0.54x two cuBLASLt GEMMs at 4096x512x256x64 (the cluster form; "
+                           "the flash-style form 0.65x)", 0), 0u) << d.reason;
   EXPECT_TRUE(plan_b2b(only_chain(plan(attention(3, 77, 1000, 40))).spec).fuse);
+  EXPECT_EQ(plan_b2b(only_chain(plan(attention(3, 77, 1000, 40))).spec).config.split_n1, 1);
+  // 1056 tiles: the flash-style form (the cluster form lost at 65536 rows: 53.2 against 41.9 us)
+  EXPECT_EQ(plan_b2b(only_chain(plan(dlrm(135168, 512, 256, 64))).spec).config.split_n1, 1);
+  // a small GELU chain with a wide N1 was measured slower than two GEMMs in both forms: declined
+  d = plan_b2b(only_chain(plan(mlp(2048, 768, 1024, 64))).spec);
+  EXPECT_FALSE(d.fuse);
+  EXPECT_EQ(d.reason.rfind("fusion does not pay: 1.54x two cuBLASLt GEMMs at 2048x768x1024x64 (the cluster form; the "
+                           "flash-style form 2.71x)", 0), 0u) << d.reason;
 }
 
 TEST(B2B, PlannerDeclinesWithTheMeasuredReason) {
@@ -362,7 +377,7 @@ TEST(B2B, PsiRendersFAndEpilogue2AsDeviceFunctions) {
   GeneratedKernel k = generate_b2b_kernel(b, d.config);
   EXPECT_EQ(k.name.rfind("comfuse_b2b_", 0), 0u);
   for (const char* want : {"ops::PowInt<3>{}({}, x)", "ops::Tanh{}({}, ", "0.0447149985f", "ops::Sigmoid{}({}, x)",
-                           "comfuse::BLayout::NK, comfuse::BLayout::NK, 128, 128, 64, 64, F1, F2, 2, 0, false, 1>",
+                           "comfuse::BLayout::NK, comfuse::BLayout::NK, 128, 128, 64, 64, F1, F2, 2, 0, false, 2>",
                            "kHasB1 = true, kHasB2 = false", "COMFUSE_B2B_KERNEL(" })
     EXPECT_NE(k.source.find(want), std::string::npos) << want << "\n" << k.source;
   EXPECT_EQ(b2b_bias_params(b), std::make_pair(0, -1));
