@@ -760,47 +760,58 @@ struct B2b {
     return p;
   }
 
-  static int sm_count() {
-    static int cached[64] = {};
+  // A value of the current device, queried once per device: query(dev), or fallback() where it fails.
+  template <class Query, class Fallback>
+  static int per_device(int (&cache)[64], Query query, Fallback fallback) {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) {
       (void)cudaGetLastError();
       return 1;
     }
-    if (dev < 64 && cached[dev] > 0) return cached[dev];
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+    if (dev < 64 && cache[dev] > 0) return cache[dev];
+    int n = query(dev);
+    if (n <= 0) {
       (void)cudaGetLastError();
-      n = 1;
+      n = fallback();
     }
-    if (dev < 64) cached[dev] = n;
+    if (dev < 64) cache[dev] = n;
     return n;
+  }
+
+  static int sm_count() {
+    static int cached[64] = {};
+    return per_device(
+        cached,
+        [](int dev) {
+          int n = 0;
+          return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess ? n : 0;
+        },
+        [] { return 1; });
+  }
+
+  // The cluster form's launch attribute: 2 x 1 x 1 clusters.
+  static cudaLaunchAttribute cluster_attr() {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = Cfg::kSplit;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    return attr;
   }
 
   // Clusters of the cluster form that fit the GPU at once (cudaOccupancyMaxActiveClusters), per device.
   static int active_clusters() {
     static int cached[64] = {};
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 1;
-    }
-    if (dev < 64 && cached[dev] > 0) return cached[dev];
-    int n = 0;
-    cudaLaunchConfig_t cfg = launch_config(1, nullptr);
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = Cfg::kSplit;
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    cfg.gridDim = dim3(Cfg::kSplit * 64);
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    if (!set_smem_attr() || cudaOccupancyMaxActiveClusters(&n, &b2b_kernel_entry<Kernel>, &cfg) != cudaSuccess || n <= 0) {
-      (void)cudaGetLastError();
-      n = sm_count() / Cfg::kSplit;
-    }
-    if (dev < 64) cached[dev] = n;
-    return n;
+    return per_device(
+        cached,
+        [](int) {
+          int n = 0;
+          cudaLaunchConfig_t cfg = launch_config(Cfg::kSplit * 64, nullptr);
+          cudaLaunchAttribute attr = cluster_attr();
+          cfg.attrs = &attr;
+          cfg.numAttrs = 1;
+          return set_smem_attr() && cudaOccupancyMaxActiveClusters(&n, &b2b_kernel_entry<Kernel>, &cfg) == cudaSuccess ? n : 0;
+        },
+        [] { return sm_count() / Cfg::kSplit; });
   }
 
   // CTAs of the persistent grid: one per SM (the SMEM use allows no more), at most one per tile; max_ctas > 0
@@ -845,10 +856,7 @@ struct B2b {
     (void)cudaGetLastError();   // the error read below must be this launch's
     if constexpr (Cfg::kSplit > 1) {
       cudaLaunchConfig_t cfg = launch_config(grid_size(p, max_ctas), stream);
-      cudaLaunchAttribute attr;
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = Cfg::kSplit;
-      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+      cudaLaunchAttribute attr = cluster_attr();
       cfg.attrs = &attr;
       cfg.numAttrs = 1;
       cudaError_t e = cudaLaunchKernelEx(&cfg, &b2b_kernel_entry<Kernel>, p);
