@@ -51,11 +51,6 @@ struct EntryPoints {
     return k;
   }
 
-  static int fail(char* why, int len, char const* msg, int code) {
-    if (why && len > 0) std::snprintf(why, size_t(len), "%s", msg);
-    return code;
-  }
-
   static int workspace(int64_t m, int64_t n, int64_t* partial_bytes, int64_t* counter_bytes) {
     const int64_t row_blocks = (m + Cfg::kGroupTileM - 1) / Cfg::kGroupTileM, cols = (n + Cfg::kTileN - 1) / Cfg::kTileN;
     *partial_bytes =

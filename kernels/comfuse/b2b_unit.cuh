@@ -48,19 +48,14 @@ struct B2bEntryPoints {
     return k;
   }
 
-  static int fail(char* why, int len, char const* msg, int code) {
-    if (why && len > 0) std::snprintf(why, size_t(len), "%s", msg);
-    return code;
-  }
-
   static int check(ComfuseB2bArgs const* a, char* why, int len) {
-    if (a == nullptr || a->abi != COMFUSE_KERNEL_ABI) return fail(why, len, "kernel ABI mismatch (rebuild the kernel cache)", 1);
-    if (a->batch < 1 || a->rows % a->batch != 0) return fail(why, len, "rows must be a positive multiple of batch", 1);
+    if (a == nullptr || a->abi != COMFUSE_KERNEL_ABI) return abi::fail(why, len, "kernel ABI mismatch (rebuild the kernel cache)", 1);
+    if (a->batch < 1 || a->rows % a->batch != 0) return abi::fail(why, len, "rows must be a positive multiple of batch", 1);
     if (a->rows / a->batch > INT32_MAX || a->batch > INT32_MAX || a->k > INT32_MAX || a->n1 > INT32_MAX || a->n2 > INT32_MAX)
-      return fail(why, len, "a dimension above 2^31 - 1", 1);
+      return abi::fail(why, len, "a dimension above 2^31 - 1", 1);
     if ((a->b1 != nullptr) != U::kHasB1 || (a->b2 != nullptr) != U::kHasB2)
-      return fail(why, len, "b1 / b2 given where the kernel has none, or missing", 1);
-    if (char const* r = Op::can_implement(arguments(*a))) return fail(why, len, r, 1);
+      return abi::fail(why, len, "b1 / b2 given where the kernel has none, or missing", 1);
+    if (char const* r = Op::can_implement(arguments(*a))) return abi::fail(why, len, r, 1);
     return 0;
   }
 
@@ -76,7 +71,7 @@ struct B2bEntryPoints {
           char msg[256];
           std::snprintf(msg, sizeof msg, "%s (back-to-back kernel, %d bytes of SMEM, %d threads)", cudaGetErrorString(e),
                         int(Op::Kernel::kSmemBytes), int(Op::Kernel::kThreads));
-          return fail(why, len, msg, 2);
+          return abi::fail(why, len, msg, 2);
         });
   }
 };

@@ -1,5 +1,5 @@
-// Kernel parameters prepared once per argument set, for the C entry points of a kernel library (abi_entry.cuh,
-// b2b_unit.cuh). Encoding TMA descriptors costs host time, and every layer of a model shares one library (one kernel
+// What the C entry points of every kernel library share (abi_entry.cuh, b2b_unit.cuh): the reason of a refusal, and
+// kernel parameters prepared once per argument set. Encoding TMA descriptors costs host time, and every layer of a model shares one library (one kernel
 // per structure), so a single cached slot would be re-encoded on every call. kSlots sets (the layers' weights and
 // buffers, which PyTorch's allocator hands out again call after call; BERT-base's QKV projections alone are 36 sets
 // of one library), replaced round robin. A slot is found by its hash first (a scan of kSlots integers), then
@@ -8,10 +8,18 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
 namespace comfuse::abi {
+
+// An entry point's failure: `msg` into the caller's buffer (NUL-terminated, truncated to len), `code` returned
+// (abi.h: 1 arguments the kernel cannot run, 2 a CUDA error).
+inline int fail(char* why, int len, char const* msg, int code) {
+  if (why && len > 0) std::snprintf(why, size_t(len), "%s", msg);
+  return code;
+}
 
 template <class Args, class Params, int kSlots = 256>
 class PreparedParams {

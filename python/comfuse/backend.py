@@ -255,6 +255,24 @@ def _declined_for_speed_only(p) -> bool:
     return not p.fuse and p.reason.startswith("fusion does not pay")
 
 
+def keep_rewrite(rep: GraphReport, fuse: set, ctas: int, chains=(), all_regions: bool = False):
+    """(target, fuse, chains): rewrite_keeping_torch with the regions in `fuse` and the back-to-back chains in
+    `chains`. Where the chains do not line up with whole ATen nodes, it is said and they are left out, their regions
+    joining `fuse` where the planner fuses them (all of them with `all_regions`). Raises NotKeepable when the regions
+    alone do not line up either."""
+    from .program import NotKeepable
+
+    prog = rep.analysis.program
+    try:
+        return prog.rewrite_keeping_torch(fuse, ctas, chains), fuse, set(chains)
+    except NotKeepable as e:
+        if not chains:
+            raise
+        log.info("comfuse: graph %d: back-to-back chains %s not fused (%s)", rep.index, sorted(chains), e)
+    fuse = fuse | {r for r in chain_regions(rep, chains) if all_regions or rep.plans[r].fuse}
+    return prog.rewrite_keeping_torch(fuse, ctas), fuse, set()
+
+
 def _rewrite(rep: GraphReport, fuse: set, ctas: int, how: str, chains=()):
     """The program with the regions in `fuse` as comfuse::fused_region calls and the back-to-back chains in `chains`
     as comfuse::fused_chain calls (see the `rewrite` option; the Graph IR rewrite has no chains: pass none)."""
@@ -264,11 +282,9 @@ def _rewrite(rep: GraphReport, fuse: set, ctas: int, how: str, chains=()):
     # symbolic sizes beyond dim 0 (a dynamic sequence): only the ATen-keeping rewrite expresses them
     if how == "keep" or prog.conv.dynamic_inner:
         try:
-            return prog.rewrite_keeping_torch(fuse, ctas, chains)
+            return keep_rewrite(rep, fuse, ctas, chains)[0]
         except NotKeepable as e:
-            if chains:   # the chains' regions, where the planner fuses them, then run as regions
-                log.info("comfuse: graph %d: back-to-back chains %s not fused (%s)", rep.index, sorted(chains), e)
-                return _rewrite(rep, fuse | {r for r in chain_regions(rep, chains) if rep.plans[r].fuse}, ctas, how)
+            fuse = fuse | {r for r in chain_regions(rep, chains) if rep.plans[r].fuse}   # (the IR rewrite: no chains)
             if prog.conv.dynamic_inner:
                 raise
             log.info("comfuse: graph %d: nodes outside the fused regions re-emitted from the Graph IR (fp32): %s",

@@ -115,21 +115,11 @@ class ComFusePass(CustomGraphPass):
                 if cpu_reference else backend.fused_set(rep, self.fuse == "all", chains))
         backend.log_plans(rep, fuse, chains)
         try:
-            target = prog.rewrite_keeping_torch(fuse, self.ctas, chains)
+            target, fuse, chains = backend.keep_rewrite(rep, fuse, self.ctas, chains, all_regions=cpu_reference)
         except NotKeepable as e:
-            if not chains:
-                log.info("comfuse: graph %d runs without ComFuse kernels: its fused regions do not line up with "
-                         "whole ATen nodes (%s)", rep.index, e)
-                return
-            log.info("comfuse: graph %d: back-to-back chains %s not fused (%s)", rep.index, sorted(chains), e)
-            fuse |= {r for r in backend.chain_regions(rep, chains) if cpu_reference or rep.plans[r].fuse}
-            chains = set()
-            try:
-                target = prog.rewrite_keeping_torch(fuse, self.ctas)
-            except NotKeepable as e2:
-                log.info("comfuse: graph %d runs without ComFuse kernels: its fused regions do not line up with "
-                         "whole ATen nodes (%s)", rep.index, e2)
-                return
+            log.info("comfuse: graph %d runs without ComFuse kernels: its fused regions do not line up with "
+                     "whole ATen nodes (%s)", rep.index, e)
+            return
         if not cpu_reference and not backend.prepare_kernels(rep, target):
             return
         if not cpu_reference and backend.measuring(self.fuse == "all"):

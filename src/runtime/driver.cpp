@@ -373,17 +373,29 @@ void KernelLibrary::workspace_bytes(int64_t m, int64_t n, int64_t* partials, int
   workspace_(m, n, partials, counters);
 }
 
-std::string KernelLibrary::check(const ComfuseKernelArgs& a) const {
+namespace {
+
+// A library's C check entry (abi.h): "" when it can run `a`, else its reason.
+template <class Check, class Args>
+std::string entry_check(Check check, const Args& a) {
   char why[512] = {0};
-  return check_(&a, why, sizeof why) == 0 ? std::string() : std::string(why);
+  return check(&a, why, sizeof why) == 0 ? std::string() : std::string(why);
 }
 
-void KernelLibrary::launch(const ComfuseKernelArgs& a, CUstream stream) const {
+// A library's C launch entry (abi.h), its failure as a RuntimeError naming the kernel.
+template <class Launch, class Args>
+void entry_launch(Launch launch, const Args& a, CUstream stream, const std::string& name) {
   char why[512] = {0};
-  int rc = launch_(&a, stream, why, sizeof why);
-  if (rc == 1) throw RuntimeError(name_ + " cannot run these arguments: " + why);
-  if (rc != 0) throw RuntimeError(name_ + " launch failed: " + why);
+  const int rc = launch(&a, stream, why, sizeof why);
+  if (rc == 1) throw RuntimeError(name + " cannot run these arguments: " + why);
+  if (rc != 0) throw RuntimeError(name + " launch failed: " + why);
 }
+
+}  // namespace
+
+std::string KernelLibrary::check(const ComfuseKernelArgs& a) const { return entry_check(check_, a); }
+
+void KernelLibrary::launch(const ComfuseKernelArgs& a, CUstream stream) const { entry_launch(launch_, a, stream, name_); }
 
 B2bLibrary::B2bLibrary(const std::string& path) : lib_(path, "back-to-back kernel library") {
   lib_.require_abi("comfuse_kernel_abi", COMFUSE_KERNEL_ABI);
@@ -392,16 +404,8 @@ B2bLibrary::B2bLibrary(const std::string& path) : lib_(path, "back-to-back kerne
   launch_ = lib_.symbol<ComfuseB2bLaunchFn>("comfuse_b2b_launch");
 }
 
-std::string B2bLibrary::check(const ComfuseB2bArgs& a) const {
-  char why[512] = {0};
-  return check_(&a, why, sizeof why) == 0 ? std::string() : std::string(why);
-}
+std::string B2bLibrary::check(const ComfuseB2bArgs& a) const { return entry_check(check_, a); }
 
-void B2bLibrary::launch(const ComfuseB2bArgs& a, CUstream stream) const {
-  char why[512] = {0};
-  const int rc = launch_(&a, stream, why, sizeof why);
-  if (rc == 1) throw RuntimeError(name_ + " cannot run these arguments: " + why);
-  if (rc != 0) throw RuntimeError(name_ + " launch failed: " + why);
-}
+void B2bLibrary::launch(const ComfuseB2bArgs& a, CUstream stream) const { entry_launch(launch_, a, stream, name_); }
 
 }  // namespace comfuse::rt
