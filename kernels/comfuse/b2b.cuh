@@ -7,10 +7,11 @@
 //   the intermediate S = Act1(X · W1 + b1) rounded to bf16 (it is GEMM2's A operand), bf16 output.
 //
 // One persistent CTA per SM takes output tiles (a TileM-row block of X x a TileN2-column block of O) in turn:
-//   warp group 0, warp 0:  producer. TMA loads into two mbarrier rings (cutlass::PipelineTmaAsync):
-//                          ring 1: X [TileM, TileK] + W1 [TileK, Chunk] k-tiles; ring 2: W2 [Chunk, TileN2].
-//                          Order per tile: for each N1 chunk, its K loop in ring 1, then its W2 slice in ring 2
-//                          (the consumers read them in the same order, so neither ring can deadlock the other).
+//   warp group 0, warps 0 and 1: producers. TMA loads into two mbarrier rings (cutlass::PipelineTmaAsync):
+//                          warp 0, ring 1: X [TileM, TileK] + W1 [TileK, Chunk] k-tiles, chunk after chunk;
+//                          warp 1, ring 2: W2 [Chunk, TileN2], chunk after chunk.
+//                          Each ring is filled in the order the consumers read it, and neither producer waits on
+//                          the other's ring.
 //   warp groups 1..kGroups: consumers, 64 rows each (TileM = 64 x kGroups), all on the same stages:
 //     for each chunk c of N1:
 //       S  = X_blk · W1[:, c]                    SS WGMMA m64 x Chunk x 16, fp32 in registers
@@ -43,6 +44,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -238,10 +241,9 @@ struct B2bKernel {
     return y;
   }
 
-  static CUTE_DEVICE float2 load_pair(Element const* p, int n, int n_end) {
-    if (p == nullptr || n >= n_end) return make_float2(0.f, 0.f);
-    __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162 const*>(p + n);   // n even, n_end even: both in bounds
-    return __bfloat1622float2(v);
+  static CUTE_DEVICE __nv_bfloat162 load_bf16_pair(Element const* p, int n, int n_end) {
+    if (p == nullptr || n >= n_end) return __floats2bfloat162_rn(0.f, 0.f);
+    return *reinterpret_cast<__nv_bfloat162 const*>(p + n);   // n even, n_end even: both in bounds
   }
 
   // ---- the cluster form's exchange (DSMEM and mbarriers across the 2-CTA cluster) ----
@@ -279,13 +281,15 @@ struct B2bKernel {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
   }
 
-  // Every ring: warp 0 produces, the consumer groups consume, `bytes` of TMA transactions per stage.
+  // Every ring: lane 0 of warp `producer_warp` produces, the consumer groups consume, `bytes` of TMA transactions
+  // per stage.
   template <class Pipe>
-  static CUTE_DEVICE typename Pipe::Params ring_params(int warp_group, int warp_idx, int thread_idx, uint32_t bytes) {
+  static CUTE_DEVICE typename Pipe::Params ring_params(int warp_group, int warp_idx, int thread_idx, uint32_t bytes,
+                                                      int producer_warp) {
     using Role = typename Pipe::ThreadCategory;
     typename Pipe::Params pp;
-    pp.role = warp_group == 0 ? (warp_idx == 0 ? Role::Producer : Role::NonParticipant) : Role::Consumer;
-    pp.is_leader = thread_idx % 128 == 0;
+    pp.role = warp_group == 0 ? (warp_idx == producer_warp ? Role::Producer : Role::NonParticipant) : Role::Consumer;
+    pp.is_leader = thread_idx % 128 == (warp_group == 0 ? 32 * producer_warp : 0);
     pp.num_consumers = 128 * kGroups;
     pp.transaction_bytes = bytes;
     return pp;
@@ -304,9 +308,11 @@ struct B2bKernel {
       cute::prefetch_tma_descriptor(p.tma_w1.get_tma_descriptor());
       cute::prefetch_tma_descriptor(p.tma_w2.get_tma_descriptor());
     }
-    Pipe1 pipe1(ss.pipe1, ring_params<Pipe1>(warp_group, warp_idx, thread_idx, kStage1Bytes), Shape<_1, _1, _1>{});
-    Pipe2 pipe2(ss.pipe2, ring_params<Pipe2>(warp_group, warp_idx, thread_idx, kStage2Bytes), Shape<_1, _1, _1>{});
-    PipeX pipex(ss.pipex, ring_params<PipeX>(warp_group, warp_idx, thread_idx, TM * TK * 2),   // X k-tiles
+    // Two producer warps: warp 0 loads X and W1 (ring 1, the resident X), warp 1 loads W2 (ring 2), so that a full
+    // W2 ring (released only when a chunk's GEMM2 completes) never holds back the next chunk's W1 k-tiles.
+    Pipe1 pipe1(ss.pipe1, ring_params<Pipe1>(warp_group, warp_idx, thread_idx, kStage1Bytes, 0), Shape<_1, _1, _1>{});
+    Pipe2 pipe2(ss.pipe2, ring_params<Pipe2>(warp_group, warp_idx, thread_idx, kStage2Bytes, 1), Shape<_1, _1, _1>{});
+    PipeX pipex(ss.pipex, ring_params<PipeX>(warp_group, warp_idx, thread_idx, TM * TK * 2, 0),   // X k-tiles
                 Shape<_1, _1, _1>{});
     // The cluster form: this CTA's rank, its peer, and the tiles both take (the cluster's index, not the CTA's).
     int const rank = kSplit > 1 ? int(cute::block_rank_in_cluster()) : 0;
@@ -330,7 +336,8 @@ struct B2bKernel {
     if (warp_group == 0) {
       // ---------------- producer ----------------
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if (warp_idx == 0 && cute::elect_one_sync()) {
+      if (warp_idx < 2 && cute::elect_one_sync()) {   // lane 0 of warps 0 (X, W1) and 1 (W2)
+        bool const loads_w1 = warp_idx == 0;
         Tensor mX = p.tma_x.get_tma_tensor(make_shape(p.M, p.K, p.L));
         Tensor mW1 = p.tma_w1.get_tma_tensor(make_shape(p.N1, p.K, p.L));
         Tensor mW2 = p.tma_w2.get_tma_tensor(make_shape(p.N2, p.N1, p.L));
@@ -350,6 +357,14 @@ struct B2bKernel {
           Tensor tXgX = cx.partition_S(local_tile(mX(_, _, b), Shape<Int<TM>, Int<TK>>{}, make_coord(_, _)));
           Tensor tWgW1 = cw1.partition_S(local_tile(mW1(_, _, b), Shape<Int<C1>, Int<TK>>{}, make_coord(_, _)));
           Tensor tVgW2 = cw2.partition_S(local_tile(mW2(_, _, b), Shape<Int<N2T>, Int<C1>>{}, make_coord(_, _)));
+          if (!loads_w1) {
+            for (int c = rank; c < p.chunks; c += kSplit) {
+              pipe2.producer_acquire(w2);
+              copy(p.tma_w2.with(*pipe2.producer_get_barrier(w2)), tVgW2(_, _, _, nb, c), tVsW2(_, _, _, w2.index()));
+              ++w2;
+            }
+            continue;
+          }
           if constexpr (kXResident) {   // the X block once per tile, each k-tile as soon as its stage is free
             for (int k = 0; rank < p.chunks && k < p.k_tiles; ++k) {   // (a CTA without chunks reads no X)
               pipex.producer_acquire(wx);
@@ -365,14 +380,15 @@ struct B2bKernel {
               copy(p.tma_w1.with(*bar), tWgW1(_, _, _, c, k), tWsW1(_, _, _, w1.index()));
               ++w1;
             }
-            pipe2.producer_acquire(w2);
-            copy(p.tma_w2.with(*pipe2.producer_get_barrier(w2)), tVgW2(_, _, _, nb, c), tVsW2(_, _, _, w2.index()));
-            ++w2;
           }
         }
-        pipe1.producer_tail(w1);   // every stage released: no TMA write outlives the CTA
-        pipe2.producer_tail(w2);
-        if constexpr (kXResident) pipex.producer_tail(wx);
+        // every stage released: no TMA write outlives the CTA
+        if (loads_w1) {
+          pipe1.producer_tail(w1);
+          if constexpr (kXResident) pipex.producer_tail(wx);
+        } else {
+          pipe2.producer_tail(w2);
+        }
       }
     } else {
       // ---------------- consumers ----------------
@@ -422,15 +438,19 @@ struct B2bKernel {
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
         bool w2_pending = false;   // GEMM2 of the previous chunk in flight, its W2 stage not yet released
         cutlass::PipelineState<Cfg::kStagesW2> r2_prev = r2;
+        // b1 of a chunk, one pair per column group (the same for both rows of a thread), as bf16 pairs (one register
+        // each): loaded one chunk ahead, so that F does not wait for it.
+        __nv_bfloat162 bias[C1 / 8];
+        auto load_b1 = [&](int c) {
+          if constexpr (!Cfg::kSoftmax) {
+            CUTE_UNROLL
+            for (int j = 0; j < C1 / 8; ++j) bias[j] = load_bf16_pair(p.b1, c * C1 + s_col0 + 8 * j, p.N1);
+          }
+        };
+        load_b1(rank);
         for (int c = rank; c < p.chunks; c += kSplit) {   // this CTA's chunks (all of them without a cluster)
           int const n1_0 = c * C1;
           bool const first = c == rank, last = c + kSplit >= p.chunks;
-          // b1 of this chunk, one pair per column group (the same for both rows of a thread)
-          float2 bias[C1 / 8];
-          if constexpr (!Cfg::kSoftmax) {
-            CUTE_UNROLL
-            for (int j = 0; j < C1 / 8; ++j) bias[j] = load_pair(p.b1, n1_0 + s_col0 + 8 * j, p.N1);
-          }
 
           // GEMM1: S = X_blk · W1[:, chunk]
           cutlass::PipelineState<kStagesX> r1_prev = r1;
@@ -520,17 +540,22 @@ struct B2bKernel {
             }
           } else {
             // F: P = bf16(Act1(S + b1)), columns >= N1 zeroed (TMA zero-fills them in S, but Act1(0 + b1) need
-            // not be 0)
-            CUTE_UNROLL
-            for (int t = 0; t < size(tOrP32); ++t) {
-              int const e = 2 * t;   // elements e, e+1: one row, adjacent columns
-              float2 const bb = bias[e / 4];
-              float y0 = act1(p.act1, tSrS(e) + bb.x);
-              float y1 = act1(p.act1, tSrS(e + 1) + bb.y);
-              if (s_col0 + 8 * (e / 4) >= n1_left) y0 = y1 = 0.f;   // N1 % 8 == 0: a pair is all in or all out
-              __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
-              tOrP32(t) = reinterpret_cast<uint32_t const&>(h);
-            }
+            // not be 0); a chunk inside N1 skips the test.
+            auto f_pairs = [&](auto masked) {
+              CUTE_UNROLL
+              for (int t = 0; t < size(tOrP32); ++t) {
+                int const e = 2 * t;   // elements e, e+1: one row, adjacent columns
+                float2 const bb = __bfloat1622float2(bias[e / 4]);
+                __nv_bfloat162 h = __floats2bfloat162_rn(act1(p.act1, tSrS(e) + bb.x), act1(p.act1, tSrS(e + 1) + bb.y));
+                if constexpr (decltype(masked)::value) {   // N1 % 8 == 0: a pair is all in or all out
+                  if (s_col0 + 8 * (e / 4) >= n1_left) h = __floats2bfloat162_rn(0.f, 0.f);
+                }
+                tOrP32(t) = reinterpret_cast<uint32_t const&>(h);
+              }
+            };
+            if (n1_left >= C1) f_pairs(std::false_type{});
+            else f_pairs(std::true_type{});
+            if (!last) load_b1(c + kSplit);
           }
 
           // GEMM2: O += P · W2[chunk, :], A from registers
@@ -555,6 +580,11 @@ struct B2bKernel {
             w2_pending = false;
           }
         }
+        // b2 of this tile's columns, loaded while the last GEMM2 completes (in the epilogue each 64-column subtile
+        // would wait for its own loads)
+        __nv_bfloat162 b2v[N2T / 8];
+        CUTE_UNROLL
+        for (int j = 0; j < N2T / 8; ++j) b2v[j] = load_bf16_pair(p.b2, nb * N2T + int(get<1>(tOcO(0))) + 8 * j, p.N2);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         if (w2_pending) release(pipe2, ss.pipe2, r2_prev);
@@ -617,7 +647,7 @@ struct B2bKernel {
         for (int sub = 0; sub < N2T / 64; ++sub) {
           CUTE_UNROLL
           for (int j = 8 * sub; j < 8 * sub + 8; ++j) {   // column group j: elements 4j .. 4j+3 (2 rows x 2 cols)
-            float2 const bb = load_pair(p.b2, n2_base + o_col0 + 8 * j, p.N2);
+            float2 const bb = __bfloat1622float2(b2v[j]);
             CUTE_UNROLL
             for (int r = 0; r < 2; ++r) {
               int const e = 4 * j + 2 * r;
