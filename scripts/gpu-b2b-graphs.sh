@@ -68,7 +68,8 @@ fi
 
 # Every graph checked, in parallel (each JIT-compiles its own kernels); then the explain of one.
 checks="tests/gpu/b2b_graphs/dlrm_odd.cf tests/gpu/b2b_graphs/shared_weights_3d.cf tests/gpu/b2b_graphs/attention_odd.cf
-        tests/gpu/b2b_graphs/attention_d40.cf examples/b2b/dlrm_bottom.cf examples/b2b/attention.cf"
+        tests/gpu/b2b_graphs/attention_d40.cf tests/gpu/b2b_graphs/attention_small_batch.cf examples/b2b/dlrm_bottom.cf
+        examples/b2b/attention.cf"
 for f in $checks; do
   n=$(basename "$f" .cf)
   ( timeout 400 "$cli" run "$f" --check > "$OUT/check_$n.log" 2>&1; echo $? > "$OUT/check_$n.rc" ) &
@@ -91,7 +92,7 @@ tail -2 "$OUT/memcheck.log"
 
 if [ $do_bench = 1 ]; then
   for f in examples/b2b/dlrm_bottom.cf examples/b2b/attention.cf tests/gpu/b2b_graphs/attention_512x256x512.cf \
-           tests/gpu/b2b_graphs/attention_256x1024x1024.cf; do
+           tests/gpu/b2b_graphs/attention_256x1024x1024.cf tests/gpu/b2b_graphs/attention_small_batch.cf; do
     n=$(basename "$f" .cf)
     timeout 300 "$cli" bench "$f" > "$OUT/bench_$n.log" 2>&1
     status[4_bench_$n]=$?

@@ -33,11 +33,12 @@
 // instead of reading the next batch's rows.
 // Options: ResidentK (the X block loaded once per tile and kept for all chunks) and Stagger (the two consumer
 // groups take turns issuing GEMM1).
-// The cluster form (SplitN1 = 2, elementwise F): a 2-CTA cluster shares each tile and splits its N1 chunks (rank r
+// The cluster form (SplitN1 = 2): a 2-CTA cluster shares each tile and splits its N1 chunks (rank r
 // takes chunks r, r + 2, ...); each CTA holds a partial O. CTA r owns the rows of its consumer group r: its other
 // group stores its partial for the peer's rows into the peer's SMEM (DSMEM) and signals an mbarrier there; group r
-// adds the peer's partial to its own and runs the epilogue for those rows. Twice the CTAs per tile: for problems
-// with fewer row blocks than SMs. Not here yet: N2 > TileN2 without recomputing GEMM1 (each N2 tile recomputes S).
+// adds the peer's partial to its own and runs the epilogue for those rows (softmax: with the partials' row maxima
+// and sums, both rescaled to the larger maximum). Twice the CTAs per tile: for problems with fewer row blocks than
+// SMs. Not here yet: N2 > TileN2 without recomputing GEMM1 (each N2 tile recomputes S).
 // See docs/kernel-b2b.md.
 #pragma once
 
@@ -109,11 +110,10 @@ struct B2bConfig {
   static_assert(TileK_ % 16 == 0, "TileK: a multiple of 16");
   static constexpr bool kSoftmax = is_row_reduction<Act1_>::value;
   // SplitN1 = 2: the cluster form (a 2-CTA cluster per tile, N1's chunks split between them, partial O summed over
-  // DSMEM). Each CTA owns one consumer group's rows, so 128-row tiles; an elementwise F (a softmax's partial O would
-  // need its row maxima and sums exchanged too: not built).
+  // DSMEM). Each CTA owns one consumer group's rows, so 128-row tiles. With softmax each CTA's partial O comes with
+  // its rows' running maxima and sums, and the owner rescales both halves to the larger maximum before adding.
   static constexpr int kSplit = SplitN1_;
   static_assert(SplitN1_ == 1 || (SplitN1_ == 2 && TileM_ == 128), "the cluster form: 2 CTAs, 128-row tiles");
-  static_assert(SplitN1_ == 1 || !is_row_reduction<Act1_>::value, "the cluster form takes an elementwise F");
   // Registers per consumer thread: O (TileN2 / 2 floats), S (Chunk / 2 floats), P (Chunk / 4 words). Keeping
   // GEMM2 of one chunk in flight during GEMM1 of the next keeps P alive next to the next S.
   static constexpr int kAccRegs = TileN2_ / 2 + Chunk_ / 2 + Chunk_ / 4;
@@ -138,8 +138,9 @@ struct B2bKernel {
   static constexpr int kEpiBytes = kGroups * 64 * 64 * 2;   // one 64 x 64 bf16 staging tile per consumer group
   static constexpr int kSplit = Cfg::kSplit;
   // The cluster form: the peer's partial O for this CTA's rows (one group's 64 x TileN2 fp32), float4 per thread
-  // and 4 accumulators, thread-major (conflict-free 16-byte accesses).
-  static constexpr int kXchgFloats = kSplit > 1 ? 64 * N2T : 4;
+  // and 4 accumulators, thread-major (conflict-free 16-byte accesses); with softmax, one more float4 per thread: its
+  // two rows' maxima and sums.
+  static constexpr int kXchgFloats = kSplit > 1 ? 64 * N2T + (Cfg::kSoftmax ? 4 * 128 : 0) : 4;
   static constexpr bool kXResident = Cfg::kXResident;
   // X resident: one X stage per k-tile of ResidentK, each loaded once per tile; ring 1 then carries W1 only.
   static constexpr int kXTiles = kXResident ? Cfg::kResidentK / TK : 1;
@@ -588,21 +589,25 @@ struct B2bKernel {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         if (w2_pending) release(pipe2, ss.pipe2, r2_prev);
-        if constexpr (Cfg::kSoftmax) {   // O / l, l the quad's four shares of the row's sum
-          float inv[2];
-          CUTE_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            float l = row_sum[r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            inv[r] = 1.f / l;
-          }
+        // Softmax: the row sums l, each the quad's four shares, and O / l (the cluster form divides after adding the
+        // peer's partial, below).
+        auto normalize = [&] {
+          float const inv[2] = {1.f / row_sum[0], 1.f / row_sum[1]};
           CUTE_UNROLL
           for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= inv[(e >> 1) & 1];
+        };
+        if constexpr (Cfg::kSoftmax) {
+          CUTE_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+            row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+          }
+          if constexpr (kSplit == 1) normalize();
         }
 
         if constexpr (kSplit > 1) {
-          if (rank >= p.chunks) {   // no chunk for this CTA (N1 <= Chunk): its partial is zero
+          // No chunk for this CTA (N1 <= Chunk): its partial is zero (softmax: maxima -inf and sums 0, as initialized).
+          if (rank >= p.chunks) {
             CUTE_UNROLL
             for (int e = 0; e < size(tOrO); ++e) tOrO(e) = 0.f;
           }
@@ -614,20 +619,40 @@ struct B2bKernel {
             CUTE_UNROLL
             for (int q = 0; q < size(tOrO) / 4; ++q)
               peer_store(dst + uint32_t(q) * 128 * 16, tOrO(4 * q), tOrO(4 * q + 1), tOrO(4 * q + 2), tOrO(4 * q + 3));
+            if constexpr (Cfg::kSoftmax)
+              peer_store(dst + uint32_t(size(tOrO) / 4) * 128 * 16, row_max[0], row_max[1], row_sum[0], row_sum[1]);
             peer_arrive(peer_addr(smem_u32(&ss.xchg_full), peer));
             continue;
           }
           wait_cluster(&ss.xchg_full, iter & 1);
           float4 const* in = reinterpret_cast<float4 const*>(ss.xchg) + wg_thread;
+          // Softmax: both partials to the larger of the two maxima m (log2 units; a CTA without chunks has -inf,
+          // weight 2^-inf = 0): O = O_self a_self + O_peer a_peer, l likewise, a = 2^(m_x - m).
+          float a_self[2] = {1.f, 1.f}, a_peer[2] = {1.f, 1.f};
+          if constexpr (Cfg::kSoftmax) {
+            float4 const st = in[(size(tOrO) / 4) * 128];
+            float const m_peer[2] = {st.x, st.y}, l_peer[2] = {st.z, st.w};
+            CUTE_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              float const m = fmaxf(row_max[r], m_peer[r]);
+              a_self[r] = fast_exp2(row_max[r] - m);
+              a_peer[r] = fast_exp2(m_peer[r] - m);
+              row_sum[r] = row_sum[r] * a_self[r] + l_peer[r] * a_peer[r];
+            }
+          }
           CUTE_UNROLL
           for (int q = 0; q < size(tOrO) / 4; ++q) {
             float4 const v = in[q * 128];
-            tOrO(4 * q) += v.x;
-            tOrO(4 * q + 1) += v.y;
-            tOrO(4 * q + 2) += v.z;
-            tOrO(4 * q + 3) += v.w;
+            float const vv[4] = {v.x, v.y, v.z, v.w};
+            CUTE_UNROLL
+            for (int i = 0; i < 4; ++i) {
+              int const r = ((4 * q + i) >> 1) & 1;   // the element's row (element e: row (e >> 1) & 1)
+              if constexpr (Cfg::kSoftmax) tOrO(4 * q + i) = tOrO(4 * q + i) * a_self[r] + vv[i] * a_peer[r];
+              else tOrO(4 * q + i) += vv[i];
+            }
           }
           peer_arrive(peer_addr(smem_u32(&ss.xchg_empty), peer));   // the peer may send the next tile's
+          if constexpr (Cfg::kSoftmax) normalize();
         }
 
         // Epilogue: O = Act2(O + b2) -> bf16, staged per 64-column subtile, then 16-byte stores of whole rows.

@@ -149,9 +149,6 @@ void check_chain(const B2BSpec& b, const B2BKernelConfig& c) {
   if (c.tile_n2 / 2 + c.chunk / 2 > 192) throw CodegenError("config " + name + ": O and S exceed a thread's registers");
   if (c.split_n1 != 1 && c.split_n1 != 2) throw CodegenError("config " + name + ": N1 is split over 1 or 2 CTAs");
   if (c.split_n1 == 2 && c.tile_m != 128) throw CodegenError("config " + name + ": the cluster form takes 128-row tiles");
-  if (c.split_n1 == 2 && b.form != B2BForm::Elementwise)
-    throw CodegenError("config " + name + ": the cluster form takes an elementwise F (a softmax's partial O would need "
-                       "its row maxima and sums exchanged too)");
   if (c.resident_k > 0 && b.first.gemm.k > c.resident_k)
     throw CodegenError("K " + std::to_string(b.first.gemm.k) + " exceeds the resident X block of config " + name);
 }

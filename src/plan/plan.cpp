@@ -492,11 +492,13 @@ B2BPlanDecision plan_b2b(const B2BSpec& b) {
   else c = {128, 64, 256, 64, 0, false, 1};
   // The form: the flash-style kernel puts one CTA on a tile; with fewer tiles than SMs the cluster form puts two,
   // each on half of N1's chunks (measured: 9.8 against 11.8 us at 4096x512x256x64; at 65536 rows, 512 tiles, the
-  // flash-style form wins, 41.9 against 53.2 us). Elementwise F and 128-row tiles only.
+  // flash-style form wins, 41.9 against 53.2 us). Softmax too (fifteenth session: attention with 8 / 16 / 64 tiles
+  // 31.3 / 19.4 / 15.0 us against 52.1 / 31.0 / 17.8; with 1024 tiles or more the flash-style form wins). 128-row
+  // tiles only.
   const double batches = b.batch > 1 && b.w1_batched ? double(b.batch) : 1.0;   // a tile never mixes batches
   const double tiles = batches * std::ceil(double(b.rows()) / batches / c.tile_m) * std::ceil(double(b.n2()) / c.tile_n2);
   std::string form = "flash-style B2B kernel";
-  if (b.form == B2BForm::Elementwise && c.tile_m == 128 && tiles < kSms) {
+  if (c.tile_m == 128 && tiles < kSms) {
     c.split_n1 = 2;
     form = fmt("cluster-form B2B kernel (%.0f tiles on ", tiles) + fmt("%.0f SMs: N1 split over 2-CTA clusters)", double(kSms));
   }

@@ -314,15 +314,20 @@ TEST(B2B, PlannerFusesWhereTheKernelWasMeasuredFaster) {
   EXPECT_TRUE(d.fuse) << d.reason;
   EXPECT_EQ(b2b_config_name(d.config), "128x128x64x64");
   EXPECT_EQ(d.reason.rfind("fuse, flash-style B2B kernel 128x128x64x64: measured 0.87x two cuBLASLt GEMMs", 0), 0u) << d.reason;
-  // Target attention: against the batched GEMMs and softmax.
-  d = plan_b2b(only_chain(plan(attention(4, 128, 256, 64))).spec);
+  // Target attention: against the batched GEMMs and softmax; 1024 tiles, the flash-style form.
+  d = plan_b2b(only_chain(plan(attention(1024, 128, 256, 64))).spec);
   EXPECT_TRUE(d.fuse) << d.reason;
   EXPECT_EQ(b2b_config_name(d.config), "128x128x64x64_x64");
+  EXPECT_EQ(d.reason.rfind("fuse, flash-style B2B kernel 128x128x64x64_x64: measured 0.24x", 0), 0u) << d.reason;
+  // 4 batches of 128 rows: 4 tiles, the cluster form (measured 0.60x the flash-style form at 8 tiles)
+  d = plan_b2b(only_chain(plan(attention(4, 128, 256, 64))).spec);
+  EXPECT_TRUE(d.fuse) << d.reason;
+  EXPECT_EQ(b2b_config_name(d.config), "128x128x64x64_x64_c2");
   EXPECT_NE(d.reason.find("0.74x SDPA's flash kernel at 128 rows per batch x K 64 x N1 256 x N2 64"), std::string::npos)
       << d.reason;
   // Small odd shapes of the same classes fuse too (a tile's worth of work: one kernel instead of two). With fewer
-  // tiles than SMs an elementwise chain takes the cluster form (measured 0.54x against the flash-style form's 0.65x
-  // at 4096 rows); attention keeps the flash-style form.
+  // tiles than SMs a chain takes the cluster form (measured 0.54x against the flash-style form's 0.65x at 4096 rows;
+  // attention with 8 tiles 31.3 against 52.1 us).
   d = plan_b2b(only_chain(plan(dlrm(1000, 40, 200, 24))).spec);
   EXPECT_TRUE(d.fuse);
   EXPECT_EQ(b2b_config_name(d.config), "128x128x64x64_c2");
@@ -330,7 +335,7 @@ TEST(B2B, PlannerFusesWhereTheKernelWasMeasuredFaster) {
                            "128x128x64x64_c2: measured 0.54x two cuBLASLt GEMMs at 4096x512x256x64 (the cluster form; "
                            "the flash-style form 0.65x)", 0), 0u) << d.reason;
   EXPECT_TRUE(plan_b2b(only_chain(plan(attention(3, 77, 1000, 40))).spec).fuse);
-  EXPECT_EQ(plan_b2b(only_chain(plan(attention(3, 77, 1000, 40))).spec).config.split_n1, 1);
+  EXPECT_EQ(plan_b2b(only_chain(plan(attention(3, 77, 1000, 40))).spec).config.split_n1, 2);
   // 1056 tiles: the flash-style form (the cluster form lost at 65536 rows: 53.2 against 41.9 us)
   EXPECT_EQ(plan_b2b(only_chain(plan(dlrm(135168, 512, 256, 64))).spec).config.split_n1, 1);
   // a small GELU chain with a wide N1 was measured slower than two GEMMs in both forms: declined
@@ -436,15 +441,22 @@ TEST(B2B, PsiRefusesWhatTheKernelCannotRead) {
   auto r = psi_b2b_rejects(only_chain(plan(dlrm(256, 64, 64, 64))).spec, B2BKernelConfig{96, 128, 64, 64, 0, false, 1});
   ASSERT_TRUE(r.has_value());
   EXPECT_NE(r->find("config 96x128x64x64: tile M is 64 or 128"), std::string::npos) << *r;
-  // the cluster form: elementwise F, 128-row tiles
+  // the cluster form, 128-row tiles: elementwise F
   const B2BKernelConfig cluster{128, 128, 64, 64, 0, false, 2};
   EXPECT_FALSE(psi_b2b_rejects(only_chain(plan(dlrm(256, 64, 64, 64))).spec, cluster).has_value());
   EXPECT_NE(generate_b2b_kernel(only_chain(plan(dlrm(256, 64, 64, 64))).spec, cluster).source.find(", false, 2>;"),
             std::string::npos);
   EXPECT_EQ(b2b_config_name(cluster), "128x128x64x64_c2");
-  r = psi_b2b_rejects(only_chain(plan(attention(2, 16, 32, 64))).spec, B2BKernelConfig{128, 128, 64, 64, 64, false, 2});
+  // and softmax (each partial O with its rows' maxima and sums)
+  const B2BKernelConfig cluster_attn{128, 128, 64, 64, 64, false, 2};
+  EXPECT_FALSE(psi_b2b_rejects(only_chain(plan(attention(2, 16, 32, 64))).spec, cluster_attn).has_value());
+  EXPECT_NE(generate_b2b_kernel(only_chain(plan(attention(2, 16, 32, 64))).spec, cluster_attn)
+                .source.find("OnlineSoftmax, F2, 2, 64, false, 2>;"),
+            std::string::npos);
+  // but not with 64-row tiles
+  r = psi_b2b_rejects(only_chain(plan(attention(2, 16, 32, 64))).spec, B2BKernelConfig{64, 128, 64, 64, 64, false, 2});
   ASSERT_TRUE(r.has_value());
-  EXPECT_NE(r->find("the cluster form takes an elementwise F"), std::string::npos) << *r;
+  EXPECT_NE(r->find("the cluster form takes 128-row tiles"), std::string::npos) << *r;
 }
 
 // ---- interpreter: the kernel's order against the Graph interpreter ----
@@ -603,9 +615,9 @@ TEST(B2B, CompiledGraphLoadsAFusedChainAndExplainsIt) {
   ASSERT_EQ(cg.chains().size(), 1u);
   EXPECT_EQ(cg.chains()[0].kernel.name, name);
   std::string ex = cg.explain();
-  EXPECT_NE(ex.find("b2b chain 0 ('_2' -> 'y'): " + name + " 128x128x64x64_x64, cache hit, in place of its nodes' steps"),
+  EXPECT_NE(ex.find("b2b chain 0 ('_2' -> 'y'): " + name + " 128x128x64x64_x64_c2, cache hit, in place of its nodes' steps"),
             std::string::npos) << ex;
-  EXPECT_NE(ex.find("plan: fuse, flash-style B2B kernel"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("plan: fuse, cluster-form B2B kernel"), std::string::npos) << ex;
   // Without the b2b line (an older manifest) the chain runs as its nodes, and explain says so.
   std::ofstream(d / "manifest.txt") << "plain comfuse_plain_path comfuse_plain_path.so\n";
   cg = Compiler().load(g, d.string());

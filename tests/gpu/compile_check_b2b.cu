@@ -1,6 +1,6 @@
 // Compile-only check of the back-to-back GEMM header (kernels/comfuse/b2b.cuh) for sm_90a, run by ctest where nvcc
 // exists, GPU or not: both weight layouts, one and two consumer groups, with and without GEMM2 kept in flight, and
-// the X-resident, staggered form, target attention and the cluster form.
+// the X-resident, staggered form, target attention and the cluster form (elementwise F and softmax).
 #include "comfuse/b2b.cuh"
 
 namespace {
@@ -28,8 +28,17 @@ using CfgCluster = b2b::B2bConfig<bf16, BLayout::KN, BLayout::KN, 128, 128, 64, 
                                   false, 2>;
 static_assert(b2b::B2bKernel<CfgCluster>::kStagesX >= 4 && b2b::B2bKernel<CfgCluster>::kSmemBytes <= 232448,
               "the cluster form: the exchange buffer (64 x 64 fp32, 16 KB) leaves ring 1 four stages or more");
+// the cluster form with softmax: each partial O comes with its rows' maxima and sums (one more float4 per thread)
+using CfgClusterAttn = b2b::B2bConfig<bf16, BLayout::NK, BLayout::KN, 128, 128, 64, 64, b2b::OnlineSoftmax, b2b::Identity,
+                                      2, 64, false, 2>;
+static_assert(b2b::B2bKernel<CfgClusterAttn>::kXchgFloats == 64 * 64 + 4 * 128 &&
+                  b2b::B2bKernel<CfgClusterAttn>::kSmemBytes <= 232448,
+              "the cluster form with softmax: the exchange carries the row statistics");
 }  // namespace
 
+cudaError_t compile_check_b2b_cluster_attention(b2b::B2b<CfgClusterAttn>::Arguments const& a) {
+  return b2b::B2b<CfgClusterAttn>::run(a);
+}
 cudaError_t compile_check_b2b_cluster(b2b::B2b<CfgCluster>::Arguments const& a) { return b2b::B2b<CfgCluster>::run(a); }
 cudaError_t compile_check_b2b_attention(b2b::B2b<CfgAttn>::Arguments const& a) { return b2b::B2b<CfgAttn>::run(a); }
 cudaError_t compile_check_b2b_gelu(b2b::B2b<CfgGelu>::Arguments const& a) { return b2b::B2b<CfgGelu>::run(a); }

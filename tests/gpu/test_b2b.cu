@@ -6,7 +6,8 @@
 //   test_b2b --bench-attention [--filter SUBSTR] [--reps N]
 //
 // Softmax instances (target attention, F = softmax over N1 of scale · X·W1, batched): tested on the WORKLOADS.md
-// §2 attention shapes and odd ones (batch of 3, M = 1000, N1 not a multiple of the chunk, N2 > TileN2, scale 30),
+// §2 attention shapes, three with fewer tiles than SMs (small batch, long keys: the cluster form's case) and odd ones
+// (batch of 3, M = 1000, N1 not a multiple of the chunk, N2 > TileN2, scale 30),
 // against P = bf16(softmax(scale · H)) in fp32 per batch, tolerance 2^-8 |ref| + 2^-7 A (both sides round the
 // weights to bf16: at most 2^-8 relative each).
 //
@@ -98,6 +99,12 @@ std::vector<B2bShape> attention_shapes() {
   return {{128, 64, 256, 64, Act::Softmax, Act::None, "attn_1", 1024, 1.f},
           {256, 64, 512, 64, Act::Softmax, Act::None, "attn_2", 512, 1.f},
           {1024, 64, 1024, 64, Act::Softmax, Act::None, "attn_3", 256, 1.f}};
+}
+// Target attention with fewer tiles than SMs (long keys, small batch: the cluster form's case), tested and benched.
+std::vector<B2bShape> small_batch_attention_shapes() {
+  return {{256, 64, 4096, 64, Act::Softmax, Act::None, "attn_small_1", 4, 1.f},
+          {128, 64, 2048, 64, Act::Softmax, Act::None, "attn_small_2", 16, 1.f},
+          {128, 64, 1024, 64, Act::Softmax, Act::None, "attn_small_3", 64, 1.f}};
 }
 // Odd attention shapes: a batch of 3, M = 1000 (a partial row block per batch), N1 not a multiple of the chunk,
 // N2 > TileN2 (two column tiles), D < TileK, and logits of +-120 (scale 30: exp would overflow without the shift).
@@ -867,7 +874,11 @@ int main(int argc, char** argv) {
     std::printf("FAILED: no b2b instance compiled in\n");
     return 1;
   }
-  if (bench_attention) return run_attention_bench(attention_shapes(), filter, reps);
+  if (bench_attention) {
+    std::vector<B2bShape> att = attention_shapes();
+    for (auto const& s : small_batch_attention_shapes()) att.push_back(s);
+    return run_attention_bench(att, filter, reps);
+  }
   if (bench) {
     if (shapes.empty()) {
       shapes = workload_shapes();
@@ -882,6 +893,7 @@ int main(int argc, char** argv) {
     if (!odd_only) {
       shapes = workload_shapes();
       for (auto const& s : attention_shapes()) shapes.push_back(s);
+      for (auto const& s : small_batch_attention_shapes()) shapes.push_back(s);
     }
     for (auto const& s : odd_shapes()) shapes.push_back(s);
     for (auto const& s : odd_attention_shapes()) shapes.push_back(s);

@@ -1,7 +1,7 @@
 """Back-to-back GEMM chains (GEMM1 -> F -> GEMM2, docs/kernel-b2b.md "Graph level") captured from nn.Modules:
 the frontend's graphs reach partition with the chain intact (Linear -> act -> Linear with nn.Linear's [N, K]
 weights, and target attention written out in ops), and the user sees each chain, recognised or not, with the
-planner's decision (the DLRM MLP's and the attention's shape classes fuse, where the flash-style kernel was measured
+planner's decision (the DLRM MLP's and the attention's shape classes fuse, where the kernel was measured
 faster) in the log and in comfuse.explain; in the backend's CPU reference mode a fused chain becomes one
 comfuse::fused_chain call. CPU only: the workload shapes are captured on the meta device (nothing is computed), the small
 ones on CPU tensors."""
@@ -145,7 +145,7 @@ def test_attention_chain_through_the_inductor_pass(scale, divide, caplog):
     assert c.recognised and c.spec.form == "softmax", c.reason
     msgs = messages(caplog)
     assert any("back-to-back chain 0: GEMM 'bmm' -> GEMM 'bmm_1': recognised (F softmax)" in s and
-               "the planner fuses it (fuse, flash-style B2B kernel" in s for s in msgs), msgs
+               "the planner fuses it (fuse, cluster-form B2B kernel" in s for s in msgs), msgs   # 2 tiles
 
 
 def test_dlrm_chain_through_the_inductor_pass(caplog):
@@ -171,7 +171,8 @@ def test_explain_lists_the_chain_and_the_decision():
     text = buf.getvalue()
     assert "back-to-back chains (GEMM1 -> F -> GEMM2 -> epilogue2" in text
     assert "chain 0: GEMM 'bmm' -> GEMM 'bmm_1': recognised (F softmax)" in text
-    assert "the planner fuses it (fuse, flash-style B2B kernel 128x128x64x64_x64" in text
+    assert "the planner fuses it (fuse, cluster-form B2B kernel (2 tiles on 132 SMs" in text
+    assert "128x128x64x64_x64_c2" in text
     assert "b2b: F softmax" in text                  # the B2BSpec, in the partition's text
 
 
@@ -317,8 +318,8 @@ def test_a_fused_chain_becomes_one_call_in_the_reference_pass(case, caplog):
     assert rep.fused_chains == {0}, messages(caplog)
     assert not rep.fused & backend_chain_regions(rep)
     msgs = messages(caplog)
-    form = "flash-style" if case.startswith("attention") else "cluster-form"   # small elementwise chains: the cluster form
-    assert any(f"back-to-back chain 0: fused as one kernel (fuse, {form} B2B kernel" in s for s in msgs), msgs
+    # small chains (fewer tiles than SMs): the cluster form
+    assert any("back-to-back chain 0: fused as one kernel (fuse, cluster-form B2B kernel" in s for s in msgs), msgs
     assert any("1 back-to-back chain(s) run as ComFuse kernels" in s for s in msgs), msgs
 
 
