@@ -12,21 +12,13 @@
 // grid, after a warm-up launch; TFLOP/s = 2 * 64 * groups * N * 64 * iterations * SMs / time.
 #include <cstdio>
 #include <cstdlib>
-#include <cuda_runtime.h>
 
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/builders/sm90_common.inl"
 
-#define CHECK(x)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+#include "../tests/gpu/gpu_common.cuh"   // CF_CHECK
 
 using namespace cute;
 using bf16 = cutlass::bfloat16_t;
@@ -94,36 +86,36 @@ template <int N, bool RS, int Groups>
 void run(char const* name, int sms, int iters, float* sink) {
   using R = Rate<N, RS, Groups>;
   auto k = rate_kernel<N, RS, Groups>;
-  CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, R::kSmem));
+  CF_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, R::kSmem));
   k<<<sms, R::kThreads, R::kSmem>>>(sink, iters);   // warm-up
-  CHECK(cudaGetLastError());
+  CF_CHECK(cudaGetLastError());
   cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
+  CF_CHECK(cudaEventCreate(&t0));
+  CF_CHECK(cudaEventCreate(&t1));
   float best = 1e30f;
   for (int rep = 0; rep < 5; ++rep) {
-    CHECK(cudaEventRecord(t0));
+    CF_CHECK(cudaEventRecord(t0));
     k<<<sms, R::kThreads, R::kSmem>>>(sink, iters);
-    CHECK(cudaEventRecord(t1));
-    CHECK(cudaEventSynchronize(t1));
+    CF_CHECK(cudaEventRecord(t1));
+    CF_CHECK(cudaEventSynchronize(t1));
     float ms;
-    CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    CF_CHECK(cudaEventElapsedTime(&ms, t0, t1));
     best = ms < best ? ms : best;
   }
   double flops = 2.0 * R::M * N * R::K * double(iters) * sms;
   double smem_per_k16 = (RS ? 0.0 : 64.0 * 16 * 2 * Groups) + double(N) * 16 * 2 * Groups;   // bytes read per k16 step
   std::printf("| %-26s | %d | %7.1f | %5.1f%% | %6.0f |\n", name, Groups, flops / (best * 1e-3) / 1e12,
               100.0 * flops / (best * 1e-3) / 989.4e12, smem_per_k16 / (double(64) * Groups * N * 16) * 2048.0);
-  CHECK(cudaEventDestroy(t0));
-  CHECK(cudaEventDestroy(t1));
+  CF_CHECK(cudaEventDestroy(t0));
+  CF_CHECK(cudaEventDestroy(t1));
 }
 
 int main(int argc, char** argv) {
   int iters = argc > 1 ? std::atoi(argv[1]) : 20000;
   int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CF_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   float* sink;
-  CHECK(cudaMalloc(&sink, size_t(sms) * 256 * sizeof(float)));
+  CF_CHECK(cudaMalloc(&sink, size_t(sms) * 256 * sizeof(float)));
   std::printf("WGMMA rate, %d SMs, %d iterations of 4 k16 WGMMAs per group; %% of 989.4 TFLOP/s (dense bf16 peak);\n"
               "last column: SMEM bytes read per clock at the peak MAC rate (2048 MAC/clk/SM), by arithmetic\n\n",
               sms, iters);
@@ -134,6 +126,6 @@ int main(int argc, char** argv) {
   run<256, false, 2>("SS m64n256k16", sms, iters, sink);
   run<64, true, 2>("RS m64n64k16", sms, iters, sink);
   run<256, true, 2>("RS m64n256k16", sms, iters, sink);
-  CHECK(cudaFree(sink));
+  CF_CHECK(cudaFree(sink));
   return 0;
 }

@@ -626,8 +626,8 @@ struct B2bKernel {
           }
           wait_cluster(&ss.xchg_full, iter & 1);
           float4 const* in = reinterpret_cast<float4 const*>(ss.xchg) + wg_thread;
-          // Softmax: both partials to the larger of the two maxima m (log2 units; a CTA without chunks has -inf,
-          // weight 2^-inf = 0): O = O_self a_self + O_peer a_peer, l likewise, a = 2^(m_x - m).
+          // O = O_self a_self + O_peer a_peer, a = 1 for an elementwise F. Softmax: both partials to the larger of the
+          // two maxima m (log2 units; a CTA without chunks has -inf, weight 2^-inf = 0), a = 2^(m_x - m), l likewise.
           float a_self[2] = {1.f, 1.f}, a_peer[2] = {1.f, 1.f};
           if constexpr (Cfg::kSoftmax) {
             float4 const st = in[(size(tOrO) / 4) * 128];
@@ -647,8 +647,7 @@ struct B2bKernel {
             CUTE_UNROLL
             for (int i = 0; i < 4; ++i) {
               int const r = ((4 * q + i) >> 1) & 1;   // the element's row (element e: row (e >> 1) & 1)
-              if constexpr (Cfg::kSoftmax) tOrO(4 * q + i) = tOrO(4 * q + i) * a_self[r] + vv[i] * a_peer[r];
-              else tOrO(4 * q + i) += vv[i];
+              tOrO(4 * q + i) = tOrO(4 * q + i) * a_self[r] + vv[i] * a_peer[r];
             }
           }
           peer_arrive(peer_addr(smem_u32(&ss.xchg_empty), peer));   // the peer may send the next tile's
