@@ -82,7 +82,7 @@ struct is_row_reduction<OnlineSoftmax> : std::true_type {};
 
 template <class Element_, BLayout LayoutW1_, BLayout LayoutW2_, int TileM_, int Chunk_, int TileN2_, int TileK_,
           class Act1_, class Act2_ = Identity, int StagesW2_ = 2, int ResidentK_ = 0,
-          bool Stagger_ = false, int SplitN1_ = 1, bool Piped_ = false>
+          bool Stagger_ = false, int SplitN1_ = 1>
 struct B2bConfig {
   using Element = Element_;
   using Act1 = Act1_;
@@ -119,12 +119,6 @@ struct B2bConfig {
   static constexpr int kAccRegs = TileN2_ / 2 + Chunk_ / 2 + Chunk_ / 4;
   static_assert(TileN2_ / 2 + Chunk_ / 2 <= 192, "O and S accumulators exceed a consumer thread's registers");
   static constexpr bool kOverlap = kAccRegs <= 176;
-  // Piped: the warp groups split by role (b2b_piped.cuh): one computes S (GEMM1 transposed, W1's 64-column chunk
-  // as the M side) and F and hands P through SMEM to two groups that run GEMM2 and hold O.
-  static constexpr bool kPiped = Piped_;
-  static_assert(!Piped_ || (TileM_ == 128 && Chunk_ == 64 && ResidentK_ > 0 && !kSoftmax && SplitN1_ == 1 && !Stagger_),
-                "the piped form: 128-row tiles, 64-column chunks (GEMM1's M), X resident, an elementwise F, one CTA "
-                "per tile");
 };
 
 template <class Cfg>
@@ -717,13 +711,10 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   Kernel::run(params, comfuse_b2b_smem);
 }
 
-template <class Cfg>
-struct B2bPipedKernel;   // b2b_piped.cuh
-
 // Host side: argument checking and launch.
 template <class Cfg>
 struct B2b {
-  using Kernel = std::conditional_t<Cfg::kPiped, B2bPipedKernel<Cfg>, B2bKernel<Cfg>>;
+  using Kernel = B2bKernel<Cfg>;
   using Element = typename Cfg::Element;
 
   struct Arguments {
@@ -936,5 +927,3 @@ struct B2b {
 };
 
 }  // namespace comfuse::b2b
-
-#include "comfuse/b2b_piped.cuh"   // the piped form, which B2b launches for Cfg::kPiped
