@@ -58,6 +58,7 @@
 
 #include "comfuse/epilogue/ops.cuh"
 #include "comfuse/gemm.cuh"   // BLayout
+#include "comfuse/trace.cuh"  // the opt-in timeline (-DCOMFUSE_TRACE)
 
 namespace comfuse::b2b {
 
@@ -431,6 +432,10 @@ struct B2bKernel {
       bool const stagger = Cfg::kStagger && p.k_tiles <= kStagesX;
       if (stagger && group == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurn) : "memory");
       uint32_t iter = 0;   // tiles done by this CTA: the exchange barriers' phase
+#ifdef COMFUSE_TRACE
+      int trace_it = 0;              // chunks of this group, across tiles: the record index
+      trace::Stamp* tr = nullptr;    // the current chunk's record
+#endif
       for (int tile = first_tile; tile < p.total; tile += tile_step, ++iter) {
         int const b = tile / (p.tiles_m * p.tiles_n2), mb = tile / p.tiles_n2 % p.tiles_m, nb = tile % p.tiles_n2;
         // Online softmax state of this thread's two rows (r = 0: row0, r = 1: row0 + 8): the running maximum of
@@ -452,13 +457,19 @@ struct B2bKernel {
         for (int c = rank; c < p.chunks; c += kSplit) {   // this CTA's chunks (all of them without a cluster)
           int const n1_0 = c * C1;
           bool const first = c == rank, last = c + kSplit >= p.chunks;
+#ifdef COMFUSE_TRACE
+          tr = trace::slot(int(blockIdx.x), group, trace_it++);
+#endif
+          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bChunkStart);
 
           // GEMM1: S = X_blk · W1[:, chunk]
           cutlass::PipelineState<kStagesX> r1_prev = r1;
           cutlass::PipelineState<kXTiles> rxk = rx;
           if (stagger) asm volatile("bar.sync %0, 256;\n" ::"r"(kTurn + group) : "memory");
+          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bTurn);
           for (int k = 0; k < p.k_tiles; ++k) {
             pipe1.consumer_wait(r1);
+            if (k == 0) COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bW1Ready);
             int const s = r1.index();
             int sx = s;
             if constexpr (kXResident) {
@@ -485,9 +496,11 @@ struct B2bKernel {
             r1_prev = r1;
             ++r1;
           }
+          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bGemm1Issued);
           if (stagger) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurn + 1 - group) : "memory");
           warpgroup_wait<0>();
           warpgroup_fence_operand(tSrS);
+          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bGemm1Done);
           release(pipe1, ss.pipe1, r1_prev);
           if constexpr (kXResident) {
             if (last) {   // the tile's last GEMM1 is done: its X stages may take the next tile's block
@@ -559,8 +572,10 @@ struct B2bKernel {
             if (!last) load_b1(c + kSplit);
           }
 
+          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bFDone);
           // GEMM2: O += P · W2[chunk, :], A from registers
           pipe2.consumer_wait(r2);
+          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bW2Ready);
           warpgroup_fence_operand(tOrP);
           warpgroup_fence_operand(tOrO);
           warpgroup_arrive();
@@ -571,6 +586,7 @@ struct B2bKernel {
           }
           warpgroup_commit_batch();
           warpgroup_fence_operand(tOrO);
+          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bGemm2Issued);
           r2_prev = r2;
           ++r2;
           w2_pending = true;
@@ -691,6 +707,7 @@ struct B2bKernel {
           }
           asm volatile("bar.sync %0, 128;\n" ::"r"(8 + group) : "memory");   // staging free for the next subtile
         }
+        COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bTileEnd);
       }
       // Group 1 arrived once more than group 0 waited (its head start): take that arrival, so that no named
       // barrier is left half-complete when the CTA exits.

@@ -1,4 +1,4 @@
-// Opt-in timeline of the persistent GEMM (compile with -DCOMFUSE_TRACE; without it every mark compiles to
+// Opt-in timeline of the persistent GEMM and the back-to-back kernel (compile with -DCOMFUSE_TRACE; without it every mark compiles to
 // nothing). Thread 0 of each consumer warp group stamps fixed events of every tile it handles with
 // %globaltimer (ns, comparable across SMs) and clock64 (SM cycles), into a buffer the host reads back:
 //
@@ -32,6 +32,21 @@ enum Event : int {
   KernelEntry = 28,      // (iteration 0's record of group 0) the CTA's first instruction
   KernelExit = 29,       // (the same record) consumer group 0 done, the launch's finish counted
   TileIndex = 31,        // {tile index u, 0}
+};
+
+// The back-to-back kernel (b2b.cuh) records one iteration per N1 chunk of a consumer group (its chunks counted
+// across tiles) with these events; test_b2b --trace reads them.
+enum B2bEvent : int {
+  B2bChunkStart = 0,   // the chunk's first instruction (before a staggered group's turn)
+  B2bTurn = 1,         // staggered groups: the turn came
+  B2bW1Ready = 2,      // the chunk's first ring-1 k-tile landed
+  B2bGemm1Issued = 3,  // every GEMM1 k-tile issued (each waited for its stage, the first also for GEMM2 of the
+                       // previous chunk)
+  B2bGemm1Done = 4,    // S complete
+  B2bFDone = 5,        // P in registers
+  B2bW2Ready = 6,      // the chunk's W2 stage landed
+  B2bGemm2Issued = 7,  // GEMM2 issued
+  B2bTileEnd = 8,      // (in the tile's last chunk) the epilogue's stores done
 };
 
 struct Stamp {

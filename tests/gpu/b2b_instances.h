@@ -50,6 +50,9 @@ struct B2bInstance {
   // Encodes the TMA descriptors once; the returned launcher only launches (for timing and graph capture).
   std::function<cudaError_t(cudaStream_t)> (*prepare)(B2bProblem const&);
   int (*grid)(B2bProblem const&);   // CTAs of the launch
+  // Built with -DCOMFUSE_TRACE: points the instance's timeline buffer (comfuse/trace.cuh) at `buffer` (null: off).
+  // Null in an untraced build.
+  cudaError_t (*set_trace)(void* buffer);
 };
 
 std::vector<B2bInstance>& b2b_registry();

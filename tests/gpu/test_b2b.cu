@@ -4,6 +4,7 @@
 //   test_b2b [--shape M,K,N1,N2]... [--filter SUBSTR] [--seed S] [--no-graph] [--odd-only]
 //   test_b2b --bench [--shape M,K,N1,N2[,ACT1,ACT2]]... [--filter SUBSTR] [--reps N]
 //   test_b2b --bench-attention [--filter SUBSTR] [--reps N]
+//   test_b2b --trace [--shape M,K,N1,N2[,ACT1,ACT2]] [--filter SUBSTR]   (instances built with -DCOMFUSE_TRACE)
 //
 // Softmax instances (target attention, F = softmax over N1 of scale · X·W1, batched): tested on the WORKLOADS.md
 // §2 attention shapes, three with fewer tiles than SMs (small batch, long keys: the cluster form's case) and odd ones
@@ -41,6 +42,7 @@
 #include <cublasLt.h>
 
 #include "b2b_instances.h"
+#include "comfuse/trace.cuh"
 #include "gpu_common.cuh"
 
 using namespace comfuse::gpu;
@@ -832,10 +834,133 @@ int run_attention_bench(std::vector<B2bShape> shapes, std::string const& filter,
 
 }  // namespace
 
+// --trace (instances built with -DCOMFUSE_TRACE, b2b.cuh's marks): one launch of each traced instance on the first
+// shape (default: the first GELU MLP), after a warm-up launch, and its timeline summarized (comfuse/trace.cuh
+// B2bEvent; SM cycles, means over every recorded chunk of every consumer group): where a group's chunk goes, the
+// chunk period, and how much of F runs while the CTA's other group is in F too (then neither issues WGMMAs).
+int run_trace(std::vector<B2bShape> shapes, std::string const& filter) {
+  namespace trace = comfuse::trace;
+  using trace::Stamp;
+  B2bShape s = shapes.empty() ? workload_shapes()[0] : shapes[0];
+  if (any_instance(s)) s.act1 = Act::Gelu;
+  int traced = 0;
+  for (B2bInstance const& in : b2b_registry()) {
+    if (in.set_trace == nullptr || in.act1 != s.act1 || in.act2 != s.act2) continue;
+    if (!filter.empty() && in.name.find(filter) == std::string::npos) continue;
+    int64_t MK = int64_t(s.M) * s.K, KN1 = int64_t(s.K) * s.N1, N1N2 = int64_t(s.N1) * s.N2;
+    __nv_bfloat16 *X, *W1, *b1, *W2, *b2, *O;
+    CF_CHECK(cudaMalloc(&X, MK * 2));
+    CF_CHECK(cudaMalloc(&W1, KN1 * 2));
+    CF_CHECK(cudaMalloc(&b1, s.N1 * 2));
+    CF_CHECK(cudaMalloc(&W2, N1N2 * 2));
+    CF_CHECK(cudaMalloc(&b2, s.N2 * 2));
+    CF_CHECK(cudaMalloc(&O, int64_t(s.M) * s.N2 * 2));
+    fill_uniform<<<1024, 256>>>(X, MK, 1, -1.f, 1.f);
+    fill_uniform<<<1024, 256>>>(W1, KN1, 2, -0.1f, 0.1f);
+    fill_uniform<<<64, 256>>>(b1, s.N1, 3, -1.f, 1.f);
+    fill_uniform<<<1024, 256>>>(W2, N1N2, 4, -0.1f, 0.1f);
+    fill_uniform<<<64, 256>>>(b2, s.N2, 5, -0.5f, 0.5f);
+    CF_CHECK(cudaGetLastError());
+    B2bProblem p;
+    p.X = X;
+    p.W1kn = p.W1nk = W1;   // timing only: either layout reads the same buffer
+    p.b1 = b1;
+    p.W2kn = p.W2nk = W2;
+    p.b2 = b2;
+    p.O = O;
+    p.M = s.M;
+    p.K = s.K;
+    p.N1 = s.N1;
+    p.N2 = s.N2;
+    if (char const* why = in.can_implement(p)) {
+      std::printf("trace %s: cannot run this shape: %s\n", in.name.c_str(), why);
+      continue;
+    }
+    ++traced;
+    int const grid = in.grid(p);
+    size_t const n = size_t(grid) * 2 * trace::kMaxIters * trace::kEvents;
+    Stamp* buf = nullptr;
+    CF_CHECK(cudaMalloc(&buf, n * sizeof(Stamp)));
+    auto launch = in.prepare(p);
+    CF_CHECK(in.set_trace(nullptr));
+    CF_CHECK(launch(nullptr));   // warm-up, untraced
+    CF_CHECK(cudaMemset(buf, 0, n * sizeof(Stamp)));
+    CF_CHECK(in.set_trace(buf));
+    CF_CHECK(launch(nullptr));
+    CF_CHECK(cudaDeviceSynchronize());
+    CF_CHECK(in.set_trace(nullptr));
+    std::vector<Stamp> h(n);
+    CF_CHECK(cudaMemcpy(h.data(), buf, n * sizeof(Stamp), cudaMemcpyDeviceToHost));
+    auto rec = [&](int cta, int g, int it) { return &h[(size_t(cta * 2 + g) * trace::kMaxIters + it) * trace::kEvents]; };
+    // steps of a chunk: from event a to event b
+    struct Step {
+      char const* name;
+      int a, b;
+    };
+    Step const steps[] = {{"turn wait (staggered)", trace::B2bChunkStart, trace::B2bTurn},
+                          {"ring-1 wait (first k-tile)", trace::B2bTurn, trace::B2bW1Ready},
+                          {"GEMM1 issue (+ waits: later k-tiles, previous GEMM2)", trace::B2bW1Ready, trace::B2bGemm1Issued},
+                          {"GEMM1 tail (wait for S)", trace::B2bGemm1Issued, trace::B2bGemm1Done},
+                          {"F", trace::B2bGemm1Done, trace::B2bFDone},
+                          {"ring-2 wait (W2 stage)", trace::B2bFDone, trace::B2bW2Ready},
+                          {"GEMM2 issue", trace::B2bW2Ready, trace::B2bGemm2Issued}};
+    constexpr int kSteps = sizeof(steps) / sizeof(steps[0]);
+    double sum[kSteps] = {}, period = 0, to_next = 0, epi = 0, f_total = 0, f_both = 0;
+    long cnt = 0, nper = 0, nepi = 0;
+    for (int cta = 0; cta < grid; ++cta) {
+      for (int g = 0; g < 2; ++g) {
+        for (int it = 0; it < trace::kMaxIters; ++it) {
+          Stamp const* r = rec(cta, g, it);
+          if (r[trace::B2bChunkStart].clock == 0 || r[trace::B2bGemm2Issued].clock == 0) break;
+          for (int k = 0; k < kSteps; ++k) sum[k] += double(r[steps[k].b].clock - r[steps[k].a].clock);
+          ++cnt;
+          if (r[trace::B2bTileEnd].clock) {
+            epi += double(r[trace::B2bTileEnd].clock - r[trace::B2bGemm2Issued].clock);
+            ++nepi;
+          } else if (it + 1 < trace::kMaxIters && rec(cta, g, it + 1)[trace::B2bChunkStart].clock) {
+            period += double(rec(cta, g, it + 1)[trace::B2bChunkStart].clock - r[trace::B2bChunkStart].clock);
+            to_next += double(rec(cta, g, it + 1)[trace::B2bChunkStart].clock - r[trace::B2bGemm2Issued].clock);
+            ++nper;
+          }
+          // F overlapping the other group's F (any of its recorded chunks)
+          unsigned long long const f0 = r[trace::B2bGemm1Done].clock, f1 = r[trace::B2bFDone].clock;
+          f_total += double(f1 - f0);
+          for (int jt = 0; jt < trace::kMaxIters; ++jt) {
+            Stamp const* o = rec(cta, 1 - g, jt);
+            if (o[trace::B2bChunkStart].clock == 0) break;
+            unsigned long long const lo = std::max(f0, o[trace::B2bGemm1Done].clock);
+            unsigned long long const hi = std::min(f1, o[trace::B2bFDone].clock);
+            if (hi > lo) f_both += double(hi - lo);
+          }
+        }
+      }
+    }
+    std::printf("\ntrace %s  shape %s M=%d K=%d N1=%d N2=%d  grid %d, %ld chunk records (first %d chunks of each group)\n",
+                in.name.c_str(), s.label, s.M, s.K, s.N1, s.N2, grid, cnt, trace::kMaxIters);
+    if (cnt == 0 || nper == 0) {
+      std::printf("FAILED: no complete chunk record\n");
+      return 1;
+    }
+    std::printf("  %-56s %10s\n", "step of a group's chunk (mean SM cycles)", "cycles");
+    for (int k = 0; k < kSteps; ++k) std::printf("  %-56s %10.0f\n", steps[k].name, sum[k] / cnt);
+    std::printf("  %-56s %10.0f\n", "GEMM2 issued -> next chunk starts (same tile)", to_next / nper);
+    std::printf("  %-56s %10.0f\n", "chunk period (same tile)", period / nper);
+    if (nepi) std::printf("  %-56s %10.0f\n", "tile end: GEMM2 issued -> epilogue stored", epi / nepi);
+    std::printf("  %-56s %9.1f%%\n", "F while the other group is in F too", 100.0 * f_both / f_total);
+    CF_CHECK(cudaFree(buf));
+    for (void* q : {(void*)X, (void*)W1, (void*)b1, (void*)W2, (void*)b2, (void*)O}) CF_CHECK(cudaFree(q));
+  }
+  if (traced == 0) {
+    std::printf("FAILED: no traced instance ran (build the instances with -DCOMFUSE_TRACE)\n");
+    return 1;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::vector<B2bShape> shapes;
   std::string filter;
-  bool graphs = true, bench = false, bench_attention = false, odd_only = false;
+  bool graphs = true, bench = false, bench_attention = false, odd_only = false, trace_run = false;
   int reps = 15;
   uint64_t seed = uint64_t(std::chrono::high_resolution_clock::now().time_since_epoch().count());
   for (int i = 1; i < argc; ++i) {
@@ -861,9 +986,11 @@ int main(int argc, char** argv) {
       bench = true;
     } else if (a == "--bench-attention") {
       bench_attention = true;
+    } else if (a == "--trace") {
+      trace_run = true;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--bench | --bench-attention] [--shape M,K,N1,N2]... [--filter SUBSTR] [--seed S] "
+                   "usage: %s [--bench | --bench-attention | --trace] [--shape M,K,N1,N2]... [--filter SUBSTR] [--seed S] "
                    "[--reps N] [--no-graph] [--odd-only]\n",
                    argv[0]);
       return 2;
@@ -874,6 +1001,7 @@ int main(int argc, char** argv) {
     std::printf("FAILED: no b2b instance compiled in\n");
     return 1;
   }
+  if (trace_run) return run_trace(shapes, filter);
   if (bench_attention) {
     std::vector<B2bShape> att = attention_shapes();
     for (auto const& s : small_batch_attention_shapes()) att.push_back(s);
