@@ -1,6 +1,6 @@
-// Opt-in timeline of the persistent GEMM and the back-to-back kernel (compile with -DCOMFUSE_TRACE; without it every mark compiles to
-// nothing). Thread 0 of each consumer warp group stamps fixed events of every tile it handles with
-// %globaltimer (ns, comparable across SMs) and clock64 (SM cycles), into a buffer the host reads back:
+// Opt-in timeline of the persistent GEMM and of the back-to-back kernel (compile with -DCOMFUSE_TRACE; without it
+// every mark compiles to nothing). Thread 0 of each consumer warp group stamps fixed events of every tile it handles
+// with %globaltimer (ns, comparable across SMs) and clock64 (SM cycles), into a buffer the host reads back:
 //
 //   buffer[((cta * 2 + group) * kMaxIters + iter) * kEvents + event] = {globaltimer, clock64}
 //

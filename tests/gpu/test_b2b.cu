@@ -891,7 +891,9 @@ int run_trace(std::vector<B2bShape> shapes, std::string const& filter) {
     CF_CHECK(in.set_trace(nullptr));
     std::vector<Stamp> h(n);
     CF_CHECK(cudaMemcpy(h.data(), buf, n * sizeof(Stamp), cudaMemcpyDeviceToHost));
-    auto rec = [&](int cta, int g, int it) { return &h[(size_t(cta * 2 + g) * trace::kMaxIters + it) * trace::kEvents]; };
+    auto rec = [&](int cta, int g, int it) {
+      return &h[(size_t(cta * 2 + g) * trace::kMaxIters + it) * trace::kEvents];
+    };
     // steps of a chunk: from event a to event b
     struct Step {
       char const* name;
@@ -899,7 +901,8 @@ int run_trace(std::vector<B2bShape> shapes, std::string const& filter) {
     };
     Step const steps[] = {{"turn wait (staggered)", trace::B2bChunkStart, trace::B2bTurn},
                           {"ring-1 wait (first k-tile)", trace::B2bTurn, trace::B2bW1Ready},
-                          {"GEMM1 issue (+ waits: later k-tiles, previous GEMM2)", trace::B2bW1Ready, trace::B2bGemm1Issued},
+                          {"GEMM1 issue (+ waits: later k-tiles, previous GEMM2)", trace::B2bW1Ready,
+                           trace::B2bGemm1Issued},
                           {"GEMM1 tail (wait for S)", trace::B2bGemm1Issued, trace::B2bGemm1Done},
                           {"F", trace::B2bGemm1Done, trace::B2bFDone},
                           {"ring-2 wait (W2 stage)", trace::B2bFDone, trace::B2bW2Ready},
@@ -935,7 +938,8 @@ int run_trace(std::vector<B2bShape> shapes, std::string const& filter) {
         }
       }
     }
-    std::printf("\ntrace %s  shape %s M=%d K=%d N1=%d N2=%d  grid %d, %ld chunk records (first %d chunks of each group)\n",
+    std::printf("\ntrace %s  shape %s M=%d K=%d N1=%d N2=%d  grid %d, %ld chunk records (first %d chunks of each "
+                "group)\n",
                 in.name.c_str(), s.label, s.M, s.K, s.N1, s.N2, grid, cnt, trace::kMaxIters);
     if (cnt == 0 || nper == 0) {
       std::printf("FAILED: no complete chunk record\n");
@@ -990,8 +994,8 @@ int main(int argc, char** argv) {
       trace_run = true;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--bench | --bench-attention | --trace] [--shape M,K,N1,N2]... [--filter SUBSTR] [--seed S] "
-                   "[--reps N] [--no-graph] [--odd-only]\n",
+                   "usage: %s [--bench | --bench-attention | --trace] [--shape M,K,N1,N2]... [--filter SUBSTR] "
+                   "[--seed S] [--reps N] [--no-graph] [--odd-only]\n",
                    argv[0]);
       return 2;
     }
