@@ -21,7 +21,7 @@ T apply_unary(OpKind op, T x, double exponent, DType cast_to) {
     case OpKind::Rsqrt: return one / std::sqrt(x);
     case OpKind::Tanh: return std::tanh(x);
     case OpKind::Sigmoid: return one / (one + std::exp(-x));
-    case OpKind::Relu: return x > T(0) ? x : T(0);
+    case OpKind::Relu: return x < T(0) ? T(0) : x;   // NaN propagates, as torch.relu and the kernels
     case OpKind::Gelu: return half * x * (one + std::erf(x * T(0.70710678118654752440)));
     case OpKind::GeluTanh: {
       const T k = T(0.79788456080286535588);  // sqrt(2/pi)

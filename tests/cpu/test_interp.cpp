@@ -45,6 +45,21 @@ TEST(Interp, ElementwiseOpsMatchKnownValues) {
       EXPECT_NEAR(out.at(oname(op)).data[i], want[i], 1e-6) << op_name(op);
 }
 
+// relu(NaN) is NaN, as torch.relu and the kernels (epilogue/ops.cuh: max.NaN) give: a reference that returned 0
+// would hide a NaN the GPU reports.
+TEST(Interp, ReluPropagatesNan) {
+  Graph g;
+  Value x = g.input("x", DType::F32, {4});
+  g.output(g.unary(OpKind::Relu, x), "y");
+  TensorMap in{{"x", Tensor(Shape{4})}};
+  in["x"].data = {NAN, -1.f, 2.f, -INFINITY};
+  TensorMap out = interpret_graph(g, in);
+  EXPECT_TRUE(std::isnan(out.at("y").data[0]));
+  EXPECT_EQ(out.at("y").data[1], 0.f);
+  EXPECT_EQ(out.at("y").data[2], 2.f);
+  EXPECT_EQ(out.at("y").data[3], 0.f);
+}
+
 TEST(Interp, NormalizationsHaveTheirDefiningProperties) {
   Graph g = parse_cf(
       "input x : f32[5, 33]\n"
