@@ -445,12 +445,23 @@ struct B2bKernel {
         bool w2_pending = false;   // GEMM2 of the previous chunk in flight, its W2 stage not yet released
         cutlass::PipelineState<Cfg::kStagesW2> r2_prev = r2;
         // b1 of a chunk, one pair per column group (the same for both rows of a thread), as bf16 pairs (one register
-        // each): loaded one chunk ahead, so that F does not wait for it.
+        // each): loaded one chunk ahead, so that F does not wait for it. With a cheap Act1 (kHoistB1) the pairs are
+        // also unpacked to fp32 while the chunk's GEMM1 runs, where the group only waits for the tensor cores, so
+        // that F is an add, the op and a pack. GELU keeps the unpacking in F: its 16 more live registers through
+        // GEMM1 and F made F slower (measured, docs/kernel-b2b.md "F next to WGMMA").
+        constexpr bool kHoistB1 = !std::is_same_v<Act1, epi::ops::GeluTanh>;
         __nv_bfloat162 bias[C1 / 8];
+        float2 bias_f[kHoistB1 ? C1 / 8 : 1];
         auto load_b1 = [&](int c) {
           if constexpr (!Cfg::kSoftmax) {
             CUTE_UNROLL
             for (int j = 0; j < C1 / 8; ++j) bias[j] = load_bf16_pair(p.b1, c * C1 + s_col0 + 8 * j, p.N1);
+          }
+        };
+        auto unpack_b1 = [&] {
+          if constexpr (!Cfg::kSoftmax && kHoistB1) {
+            CUTE_UNROLL
+            for (int j = 0; j < C1 / 8; ++j) bias_f[j] = __bfloat1622float2(bias[j]);
           }
         };
         load_b1(rank);
@@ -485,6 +496,7 @@ struct B2bKernel {
               cute::gemm(mma1, tSrX(_, _, kb, sx), tSrW1(_, _, kb, s), tSrS);
             }
             warpgroup_commit_batch();
+            if (k == 0) unpack_b1();   // while the tensor cores work
             warpgroup_wait<1>();   // all but the newest batch done: the previous k-tile, and GEMM2 of chunk c-1
             warpgroup_fence_operand(tSrS);
             warpgroup_fence_operand(tOrP);
@@ -559,7 +571,9 @@ struct B2bKernel {
               CUTE_UNROLL
               for (int t = 0; t < size(tOrP32); ++t) {
                 int const e = 2 * t;   // elements e, e+1: one row, adjacent columns
-                float2 const bb = __bfloat1622float2(bias[e / 4]);
+                float2 bb;
+                if constexpr (kHoistB1) bb = bias_f[e / 4];
+                else bb = __bfloat1622float2(bias[e / 4]);
                 __nv_bfloat162 h = __floats2bfloat162_rn(act1(p.act1, tSrS(e) + bb.x), act1(p.act1, tSrS(e + 1) + bb.y));
                 if constexpr (decltype(masked)::value) {   // N1 % 8 == 0: a pair is all in or all out
                   if (s_col0 + 8 * (e / 4) >= n1_left) h = __floats2bfloat162_rn(0.f, 0.f);
@@ -604,6 +618,7 @@ struct B2bKernel {
         for (int j = 0; j < N2T / 8; ++j) b2v[j] = load_bf16_pair(p.b2, nb * N2T + int(get<1>(tOcO(0))) + 8 * j, p.N2);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
+        COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bLastGemm2Done);
         if (w2_pending) release(pipe2, ss.pipe2, r2_prev);
         // Softmax: the row sums l, each the quad's four shares, and O / l (the cluster form divides after adding the
         // peer's partial, below).

@@ -47,6 +47,7 @@ enum B2bEvent : int {
   B2bW2Ready = 6,      // the chunk's W2 stage landed
   B2bGemm2Issued = 7,  // GEMM2 issued
   B2bTileEnd = 8,      // (in the tile's last chunk) the epilogue's stores done
+  B2bLastGemm2Done = 9,   // (in the tile's last chunk) O complete: the epilogue starts
 };
 
 struct Stamp {

@@ -908,8 +908,8 @@ int run_trace(std::vector<B2bShape> shapes, std::string const& filter) {
                           {"ring-2 wait (W2 stage)", trace::B2bFDone, trace::B2bW2Ready},
                           {"GEMM2 issue", trace::B2bW2Ready, trace::B2bGemm2Issued}};
     constexpr int kSteps = sizeof(steps) / sizeof(steps[0]);
-    double sum[kSteps] = {}, period = 0, to_next = 0, epi = 0, f_total = 0, f_both = 0;
-    long cnt = 0, nper = 0, nepi = 0;
+    double sum[kSteps] = {}, period = 0, to_next = 0, epi = 0, epi_wait = 0, epi_next = 0, f_total = 0, f_both = 0;
+    long cnt = 0, nper = 0, nepi = 0, nnext = 0;
     for (int cta = 0; cta < grid; ++cta) {
       for (int g = 0; g < 2; ++g) {
         for (int it = 0; it < trace::kMaxIters; ++it) {
@@ -919,7 +919,12 @@ int run_trace(std::vector<B2bShape> shapes, std::string const& filter) {
           ++cnt;
           if (r[trace::B2bTileEnd].clock) {
             epi += double(r[trace::B2bTileEnd].clock - r[trace::B2bGemm2Issued].clock);
+            epi_wait += double(r[trace::B2bLastGemm2Done].clock - r[trace::B2bGemm2Issued].clock);
             ++nepi;
+            if (it + 1 < trace::kMaxIters && rec(cta, g, it + 1)[trace::B2bChunkStart].clock) {
+              epi_next += double(rec(cta, g, it + 1)[trace::B2bChunkStart].clock - r[trace::B2bTileEnd].clock);
+              ++nnext;
+            }
           } else if (it + 1 < trace::kMaxIters && rec(cta, g, it + 1)[trace::B2bChunkStart].clock) {
             period += double(rec(cta, g, it + 1)[trace::B2bChunkStart].clock - r[trace::B2bChunkStart].clock);
             to_next += double(rec(cta, g, it + 1)[trace::B2bChunkStart].clock - r[trace::B2bGemm2Issued].clock);
@@ -949,7 +954,12 @@ int run_trace(std::vector<B2bShape> shapes, std::string const& filter) {
     for (int k = 0; k < kSteps; ++k) std::printf("  %-56s %10.0f\n", steps[k].name, sum[k] / cnt);
     std::printf("  %-56s %10.0f\n", "GEMM2 issued -> next chunk starts (same tile)", to_next / nper);
     std::printf("  %-56s %10.0f\n", "chunk period (same tile)", period / nper);
-    if (nepi) std::printf("  %-56s %10.0f\n", "tile end: GEMM2 issued -> epilogue stored", epi / nepi);
+    if (nepi) {
+      std::printf("  %-56s %10.0f\n", "tile end: GEMM2 issued -> epilogue stored", epi / nepi);
+      std::printf("  %-56s %10.0f\n", "  of it: waiting for the last GEMM2", epi_wait / nepi);
+    }
+    if (nnext) std::printf("  %-56s %10.0f\n", "epilogue stored -> next tile's first chunk starts", epi_next / nnext);
+    std::printf("  %-56s %10.1f\n", "chunks per tile", double(cnt) / double(std::max(nepi, 1L)));
     std::printf("  %-56s %9.1f%%\n", "F while the other group is in F too", 100.0 * f_both / f_total);
     CF_CHECK(cudaFree(buf));
     for (void* q : {(void*)X, (void*)W1, (void*)b1, (void*)W2, (void*)b2, (void*)O}) CF_CHECK(cudaFree(q));

@@ -60,6 +60,13 @@ CUTE_DEVICE float sqrt_approx(float x) {
   return y;
 }
 
+// max(x, 0) that propagates NaN, as torch.relu: one FMNMX.NAN, where x < 0 ? 0 : x takes a compare and a select.
+CUTE_DEVICE float relu_nan(float x) {
+  float y;
+  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 #define COMFUSE_UNARY_OP(Name, expr)                                             \
   struct Name {                                                                  \
     using Params = NoParams;                                                     \
@@ -74,7 +81,7 @@ COMFUSE_UNARY_OP(Sqrt, sqrt_approx(x))
 COMFUSE_UNARY_OP(Rsqrt, rsqrtf(x))
 COMFUSE_UNARY_OP(Tanh, tanh_approx(x))
 COMFUSE_UNARY_OP(Sigmoid, __fdividef(1.f, 1.f + __expf(-x)))
-COMFUSE_UNARY_OP(Relu, x < 0.f ? 0.f : x)   // NaN propagates, as torch.relu
+COMFUSE_UNARY_OP(Relu, relu_nan(x))   // NaN propagates, as torch.relu
 COMFUSE_UNARY_OP(GeluErf, gelu_erf(x))
 // gelu_tanh(x) = h + h * tanh(x * (c + c * 0.044715 * x^2)), h = x / 2, c = sqrt(2 / pi): the same math as
 // 0.5 x (1 + tanh(c (x + 0.044715 x^3))) in 3 FMUL + 2 FFMA + 1 MUFU instead of 5 FMUL + 2 FADD + 1 FFMA + 1 MUFU
