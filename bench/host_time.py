@@ -10,6 +10,9 @@ launch queue never fills (a full queue would make the host wait for the GPU). 10
 Prints one line per figure: the op as a model calls it (the C++ fast path where _torch_ops.so is loaded), the op's
 Python kernel alone, the kernel library's launch alone (RegionKernel.launch on fixed pointers, through nanobind),
 one torch.empty, and for scale the dispatcher's round trip to a Python kernel that does nothing and torch.mm.
+Then, with the fast path: the op called as Inductor's code calls it (the `.default` overload), under no_grad and
+inference_mode, the dispatcher's round trip to a C++ kernel that does nothing, and the fast path's own phases timed
+in C++ (comfuse::_fast_profile: lookup and checks, device guard and stream, outputs, arguments, launch).
 """
 from __future__ import annotations
 
@@ -28,7 +31,11 @@ GRAPHS = {
 }
 
 
-def per_call(fn, calls: int = 1000, block: int = 100) -> float:
+BLOCK = 100   # calls between untimed synchronizations (--block)
+
+
+def per_call(fn, calls: int = 1000, block: int | None = None) -> float:
+    block = block or BLOCK
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
@@ -43,6 +50,9 @@ def per_call(fn, calls: int = 1000, block: int = 100) -> float:
 
 
 def main() -> int:
+    global BLOCK
+    if "--block" in sys.argv:
+        BLOCK = int(sys.argv[sys.argv.index("--block") + 1])
     if not torch.cuda.is_available():
         print("skipped: no GPU")
         return 77
@@ -55,7 +65,7 @@ def main() -> int:
     noop = torch.ops.comfuse_host_bench.noop
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, C++ fast path "
           f"{'loaded' if ops._FAST else 'not loaded'}")
-    rows = []
+    rows, fast_rows = [], []
     for name, text in GRAPHS.items():
         part = C.partition(C.parse_cf(text, name + ".cf"))
         spec = part.regions[0].spec
@@ -79,12 +89,30 @@ def main() -> int:
         t_mm = per_call(lambda: torch.mm(a, bt))
         served = after["fast"] - before["fast"]
         rows.append((name, L.kernel.transport, t_op, served, t_py, t_launch, t_empty, t_noop, t_mm))
+        if ops._FAST:
+            overload = op.default
+            t_default = per_call(lambda: overload(key, ins))
+            with torch.no_grad():
+                t_nograd = per_call(lambda: overload(key, ins))
+            with torch.inference_mode():
+                t_inference = per_call(lambda: overload(key, ins))
+            cnoop = torch.ops.comfuse._fast_noop.default
+            t_cnoop = per_call(lambda: cnoop(key, ins))
+            phases = torch.ops.comfuse._fast_profile(key, ins, 1000, BLOCK)
+            fast_rows.append((name, t_default, t_nograd, t_inference, t_cnoop, phases))
     print("\n| region | transport | op call µs | of which C++ fast path | Python kernel alone µs | kernel library "
           "launch µs | torch.empty µs | dispatcher to a no-op µs | torch.mm µs |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, tr, t_op, served, t_py, t_launch, t_empty, t_noop, t_mm in rows:
         print(f"| {name} | {tr} | {t_op:.1f} | {served} calls | {t_py:.1f} | {t_launch:.1f} | {t_empty:.1f} | "
               f"{t_noop:.1f} | {t_mm:.1f} |")
+    if fast_rows:
+        print("\n| region | .default µs | under no_grad | under inference_mode | dispatcher to a C++ no-op µs | in C++: "
+              "lookup, checks | guard, stream | outputs | arguments | launch | whole call µs |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for name, t_default, t_nograd, t_inference, t_cnoop, ph in fast_rows:
+            cpp = " | ".join(f"{v / 1000:.2f}" for v in ph)
+            print(f"| {name} | {t_default:.1f} | {t_nograd:.1f} | {t_inference:.1f} | {t_cnoop:.1f} | {cpp} |")
     return 0
 
 

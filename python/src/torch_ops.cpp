@@ -15,15 +15,19 @@
 // static libstdc++ here printed the message without its number), and iostream formatting is the one part of
 // libstdc++ that depends on process-wide locale state shared with PyTorch.
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <shared_mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -60,12 +64,20 @@ struct Region {
 };
 
 std::shared_mutex g_mu;
-std::unordered_map<std::string, std::shared_ptr<Region>> g_regions;
+// Keyed by the region key; looked up by the call's string_view without building a std::string.
+struct KeyHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view k) const { return std::hash<std::string_view>{}(k); }
+};
+template <class V>
+using KeyMap = std::unordered_map<std::string, V, KeyHash, std::equal_to<>>;
+
+KeyMap<std::shared_ptr<Region>> g_regions;
 std::atomic<int64_t> g_fast{0}, g_slow{0};
 
 std::shared_ptr<Region> find(std::string_view key) {
   std::shared_lock lock(g_mu);
-  auto it = g_regions.find(std::string(key));
+  auto it = g_regions.find(key);
   return it == g_regions.end() ? nullptr : it->second;
 }
 
@@ -103,8 +115,28 @@ std::vector<int64_t> out_shape(const OutRule& o, at::IntArrayRef a_sizes) {
   return s;
 }
 
-// The CUDA kernel of comfuse::fused_region.
-std::vector<at::Tensor> fused_region(std::string_view key, at::TensorList inputs) {
+// An output on the current device (the caller's CUDAGuard): PyTorch's caching allocator directly, as at::empty's
+// CUDA kernel does, without at::empty's trip through the dispatcher.
+at::Tensor empty_cuda(at::IntArrayRef shape, at::ScalarType dtype) {
+  return at::detail::empty_generic(shape, c10::cuda::CUDACachingAllocator::get(),
+                                   c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype, std::nullopt);
+}
+
+// Host time of a fast-path call by phase (comfuse::_fast_profile; bench/host_time.py): nanoseconds summed over
+// calls. Null in real calls: each mark is then one untaken branch.
+struct Phases {
+  enum { kLookup, kStream, kOutputs, kArgs, kLaunch, kCount };
+  int64_t ns[kCount] = {};
+  std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
+  void mark(int phase) {
+    const auto now = std::chrono::steady_clock::now();
+    ns[phase] += std::chrono::duration_cast<std::chrono::nanoseconds>(now - t).count();
+    t = now;
+  }
+};
+
+// The CUDA kernel of comfuse::fused_region (ph: null, or the phases to time).
+std::vector<at::Tensor> serve_region(std::string_view key, at::TensorList inputs, Phases* ph) {
   std::shared_ptr<Region> r = find(key);
   if (!r || inputs.size() != 2 + r->params.size()) return slow(key, inputs);
   const at::Tensor& a = inputs[0];
@@ -115,6 +147,7 @@ std::vector<at::Tensor> fused_region(std::string_view key, at::TensorList inputs
   for (size_t i = 0; i < r->params.size(); ++i)
     if (!dense(inputs[2 + i], r->params[i], dev)) return slow(key, inputs);
   const int64_t rows = a.numel() / r->k;
+  if (ph) ph->mark(Phases::kLookup);
   c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
   const Region::Workspace* ws = nullptr;
@@ -123,10 +156,12 @@ std::vector<at::Tensor> fused_region(std::string_view key, at::TensorList inputs
       if (w.stream == stream) ws = &w;
     if (!ws || ws->rows < rows) return slow(key, inputs);   // Python grows it, then registers it again
   }
+  if (ph) ph->mark(Phases::kStream);
   std::vector<at::Tensor> outs;
   outs.reserve(r->outs.size());
-  for (const OutRule& o : r->outs) outs.push_back(at::empty(out_shape(o, a.sizes()), a.options().dtype(o.dtype)));
+  for (const OutRule& o : r->outs) outs.push_back(empty_cuda(out_shape(o, a.sizes()), o.dtype));
   if (rows == 0) return outs;
+  if (ph) ph->mark(Phases::kOutputs);
   ComfuseKernelArgs k;
   std::memcpy(&k, &r->base, sizeof k);   // padding bytes too: the library looks its prepared launch up by them
   k.a = a.data_ptr();
@@ -139,6 +174,7 @@ std::vector<at::Tensor> fused_region(std::string_view key, at::TensorList inputs
     k.ws_counters = static_cast<int*>(ws->counters);
   }
   char why[512] = {0};
+  if (ph) ph->mark(Phases::kArgs);
   if (r->entry(&k, stream, why, sizeof why) != 0) {
     // Nothing ran. The Python path launches again through libcomfuse and, when that fails too, says why and
     // runs the region's torch form from then on; this key goes to it directly.
@@ -147,9 +183,50 @@ std::vector<at::Tensor> fused_region(std::string_view key, at::TensorList inputs
     lock.unlock();
     return slow(key, inputs);
   }
+  if (ph) ph->mark(Phases::kLaunch);
   ++g_fast;
   return outs;
 }
+
+std::vector<at::Tensor> fused_region(std::string_view key, at::TensorList inputs) {
+  return serve_region(key, inputs, nullptr);
+}
+
+// comfuse::_fast_profile(key, inputs, calls, block): `calls` fast-path calls from C++ (no Python, no dispatcher) in
+// blocks of `block` between untimed synchronizations of the stream (a long block of running kernels fills the launch
+// queue, and the host then waits for the GPU). Returns ns per call: lookup and checks, device guard and stream, output
+// allocation, launch arguments, the library's launch; then the whole call.
+std::vector<double> fast_profile(std::string_view key, at::TensorList inputs, int64_t calls, int64_t block) {
+  TORCH_CHECK(find(key) != nullptr, "comfuse::_fast_profile: region " + std::string(key) + " is not registered");
+  TORCH_CHECK(block >= 1 && calls >= block && calls % block == 0,
+              "comfuse::_fast_profile: calls must be a positive multiple of block");
+  const auto stream = c10::cuda::getCurrentCUDAStream(inputs[0].device().index());
+  Phases warm;
+  for (int i = 0; i < 20; ++i) serve_region(key, inputs, &warm);
+  stream.synchronize();
+  const int64_t fast_before = g_fast.load();
+  Phases sum;
+  int64_t total = 0;
+  for (int64_t b = 0; b < calls / block; ++b) {
+    Phases ph;
+    const auto t = ph.t;
+    for (int64_t i = 0; i < block; ++i) {
+      ph.t = std::chrono::steady_clock::now();
+      serve_region(key, inputs, &ph);
+    }
+    total += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t).count();
+    for (int p = 0; p < Phases::kCount; ++p) sum.ns[p] += ph.ns[p];
+    stream.synchronize();
+  }
+  TORCH_CHECK(g_fast.load() - fast_before == calls, "comfuse::_fast_profile: some calls left the fast path");
+  std::vector<double> per_call;
+  for (int p = 0; p < Phases::kCount; ++p) per_call.push_back(double(sum.ns[p]) / double(calls));
+  per_call.push_back(double(total) / double(calls));
+  return per_call;
+}
+
+// comfuse::_fast_noop(key, inputs): a C++ CUDA kernel that does nothing (the dispatcher's round trip, for scale).
+std::vector<at::Tensor> fast_noop(std::string_view, at::TensorList) { return {}; }
 
 // ---- comfuse::fused_chain (a back-to-back chain, kernels/comfuse/b2b_unit.cuh): the same scheme ----
 //
@@ -163,7 +240,7 @@ struct Chain {
   bool has_b1 = false, has_b2 = false, batched = false;
 };
 
-std::unordered_map<std::string, std::shared_ptr<Chain>> g_chains;   // guarded by g_mu
+KeyMap<std::shared_ptr<Chain>> g_chains;   // guarded by g_mu
 
 at::Tensor slow_chain(std::string_view key, at::TensorList inputs) {
   ++g_slow;
@@ -177,7 +254,7 @@ at::Tensor fused_chain(std::string_view key, at::TensorList inputs) {
   std::shared_ptr<Chain> c;
   {
     std::shared_lock lock(g_mu);
-    auto it = g_chains.find(std::string(key));
+    auto it = g_chains.find(key);
     if (it != g_chains.end()) c = it->second;
   }
   if (!c || inputs.size() != 3u + c->has_b1 + c->has_b2) return slow_chain(key, inputs);
@@ -193,10 +270,10 @@ at::Tensor fused_chain(std::string_view key, at::TensorList inputs) {
     return slow_chain(key, inputs);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = c->n2;
-  at::Tensor out = at::empty(shape, x.options());
+  c10::cuda::CUDAGuard guard(dev);
+  at::Tensor out = empty_cuda(shape, at::kBFloat16);
   const int64_t rows = x.numel() / c->k;
   if (rows == 0) return out;
-  c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
   ComfuseB2bArgs a;
   std::memset(&a, 0, sizeof a);   // padding bytes too: the library looks its prepared launch up by them
@@ -346,9 +423,12 @@ TORCH_LIBRARY_FRAGMENT(comfuse, m) {
   m.def("_fast_stats() -> int[]", &fast_stats);
   m.def("_fast_out_shapes(str key, int[] a_sizes) -> int[]", &fast_out_shapes);
   m.def("_fast_chain_register(str key, int[] desc) -> ()", &fast_chain_register);
+  m.def("_fast_profile(str key, Tensor[] inputs, int calls, int block=100) -> float[]", &fast_profile);
+  m.def("_fast_noop(str key, Tensor[] inputs) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(comfuse, CUDA, m) {
   m.impl("fused_region", TORCH_FN(fused_region));
   m.impl("fused_chain", TORCH_FN(fused_chain));
+  m.impl("_fast_noop", TORCH_FN(fast_noop));
 }

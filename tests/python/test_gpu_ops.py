@@ -126,6 +126,12 @@ def test_the_cpp_fast_path_serves_repeat_calls():
     s1 = check(1000)                      # Python: first call, registers
     s2 = check(1000)                      # C++
     assert s2["fast"] == s1["fast"] + 1 and s2["regions"] >= 1
+    # The fast path's phases timed in C++ (comfuse::_fast_profile, bench/host_time.py): 100 calls after 20 untimed
+    # ones, every one served there.
+    timed = [t.cuda() for t in _inputs(_region("postnorm", 1000, k, n), 1000, k, n, gen)]
+    phases = torch.ops.comfuse._fast_profile(key, timed, 100)
+    assert len(phases) == 6 and min(phases) > 0 and sum(phases[:5]) <= phases[5]
+    s2 = ops.fast_path_stats()
     s3 = check(3000)                      # Python: the workspace grows
     assert s3["slow"] == s2["slow"] + 1
     s4 = check(3000)
