@@ -923,14 +923,15 @@ struct B2b {
     return cfg;
   }
 
+  // Once per device (retried until it succeeds).
   static bool set_smem_attr() {
-    static bool attr_set = false;   // per process; set again if it failed (a race sets it twice: harmless)
-    if (!attr_set) {
-      cudaError_t e = cudaFuncSetAttribute(&b2b_kernel_entry<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           Kernel::kSmemBytes);
-      if (e != cudaSuccess) return false;
-      attr_set = true;
-    }
+    static bool done[driver::kMaxDevices] = {};
+    const int dev = driver::current_device();
+    if (dev < driver::kMaxDevices && done[dev]) return true;
+    if (cudaFuncSetAttribute(&b2b_kernel_entry<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Kernel::kSmemBytes) != cudaSuccess)
+      return false;
+    if (dev < driver::kMaxDevices) done[dev] = true;   // a race sets the attribute twice: harmless
     return true;
   }
 
@@ -939,17 +940,12 @@ struct B2b {
       cudaError_t e = cudaGetLastError();
       return e != cudaSuccess ? e : cudaErrorInvalidValue;
     }
-    (void)cudaGetLastError();   // the error read below must be this launch's
-    if constexpr (Cfg::kSplit > 1) {
-      cudaLaunchConfig_t cfg = launch_config(grid_size(p, max_ctas), stream);
-      cudaLaunchAttribute attr = cluster_attr();
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      cudaError_t e = cudaLaunchKernelEx(&cfg, &b2b_kernel_entry<Kernel>, p);
-      return e != cudaSuccess ? e : cudaGetLastError();
-    }
-    b2b_kernel_entry<Kernel><<<grid_size(p, max_ctas), Kernel::kThreads, Kernel::kSmemBytes, stream>>>(p);
-    return cudaGetLastError();
+    driver::Shape shape;
+    shape.grid = grid_size(p, max_ctas);
+    shape.block = dim3(Kernel::kThreads);
+    shape.smem = unsigned(Kernel::kSmemBytes);
+    if constexpr (Cfg::kSplit > 1) shape.cluster_x = unsigned(Cfg::kSplit);   // cluster_attr()'s 2 x 1 x 1
+    return driver::launch<&b2b_kernel_entry<Kernel>>(shape, stream, p);
   }
 
   static cudaError_t run(Arguments const& a, cudaStream_t stream = nullptr, int max_ctas = 0) {

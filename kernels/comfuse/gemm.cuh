@@ -49,6 +49,7 @@
 #include "cutlass/gemm/collective/builders/sm90_gmma_builder.inl"
 
 #include "comfuse/epilogue/core.cuh"
+#include "comfuse/driver_launch.cuh"
 #include "comfuse/mbarrier.cuh"
 #include "comfuse/epilogue/tile_load_ring.cuh"
 #include "comfuse/reduce/dsmem_exchange.cuh"
@@ -638,16 +639,10 @@ struct Gemm {
     int tiles;
   };
 
-  // Function attributes and occupancy belong to a device: both are cached per device (the current one).
-  static constexpr int kMaxDevices = 64;   // beyond it: not cached, asked every time
-  static int current_device() {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      dev = 0;
-    }
-    return dev;
-  }
+  // Function attributes and occupancy belong to a device: both are cached per device (the current one; devices
+  // past driver::kMaxDevices are asked every time).
+  static constexpr int kMaxDevices = driver::kMaxDevices;
+  static int current_device() { return driver::current_device(); }
 
   // Once per device (retried until it succeeds). Clusters here are at most 8 CTAs, the portable size, so no
   // non-portable-cluster attribute is set. A failure is returned, and cleared from the runtime's last error.
@@ -792,37 +787,19 @@ struct Gemm {
   static cudaError_t launch(typename Kernel::Params const& p, cudaStream_t stream = nullptr, int max_clusters = 0) {
     if (cudaError_t e = set_smem_limit(); e != cudaSuccess) return e;
     Launch l = launch_shape(p, max_clusters);
-    // The error read after a <<<>>> launch must be this launch's: drop any left by an earlier runtime call.
-    (void)cudaGetLastError();
-    auto kernel = &gemm_kernel_entry<Kernel>;
+    driver::Shape shape;
+    shape.grid = l.grid;
+    shape.block = l.block;
+    shape.smem = unsigned(l.smem);
+    if constexpr (kMainloopCluster) {
+      shape.cluster_x = unsigned(Cfg::kClusterM);
+      shape.cluster_y = unsigned(Cfg::kClusterN);
+    }
     // With the L2 transport, the CTAs of a row block that exchange partials must all be resident: a
     // cooperative launch fails instead of hanging when the persistent grid cannot be. (With DSMEM the row
     // block is one cluster, which the hardware schedules as a whole.)
-    const bool coop = kReduces && !reduce::is_dsmem(Transport(p.transport));
-    if (!kMainloopCluster && !coop) {
-      kernel<<<l.grid, l.block, l.smem, stream>>>(p);
-      return cudaGetLastError();
-    }
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = l.grid;
-    cfg.blockDim = l.block;
-    cfg.dynamicSmemBytes = l.smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    int n = 0;
-    if (kMainloopCluster) {
-      attr[n].id = cudaLaunchAttributeClusterDimension;
-      attr[n].val.clusterDim = {unsigned(Cfg::kClusterM), unsigned(Cfg::kClusterN), 1};
-      ++n;
-    }
-    if (coop) {
-      attr[n].id = cudaLaunchAttributeCooperative;
-      attr[n].val.cooperative = 1;
-      ++n;
-    }
-    cfg.attrs = attr;
-    cfg.numAttrs = n;
-    return cudaLaunchKernelEx(&cfg, kernel, p);
+    shape.cooperative = kReduces && !reduce::is_dsmem(Transport(p.transport));
+    return driver::launch<&gemm_kernel_entry<Kernel>>(shape, stream, p);
   }
 };
 

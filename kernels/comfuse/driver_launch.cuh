@@ -1,0 +1,126 @@
+// One kernel launch through the driver's cuLaunchKernelEx (issue 13: host time per fused-region call).
+//
+// A kernel library links the CUDA runtime statically, and the runtime's cudaLaunchKernelEx took ~5.9 µs per launch
+// of a fused kernel on the H200 machine's host where cuLaunchKernelEx, with the kernel's CUfunction looked up once,
+// took 3.8 µs (bench/library_launch.cpp; docs/PERF.md, eighteenth session). The driver's entry is found through the
+// runtime (cudaGetDriverEntryPointByVersion), so a library needs no link against libcuda. Where the entry or the
+// function is not available, or a driver launch fails (nothing ran), the launch goes through the runtime, whose
+// cudaError_t is the one returned.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+namespace comfuse::driver {
+
+// Per-device caches cover devices 0 .. kMaxDevices - 1; beyond them every launch asks again.
+constexpr int kMaxDevices = 64;
+
+inline int current_device() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    dev = 0;
+  }
+  return dev;
+}
+
+using DriverLaunchFn = CUresult (*)(CUlaunchConfig const*, CUfunction, void**, void**);
+
+// cuLaunchKernelEx of the CUDA 12.0 ABI, or null.
+inline DriverLaunchFn driver_launch() {
+  static DriverLaunchFn const fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      p = nullptr;
+    }
+    return reinterpret_cast<DriverLaunchFn>(p);
+  }();
+  return fn;
+}
+
+// The kernel's CUfunction on device `dev` (loaded there on first use), or null. Cached per device; a failed lookup
+// is asked again next time.
+template <auto Kernel>
+CUfunction function_on(int dev) {
+  static CUfunction cached[kMaxDevices] = {};
+  if (dev < kMaxDevices && cached[dev] != nullptr) return cached[dev];
+  cudaFunction_t f = nullptr;
+  if (cudaGetFuncBySymbol(&f, reinterpret_cast<void const*>(Kernel)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  if (dev < kMaxDevices) cached[dev] = f;   // a race stores the same handle twice: harmless
+  return f;
+}
+
+struct Shape {
+  dim3 grid, block;
+  unsigned smem = 0;
+  unsigned cluster_x = 1, cluster_y = 1;   // 1 x 1: no cluster attribute
+  bool cooperative = false;
+};
+
+// Launches Kernel(params) with `shape` on `stream`. The dynamic-SMEM limit must have been set on the current device.
+template <auto Kernel, class Params>
+cudaError_t launch(Shape const& shape, cudaStream_t stream, Params const& params) {
+  const bool cluster = shape.cluster_x * shape.cluster_y > 1;
+  if (DriverLaunchFn drv = driver_launch()) {
+    if (CUfunction f = function_on<Kernel>(current_device())) {
+      CUlaunchConfig c{};
+      c.gridDimX = shape.grid.x;
+      c.gridDimY = shape.grid.y;
+      c.gridDimZ = shape.grid.z;
+      c.blockDimX = shape.block.x;
+      c.blockDimY = shape.block.y;
+      c.blockDimZ = shape.block.z;
+      c.sharedMemBytes = shape.smem;
+      c.hStream = stream;
+      CUlaunchAttribute attr[2];
+      unsigned n = 0;
+      if (cluster) {
+        attr[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr[n].value.clusterDim.x = shape.cluster_x;
+        attr[n].value.clusterDim.y = shape.cluster_y;
+        attr[n].value.clusterDim.z = 1;
+        ++n;
+      }
+      if (shape.cooperative) {
+        attr[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attr[n].value.cooperative = 1;
+        ++n;
+      }
+      c.attrs = attr;
+      c.numAttrs = n;
+      void* args[] = {const_cast<Params*>(&params)};
+      if (drv(&c, f, args, nullptr) == CUDA_SUCCESS) return cudaSuccess;
+    }
+  }
+  // The runtime's launch: its error, not one left by an earlier runtime call.
+  (void)cudaGetLastError();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = shape.grid;
+  cfg.blockDim = shape.block;
+  cfg.dynamicSmemBytes = shape.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (cluster) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim = {shape.cluster_x, shape.cluster_y, 1};
+    ++n;
+  }
+  if (shape.cooperative) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n].val.cooperative = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, Kernel, params);
+}
+
+}  // namespace comfuse::driver
