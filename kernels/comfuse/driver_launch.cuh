@@ -65,10 +65,17 @@ struct Shape {
 };
 
 // Launches Kernel(params) with `shape` on `stream`. The dynamic-SMEM limit must have been set on the current device.
+//
+// Launches with a cluster attribute stay on the runtime for now: the GPU tests of those kernels (mainloop clusters,
+// the DSMEM transport, the B2B cluster form) have not yet run with the driver's launch (docs/PERF.md, eighteenth
+// session); set kClustersThroughDriver once they have.
+constexpr bool kClustersThroughDriver = false;
+
 template <auto Kernel, class Params>
 cudaError_t launch(Shape const& shape, cudaStream_t stream, Params const& params) {
   const bool cluster = shape.cluster_x * shape.cluster_y > 1;
-  if (DriverLaunchFn drv = driver_launch()) {
+  DriverLaunchFn drv = cluster && !kClustersThroughDriver ? nullptr : driver_launch();
+  if (drv) {
     if (CUfunction f = function_on<Kernel>(current_device())) {
       CUlaunchConfig c{};
       c.gridDimX = shape.grid.x;
