@@ -2,7 +2,7 @@
 
 The region is BERT-base's FFN2 at batch 32 x 256: rows 8192, K 3072, N 768, bias + residual + LayerNorm (three
 stages, the L2 exchange, a cooperative launch); a GELU region of the same shape (no reduction, a plain launch)
-for comparison (a cluster launch). Each call is timed on the host only: blocks of --block calls (default 100)
+for comparison. Each call is timed on the host only: blocks of --block calls (default 100)
 between untimed synchronizations, so the launch queue never fills (a full queue would make the host wait for the
 GPU; bench/launch_cost.cu found the same time per launch with blocks of 100, 30, 10 and 1). 1000 calls per figure.
 The host's own speed varies by tens of percent from run to run: compare figures of one run (torch.mm's is there).
