@@ -41,9 +41,7 @@ declare -A status
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv > "$OUT/device.log" 2>&1
 if [ $do_install = 1 ]; then
-  ( CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps \
-      --config-settings=cmake.define.COMFUSE_CUTLASS_INCLUDE="$cutlass" \
-      --config-settings=build-dir=/tmp/comfuse-wheel-build . > "$OUT/pip.log" 2>&1; echo $? > "$OUT/pip.rc" ) &
+  ( gpu_pip_install "$cutlass" "$OUT/pip.log"; echo $? > "$OUT/pip.rc" ) &
 fi
 
 if [ $do_cli = 1 ]; then

@@ -13,6 +13,7 @@
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+source scripts/gpu-lib.sh
 do_install=1 models=bert,llama,gpt2 modes=default,max-autotune-no-cudagraphs,reduce-overhead variants=planner,all budget=480
 dynamic=""
 while [ $# -gt 0 ]; do
@@ -34,9 +35,7 @@ export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
 unset COMFUSE_KERNEL_DIR
 t0=$(date +%s)
 if [ $do_install = 1 ]; then
-  CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps \
-    --config-settings=cmake.define.COMFUSE_CUTLASS_INCLUDE="${COMFUSE_CUTLASS_DIR:-}" \
-    --config-settings=build-dir=/tmp/comfuse-wheel-build . > "$OUT/pip.log" 2>&1 \
+  gpu_pip_install "${COMFUSE_CUTLASS_DIR:-}" "$OUT/pip.log" \
     || { tail -30 "$OUT/pip.log"; echo "gpu-hf-models: install failed"; exit 1; }
   echo "gpu-hf-models: installed in $(( $(date +%s) - t0 )) s"
 fi

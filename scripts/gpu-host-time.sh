@@ -14,6 +14,7 @@
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+source scripts/gpu-lib.sh
 do_install=1 rounds=3 block=10
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,9 +32,7 @@ export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
 unset COMFUSE_KERNEL_DIR
 t0=$(date +%s)
 if [ $do_install = 1 ]; then
-  CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps \
-    --config-settings=cmake.define.COMFUSE_CUTLASS_INCLUDE="${COMFUSE_CUTLASS_DIR:-}" \
-    --config-settings=build-dir=/tmp/comfuse-wheel-build . > "$OUT/pip.log" 2>&1 \
+  gpu_pip_install "${COMFUSE_CUTLASS_DIR:-}" "$OUT/pip.log" \
     || { tail -30 "$OUT/pip.log"; echo "gpu-host-time: install failed"; exit 1; }
   echo "gpu-host-time: installed in $(( $(date +%s) - t0 )) s"
 fi

@@ -12,6 +12,15 @@ gpu_cutlass_dir() {
   echo "$dir"
 }
 
+# gpu_pip_install CUTLASS_DIR LOG [TIMEOUT_S]: installs the package from the repository root with the image's own
+# python3 and tools (a module built on another Python will not import there), against the CUTLASS headers in
+# CUTLASS_DIR, 16 build jobs, the output into LOG; returns pip's exit code (124 past TIMEOUT_S; default: no limit).
+gpu_pip_install() {
+  CMAKE_BUILD_PARALLEL_LEVEL=16 timeout "${3:-0}" python3 -m pip install --no-build-isolation --no-deps \
+    --config-settings=cmake.define.COMFUSE_CUTLASS_INCLUDE="$1" \
+    --config-settings=build-dir=/tmp/comfuse-wheel-build . > "$2" 2>&1
+}
+
 # gpu_status_table: the steps of the associative array `status` (step -> exit code), sorted, as a table;
 # returns 1 when any step failed.
 gpu_status_table() {

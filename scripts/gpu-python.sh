@@ -10,6 +10,7 @@
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+source scripts/gpu-lib.sh
 do_install=1 do_tests=1 do_bert=1 models=base,large modes=default,max-autotune
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,9 +33,7 @@ t0=$(date +%s)
 unset COMFUSE_KERNEL_DIR
 status[install]=0
 if [ $do_install = 1 ]; then
-  CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps \
-    --config-settings=cmake.define.COMFUSE_CUTLASS_INCLUDE="${COMFUSE_CUTLASS_DIR:-}" \
-    --config-settings=build-dir=/tmp/comfuse-wheel-build . > "$OUT/pip.log" 2>&1
+  gpu_pip_install "${COMFUSE_CUTLASS_DIR:-}" "$OUT/pip.log"
   status[install]=$?
 fi
 echo "gpu-python: install rc=${status[install]} in $(( $(date +%s) - t0 )) s"

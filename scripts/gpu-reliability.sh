@@ -63,9 +63,7 @@ if [ "$part" = checks ] || [ "$part" = all ]; then
   if [ $do_install = 1 ]; then
     # the package, built with the image's python3 (a module built on another Python will not import)
     unset COMFUSE_KERNEL_DIR
-    CMAKE_BUILD_PARALLEL_LEVEL=16 timeout 420 python3 -m pip install --no-build-isolation --no-deps \
-      --config-settings=cmake.define.COMFUSE_CUTLASS_INCLUDE="$cutlass" \
-      --config-settings=build-dir=/tmp/comfuse-wheel-build . > "$OUT/logs/pip.log" 2>&1
+    gpu_pip_install "$cutlass" "$OUT/logs/pip.log" 420
     rc=$?
     echo "gpu-reliability: install rc=$rc in $(( $(date +%s) - t0 )) s"
     if [ $rc != 0 ]; then tail -30 "$OUT/logs/pip.log"; row install none install FAIL "pip install failed (logs/pip.log)" install.json; fi
