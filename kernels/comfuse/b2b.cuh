@@ -895,7 +895,7 @@ struct B2b {
           cudaLaunchAttribute attr = cluster_attr();
           cfg.attrs = &attr;
           cfg.numAttrs = 1;
-          return set_smem_attr() && cudaOccupancyMaxActiveClusters(&n, &b2b_kernel_entry<Kernel>, &cfg) == cudaSuccess ? n : 0;
+          return set_smem_attr() == cudaSuccess && cudaOccupancyMaxActiveClusters(&n, &b2b_kernel_entry<Kernel>, &cfg) == cudaSuccess ? n : 0;
         },
         [] { return sm_count() / Cfg::kSplit; });
   }
@@ -923,23 +923,13 @@ struct B2b {
     return cfg;
   }
 
-  // Once per device (retried until it succeeds).
-  static bool set_smem_attr() {
-    static bool done[driver::kMaxDevices] = {};
-    const int dev = driver::current_device();
-    if (dev < driver::kMaxDevices && done[dev]) return true;
-    if (cudaFuncSetAttribute(&b2b_kernel_entry<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Kernel::kSmemBytes) != cudaSuccess)
-      return false;
-    if (dev < driver::kMaxDevices) done[dev] = true;   // a race sets the attribute twice: harmless
-    return true;
+  // Once per device (retried until it succeeds); a failure is returned.
+  static cudaError_t set_smem_attr() {
+    return driver::set_max_dynamic_smem<&b2b_kernel_entry<Kernel>>(Kernel::kSmemBytes);
   }
 
   static cudaError_t launch(typename Kernel::Params const& p, cudaStream_t stream = nullptr, int max_ctas = 0) {
-    if (!set_smem_attr()) {
-      cudaError_t e = cudaGetLastError();
-      return e != cudaSuccess ? e : cudaErrorInvalidValue;
-    }
+    if (cudaError_t e = set_smem_attr(); e != cudaSuccess) return e;
     driver::Shape shape;
     shape.grid = grid_size(p, max_ctas);
     shape.block = dim3(Kernel::kThreads);

@@ -57,6 +57,22 @@ CUfunction function_on(int dev) {
   return f;
 }
 
+// The kernel's dynamic-SMEM limit raised to `bytes` on the current device: once per device, retried until it
+// succeeds. A failure is returned, and cleared from the runtime's last error.
+template <auto Kernel>
+cudaError_t set_max_dynamic_smem(int bytes) {
+  static bool done[kMaxDevices] = {};
+  const int dev = current_device();
+  if (dev < kMaxDevices && done[dev]) return cudaSuccess;
+  if (cudaError_t e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return e;
+  }
+  if (dev < kMaxDevices) done[dev] = true;   // a race sets the attribute twice: harmless
+  return cudaSuccess;
+}
+
 struct Shape {
   dim3 grid, block;
   unsigned smem = 0;

@@ -647,17 +647,7 @@ struct Gemm {
   // Once per device (retried until it succeeds). Clusters here are at most 8 CTAs, the portable size, so no
   // non-portable-cluster attribute is set. A failure is returned, and cleared from the runtime's last error.
   static cudaError_t set_smem_limit() {
-    static bool done[kMaxDevices] = {};
-    const int dev = current_device();
-    if (dev < kMaxDevices && done[dev]) return cudaSuccess;
-    auto kernel = &gemm_kernel_entry<Kernel>;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return e;
-    }
-    if (dev < kMaxDevices) done[dev] = true;   // a race sets the attribute twice: harmless
-    return cudaSuccess;
+    return driver::set_max_dynamic_smem<&gemm_kernel_entry<Kernel>>(Kernel::kSmemBytes);
   }
 
   // Resident clusters of this kernel on the current device (cached per device).
