@@ -613,3 +613,25 @@ _LIB.impl("fused_chain_slow" if _FAST_CHAIN else "fused_chain", _run_chain_gpu, 
 _LIB.impl("fused_chain", _run_chain_cpu, "CPU")
 torch.library.register_fake("comfuse::fused_chain", _fused_chain_fake, lib=_LIB)
 torch.library.register_fake("comfuse::fused_chain_slow", _fused_chain_fake, lib=_LIB)
+
+
+def _load_direct_entries():
+    """The ops' direct Python entries: comfuse._torch_ops.fused_region / fused_chain (python/src/
+    torch_ops_direct.cpp) call the ops' C++ CUDA kernels without the dispatcher's trip from Python (2.7-4.4 us of
+    a call on the H200 machine), and hand every call they cannot take as the op would - CPU tensors, a trace,
+    a dispatch mode, autograd - to the op itself. Inductor's code for a rewritten graph calls these (inductor.py).
+    The ops' own OpOverloads where the C++ library is not loaded."""
+    region_op, chain_op = torch.ops.comfuse.fused_region.default, torch.ops.comfuse.fused_chain.default
+    if not _FAST:
+        return region_op, chain_op
+    try:
+        from . import _torch_ops as direct
+        direct.set_fallbacks(region_op, chain_op)
+        return direct.fused_region, direct.fused_chain
+    except (ImportError, AttributeError) as e:   # a library built before the direct entries
+        log.warning("comfuse: the C++ library has no direct entries (%s); Inductor's code calls the ops "
+                    "(rebuild the package)", e)
+        return region_op, chain_op
+
+
+fused_region_direct, fused_chain_direct = _load_direct_entries()

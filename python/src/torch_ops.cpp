@@ -33,6 +33,7 @@
 #include <torch/library.h>
 
 #include "comfuse/abi.h"
+#include "torch_ops.h"
 
 namespace {
 
@@ -188,7 +189,7 @@ std::vector<at::Tensor> serve_region(std::string_view key, at::TensorList inputs
   return outs;
 }
 
-std::vector<at::Tensor> fused_region(std::string_view key, at::TensorList inputs) {
+std::vector<at::Tensor> region_kernel(std::string_view key, at::TensorList inputs) {
   return serve_region(key, inputs, nullptr);
 }
 
@@ -250,7 +251,7 @@ at::Tensor slow_chain(std::string_view key, at::TensorList inputs) {
   return op.call(key, inputs);
 }
 
-at::Tensor fused_chain(std::string_view key, at::TensorList inputs) {
+at::Tensor chain_kernel(std::string_view key, at::TensorList inputs) {
   std::shared_ptr<Chain> c;
   {
     std::shared_lock lock(g_mu);
@@ -416,6 +417,11 @@ std::vector<int64_t> fast_stats() {
 
 }  // namespace
 
+namespace comfuse::torch_ops {
+std::vector<at::Tensor> fused_region(std::string_view key, at::TensorList inputs) { return region_kernel(key, inputs); }
+at::Tensor fused_chain(std::string_view key, at::TensorList inputs) { return chain_kernel(key, inputs); }
+}  // namespace comfuse::torch_ops
+
 TORCH_LIBRARY_FRAGMENT(comfuse, m) {
   m.def("_fast_register(str key, int[] desc) -> ()", &fast_register);
   m.def("_fast_workspace(str key, int stream, int partials, int counters, int rows) -> ()", &fast_workspace);
@@ -428,7 +434,7 @@ TORCH_LIBRARY_FRAGMENT(comfuse, m) {
 }
 
 TORCH_LIBRARY_IMPL(comfuse, CUDA, m) {
-  m.impl("fused_region", TORCH_FN(fused_region));
-  m.impl("fused_chain", TORCH_FN(fused_chain));
+  m.impl("fused_region", TORCH_FN(region_kernel));
+  m.impl("fused_chain", TORCH_FN(chain_kernel));
   m.impl("_fast_noop", TORCH_FN(fast_noop));
 }

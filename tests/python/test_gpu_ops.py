@@ -157,6 +157,55 @@ def test_the_cpp_fast_path_serves_repeat_calls():
 
 
 @requires_hopper
+@pytest.mark.skipif(not ops._FAST, reason="skipped: the C++ fast path (comfuse/_torch_ops.so) is not built")
+def test_the_direct_entry_serves_calls_in_cpp():
+    # ops.fused_region_direct, which Inductor's code calls (inductor.py): the op's C++ kernel without the
+    # dispatcher. Its first call of a region reaches the Python kernel through the C++ one, later ones are served
+    # in C++; a call that needs autograd goes through the op; the profiler still sees the op's name; a CUDA graph
+    # of a direct call replays right with new inputs.
+    k, n, m = 520, 264, 1000
+    key = ops.register_region(_region("postnorm", m, k, n))
+    gen = torch.Generator().manual_seed(17)
+    direct = ops.fused_region_direct
+    assert direct is not torch.ops.comfuse.fused_region.default
+
+    def check(gpu, cpu):
+        before = ops.fast_path_stats()
+        got = direct(key, gpu)
+        torch.cuda.synchronize()
+        ref = torch.ops.comfuse.fused_region(ops.register_region(_region("postnorm", m, k, n)), cpu)[0]
+        assert isinstance(got, list) and len(got) == 1 and rel_err(got[0], ref) <= 1e-2
+        after = ops.fast_path_stats()
+        return after["fast"] - before["fast"], after["slow"] - before["slow"]
+
+    cpu = _inputs(_region("postnorm", m, k, n), m, k, n, gen)
+    gpu = [t.cuda() for t in cpu]
+    assert check(gpu, cpu) == (0, 1)           # first call: the Python kernel registers the region
+    for _ in range(3):
+        cpu = _inputs(_region("postnorm", m, k, n), m, k, n, gen)
+        assert check([t.cuda() for t in cpu], cpu) == (1, 0)
+    # autograd: the op takes it (its own C++ kernel still serves it)
+    cpu = _inputs(_region("postnorm", m, k, n), m, k, n, gen)
+    gpu = [t.cuda() for t in cpu]
+    gpu[2].requires_grad_(True)
+    with torch.enable_grad():
+        assert check(gpu, cpu) == (1, 0)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        direct(key, [t.cuda() for t in cpu])
+    assert any(e.name == "comfuse::fused_region" for e in prof.events())
+    static = [t.cuda() for t in _inputs(_region("postnorm", m, k, n), m, k, n, gen)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        direct(key, static)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        out = direct(key, static)[0]
+    _replays_match_the_reference(g, static, out, m, k, n, seeds=(21, 22))
+
+
+@requires_hopper
 def test_a_reducing_region_is_captured_on_a_stream_it_never_ran_on():
     # The L2 workspace comes from PyTorch's caching allocator, zeroed on the stream, with no synchronization: a
     # region that reduces can be captured into a CUDA graph on a new stream, with a batch larger than any before
@@ -352,6 +401,16 @@ def test_backend_matches_inductor_on_the_gpu(name, fuse, caplog):
     assert not any("could not be prepared" in s for s in msgs), msgs
     if fuse == "all":
         assert any("region(s) run as ComFuse kernels" in s for s in msgs), msgs[-6:]
+        if ops._FAST:   # Inductor's code calls the direct entry; calls after the first are served in C++
+            compiled = torch.compile(m, backend="comfuse", options={"fuse": fuse})
+            with torch.no_grad():
+                compiled(x)
+                before = ops.fast_path_stats()
+                again = compiled(x)
+            after = ops.fast_path_stats()
+            assert after["fast"] > before["fast"] and after["slow"] == before["slow"], (before, after)
+            again = again if isinstance(again, tuple) else (again,)
+            assert all(rel_err(g, r) <= 2e-2 for g, r in zip(again, refs))
 
 
 @requires_hopper

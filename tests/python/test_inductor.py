@@ -245,3 +245,65 @@ def test_attention_auto_leaves_sdpa_to_inductor_from_torch_2_11():
     with pytest.raises(ValueError, match="attention must be 'auto', 'eager' or 'inductor'"):
         backend.comfuse_backend(torch.fx.symbolic_trace(torch.nn.Linear(4, 4)), [torch.randn(2, 4)],
                                 options={"attention": "flash"})
+
+
+def test_inductor_code_calls_the_direct_entry_and_it_defers_to_the_op():
+    """Inductor's Python wrapper calls a fused region through its direct entry (extern_kernels.comfuse_fused_region:
+    the op's C++ kernel without the dispatcher's trip), not torch.ops.comfuse.fused_region.default; the entry hands
+    every call it cannot serve itself to the op - here CPU tensors (the op's CPU reference), and any call under a
+    TorchDispatchMode, which must then see the op - and the results match eager."""
+    from torch._inductor.utils import run_and_get_code
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from comfuse import inductor, ops
+
+    if not inductor.DIRECT_CALLS:
+        pytest.skip(f"torch {torch.__version__} has no registry of custom fallback codegen")
+    torch._dynamo.reset()
+    m = _bf16(PostNormEncoderLayer())
+    x = bf16_randn(2, 8, 32, seed=81).to(torch.bfloat16)
+    with torch.no_grad():
+        f = torch.compile(m, backend="comfuse", options={"reference": True, "rewrite": "keep"})
+        y, codes = run_and_get_code(f, x)
+        ref = m(x)
+    code = "\n".join(codes)
+    assert "extern_kernels.comfuse_fused_region(" in code
+    assert "torch.ops.comfuse.fused_region.default(" not in code   # (comments still name the op)
+    assert rel_err(y.float(), ref.float()) <= 2e-2
+
+    # the entry itself: the op's result, the op seen by a dispatch mode, a clear error on a wrong call
+    key = next(k for k in ops._REGIONS)
+    spec = ops.region_spec(key)
+    ins = ops.random_inputs(spec, "cpu")
+    direct = ops.fused_region_direct
+    assert all(torch.equal(a, b) for a, b in zip(direct(key, ins), torch.ops.comfuse.fused_region(key, ins)))
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen() as seen:
+        direct(key, ins)
+    assert "comfuse.fused_region.default" in seen.ops
+    if ops._FAST:   # the C++ entry (else direct is the OpOverload, which raises its own errors)
+        from comfuse import _torch_ops
+
+        with pytest.raises(TypeError, match="takes 2 arguments"):
+            direct(key)
+        # where a CUDA call would skip the dispatcher (tests/python/test_gpu_ops.py checks that it then does)
+        assert _torch_ops.plain_context()
+        with torch.no_grad():
+            assert _torch_ops.plain_context()
+        with torch.inference_mode():
+            assert _torch_ops.plain_context()
+        with Seen():
+            assert not _torch_ops.plain_context()
+        with torch._subclasses.fake_tensor.FakeTensorMode():
+            assert not _torch_ops.plain_context()
+        with torch.overrides.TorchFunctionMode():
+            assert not _torch_ops.plain_context()
