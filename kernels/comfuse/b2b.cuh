@@ -889,13 +889,13 @@ struct B2b {
     static int cached[64] = {};
     return per_device(
         cached,
-        [](int) {
+        [](int dev) {
           int n = 0;
           cudaLaunchConfig_t cfg = launch_config(Cfg::kSplit * 64, nullptr);
           cudaLaunchAttribute attr = cluster_attr();
           cfg.attrs = &attr;
           cfg.numAttrs = 1;
-          return set_smem_attr() == cudaSuccess && cudaOccupancyMaxActiveClusters(&n, &b2b_kernel_entry<Kernel>, &cfg) == cudaSuccess ? n : 0;
+          return set_smem_attr(dev) == cudaSuccess && cudaOccupancyMaxActiveClusters(&n, &b2b_kernel_entry<Kernel>, &cfg) == cudaSuccess ? n : 0;
         },
         [] { return sm_count() / Cfg::kSplit; });
   }
@@ -924,18 +924,19 @@ struct B2b {
   }
 
   // Once per device (retried until it succeeds); a failure is returned.
-  static cudaError_t set_smem_attr() {
-    return driver::set_max_dynamic_smem<&b2b_kernel_entry<Kernel>>(Kernel::kSmemBytes);
+  static cudaError_t set_smem_attr(int dev = -1) {
+    return driver::set_max_dynamic_smem<&b2b_kernel_entry<Kernel>>(Kernel::kSmemBytes, dev);
   }
 
   static cudaError_t launch(typename Kernel::Params const& p, cudaStream_t stream = nullptr, int max_ctas = 0) {
-    if (cudaError_t e = set_smem_attr(); e != cudaSuccess) return e;
+    const int dev = driver::current_device();   // asked once for the SMEM limit and the launch
+    if (cudaError_t e = set_smem_attr(dev); e != cudaSuccess) return e;
     driver::Shape shape;
     shape.grid = grid_size(p, max_ctas);
     shape.block = dim3(Kernel::kThreads);
     shape.smem = unsigned(Kernel::kSmemBytes);
     if constexpr (Cfg::kSplit > 1) shape.cluster_x = unsigned(Cfg::kSplit);   // cluster_attr()'s 2 x 1 x 1
-    return driver::launch<&b2b_kernel_entry<Kernel>>(shape, stream, p);
+    return driver::launch<&b2b_kernel_entry<Kernel>>(shape, stream, p, dev);
   }
 
   static cudaError_t run(Arguments const& a, cudaStream_t stream = nullptr, int max_ctas = 0) {

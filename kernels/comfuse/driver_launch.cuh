@@ -57,12 +57,13 @@ CUfunction function_on(int dev) {
   return f;
 }
 
-// The kernel's dynamic-SMEM limit raised to `bytes` on the current device: once per device, retried until it
-// succeeds. A failure is returned, and cleared from the runtime's last error.
+// The kernel's dynamic-SMEM limit raised to `bytes` on the current device (`dev`, when the caller knows it: each
+// cudaGetDevice is a trip into the runtime): once per device, retried until it succeeds. A failure is returned,
+// and cleared from the runtime's last error.
 template <auto Kernel>
-cudaError_t set_max_dynamic_smem(int bytes) {
+cudaError_t set_max_dynamic_smem(int bytes, int dev = -1) {
   static bool done[kMaxDevices] = {};
-  const int dev = current_device();
+  if (dev < 0) dev = current_device();
   if (dev < kMaxDevices && done[dev]) return cudaSuccess;
   if (cudaError_t e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       e != cudaSuccess) {
@@ -80,19 +81,20 @@ struct Shape {
   bool cooperative = false;
 };
 
-// Launches Kernel(params) with `shape` on `stream`. The dynamic-SMEM limit must have been set on the current device.
+// Launches Kernel(params) with `shape` on `stream`, on the current device (`dev`, when the caller knows it). The
+// dynamic-SMEM limit must have been set there.
 //
-// Launches with a cluster attribute stay on the runtime for now: the GPU tests of those kernels (mainloop clusters,
-// the DSMEM transport, the B2B cluster form) have not yet run with the driver's launch (docs/PERF.md, eighteenth
-// session); set kClustersThroughDriver once they have.
-constexpr bool kClustersThroughDriver = false;
+// Launches with a cluster attribute go through the driver too since their GPU tests passed that way on the H200
+// (mainloop clusters 1x2, the DSMEM transport's 1x8 clusters, the B2B cluster form: 92 of 92 and 56 of 56 checks;
+// docs/PERF.md, nineteenth session). kClustersThroughDriver = false sends them back to the runtime.
+constexpr bool kClustersThroughDriver = true;
 
 template <auto Kernel, class Params>
-cudaError_t launch(Shape const& shape, cudaStream_t stream, Params const& params) {
+cudaError_t launch(Shape const& shape, cudaStream_t stream, Params const& params, int dev = -1) {
   const bool cluster = shape.cluster_x * shape.cluster_y > 1;
   DriverLaunchFn drv = cluster && !kClustersThroughDriver ? nullptr : driver_launch();
   if (drv) {
-    if (CUfunction f = function_on<Kernel>(current_device())) {
+    if (CUfunction f = function_on<Kernel>(dev < 0 ? current_device() : dev)) {
       CUlaunchConfig c{};
       c.gridDimX = shape.grid.x;
       c.gridDimY = shape.grid.y;

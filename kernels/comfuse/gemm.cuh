@@ -646,15 +646,15 @@ struct Gemm {
 
   // Once per device (retried until it succeeds). Clusters here are at most 8 CTAs, the portable size, so no
   // non-portable-cluster attribute is set. A failure is returned, and cleared from the runtime's last error.
-  static cudaError_t set_smem_limit() {
-    return driver::set_max_dynamic_smem<&gemm_kernel_entry<Kernel>>(Kernel::kSmemBytes);
+  static cudaError_t set_smem_limit(int dev = -1) {
+    return driver::set_max_dynamic_smem<&gemm_kernel_entry<Kernel>>(Kernel::kSmemBytes, dev);
   }
 
   // Resident clusters of this kernel on the current device (cached per device).
-  static int max_resident_clusters() {
+  static int max_resident_clusters(int dev = -1) {
     static int cached[kMaxDevices];
     static bool known[kMaxDevices] = {};
-    const int dev = current_device();
+    if (dev < 0) dev = current_device();
     if (dev < kMaxDevices && known[dev]) return cached[dev];
     const int n = count_resident_clusters(dev);
     if (dev < kMaxDevices) {
@@ -665,7 +665,7 @@ struct Gemm {
   }
 
   static int count_resident_clusters(int dev) {
-    set_smem_limit();
+    set_smem_limit(dev);
     auto kernel = &gemm_kernel_entry<Kernel>;
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
@@ -727,8 +727,8 @@ struct Gemm {
   }
 
   // max_clusters > 0 caps the persistent grid (tests use it to force many tiles per CTA).
-  static Launch launch_shape(typename Kernel::Params const& p, int max_clusters = 0) {
-    int clusters = max_resident_clusters();
+  static Launch launch_shape(typename Kernel::Params const& p, int max_clusters = 0, int dev = -1) {
+    int clusters = max_resident_clusters(dev);
     if (max_clusters > 0 && max_clusters < clusters) clusters = max_clusters;
     // L2 transport: a row block's CTAs exchange partials: they must hold distinct CTAs, all resident (see
     // tile_scheduler.cuh), so the grid never drops below one row block (can_implement checks it fits).
@@ -775,8 +775,9 @@ struct Gemm {
   // Launch with prepared params (make_params encodes the TMA descriptors on the host: a runtime
   // that launches the same problem repeatedly prepares them once).
   static cudaError_t launch(typename Kernel::Params const& p, cudaStream_t stream = nullptr, int max_clusters = 0) {
-    if (cudaError_t e = set_smem_limit(); e != cudaSuccess) return e;
-    Launch l = launch_shape(p, max_clusters);
+    const int dev = current_device();   // asked once per launch
+    if (cudaError_t e = set_smem_limit(dev); e != cudaSuccess) return e;
+    Launch l = launch_shape(p, max_clusters, dev);
     driver::Shape shape;
     shape.grid = l.grid;
     shape.block = l.block;
@@ -789,7 +790,7 @@ struct Gemm {
     // cooperative launch fails instead of hanging when the persistent grid cannot be. (With DSMEM the row
     // block is one cluster, which the hardware schedules as a whole.)
     shape.cooperative = kReduces && !reduce::is_dsmem(Transport(p.transport));
-    return driver::launch<&gemm_kernel_entry<Kernel>>(shape, stream, p);
+    return driver::launch<&gemm_kernel_entry<Kernel>>(shape, stream, p, dev);
   }
 };
 

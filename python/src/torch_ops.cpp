@@ -6,8 +6,9 @@
 //
 // What a registered call does: checks the inputs (CUDA, one device, the kernel's dtypes, contiguous, 16-byte
 // aligned, A's last dim K, B's size), allocates the outputs with PyTorch's caching allocator and calls the kernel
-// library's C launch entry (kernels/comfuse/abi.h) on the current stream. No Python, no libcomfuse: this library
-// depends on PyTorch and the C ABI only.
+// library's C launch entry (kernels/comfuse/abi.h) on the current stream. No Python, no libcomfuse: these kernels
+// depend on PyTorch and the C ABI only. The same library is also a Python module (torch_ops_direct.cpp): the
+// direct entries that Inductor's code calls reach these kernels without the dispatcher.
 //
 // Registration travels through ops of its own (comfuse::_fast_register etc.), so Python needs no bindings here.
 // Error messages are built as one std::string, never through c10::str's ostringstream: formatting a number into a
