@@ -16,7 +16,8 @@ reports (comfuse.inductor.reports()) and classified: "norm" (a row reduction: La
 issue 13 (BERT: out-proj + LN, FFN1 + GELU, FFN2 + LN; Llama: o_proj + RMSNorm, down_proj + RMSNorm; GPT-2:
 c_fc + gelu_new, c_proj + LN). The attention kernels of each run are listed from the profiler (flash / cuDNN /
 efficient vs an fp32 GEMM), so "attention stays fused" can be read off. After each model, the host time of one
-comfuse::fused_region call (the kernel excluded, averaged over 1000 calls) of its largest reduction region.
+fused-region call as Inductor's code makes it (the op's direct entry; the kernel excluded, averaged over 1000 calls)
+of its largest reduction region, and through torch.ops for scale.
 
 --rounds R (default 3): after a mode's variants were compiled and timed one after the other, they are timed again
 in R interleaved rounds (Inductor, ComFuse..., then the reverse order, and so on), each round every variant once;

@@ -339,14 +339,16 @@ def _direct_codegen(name: str):
 
 
 def _route_to_direct_entries() -> bool:
-    """Makes Inductor's Python wrapper call the direct entries (above); False where this torch has no registry."""
-    from . import ops
-
+    """Makes Inductor's Python wrapper call the direct entries (above); False where this torch has no registry
+    (Inductor's code then calls the ops, as before)."""
     try:
         from torch._inductor.codegen.custom_extern_kernel_codegen import (CUSTOM_EXTERN_KERNEL_CODEGEN,
                                                                            CustomCodegen)
         from torch._inductor.select_algorithm import extern_kernels
-    except ImportError:
+
+        from . import ops
+    except ImportError as e:
+        log.info("comfuse: Inductor's code calls the ops through the dispatcher (%s)", e)
         return False
     for op_name, name in _DIRECT_NAMES.items():
         setattr(extern_kernels, name, getattr(ops, f"{op_name}_direct"))
