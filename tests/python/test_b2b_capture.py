@@ -5,6 +5,7 @@ planner's decision (the DLRM MLP's and the attention's shape classes fuse, where
 faster) in the log and in comfuse.explain; in the backend's CPU reference mode a fused chain becomes one
 comfuse::fused_chain call. CPU only: the workload shapes are captured on the meta device (nothing is computed), the small
 ones on CPU tensors."""
+import importlib.util
 import io
 import logging
 
@@ -345,3 +346,28 @@ def test_a_declined_chain_keeps_its_regions(caplog):
     (rep,) = inductor.reports()
     assert rep.fused_chains == set()
     assert not rep.b2b_plans[0].fuse and len(rep.fused) == 2
+
+
+def test_inductor_code_calls_the_chain_direct_entry():
+    """A fused chain in Inductor's code is a call of the op's direct entry (extern_kernels.comfuse_fused_chain), as
+    a fused region's is (test_inductor.py); on CPU tensors that entry hands the call to the op's reference, and the
+    result matches the module."""
+    from torch._inductor.utils import run_and_get_code
+
+    from comfuse import inductor
+
+    if importlib.util.find_spec("torch._inductor.codegen.custom_extern_kernel_codegen") is None:
+        pytest.skip(f"torch {torch.__version__} has no registry of custom fallback codegen")
+    assert inductor.DIRECT_CALLS
+    torch._dynamo.reset()
+    inductor.reset_reports()
+    m = dlrm_bottom(64, 32, 16).to(BF16).eval()
+    x = torch.randn(16, 64, dtype=BF16)
+    with torch.no_grad():
+        f = torch.compile(m, backend="comfuse", options={"reference": True, "rewrite": "keep"})
+        y, codes = run_and_get_code(f, x)
+        ref = m(x)
+    code = "\n".join(codes)
+    assert sum(len(r.fused_chains) for r in inductor.reports()) == 1
+    assert "extern_kernels.comfuse_fused_chain(" in code and "torch.ops.comfuse.fused_chain.default(" not in code
+    assert torch.allclose(y.float(), ref.float(), atol=2e-2, rtol=2e-2)
