@@ -409,7 +409,7 @@ def time_region_on_gpu(key: str) -> tuple[float, float]:
 # two launches; outside a CUDA graph a model of short kernels waits for it (HF BERT-base ran 0.80x Inductor default
 # with 24 fused regions whose kernels beat the GEMM and a pass by 1-30 us each, and 1.09x in reduce-overhead).
 # With the C++ fast path (ops._FAST, python/src/torch_ops.cpp) and Inductor's code calling it directly
-# (ops.fused_region_direct): 6.3-9.6 us per call, against 13-22 us for the torch.mm call alone on the same machine
+# (ops.fused_region_direct): 5.9-9.4 us per call, against 11.8-19.5 us for the torch.mm call alone on the same machine
 # (bench/host_time.py, docs/PERF.md, nineteenth session): a region costs the host no more than what it replaces.
 HOST_US_PER_CALL = 20.0        # the Python kernel
 HOST_US_PER_CALL_FAST = 0.0    # the C++ fast path
