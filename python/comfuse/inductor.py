@@ -352,7 +352,8 @@ def _route_to_direct_entries() -> bool:
         return False
     for op_name, name in _DIRECT_NAMES.items():
         setattr(extern_kernels, name, getattr(ops, f"{op_name}_direct"))
-        CUSTOM_EXTERN_KERNEL_CODEGEN[f"torch.ops.comfuse.{op_name}.default"] = CustomCodegen(python=_direct_codegen(name))
+        codegen = CustomCodegen(python=_direct_codegen(name))
+        CUSTOM_EXTERN_KERNEL_CODEGEN[f"torch.ops.comfuse.{op_name}.default"] = codegen
     return True
 
 
