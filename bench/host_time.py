@@ -13,9 +13,10 @@ Prints one line per figure: the call as Inductor's code for a model makes it (op
 C++ kernel without the dispatcher, where _torch_ops.so is loaded), the op through the dispatcher (torch.ops), the op's
 Python kernel alone, the kernel library's launch alone (RegionKernel.launch on fixed pointers, through nanobind),
 one torch.empty, and for scale the dispatcher's round trip to a Python kernel that does nothing and torch.mm.
-Then, with the fast path: the op called as Inductor's code calls it (the `.default` overload), under no_grad and
-inference_mode, the dispatcher's round trip to a C++ kernel that does nothing, and the fast path's own phases timed
-in C++ (comfuse::_fast_profile: lookup and checks, device guard and stream, outputs, arguments, launch).
+Then, with the fast path: the op's `.default` overload (how Inductor's code called it before the direct entry),
+under no_grad and inference_mode, the dispatcher's round trip to a C++ kernel that does nothing, and the fast
+path's own phases timed in C++ (comfuse::_fast_profile: lookup and checks, device guard and stream, outputs,
+arguments, launch).
 """
 from __future__ import annotations
 
