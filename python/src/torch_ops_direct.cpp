@@ -88,53 +88,51 @@ PyObject* to_op(PyObject* op, PyObject* const* args, Py_ssize_t nargs) {
   return PyObject_Vectorcall(op, args, size_t(nargs), nullptr);
 }
 
-bool check_args(const char* name, Py_ssize_t nargs) {
-  if (nargs == 2) return true;
-  PyErr_Format(PyExc_TypeError, "comfuse._torch_ops.%s(key, inputs) takes 2 arguments, got %zd", name, nargs);
-  return false;
-}
-
 std::string_view key_of(PyObject* key) {
   Py_ssize_t len = 0;
   const char* s = PyUnicode_AsUTF8AndSize(key, &len);
   return s ? std::string_view(s, size_t(len)) : std::string_view();
 }
 
-PyObject* fused_region(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  if (!check_args("fused_region", nargs)) return nullptr;
-  CallTensors inputs;
-  if (!plain_call(args[0], args[1], inputs)) return to_op(g_region_op, args, nargs);
-  const std::string_view key = key_of(args[0]);
-  if (key.data() == nullptr) return nullptr;
-  std::vector<at::Tensor> outs;
-  {
-    RECORD_FUNCTION("comfuse::fused_region", std::vector<c10::IValue>());
-    pybind11::gil_scoped_release no_gil;   // as the dispatcher's own Python binding does around a kernel
-    outs = comfuse::torch_ops::fused_region(key, inputs.list());
-  }
+PyObject* to_python(std::vector<at::Tensor>&& outs) {
   PyObject* list = PyList_New(Py_ssize_t(outs.size()));
   if (!list) return nullptr;
   for (size_t i = 0; i < outs.size(); ++i) PyList_SET_ITEM(list, Py_ssize_t(i), THPVariable_Wrap(std::move(outs[i])));
   return list;
+}
+
+PyObject* to_python(at::Tensor&& out) { return THPVariable_Wrap(std::move(out)); }
+
+// One direct call of `name` (key, inputs): the op's C++ kernel `serve` without the GIL, under the profiler range
+// `op`, its result back as Python objects; every call plain_call refuses goes to the op itself, `fallback`.
+template <class Serve>
+PyObject* direct_call(const char* name, const char* op, PyObject* fallback, PyObject* const* args, Py_ssize_t nargs,
+                      Serve serve) {
+  HANDLE_TH_ERRORS
+  if (nargs != 2) {
+    PyErr_Format(PyExc_TypeError, "comfuse._torch_ops.%s(key, inputs) takes 2 arguments, got %zd", name, nargs);
+    return nullptr;
+  }
+  CallTensors inputs;
+  if (!plain_call(args[0], args[1], inputs)) return to_op(fallback, args, nargs);
+  const std::string_view key = key_of(args[0]);
+  if (key.data() == nullptr) return nullptr;
+  decltype(serve(key, inputs.list())) result;
+  {
+    RECORD_FUNCTION(op, std::vector<c10::IValue>());
+    pybind11::gil_scoped_release no_gil;   // as the dispatcher's own Python binding does around a kernel
+    result = serve(key, inputs.list());
+  }
+  return to_python(std::move(result));
   END_HANDLE_TH_ERRORS
 }
 
+PyObject* fused_region(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return direct_call("fused_region", "comfuse::fused_region", g_region_op, args, nargs, comfuse::torch_ops::fused_region);
+}
+
 PyObject* fused_chain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  if (!check_args("fused_chain", nargs)) return nullptr;
-  CallTensors inputs;
-  if (!plain_call(args[0], args[1], inputs)) return to_op(g_chain_op, args, nargs);
-  const std::string_view key = key_of(args[0]);
-  if (key.data() == nullptr) return nullptr;
-  at::Tensor out;
-  {
-    RECORD_FUNCTION("comfuse::fused_chain", std::vector<c10::IValue>());
-    pybind11::gil_scoped_release no_gil;
-    out = comfuse::torch_ops::fused_chain(key, inputs.list());
-  }
-  return THPVariable_Wrap(std::move(out));
-  END_HANDLE_TH_ERRORS
+  return direct_call("fused_chain", "comfuse::fused_chain", g_chain_op, args, nargs, comfuse::torch_ops::fused_chain);
 }
 
 // set_fallbacks(region_op, chain_op): the callables that take every call this module does not serve itself.
