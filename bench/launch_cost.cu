@@ -1,9 +1,10 @@
 // Host time of one kernel launch, by launch form (issue 13: host time per fused-region call). An empty persistent
 // kernel with a fused kernel's launch shape (132 CTAs of 384 threads, ~200 KB of dynamic SMEM) and a parameter
 // struct of a fused kernel's size, launched 1000 times per form in blocks of 100 between untimed synchronizations
-// (the queue never fills, so no launch waits for the GPU). Prints µs per launch.
+// (the queue never fills, so no launch waits for the GPU). Prints µs per launch. The runtime and driver forms build
+// their launch configurations with the kernels' own code (kernels/comfuse/driver_launch.cuh).
 //
-//   nvcc -std=c++20 -O2 -arch=sm_90a -o launch_cost bench/launch_cost.cu -lcuda && ./launch_cost
+//   nvcc -std=c++20 -O2 -arch=sm_90a -I kernels -o launch_cost bench/launch_cost.cu && ./launch_cost
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -12,14 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+#include "../tests/gpu/gpu_common.cuh"   // CF_CHECK
+#include "comfuse/driver_launch.cuh"
 
 template <int kBytes>
 struct alignas(64) Params {
@@ -47,13 +42,13 @@ int g_block = 100;
 template <class F>
 double per_launch_us(F&& launch, cudaStream_t s) {
   for (int i = 0; i < 20; ++i) launch();
-  CHECK(cudaStreamSynchronize(s));
+  CF_CHECK(cudaStreamSynchronize(s));
   double total = 0;
   for (int block = 0; block < 1000 / g_block; ++block) {
     auto t = std::chrono::steady_clock::now();
     for (int i = 0; i < g_block; ++i) launch();
     total += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count();
-    CHECK(cudaStreamSynchronize(s));
+    CF_CHECK(cudaStreamSynchronize(s));
   }
   return total / 1000;
 }
@@ -62,83 +57,52 @@ template <int kBytes>
 void forms(cudaStream_t s, int sms, long long spin_ns) {
   constexpr int kSmem = 200 * 1024;
   auto k = &empty_kernel<kBytes>;
-  CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  CF_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   Params<kBytes> p{};
   std::memcpy(p.bytes, &spin_ns, 8);
   const dim3 grid(sms), block(384);
-  auto ex = [&](void* fn, dim3 g, bool cluster, bool coop) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = g;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = kSmem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[2];
-    int n = 0;
-    if (cluster) {
-      attr[n].id = cudaLaunchAttributeClusterDimension;
-      attr[n].val.clusterDim = {2, 1, 1};
-      ++n;
-    }
-    if (coop) {
-      attr[n].id = cudaLaunchAttributeCooperative;
-      attr[n].val.cooperative = 1;
-      ++n;
-    }
-    cfg.attrs = attr;
-    cfg.numAttrs = n;
-    void* args[] = {&p};
-    return cudaLaunchKernelExC(&cfg, fn, args);
+  void* args[] = {&p};
+  auto shape = [&](bool cluster, bool coop) {
+    comfuse::driver::Shape sh;
+    sh.grid = dim3(cluster ? sms / 2 * 2 : sms);
+    sh.block = block;
+    sh.smem = kSmem;
+    sh.cluster_x = cluster ? 2 : 1;
+    sh.cooperative = coop;
+    return sh;
+  };
+  auto ex = [&](bool cluster, bool coop) {
+    CF_CHECK(comfuse::driver::launch_on_runtime(reinterpret_cast<void const*>(k), shape(cluster, coop), s, args));
   };
   // The driver's own entry, with the CUfunction looked up once.
-  CUfunction f{};
-  CHECK(cudaGetFuncBySymbol(reinterpret_cast<cudaFunction_t*>(&f), reinterpret_cast<void const*>(k)));
+  const comfuse::driver::DriverLaunchFn drv_fn = comfuse::driver::driver_launch();
+  CUfunction f = comfuse::driver::function_on<&empty_kernel<kBytes>>(0);
+  if (!drv_fn || !f) {
+    std::fprintf(stderr, "the driver's cuLaunchKernelEx or the kernel's CUfunction is not available\n");
+    std::exit(1);
+  }
   auto drv = [&](bool cluster, bool coop) {
-    CUlaunchConfig cfg{};
-    cfg.gridDimX = cluster ? sms / 2 * 2 : sms;
-    cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = 384;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = kSmem;
-    cfg.hStream = s;
-    CUlaunchAttribute attr[2];
-    unsigned n = 0;
-    if (cluster) {
-      attr[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-      attr[n].value.clusterDim.x = 2;
-      attr[n].value.clusterDim.y = attr[n].value.clusterDim.z = 1;
-      ++n;
-    }
-    if (coop) {
-      attr[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-      attr[n].value.cooperative = 1;
-      ++n;
-    }
-    cfg.attrs = attr;
-    cfg.numAttrs = n;
-    void* args[] = {&p};
-    if (cuLaunchKernelEx(&cfg, f, args, nullptr) != CUDA_SUCCESS) {
+    if (comfuse::driver::launch_on_driver(drv_fn, f, shape(cluster, coop), s, args) != CUDA_SUCCESS) {
       std::fprintf(stderr, "cuLaunchKernelEx failed\n");
       std::exit(1);
     }
   };
-  const dim3 grid2(sms / 2 * 2);
   std::printf("| %d B | %lld | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", kBytes, spin_ns / 1000, g_block,
               per_launch_us([&] { k<<<grid, block, kSmem, s>>>(p); }, s),
-              per_launch_us([&] { CHECK(ex((void*)k, grid, false, false)); }, s),
-              per_launch_us([&] { CHECK(ex((void*)k, grid2, true, false)); }, s),
-              per_launch_us([&] { CHECK(ex((void*)k, grid, false, true)); }, s),
+              per_launch_us([&] { ex(false, false); }, s), per_launch_us([&] { ex(true, false); }, s),
+              per_launch_us([&] { ex(false, true); }, s),
               per_launch_us([&] { drv(false, false); }, s), per_launch_us([&] { drv(true, false); }, s),
               per_launch_us([&] { drv(false, true); }, s));
 }
 
 int main() {
   int dev = 0, sms = 0;
-  CHECK(cudaSetDevice(dev));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CF_CHECK(cudaSetDevice(dev));
+  CF_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   cudaStream_t s;
-  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CF_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   int d = 0;
-  const double get_device = per_launch_us([&] { CHECK(cudaGetDevice(&d)); }, s);
+  const double get_device = per_launch_us([&] { CF_CHECK(cudaGetDevice(&d)); }, s);
   const double last_error = per_launch_us([&] { (void)cudaGetLastError(); }, s);
   std::printf("cudaGetDevice %.3f us, cudaGetLastError %.3f us\n\n", get_device, last_error);
   std::printf("µs per launch, %d CTAs x 384 threads, 200 KB dynamic SMEM, a kernel that returns at once or spins\n\n", sms);
@@ -153,6 +117,6 @@ int main() {
     g_block = block;
     forms<1024>(s, sms, 50000);
   }
-  CHECK(cudaStreamDestroy(s));
+  CF_CHECK(cudaStreamDestroy(s));
   return 0;
 }

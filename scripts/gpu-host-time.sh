@@ -5,7 +5,7 @@
 # little) and, where they are built here, the launch benches without PyTorch (bench/launch_cost.cu as
 # .carry/bin/launch_cost, bench/library_launch.cpp as .carry/bin/library_launch on the kernels the first round
 # compiled). Logs under $OUT; the tables last. Build the two benches here, then carry .carry:
-#   nvcc -std=c++20 -O2 -arch=sm_90a -o .carry/bin/launch_cost bench/launch_cost.cu -lcuda
+#   nvcc -std=c++20 -O2 -arch=sm_90a -I kernels -o .carry/bin/launch_cost bench/launch_cost.cu
 #   g++ -std=c++20 -O2 -I kernels -I /usr/local/cuda/include bench/library_launch.cpp -o .carry/bin/library_launch \
 #       -L /usr/local/cuda/lib64 -lcudart_static -lrt -lpthread -ldl
 #

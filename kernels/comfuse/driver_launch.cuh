@@ -81,51 +81,44 @@ struct Shape {
   bool cooperative = false;
 };
 
-// Launches Kernel(params) with `shape` on `stream`, on the current device (`dev`, when the caller knows it). The
-// dynamic-SMEM limit must have been set there.
-//
 // Launches with a cluster attribute go through the driver too since their GPU tests passed that way on the H200
 // (mainloop clusters 1x2, the DSMEM transport's 1x8 clusters, the B2B cluster form: 92 of 92 and 56 of 56 checks;
 // docs/PERF.md, nineteenth session). kClustersThroughDriver = false sends them back to the runtime.
 constexpr bool kClustersThroughDriver = true;
 
-template <auto Kernel, class Params>
-cudaError_t launch(Shape const& shape, cudaStream_t stream, Params const& params, int dev = -1) {
-  const bool cluster = shape.cluster_x * shape.cluster_y > 1;
-  DriverLaunchFn drv = cluster && !kClustersThroughDriver ? nullptr : driver_launch();
-  if (drv) {
-    if (CUfunction f = function_on<Kernel>(dev < 0 ? current_device() : dev)) {
-      CUlaunchConfig c{};
-      c.gridDimX = shape.grid.x;
-      c.gridDimY = shape.grid.y;
-      c.gridDimZ = shape.grid.z;
-      c.blockDimX = shape.block.x;
-      c.blockDimY = shape.block.y;
-      c.blockDimZ = shape.block.z;
-      c.sharedMemBytes = shape.smem;
-      c.hStream = stream;
-      CUlaunchAttribute attr[2];
-      unsigned n = 0;
-      if (cluster) {
-        attr[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attr[n].value.clusterDim.x = shape.cluster_x;
-        attr[n].value.clusterDim.y = shape.cluster_y;
-        attr[n].value.clusterDim.z = 1;
-        ++n;
-      }
-      if (shape.cooperative) {
-        attr[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-        attr[n].value.cooperative = 1;
-        ++n;
-      }
-      c.attrs = attr;
-      c.numAttrs = n;
-      void* args[] = {const_cast<Params*>(&params)};
-      if (drv(&c, f, args, nullptr) == CUDA_SUCCESS) return cudaSuccess;
-    }
+// One launch of `f` with `shape` through the driver's entry `drv` (args: pointers to the kernel's parameters).
+inline CUresult launch_on_driver(DriverLaunchFn drv, CUfunction f, Shape const& shape, cudaStream_t stream,
+                                 void** args) {
+  CUlaunchConfig c{};
+  c.gridDimX = shape.grid.x;
+  c.gridDimY = shape.grid.y;
+  c.gridDimZ = shape.grid.z;
+  c.blockDimX = shape.block.x;
+  c.blockDimY = shape.block.y;
+  c.blockDimZ = shape.block.z;
+  c.sharedMemBytes = shape.smem;
+  c.hStream = stream;
+  CUlaunchAttribute attr[2];
+  unsigned n = 0;
+  if (shape.cluster_x * shape.cluster_y > 1) {
+    attr[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr[n].value.clusterDim.x = shape.cluster_x;
+    attr[n].value.clusterDim.y = shape.cluster_y;
+    attr[n].value.clusterDim.z = 1;
+    ++n;
   }
-  // The runtime's launch: its error, not one left by an earlier runtime call.
-  (void)cudaGetLastError();
+  if (shape.cooperative) {
+    attr[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attr[n].value.cooperative = 1;
+    ++n;
+  }
+  c.attrs = attr;
+  c.numAttrs = n;
+  return drv(&c, f, args, nullptr);
+}
+
+// The same launch of `kernel` through the runtime's cudaLaunchKernelExC.
+inline cudaError_t launch_on_runtime(void const* kernel, Shape const& shape, cudaStream_t stream, void** args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = shape.grid;
   cfg.blockDim = shape.block;
@@ -133,7 +126,7 @@ cudaError_t launch(Shape const& shape, cudaStream_t stream, Params const& params
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   int n = 0;
-  if (cluster) {
+  if (shape.cluster_x * shape.cluster_y > 1) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
     attr[n].val.clusterDim = {shape.cluster_x, shape.cluster_y, 1};
     ++n;
@@ -145,7 +138,23 @@ cudaError_t launch(Shape const& shape, cudaStream_t stream, Params const& params
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, Kernel, params);
+  return cudaLaunchKernelExC(&cfg, kernel, args);
+}
+
+// Launches Kernel(params) with `shape` on `stream`, on the current device (`dev`, when the caller knows it): through
+// the driver, else the runtime. The dynamic-SMEM limit must have been set there.
+template <auto Kernel, class Params>
+cudaError_t launch(Shape const& shape, cudaStream_t stream, Params const& params, int dev = -1) {
+  const bool cluster = shape.cluster_x * shape.cluster_y > 1;
+  DriverLaunchFn drv = cluster && !kClustersThroughDriver ? nullptr : driver_launch();
+  void* args[] = {const_cast<Params*>(&params)};
+  if (drv) {
+    if (CUfunction f = function_on<Kernel>(dev < 0 ? current_device() : dev))
+      if (launch_on_driver(drv, f, shape, stream, args) == CUDA_SUCCESS) return cudaSuccess;
+  }
+  // The runtime's launch: its error, not one left by an earlier runtime call.
+  (void)cudaGetLastError();
+  return launch_on_runtime(reinterpret_cast<void const*>(Kernel), shape, stream, args);
 }
 
 }  // namespace comfuse::driver
