@@ -27,9 +27,7 @@ while [ $# -gt 0 ]; do
 done
 OUT="${OUT:-$root/build/gpu-host-time}"
 mkdir -p "$OUT"
-[ -d .carry/cutlass/include ] && [ -z "${COMFUSE_CUTLASS_DIR:-}" ] && export COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include"
-export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
-unset COMFUSE_KERNEL_DIR
+gpu_package_env
 t0=$(date +%s)
 if [ $do_install = 1 ]; then
   gpu_pip_install "${COMFUSE_CUTLASS_DIR:-}" "$OUT/pip.log" \

@@ -12,6 +12,15 @@ gpu_cutlass_dir() {
   echo "$dir"
 }
 
+# gpu_package_env: the environment of the scripts that run the installed package (gpu-python, gpu-hf-models,
+# gpu-host-time): the carried CUTLASS headers unless COMFUSE_CUTLASS_DIR is set, a JIT cache under /tmp unless
+# COMFUSE_CACHE_DIR is set, and no COMFUSE_KERNEL_DIR (the package's own copy of the kernel headers must be found).
+gpu_package_env() {
+  [ -d "$PWD/.carry/cutlass/include" ] && [ -z "${COMFUSE_CUTLASS_DIR:-}" ] && export COMFUSE_CUTLASS_DIR="$PWD/.carry/cutlass/include"
+  export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+  unset COMFUSE_KERNEL_DIR
+}
+
 # gpu_pip_install CUTLASS_DIR LOG [TIMEOUT_S]: installs the package from the repository root with the image's own
 # python3 and tools (a module built on another Python will not import there), against the CUTLASS headers in
 # CUTLASS_DIR, 16 build jobs, the output into LOG; returns pip's exit code (124 past TIMEOUT_S; default: no limit).

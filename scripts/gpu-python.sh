@@ -25,12 +25,9 @@ while [ $# -gt 0 ]; do
 done
 OUT="${OUT:-$root/build/gpu-python}"
 mkdir -p "$OUT"
-[ -d .carry/cutlass/include ] && [ -z "${COMFUSE_CUTLASS_DIR:-}" ] && export COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include"
-export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+gpu_package_env   # the package, with the kernel headers inside it
 declare -A status
 t0=$(date +%s)
-# the package, with the kernel headers inside it (no COMFUSE_KERNEL_DIR: the installed copy must be found)
-unset COMFUSE_KERNEL_DIR
 status[install]=0
 if [ $do_install = 1 ]; then
   gpu_pip_install "${COMFUSE_CUTLASS_DIR:-}" "$OUT/pip.log"
