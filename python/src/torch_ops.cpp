@@ -190,10 +190,6 @@ std::vector<at::Tensor> serve_region(std::string_view key, at::TensorList inputs
   return outs;
 }
 
-std::vector<at::Tensor> region_kernel(std::string_view key, at::TensorList inputs) {
-  return serve_region(key, inputs, nullptr);
-}
-
 // comfuse::_fast_profile(key, inputs, calls, block): `calls` fast-path calls from C++ (no Python, no dispatcher) in
 // blocks of `block` between untimed synchronizations of the stream (a long block of running kernels fills the launch
 // queue, and the host then waits for the GPU). Returns ns per call: lookup and checks, device guard and stream, output
@@ -418,8 +414,11 @@ std::vector<int64_t> fast_stats() {
 
 }  // namespace
 
+// The ops' CUDA kernels, for the dispatcher (below) and the direct entries (torch_ops_direct.cpp).
 namespace comfuse::torch_ops {
-std::vector<at::Tensor> fused_region(std::string_view key, at::TensorList inputs) { return region_kernel(key, inputs); }
+std::vector<at::Tensor> fused_region(std::string_view key, at::TensorList inputs) {
+  return serve_region(key, inputs, nullptr);
+}
 at::Tensor fused_chain(std::string_view key, at::TensorList inputs) { return chain_kernel(key, inputs); }
 }  // namespace comfuse::torch_ops
 
@@ -435,7 +434,7 @@ TORCH_LIBRARY_FRAGMENT(comfuse, m) {
 }
 
 TORCH_LIBRARY_IMPL(comfuse, CUDA, m) {
-  m.impl("fused_region", TORCH_FN(region_kernel));
-  m.impl("fused_chain", TORCH_FN(chain_kernel));
+  m.impl("fused_region", TORCH_FN(comfuse::torch_ops::fused_region));
+  m.impl("fused_chain", TORCH_FN(comfuse::torch_ops::fused_chain));
   m.impl("_fast_noop", TORCH_FN(fast_noop));
 }
