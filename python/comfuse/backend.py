@@ -378,30 +378,45 @@ def prepare_kernels(rep: GraphReport, target) -> bool:
     return True
 
 
-def _time_us(fn, blocks: int = 5, launches: int = 10) -> float:
-    """Median over `blocks` of the mean GPU time of `launches` back-to-back calls (CUDA events), after a warm-up."""
-    for _ in range(3):
-        fn()
-    times = []
+def _time_pair_us(fn, other, blocks: int = 9, launches: int = 10) -> tuple[float, float]:
+    """(fn us, other us): medians over `blocks` of the mean GPU time of `launches` back-to-back calls (CUDA events),
+    the two timed in alternating blocks so that a clock or host drift during the measurement moves both alike.
+    `other` None: (fn us, 0)."""
+    fns = [fn] if other is None else [fn, other]
+    for f in fns:
+        for _ in range(3):
+            f()
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(blocks):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(launches):
-            fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3 / launches)
-    return sorted(times)[len(times) // 2]
+        for f, ts in zip(fns, times):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(launches):
+                f()
+            stop.record()
+            stop.synchronize()
+            ts.append(start.elapsed_time(stop) * 1e3 / launches)
+    med = [sorted(ts)[len(ts) // 2] for ts in times]
+    return med[0], (med[1] if other is not None else 0.0)
 
 
 def time_region_on_gpu(key: str) -> tuple[float, float]:
-    """(fused kernel us, cuBLAS GEMM us) of a registered region at its Spec's shapes, on random inputs."""
+    """(fused kernel us, cuBLAS GEMM us) of a registered region at its Spec's shapes, on random inputs, timed in
+    alternating blocks."""
     from . import ops
 
     spec = ops.region_spec(key)
     a, b, *params = ops.random_inputs(spec, "cuda")
     bt = b.t() if spec.gemm.transpose_b else b
-    return _time_us(lambda: ops._run_gpu(key, [a, b, *params])), _time_us(lambda: torch.matmul(a, bt))
+    return _time_pair_us(lambda: ops._run_gpu(key, [a, b, *params]), lambda: torch.matmul(a, bt))
+
+
+# A fused kernel must beat what it replaces by this fraction to be kept (measure_fused). Two timings of one kernel
+# in one process differ by up to ~4% (HF BERT-base's FFN2 + residual + LayerNorm: 69.1 and 66.5 us against 68.0 and
+# 68.9 for the GEMM and its pass, nineteenth session), and the pass is an estimate: without a margin a region that
+# is a tie flips between compiles and runs are not reproducible. Within the margin the region stays in torch,
+# the form Inductor would run anyway.
+MEASURE_MARGIN = 0.05
 
 
 # Host time of one comfuse::fused_region call beyond the launches it replaces (Inductor's GEMM and its epilogue
@@ -442,8 +457,9 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
     shapes and on other epilogues, and its estimate can miss by tens of percent (GPT-2's c_proj + residual +
     LayerNorm: ~67 us predicted, ~100 us in the model), so a region the GPU shows slower is not fused.
     Outside a CUDA graph the kernel must also win back the call's host time (`host_us`, default
-    host_us_per_call()). Returns the regions that lost; each region's times are logged. One timing per distinct
-    kernel and shape (~10 ms each). `timer(key) -> (fused us, GEMM us)`."""
+    host_us_per_call()), and win by MEASURE_MARGIN: a tie stays in torch, so that runs are reproducible. Returns
+    the regions that lost; each region's times are logged. One timing per distinct kernel and shape (~20 ms each).
+    `timer(key) -> (fused us, GEMM us)`."""
     from . import ops
 
     if host_us is None:
@@ -470,12 +486,16 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
                 fused_us, gemm_us = float("inf"), 0.0
             done[sig] = (fused_us, gemm_us, rep.plans[ri].pass_us)   # the planner's pass (none: cuBLAS alone)
         fused_us, gemm_us, pass_us = done[sig]
-        keep = fused_us + host_us <= gemm_us + pass_us
+        unfused_us = gemm_us + pass_us
+        keep = fused_us + host_us <= unfused_us * (1.0 - MEASURE_MARGIN)
+        why = ("fused" if keep else
+               "not fused (slower than the GEMM and a separate pass)" if fused_us > unfused_us else
+               "not fused (what it saves does not cover the call's host time)" if fused_us + host_us > unfused_us else
+               f"not fused (a tie: it wins by less than the {MEASURE_MARGIN:.0%} margin, within the timing's noise)")
         log.info("comfuse: graph %d region %d: on this GPU the kernel takes %.1f us%s, the cuBLAS GEMM %.1f us (+ an "
                  "epilogue pass ~%.1f us): %s", rep.index, ri, fused_us,
                  f" (+ ~{host_us:.0f} us of host time per call, no CUDA graph)" if host_us else "", gemm_us, pass_us,
-                 "fused" if keep else "not fused (slower than the GEMM and a separate pass)"
-                 if fused_us > gemm_us + pass_us else "not fused (what it saves does not cover the call's host time)")
+                 why)
         if not keep:
             lost.add(ri)
     return lost
