@@ -23,7 +23,8 @@ of its largest reduction region, and through torch.ops for scale.
 in R interleaved rounds (Inductor, ComFuse..., then the reverse order, and so on), each round every variant once;
 the "interleaved" column is Inductor's median over the rounds ÷ the variant's. Measured back to back, a host-bound
 model's ratio moves by tens of percent with the host's speed (docs/PERF.md, thirteenth session); interleaved, the
-drift falls on every variant alike. (Dynamo's cache is reset between compiles, so each variant recompiles once,
+drift falls on every variant alike. "GPU us" is one call's kernels' summed durations (profiler, mean of 3 calls):
+what the kernels alone change, unmoved by the host. (Dynamo's cache is reset between compiles, so each variant recompiles once,
 untimed, at its first interleaved call.)
 
 --dynamic: after each model's runs, backend="comfuse" with dynamic=True over three batch/sequence sizes, each
@@ -50,6 +51,7 @@ REQUIRED = {"bert": {"norm": 2, "act": 1}, "bert-large": {"norm": 2, "act": 1}, 
             "llama": {"norm": 2}, "gpt2": {"norm": 2, "act": 1}}
 ATTN = re.compile(r"flash|fmha|cudnn|efficient_attention|attention|sdpa", re.I)
 F32_GEMM = re.compile(r"sgemm|gemm.*f32|f32.*gemm|gemmSN|cutlass_80_simt", re.I)
+GPU_RANGE = re.compile(r"Torch-Compiled Region|## |ProfilerStep")   # ranges the profiler shows on the GPU, not work
 
 
 def build(name: str, device: str, tiny: bool = False):
@@ -176,18 +178,25 @@ def rel_err(out, ref) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def kernels(fn, cuda: bool, label: str = "") -> tuple[str, str]:
-    """The attention kernels and fp32 GEMM kernels one call runs (profiler), as short strings. With a label, also
-    prints the call's GPU kernels by total time (the top 10: where a slow run's time goes)."""
+def kernels(fn, cuda: bool, label: str = "", calls: int = 3) -> tuple[str, str, float]:
+    """The attention kernels and fp32 GEMM kernels a call runs (profiler, `calls` calls), as short strings, and the
+    GPU time of one call: its kernels' summed durations, without the gaps between them. Unlike a wall-clock time
+    that is what the kernels alone change, and the host's speed does not move it. With a label, also prints the
+    calls' GPU kernels by total time (the top 10: where a slow run's time goes)."""
     if not cuda:
-        return "-", "-"
+        return "-", "-", float("nan")
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if label else [])) as p:
-        fn()
+        for _ in range(calls):
+            fn()
         torch.cuda.synchronize()
     events = p.key_averages()
     names = {e.key for e in events}
+    # the GPU's own events (kernels, copies), without the ranges Inductor marks on the GPU around them
+    gpu_us = sum(e.device_time_total for e in events
+                 if e.device_type == DeviceType.CUDA and not GPU_RANGE.match(e.key)) / calls
     if label:
         timed = sorted(((getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0), e.count, e.key)
                         for e in events), reverse=True)
@@ -202,7 +211,7 @@ def kernels(fn, cuda: bool, label: str = "") -> tuple[str, str]:
     attn = sorted(n for n in names if ATTN.search(n))
     f32 = sorted(n for n in names if F32_GEMM.search(n))
     short = lambda xs: ";".join(x[:48] for x in xs[:2]) or "none"  # noqa: E731
-    return short(attn), short(f32)
+    return short(attn), short(f32), gpu_us
 
 
 def region_kinds(reps) -> dict:
@@ -333,12 +342,12 @@ def main() -> int:
         model, kwargs = build(name, device, tiny=a.cpu_smoke)
         ref = run(model, kwargs)
         eager_us = timed(lambda: run(model, kwargs), a.iters, cuda)
-        attn, f32 = kernels(lambda: run(model, kwargs), cuda)
+        attn, f32, gpu_us = kernels(lambda: run(model, kwargs), cuda)
         rows.append(dict(model=name, mode="eager", backend="eager", fuse="-", us=eager_us, vs_inductor="-",
-                         rel_err=0.0, fused="-", attention=attn, f32_gemm=f32, note=""))
+                         rel_err=0.0, fused="-", attention=attn, f32_gemm=f32, gpu_us=gpu_us, note=""))
         print(f"{name}: eager {eager_us:.0f} us; attention {attn}; fp32 GEMMs {f32}", flush=True)
         for mode in modes:
-            ind_us = ind_min = None
+            ind_us = ind_min = ind_gpu = None
             compiled = []   # (row, compiled fn) of this mode, for the interleaved rounds
             for backend, fuse in [("inductor", "-")] + [("comfuse", v) for v in variants]:
                 if time.time() - t0 > a.budget_s:
@@ -365,15 +374,18 @@ def main() -> int:
                     row["us"] = timed(lambda: run(f, kwargs), a.iters, cuda, fastest)
                     row["us_min"] = fastest[0]
                     compiled.append((row, f))
-                    row["attention"], row["f32_gemm"] = kernels(lambda: run(f, kwargs), cuda, f"{name} {mode} {backend} {fuse}")
+                    row["attention"], row["f32_gemm"], row["gpu_us"] = kernels(lambda: run(f, kwargs), cuda,
+                                                                                f"{name} {mode} {backend} {fuse}")
                     if backend == "inductor":
-                        ind_us, ind_min = row["us"], row["us_min"]
+                        ind_us, ind_min, ind_gpu = row["us"], row["us_min"], row["gpu_us"]
                     else:
                         k = region_kinds(inductor.reports())
                         row["fused"] = f"{k['total']} (norm {k['norm']}, act {k['act']}, other {k['other']})"
                         if ind_us:
                             # fastest calls' ratio first (less moved by host noise), the medians' after it
                             row["vs_inductor"] = f"{ind_min / row['us_min']:.3f}x (median {ind_us / row['us']:.3f}x)"
+                            if ind_gpu == ind_gpu and row["gpu_us"] > 0:   # (nan without a GPU)
+                                row["vs_inductor_gpu"] = f"{ind_gpu / row['gpu_us']:.3f}x"
                         need = REQUIRED.get(name, {})
                         layers = 1 if a.cpu_smoke else LAYERS[name]
                         missing = {kk: (k[kk], n * layers) for kk, n in need.items() if k[kk] < n * layers}
@@ -432,13 +444,13 @@ def main() -> int:
         w.writeheader()
         w.writerows(rows)
     print("\n| model | mode | backend | fuse | us | Inductor / this | interleaved us | Inductor / this, interleaved | "
-          "rel err | fused regions | attention kernels | fp32 GEMMs | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "GPU us | Inductor / this, GPU time | rel err | fused regions | attention kernels | fp32 GEMMs | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         il = r.get("us_interleaved")
         print(f"| {r['model']} | {r['mode']} | {r['backend']} | {r['fuse']} | {r['us']:.0f} | {r['vs_inductor']} | "
               f"{'-' if il is None else f'{il:.0f}'} | {r.get('vs_inductor_interleaved', '-')} | "
-              f"{r['rel_err']:.2e} | {r['fused']} | {r['attention']} | {r['f32_gemm']} | {r['note']} |")
+              f"{r.get('gpu_us', float('nan')):.0f} | {r.get('vs_inductor_gpu', '-')} | {r['rel_err']:.2e} | {r['fused']} | {r['attention']} | {r['f32_gemm']} | {r['note']} |")
     for f in failures:
         print("FAILURE:", f)
     return 1 if failures else 0
