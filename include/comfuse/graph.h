@@ -181,6 +181,15 @@ Graph decompose(const Graph& g);
 // Removes nodes no output depends on.
 Graph eliminate_dead(const Graph& g);
 
+// Replaces an elementwise idiom written out in primitives by the one op the epilogue has for it, so that a
+// kernel computes it in a few instructions: GELU's tanh form as Hugging Face's gelu_new writes it
+// (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))) becomes gelu(x, approximate="tanh"), named as its last node.
+// Folds only where every intermediate is read by the idiom alone and is not an output; the rest is unchanged.
+Graph fold_idioms(const Graph& g);
+
+// The graph partition works on: composites decomposed, idioms folded, dead nodes removed (names kept).
+Graph partition_form(const Graph& g);
+
 // `g` with every symbolic dim replaced by `rows` (shapes inferred again); a concrete graph is returned as is.
 // Throws GraphError when rows < 1.
 Graph bind_rows(const Graph& g, int64_t rows);

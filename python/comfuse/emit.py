@@ -178,6 +178,15 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
     for out, fold in prog.conv.softmax_folds.items():
         if out in absorbed:
             absorbed.update({f: absorbed[out] for f in fold.nodes})
+    # Values the core folded away (fold_idioms: gelu_new's pow, tanh, ... become one gelu_tanh named after its last
+    # node) are read only by the idiom: each goes where all its readers go (readers come later: walked backwards).
+    for f in reversed(list(prog.gm.graph.nodes)):
+        v = prog.conv.value.get(f)
+        if f in absorbed or v is None or isinstance(v, tuple) or resolve(v) in live:
+            continue
+        rs = {absorbed.get(u) for u in f.users}
+        if len(rs) == 1 and None not in rs:
+            absorbed[f] = rs.pop()
     for gi, nodes in groups.items():
         for gid in nodes:
             f = prog.fx_of(prog.nodes[gid].name)

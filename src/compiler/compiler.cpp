@@ -742,9 +742,9 @@ CompiledGraph::~CompiledGraph() = default;   // StreamStates free their memory i
 
 void CompiledGraph::check_symbolic() {
   if (!graph_.symbolic()) return;
-  lowered_ = eliminate_dead(decompose(graph_));
+  lowered_ = partition_form(graph_);
   const Graph& pg = partition_.graph;
-  // partition() decomposes the bound graph; binding the decomposed one must give the same nodes (ids, names).
+  // partition() takes the partition_form of the bound graph; binding this one must give the same nodes (ids, names).
   bool same = lowered_.nodes.size() == pg.nodes.size();
   for (size_t i = 0; same && i < pg.nodes.size(); ++i) same = lowered_.nodes[i].name == pg.nodes[i].name;
   if (!same) throw std::logic_error("symbolic graph: decomposition depends on the row count");

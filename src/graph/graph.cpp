@@ -719,3 +719,140 @@ Graph decompose(const Graph& g) {
 }
 
 }  // namespace comfuse
+
+namespace comfuse {
+
+namespace {
+
+// Matches GELU's tanh form written out in primitives, as Hugging Face's gelu_new (GPT-2) and others spell it:
+//   y = mul(mul(x, 0.5), add(tanh(mul(add(x, mul(pow(x, 3), 0.044715)), sqrt(2/pi))), 1))
+// with either operand order of every add and mul, and x*x*x for pow(x, 3). Each intermediate must be read only by
+// the next node of the pattern and not be an output, so that folding drops it rather than computing it twice.
+class GeluTanhMatcher {
+ public:
+  explicit GeluTanhMatcher(const Graph& g) : g_(g), users_(g.users()) {
+    for (const auto& o : g.outputs) outputs_.insert(o.node);
+  }
+
+  // x's id when `root` ends the pattern; `inner` gets the intermediates (root excluded).
+  std::optional<int> match(int root, std::vector<int>& inner) const {
+    inner.clear();
+    const Node& r = g_.node(root);
+    if (r.op != OpKind::Mul) return std::nullopt;
+    for (int side = 0; side < 2; ++side) {
+      std::vector<int> seen;
+      auto x = half_x(r.inputs[side], seen);
+      if (!x || !one_plus_tanh(r.inputs[1 - side], *x, seen)) continue;
+      const Node& xn = g_.node(*x);
+      if (xn.op == OpKind::Constant || r.shape != xn.shape || r.dtype != xn.dtype) continue;
+      inner = std::move(seen);
+      return x;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  static bool near(double v, double want) { return std::fabs(v - want) <= 1e-6 * std::fabs(want); }
+
+  bool is_const(int id, double want) const {
+    const Node& n = g_.node(id);
+    return n.op == OpKind::Constant && near(n.value, want);
+  }
+  // An intermediate: read once (by the pattern) and not an output.
+  bool private_value(int id) const { return users_[id].size() == 1 && !outputs_.count(id); }
+
+  // `id` = op(y, c) or op(c, y) with constant c ~ want (and private): y.
+  std::optional<int> with_const(int id, OpKind op, double want, std::vector<int>& seen) const {
+    const Node& n = g_.node(id);
+    if (n.op != op || !private_value(id)) return std::nullopt;
+    for (int s = 0; s < 2; ++s)
+      if (is_const(n.inputs[1 - s], want) && !is_const(n.inputs[s], want)) {
+        seen.push_back(id);
+        return n.inputs[s];
+      }
+    return std::nullopt;
+  }
+
+  std::optional<int> half_x(int id, std::vector<int>& seen) const { return with_const(id, OpKind::Mul, 0.5, seen); }
+
+  // add(tanh(u), 1) with u = sqrt(2/pi) * (x + 0.044715 * x^3)
+  bool one_plus_tanh(int id, int x, std::vector<int>& seen) const {
+    auto t = with_const(id, OpKind::Add, 1.0, seen);
+    if (!t || g_.node(*t).op != OpKind::Tanh || !private_value(*t)) return false;
+    seen.push_back(*t);
+    auto v = with_const(g_.node(*t).inputs[0], OpKind::Mul, 0.7978845608028654, seen);
+    if (!v) return false;
+    const Node& add = g_.node(*v);
+    if (add.op != OpKind::Add || !private_value(*v)) return false;
+    seen.push_back(*v);
+    for (int s = 0; s < 2; ++s) {
+      if (add.inputs[s] != x) continue;
+      size_t mark = seen.size();
+      auto cube = with_const(add.inputs[1 - s], OpKind::Mul, 0.044715, seen);
+      if (cube && is_cube(*cube, x, seen)) return true;
+      seen.resize(mark);   // nothing of a failed try is folded
+    }
+    return false;
+  }
+
+  // pow(x, 3), mul(x, mul(x, x)) or mul(mul(x, x), x)
+  bool is_cube(int id, int x, std::vector<int>& seen) const {
+    const Node& n = g_.node(id);
+    if (!private_value(id)) return false;
+    if (n.op == OpKind::Pow && n.inputs[0] == x && n.value == 3.0) {
+      seen.push_back(id);
+      return true;
+    }
+    if (n.op != OpKind::Mul) return false;
+    for (int s = 0; s < 2; ++s) {
+      const Node& sq = g_.node(n.inputs[1 - s]);
+      if (n.inputs[s] == x && sq.op == OpKind::Mul && sq.inputs[0] == x && sq.inputs[1] == x &&
+          private_value(sq.id)) {
+        seen.push_back(id);
+        seen.push_back(sq.id);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  const Graph& g_;
+  std::vector<std::vector<int>> users_;
+  std::set<int> outputs_;
+};
+
+}  // namespace
+
+Graph fold_idioms(const Graph& g) {
+  GeluTanhMatcher gelu(g);
+  std::vector<int> x_of(g.nodes.size(), -1);
+  std::vector<char> folded(g.nodes.size(), 0);
+  std::vector<int> inner;
+  bool any = false;
+  for (const auto& n : g.nodes)
+    if (auto x = gelu.match(n.id, inner)) {
+      x_of[n.id] = *x;
+      for (int i : inner) folded[i] = 1;
+      any = true;
+    }
+  if (!any) return g;
+  Graph out;
+  std::vector<Value> map(g.nodes.size());
+  for (const auto& n : g.nodes) {
+    if (folded[n.id]) continue;   // read only by the pattern it ends in
+    out.set_loc(n.loc);
+    if (x_of[n.id] >= 0) {
+      map[n.id] = at_loc(n.loc, [&] { return out.unary(OpKind::GeluTanh, map[x_of[n.id]], n.name); });
+      continue;
+    }
+    std::vector<Value> ins;
+    for (int in : n.inputs) ins.push_back(map[in]);
+    map[n.id] = rebuild(out, n, ins, n.name);
+  }
+  for (const auto& o : g.outputs) out.output(map[o.node], o.name);
+  return out;
+}
+
+Graph partition_form(const Graph& g) { return eliminate_dead(fold_idioms(decompose(g))); }
+
+}  // namespace comfuse

@@ -200,7 +200,7 @@ Partition partition(const Graph& input) {
   if (input.symbolic())
     throw GraphError("partition needs concrete shapes: give the symbolic dim ('?') a row count first (bind_rows)");
   Partition p;
-  p.graph = eliminate_dead(decompose(input));
+  p.graph = partition_form(input);
   const Graph& g = p.graph;
   g.verify();
   const size_t n = g.nodes.size();

@@ -370,24 +370,32 @@ TEST(B2B, PlannerDeclinesWithTheMeasuredReason) {
 // ---- Psi: the B2B unit ----
 
 TEST(B2B, PsiRendersFAndEpilogue2AsDeviceFunctions) {
-  // GPT-2's gelu_new written out, with pow by 3: straight-line code over the ops functors, pow as multiplications.
+  // A tanh-and-cube activation (gelu_new's shape with other constants, so not folded into gelu_tanh), with pow
+  // by 3: straight-line code over the ops functors, pow as multiplications.
   const std::string text =
       "input X : bf16[512, 64]\ninput W1 : bf16[96, 64]\ninput b1 : bf16[96]\ninput W2 : bf16[40, 96]\n"
       "a = add(matmul(X, W1, transpose_b=true), b1)\n"
-      "h = mul(mul(a, 0.5), add(tanh(mul(add(a, mul(pow(a, 3.0), 0.044715)), 0.7978845608028654)), 1.0))\n"
+      "h = mul(mul(a, 0.5), add(tanh(mul(add(a, mul(pow(a, 3.0), 0.0447)), 0.7978845608028654)), 1.0))\n"
       "y = sigmoid(matmul(h, W2, transpose_b=true))\noutput y\n";
   const B2BSpec b = only_chain(plan(text)).spec;
   B2BPlanDecision d = plan_b2b(b);
   ASSERT_TRUE(d.fuse) << d.reason;
   GeneratedKernel k = generate_b2b_kernel(b, d.config);
   EXPECT_EQ(k.name.rfind("comfuse_b2b_", 0), 0u);
-  for (const char* want : {"ops::PowInt<3>{}({}, x)", "ops::Tanh{}({}, ", "0.0447149985f", "ops::Sigmoid{}({}, x)",
+  for (const char* want : {"ops::PowInt<3>{}({}, x)", "ops::Tanh{}({}, ", "0.0447000004f", "ops::Sigmoid{}({}, x)",
                            "comfuse::BLayout::NK, comfuse::BLayout::NK, 128, 128, 64, 64, F1, F2, 2, 0, false, 2>",
                            "kHasB1 = true, kHasB2 = false", "COMFUSE_B2B_KERNEL(" })
     EXPECT_NE(k.source.find(want), std::string::npos) << want << "\n" << k.source;
   EXPECT_EQ(b2b_bias_params(b), std::make_pair(0, -1));
   // The name follows the structure, not the config or the row count.
   EXPECT_EQ(generate_b2b_kernel(only_chain(plan(text)).spec, B2BKernelConfig{128, 64, 64, 64, 0, false, 1}).name, k.name);
+  // GPT-2's gelu_new itself is one gelu_tanh in F1
+  std::string gelu_new = text;
+  gelu_new.replace(gelu_new.find("0.0447)"), 6, "0.044715");
+  const B2BSpec g = only_chain(plan(gelu_new)).spec;
+  std::string src = generate_b2b_kernel(g, plan_b2b(g).config).source;
+  EXPECT_NE(src.find("ops::GeluTanh{}({}, x)"), std::string::npos) << src;
+  EXPECT_EQ(src.find("ops::Tanh{}"), std::string::npos) << src;
 }
 
 TEST(B2B, PsiTakesTheSoftmaxScaleFromTheLogits) {
