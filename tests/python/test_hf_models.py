@@ -158,7 +158,10 @@ def test_hf_models_pass_inside_inductor_on_cpu(caplog):
 
     from conftest import messages, rel_err
 
+    from comfuse import inductor
+
     caplog.set_level(logging.INFO, logger="comfuse")
+    inductor.reset_reports()
     cfg = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=128, n_positions=64,
                                   bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
@@ -172,7 +175,6 @@ def test_hf_models_pass_inside_inductor_on_cpu(caplog):
     # c_fc + gelu_new is fused with gelu_new folded into one gelu_tanh: the ATen nodes the fold replaced (pow,
     # tanh, ...) go into the region with it, so the rewrite still lines up with whole ATen nodes
     assert not any("do not line up" in s for s in messages(caplog)), messages(caplog)
-    from comfuse import inductor
     gelu = [(rep, ri) for rep in inductor.reports() if rep.analysis is not None for ri in rep.fused
             if any(rep.analysis.part.graph.node(i).op == C.OpKind.GeluTanh for i in rep.regions[ri].nodes)]
     assert len(gelu) == 1, [rep.fused for rep in inductor.reports()]
