@@ -23,9 +23,9 @@ of its largest reduction region, and through torch.ops for scale.
 in R interleaved rounds (Inductor, ComFuse..., then the reverse order, and so on), each round every variant once;
 the "interleaved" column is Inductor's median over the rounds ÷ the variant's. Measured back to back, a host-bound
 model's ratio moves by tens of percent with the host's speed (docs/PERF.md, thirteenth session); interleaved, the
-drift falls on every variant alike. "GPU us" is one call's kernels' summed durations (profiler, mean of 3 calls):
-what the kernels alone change, unmoved by the host. (Dynamo's cache is reset between compiles, so each variant recompiles once,
-untimed, at its first interleaved call.)
+drift falls on every variant alike. (Dynamo's cache is reset between compiles, so each variant recompiles once,
+untimed, at its first interleaved call.) "GPU us" is one call's kernels' summed durations (profiler, mean of 3
+calls): what the kernels alone change, unmoved by the host.
 
 --dynamic: after each model's runs, backend="comfuse" with dynamic=True over three batch/sequence sizes, each
 against eager, counting the ComFuse graphs and kernels the later sizes added (issue 13: none).
@@ -180,7 +180,7 @@ def rel_err(out, ref) -> float:
 
 def kernels(fn, cuda: bool, label: str = "", calls: int = 3) -> tuple[str, str, float]:
     """The attention kernels and fp32 GEMM kernels a call runs (profiler, `calls` calls), as short strings, and the
-    GPU time of one call: its kernels' summed durations, without the gaps between them. Unlike a wall-clock time
+    GPU time of one call: its kernels' summed durations, without the gaps between them. Unlike a wall-clock time,
     that is what the kernels alone change, and the host's speed does not move it. With a label, also prints the
     calls' GPU kernels by total time (the top 10: where a slow run's time goes)."""
     if not cuda:
@@ -450,7 +450,8 @@ def main() -> int:
         il = r.get("us_interleaved")
         print(f"| {r['model']} | {r['mode']} | {r['backend']} | {r['fuse']} | {r['us']:.0f} | {r['vs_inductor']} | "
               f"{'-' if il is None else f'{il:.0f}'} | {r.get('vs_inductor_interleaved', '-')} | "
-              f"{r.get('gpu_us', float('nan')):.0f} | {r.get('vs_inductor_gpu', '-')} | {r['rel_err']:.2e} | {r['fused']} | {r['attention']} | {r['f32_gemm']} | {r['note']} |")
+              f"{r.get('gpu_us', float('nan')):.0f} | {r.get('vs_inductor_gpu', '-')} | {r['rel_err']:.2e} | "
+              f"{r['fused']} | {r['attention']} | {r['f32_gemm']} | {r['note']} |")
     for f in failures:
         print("FAILURE:", f)
     return 1 if failures else 0

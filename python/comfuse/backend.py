@@ -388,14 +388,13 @@ _HOLD_CYCLES = 2_000_000
 def _time_pair_us(fn, other, blocks: int = 9, launches: int = 10) -> tuple[float, float]:
     """(fn us, other us): medians over `blocks` of the mean GPU time of `launches` back-to-back calls (CUDA events),
     the two timed in alternating blocks so that a clock or host drift during the measurement moves both alike.
-    Each block waits behind a sleeping kernel while the host queues it. `other` None: (fn us, 0)."""
-    fns = [fn] if other is None else [fn, other]
-    for f in fns:
+    Each block waits behind a sleeping kernel while the host queues it."""
+    for f in (fn, other):
         for _ in range(3):
             f()
-    times: list[list[float]] = [[] for _ in fns]
+    times: tuple[list, list] = ([], [])
     for _ in range(blocks):
-        for f, ts in zip(fns, times):
+        for f, ts in zip((fn, other), times):
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda._sleep(_HOLD_CYCLES)
             start.record()
@@ -404,8 +403,7 @@ def _time_pair_us(fn, other, blocks: int = 9, launches: int = 10) -> tuple[float
             stop.record()
             stop.synchronize()
             ts.append(start.elapsed_time(stop) * 1e3 / launches)
-    med = [sorted(ts)[len(ts) // 2] for ts in times]
-    return med[0], (med[1] if other is not None else 0.0)
+    return tuple(sorted(ts)[len(ts) // 2] for ts in times)
 
 
 def time_region_on_gpu(key: str) -> tuple[float, float]:

@@ -718,10 +718,6 @@ Graph decompose(const Graph& g) {
   return out;
 }
 
-}  // namespace comfuse
-
-namespace comfuse {
-
 namespace {
 
 // Matches GELU's tanh form written out in primitives, as Hugging Face's gelu_new (GPT-2) and others spell it:
