@@ -45,9 +45,15 @@ struct CompileResult {
   bool cache_hit = false;
   double seconds = 0;       // compile time (0 on a hit)
   double lookup_ms = 0;     // on a hit: the whole call (key hashing, entry check, read)
+  // ptxas's words for each kernel that spills registers to local memory (default_flags() asks for them), one line
+  // each; "" when nothing spills. Read from the entry's nvcc log, on a hit too.
+  std::string spills;
 };
 
-std::vector<std::string> default_flags();  // -gencode arch=compute_90a,code=sm_90a -std=c++17 ... -O3 -DNDEBUG
+std::vector<std::string> default_flags();  // -gencode arch=compute_90a,code=sm_90a -std=c++17 ... -O3 -DNDEBUG,
+                                           // -Xptxas -warn-spills (CompileResult::spills)
+// The spill warnings of an nvcc log (the lines that say registers are spilled), one line each.
+std::string spill_warnings(const std::string& nvcc_log);
 std::string find_nvcc(const JitOptions& o);  // resolved path; throws JitError naming what was tried
 // `nvcc --version`, memoized in the process and in `cache_dir` (empty: default_cache_dir()), best effort
 std::string nvcc_version(const std::string& nvcc, const std::string& cache_dir = "");

@@ -365,8 +365,10 @@ def prepare_kernels(rep: GraphReport, target) -> bool:
                 j.result()
         kernels = [ops.gpu_kernel(k) for k in keys]
         for k in kernels:
-            log.info("comfuse: graph %d: kernel %s [%s, transport %s]%s", rep.index, k.name, k.config,
-                     k.transport, " (cache hit)" if k.cache_hit else f" compiled in {k.compile_seconds:.1f} s")
+            spills = next((p.strip() for p in k.config_reason.split(";") if "spills registers" in p), "")
+            log.info("comfuse: graph %d: kernel %s [%s, transport %s]%s%s", rep.index, k.name, k.config,
+                     k.transport, " (cache hit)" if k.cache_hit else f" compiled in {k.compile_seconds:.1f} s",
+                     f" ({spills})" if spills else "")
         for key in chain_keys:
             k = ops.chain_kernel(key)
             log.info("comfuse: graph %d: back-to-back kernel %s [%s]%s", rep.index, k.name, k.config,

@@ -95,6 +95,8 @@ void bind_kernels(nb::module_& m) {
       .def_prop_ro("transport", [](const RegionKernel& k) { return k.info().plan.transport; })
       .def_prop_ro("config", [](const RegionKernel& k) { return config_name(k.info().plan.config); })
       .def_prop_ro("plan", [](const RegionKernel& k) { return k.info().plan.reason; })
+      // how the config that runs was chosen (the prior alone, or another where the prior's kernel spills)
+      .def_prop_ro("config_reason", [](const RegionKernel& k) { return k.info().plan.candidates_reason; })
       .def_prop_ro("cache_hit", [](const RegionKernel& k) { return k.info().cache_hit; })
       .def_prop_ro("compile_seconds", [](const RegionKernel& k) { return k.info().compile_seconds; });
   nb::class_<ChainKernel>(m, "ChainKernel")

@@ -279,7 +279,19 @@ std::string hash_hex(const std::string& bytes) {
 }
 
 std::vector<std::string> default_flags() {
-  return {"-gencode", "arch=compute_90a,code=sm_90a", "-std=c++17", "--expt-relaxed-constexpr", "-O3", "-DNDEBUG"};
+  // -warn-spills: a kernel that spills is slow where its config alone is at fault (a long epilogue at 128x192),
+  // and RegionKernel takes another config for it (CompileResult::spills)
+  return {"-gencode", "arch=compute_90a,code=sm_90a", "-std=c++17", "--expt-relaxed-constexpr", "-O3", "-DNDEBUG",
+          "-Xptxas", "-warn-spills"};
+}
+
+std::string spill_warnings(const std::string& nvcc_log) {
+  std::string out;
+  std::istringstream in(nvcc_log);
+  for (std::string line; std::getline(in, line);)
+    if (line.find("spilled") != std::string::npos || line.find("bytes spill stores") != std::string::npos)
+      out += line + "\n";
+  return out;
 }
 
 std::string default_cache_dir() {
@@ -426,6 +438,7 @@ CompileResult compile(const std::string& source, const std::string& name, const 
 
   auto hit = [&]() {
     if (!load_entry(entry, r.cubin)) return false;
+    r.spills = spill_warnings(read_file(entry.dir / "nvcc.log"));
     r.cache_hit = true;
     r.cubin_path = entry.cubin().string();
     r.lookup_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -476,6 +489,7 @@ CompileResult compile(const std::string& source, const std::string& name, const 
                    "); source: " + (failed / "kernel.cu").string() + ", log: " + (failed / "nvcc.log").string() +
                    "\n" + log);
   }
+  r.spills = spill_warnings(read_file(tmp / "nvcc.log"));
   write_file(tmp / "meta", meta_of(bytes));  // written last: an entry without a matching meta is never trusted
   fs::rename(tmp, entry.dir);
   if (level != Log::Quiet)

@@ -38,6 +38,8 @@ struct FakeNvcc {
                            "echo $$ > " << (dir / "pid").string() << "\n"
                            "sleep " << delay << "\n"
                            "if grep -q FAIL \"$src\"; then echo \"$src(1): error: FAIL here\" >&2; exit 1; fi\n"
+                           "if grep -q SPILL \"$src\"; then echo \"ptxas warning : Registers are spilled to local memory "
+                           "in function 'k', 8 bytes spill stores, 8 bytes spill loads\" >&2; fi\n"
                            "{ echo CUBIN; cat \"$src\"; } > \"$out\"\n";
     fs::permissions(nvcc, fs::perms::owner_all);
   }
@@ -200,6 +202,49 @@ TEST(Jit, RealNvccBuildsAnSm90aCubin) {
   ASSERT_GE(r.cubin.size(), 4u);
   EXPECT_EQ(std::string(r.cubin.begin(), r.cubin.begin() + 4), "\x7f" "ELF");
   EXPECT_TRUE(compile("extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }\n", "k", o).cache_hit);
+  fs::remove_all(o.cache_dir);
+}
+
+// A kernel that spills registers says so (CompileResult::spills), on a miss and on a cache hit alike: RegionKernel
+// takes another config for it.
+TEST(Jit, SpillWarningsAreReportedOnMissAndHit) {
+  FakeNvcc fake("spills");
+  JitOptions o = fake.options();
+  CompileResult miss = compile("// SPILL\n", "k", o);
+  EXPECT_FALSE(miss.cache_hit);
+  EXPECT_NE(miss.spills.find("8 bytes spill stores"), std::string::npos) << miss.spills;
+  CompileResult hit = compile("// SPILL\n", "k", o);
+  EXPECT_TRUE(hit.cache_hit);
+  EXPECT_EQ(hit.spills, miss.spills);
+  EXPECT_EQ(compile("// none\n", "k", o).spills, "");
+  EXPECT_EQ(spill_warnings("ptxas info : Used 168 registers\n0 bytes stack frame\n"), "");
+}
+
+TEST(Jit, RealNvccWarnsOfSpills) {
+  JitOptions o;
+  try {
+    o.nvcc = find_nvcc(JitOptions{});
+  } catch (const JitError&) {
+    GTEST_SKIP() << "skipped: no nvcc";
+  }
+  o.cache_dir = (fs::temp_directory_path() / ("comfuse_jit_spills_" + std::to_string(getpid()))).string();
+  setenv("COMFUSE_LOG", "quiet", 1);
+  // at most 32 registers a thread (1024 threads, 2 blocks an SM), 96 values live across the barrier
+  const std::string spilling =
+      "extern \"C\" __global__ void __launch_bounds__(1024, 2) k(float* p, int n) {\n"
+      "  float v[96];\n"
+      "#pragma unroll\n"
+      "  for (int i = 0; i < 96; ++i) v[i] = p[i * n + threadIdx.x];\n"
+      "  __syncthreads();\n"
+      "  float s = 0.f;\n"
+      "#pragma unroll\n"
+      "  for (int i = 0; i < 96; ++i) s += v[i] * p[(95 - i) * n + threadIdx.x + 1];\n"
+      "  p[threadIdx.x] = s;\n"
+      "}\n";
+  CompileResult r = compile(spilling, "k", o);
+  EXPECT_NE(r.spills.find("spill"), std::string::npos) << r.spills;
+  EXPECT_EQ(compile(spilling, "k", o).spills, r.spills);
+  EXPECT_EQ(compile("extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }\n", "k", o).spills, "");
   fs::remove_all(o.cache_dir);
 }
 

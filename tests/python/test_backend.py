@@ -384,6 +384,8 @@ def test_gpu_path_orchestration_with_stand_in_kernels(monkeypatch, caplog):
 
     class Kernel:
         name, config, transport, cache_hit, compile_seconds = "stand_in", "128x128x64_c1x1", "none", True, 0.0
+        config_reason = ("the prior, measured best; the prior 128x192x64_c2x1 spills registers: 128x128x64_c1x1 "
+                         "(no spills) runs instead")
 
     monkeypatch.setattr(ops, "compile_kernel", lambda key: compiled.append(ops.region_spec(key).structural_hash()))
     monkeypatch.setattr(ops, "gpu_kernel", lambda key: loaded.append(key) or Kernel())
@@ -398,6 +400,9 @@ def test_gpu_path_orchestration_with_stand_in_kernels(monkeypatch, caplog):
     assert not any(n.target is ops.eval_graph_node and comfuse.OpKind(n.args[0][0]) == comfuse.OpKind.MatMul
                    for n in target.graph.nodes)               # ATen-keeping rewrite: attention stays ATen
     assert not any("re-emitted from the Graph IR" in s for s in messages(caplog))
+    # a kernel whose prior config spilled says which config runs instead (RegionKernel.config_reason)
+    assert any("[128x128x64_c1x1, transport none] (cache hit) (the prior 128x192x64_c2x1 spills registers: "
+               "128x128x64_c1x1 (no spills) runs instead)" in s for s in messages(caplog)), messages(caplog)
 
     def broken(key):
         raise RuntimeError("nvcc failed (stand-in)")
@@ -518,6 +523,7 @@ def test_fp32_gemm_among_bf16_ones_stays_in_torch_and_the_rest_fuses(monkeypatch
 
     class Kernel:
         name, config, transport, cache_hit, compile_seconds = "stand_in", "128x128x64_c1x1", "none", True, 0.0
+        config_reason = "the prior alone (RegionKernel does not search)"
 
     monkeypatch.setattr(ops, "gpu_kernel", lambda key: Kernel())
     target = backend._with_kernels(rep, rep.gm, 1, fuse_all=True)
