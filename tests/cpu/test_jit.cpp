@@ -189,19 +189,30 @@ TEST(Jit, FailuresAreClearAndKeepTheLog) {
   }
 }
 
-TEST(Jit, RealNvccBuildsAnSm90aCubin) {
+namespace {
+const char* kTrivialKernel = "extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }\n";
+
+// Options for the installed nvcc with a cache of the test's own (nvcc empty: none is installed, the test skips).
+JitOptions real_nvcc(const std::string& tag) {
   JitOptions o;
   try {
     o.nvcc = find_nvcc(JitOptions{});
   } catch (const JitError&) {
-    GTEST_SKIP() << "skipped: no nvcc";
+    return o;
   }
-  o.cache_dir = (fs::temp_directory_path() / ("comfuse_jit_real_" + std::to_string(getpid()))).string();
+  o.cache_dir = (fs::temp_directory_path() / ("comfuse_jit_" + tag + "_" + std::to_string(getpid()))).string();
   setenv("COMFUSE_LOG", "quiet", 1);
-  CompileResult r = compile("extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }\n", "k", o);
+  return o;
+}
+}  // namespace
+
+TEST(Jit, RealNvccBuildsAnSm90aCubin) {
+  JitOptions o = real_nvcc("real");
+  if (o.nvcc.empty()) GTEST_SKIP() << "skipped: no nvcc";
+  CompileResult r = compile(kTrivialKernel, "k", o);
   ASSERT_GE(r.cubin.size(), 4u);
   EXPECT_EQ(std::string(r.cubin.begin(), r.cubin.begin() + 4), "\x7f" "ELF");
-  EXPECT_TRUE(compile("extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }\n", "k", o).cache_hit);
+  EXPECT_TRUE(compile(kTrivialKernel, "k", o).cache_hit);
   fs::remove_all(o.cache_dir);
 }
 
@@ -222,14 +233,8 @@ TEST(Jit, SpillWarningsAreReportedOnMissAndHit) {
 }
 
 TEST(Jit, RealNvccWarnsOfSpills) {
-  JitOptions o;
-  try {
-    o.nvcc = find_nvcc(JitOptions{});
-  } catch (const JitError&) {
-    GTEST_SKIP() << "skipped: no nvcc";
-  }
-  o.cache_dir = (fs::temp_directory_path() / ("comfuse_jit_spills_" + std::to_string(getpid()))).string();
-  setenv("COMFUSE_LOG", "quiet", 1);
+  JitOptions o = real_nvcc("spills");
+  if (o.nvcc.empty()) GTEST_SKIP() << "skipped: no nvcc";
   // at most 32 registers a thread (1024 threads, 2 blocks an SM), 96 values live across the barrier
   const std::string spilling =
       "extern \"C\" __global__ void __launch_bounds__(1024, 2) k(float* p, int n) {\n"
@@ -245,7 +250,7 @@ TEST(Jit, RealNvccWarnsOfSpills) {
   CompileResult r = compile(spilling, "k", o);
   EXPECT_NE(r.spills.find("spill"), std::string::npos) << r.spills;
   EXPECT_EQ(compile(spilling, "k", o).spills, r.spills);
-  EXPECT_EQ(compile("extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }\n", "k", o).spills, "");
+  EXPECT_EQ(compile(kTrivialKernel, "k", o).spills, "");
   fs::remove_all(o.cache_dir);
 }
 
