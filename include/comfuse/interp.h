@@ -33,9 +33,10 @@ Tensor gemm_reference(const Tensor& a, const Tensor& b, const GemmDesc& g);
 std::vector<Tensor> interpret_spec(const FusionSpec& fs, const Tensor& a, const Tensor& b,
                                    const std::vector<Tensor>& params, int ctas);
 
-// The epilogue part of interpret_spec: `acc` is the GEMM's [rows, N] fp32 accumulator, as computed elsewhere.
+// The epilogue part of interpret_spec: `acc` is the GEMM's [rows, N] fp32 accumulator, as computed elsewhere, and
+// `acc2` X·B2 for a Spec with a second GEMM (GemmDesc::b2_param; required there, ignored otherwise).
 std::vector<Tensor> interpret_epilogue(const FusionSpec& fs, const Tensor& acc, const std::vector<Tensor>& params,
-                                       int ctas);
+                                       int ctas, const Tensor* acc2 = nullptr);
 
 // The order in which a back-to-back kernel accumulates (interpret_b2b; docs/kernel-b2b.md "Graph level").
 struct B2BOrder {

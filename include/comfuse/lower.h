@@ -28,6 +28,12 @@ std::optional<BroadcastKind> classify_operand(const Shape& operand, const Shape&
 // kernel has no batch, so partition's own regions never set it.
 std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n, bool batched_ok = false);
 
+// Why matmul `second` cannot join root's region as its paired GEMM (nullopt: it can): both must read the same A, and
+// B2 must match B in shape, dtype and layout, so that one kernel computes X·B and X·B2 side by side in one
+// accumulator tile (GemmDesc::b2_param). Partition pairs them only where the epilogue combines the two results
+// (SwiGLU's silu(X·Wg) * (X·Wu)).
+std::optional<std::string> phi_rejects_pair(const Graph& g, const Node& root, const Node& second);
+
 // Values of a region: kTileValue per element, kRowValue one per row (a reduction's result and what is computed
 // from such values only). Kept by dataflow, not read off shapes: with N == 1 both are [rows, 1].
 constexpr char kTileValue = 1, kRowValue = 2;

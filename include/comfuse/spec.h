@@ -28,6 +28,7 @@ enum class BroadcastKind : uint8_t {
   Row,      // a length-N vector, the same for every row (e.g. bias, gamma)
   Col,      // one value per row, [rows, 1]
   Tile,     // a full [rows, N] tensor (e.g. a residual)
+  Weight,   // the second GEMM's B operand (GemmDesc::b2_param): read by the mainloop, never by a Broadcast node
 };
 enum class PlaceholderKind : uint8_t { ReductionResult, Bypass };
 enum class ReduceKind : uint8_t { Sum, Mean, Max, Min };  // over N; Mean = Sum * (1/N)
@@ -55,7 +56,8 @@ struct SpecNode {
   std::vector<int> bypass;      // values of this stage injected into the PostOp's Bypass placeholders
   // Placeholder
   PlaceholderKind placeholder = PlaceholderKind::ReductionResult;
-  int slot = 0;                 // Bypass: index into the parent reduction's bypass list
+  int slot = 0;                 // Bypass: index into the parent reduction's bypass list;
+                                // AccEntry: 0 = X·B, 1 = X·B2 (a Spec with two accumulators, GemmDesc::b2_param)
   // Store
   int output = -1;              // index into FusionSpec::outputs
 };
@@ -94,6 +96,12 @@ struct GemmDesc {
   DType dtype = DType::BF16;    // operand dtype
   int64_t rows = 0, n = 0, k = 0;
   Shape out_shape;              // the matmul's own (possibly >2-D) shape
+  // A second GEMM on the same A (a gated pair such as SwiGLU's gate and up projections: silu(X·B) * (X·B2)):
+  // its matmul node and the runtime param holding B2 (BroadcastKind::Weight; the same shape, dtype and layout
+  // as B). The kernel computes both into one accumulator tile and its epilogue reads X·B2 as AccEntry slot 1.
+  int node2 = -1;
+  int b2_param = -1;
+  bool paired() const { return b2_param >= 0; }
 };
 
 struct FusionSpec {

@@ -4,7 +4,7 @@
 //
 //   struct Traits {
 //     using Cfg = ...;  using Kernel = comfuse::Gemm<Cfg, Epilogue>;  using Pointers = ...;
-//     static constexpr int kOutputs, kParams, kReductions;
+//     static constexpr int kOutputs, kParams, kReductions, kB2Param;       // kB2Param: -1, or B2's param (DualB)
 //     static constexpr char const* kName;                                   // "comfuse_<spec hash>"
 //     static Epilogue::Arguments make_args(Pointers const&, int64_t ld);
 //   };
@@ -45,6 +45,10 @@ struct EntryPoints {
     k.K = int(a.k);
     k.lda = a.lda;
     k.ldb = a.ldb;
+    if constexpr (Cfg::kDualB) {   // B2: a parameter of B's shape and layout (dense, so B's row stride)
+      k.B2 = static_cast<typename Cfg::Element const*>(a.param[T::kB2Param]);
+      k.ldb2 = a.ldb;
+    }
     k.epi = T::make_args(p, a.ld);
     k.transport = reduce::Transport(a.transport);
     k.reduce_counters = a.ws_counters;

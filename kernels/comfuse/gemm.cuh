@@ -65,12 +65,17 @@ enum class Schedule { PingPong, Cooperative, EpilogueWarps };
 
 // A compile-time kernel configuration: element type, B layout, tile, cluster, schedule.
 // HandoffBf16_ (EpilogueWarps only): the accumulator tile goes to the epilogue warp groups as bf16, not fp32.
+// DualB_: two GEMMs on one A, X·B and X·B2 (B2 of B's shape and [N, K] layout; Gemm::Arguments::B2). The MMA tile,
+// TileN_ wide, holds X·B's TileN_ / 2 columns of the output column block, then X·B2's same columns; the epilogue
+// sees an output tile TileN_ / 2 wide (kTileN) and reads X·B2 through AccEntry2 (SwiGLU: silu(X·Wg) * (X·Wu)).
 template <class Element_, BLayout LayoutB_, int TileM_, int TileN_, int TileK_, int ClusterM_,
-          int ClusterN_, Schedule Schedule_ = Schedule::PingPong, bool HandoffBf16_ = false>
+          int ClusterN_, Schedule Schedule_ = Schedule::PingPong, bool HandoffBf16_ = false, bool DualB_ = false>
 struct GemmConfig {
   using Element = Element_;
   static constexpr BLayout kLayoutB = LayoutB_;
-  static constexpr int kTileM = TileM_, kTileN = TileN_, kTileK = TileK_;
+  static constexpr bool kDualB = DualB_;
+  // kTileN: the output (epilogue) tile's columns; kMmaTileN: the MMA tile's (twice as many with two GEMMs).
+  static constexpr int kTileM = TileM_, kTileN = DualB_ ? TileN_ / 2 : TileN_, kMmaTileN = TileN_, kTileK = TileK_;
   static constexpr int kClusterM = ClusterM_, kClusterN = ClusterN_;
   static constexpr Schedule kSchedule = Schedule_;
   static constexpr bool kCooperative = Schedule_ == Schedule::Cooperative;
@@ -79,9 +84,11 @@ struct GemmConfig {
   static_assert(!kHandoffBf16 || kEpilogueWarps, "a bf16 handoff is an EpilogueWarps option");
   // Rows of the tile one consumer warp group works on: the whole tile (PingPong) or half of it (Cooperative).
   static constexpr int kGroupTileM = kCooperative ? kTileM / 2 : kTileM;
-  static_assert(kTileN % 16 == 0 && kTileN <= epi::kMaxTileN, "tile N");
+  static_assert(kTileN % 16 == 0 && kMmaTileN <= epi::kMaxTileN, "tile N");
+  static_assert(!kDualB || (kMmaTileN % 64 == 0 && LayoutB_ == BLayout::NK && !kEpilogueWarps),
+                "DualB: an output tile of a multiple of 32 columns, B and B2 as [N, K], PingPong or Cooperative");
   static_assert(kCooperative || kTileM == 64 || kTileM == 128, "PingPong: one warp group owns a 64- or 128-row tile");
-  static_assert(kCooperative || kTileM * kTileN <= 128 * 192,
+  static_assert(kCooperative || kTileM * kMmaTileN <= 128 * 192,
                 "PingPong: the accumulators of one tile must fit one warp group's registers");
   static_assert(!kCooperative || kTileM == 128, "Cooperative: two warp groups of 64 rows each share a 128-row tile");
 };
@@ -89,7 +96,8 @@ struct GemmConfig {
 template <class Cfg, class Tree>
 struct GemmKernel {
   using Element = typename Cfg::Element;
-  using TileShape = cute::Shape<cute::Int<Cfg::kTileM>, cute::Int<Cfg::kTileN>, cute::Int<Cfg::kTileK>>;
+  using TileShape = cute::Shape<cute::Int<Cfg::kTileM>, cute::Int<Cfg::kMmaTileN>, cute::Int<Cfg::kTileK>>;
+  static constexpr bool kDualB = Cfg::kDualB;
   using ClusterShape = cute::Shape<cute::Int<Cfg::kClusterM>, cute::Int<Cfg::kClusterN>, cute::_1>;
   using LayoutBTag = std::conditional_t<Cfg::kLayoutB == BLayout::KN, cutlass::layout::RowMajor,
                                         cutlass::layout::ColumnMajor>;
@@ -134,18 +142,19 @@ struct GemmKernel {
   };
   struct NoHandoff {};
   using HandoffStore = std::conditional_t<kEpiWarps, Handoff, NoHandoff>;
+  static_assert(!kDualB || !kDeferred, "DualB: one-pass epilogues");
   static_assert(!kEpiWarps || (!kDeferred && Cfg::kClusterM * Cfg::kClusterN == 1),
                 "EpilogueWarps: one-pass epilogues, no mainloop cluster (L2 transport)");
   // SMEM besides the mainloop's stages and the tile ring.
   static constexpr int kCarveoutBase = int(2 * kEpiCopies * sizeof(EpiStorage) + 2 * sizeof(typename OrderBarrier::SharedStorage) +
                                            (kDsmem ? 2 * kEpiCopies * sizeof(DsmemStore) : 0)) + 64 +
                                        (kEpiWarps ? int(sizeof(HandoffStore)) : 0);
-  template <int Carveout>
+  template <int Carveout, class Tile = TileShape>
   using MainloopFor = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
       Element, cutlass::layout::RowMajor, 16 / sizeof(Element),
       Element, LayoutBTag, 16 / sizeof(Element),
-      float, TileShape, ClusterShape,
+      float, Tile, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<Carveout>,
       KernelTag>::CollectiveOp;
   template <int Carveout> static constexpr int kStagesFor = int(MainloopFor<Carveout>::DispatchPolicy::Stages);
@@ -168,6 +177,14 @@ struct GemmKernel {
   using Ring = std::conditional_t<(kRingSlots > 0), std::conditional_t<kRingHalves, RingHalves, RingWhole>, NoRing>;
   static constexpr int kCarveout = kCarveoutBase + (kRingSlots > 0 ? int(sizeof(Ring)) : 0);
   using Mainloop = MainloopFor<kCarveout>;
+  // DualB: the mainloop of the output tile (N = kTileN) lends its B half-tile TMA (one for B, one for B2) and that
+  // half's SMEM layout of one stage, which is the first kTileN rows of Mainloop's B stage (K-major, swizzle atoms of
+  // 8 rows stacked along N); the second half starts kTileN rows on. Only these types of it are used.
+  using HalfTileShape = cute::Shape<cute::Int<Cfg::kTileM>, cute::Int<Cfg::kTileN>, cute::Int<Cfg::kTileK>>;
+  using HalfMainloop = std::conditional_t<kDualB, MainloopFor<kCarveout, HalfTileShape>, Mainloop>;
+  using HalfStageLayoutB = decltype(typename HalfMainloop::SmemLayoutB{}(cute::_, cute::_, cute::Int<0>{}));
+  struct NoPair {};
+  using PairParams = std::conditional_t<kDualB, typename HalfMainloop::Params, NoPair>;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
@@ -205,6 +222,7 @@ struct GemmKernel {
 
   struct Params {
     typename Mainloop::Params mainloop;
+    PairParams pair[kDualB ? 2 : 1];   // DualB: the half-tile TMAs of B and of B2 (their tma_load_b)
     typename Tree::Arguments epi;
     int M, N, K;
     int k_tiles;
@@ -286,10 +304,14 @@ struct GemmKernel {
         PipelineState state = cutlass::make_producer_start_state<Pipeline>();
         for (int u = sched.first; u < sched.total; u += sched.stride) {
           auto t = sched.tile(u, rx, ry);
-          auto blk = make_coord(t.m, t.n, _, 0);
-          auto k_iter = cute::make_coord_iterator(shape<3>(get<0>(load_inputs)));
-          mainloop.load(p.mainloop, pipeline, state, load_inputs, blk, k_iter, p.k_tiles,
-                        cutlass::canonical_lane_idx(), block_rank_in_cluster, ss.mainloop);
+          if constexpr (kDualB) {
+            load_pair(p, pipeline, state, t.m, t.n, block_rank_in_cluster, ss);
+          } else {
+            auto blk = make_coord(t.m, t.n, _, 0);
+            auto k_iter = cute::make_coord_iterator(shape<3>(get<0>(load_inputs)));
+            mainloop.load(p.mainloop, pipeline, state, load_inputs, blk, k_iter, p.k_tiles,
+                          cutlass::canonical_lane_idx(), block_rank_in_cluster, ss.mainloop);
+          }
           state.advance(p.k_tiles);
         }
         mainloop.load_tail(pipeline, state);   // keep the CTA alive until peers stop signalling it
@@ -315,7 +337,7 @@ struct GemmKernel {
       // TiledMma the two groups' fragments have the same layout, rows 64 apart, so the coordinates of the
       // first group's threads serve both (the second group's tile origin is 64 rows lower).
       auto thr_mma = tiled_mma.get_thread_slice(wg_thread);
-      Tensor tCcD = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
+      Tensor tCcD = epilogue_view(thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{}))));
       PipelineState state;   // consumer: stage 0, phase 0
       if (!kCooperative && group == 1) state.advance(p.k_tiles);   // PingPong: group 1 starts at the CTA's second tile
       // L2 exchanges tag their partials with the launch number (reduce/l2_exchange.cuh)
@@ -398,6 +420,11 @@ struct GemmKernel {
           else epi::run_epilogue_publish(tree, accum, tCcD, ctx);
           epi::group_barrier(group);   // this turn's SMEM reads are done before the next prefetch overwrites them
           pending = u;
+        } else if constexpr (kDualB) {
+          auto view = epilogue_view(accum);
+          Tensor<epi::PairedEngine<kAcc2Offset>, decltype(view.layout())> acc(epi::PairedEngine<kAcc2Offset>{{view.data()}},
+                                                                               view.layout());
+          epi::run_epilogue(tree, acc, tCcD, ctx);
         } else {
           epi::run_epilogue(tree, accum, tCcD, ctx);
         }
@@ -512,6 +539,76 @@ struct GemmKernel {
     }
   }
 
+  // DualB: a thread's accumulator fragment ((2, 2, kMmaTileN / 8), MMA_M, 1) holds X·B's column blocks, then X·B2's
+  // (the B stage's two halves). The epilogue sees the first half, as the fragment of a kTileN-wide tile; the X·B2
+  // value of element i is kAcc2Offset elements further in the (compact) fragment. Without DualB: t itself.
+  static constexpr int kAcc2Offset = Cfg::kMmaTileN / 4;
+  template <class T>
+  static CUTE_DEVICE auto epilogue_view(T&& t) {
+    using namespace cute;
+    if constexpr (!kDualB) {
+      return std::forward<T>(t);
+    } else {
+      using Full = std::remove_cv_t<std::remove_reference_t<T>>;
+      constexpr int kMmaM = size<1>(Full{});
+      static_assert(size<0, 0>(Full{}) == 2 && size<0, 1>(Full{}) == 2 && size<0, 2>(Full{}) == Cfg::kMmaTileN / 8 &&
+                        size<2>(Full{}) == 1,
+                    "DualB: the GMMA accumulator layout ((2, 2, N / 8), MMA_M, 1)");
+      // half index -> the full fragment's index (colex over ((2, 2, kMmaTileN / 8), MMA_M, 1))
+      auto half = make_layout(make_shape(make_shape(_2{}, _2{}, Int<Cfg::kTileN / 8>{}), Int<kMmaM>{}, _1{}),
+                              make_stride(make_stride(_1{}, _2{}, _4{}), Int<Cfg::kMmaTileN / 2>{}, _0{}));
+      return make_tensor(t.data(), composition(t.layout(), half));
+    }
+  }
+
+  // DualB, the producer's loads of one tile: per k-tile, A's box and two half boxes of B, the output column block's
+  // kTileN rows of B into the stage's first half and the same rows of B2 into its second (as CollectiveMma::load does
+  // for one B, multicast masks included).
+  static CUTE_DEVICE void load_pair(Params const& p, Pipeline& pipeline, PipelineState state, int tm, int tn,
+                                    uint32_t block_rank_in_cluster, SharedStorage& ss) {
+    using namespace cute;
+    using X = Underscore;
+    if (!cute::elect_one_sync()) return;
+    Tensor sA = make_tensor(make_smem_ptr(ss.mainloop.smem_A.data()), typename Mainloop::SmemLayoutA{});
+    uint2 const cid = {block_rank_in_cluster % Cfg::kClusterM, block_rank_in_cluster / Cfg::kClusterM};
+    auto const& tma_a = p.mainloop.tma_load_a;
+    Tensor gA = local_tile(tma_a.get_tma_tensor(make_shape(p.M, p.K, 1)), TileShape{}, make_coord(_, _, _),
+                           Step<_1, X, _1>{})(_, _, tm, _, 0);                                   // (BLK_M, BLK_K, k)
+    auto blk_a = tma_a.get_slice(cid.y);
+    Tensor tAgA = blk_a.partition_S(gA);
+    Tensor tAsA = blk_a.partition_D(sA);
+    auto const& tma_b = p.pair[0].tma_load_b;
+    auto const& tma_b2 = p.pair[1].tma_load_b;
+    auto half_b = [&](auto const& tma) {   // (kTileN, BLK_K, k) of this output column block
+      return local_tile(tma.get_tma_tensor(make_shape(p.N, p.K, 1)), HalfTileShape{}, make_coord(_, _, _),
+                        Step<X, _1, _1>{})(_, _, tn, _, 0);
+    };
+    auto blk_b = tma_b.get_slice(cid.x);
+    auto blk_b2 = tma_b2.get_slice(cid.x);
+    Tensor tBgB = blk_b.partition_S(half_b(tma_b));
+    Tensor tB2gB2 = blk_b2.partition_S(half_b(tma_b2));
+    uint16_t mask_a = 0, mask_b = 0;
+    auto block_layout = Layout<ClusterShape>{};   // (m, n) -> block id
+    if constexpr (cute::is_same_v<typename Mainloop::GmemTiledCopyA, SM90_TMA_LOAD_MULTICAST>)
+      for (int n = 0; n < size<1>(block_layout); ++n) mask_a |= uint16_t(1) << block_layout(cid.x, n, Int<0>{});
+    if constexpr (cute::is_same_v<typename HalfMainloop::GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>)
+      for (int m = 0; m < size<0>(block_layout); ++m) mask_b |= uint16_t(1) << block_layout(m, cid.y, Int<0>{});
+    auto* const smem_b = ss.mainloop.smem_B.data();
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int k = 0; k < p.k_tiles; ++k) {
+      pipeline.producer_acquire(state);
+      auto* bar = pipeline.producer_get_barrier(state);
+      const int s = state.index();
+      copy(tma_a.with(*bar, mask_a), tAgA(_, _, _, k), tAsA(_, _, _, s));
+      auto* const stage = smem_b + s * (Cfg::kMmaTileN * Cfg::kTileK);
+      Tensor sB = make_tensor(make_smem_ptr(stage), HalfStageLayoutB{});
+      Tensor sB2 = make_tensor(make_smem_ptr(stage + Cfg::kTileN * Cfg::kTileK), HalfStageLayoutB{});
+      copy(tma_b.with(*bar, mask_b), tBgB(_, _, _, k), blk_b.partition_D(sB));
+      copy(tma_b2.with(*bar, mask_b), tB2gB2(_, _, _, k), blk_b2.partition_D(sB2));
+      ++state;
+    }
+  }
+
   // The epilogue's context of tile u for consumer group `group` (its 64 rows of a Cooperative tile), whose tiles are
   // u_step apart: origin, bounds, iteration, exchange, its tile-ring slot, its trace slot.
   template <class Sched>
@@ -568,8 +665,9 @@ struct Gemm {
   struct Arguments {
     Element const* A = nullptr;   // [M, K], row stride lda
     Element const* B = nullptr;   // [K, N] (KN) or [N, K] (NK), row stride ldb
-    int M = 0, N = 0, K = 0;
-    int64_t lda = 0, ldb = 0;
+    Element const* B2 = nullptr;  // DualB: the second GEMM's [N, K], row stride ldb2
+    int M = 0, N = 0, K = 0;      // N: the output's columns (DualB: of X·B and of X·B2 each)
+    int64_t lda = 0, ldb = 0, ldb2 = 0;
     typename Tree::Arguments epi{};
     // How the CTAs of a row block exchange row-reduction partials (epilogues with reductions only):
     // L2 (any N; no mainloop cluster; cooperative launch) or DSMEM (a 1 x ClusterN mainloop cluster that
@@ -603,6 +701,10 @@ struct Gemm {
     if (a.lda % 8 != 0 || a.ldb % 8 != 0) return "row strides must be multiples of 8 elements";
     if ((reinterpret_cast<uintptr_t>(a.A) | reinterpret_cast<uintptr_t>(a.B)) % 16 != 0)
       return "A and B must be 16-byte aligned";
+    if constexpr (Cfg::kDualB) {
+      if (a.B2 == nullptr || reinterpret_cast<uintptr_t>(a.B2) % 16 != 0 || a.ldb2 % 8 != 0)
+        return "two GEMMs on one A: B2 must be given, 16-byte aligned, with a row stride of a multiple of 8 elements";
+    }
     if (a.raster_group < 0 || a.raster_group > 64) return "raster_group must be 0 (automatic) or 1 .. 64";
     if constexpr (kDeferred) {
       if (reduce::is_dsmem(a.transport)) return "a split-phase epilogue exchanges through L2 (no DSMEM transport)";
@@ -709,6 +811,14 @@ struct Gemm {
     typename Kernel::Mainloop::Arguments ml{a.A, dA, a.B, dB};
     typename Kernel::Params p;
     p.mainloop = Kernel::Mainloop::to_underlying_arguments(make_shape(a.M, a.N, a.K, 1), ml, nullptr);
+    if constexpr (Cfg::kDualB) {   // (Mainloop's own B TMA is not used: the producer loads the two halves)
+      typename Kernel::StrideB dB2{};
+      get<0>(dB2) = a.ldb2;
+      p.pair[0] = Kernel::HalfMainloop::to_underlying_arguments(make_shape(a.M, a.N, a.K, 1),
+                                                                typename Kernel::HalfMainloop::Arguments{a.A, dA, a.B, dB}, nullptr);
+      p.pair[1] = Kernel::HalfMainloop::to_underlying_arguments(make_shape(a.M, a.N, a.K, 1),
+                                                                typename Kernel::HalfMainloop::Arguments{a.A, dA, a.B2, dB2}, nullptr);
+    }
     p.epi = a.epi;
     p.M = a.M;
     p.N = a.N;

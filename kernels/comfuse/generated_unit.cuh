@@ -44,12 +44,15 @@ template <class E, class = void> struct Reductions : std::integral_constant<int,
 template <class E> struct Reductions<E, std::void_t<decltype(E::kReductions)>> : std::integral_constant<int, E::kReductions> {};
 
 // The traits EntryPoints (abi_entry.cuh) needs, less the name and make_args, which COMFUSE_GENERATED_KERNEL adds.
-template <class Cfg_, class Epilogue, int Outputs, int Params>
+// B2Param >= 0: a kernel of two GEMMs on one A (GemmConfig<.., DualB>), whose B2 is that runtime parameter.
+template <class Cfg_, class Epilogue, int Outputs, int Params, int B2Param = -1>
 struct GeneratedUnit {
   using Cfg = Cfg_;
   using Kernel = Gemm<Cfg, Epilogue>;
   using Pointers = generated::Pointers<Outputs, Params>;
   static constexpr int kOutputs = Outputs, kParams = Params, kReductions = Reductions<Epilogue>::value;
+  static constexpr int kB2Param = B2Param;
+  static_assert((B2Param >= 0) == Cfg::kDualB && B2Param < (Params > 0 ? Params : 1), "B2 is a parameter of dual-B kernels");
 };
 
 }  // namespace comfuse::generated

@@ -410,12 +410,17 @@ def _time_pair_us(fn, other, blocks: int = 9, launches: int = 10) -> tuple[float
 
 def time_region_on_gpu(key: str) -> tuple[float, float]:
     """(fused kernel us, cuBLAS GEMM us) of a registered region at its Spec's shapes, on random inputs, timed in
-    alternating blocks."""
+    alternating blocks (a region of two GEMMs on one A: both cuBLAS GEMMs)."""
     from . import ops
 
     spec = ops.region_spec(key)
     a, b, *params = ops.random_inputs(spec, "cuda")
     bt = b.t() if spec.gemm.transpose_b else b
+    if spec.gemm.paired:   # two GEMMs on one A (SwiGLU's gate and up): what torch runs is both
+        b2 = params[spec.gemm.b2_param]
+        b2t = b2.t() if spec.gemm.transpose_b else b2
+        return _time_pair_us(lambda: ops._run_gpu(key, [a, b, *params]),
+                             lambda: (torch.matmul(a, bt), torch.matmul(a, b2t)))
     return _time_pair_us(lambda: ops._run_gpu(key, [a, b, *params]), lambda: torch.matmul(a, bt))
 
 
@@ -500,10 +505,10 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
                "not fused (slower than the GEMM and a separate pass)" if fused_us > unfused_us else
                "not fused (what it saves does not cover the call's host time)" if fused_us + host_us > unfused_us else
                f"not fused (a tie: it wins by less than the {MEASURE_MARGIN:.0%} margin, within the timing's noise)")
-        log.info("comfuse: graph %d region %d: on this GPU the kernel takes %.1f us%s, the cuBLAS GEMM %.1f us (+ an "
+        log.info("comfuse: graph %d region %d: on this GPU the kernel takes %.1f us%s, the cuBLAS GEMM%s %.1f us (+ an "
                  "epilogue pass ~%.1f us): %s", rep.index, ri, fused_us,
-                 f" (+ ~{host_us:.0f} us of host time per call, no CUDA graph)" if host_us else "", gemm_us, pass_us,
-                 why)
+                 f" (+ ~{host_us:.0f} us of host time per call, no CUDA graph)" if host_us else "",
+                 "s (two on one A)" if spec.gemm.paired else "", gemm_us, pass_us, why)
         if not keep:
             lost.add(ri)
     return lost

@@ -13,7 +13,8 @@ void bind_partition(nb::module_& m) {
       .value("SCALAR", BroadcastKind::Scalar)
       .value("ROW", BroadcastKind::Row)
       .value("COL", BroadcastKind::Col)
-      .value("TILE", BroadcastKind::Tile);
+      .value("TILE", BroadcastKind::Tile)
+      .value("WEIGHT", BroadcastKind::Weight);
 
   nb::class_<GemmDesc>(m, "GemmDesc")
       .def_ro("node", &GemmDesc::node)
@@ -25,7 +26,10 @@ void bind_partition(nb::module_& m) {
       .def_ro("rows", &GemmDesc::rows)
       .def_ro("n", &GemmDesc::n)
       .def_ro("k", &GemmDesc::k)
-      .def_ro("out_shape", &GemmDesc::out_shape);
+      .def_ro("out_shape", &GemmDesc::out_shape)
+      .def_ro("node2", &GemmDesc::node2)
+      .def_ro("b2_param", &GemmDesc::b2_param)
+      .def_prop_ro("paired", &GemmDesc::paired);
 
   nb::class_<RuntimeParam>(m, "RuntimeParam")
       .def_ro("name", &RuntimeParam::name)

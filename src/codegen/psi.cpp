@@ -482,7 +482,9 @@ class Psi {
   // One expansion rule per node category.
   Rendered render(size_t k, const SpecNode& n) {
     switch (n.kind) {
-      case SpecKind::AccEntry: return {"AccEntry", "{}", "X @ W"};
+      case SpecKind::AccEntry:
+        if (n.slot == 1) return {"AccEntry2", "{}", "X @ W2 (the second GEMM, beside X @ W in the accumulator tile)"};
+        return {"AccEntry", "{}", "X @ W"};
       case SpecKind::Placeholder: {
         const std::string r = "r" + std::to_string(k - 1);
         if (n.placeholder == PlaceholderKind::ReductionResult)
@@ -625,6 +627,18 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
     throw CodegenError("config " + name + ": a PingPong tile has 64 or 128 rows and at most 128 x 192 accumulators");
   if (c.cluster_m < 1 || c.cluster_n < 1 || c.cluster_m * c.cluster_n > 8)
     throw CodegenError("config " + name + ": clusters hold 1 to 8 CTAs");
+  // Two GEMMs on one A (GemmConfig<.., DualB>, kernels/comfuse/gemm.cuh): the MMA tile holds X·B's tile N / 2
+  // columns, then X·B2's; the epilogue sees an output tile half as wide.
+  if (fs.gemm.paired()) {
+    if (!fs.gemm.transpose_b)
+      throw CodegenError("two GEMMs on one A need B and B2 as [N, K] (the nn.Linear layout): each B stage holds B's rows, then B2's");
+    if (c.tile_n % 64 != 0)
+      throw CodegenError("config " + name + ": with two GEMMs on one A, tile N must be a multiple of 64 (an output tile of a multiple of 32)");
+    if (fs.num_stages() != 1) throw CodegenError("two GEMMs on one A: the epilogue has no row reductions in this version");
+    if (c.merged) throw CodegenError("config " + name + ": merged reduction pairs, but the epilogue has no reductions");
+    if (c.tile_input && *c.tile_input != TileInputForm::Registers)
+      throw CodegenError("config " + name + ": with two GEMMs on one A, tile inputs are read in the epilogue (TileLoad)");
+  }
 }
 
 }  // namespace
@@ -676,8 +690,9 @@ std::unique_ptr<Psi> tile_input_psi(const FusionSpec& fs, const KernelConfig& cf
                        (form == TileInputForm::Staged ? "staged in SMEM (a PingPong schedule and inputs that fit one padded tile per group)"
                                                       : "read through the tile ring (a PingPong schedule and one 16-bit [rows, N] input, read once)"));
   }
-  for (TileInputForm form : {TileInputForm::Staged, TileInputForm::Ring})
-    if (auto psi = smem_tile_psi(fs, cfg, form, true)) return psi;
+  if (!fs.gemm.paired())   // (a paired kernel's epilogue tile is half the MMA tile: the SMEM forms are not sized for it)
+    for (TileInputForm form : {TileInputForm::Staged, TileInputForm::Ring})
+      if (auto psi = smem_tile_psi(fs, cfg, form, true)) return psi;
   return std::make_unique<Psi>(fs, cfg, TileInputForm::Registers);
 }
 
@@ -736,6 +751,9 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     << "x" << cfg.cluster_n << (cfg.cooperative ? ", cooperative" : "")
     << (cfg.merged ? ", reduction pairs merged" : "") << (psi.parts() ? ", stages visited in 64-row parts" : "")
     << "\n";
+  if (fs.gemm.paired())
+    o << "// two GEMMs on one A: each MMA tile is X @ W's " << cfg.tile_n / 2 << " columns, then X @ W2's (param["
+      << fs.gemm.b2_param << "]); output tile " << cfg.tile_m << "x" << cfg.tile_n / 2 << "\n";
   if (psi.form() != TileInputForm::Registers)
     o << "// tile inputs " << (psi.form() == TileInputForm::Staged ? "staged in SMEM" : "through the tile ring")
       << (cfg.tile_input ? " (the planner's measured choice)" : " (Psi's K rule)") << "\n";
@@ -762,9 +780,12 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     << "using Cfg = GemmConfig<" << cpp_type(fs.gemm.dtype) << ", "
     << (fs.gemm.transpose_b ? "BLayout::NK" : "BLayout::KN") << ", " << cfg.tile_m << ", " << cfg.tile_n << ", "
     << cfg.tile_k << ", " << cfg.cluster_m << ", " << cfg.cluster_n
-    << (cfg.cooperative ? ", Schedule::Cooperative" : "") << ">;\n"
+    << (fs.gemm.paired() ? (cfg.cooperative ? ", Schedule::Cooperative" : ", Schedule::PingPong") + std::string(", false, /*DualB*/ true")
+                         : cfg.cooperative ? ", Schedule::Cooperative" : "")
+    << ">;\n"
     << "using Unit = GeneratedUnit<Cfg, Epilogue, /*outputs*/ " << fs.outputs.size() << ", /*params*/ "
-    << fs.params.size() << ">;\n\n"
+    << fs.params.size() << (fs.gemm.paired() ? ", /*B2 = param*/ " + std::to_string(fs.gemm.b2_param) : std::string())
+    << ">;\n\n"
     << "// The Arguments of every node that takes any (pointers, constants, the reductions' workspace).\n"
     << "// ld: the row stride (N) of every [rows, N] output and tile parameter.\n"
     << "inline Epilogue::Arguments make_args(Unit::Pointers const& p, int64_t ld) {\n"

@@ -36,9 +36,9 @@ float identity(ReduceKind k) {
 
 class SpecRunner {
  public:
-  SpecRunner(const FusionSpec& fs, const Tensor& acc, const std::vector<Tensor>& params, int ctas,
+  SpecRunner(const FusionSpec& fs, const Tensor& acc, const Tensor* acc2, const std::vector<Tensor>& params, int ctas,
              std::vector<Tensor>& outs)
-      : fs_(fs), acc_(acc), params_(params), ctas_(ctas), outs_(outs), n_(fs.gemm.n) {}
+      : fs_(fs), acc_(acc), acc2_(acc2), params_(params), ctas_(ctas), outs_(outs), n_(fs.gemm.n) {}
 
   void row(int64_t r) {
     r_ = r;
@@ -54,7 +54,11 @@ class SpecRunner {
       int64_t width = nd.per_row ? 1 : n_;
       auto arg = [&](int a, int64_t c) { return s.nodes[nd.args[a]].per_row ? v[nd.args[a]][0] : v[nd.args[a]][c]; };
       switch (nd.kind) {
-        case SpecKind::AccEntry: out.assign(acc_.data.begin() + r_ * n_, acc_.data.begin() + (r_ + 1) * n_); break;
+        case SpecKind::AccEntry: {
+          const Tensor& t = nd.slot == 1 ? *acc2_ : acc_;
+          out.assign(t.data.begin() + r_ * n_, t.data.begin() + (r_ + 1) * n_);
+          break;
+        }
         case SpecKind::Placeholder:
           out = nd.placeholder == PlaceholderKind::ReductionResult ? injected.at(0) : injected.at(1 + nd.slot);
           break;
@@ -67,6 +71,7 @@ class SpecRunner {
               case BroadcastKind::Row: out[c] = p->data[c]; break;
               case BroadcastKind::Col: out[c] = p->data[r_]; break;
               case BroadcastKind::Tile: out[c] = p->data[r_ * n_ + c]; break;
+              case BroadcastKind::Weight: throw std::logic_error("interpret_spec: a weight is not broadcast");
             }
           }
           break;
@@ -111,6 +116,7 @@ class SpecRunner {
 
   const FusionSpec& fs_;
   const Tensor& acc_;
+  const Tensor* acc2_;   // X·B2 (a paired Spec), else null
   const std::vector<Tensor>& params_;
   int ctas_;
   std::vector<Tensor>& outs_;
@@ -132,19 +138,25 @@ std::vector<Tensor> interpret_spec(const FusionSpec& fs, const Tensor& a, const 
   const GemmDesc& g = fs.gemm;
   if (numel(a.shape) != g.rows * g.k) throw std::runtime_error("interpret_spec: A has " + shape_str(a.shape) + ", expected rows*K elements");
   if (numel(b.shape) != g.k * g.n) throw std::runtime_error("interpret_spec: B has " + shape_str(b.shape) + ", expected K*N elements");
+  if (g.paired()) {
+    const Tensor acc2 = gemm_reference(a, params[g.b2_param], g);
+    return interpret_epilogue(fs, gemm_reference(a, b, g), params, ctas, &acc2);
+  }
   return interpret_epilogue(fs, gemm_reference(a, b, g), params, ctas);
 }
 
 std::vector<Tensor> interpret_epilogue(const FusionSpec& fs, const Tensor& acc, const std::vector<Tensor>& params,
-                                       int ctas) {
+                                       int ctas, const Tensor* acc2) {
   if (ctas < 1) throw std::runtime_error("interpret_spec: ctas must be >= 1");
   if (params.size() != fs.params.size()) throw std::runtime_error("interpret_spec: wrong number of params");
   const GemmDesc& g = fs.gemm;
   for (size_t i = 0; i < params.size(); ++i) check_shape(params[i], fs.params[i].shape, "param '" + fs.params[i].name + "'");
   if (numel(acc.shape) != g.rows * g.n) throw std::runtime_error("interpret_spec: the accumulator has " + shape_str(acc.shape) + ", expected rows*N elements");
+  if (g.paired() && (acc2 == nullptr || numel(acc2->shape) != g.rows * g.n))
+    throw std::runtime_error("interpret_spec: a Spec with a second GEMM needs X·B2, [rows, N]");
   std::vector<Tensor> outs;
   for (const auto& o : fs.outputs) outs.emplace_back(o.shape, std::numeric_limits<float>::quiet_NaN());
-  SpecRunner runner(fs, acc, params, ctas, outs);
+  SpecRunner runner(fs, acc, g.paired() ? acc2 : nullptr, params, ctas, outs);
   for (int64_t r = 0; r < g.rows; ++r) runner.row(r);
   return outs;
 }

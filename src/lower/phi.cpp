@@ -51,6 +51,20 @@ std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n, bool 
 
 static std::string q(const Node& n) { return "'" + n.name + "'"; }
 
+std::optional<std::string> phi_rejects_pair(const Graph& g, const Node& root, const Node& second) {
+  if (auto why = phi_rejects_root(g, second)) return why;
+  if (second.id <= root.id) return "the second GEMM must come after the first";
+  if (second.inputs[0] != root.inputs[0]) return "the two GEMMs read different A operands";
+  const Node& b = g.node(root.inputs[1]);
+  const Node& b2 = g.node(second.inputs[1]);
+  if (second.inputs[1] == root.inputs[1]) return "the two GEMMs read the same B (one GEMM computes both)";
+  if (second.transpose_b != root.transpose_b || b.shape != b2.shape || b.dtype != b2.dtype)
+    return "B2 " + q(b2) + " " + shape_str(b2.shape) + " differs from B " + q(b) + " " + shape_str(b.shape) +
+           " in shape, dtype or layout";
+  if (second.shape != root.shape) return "the two GEMMs' results differ in shape";
+  return std::nullopt;
+}
+
 char region_value_kind(const Graph& g, const Node& n, const std::vector<char>& in_region, const TileSpace& ts) {
   if (n.op == OpKind::MatMul) return kTileValue;
   if (is_reduction(n.op)) return kRowValue;
@@ -133,6 +147,8 @@ class Lowering {
     const Node& root = g_.node(region_.front());
     if (auto why = phi_rejects_root(g_, root, batched_ok_)) throw std::logic_error("lower_region: root rejected: " + *why);
     describe_gemm(root);
+    for (int id : region_)
+      if (id != root.id && g_.node(id).op == OpKind::MatMul) describe_second(g_.node(id));
     assign_stages();
     for (int v : stored_) {
       const Node& n = g_.node(v);
@@ -157,6 +173,15 @@ class Lowering {
     d.rows = numel(root.shape) / d.n;
     d.k = a.shape.back();
     ts_ = TileSpace{d.rows, d.n};
+  }
+
+  // The second GEMM of a pair (phi_rejects_pair): B2 becomes a weight param, its result AccEntry slot 1.
+  void describe_second(const Node& m) {
+    if (fs_.gemm.paired()) throw std::logic_error("lower_region: more than two GEMMs in a region");
+    if (auto why = phi_rejects_pair(g_, g_.node(region_.front()), m))
+      throw std::logic_error("lower_region: second GEMM rejected: " + *why);
+    fs_.gemm.node2 = m.id;
+    fs_.gemm.b2_param = param_index(m.inputs[1], BroadcastKind::Weight);
   }
 
   // value(id): the node whose value `id` is (row-merging reshapes are aliases of their operand)
@@ -186,7 +211,7 @@ class Lowering {
     std::vector<std::set<int>> needed(L + 1);
     for (int id : region_) {
       const Node& n = g_.node(id);
-      if (n.op == OpKind::Reshape || id == region_.front()) continue;
+      if (n.op == OpKind::Reshape || n.op == OpKind::MatMul) continue;
       int at = is_reduction(n.op) ? stage_[id] - 1 : stage_[id];
       for (int in : n.inputs)
         if (in_region_.count(in)) needed[at].insert(value(in));
@@ -240,6 +265,13 @@ class Lowering {
       acc.kind = SpecKind::AccEntry;
       acc.origin = g_.node(region_.front()).name;
       bind(region_.front(), acc);
+      if (fs_.gemm.paired()) {
+        SpecNode acc2;
+        acc2.kind = SpecKind::AccEntry;
+        acc2.slot = 1;
+        acc2.origin = g_.node(fs_.gemm.node2).name;
+        bind(fs_.gemm.node2, acc2);
+      }
     } else {
       SpecNode res;
       res.kind = SpecKind::Placeholder;
@@ -279,7 +311,7 @@ class Lowering {
     };
     for (int id : region_) {
       const Node& n = g_.node(id);
-      if (id == region_.front() || n.op == OpKind::Reshape || is_reduction(n.op) || stage_[id] != k) continue;
+      if (n.op == OpKind::MatMul || n.op == OpKind::Reshape || is_reduction(n.op) || stage_[id] != k) continue;
       SpecNode c;
       c.kind = SpecKind::Compute;
       c.op = n.op;

@@ -227,10 +227,15 @@ Partition partition(const Graph& input) {
   int stamp = 0;
   // Grows the region of matmul `root` over the nodes after it (nodes claimed by a region are skipped); every node
   // refused is told to `reject`. Leaves in_region set on the region's nodes: the caller resets it.
-  auto grow = [&](const Node& root, const std::function<void(int, const std::string&)>& reject) {
+  // `second` >= 0: the region starts with the pair root + second (phi_rejects_pair).
+  auto grow = [&](const Node& root, const std::function<void(int, const std::string&)>& reject, int second = -1) {
     const int gi = gemm_index[root.id];
     in_region[root.id] = kTileValue;
     std::vector<int> nodes{root.id};
+    if (second >= 0) {
+      in_region[second] = kTileValue;
+      nodes.push_back(second);
+    }
     TileSpace ts{numel(root.shape) / root.shape.back(), root.shape.back()};
     auto operand_ok = [&](int id) -> std::optional<std::string> {
       if (max_dep[id] < gi) return std::nullopt;
@@ -243,6 +248,8 @@ Partition partition(const Graph& input) {
     // every later node: partition stays linear in the program's size.
     std::priority_queue<int, std::vector<int>, std::greater<>> candidates;
     for (int u : users[root.id]) candidates.push(u);
+    if (second >= 0)
+      for (int u : users[second]) candidates.push(u);
     int last = -1;
     while (!candidates.empty()) {
       const int id = candidates.top();
@@ -259,7 +266,36 @@ Partition partition(const Graph& input) {
       nodes.push_back(id);
       for (int u : users[id]) candidates.push(u);
     }
+    std::sort(nodes.begin() + 1, nodes.end());   // topological after the root (the second GEMM joined first)
     return nodes;
+  };
+  // A pair for `root`: a later matmul on the same A whose result the epilogue combines with root's (a node of the
+  // grown region reads both, e.g. SwiGLU's silu(X·Wg) * (X·Wu)), so one kernel computes X·B and X·B2 and nothing
+  // of either goes through memory. Two GEMMs on one A that are not combined (attention's Q, K, V) stay apart.
+  auto find_pair = [&](const Node& root) -> int {
+    const int gi = gemm_index[root.id];
+    for (int u : users[root.inputs[0]]) {
+      const Node& m = g.node(u);
+      if (m.op != OpKind::MatMul || claimed[u] >= 0 || u <= root.id || max_dep[m.inputs[1]] >= gi ||
+          phi_rejects_pair(g, root, m))
+        continue;
+      std::vector<int> trial = grow(root, [](int, const std::string&) {}, u);
+      std::map<int, int> from;   // region node -> 1 reads root, 2 reads the second GEMM, 3 both
+      from[root.id] = 1;
+      from[u] = 2;
+      bool combined = false;
+      for (int id : trial) {
+        if (id == root.id || id == u) continue;
+        int f = 0;
+        for (int in : g.node(id).inputs)
+          if (auto it = from.find(in); it != from.end()) f |= it->second;
+        from[id] = f;
+        combined = combined || f == 3;
+      }
+      for (int id : trial) in_region[id] = 0;
+      if (combined) return u;
+    }
+    return -1;
   };
   // Values leaving the kernel: graph outputs and values read outside the region (in_region set).
   auto stored_of = [&](const std::vector<int>& nodes) {
@@ -272,15 +308,16 @@ Partition partition(const Graph& input) {
     return stored;
   };
   for (const Node& root : g.nodes) {
-    if (root.op != OpKind::MatMul) continue;
+    if (root.op != OpKind::MatMul || claimed[root.id] >= 0) continue;   // (claimed: the second GEMM of a pair)
     if (auto why = phi_rejects_root(g, root)) {
       p.decisions[root.id] = {NodeDecision::Kind::Fallback, -1, "not fused: " + *why};
       continue;
     }
     const int ri = static_cast<int>(p.regions.size());
+    const int second = find_pair(root);
     std::vector<int> nodes = grow(root, [&](int id, const std::string& why) {
       rejections[id].push_back("region " + std::to_string(ri) + " ('" + root.name + "'): " + why);
-    });
+    }, second);
     std::vector<int> stored = stored_of(nodes);
     Region r;
     r.root = root.id;
@@ -295,7 +332,10 @@ Partition partition(const Graph& input) {
     for (int id : nodes) {
       claimed[id] = ri;
       in_region[id] = 0;
-      p.decisions[id] = {NodeDecision::Kind::Fused, ri, "fused into region " + std::to_string(ri) + ": " + role(g.node(id))};
+      p.decisions[id] = {NodeDecision::Kind::Fused, ri,
+                         "fused into region " + std::to_string(ri) + ": " +
+                             (id == second ? "second GEMM on the same A (its result and the root's are combined)"
+                                           : role(g.node(id)))};
     }
     p.regions.push_back(std::move(r));
   }
@@ -361,7 +401,7 @@ Partition partition(const Graph& input) {
     for (int id : r.nodes) in_region[id] = 0;
   }
   for (const Node& root : g.nodes) {
-    if (root.op != OpKind::MatMul || grown.count(root.id)) continue;
+    if (root.op != OpKind::MatMul || grown.count(root.id) || claimed[root.id] >= 0) continue;
     if (auto why = phi_rejects_root(g, root, /*batched_ok=*/true)) {
       grown[root.id].why = *why;
       continue;
@@ -390,8 +430,9 @@ std::string print_partition(const Partition& p, bool explain) {
   o << "# " << p.regions.size() << " fused region(s), " << p.fallback.size() << " node(s) on the standard path\n";
   for (size_t i = 0; i < p.regions.size(); ++i) {
     const Region& r = p.regions[i];
-    o << "\nregion " << i << ": GEMM '" << g.node(r.root).name << "' + " << r.nodes.size() - 1
-      << " epilogue node(s)\n";
+    o << "\nregion " << i << ": GEMM '" << g.node(r.root).name << "'";
+    if (r.spec.gemm.paired()) o << " and GEMM '" << g.node(r.spec.gemm.node2).name << "' on the same A";
+    o << " + " << r.nodes.size() - (r.spec.gemm.paired() ? 2 : 1) << " epilogue node(s)\n";
     o << "  nodes:";
     for (int id : r.nodes) o << " " << g.node(id).name;
     o << "\n";

@@ -116,6 +116,7 @@ bool eligible(const MeasuredRow& f, const FusionSpec& fs, const std::string& cls
   if (!psi_can_read_tiles(fs, c, *c.tile_input)) return false;
   if (c.merged && !psi_merges(fs)) return false;   // measured merged; this Spec has no pair to merge
   if (has_tile_param(fs) && c.tile_n > 128 && !c.cooperative) return false;  // PingPong 128x192 + a residual tile spills (docs/PERF.md)
+  if (fs.gemm.paired() && psi_rejects(fs, c)) return false;   // two GEMMs on one A: tile N a multiple of 64, ...
   // A DSMEM measurement only applies where this shape's row block fits one cluster.
   if (reduces && f.transport.rfind("dsmem", 0) == 0 && (fs.gemm.n + c.tile_n - 1) / c.tile_n > kDsmemMaxCols) return false;
   return true;
@@ -325,12 +326,18 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   const std::string cls = measured_class(fs);
   const bool bias = bias_only(fs);
   d.cublas_alone = cls == "identity" || bias;
-  double passes = 1;  // the GEMM output, read back
+  // Two GEMMs on one A (GemmDesc::paired): the MMA tile spans both, so the kernel is a GEMM of N' = 2N, and the
+  // unfused alternative is two GEMMs whose outputs the pass reads back.
+  const int64_t mma_n = g.paired() ? 2 * g.n : g.n;
+  double passes = g.paired() ? 2 : 1;  // the GEMM output(s), read back
   for (const auto& p : fs.params) passes += p.kind == BroadcastKind::Tile;
   for (const auto& o : fs.outputs) passes += o.per_row ? 0 : 1;
   d.pass_us = d.cublas_alone ? 0.0 : 2.0 * g.rows * g.n * passes / kUnfusedBytesPerSecond * 1e6;
   if (g.n % 8) return decline("N = " + std::to_string(g.n) + " is not a multiple of 8: rows of B and of the outputs are not 16-byte aligned for TMA");
   if (g.k % 8) return decline("K = " + std::to_string(g.k) + " is not a multiple of 8: rows of A are not 16-byte aligned for TMA");
+
+  if (g.paired())   // what no config of the dual-B kernel can serve (B's layout, reductions): Psi's reason
+    if (auto why = psi_rejects(fs, KernelConfig{})) return decline("no kernel template: " + *why);
 
   // The nearest measured shape (log distance in M, N, K) with cuBLAS and this epilogue class measured.
   const MeasuredRow* best = nullptr;
@@ -338,7 +345,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   double best_dist = std::numeric_limits<double>::infinity();
   for (const auto& r : table) {
     if (r.config != "cublas") continue;
-    double dist = std::fabs(std::log(double(g.rows) / r.m)) + std::fabs(std::log(double(g.n) / r.n)) +
+    double dist = std::fabs(std::log(double(g.rows) / r.m)) + std::fabs(std::log(double(mma_n) / r.n)) +
                   std::fabs(std::log(double(g.k) / r.k));
     if (dist >= best_dist) continue;
     const MeasuredRow* fused = nullptr;
@@ -367,7 +374,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
 
   // Fused: the measured ratio to cuBLAS at the nearest shape, applied to this shape's GEMM time (scaled by FLOPs).
   // Unfused: the GEMM and d.pass_us.
-  const double flops_ratio = double(g.rows) * g.n * g.k / (double(cublas->m) * cublas->n * cublas->k);
+  const double flops_ratio = double(g.rows) * mma_n * g.k / (double(cublas->m) * cublas->n * cublas->k);
   const double gemm_us = cublas->us * flops_ratio;
   const double ratio = best->us / cublas->us;
   d.fused_us = ratio * gemm_us;
@@ -375,9 +382,10 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   // mainloop (the other consumer's MMAs hide an epilogue up to that long), adds per tile a CTA runs.
   d.epilogue = epilogue_cost(fs);
   const EpilogueCost ref = measured_class_cost(cls);
-  const double tiles = std::ceil(double(g.rows) / d.config.tile_m) * std::ceil(double(g.n) / d.config.tile_n);
+  const double tiles = std::ceil(double(g.rows) / d.config.tile_m) * std::ceil(double(mma_n) / d.config.tile_n);
   const double tiles_per_sm = std::ceil(tiles / kSms);
-  const double tile_elems = std::min<double>(d.config.tile_m, g.rows) * std::min<double>(d.config.tile_n, g.n);
+  const double tile_elems = std::min<double>(d.config.tile_m, g.rows) *   // the epilogue's: half the MMA tile's when paired
+                            std::min<double>(d.config.tile_n * double(g.n) / double(mma_n), g.n);
   const double tile_slots_us = tile_elems / (kEpilogueSlotsPerClk * kSmClockGhz * 1e3);
   const double mainloop_tile_us = gemm_us / tiles_per_sm;
   const double hidden_us = std::max(mainloop_tile_us, ref.slots * tile_slots_us);

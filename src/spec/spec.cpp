@@ -26,6 +26,7 @@ const char* broadcast_kind_name(BroadcastKind k) {
     case BroadcastKind::Row: return "row";
     case BroadcastKind::Col: return "col";
     case BroadcastKind::Tile: return "tile";
+    case BroadcastKind::Weight: return "weight";
   }
   return "?";
 }
@@ -67,13 +68,20 @@ std::string compute_name(const SpecNode& n) {
 
 void verify_spec(const FusionSpec& fs) {
   std::vector<int> stores(fs.outputs.size(), 0);
+  if (fs.gemm.paired()) {
+    if (fs.gemm.b2_param >= static_cast<int>(fs.params.size()) || fs.params[fs.gemm.b2_param].kind != BroadcastKind::Weight)
+      throw std::logic_error("spec verify: the second GEMM's B2 must be a weight param");
+  }
+  for (size_t i = 0; i < fs.params.size(); ++i)
+    if (fs.params[i].kind == BroadcastKind::Weight && static_cast<int>(i) != fs.gemm.b2_param)
+      throw std::logic_error("spec verify: weight param p" + std::to_string(i) + " is not the second GEMM's B2");
   auto st = fs.stages();
   const Spec* parent = nullptr;
   for (size_t si = 0; si < st.size(); ++si) {
     const Spec& s = *st[si];
     int stage = static_cast<int>(si);
     if (s.post.size() > 1) fail(stage, -1, "more than one PostOp");
-    int accs = 0, results = 0;
+    int accs = 0, accs2 = 0, results = 0;
     std::vector<int> used_params;
     for (size_t i = 0; i < s.nodes.size(); ++i) {
       const SpecNode& n = s.nodes[i];
@@ -90,7 +98,10 @@ void verify_spec(const FusionSpec& fs) {
           want_args(0);
           if (stage != 0) fail(stage, id, "acc entry outside stage 0");
           if (n.per_row) fail(stage, id, "acc entry is per element");
-          ++accs;
+          if (n.slot != 0 && n.slot != 1) fail(stage, id, "acc entry slot must be 0 (X·B) or 1 (X·B2)");
+          if (n.slot == 1 && !fs.gemm.paired()) fail(stage, id, "acc entry of X·B2 without a second GEMM");
+          if (n.slot == 0) ++accs;
+          else ++accs2;
           break;
         case SpecKind::Broadcast: {
           want_args(0);
@@ -99,6 +110,7 @@ void verify_spec(const FusionSpec& fs) {
           if (n.param >= 0) {
             if (n.param >= static_cast<int>(fs.params.size())) fail(stage, id, "param index out of range");
             if (fs.params[n.param].kind != n.bcast) fail(stage, id, "param kind differs from broadcast kind");
+            if (n.bcast == BroadcastKind::Weight) fail(stage, id, "a weight is read by the mainloop, not broadcast");
             used_params.push_back(n.param);
           } else if (n.bcast != BroadcastKind::Scalar) {
             fail(stage, id, "only a scalar broadcast may be a constant");
@@ -140,6 +152,8 @@ void verify_spec(const FusionSpec& fs) {
       }
     }
     if (stage == 0 && accs != 1) fail(stage, -1, "stage 0 needs exactly one acc entry");
+    if (stage == 0 && accs2 != (fs.gemm.paired() ? 1 : 0))
+      fail(stage, -1, "a Spec with a second GEMM needs exactly one acc entry of X·B2 (and a Spec without one none)");
     if (stage > 0 && results != 1) fail(stage, -1, "a PostOp needs exactly one reduction-result placeholder");
     if (s.terminal < 0 || s.terminal >= static_cast<int>(s.nodes.size())) fail(stage, -1, "no terminal");
     SpecKind tk = s.nodes[s.terminal].kind;
@@ -168,7 +182,7 @@ void print_stage(std::ostringstream& o, const FusionSpec& fs, const Spec& s, int
     std::ostringstream line;
     line << "%" << i << " = ";
     switch (n.kind) {
-      case SpecKind::AccEntry: line << "acc"; break;
+      case SpecKind::AccEntry: line << (n.slot == 1 ? "acc2" : "acc"); break;
       case SpecKind::Broadcast:
         line << "broadcast." << broadcast_kind_name(n.bcast) << " ";
         if (n.param >= 0) line << "p" << n.param;
@@ -206,7 +220,8 @@ std::string print_spec(const FusionSpec& fs) {
   std::ostringstream o;
   const GemmDesc& g = fs.gemm;
   o << "gemm: rows=" << g.rows << " N=" << g.n << " K=" << g.k << " " << dtype_name(g.dtype)
-    << (g.transpose_b ? " B=[N,K]" : " B=[K,N]") << ", " << fs.num_stages() << " stage(s), hash " << std::hex
+    << (g.transpose_b ? " B=[N,K]" : " B=[K,N]") << (g.paired() ? " and X·B2 (B2 = p" + std::to_string(g.b2_param) + ")" : "")
+    << ", " << fs.num_stages() << " stage(s), hash " << std::hex
     << std::setw(16) << std::setfill('0') << spec_structural_hash(fs) << std::dec << std::setfill(' ') << "\n";
   o << "params:";
   if (fs.params.empty()) o << " -";
@@ -268,7 +283,9 @@ void hash_stage(Hasher& h, const Spec& s) {
         h.i64(n.slot);
         break;
       case SpecKind::Store: h.i64(n.output); break;
-      case SpecKind::AccEntry: break;
+      case SpecKind::AccEntry:
+        if (n.slot != 0) h.i64(n.slot);   // (X·B2; unpaired Specs hash as before)
+        break;
     }
   }
   h.i64(static_cast<int64_t>(s.post.size()));
@@ -283,6 +300,7 @@ uint64_t spec_structural_hash(const FusionSpec& fs) {
   h.i64(fs.gemm.k);
   h.i64(fs.gemm.transpose_b);
   h.i64(static_cast<int64_t>(fs.gemm.dtype));
+  if (fs.gemm.paired()) h.i64(fs.gemm.b2_param);
   for (const auto& p : fs.params) {
     h.i64(static_cast<int64_t>(p.kind));
     h.i64(static_cast<int64_t>(p.dtype));

@@ -188,3 +188,70 @@ TEST(SpecVerify, RejectsCorruptedSpecs) {
   expect_bad([](FusionSpec& fs) { fs.root.params.clear(); }, "param missing from A");
   expect_bad([](FusionSpec& fs) { fs.root.nodes[0].per_row = true; }, "acc per row");
 }
+
+// Two GEMMs on one A whose results the epilogue combines (SwiGLU) become one region that computes both
+// (GemmDesc::paired): the second GEMM's B is a weight param and its result AccEntry slot 1. The partitioned program
+// computes what the graph computes; GEMMs on one A that nothing combines (Q, K, V) and mismatched ones stay apart.
+TEST(Partition, GemmsOnOneACombinedByTheEpilogueArePaired) {
+  const std::string head =
+      "input X : bf16[24, 32]\ninput Wg : bf16[64, 32]\ninput Wu : bf16[64, 32]\ninput b : bf16[64]\n"
+      "g = matmul(X, Wg, transpose_b=true)\nu = matmul(X, Wu, transpose_b=true)\n";
+  for (const std::string body : {"y = mul(silu(g), u)\n", "y = add(mul(u, gelu(g)), b)\n", "y = mul(u, silu(g))\n"}) {
+    Graph gr = parse_cf(head + body + "z = cast(y, dtype=f32)\noutput z\n", "swiglu.cf");
+    Partition p = partition(gr);
+    ASSERT_EQ(p.regions.size(), 1u) << body;
+    const FusionSpec& fs = p.regions[0].spec;
+    ASSERT_TRUE(fs.gemm.paired()) << body;
+    EXPECT_EQ(p.graph.node(fs.gemm.node2).name, "u");
+    EXPECT_EQ(fs.params.at(fs.gemm.b2_param).kind, BroadcastKind::Weight);
+    EXPECT_EQ(fs.params.at(fs.gemm.b2_param).name, "Wu");
+    EXPECT_TRUE(p.fallback.empty()) << body;
+    EXPECT_NE(decision(p, "u").reason.find("second GEMM on the same A"), std::string::npos);
+    EXPECT_NE(print_partition(p, false).find("GEMM 'g' and GEMM 'u' on the same A"), std::string::npos);
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    TensorMap in;
+    for (int id : gr.inputs) {
+      Tensor t(gr.node(id).shape);
+      for (float& v : t.data) v = dist(rng);
+      in[gr.node(id).name] = t;
+    }
+    const Tensor want = interpret_graph(gr, in).at("z"), got = interpret_partitioned(p, in, 2).at("z");
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < want.data.size(); ++i) {
+      worst = std::max(worst, double(std::fabs(got.data[i] - want.data[i])));
+      scale = std::max(scale, double(std::fabs(want.data[i])));
+    }
+    EXPECT_GT(scale, 0.5) << body;
+    EXPECT_LE(worst, 1e-5 * scale) << body;
+  }
+  // Not paired: nothing combines them (attention's Q / K / V), B2 of another shape or layout, another A.
+  const std::vector<std::string> apart = {
+      "y = silu(g)\noutput y\noutput u\n",
+      "input W3 : bf16[64, 32]\nv = matmul(X, W3, transpose_b=true)\noutput g\noutput u\noutput v\n",
+      "input W2 : bf16[32, 64]\nv = matmul(X, W2)\ny = mul(silu(g), v)\noutput y\noutput u\n",
+      "input X2 : bf16[24, 32]\nv = matmul(X2, Wu, transpose_b=true)\ny = mul(silu(g), v)\noutput y\noutput u\n",
+  };
+  for (const std::string& body : apart) {
+    Partition p = plan(head + body);
+    for (const Region& r : p.regions) EXPECT_FALSE(r.spec.gemm.paired()) << body;
+  }
+}
+
+TEST(SpecVerify, SecondAccumulatorNeedsItsWeight) {
+  Partition p = plan("input X : bf16[24, 32]\ninput Wg : bf16[64, 32]\ninput Wu : bf16[64, 32]\n"
+                     "y = mul(silu(matmul(X, Wg, transpose_b=true)), matmul(X, Wu, transpose_b=true))\noutput y\n");
+  ASSERT_EQ(p.regions.size(), 1u);
+  FusionSpec fs = p.regions[0].spec;
+  EXPECT_NO_THROW(verify_spec(fs));
+  FusionSpec no_weight = fs;
+  no_weight.gemm.b2_param = -1;   // acc2 read, but no second GEMM
+  EXPECT_THROW(verify_spec(no_weight), std::logic_error);
+  FusionSpec wrong_kind = fs;
+  wrong_kind.params[fs.gemm.b2_param].kind = BroadcastKind::Row;
+  EXPECT_THROW(verify_spec(wrong_kind), std::logic_error);
+  // a different second weight is a different kernel; the unpaired Spec's hash does not change
+  FusionSpec other = fs;
+  other.root.nodes[1].slot = 0;
+  EXPECT_NE(spec_structural_hash(other), spec_structural_hash(fs));
+}

@@ -399,3 +399,29 @@ TEST(Plan, ExtraOutputsAreChargedToTheFusedKernel) {
   EXPECT_NEAR(two.fused_us - one.fused_us, 2.0 * 8192 * 1024 / 3.0e12 * 1e6, 0.5);
   EXPECT_GT(f32.fused_us, two.fused_us);
 }
+
+// Two GEMMs on one A (SwiGLU at HF Llama-style's shape): planned as one GEMM of N' = 2N against two cuBLAS GEMMs and
+// a pass that reads both back; every candidate is a config the dual-B kernel has (tile N a multiple of 64).
+TEST(Plan, PairedGemmsArePlannedAsOneGemmOfTwiceTheColumns) {
+  const FusionSpec fs = spec_of(
+      "input X : bf16[8192, 1024]\ninput Wg : bf16[2816, 1024]\ninput Wu : bf16[2816, 1024]\n"
+      "y = mul(silu(matmul(X, Wg, transpose_b=true)), matmul(X, Wu, transpose_b=true))\noutput y\n");
+  ASSERT_TRUE(fs.gemm.paired());
+  PlanDecision d = plan_region(fs);
+  ASSERT_TRUE(d.fuse) << d.reason;
+  // 8192 x 1024 x 5632 of MMA work: about twice one 66 us GEMM (H200), not the single GEMM's time
+  EXPECT_GT(d.fused_us, 100) << d.reason;
+  EXPECT_GT(d.unfused_us, d.fused_us) << d.reason;
+  EXPECT_GT(d.pass_us, 20) << d.reason;   // reads X·Wg and X·Wu back, writes y
+  for (const KernelConfig& c : d.candidates) {
+    EXPECT_EQ(c.tile_n % 64, 0) << config_name(c);
+    EXPECT_FALSE(psi_rejects(fs, c).has_value()) << config_name(c);
+  }
+  // the [K, N] layout has no dual-B kernel: declined with Psi's reason, never miscompiled
+  const FusionSpec kn = spec_of("input X : bf16[8192, 1024]\ninput Wg : bf16[1024, 2816]\ninput Wu : bf16[1024, 2816]\n"
+                                "y = mul(silu(matmul(X, Wg)), matmul(X, Wu))\noutput y\n");
+  ASSERT_TRUE(kn.gemm.paired());
+  PlanDecision dk = plan_region(kn);
+  EXPECT_FALSE(dk.fuse);
+  EXPECT_NE(dk.reason.find("[N, K]"), std::string::npos) << dk.reason;
+}

@@ -93,7 +93,19 @@ struct FragCtx {
   int index;           // fragment index in the thread's tile (0 .. kFrags-1), compile-time after unrolling
   bool pred;           // row < M && col < N (N % 8 == 0, so a fragment is all in or all out)
   int lim;             // column slots of this fragment's row inside N (0 for a row past M): pred = col_slot < lim
+  Frag acc2;           // dual-B kernels (PairedEngine): the same elements of X·B2 (AccEntry2); else unset
 };
+
+// The accumulator as the epilogue of a dual-B kernel sees it (GemmConfig<.., DualB>, gemm.cuh): a register view of
+// X·B's half of the MMA tile through this engine, which records that element i's X·B2 partner lies kAcc2Offset
+// elements further in the same fragment storage (a cute::Tensor still, so every cute overload applies).
+template <int Offset>
+struct PairedEngine : cute::ViewEngine<float*> {
+  static constexpr int kAcc2Offset = Offset;
+};
+template <class T, class = void> struct Acc2Offset : std::integral_constant<int, -1> {};
+template <class T>
+struct Acc2Offset<T, std::void_t<decltype(T::engine_type::kAcc2Offset)>> : std::integral_constant<int, T::engine_type::kAcc2Offset> {};
 
 // Upper bounds on the tile shapes any kernel instantiates.
 constexpr int kMaxTileM = 128;
@@ -468,6 +480,10 @@ CUTE_DEVICE void visit_range(Tree& tree, AccTensor& acc, CoordTensor const& tCcD
     CUTLASS_PRAGMA_UNROLL
     for (int i = c; i < c + kChunkElems && i < E1; i += kFragSize) {
       FragCtx f = frag_ctx(i, acc, tCcD, ctx, b);
+      if constexpr (Acc2Offset<AccTensor>::value >= 0) {
+        constexpr int kOff = Acc2Offset<AccTensor>::value;
+        f.acc2 = Frag{{acc.data()[acc.layout()(i) + kOff], acc.data()[acc.layout()(i + 1) + kOff]}};
+      }
       Frag a{{acc(i), acc(i + 1)}};
       Frag r = tree.template visit<S>(f, a);
       if constexpr (CarriesTile<Tree>::value) {   // (a bf16 tile in SMEM, EpilogueWarps: rounded to nearest even)
