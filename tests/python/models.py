@@ -42,6 +42,20 @@ class RMSNormMLP(nn.Module):
         return self.norm(x + self.down(F.gelu(self.up(x), approximate="tanh")))
 
 
+class SwiGLUMLP(nn.Module):
+    """Llama's gated MLP with a residual: x + W_down · (SiLU(W_gate x) * (W_up x)), no biases. The gate and up
+    GEMMs read the same x and their epilogue combines them: one region of two GEMMs (GemmDesc.paired)."""
+
+    def __init__(self, d=32, hidden=64):
+        super().__init__()
+        self.gate = nn.Linear(d, hidden, bias=False)
+        self.up = nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        return x + self.down(F.silu(self.gate(x)) * self.up(x))
+
+
 class ClassifierHead(nn.Module):
     """Pooler (Linear + tanh) and a classifier Linear followed by softmax over the classes."""
 

@@ -9,7 +9,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 import comfuse
 from conftest import assert_fp32_match, bf16_exact, bf16_randn, messages, reference, rel_err
-from models import ClassifierHead, CumsumBeforeNorm, PostNormEncoderLayer, RMSNormMLP
+from models import ClassifierHead, CumsumBeforeNorm, PostNormEncoderLayer, RMSNormMLP, SwiGLUMLP
 
 
 def test_entry_point_registers_backend():
@@ -266,7 +266,7 @@ def test_explain_bf16_rmsnorm():
     assert " = gelu" in text and " = rsqrt %" in text
 
 
-@pytest.mark.parametrize("make", [PostNormEncoderLayer, RMSNormMLP, ClassifierHead])
+@pytest.mark.parametrize("make", [PostNormEncoderLayer, RMSNormMLP, ClassifierHead, SwiGLUMLP])
 def test_region_fallback_in_torch_matches_the_reference(make):
     """What a fused_region call runs if its kernel fails to launch on the GPU (with a warning): the region node by
     node in torch. It must give the reference implementation's values, shapes and dtypes."""
@@ -307,7 +307,7 @@ def _captured_bf16(make):
     return m, x, rep, rep.analysis.program, set(range(len(rep.regions)))
 
 
-@pytest.mark.parametrize("make", [PostNormEncoderLayer, RMSNormMLP, ClassifierHead, CumsumBeforeNorm])
+@pytest.mark.parametrize("make", [PostNormEncoderLayer, RMSNormMLP, ClassifierHead, CumsumBeforeNorm, SwiGLUMLP])
 def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
     """The GPU path's rewrite: each fused region one comfuse::fused_region call, every other ATen node copied as
     it was (bf16 stays bf16; no Graph IR matmul re-emitted), same values as eager within bf16 rounding and as
@@ -337,6 +337,10 @@ def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
         taken = [(p.node, p.dtype) for p in spec.params] + [(spec.gemm.a, spec.gemm.dtype), (spec.gemm.b, spec.gemm.dtype)]
         for gid, dt in taken:
             assert stored.get(gid, dt) == dt, (prog.pg.node(gid).name, stored[gid], dt)
+    if make is SwiGLUMLP:   # gate and up: one call of two GEMMs, up's weight its B2 parameter; no mm left for them
+        paired = [ops.region_spec(n.args[0]) for n in calls if ops.region_spec(n.args[0]).gemm.paired]
+        assert len(paired) == 1 and len(calls) == 2, [ops.region_spec(n.args[0]).gemm.paired for n in calls]
+        assert sum(n.target is torch.ops.aten.mm.default for n in gm.graph.nodes) == 0
     if make is PostNormEncoderLayer:
         assert torch.ops.aten.bmm.default in kept   # attention: not fused, kept as ATen bmm
         # q/k/v: read by bf16 ATen views, so the kernel stores bf16 (the Graph IR hands on f32)
