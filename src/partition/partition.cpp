@@ -132,6 +132,10 @@ std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::map<int, B2BGro
           reject("GEMM2's B operand " + q(g, m2.inputs[1]) + " depends on GEMM1 " + q(g, m1.id));
           continue;
         }
+        if (r1.spec.gemm.paired() || grown.at(m2.id).spec.gemm.paired()) {
+          reject("a region of two GEMMs on one A does not chain (the B2B kernel has one B per GEMM)");
+          continue;
+        }
         B2BFormCheck form = classify_b2b_f(r1.spec);
         if (!form.ok) {
           reject("F is not expressible in a B2B kernel: " + form.why);
@@ -269,11 +273,15 @@ Partition partition(const Graph& input) {
     std::sort(nodes.begin() + 1, nodes.end());   // topological after the root (the second GEMM joined first)
     return nodes;
   };
-  // A pair for `root`: a later matmul on the same A whose result the epilogue combines with root's (a node of the
-  // grown region reads both, e.g. SwiGLU's silu(X·Wg) * (X·Wu)), so one kernel computes X·B and X·B2 and nothing
-  // of either goes through memory. Two GEMMs on one A that are not combined (attention's Q, K, V) stay apart.
+  // A pair for `root`: a later matmul on the same A (phi_rejects_pair), computed by one kernel as X·B and X·B2 side
+  // by side. First choice, a partner whose result the epilogue combines with root's (a node of the grown region
+  // reads both, e.g. SwiGLU's silu(X·Wg) * (X·Wu)): nothing of either GEMM goes through memory. Else the first
+  // partner whose joint epilogue has no row reduction (attention's Q and K, each stored with its bias): one launch
+  // instead of two, and twice the tiles per wave at small N. The planner and the measuring backend still compare
+  // the pair with two cuBLAS GEMMs.
   auto find_pair = [&](const Node& root) -> int {
     const int gi = gemm_index[root.id];
+    int uncombined = -1;
     for (int u : users[root.inputs[0]]) {
       const Node& m = g.node(u);
       if (m.op != OpKind::MatMul || claimed[u] >= 0 || u <= root.id || max_dep[m.inputs[1]] >= gi ||
@@ -283,7 +291,7 @@ Partition partition(const Graph& input) {
       std::map<int, int> from;   // region node -> 1 reads root, 2 reads the second GEMM, 3 both
       from[root.id] = 1;
       from[u] = 2;
-      bool combined = false;
+      bool combined = false, reduces = false;
       for (int id : trial) {
         if (id == root.id || id == u) continue;
         int f = 0;
@@ -291,11 +299,13 @@ Partition partition(const Graph& input) {
           if (auto it = from.find(in); it != from.end()) f |= it->second;
         from[id] = f;
         combined = combined || f == 3;
+        reduces = reduces || is_reduction(g.node(id).op);
       }
       for (int id : trial) in_region[id] = 0;
       if (combined) return u;
+      if (!reduces && uncombined < 0) uncombined = u;
     }
-    return -1;
+    return uncombined;
   };
   // Values leaving the kernel: graph outputs and values read outside the region (in_region set).
   auto stored_of = [&](const std::vector<int>& nodes) {

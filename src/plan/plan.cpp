@@ -78,18 +78,24 @@ std::string measured_class(const FusionSpec& fs) {
 }
 
 // A bias add alone (plus casts): cuBLASLt adds a bias in its own epilogue, and so does PyTorch's addmm, so the
-// unfused alternative costs the GEMM alone.
+// unfused alternative costs the GEMM alone. Two GEMMs on one A: each stored with at most its bias (attention's Q
+// and K), the alternative is two such GEMMs.
 bool bias_only(const FusionSpec& fs) {
-  if (fs.num_stages() != 1 || fs.outputs.size() != 1) return false;
-  int adds = 0;
+  const size_t gemms = fs.gemm.paired() ? 2 : 1;
+  if (fs.num_stages() != 1 || fs.outputs.size() != gemms) return false;
+  size_t adds = 0;
   for (const auto& n : fs.root.nodes) {
     if (n.kind == SpecKind::Broadcast && (n.bcast != BroadcastKind::Row || n.param < 0)) return false;
     if (n.kind == SpecKind::Compute) {
-      if (n.op == OpKind::Add) ++adds;
+      const SpecKind a = n.args.empty() ? SpecKind::Compute : fs.root.nodes[n.args[0]].kind;
+      const SpecKind b = n.args.size() < 2 ? SpecKind::Compute : fs.root.nodes[n.args[1]].kind;
+      if (n.op == OpKind::Add && ((a == SpecKind::AccEntry && b == SpecKind::Broadcast) ||
+                                  (b == SpecKind::AccEntry && a == SpecKind::Broadcast)))
+        ++adds;
       else if (n.op != OpKind::Cast) return false;
     }
   }
-  return adds == 1;
+  return fs.gemm.paired() ? adds <= 2 : adds == 1;
 }
 
 bool has_tile_param(const FusionSpec& fs) {

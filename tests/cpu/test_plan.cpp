@@ -425,3 +425,17 @@ TEST(Plan, PairedGemmsArePlannedAsOneGemmOfTwiceTheColumns) {
   EXPECT_FALSE(dk.fuse);
   EXPECT_NE(dk.reason.find("[N, K]"), std::string::npos) << dk.reason;
 }
+
+// Attention's Q and K at BERT-base's shape, each with its bias: the alternative is two cuBLAS GEMMs that add the bias
+// themselves (no epilogue pass), and that is what the pair is planned against.
+TEST(Plan, PairedGemmsWithABiasEachAreComparedWithTwoCublasGemms) {
+  const FusionSpec fs = spec_of(
+      "input X : bf16[8192, 768]\ninput Wq : bf16[768, 768]\ninput Wk : bf16[768, 768]\ninput bq : bf16[768]\n"
+      "input bk : bf16[768]\nq = add(matmul(X, Wq, transpose_b=true), bq)\nk = add(matmul(X, Wk, transpose_b=true), bk)\n"
+      "output q\noutput k\n");
+  ASSERT_TRUE(fs.gemm.paired());
+  ASSERT_EQ(fs.outputs.size(), 2u);
+  PlanDecision d = plan_region(fs);
+  EXPECT_TRUE(d.cublas_alone) << d.reason;
+  EXPECT_EQ(d.pass_us, 0.0) << d.reason;
+}

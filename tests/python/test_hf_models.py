@@ -45,20 +45,22 @@ def _gemms_in_torch(rep) -> dict:
 
 
 def test_bert_regions_and_decisions():
-    """BertModel (BERT-base widths): per layer, Q/K/V (a bias alone: cuBLAS adds it itself), the attention
-    out-projection + residual + LayerNorm, FFN1 + bias + GELU (fused), FFN2 + residual + LayerNorm. The
-    attention stays one SDPA op in torch."""
+    """BertModel (BERT-base widths): per layer, Q and K as one region of two GEMMs on one A (each stored with its
+    bias), V (a bias alone: cuBLAS adds it itself), the attention out-projection + residual + LayerNorm, FFN1 +
+    bias + GELU (fused), FFN2 + residual + LayerNorm. The attention stays one SDPA op in torch."""
     cfg = transformers.BertConfig(hidden_size=768, num_hidden_layers=2, num_attention_heads=12,
                                   intermediate_size=3072, vocab_size=128, max_position_embeddings=64)
     ids = torch.randint(0, 128, (2, 16))
     rep = _capture(transformers.BertModel(cfg, add_pooling_layer=False), ids)
     regions = _regions(rep, 32 * 256)
-    assert len(regions) == 12, [r["root"] for r in regions]
+    assert len(regions) == 10, [r["root"] for r in regions]
     for layer in range(2):
-        q, k, v, out, ffn1, ffn2 = regions[6 * layer:6 * layer + 6]
-        for r in (q, k, v):
-            assert r["ops"] == {"matmul", "add"} and not r["plan"].fuse
-            assert "cuBLAS adds it in its own epilogue" in r["plan"].reason
+        qk, v, out, ffn1, ffn2 = regions[5 * layer:5 * layer + 5]
+        spec = rep.regions[5 * layer].spec
+        assert spec.gemm.paired and len(spec.outputs) == 2 and qk["ops"] == {"matmul", "add"}
+        assert qk["plan"].cublas_alone and qk["plan"].pass_us == 0, qk["plan"].reason   # against two cuBLAS GEMMs
+        assert v["ops"] == {"matmul", "add"} and not v["plan"].fuse
+        assert "cuBLAS adds it in its own epilogue" in v["plan"].reason
         for r in (out, ffn2):   # + bias + residual + LayerNorm (var_mean: two row reductions)
             assert {"add", "mean", "rsqrt"} <= r["ops"] and r["stages"] == 3, r
             assert _speed_only(r["plan"]), r["plan"].reason
@@ -99,17 +101,20 @@ def test_llama_regions_and_decisions():
     """A Llama-style model (RMSNorm, SwiGLU, rotary): per layer, o_proj + residual + the next RMSNorm and
     down_proj + residual + the next RMSNorm, each storing the residual sum and the normalized value (two
     outputs: the next layer reads both), and SwiGLU's gate_proj and up_proj as one region: two GEMMs on one A whose
-    epilogue computes silu(X·Wg) * (X·Wu), so neither GEMM's output goes through memory (fused)."""
+    epilogue computes silu(X·Wg) * (X·Wu), so neither GEMM's output goes through memory (fused). q_proj and k_proj
+    pair too (two outputs); v_proj stays alone."""
     cfg = transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
                                    num_attention_heads=8, num_key_value_heads=8, vocab_size=128,
                                    max_position_embeddings=64)
     rep = _capture(transformers.LlamaModel(cfg), torch.randint(0, 128, (2, 16)))
     regions = _regions(rep, 16 * 512)
-    assert len(regions) == 12, [r["root"] for r in regions]
+    assert len(regions) == 10, [r["root"] for r in regions]
     for layer in range(2):
-        q, k, v, o, mlp, down = regions[6 * layer:6 * layer + 6]
-        for r in (q, k, v):   # no bias: a plain GEMM, fused only where the measured table has our kernel faster
-            assert r["ops"] == {"matmul"} and "'identity'" in r["plan"].reason, r["plan"].reason
+        qk, v, o, mlp, down = regions[5 * layer:5 * layer + 5]
+        assert rep.regions[5 * layer].spec.gemm.paired and qk["ops"] == {"matmul"}   # Q and K: two GEMMs on one A
+        assert qk["plan"].cublas_alone, qk["plan"].reason
+        # no bias: a plain GEMM, fused only where the measured table has our kernel faster
+        assert v["ops"] == {"matmul"} and "'identity'" in v["plan"].reason, v["plan"].reason
         for r in (o, down):   # residual add, then RMSNorm: mean(x^2), rsqrt, the weight
             assert {"add", "pow", "mean", "rsqrt", "mul"} <= r["ops"] and r["stages"] == 2, r
             # the residual sum (but after the last layer) and the normalized value: no store of the fp32 value the
@@ -117,7 +122,7 @@ def test_llama_regions_and_decisions():
             assert r["outputs"] == (1 if (layer, r is down) == (1, True) else 2), r
             assert _speed_only(r["plan"]), r["plan"].reason
         assert mlp["ops"] == {"matmul", "silu", "mul"} and mlp["plan"].fuse, mlp["plan"].reason
-        spec = rep.regions[6 * layer + 4].spec
+        spec = rep.regions[5 * layer + 3].spec
         assert spec.gemm.paired and spec.params[spec.gemm.b2_param].kind == C.BroadcastKind.WEIGHT
         w2 = spec.params[spec.gemm.b2_param]
         assert [int(d) for d in w2.shape] == [2816, 1024] and spec.gemm.transpose_b, w2.shape   # up_proj's [N, K]

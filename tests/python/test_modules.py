@@ -42,10 +42,12 @@ def test_postnorm_encoder_layer():
     x = bf16_randn(2, 8, 32)
     rep = capture_one(m, x)
     part = rep.analysis.part
-    # q, k, v, o, fc1, fc2 are epilogue roots; the two attention bmm are batched (standard path)
-    assert len(part.regions) == 6
+    # q + k (one region of two GEMMs on one A), v, o, fc1, fc2 are epilogue roots; the two attention bmm are batched
+    # (standard path)
+    assert len(part.regions) == 5
+    assert [r.spec.gemm.paired for r in part.regions].count(True) == 1
     stages = sorted(r.spec.num_stages() for r in part.regions)
-    assert stages == [1, 1, 1, 1, 3, 3]  # o-proj and fc2 carry residual + LayerNorm (mean, var, normalize)
+    assert stages == [1, 1, 1, 3, 3]  # o-proj and fc2 carry residual + LayerNorm (mean, var, normalize)
     specs = [str(r.spec) for r in part.regions]
     assert sum("gelu" in s for s in specs) == 1
     assert sum("broadcast.tile" in s and "reduce.mean" in s for s in specs) == 2
