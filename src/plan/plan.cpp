@@ -73,7 +73,8 @@ std::string measured_class(const FusionSpec& fs) {
   bool tile = false, compute = false;
   for (const auto& p : fs.params) tile = tile || p.kind == BroadcastKind::Tile;
   for (const auto& n : fs.root.nodes) compute = compute || n.kind == SpecKind::Compute || n.kind == SpecKind::Broadcast;
-  if (tile || fs.outputs.size() > 1) return "bias_res_2out";
+  // (two GEMMs on one A store one output each: together one tile of the MMA's columns, as one GEMM's output)
+  if (tile || fs.outputs.size() > (fs.gemm.paired() ? 2u : 1u)) return "bias_res_2out";
   return compute ? "bias_gelu" : "identity";
 }
 
@@ -404,7 +405,8 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   // HF Llama's o_proj + RMSNorm regions, planned without it, ran slower than torch (docs/PERF.md, eighth session).
   double out_bytes = 0;
   for (const auto& o : fs.outputs) out_bytes += o.per_row ? 0 : (o.dtype == DType::F32 ? 4 : 2);
-  const double extra_bytes = std::max(0.0, out_bytes - (cls == "bias_res_2out" ? 4 : 2));
+  // (per element of the N-wide output: a paired kernel's measured equivalent, one GEMM of 2N columns, stores twice as much)
+  const double extra_bytes = std::max(0.0, out_bytes - (cls == "bias_res_2out" ? 4 : 2) * (g.paired() ? 2 : 1));
   const double store_us = d.cublas_alone ? 0.0 : extra_bytes * g.rows * g.n / kUnfusedBytesPerSecond * 1e6;
   d.fused_us += store_us;
   // Too few tiles to fill the GPU: a fused kernel runs each output tile's whole K loop on one SM (no split-K: the
@@ -415,6 +417,10 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   // us per call fused against 9 us for split-K cuBLAS + LayerNorm (docs/PERF.md, thirteenth session).
   std::string occupancy;
   d.unfused_us = gemm_us + d.pass_us;
+  // Two GEMMs on one A against two cuBLAS launches: the second launch's floor (kKernelFloorUs, as for a small grid)
+  // is what the pair saves where the FLOP-scaled estimate sees a tie (attention's Q and K); the measuring backend
+  // times both forms before it keeps the pair.
+  if (g.paired()) d.unfused_us += kKernelFloorUs;
   if (tiles < kSms) {
     const double sm_rate = 2.0 * cublas->m * cublas->n * cublas->k / (cublas->us * 1e-6) / kSms;   // FLOP/s per SM
     const double tile_mainloop_us = 2.0 * d.config.tile_m * d.config.tile_n * g.k / sm_rate * 1e6;

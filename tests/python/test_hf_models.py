@@ -59,6 +59,7 @@ def test_bert_regions_and_decisions():
         spec = rep.regions[5 * layer].spec
         assert spec.gemm.paired and len(spec.outputs) == 2 and qk["ops"] == {"matmul", "add"}
         assert qk["plan"].cublas_alone and qk["plan"].pass_us == 0, qk["plan"].reason   # against two cuBLAS GEMMs
+        assert qk["plan"].fuse, qk["plan"].reason   # one launch instead of two; the GPU measurement decides
         assert v["ops"] == {"matmul", "add"} and not v["plan"].fuse
         assert "cuBLAS adds it in its own epilogue" in v["plan"].reason
         for r in (out, ffn2):   # + bias + residual + LayerNorm (var_mean: two row reductions)
