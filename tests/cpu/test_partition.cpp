@@ -21,6 +21,27 @@ const NodeDecision& decision(const Partition& p, const std::string& name) {
   return p.decisions.at(*id);
 }
 
+// Output `out` of the partitioned program against the graph's, on uniform random inputs in [-range, range]
+// (`ctas` column blocks per row): the largest difference and the largest |value|.
+std::pair<double, double> partitioned_vs_graph(const Graph& g, const Partition& p, const std::string& out,
+                                               unsigned seed, float range, int ctas) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-range, range);
+  TensorMap in;
+  for (int id : g.inputs) {
+    Tensor t(g.node(id).shape);
+    for (float& v : t.data) v = u(rng);
+    in[g.node(id).name] = t;
+  }
+  const Tensor want = interpret_graph(g, in).at(out), got = interpret_partitioned(p, in, ctas).at(out);
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < want.data.size(); ++i) {
+    worst = std::max(worst, double(std::fabs(got.data[i] - want.data[i])));
+    scale = std::max(scale, double(std::fabs(want.data[i])));
+  }
+  return {worst, scale};
+}
+
 const char* kHead =
     "input X : bf16[6, 8]\n"
     "input W : bf16[8, 10]\n"
@@ -133,20 +154,7 @@ TEST(Partition, GeluNewWrittenOutIsOneGeluTanh) {
     EXPECT_EQ(p.graph.node(*y).op, OpKind::GeluTanh);
     ASSERT_EQ(p.regions.size(), 1u);
     // the same values as the graph written out (fp32 outputs: no rounding to hide a difference)
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> u(-2.f, 2.f);
-    TensorMap in;
-    for (int id : g.inputs) {
-      Tensor t(g.node(id).shape);
-      for (float& v : t.data) v = u(rng);
-      in[g.node(id).name] = t;
-    }
-    const Tensor want = interpret_graph(g, in).at("z"), got = interpret_partitioned(p, in, 1).at("z");
-    double worst = 0, scale = 0;
-    for (size_t i = 0; i < want.data.size(); ++i) {
-      worst = std::max(worst, double(std::fabs(got.data[i] - want.data[i])));
-      scale = std::max(scale, double(std::fabs(want.data[i])));
-    }
+    const auto [worst, scale] = partitioned_vs_graph(g, p, "z", 7, 2.f, 1);
     EXPECT_GT(scale, 1.0);
     EXPECT_LE(worst, 1e-5 * scale) << f;
   }
@@ -209,20 +217,7 @@ TEST(Partition, GemmsOnOneACombinedByTheEpilogueArePaired) {
     EXPECT_TRUE(p.fallback.empty()) << body;
     EXPECT_NE(decision(p, "u").reason.find("second GEMM on the same A"), std::string::npos);
     EXPECT_NE(print_partition(p, false).find("GEMM 'g' and GEMM 'u' on the same A"), std::string::npos);
-    std::mt19937 rng(11);
-    std::uniform_real_distribution<float> dist(-1.f, 1.f);
-    TensorMap in;
-    for (int id : gr.inputs) {
-      Tensor t(gr.node(id).shape);
-      for (float& v : t.data) v = dist(rng);
-      in[gr.node(id).name] = t;
-    }
-    const Tensor want = interpret_graph(gr, in).at("z"), got = interpret_partitioned(p, in, 2).at("z");
-    double worst = 0, scale = 0;
-    for (size_t i = 0; i < want.data.size(); ++i) {
-      worst = std::max(worst, double(std::fabs(got.data[i] - want.data[i])));
-      scale = std::max(scale, double(std::fabs(want.data[i])));
-    }
+    const auto [worst, scale] = partitioned_vs_graph(gr, p, "z", 11, 1.f, 2);
     EXPECT_GT(scale, 0.5) << body;
     EXPECT_LE(worst, 1e-5 * scale) << body;
   }
