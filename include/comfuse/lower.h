@@ -30,8 +30,8 @@ std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n, bool 
 
 // Why matmul `second` cannot join root's region as its paired GEMM (nullopt: it can): both must read the same A, and
 // B2 must match B in shape, dtype and layout, so that one kernel computes X·B and X·B2 side by side in one
-// accumulator tile (GemmDesc::b2_param). Partition pairs them only where the epilogue combines the two results
-// (SwiGLU's silu(X·Wg) * (X·Wu)).
+// accumulator tile (GemmDesc::b2_param). Partition prefers a partner whose result the epilogue combines with the
+// root's (SwiGLU's silu(X·Wg) * (X·Wu)), else one whose joint epilogue has no row reduction (Q and K).
 std::optional<std::string> phi_rejects_pair(const Graph& g, const Node& root, const Node& second);
 
 // Values of a region: kTileValue per element, kRowValue one per row (a reduction's result and what is computed

@@ -96,7 +96,7 @@ struct GemmDesc {
   DType dtype = DType::BF16;    // operand dtype
   int64_t rows = 0, n = 0, k = 0;
   Shape out_shape;              // the matmul's own (possibly >2-D) shape
-  // A second GEMM on the same A (a gated pair such as SwiGLU's gate and up projections: silu(X·B) * (X·B2)):
+  // A second GEMM on the same A (SwiGLU's gate and up projections, silu(X·B) * (X·B2), or attention's Q and K):
   // its matmul node and the runtime param holding B2 (BroadcastKind::Weight; the same shape, dtype and layout
   // as B). The kernel computes both into one accumulator tile and its epilogue reads X·B2 as AccEntry slot 1.
   int node2 = -1;

@@ -344,7 +344,7 @@ Partition partition(const Graph& input) {
       in_region[id] = 0;
       p.decisions[id] = {NodeDecision::Kind::Fused, ri,
                          "fused into region " + std::to_string(ri) + ": " +
-                             (id == second ? "second GEMM on the same A (its result and the root's are combined)"
+                             (id == second ? "second GEMM on the same A (one kernel computes both)"
                                            : role(g.node(id)))};
     }
     p.regions.push_back(std::move(r));

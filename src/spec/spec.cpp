@@ -153,7 +153,7 @@ void verify_spec(const FusionSpec& fs) {
     }
     if (stage == 0 && accs != 1) fail(stage, -1, "stage 0 needs exactly one acc entry");
     if (stage == 0 && accs2 != (fs.gemm.paired() ? 1 : 0))
-      fail(stage, -1, "a Spec with a second GEMM needs exactly one acc entry of X·B2 (and a Spec without one none)");
+      fail(stage, -1, "X·B2 is read by exactly one acc2 entry in a Spec with a second GEMM, and by none otherwise");
     if (stage > 0 && results != 1) fail(stage, -1, "a PostOp needs exactly one reduction-result placeholder");
     if (s.terminal < 0 || s.terminal >= static_cast<int>(s.nodes.size())) fail(stage, -1, "no terminal");
     SpecKind tk = s.nodes[s.terminal].kind;
