@@ -236,9 +236,10 @@ def log_report(rep: GraphReport) -> None:
         pg = a.part.graph
         for i, r in enumerate(a.part.regions):
             g = r.spec.gemm
-            log.info("comfuse: graph %d region %d: GEMM '%s' [rows=%d N=%d K=%d %s] + %d epilogue node(s), "
-                     "%d stage(s) -> one ComFuse kernel", rep.index, i, pg.node(r.root).name, g.rows, g.n, g.k,
-                     str(g.dtype).split(".")[-1].lower(), len(r.nodes) - 1, r.spec.num_stages())
+            second = f" and GEMM '{pg.node(g.node2).name}' on the same A" if g.paired else ""
+            log.info("comfuse: graph %d region %d: GEMM '%s'%s [rows=%d N=%d K=%d %s] + %d epilogue node(s), "
+                     "%d stage(s) -> one ComFuse kernel", rep.index, i, pg.node(r.root).name, second, g.rows, g.n, g.k,
+                     str(g.dtype).split(".")[-1].lower(), len(r.nodes) - (2 if g.paired else 1), r.spec.num_stages())
         log.info("comfuse: graph %d: %d region(s), %d Graph IR node(s) on the standard path, %d node(s) left in torch",
                  rep.index, len(a.part.regions), len(a.part.fallback), len(a.conv.torch_nodes))
         for line in rep.chain_lines():

@@ -55,8 +55,11 @@ def report_text(rep: GraphReport) -> str:
             o.append(head + "not in the program (unused)")
         elif d.kind == C.NodeDecision.Kind.FUSED:
             r = part.regions[d.region]
-            o.append(head + f"epilogue fused: region {d.region} ({len(r.nodes) - 1} epilogue node(s), "
-                            f"{r.spec.num_stages()} stage(s))")
+            paired = r.spec.gemm.paired   # two GEMMs on one A: both GEMMs' lines name the region
+            pair = (f", with GEMM '{pg.node(r.spec.gemm.node2 if gid == r.root else r.root).name}' on the same A"
+                    if paired else "")
+            o.append(head + f"epilogue fused: region {d.region} ({len(r.nodes) - (2 if paired else 1)} epilogue node(s), "
+                            f"{r.spec.num_stages()} stage(s){pair})")
         else:
             o.append(head + "epilogue NOT fused: " + d.reason.removeprefix("not fused: "))
     o.append("left outside the fused regions:")

@@ -237,6 +237,9 @@ def test_explain_encoder_layer():
     assert "backend: falls back: dtype float32 GEMM 'addmm'" in text
     assert ("addmm_3 = aten.addmm.default(float32[32], float32[16, 32], float32[32, 32]) -> float32[16, 32]: "
             "epilogue fused: region 2 (15 epilogue node(s), 3 stage(s))") in text
+    # q and k: one region, each line naming the other GEMM
+    assert "epilogue fused: region 0 (4 epilogue node(s), 1 stage(s), with GEMM 'addmm_1.mm' on the same A)" in text
+    assert "epilogue fused: region 0 (4 epilogue node(s), 1 stage(s), with GEMM 'addmm.mm' on the same A)" in text
     assert ("bmm = aten.bmm.default(float32[4, 8, 16], float32[4, 16, 8]) -> float32[4, 8, 8]: epilogue NOT fused: "
             "batched matmul (B is [4, 16, 8], with batch dims): runs on the standard path") in text
     assert "changes the last dim: rows would no longer be GEMM rows" in text
@@ -359,13 +362,15 @@ def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
         assert rel_err(a.float(), b.float()) <= 2e-2
 
 
-@pytest.mark.parametrize("rewrite", ["keep", "ir"])
-def test_dynamic_batch_bf16_through_both_rewrites(rewrite, caplog):
+@pytest.mark.parametrize("rewrite,make", [("keep", PostNormEncoderLayer), ("ir", PostNormEncoderLayer),
+                                          ("keep", SwiGLUMLP)])
+def test_dynamic_batch_bf16_through_both_rewrites(rewrite, make, caplog):
     """A bf16 model with a dynamic batch through the backend (regions on the CPU reference implementation), with
-    either way of writing the nodes outside the regions: one graph for every batch size, values as eager."""
+    either way of writing the nodes outside the regions: one graph for every batch size, values as eager. (Both
+    models hold a region of two GEMMs on one A: Q + K, SwiGLU's gate + up.)"""
     caplog.set_level(logging.INFO, logger="comfuse")
     torch.manual_seed(4)
-    m = _bf16(PostNormEncoderLayer())
+    m = _bf16(make())
     f = torch.compile(m, backend="comfuse", options={"fallback": "eager", "reference": True, "rewrite": rewrite})
     with torch.no_grad():
         for b in (2, 3, 5):
