@@ -79,6 +79,9 @@ struct CompiledRegion {
   bool cache_hit = false;
   double compile_seconds = 0;
   double lookup_ms = 0;           // a cache hit's JIT call
+  // RegionKernel: where the prior's kernel spills registers, what runs instead ("the prior X spills registers: Y (no
+  // spills) runs instead"); "" where it does not. Also the tail of plan.candidates_reason.
+  std::string spill_note;
   // The prior first, then the alternatives CompiledGraph::run times per M bucket (docs/kernel-gemm.md, "Config
   // search"). Empty for a plain region; one entry when there is nothing to search.
   std::vector<CompiledCandidate> candidates;

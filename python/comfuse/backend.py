@@ -366,7 +366,7 @@ def prepare_kernels(rep: GraphReport, target) -> bool:
                 j.result()
         kernels = [ops.gpu_kernel(k) for k in keys]
         for k in kernels:
-            spills = next((p.strip() for p in k.config_reason.split(";") if "spills registers" in p), "")
+            spills = k.spill_note
             log.info("comfuse: graph %d: kernel %s [%s, transport %s]%s%s", rep.index, k.name, k.config,
                      k.transport, " (cache hit)" if k.cache_hit else f" compiled in {k.compile_seconds:.1f} s",
                      f" ({spills})" if spills else "")

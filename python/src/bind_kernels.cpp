@@ -97,6 +97,8 @@ void bind_kernels(nb::module_& m) {
       .def_prop_ro("plan", [](const RegionKernel& k) { return k.info().plan.reason; })
       // how the config that runs was chosen (the prior alone, or another where the prior's kernel spills)
       .def_prop_ro("config_reason", [](const RegionKernel& k) { return k.info().plan.candidates_reason; })
+      // "" unless the prior's kernel spills: then which config runs instead
+      .def_prop_ro("spill_note", [](const RegionKernel& k) { return k.info().spill_note; })
       .def_prop_ro("cache_hit", [](const RegionKernel& k) { return k.info().cache_hit; })
       .def_prop_ro("compile_seconds", [](const RegionKernel& k) { return k.info().compile_seconds; });
   nb::class_<ChainKernel>(m, "ChainKernel")

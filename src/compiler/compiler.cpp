@@ -1253,9 +1253,9 @@ CompiledRegion RegionKernel::compile(const FusionSpec& spec, CompilerOptions o) 
   const jit::JitOptions jo = kernel_jit_options(opts);
   const std::vector<KernelConfig> others(region.plan.candidates.begin() + 1, region.plan.candidates.end());
   jit::CompileResult res = jit::compile(region.kernel.source, region.kernel.name, jo);
-  std::string note = "; the prior alone (RegionKernel does not search)";
+  std::string note;
   if (!res.spills.empty()) {
-    note = "; the prior " + config_name(region.plan.config) + " spills registers";
+    note = "the prior " + config_name(region.plan.config) + " spills registers";
     for (const KernelConfig& c : others) {
       GeneratedKernel k = generate_kernel(spec, c);
       jit::CompileResult alt;
@@ -1276,7 +1276,8 @@ CompiledRegion RegionKernel::compile(const FusionSpec& spec, CompilerOptions o) 
                              : ", and so does every other candidate: it runs";
   }
   region.plan.candidates = {region.plan.config};
-  region.plan.candidates_reason += note;
+  region.spill_note = note;
+  region.plan.candidates_reason += "; " + (note.empty() ? std::string("the prior alone (RegionKernel does not search)") : note);
   take_compile_result(region, res);
   region.candidates = {candidate_of(region.plan.config, region.kernel.name, res)};
   return region;

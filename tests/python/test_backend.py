@@ -395,6 +395,7 @@ def test_gpu_path_orchestration_with_stand_in_kernels(monkeypatch, caplog):
         name, config, transport, cache_hit, compile_seconds = "stand_in", "128x128x64_c1x1", "none", True, 0.0
         config_reason = ("the prior, measured best; the prior 128x192x64_c2x1 spills registers: 128x128x64_c1x1 "
                          "(no spills) runs instead")
+        spill_note = "the prior 128x192x64_c2x1 spills registers: 128x128x64_c1x1 (no spills) runs instead"
 
     monkeypatch.setattr(ops, "compile_kernel", lambda key: compiled.append(ops.region_spec(key).structural_hash()))
     monkeypatch.setattr(ops, "gpu_kernel", lambda key: loaded.append(key) or Kernel())
@@ -532,6 +533,7 @@ def test_fp32_gemm_among_bf16_ones_stays_in_torch_and_the_rest_fuses(monkeypatch
     class Kernel:
         name, config, transport, cache_hit, compile_seconds = "stand_in", "128x128x64_c1x1", "none", True, 0.0
         config_reason = "the prior alone (RegionKernel does not search)"
+        spill_note = ""
 
     monkeypatch.setattr(ops, "gpu_kernel", lambda key: Kernel())
     target = backend._with_kernels(rep, rep.gm, 1, fuse_all=True)
