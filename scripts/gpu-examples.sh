@@ -16,7 +16,7 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 # The examples, and the other transports of two of them (compiled ahead of time only): name:example:transport.
-examples="bias_gelu ffn_b2b gelu_new postnorm prenorm_two_outputs rmsnorm softmax swiglu"
+examples="bias_gelu ffn_b2b gelu_new postnorm prenorm_two_outputs rmsnorm rope softmax swiglu"
 variants="postnorm_l2:postnorm:l2 softmax_leader:softmax:dsmem_leader"
 
 if [ "${1:-}" = "--prepare" ]; then

@@ -57,6 +57,10 @@ enum class OpKind : uint8_t {
   Sum, Mean, ReduceMax, ReduceMin,
   // layout ops an epilogue cannot absorb (kept so whole programs can be expressed)
   Transpose, Reshape,
+  // a signed swap of the halves of each last-dim row: rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]) over the
+  // last dim D (rotary position embeddings). Not elementwise, but an epilogue holds both halves of a head-aligned
+  // tile in one thread's registers (docs/kernel-gemm.md)
+  RotateHalf,
   // composite ops: removed by decompose() before partition/lowering
   LayerNorm, RmsNorm, Softmax, LogSoftmax, Var,
 };
@@ -128,6 +132,7 @@ class Graph {
   Value reduce(OpKind op, Value x, int dim = -1, bool keepdim = true, const std::string& name = "");
   Value transpose(Value x, const std::vector<int64_t>& perm = {}, const std::string& name = "");
   Value reshape(Value x, const Shape& shape, const std::string& name = "");
+  Value rotate_half(Value x, const std::string& name = "");   // last dim even
   // composites; w / b may be invalid Values (no affine part)
   Value layer_norm(Value x, Value w, Value b, double eps = 1e-5, const std::string& name = "");
   Value rms_norm(Value x, Value w, double eps = 1e-6, const std::string& name = "");

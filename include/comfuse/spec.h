@@ -29,6 +29,8 @@ enum class BroadcastKind : uint8_t {
   Col,      // one value per row, [rows, 1]
   Tile,     // a full [rows, N] tensor (e.g. a residual)
   Weight,   // the second GEMM's B operand (GemmDesc::b2_param): read by the mainloop, never by a Broadcast node
+  Periodic, // a [rows, P] tensor repeated along N every P columns: element (r, c) reads T[r, c mod P] (rotary
+            // embedding's cos and sin, one head wide, the same for every head)
 };
 enum class PlaceholderKind : uint8_t { ReductionResult, Bypass };
 enum class ReduceKind : uint8_t { Sum, Mean, Max, Min };  // over N; Mean = Sum * (1/N)
@@ -47,10 +49,12 @@ struct SpecNode {
   BroadcastKind bcast = BroadcastKind::Scalar;
   int param = -1;               // index into FusionSpec::params, or -1 for a constant scalar
   double value = 0.0;           // constant scalar value
-  // Compute: an elementwise OpKind of the Graph IR (unary or binary), with its attributes
+  // Compute: an elementwise OpKind of the Graph IR (unary or binary), or RotateHalf, with its attributes
   OpKind op = OpKind::Add;
   double exponent = 0.0;        // Pow
   DType cast_to = DType::F32;   // Cast
+  int64_t period = 0;           // RotateHalf: the block of P columns (N % P == 0) whose halves it swaps, with
+                                // the sign: value (r, c) = -x(r, c + P/2) in a block's first half, x(r, c - P/2) after
   // Reduction: reduces its one arg over N; the stage's PostOp (Spec::post) continues with the result
   ReduceKind reduce = ReduceKind::Sum;
   std::vector<int> bypass;      // values of this stage injected into the PostOp's Bypass placeholders
@@ -158,6 +162,10 @@ B2BFormCheck classify_b2b_f(const FusionSpec& first);
 // GEMM2's operand dtype, and GEMM2's A; rows agree; GEMM2's K is N1; `form` is what classify_b2b_f finds;
 // batch divides rows. Throws std::logic_error("b2b verify: ...").
 void verify_b2b(const B2BSpec& b);
+
+// Whether the Spec reads across columns of a row: a rotate_half, or a Periodic input (column blocks of a
+// head-aligned tile; the B2B kernels compute their epilogues in N chunks that need not align with them).
+bool spec_reads_column_blocks(const FusionSpec& fs);
 
 // Readable text form (`comfuse plan` shows it for a recognised chain).
 std::string print_b2b(const B2BSpec& b);

@@ -34,6 +34,7 @@ import torch
 import torch.fx as fx
 
 from . import _core as C
+from . import rotary
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -655,15 +656,24 @@ def drop_metadata_checks(gm: fx.GraphModule) -> int:
 def convert(gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = None) -> Conversion:
     """Converts what the Graph IR covers; marks as outputs the values the rest of the program reads."""
     drop_metadata_checks(gm)
+    rotary.gemm_layout_rotary(gm)
     conv = Converter(gm, gemm_dtype, force_torch)
     g = conv.g
+    # rotate_half as HF writes it (slices, a negation, a cat): one Graph IR op at the cat; its parts are not
+    # converted (a slice is not in the Graph IR), and nothing else reads them
+    rotations = {n: r for n in gm.graph.nodes if (r := rotary.rotate_half_of(n)) is not None}
+    folded_parts = {p for _, parts in rotations.values() for p in parts}
     for n in gm.graph.nodes:
-        if n.op != "call_function":
+        if n.op != "call_function" or n in folded_parts:
             continue
+        if n.meta.get(rotary.MATERIALIZED) and n not in conv.force_torch:
+            conv.force_torch[n] = "rotary embedding's cos / sin, materialized one head wide per token for the epilogue"
         conv.node = n
         m = _meta(n)
         reason = conv.force_torch.get(n)
         handler = Converter.HANDLERS.get(n.target)
+        if n in rotations:
+            handler = lambda c, node, x=rotations[n][0]: c.g.rotate_half(c.cast(c.x(x), c.out_dtype()), c.name())  # noqa: E731
         if reason is None:
             if handler is None:
                 reason = f"unsupported op {_target_name(n)} (not in the Graph IR)"

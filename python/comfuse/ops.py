@@ -447,6 +447,9 @@ def eval_graph_node(spec: tuple, *xs):
         return _REDUCE[op](xs[0], dim, keepdim=keepdim)
     if op == OK.Transpose:
         return xs[0].permute(list(perm)).contiguous()
+    if op == OK.RotateHalf:
+        h = xs[0].shape[-1] // 2
+        return torch.cat([-xs[0][..., h:], xs[0][..., :h]], -1)
     if op == OK.Reshape:
         if None in shape:   # two symbolic dims (Program.node_spec): no static form
             raise NotImplementedError("eval_graph_node: a reshape with two dynamic dims")

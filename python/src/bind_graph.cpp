@@ -57,6 +57,7 @@ void bind_graph(nb::module_& m) {
       .value("ReduceMin", OpKind::ReduceMin)
       .value("Transpose", OpKind::Transpose)
       .value("Reshape", OpKind::Reshape)
+      .value("RotateHalf", OpKind::RotateHalf)
       .value("LayerNorm", OpKind::LayerNorm)
       .value("RmsNorm", OpKind::RmsNorm)
       .value("Softmax", OpKind::Softmax)
@@ -120,6 +121,8 @@ void bind_graph(nb::module_& m) {
       .def("reshape",
            [](Graph& g, int x, const Shape& s, const std::string& name) { return g.reshape(V(x), s, name).id; },
            "x"_a, "shape"_a, "name"_a = "")
+      .def("rotate_half", [](Graph& g, int x, const std::string& name) { return g.rotate_half(V(x), name).id; },
+           "x"_a, "name"_a = "")
       .def("layer_norm",
            [](Graph& g, int x, std::optional<int> w, std::optional<int> b, double eps, const std::string& name) {
              return g.layer_norm(V(x), V(w.value_or(-1)), V(b.value_or(-1)), eps, name).id;

@@ -14,7 +14,8 @@ void bind_partition(nb::module_& m) {
       .value("ROW", BroadcastKind::Row)
       .value("COL", BroadcastKind::Col)
       .value("TILE", BroadcastKind::Tile)
-      .value("WEIGHT", BroadcastKind::Weight);
+      .value("WEIGHT", BroadcastKind::Weight)
+      .value("PERIODIC", BroadcastKind::Periodic);
 
   nb::class_<GemmDesc>(m, "GemmDesc")
       .def_ro("node", &GemmDesc::node)
@@ -53,7 +54,8 @@ void bind_partition(nb::module_& m) {
       .def("verify", [](const FusionSpec& fs) { verify_spec(fs); })
       .def("structural_hash", [](const FusionSpec& fs) { return spec_structural_hash(fs); })
       .def("with_rows", [](const FusionSpec& fs, int64_t rows) { return spec_with_rows(fs, rows); }, "rows"_a,
-           "The same Spec for `rows` GEMM rows (per-row params and outputs become [rows, last dim]).")
+           "The same Spec for `rows` GEMM rows (tile params and outputs become [rows, N], column params [rows, 1],\n"
+           "periodic params [rows, P]).")
       .def("with_output_dtypes",
            [](const FusionSpec& fs, const std::vector<DType>& d) { return spec_with_output_dtypes(fs, d); }, "dtypes"_a,
            "The same Spec storing its outputs in these dtypes (one per output).")

@@ -511,6 +511,11 @@ class Psi {
         const std::string i = std::to_string(n.param), ptr = std::string("p.input<") + t + ">(" + i + ")";
         if (n.bcast == BroadcastKind::Row) return {std::string("RowBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][col]"};
         if (n.bcast == BroadcastKind::Col) return {std::string("ColBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][row]"};
+        if (n.bcast == BroadcastKind::Periodic) {
+          const std::string period = std::to_string(fs_.params[n.param].shape.back());
+          return {std::string("PeriodicLoad<") + t + ", " + period + ">", "{" + ptr + "}",
+                  "param[" + i + "][row, col % " + period + "]"};
+        }
         if (form_ == TileInputForm::Staged)
           return {std::string("TileLoadStaged<") + t + staged_ + ">", "{" + ptr + ", ld}",
                   "param[" + i + "][row, col] (staged)"};
@@ -528,6 +533,11 @@ class Psi {
           if (n.cast_to == DType::F32) return {a, ai, "float(" + a + "), fp32 already", true};
           const bool bf = n.cast_to == DType::BF16;
           return unary(bf ? "ops::RoundBf16" : "ops::RoundF16", std::string(bf ? "bf16(" : "f16(") + a + "), rounded");
+        }
+        if (n.op == OpKind::RotateHalf) {
+          const std::string p = std::to_string(n.period);
+          return {"RotateHalf<" + p + ", " + a + ">", ai,
+                  "rotate_half(" + a + ") per block of " + p + " columns (the partner's registers)"};
         }
         if (n.op == OpKind::Pow) {
           const double e = n.exponent;
@@ -607,6 +617,45 @@ class Psi {
   std::ostringstream types_, args_body_;
 };
 
+// rotate_half and periodic inputs (epilogue/rotate.cuh): blocks of P columns that line up with the output tile, one
+// P for the whole tree, and rotate_half only over values that depend on nothing but the element's coordinates.
+void check_column_blocks(const FusionSpec& fs, const KernelConfig& c) {
+  if (!spec_reads_column_blocks(fs)) return;
+  const std::string name = config_name(c);
+  if (fs.num_stages() != 1) throw CodegenError("rotate_half or a periodic input with row reductions: not in this version");
+  const int out_n = fs.gemm.paired() ? c.tile_n / 2 : c.tile_n;
+  auto block = [&](int64_t p, const std::string& what) {
+    if (p % 16 != 0) throw CodegenError(what + " over blocks of " + std::to_string(p) + " columns: the kernels take multiples of 16");
+    if (out_n % p != 0)
+      throw CodegenError("config " + name + ": " + what + " over blocks of " + std::to_string(p) +
+                         " columns needs an output tile N that is a multiple of it (" + std::to_string(out_n) + ")");
+  };
+  for (const auto& p : fs.params)
+    if (p.kind == BroadcastKind::Periodic) block(p.shape.back(), "periodic input '" + p.name + "'");
+  int64_t period = 0;
+  const Spec& s = fs.root;
+  // only coordinates-only nodes below a rotate_half (rotate.cuh)
+  std::function<void(int)> plain = [&](int i) {
+    const SpecNode& n = s.nodes.at(i);
+    const bool ok = n.kind == SpecKind::AccEntry ||
+                    (n.kind == SpecKind::Broadcast && (n.bcast == BroadcastKind::Scalar || n.bcast == BroadcastKind::Row)) ||
+                    (n.kind == SpecKind::Compute && !n.per_row);
+    if (!ok)
+      throw CodegenError("rotate_half of a value that reads " +
+                         std::string(n.kind == SpecKind::Broadcast ? broadcast_kind_name(n.bcast) : spec_kind_name(n.kind)) +
+                         " input: the kernel takes the accumulators, scalars and row vectors there");
+    for (int a : n.args) plain(a);
+  };
+  for (size_t i = 0; i < s.nodes.size(); ++i) {
+    const SpecNode& n = s.nodes[i];
+    if (n.kind != SpecKind::Compute || n.op != OpKind::RotateHalf) continue;
+    block(n.period, "rotate_half");
+    if (period && period != n.period) throw CodegenError("rotate_half over two block sizes in one epilogue");
+    period = n.period;
+    plain(n.args.at(0));
+  }
+}
+
 // Psi's limits that do not depend on the Spec's nodes: the GEMM, the ABI's tables, the kernel configuration.
 void check_limits(const FusionSpec& fs, const KernelConfig& c) {
   verify_spec(fs);
@@ -629,6 +678,7 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
     throw CodegenError("config " + name + ": clusters hold 1 to 8 CTAs");
   // Two GEMMs on one A (GemmConfig<.., DualB>, kernels/comfuse/gemm.cuh): the MMA tile holds X·B's tile N / 2
   // columns, then X·B2's; the epilogue sees an output tile half as wide.
+  check_column_blocks(fs, c);
   if (fs.gemm.paired()) {
     if (!fs.gemm.transpose_b)
       throw CodegenError("two GEMMs on one A need B and B2 as [N, K] (the nn.Linear layout): each B stage holds B's rows, then B2's");
@@ -763,6 +813,7 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   auto row_free = [&](BroadcastKind k, const Shape& s) {
     if (k == BroadcastKind::Tile) return "[rows, " + n_str + "]";
     if (k == BroadcastKind::Col) return std::string("[rows, 1]");
+    if (k == BroadcastKind::Periodic) return "[rows, " + std::to_string(s.back()) + "]";
     return shape_str(s);
   };
   // No graph value names either: the twelve layers of an encoder stack are one kernel and one cache entry.

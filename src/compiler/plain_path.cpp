@@ -1,5 +1,7 @@
 #include "plain_path.h"
 
+#include "comfuse/compiler.h"  // dtype_bytes
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -189,6 +191,27 @@ void PlainPath::run(const Graph& g, const Node& n, const std::vector<CUdeviceptr
     const Shape flat{numel(n.shape)};
     CfTensor o = dense(out, out_t, flat), a = dense(in[0], dt(0), flat);
     rc = elementwise_(CF_COPY, &o, &a, nullptr, 0.f, s, why, sizeof why);
+  } else if (n.op == OpKind::RotateHalf) {
+    // out[..., :h] = -x[..., h:] and out[..., h:] = x[..., :h]: two strided elementwise launches over [rows, h]
+    const int64_t d = n.shape.back(), h = d / 2, rows = numel(n.shape) / d;
+    auto half = [&](CUdeviceptr p, int t, size_t esize, int64_t col) {
+      CfTensor v{};
+      v.ptr = reinterpret_cast<void*>(p + static_cast<CUdeviceptr>(col * static_cast<int64_t>(esize)));
+      v.dtype = t;
+      v.rank = 2;
+      v.shape[0] = rows;
+      v.shape[1] = h;
+      v.stride[0] = d;
+      v.stride[1] = 1;
+      return v;
+    };
+    const size_t oe = dtype_bytes(out_dtype), ie = dtype_bytes(in_dtypes.at(0));
+    CfTensor o0 = half(out, out_t, oe, 0), x1 = half(in[0], dt(0), ie, h);
+    rc = elementwise_(CF_NEG, &o0, &x1, nullptr, 0.f, s, why, sizeof why);
+    if (rc == 0) {
+      CfTensor o1 = half(out, out_t, oe, h), x0 = half(in[0], dt(0), ie, 0);
+      rc = elementwise_(CF_COPY, &o1, &x0, nullptr, 0.f, s, why, sizeof why);
+    }
   } else if (n.op == OpKind::MatMul) {
     const Node &A = operand(0), &B = operand(1);
     const auto [batches, m, nn, k] = matmul_dims(g, n);

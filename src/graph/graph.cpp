@@ -121,6 +121,7 @@ const char* op_name(OpKind k) {
     case OpKind::ReduceMin: return "min";
     case OpKind::Transpose: return "transpose";
     case OpKind::Reshape: return "reshape";
+    case OpKind::RotateHalf: return "rotate_half";
     case OpKind::LayerNorm: return "layer_norm";
     case OpKind::RmsNorm: return "rms_norm";
     case OpKind::Softmax: return "softmax";
@@ -389,6 +390,13 @@ Value Graph::transpose(Value x, const std::vector<int64_t>& perm_in, const std::
   return add_node(n, name);
 }
 
+Value Graph::rotate_half(Value x, const std::string& name) {
+  const Node& X = node(x);
+  if (X.shape.empty() || X.shape.back() == kDynamic || X.shape.back() % 2 != 0)
+    throw GraphError("rotate_half: operand " + desc(X) + " needs a last dim of even, static size");
+  return add_node(make_node(OpKind::RotateHalf, {x.id}, X.shape, X.dtype), name);
+}
+
 Value Graph::reshape(Value x, const Shape& shape_in, const std::string& name) {
   const Node& X = node(x);
   Shape shape;
@@ -526,6 +534,7 @@ static Value rebuild_node(Graph& dst, const Node& n, const std::vector<Value>& i
     case OpKind::Pow: return dst.pow(ins[0], n.value, name);
     case OpKind::Transpose: return dst.transpose(ins[0], n.perm, name);
     case OpKind::Reshape: return dst.reshape(ins[0], n.shape, name);
+    case OpKind::RotateHalf: return dst.rotate_half(ins[0], name);
     case OpKind::LayerNorm:
       return dst.layer_norm(ins[0], ins.size() > 1 ? ins[1] : Value{}, ins.size() > 2 ? ins[2] : Value{}, n.value, name);
     case OpKind::RmsNorm: return dst.rms_norm(ins[0], ins.size() > 1 ? ins[1] : Value{}, n.value, name);

@@ -213,6 +213,7 @@ const std::vector<OpSpec>& op_table() {
     v.push_back({"matmul", 2, 2, {"transpose_a", "transpose_b"}, "matmul(a, b, transpose_b=true)"});
     v.push_back({"transpose", 1, 1, {"perm"}, "transpose(x) or transpose(x, perm=[0, 2, 1])"});
     v.push_back({"reshape", 1, 1, {"shape"}, "reshape(x, shape=[8, -1])"});
+    v.push_back({"rotate_half", 1, 1, {}, "rotate_half(x): cat(-x[..., D/2:], x[..., :D/2]) over the last dim D"});
     v.push_back({"layer_norm", 1, 3, {"eps"}, "layer_norm(x, weight, bias, eps=1e-5)"});
     v.push_back({"rms_norm", 1, 2, {"eps"}, "rms_norm(x, weight, eps=1e-6)"});
     v.push_back({"softmax", 1, 1, {"dim"}, "softmax(x, dim=-1)"});
@@ -757,6 +758,10 @@ class Parser {
       if (a->kind != Attr::List) bad_attr(*a, "a list of dims like [8, -1]");
       Value x = operand_value(0);
       return build(op, [&] { return g_.reshape(x, a->list, name); });
+    }
+    if (o == "rotate_half") {
+      Value x = operand_value(0);
+      return build(op, [&] { return g_.rotate_half(x, name); });
     }
     if (o == "layer_norm") {
       double eps = attr_double(find_attr(attrs, "eps"), 1e-5);

@@ -39,6 +39,7 @@ class ChunkStage {
               case BroadcastKind::Row: out[c] = p->data[c0 + c]; break;
               case BroadcastKind::Col: out[c] = p->data[r]; break;
               case BroadcastKind::Tile: out[c] = p->data[r * n + c0 + c]; break;
+              default: throw std::logic_error("interpret_b2b: a weight or periodic input in a B2B epilogue");
             }
           break;
         }

@@ -133,6 +133,15 @@ Arr<T> eval(const Node& n, const std::vector<const Arr<T>*>& in) {
       return out;
     }
     case OpKind::Reshape: out.data = in[0]->data; return out;
+    case OpKind::RotateHalf: {
+      const int64_t d = n.shape.back(), h = d / 2;
+      const T* x = in[0]->data.data();
+      for (int64_t i = 0; i < static_cast<int64_t>(out.data.size()); ++i) {
+        const int64_t c = i % d;
+        out.data[i] = c < h ? -x[i + h] : x[i - h];
+      }
+      return out;
+    }
     default: break;
   }
   throw std::logic_error(std::string("interpreter: op '") + op_name(n.op) + "' must be decomposed first");

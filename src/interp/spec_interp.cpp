@@ -71,6 +71,11 @@ class SpecRunner {
               case BroadcastKind::Row: out[c] = p->data[c]; break;
               case BroadcastKind::Col: out[c] = p->data[r_]; break;
               case BroadcastKind::Tile: out[c] = p->data[r_ * n_ + c]; break;
+              case BroadcastKind::Periodic: {
+                const int64_t period = p->shape.back();
+                out[c] = p->data[r_ * period + c % period];
+                break;
+              }
               case BroadcastKind::Weight: throw std::logic_error("interpret_spec: a weight is not broadcast");
             }
           }
@@ -78,6 +83,11 @@ class SpecRunner {
         }
         case SpecKind::Compute:
           out.resize(width);
+          if (nd.op == OpKind::RotateHalf) {
+            const int64_t h = nd.period / 2;
+            for (int64_t c = 0; c < width; ++c) out[c] = c % nd.period < h ? -arg(0, c + h) : arg(0, c - h);
+            break;
+          }
           for (int64_t c = 0; c < width; ++c)
             out[c] = nd.args.size() == 2 ? detail::apply_binary<float>(nd.op, arg(0, c), arg(1, c))
                                          : detail::apply_unary<float>(nd.op, arg(0, c), nd.exponent, nd.cast_to);

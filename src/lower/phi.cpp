@@ -15,8 +15,21 @@
 
 namespace comfuse {
 
+// A tile value's shape is [rows..., cols...]: the last dims, whose product is N, split N into blocks (e.g. rotary
+// embedding's heads [B, S, H, D] of a [B*S, H*D] GEMM output); the same elements in the same row-major order.
+// The shortest such suffix, or -1.
+static int tile_cols_at(const Shape& s, int64_t n) {
+  int64_t tail = 1;
+  for (int i = static_cast<int>(s.size()) - 1; i >= 0; --i) {
+    tail *= s[i];
+    if (tail == n) return i;
+    if (tail > n || tail <= 0) return -1;
+  }
+  return -1;
+}
+
 bool TileSpace::is_tile(const Shape& s) const {
-  return !s.empty() && s.back() == n && numel(s) == rows * n;
+  return !s.empty() && numel(s) == rows * n && tile_cols_at(s, n) >= 0;
 }
 bool TileSpace::is_per_row(const Shape& s) const {
   return !s.empty() && s.back() == 1 && numel(s) == rows && !is_tile(s);
@@ -26,7 +39,8 @@ std::optional<BroadcastKind> classify_operand(const Shape& operand, const Shape&
   if (operand.size() > out.size()) return std::nullopt;
   Shape p(out.size() - operand.size(), 1);
   p.insert(p.end(), operand.begin(), operand.end());
-  if (std::all_of(p.begin(), p.end(), [](int64_t d) { return d == 1; })) return BroadcastKind::Scalar;
+  auto ones = [](auto b, auto e) { return std::all_of(b, e, [](int64_t d) { return d == 1; }); };
+  if (ones(p.begin(), p.end())) return BroadcastKind::Scalar;
   bool tile = ts.is_tile(out), per_row = ts.is_per_row(out);
   if (p == out) {
     if (tile) return BroadcastKind::Tile;
@@ -34,9 +48,15 @@ std::optional<BroadcastKind> classify_operand(const Shape& operand, const Shape&
     return std::nullopt;
   }
   if (!tile) return std::nullopt;
-  bool leading_ones = std::all_of(p.begin(), p.end() - 1, [](int64_t d) { return d == 1; });
-  if (leading_ones && p.back() == out.back()) return BroadcastKind::Row;
-  if (p.back() == 1 && std::equal(p.begin(), p.end() - 1, out.begin())) return BroadcastKind::Col;
+  // rows part out[:k] and columns part out[k:] of the tile; the operand's parts against them
+  const auto k = tile_cols_at(out, ts.n);
+  const bool rows_full = std::equal(p.begin(), p.begin() + k, out.begin());
+  const bool cols_full = std::equal(p.begin() + k, p.end(), out.begin() + k);
+  if (ones(p.begin(), p.begin() + k) && cols_full) return BroadcastKind::Row;
+  if (rows_full && ones(p.begin() + k, p.end())) return BroadcastKind::Col;
+  // [rows..., 1, ..., 1, P] against [rows..., H, ..., P]: one block of P columns, the same for every block
+  if (rows_full && p.back() == out.back() && p.back() < ts.n && ones(p.begin() + k, p.end() - 1))
+    return BroadcastKind::Periodic;
   return std::nullopt;
 }
 
@@ -104,9 +124,20 @@ std::optional<std::string> phi_rejects(const Graph& g, const Node& n, const std:
     if (!in_region[x.id]) return "reduction of a value outside the region";
     if (n.dim != static_cast<int>(x.shape.size()) - 1)
       return "reduces dim " + std::to_string(n.dim) + ", not the last (N) dim: the reduction crosses GEMM rows";
+    if (x.shape.back() != ts.n)
+      return "reduces a block of " + std::to_string(x.shape.back()) + " of the row's N = " + std::to_string(ts.n) +
+             " columns: the epilogue reduces whole rows";
     if (!n.keepdim) return "keepdim=false: the result is not a [rows, 1] column the epilogue can broadcast";
     if (!ts.is_tile(x.shape) || in_region[x.id] == kRowValue)
       return "reduces a per-row value (a dim of size 1): nothing to reduce over N";
+    return std::nullopt;
+  }
+  if (n.op == OpKind::RotateHalf) {
+    if (!in_region[x.id]) return "rotate_half of a value outside the region";
+    if (in_region[x.id] == kRowValue || !ts.is_tile(x.shape))
+      return "rotate_half of " + shape_str(x.shape) + ", not a value of the GEMM's tile";
+    if (ts.n % x.shape.back() != 0)
+      return "rotate_half over a last dim of " + std::to_string(x.shape.back()) + " that does not divide N";
     return std::nullopt;
   }
   if (!is_elementwise(n.op)) return std::string("op '") + op_name(n.op) + "' is not an epilogue op";
@@ -120,7 +151,7 @@ std::optional<std::string> phi_rejects(const Graph& g, const Node& n, const std:
       if (auto err = operand_ok(in)) return err;
     if (!classify_operand(o.shape, n.shape, ts))
       return "operand " + q(o) + " " + shape_str(o.shape) + " broadcasts partially against " + shape_str(n.shape) +
-             " (a kernel reads a scalar, a row [N], a column [rows, 1] or a full tile)";
+             " (a kernel reads a scalar, a row [N], a column [rows, 1], a full tile or one block of the row repeated)";
   }
   return std::nullopt;
 }
@@ -317,6 +348,7 @@ class Lowering {
       c.op = n.op;
       c.exponent = n.op == OpKind::Pow ? n.value : 0.0;
       c.cast_to = n.cast_to;
+      c.period = n.op == OpKind::RotateHalf ? n.shape.back() : 0;
       c.origin = n.name;
       c.per_row = true;
       for (int in : n.inputs) {

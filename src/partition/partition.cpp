@@ -271,6 +271,16 @@ Partition partition(const Graph& input) {
       for (int u : users[id]) candidates.push(u);
     }
     std::sort(nodes.begin() + 1, nodes.end());   // topological after the root (the second GEMM joined first)
+    // A view that splits N into blocks ([B, S, H, D], attention's heads) is kept only where an op of the region
+    // reads it (rotate_half, a per-block operand): as the region's last node it adds nothing to the kernel, and
+    // its output shape would need every dynamic leading dim to be rebuilt.
+    for (size_t i = nodes.size(); i-- > 1;) {
+      const Node& nd = g.nodes[nodes[i]];
+      if (nd.op != OpKind::Reshape || nd.shape.back() == ts.n) continue;
+      if (std::any_of(users[nd.id].begin(), users[nd.id].end(), [&](int u) { return in_region[u] != 0; })) continue;
+      in_region[nd.id] = 0;
+      nodes.erase(nodes.begin() + static_cast<long>(i));
+    }
     return nodes;
   };
   // A pair for `root`: a later matmul on the same A (phi_rejects_pair), computed by one kernel as X·B and X·B2 side

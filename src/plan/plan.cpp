@@ -123,7 +123,8 @@ bool eligible(const MeasuredRow& f, const FusionSpec& fs, const std::string& cls
   if (!psi_can_read_tiles(fs, c, *c.tile_input)) return false;
   if (c.merged && !psi_merges(fs)) return false;   // measured merged; this Spec has no pair to merge
   if (has_tile_param(fs) && c.tile_n > 128 && !c.cooperative) return false;  // PingPong 128x192 + a residual tile spills (docs/PERF.md)
-  if (fs.gemm.paired() && psi_rejects(fs, c)) return false;   // two GEMMs on one A: tile N a multiple of 64, ...
+  if ((fs.gemm.paired() || spec_reads_column_blocks(fs)) && psi_rejects(fs, c))
+    return false;   // two GEMMs on one A: tile N a multiple of 64, ...; rotate_half: tile N a multiple of its block
   // A DSMEM measurement only applies where this shape's row block fits one cluster.
   if (reduces && f.transport.rfind("dsmem", 0) == 0 && (fs.gemm.n + c.tile_n - 1) / c.tile_n > kDsmemMaxCols) return false;
   return true;
@@ -246,7 +247,7 @@ struct CostWalk {
       case SpecKind::Broadcast:
         if (n.bcast == BroadcastKind::Scalar) return 0;
         ++c.loads;
-        return n.bcast == BroadcastKind::Tile ? 2 : n.bcast == BroadcastKind::Row ? 1 : 0.25;
+        return n.bcast == BroadcastKind::Tile ? 2 : n.bcast == BroadcastKind::Row || n.bcast == BroadcastKind::Periodic ? 1 : 0.25;
       case SpecKind::Compute: return s + op_slots(n, c);
       case SpecKind::Reduction: return s + 2;
       case SpecKind::Store: return s + 2;
@@ -337,14 +338,25 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   // unfused alternative is two GEMMs whose outputs the pass reads back.
   const int64_t mma_n = g.paired() ? 2 * g.n : g.n;
   double passes = g.paired() ? 2 : 1;  // the GEMM output(s), read back
-  for (const auto& p : fs.params) passes += p.kind == BroadcastKind::Tile;
+  for (const auto& p : fs.params) {
+    passes += p.kind == BroadcastKind::Tile;
+    if (p.kind == BroadcastKind::Periodic) passes += double(p.shape.back()) / double(g.n);   // one block per row
+  }
   for (const auto& o : fs.outputs) passes += o.per_row ? 0 : 1;
   d.pass_us = d.cublas_alone ? 0.0 : 2.0 * g.rows * g.n * passes / kUnfusedBytesPerSecond * 1e6;
   if (g.n % 8) return decline("N = " + std::to_string(g.n) + " is not a multiple of 8: rows of B and of the outputs are not 16-byte aligned for TMA");
   if (g.k % 8) return decline("K = " + std::to_string(g.k) + " is not a multiple of 8: rows of A are not 16-byte aligned for TMA");
 
-  if (g.paired())   // what no config of the dual-B kernel can serve (B's layout, reductions): Psi's reason
-    if (auto why = psi_rejects(fs, KernelConfig{})) return decline("no kernel template: " + *why);
+  if (g.paired()) {   // what no config of the dual-B kernel can serve (B's layout, reductions): Psi's reason
+    // (the default 128 x 128 tile, and for rotate_half's blocks the widest output tiles, 64 x 256 and 128 x 256)
+    KernelConfig wide_pp, wide_coop;
+    wide_pp.tile_m = 64;
+    wide_pp.tile_n = wide_coop.tile_n = 256;
+    wide_coop.cooperative = true;
+    auto why = psi_rejects(fs, KernelConfig{});
+    if (why && spec_reads_column_blocks(fs) && (!psi_rejects(fs, wide_pp) || !psi_rejects(fs, wide_coop))) why.reset();
+    if (why) return decline("no kernel template: " + *why);
+  }
 
   // The nearest measured shape (log distance in M, N, K) with cuBLAS and this epilogue class measured.
   const MeasuredRow* best = nullptr;

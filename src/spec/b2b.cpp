@@ -88,6 +88,8 @@ B2BFormCheck classify_b2b_f(const FusionSpec& first) {
 }
 
 void verify_b2b(const B2BSpec& b) {
+  if (spec_reads_column_blocks(b.first) || spec_reads_column_blocks(b.second))
+    fail("rotate_half and periodic inputs are not supported in a B2B kernel");
   try {
     verify_spec(b.first);
   } catch (const std::logic_error& e) {

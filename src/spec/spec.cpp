@@ -27,6 +27,7 @@ const char* broadcast_kind_name(BroadcastKind k) {
     case BroadcastKind::Col: return "col";
     case BroadcastKind::Tile: return "tile";
     case BroadcastKind::Weight: return "weight";
+    case BroadcastKind::Periodic: return "periodic";
   }
   return "?";
 }
@@ -111,6 +112,11 @@ void verify_spec(const FusionSpec& fs) {
             if (n.param >= static_cast<int>(fs.params.size())) fail(stage, id, "param index out of range");
             if (fs.params[n.param].kind != n.bcast) fail(stage, id, "param kind differs from broadcast kind");
             if (n.bcast == BroadcastKind::Weight) fail(stage, id, "a weight is read by the mainloop, not broadcast");
+            if (n.bcast == BroadcastKind::Periodic) {
+              const Shape& ps = fs.params[n.param].shape;
+              if (ps.empty() || ps.back() <= 0 || fs.gemm.n % ps.back() != 0)
+                fail(stage, id, "a periodic param's last dim must divide N");
+            }
             used_params.push_back(n.param);
           } else if (n.bcast != BroadcastKind::Scalar) {
             fail(stage, id, "only a scalar broadcast may be a constant");
@@ -118,6 +124,13 @@ void verify_spec(const FusionSpec& fs) {
           break;
         }
         case SpecKind::Compute:
+          if (n.op == OpKind::RotateHalf) {
+            want_args(1);
+            if (n.per_row) fail(stage, id, "rotate_half of a per-row value");
+            if (n.period <= 0 || n.period % 2 != 0 || fs.gemm.n % n.period != 0)
+              fail(stage, id, "rotate_half's period must be even and divide N");
+            break;
+          }
           if (!is_elementwise(n.op)) fail(stage, id, "compute op is not elementwise");
           want_args(is_binary(n.op) && n.op != OpKind::Pow ? 2 : 1);
           if (n.per_row != args_per_row) fail(stage, id, "per_row flag does not match operands");
@@ -192,6 +205,7 @@ void print_stage(std::ostringstream& o, const FusionSpec& fs, const Spec& s, int
         line << compute_name(n);
         if (n.op == OpKind::Pow) line << "[" << n.exponent << "]";
         if (n.op == OpKind::Cast) line << "[" << dtype_name(n.cast_to) << "]";
+        if (n.op == OpKind::RotateHalf) line << "[" << n.period << "]";
         break;
       case SpecKind::Reduction: line << "reduce." << reduce_kind_name(n.reduce); break;
       case SpecKind::Placeholder:
@@ -272,6 +286,7 @@ void hash_stage(Hasher& h, const Spec& s) {
         h.i64(static_cast<int64_t>(n.op));
         h.f64(n.exponent);
         h.i64(static_cast<int64_t>(n.cast_to));
+        if (n.op == OpKind::RotateHalf) h.i64(n.period);
         break;
       case SpecKind::Reduction:
         h.i64(static_cast<int64_t>(n.reduce));
@@ -313,14 +328,27 @@ uint64_t spec_structural_hash(const FusionSpec& fs) {
   return h.h;
 }
 
+bool spec_reads_column_blocks(const FusionSpec& fs) {
+  for (const auto& p : fs.params)
+    if (p.kind == BroadcastKind::Periodic) return true;
+  for (const Spec* s : fs.stages())
+    for (const SpecNode& n : s->nodes)
+      if (n.kind == SpecKind::Compute && n.op == OpKind::RotateHalf) return true;
+  return false;
+}
+
 FusionSpec spec_with_rows(const FusionSpec& fs, int64_t rows) {
   if (rows < 0) throw std::invalid_argument("spec_with_rows: rows must not be negative, got " + std::to_string(rows));
   FusionSpec r = fs;
   r.gemm.rows = rows;
   r.gemm.out_shape = {rows, fs.gemm.n};
-  for (auto& p : r.params)
-    if (p.kind == BroadcastKind::Col || p.kind == BroadcastKind::Tile) p.shape = {rows, p.shape.empty() ? 1 : p.shape.back()};
-  for (auto& o : r.outputs) o.shape = {rows, o.shape.empty() ? 1 : o.shape.back()};
+  // (a tile's graph shape may split N into blocks, [B, S, H, D]: the kernel's is [rows, N])
+  for (auto& p : r.params) {
+    if (p.kind == BroadcastKind::Col) p.shape = {rows, 1};
+    if (p.kind == BroadcastKind::Tile) p.shape = {rows, fs.gemm.n};
+    if (p.kind == BroadcastKind::Periodic) p.shape = {rows, p.shape.back()};
+  }
+  for (auto& o : r.outputs) o.shape = {rows, o.per_row ? 1 : fs.gemm.n};
   return r;
 }
 

@@ -70,6 +70,29 @@ def test_interpret_spec_and_eval_node():
                                atol=1e-5)
 
 
+def test_rotary_embedding_partitions_into_the_pair_and_interprets_as_torch_writes_it():
+    """examples/small/rope.cf: q and k with their rotary embedding in one region (two GEMMs on one A), rotate_half
+    and the periodic cos / sin in its Spec; the Graph IR interpreter, the partitioned program (Spec interpreter)
+    and numpy's cat(-x[..., D/2:], x[..., :D/2]) agree."""
+    g = C.parse_cf(open(os.path.join(ROOT, "examples", "small", "rope.cf")).read(), "rope.cf")
+    p = C.partition(g)
+    assert len(p.regions) == 1 and list(p.fallback) == []
+    spec = p.regions[0].spec
+    assert spec.gemm.paired and [pp.kind for pp in spec.params] == [C.BroadcastKind.WEIGHT, C.BroadcastKind.PERIODIC,
+                                                                    C.BroadcastKind.PERIODIC]
+    assert "rotate_half[16]" in str(spec) and "broadcast.periodic" in str(spec)
+    ins = feed(g, 3)
+    r = {k: C.round_to_dtype(v, C.DType.BF16) for k, v in ins.items()}
+    ref = C.interpret_graph(g, ins, C.Precision.F64)
+    for w, out in (("Wq", "qr"), ("Wk", "kr")):
+        x = (r["X"].astype(np.float64) @ r[w].T.astype(np.float64)).reshape(2, 4, 4, 16)
+        rot = np.concatenate([-x[..., 8:], x[..., :8]], -1)
+        want = x * r["cos"] + rot * r["sin"]
+        assert np.linalg.norm(ref[out] - want) / np.linalg.norm(want) < 4e-3   # the graph's output: bf16
+        got = C.interpret_partitioned(p, ins, 2)[out]
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2   # stored as bf16
+
+
 def test_round_to_dtype():
     x = np.array([1.0 + 2 ** -9, 1.0 + 3 * 2 ** -9, 65504.0 * 2], dtype=np.float32)
     assert list(C.round_to_dtype(x, C.DType.BF16)[:2]) == [1.0, 1.0 + 2 ** -7]

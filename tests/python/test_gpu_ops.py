@@ -102,6 +102,45 @@ def test_two_gemms_on_one_a_on_gpu_match_the_cpu_reference(name):
 
 
 @requires_hopper
+@pytest.mark.parametrize("heads,d,paired", [(4, 64, True), (2, 128, True), (4, 64, False)])
+def test_rotary_embedding_in_the_epilogue_on_gpu_matches_the_cpu_reference(heads, d, paired):
+    """Rotary embedding of attention's q (and k) in the epilogue (examples/rope.cf): rotate_half swaps registers
+    within a head, cos and sin are [rows, D] blocks read per token. 1000 rows (not a multiple of the tile),
+    K = 520; head_dim 128 on a pair needs a 256-wide MMA tile. Against the CPU reference on the same inputs."""
+    b, s, k = 8, 125, 520
+    n = heads * d
+    text = (f"input X : bf16[{b}, {s}, {k}]\ninput Wq : bf16[{n}, {k}]\ninput Wk : bf16[{n}, {k}]\n"
+            f"input cos : bf16[{b}, {s}, 1, {d}]\ninput sin : bf16[{b}, {s}, 1, {d}]\n"
+            f"q = reshape(matmul(X, Wq, transpose_b=true), shape=[{b}, {s}, {heads}, {d}])\n"
+            "qr = add(mul(q, cos), mul(rotate_half(q), sin))\noutput qr\n")
+    if paired:
+        text += (f"k = reshape(matmul(X, Wk, transpose_b=true), shape=[{b}, {s}, {heads}, {d}])\n"
+                 "kr = add(mul(k, cos), mul(rotate_half(k), sin))\noutput kr\n")
+    part = C.partition(C.parse_cf(text, "rope.cf"))
+    assert len(part.regions) == 1 and part.regions[0].spec.gemm.paired == paired
+    spec = part.regions[0].spec
+    assert sum(p.kind == C.BroadcastKind.PERIODIC for p in spec.params) == 2
+    key = ops.register_region(spec)
+    gen = torch.Generator().manual_seed(2468)
+    shapes = {"X": (b, s, k), "Wq": (n, k), "Wk": (n, k), "cos": (b, s, 1, d), "sin": (b, s, 1, d)}
+    values = {nm: (torch.rand(*sh, generator=gen) * 2 - 1).to(torch.bfloat16) for nm, sh in shapes.items()}
+    cpu = [values[nm] for nm in ["X", "Wq"] + [p.name for p in spec.params]]
+    ref = torch.ops.comfuse.fused_region(key, cpu)
+    got = torch.ops.comfuse.fused_region(key, [t.cuda() for t in cpu])
+    torch.cuda.synchronize()
+    assert len(got) == len(spec.outputs)
+    for g, r in zip(got, ref):
+        assert g.device.type == "cuda" and g.shape == r.shape and g.dtype == r.dtype
+        assert torch.isfinite(g.float()).all()
+        assert rel_err(g, r) <= 1e-2, (heads, d, paired, rel_err(g, r))
+    # and the rotation itself: the CPU reference against torch's own rotary formula (fp32 GEMM of the bf16 inputs)
+    qh = (values["X"].float() @ values["Wq"].float().t()).view(b, s, heads, d)
+    rot = torch.cat([-qh[..., d // 2:], qh[..., :d // 2]], -1)
+    want = qh * values["cos"].float() + rot * values["sin"].float()
+    assert rel_err(ref[0].float().view(b, s, heads, d), want) <= 1e-2
+
+
+@requires_hopper
 def test_a_prior_that_spills_is_passed_over_on_the_gpu():
     """GPT-2's c_fc + bias + gelu_new written out with a constant that keeps it from folding into one gelu_tanh
     (0.04471): at 8192 x 768 -> 3072 the planner's prior, 128x192x64, spills registers with it (docs/PERF.md,

@@ -57,6 +57,7 @@ def test_bert_regions_and_decisions():
     for layer in range(2):
         qk, v, out, ffn1, ffn2 = regions[5 * layer:5 * layer + 5]
         spec = rep.regions[5 * layer].spec
+        # (each stored as the view of its heads, [B, S, H, D], the same memory as [B*S, N]: a region holds the view)
         assert spec.gemm.paired and len(spec.outputs) == 2 and qk["ops"] == {"matmul", "add"}
         assert qk["plan"].cublas_alone and qk["plan"].pass_us == 0, qk["plan"].reason   # against two cuBLAS GEMMs
         assert qk["plan"].fuse, qk["plan"].reason   # one launch instead of two; the GPU measurement decides
@@ -103,7 +104,8 @@ def test_llama_regions_and_decisions():
     down_proj + residual + the next RMSNorm, each storing the residual sum and the normalized value (two
     outputs: the next layer reads both), and SwiGLU's gate_proj and up_proj as one region: two GEMMs on one A whose
     epilogue computes silu(X·Wg) * (X·Wu), so neither GEMM's output goes through memory (fused). q_proj and k_proj
-    pair too (two outputs); v_proj stays alone."""
+    pair too, with the rotary embedding of both in their epilogue (comfuse/rotary.py: rotate_half and cos / sin
+    one head wide, read per token); v_proj stays alone."""
     cfg = transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
                                    num_attention_heads=8, num_key_value_heads=8, vocab_size=128,
                                    max_position_embeddings=64)
@@ -112,8 +114,13 @@ def test_llama_regions_and_decisions():
     assert len(regions) == 10, [r["root"] for r in regions]
     for layer in range(2):
         qk, v, o, mlp, down = regions[5 * layer:5 * layer + 5]
-        assert rep.regions[5 * layer].spec.gemm.paired and qk["ops"] == {"matmul"}   # Q and K: two GEMMs on one A
-        assert qk["plan"].cublas_alone, qk["plan"].reason
+        spec = rep.regions[5 * layer].spec   # Q and K: two GEMMs on one A, each rotated
+        assert spec.gemm.paired and qk["ops"] == {"matmul", "reshape", "rotate_half", "mul", "add"}, qk["ops"]
+        assert qk["outputs"] == 2 and qk["plan"].fuse, qk["plan"].reason
+        # head_dim 128: the pair's output tile must hold a whole head (64 x 256 or 128 x 256 MMA tiles)
+        assert "64x256" in qk["plan"].reason or "128x256" in qk["plan"].reason, qk["plan"].reason
+        periodic = [p for p in spec.params if p.kind == C.BroadcastKind.PERIODIC]
+        assert len(periodic) == 2 and all([int(d) for d in p.shape] == [2, 16, 1, 128] for p in periodic)
         # no bias: a plain GEMM, fused only where the measured table has our kernel faster
         assert v["ops"] == {"matmul"} and "'identity'" in v["plan"].reason, v["plan"].reason
         for r in (o, down):   # residual add, then RMSNorm: mean(x^2), rsqrt, the weight
@@ -128,6 +135,9 @@ def test_llama_regions_and_decisions():
         w2 = spec.params[spec.gemm.b2_param]
         assert [int(d) for d in w2.shape] == [2816, 1024] and spec.gemm.transpose_b, w2.shape   # up_proj's [N, K]
     assert not _gemms_in_torch(rep)
+    # cos and sin are materialized once for every layer (two torch nodes, not two per layer)
+    tables = [n for n, why in rep.analysis.conv.torch_nodes.items() if "rotary" in why]
+    assert len(tables) == 2, tables
 
 
 def test_gpt2_regions_and_decisions():

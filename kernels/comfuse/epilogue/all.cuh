@@ -10,4 +10,5 @@
 #include "comfuse/epilogue/tile_load_staged.cuh"
 #include "comfuse/epilogue/tile_load_ring.cuh"
 #include "comfuse/epilogue/compute.cuh"
+#include "comfuse/epilogue/rotate.cuh"
 #include "comfuse/epilogue/store.cuh"

@@ -94,6 +94,9 @@ struct FragCtx {
   bool pred;           // row < M && col < N (N % 8 == 0, so a fragment is all in or all out)
   int lim;             // column slots of this fragment's row inside N (0 for a row past M): pred = col_slot < lim
   Frag acc2;           // dual-B kernels (PairedEngine): the same elements of X·B2 (AccEntry2); else unset
+  // A tree with a RotateHalf<P> (rotate.cuh): the accumulators P/2 columns away inside the element's block of P
+  // columns (to the right in the block's first half, to the left in its second), of X·B and of X·B2; else unset
+  Frag acc_rot, acc2_rot;
 };
 
 // The accumulator as the epilogue of a dual-B kernel sees it (GemmConfig<.., DualB>, gemm.cuh): a register view of
@@ -265,6 +268,11 @@ template <class Node> struct DsmemStorageOf<Node, std::void_t<typename Node::Dsm
 template <class Node, class = void> struct RingSlots : std::integral_constant<int, 0> {};
 template <class Node>
 struct RingSlots<Node, std::void_t<decltype(Node::kRingSlots)>> : std::integral_constant<int, Node::kRingSlots> {};
+// The block of columns a tree's RotateHalf nodes swap halves in (rotate.cuh; 0: none): the driver then hands each
+// fragment its partner's accumulators (FragCtx::acc_rot).
+template <class Node, class = void> struct RotatePeriod : std::integral_constant<int, 0> {};
+template <class Node>
+struct RotatePeriod<Node, std::void_t<decltype(Node::kRotatePeriod)>> : std::integral_constant<int, Node::kRotatePeriod> {};
 template <class Node, class = void> struct NeedsCoResidency : std::false_type {};
 template <class Node> struct NeedsCoResidency<Node, std::void_t<decltype(Node::kNeedsCoResidency)>>
     : std::bool_constant<Node::kNeedsCoResidency> {};
@@ -344,6 +352,7 @@ struct Children<C, Rest...> {
   static constexpr bool kUsesSmem = C::kUsesSmem || Tail::kUsesSmem;
   static constexpr bool kNeedsCoResidency = NeedsCoResidency<C>::value || Tail::kNeedsCoResidency;
   static constexpr int kRingSlots = RingSlots<C>::value > Tail::kRingSlots ? RingSlots<C>::value : Tail::kRingSlots;
+  static constexpr int kRotatePeriod = RotatePeriod<C>::value > Tail::kRotatePeriod ? RotatePeriod<C>::value : Tail::kRotatePeriod;
 
   C head;
   Tail tail;
@@ -394,6 +403,7 @@ struct Children<C> {
   static constexpr bool kUsesSmem = C::kUsesSmem;
   static constexpr bool kNeedsCoResidency = NeedsCoResidency<C>::value;
   static constexpr int kRingSlots = RingSlots<C>::value;
+  static constexpr int kRotatePeriod = RotatePeriod<C>::value;
 
   C head;
   CUTE_DEVICE Children(SharedStorage& s, TileCtx const& c, typename C::Arguments const& a) : head(a, s.head, c) {}
@@ -483,6 +493,19 @@ CUTE_DEVICE void visit_range(Tree& tree, AccTensor& acc, CoordTensor const& tCcD
       if constexpr (Acc2Offset<AccTensor>::value >= 0) {
         constexpr int kOff = Acc2Offset<AccTensor>::value;
         f.acc2 = Frag{{acc.data()[acc.layout()(i) + kOff], acc.data()[acc.layout()(i + 1) + kOff]}};
+      }
+      if constexpr (RotatePeriod<Tree>::value > 0) {   // rotate.cuh: the partner P/2 columns away, same row
+        constexpr int P = RotatePeriod<Tree>::value;
+        // column slot j is (i / 4) % (N / 8) in the natural index of ((2 cols, 2 rows, N / 8), MMA_M, 1): the partner
+        // slot, P / 16 away, is P / 4 elements away
+        constexpr int kColSlots = size<0, 2>(AccTensor{});
+        static_assert(kColSlots % (P / 8) == 0, "tile N a multiple of the rotation's block");
+        const int ip = (8 * ((i / 4) % kColSlots)) % P < P / 2 ? i + P / 4 : i - P / 4;
+        f.acc_rot = Frag{{acc(ip), acc(ip + 1)}};
+        if constexpr (Acc2Offset<AccTensor>::value >= 0) {
+          constexpr int kOff = Acc2Offset<AccTensor>::value;
+          f.acc2_rot = Frag{{acc.data()[acc.layout()(ip) + kOff], acc.data()[acc.layout()(ip + 1) + kOff]}};
+        }
       }
       Frag a{{acc(i), acc(i + 1)}};
       Frag r = tree.template visit<S>(f, a);
