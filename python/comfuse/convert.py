@@ -67,6 +67,7 @@ class Conversion:
     dynamic: bool = False               # the graph has symbolic sizes
     dynamic_inner: bool = False         # ... in a dim other than dim 0 (only the ATen-keeping rewrite takes that)
     softmax_folds: dict = dataclasses.field(default_factory=dict)   # downcast fx.Node -> SoftmaxFold it ends
+    rotate_half_folds: dict = dataclasses.field(default_factory=dict)   # cat fx.Node -> the slices and neg it folds
 
     def name_of(self, node: fx.Node) -> str | None:
         v = self.value.get(node)
@@ -722,4 +723,5 @@ def convert(gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = N
                                (f" ({why}{'; ...' if len(conv.torch_nodes) > 3 else ''})" if why else ""))
     g.verify()
     return Conversion(gm, g, conv.value, conv.torch_nodes, conv.input_source, gemm_dtype, conv.dynamic_reshapes,
-                      conv.dynamic, conv.dynamic_inner, conv.softmax_folds)
+                      conv.dynamic, conv.dynamic_inner, conv.softmax_folds,
+                      {n: parts for n, (_, parts) in rotations.items() if n in conv.value})

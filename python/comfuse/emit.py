@@ -178,6 +178,10 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
     for out, fold in prog.conv.softmax_folds.items():
         if out in absorbed:
             absorbed.update({f: absorbed[out] for f in fold.nodes})
+    # So is a folded rotate_half (rotary.rotate_half_of): its slices and negation go where its cat goes.
+    for cat, parts in prog.conv.rotate_half_folds.items():
+        if cat in absorbed:
+            absorbed.update({f: absorbed[cat] for f in parts})
     # Values the core folded away (fold_idioms: gelu_new's pow, tanh, ... become one gelu_tanh named after its last
     # node) are read only by the idiom: each goes where all its readers go (readers come later: walked backwards).
     for f in reversed(list(prog.gm.graph.nodes)):

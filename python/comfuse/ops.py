@@ -108,19 +108,30 @@ def random_inputs(spec, device: str) -> list[torch.Tensor]:
                      for p in spec.params]
 
 
+def _split_out(spec, o) -> tuple[list, list]:
+    """Spec output `o`'s shape as (rows part, columns part): the columns part is the shortest suffix whose product
+    is the row's width (N, or 1 for a per-row output): [N], or [H, D] for a value seen as heads ([B, S, H, D])."""
+    shape = [int(d) for d in o.shape]
+    width = 1 if o.per_row else int(spec.gemm.n)
+    k, tail = len(shape) - 1, shape[-1]
+    while tail != width and k > 0:
+        k -= 1
+        tail *= shape[k]
+    return shape[:k], shape[k:]
+
+
 def has_gemm_lead(spec, o) -> bool:
     """Whether Spec output `o` has its GEMM's leading dims (then it takes A's leading dims at run time)."""
-    return [int(d) for d in o.shape[:-1]] == [int(d) for d in spec.gemm.out_shape[:-1]]
+    return _split_out(spec, o)[0] == [int(d) for d in spec.gemm.out_shape[:-1]]
 
 
 def _out_shape(spec, o, a_shape) -> list:
     """Output `o`'s shape for A of shape `a_shape` (ints, or SymInts while tracing dynamic sizes: no branch here
-    depends on a symbolic value). Outputs are [..., N] or [..., 1] over the GEMM's rows: with A's leading dims
-    when the Spec's output has the GEMM's leading dims (a property of the Spec, not of the sizes: a symbolic
-    batch or sequence dim takes A's value), else the Spec's own leading dims with dim 0 scaled to A's rows.
-    For the traced A this is the Spec's shape."""
-    shape = [int(d) for d in o.shape]
-    lead, last = shape[:-1], shape[-1:]
+    depends on a symbolic value). Outputs are [..., N] (or [..., H, D]: N split into heads) or [..., 1] over the
+    GEMM's rows: with A's leading dims when the Spec's output has the GEMM's leading dims (a property of the Spec,
+    not of the sizes: a symbolic batch or sequence dim takes A's value), else the Spec's own leading dims with
+    dim 0 scaled to A's rows. For the traced A this is the Spec's shape."""
+    lead, last = _split_out(spec, o)
     a_lead = list(a_shape[:-1])
     if len(lead) == len(a_lead) and (has_gemm_lead(spec, o) or all(isinstance(d, int) and d == e
                                                                for d, e in zip(a_lead[1:], lead[1:]))):
@@ -297,8 +308,8 @@ def _fast_description(L: _GpuLaunch, entry: int, base: list) -> list:
     desc = [entry, *base, int(L.spec.num_stages() > 1), _SCALAR_TYPE[L.dtype], len(L.param_dtypes),
             *[_SCALAR_TYPE[d] for d in L.param_dtypes], len(L.out_dtypes)]
     for o, d in zip(L.spec.outputs, L.out_dtypes):
-        shape = [int(x) for x in o.shape]
-        desc += [_SCALAR_TYPE[d], int(has_gemm_lead(L.spec, o)), len(shape) - 1, *shape[:-1], shape[-1]]
+        lead, cols = _split_out(L.spec, o)
+        desc += [_SCALAR_TYPE[d], int(has_gemm_lead(L.spec, o)), len(lead), *lead, len(cols), *cols]
     return desc
 
 

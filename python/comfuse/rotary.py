@@ -119,9 +119,25 @@ class _Builder:
             node.meta["val"] = target(*vals[0], **vals[1])
         return node
 
-    def size(self, x: fx.Node, i: int):
-        d = _val(x).shape[i]
-        return d if isinstance(d, int) else self(aten.sym_size.int, x, i)
+    def size(self, d):
+        """Size d as an argument: an int, or a graph input's node that holds the symbolic size (a placeholder, or
+        sym_size of an input tensor), never a value computed from a GEMM: the table must not depend on the GEMM
+        whose epilogue reads it. None when no graph input has it."""
+        if not isinstance(d, torch.SymInt):
+            return int(d)
+        expr = str(d.node.expr)
+        for p in self.graph.nodes:
+            if p.op != "placeholder":
+                continue
+            v = p.meta.get("val")
+            if isinstance(v, torch.SymInt) and str(v.node.expr) == expr:
+                return p
+            if isinstance(v, torch.Tensor):
+                for i, e in enumerate(v.shape):
+                    if isinstance(e, torch.SymInt) and str(e.node.expr) == expr:
+                        with self.graph.inserting_after(p):
+                            return self(aten.sym_size.int, p, i)
+        return None
 
 
 def gemm_layout_rotary(gm: fx.GraphModule) -> int:
@@ -154,7 +170,8 @@ def gemm_layout_rotary(gm: fx.GraphModule) -> int:
         if cos is None or len(m_cos.users) != 1:
             continue
         shape = _val(t).shape   # [B, H, S, D]
-        ok = True
+        rows = [b.size(d) for d in _val(u).shape[:2]]   # B and S, from the graph's inputs
+        ok = None not in rows
         for c in (cos, sin):
             cs = _val(c).shape
             ok = ok and len(cs) == 4 and cs[1] == 1 and cs[3] == shape[3] and cs[2] == shape[2] and cs[0] in (1, shape[0])
@@ -165,8 +182,7 @@ def gemm_layout_rotary(gm: fx.GraphModule) -> int:
             def table(c):   # [B or 1, 1, S, D] -> a dense [B, S, 1, D], once per table (each layer unsqueezes it anew)
                 key = _through_unsqueeze(c)
                 if key not in tables:
-                    e = b(aten.expand.default, b(aten.permute.default, c, [0, 2, 1, 3]),
-                          [b.size(u, 0), b.size(u, 1), 1, shape[3]])
+                    e = b(aten.expand.default, b(aten.permute.default, c, [0, 2, 1, 3]), [*rows, 1, shape[3]])
                     tables[key] = b(aten.clone.default, e, memory_format=torch.contiguous_format)
                     tables[key].meta[MATERIALIZED] = True
                 return tables[key]
@@ -176,7 +192,7 @@ def gemm_layout_rotary(gm: fx.GraphModule) -> int:
             y = b(aten.add.Tensor, b(aten.mul.Tensor, u, table(cos)), b(aten.mul.Tensor, rot, table(sin)))
             out = b(aten.permute.default, y, [0, 2, 1, 3])
         add.replace_all_uses_with(out)
-        for dead in (add, m_sin, m_cos, cat, *rh[1][::-1]):
+        for dead in (add, m_sin, m_cos, cat, *rh[1][::-1], t):
             if not dead.users:
                 gm.graph.erase_node(dead)
         done += 1

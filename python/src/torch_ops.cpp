@@ -38,14 +38,14 @@
 
 namespace {
 
-// One output's shape rule (ops.py: _out_shape): [..., last] over the GEMM's rows. With A's leading dims when the
-// Spec's output has the GEMM's leading dims, or when A's leading dims after the first equal the Spec's; else the
-// Spec's leading dims with the first scaled to A's rows.
+// One output's shape rule (ops.py: _out_shape): [..., cols] over the GEMM's rows, cols = [N], [1] or N split into
+// heads [H, D]. With A's leading dims when the Spec's output has the GEMM's leading dims, or when A's leading dims
+// after the first equal the Spec's; else the Spec's leading dims with the first scaled to A's rows.
 struct OutRule {
   at::ScalarType dtype;
   bool gemm_lead;
   std::vector<int64_t> lead;
-  int64_t last;
+  std::vector<int64_t> cols;
 };
 
 struct Region {
@@ -113,7 +113,7 @@ std::vector<int64_t> out_shape(const OutRule& o, at::IntArrayRef a_sizes) {
     s.push_back(rows / inner);
     s.insert(s.end(), o.lead.begin() + (o.lead.empty() ? 0 : 1), o.lead.end());
   }
-  s.push_back(o.last);
+  s.insert(s.end(), o.cols.begin(), o.cols.end());
   return s;
 }
 
@@ -356,7 +356,9 @@ void fast_register(std::string_view key, std::vector<int64_t> d) {
     rule.gemm_lead = next() != 0;
     const int64_t nl = next();
     for (int64_t l = 0; l < nl; ++l) rule.lead.push_back(next());
-    rule.last = next();
+    const int64_t nc = next();
+    TORCH_CHECK(nc >= 1 && nc <= 8, "comfuse::_fast_register: output columns");
+    for (int64_t c = 0; c < nc; ++c) rule.cols.push_back(next());
     r->outs.push_back(std::move(rule));
   }
   TORCH_CHECK(i == d.size(), "comfuse::_fast_register: description too long");

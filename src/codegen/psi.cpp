@@ -513,8 +513,8 @@ class Psi {
         if (n.bcast == BroadcastKind::Col) return {std::string("ColBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][row]"};
         if (n.bcast == BroadcastKind::Periodic) {
           const std::string period = std::to_string(fs_.params[n.param].shape.back());
-          return {std::string("PeriodicLoad<") + t + ", " + period + ">", "{" + ptr + "}",
-                  "param[" + i + "][row, col % " + period + "]"};
+          return shared(k, n, {std::string("TileLoad<") + t + ", " + period + ">", "{" + ptr + ", " + period + "}",
+                               "param[" + i + "][row, col % " + period + "]"});
         }
         if (form_ == TileInputForm::Staged)
           return {std::string("TileLoadStaged<") + t + staged_ + ">", "{" + ptr + ", ld}",
@@ -522,7 +522,7 @@ class Psi {
         if (form_ == TileInputForm::Ring)   // ring slot 0: the budget admits one such node (smem_tile_psi)
           return {std::string("TileLoadRing<") + t + ", 0>", "{" + ptr + ", ld}",
                   "param[" + i + "][row, col] (the CTA's tile ring)"};
-        return {std::string("TileLoad<") + t + ">", "{" + ptr + ", ld}", "param[" + i + "][row, col]"};
+        return shared(k, n, {std::string("TileLoad<") + t + ">", "{" + ptr + ", ld}", "param[" + i + "][row, col]"});
       }
       case SpecKind::Compute: {
         const std::string a = operand(k, n, 0), ai = operand_args(k, n, 0);
@@ -604,7 +604,22 @@ class Psi {
     throw CodegenError("unknown Spec node kind");
   }
 
+  // A tile load (TileLoad) that two nodes of its stage read is instantiated twice in the tree: Shared<slot, ..>
+  // loads it once per fragment (epilogue/core.cuh), in the first of up to four slots.
+  Rendered shared(size_t k, const SpecNode& n, Rendered r) {
+    const Spec& s = *st_[k];
+    const SpecNode* self = &n;
+    int readers = 0;
+    for (const SpecNode& o : s.nodes)
+      for (int a : o.args) readers += &s.nodes[a] == self;
+    if (readers < 2 || shared_slots_ >= 4) return r;
+    r.type = "Shared<" + std::to_string(shared_slots_++) + ", " + r.type + ">";
+    r.math += ", loaded once for its " + std::to_string(readers) + " readers";
+    return r;
+  }
+
   const FusionSpec& fs_;
+  int shared_slots_ = 0;
   std::vector<const Spec*> st_;
   std::vector<int> carried_;
   std::vector<MergeHow> merge_;   // per stage: the pair (k, k+1) merges, and how
@@ -624,8 +639,8 @@ void check_column_blocks(const FusionSpec& fs, const KernelConfig& c) {
   const std::string name = config_name(c);
   if (fs.num_stages() != 1) throw CodegenError("rotate_half or a periodic input with row reductions: not in this version");
   const int out_n = fs.gemm.paired() ? c.tile_n / 2 : c.tile_n;
-  auto block = [&](int64_t p, const std::string& what) {
-    if (p % 16 != 0) throw CodegenError(what + " over blocks of " + std::to_string(p) + " columns: the kernels take multiples of 16");
+  auto block = [&](int64_t p, const std::string& what) {   // (16-byte loads in groups of four 8-column blocks)
+    if (p % 32 != 0) throw CodegenError(what + " over blocks of " + std::to_string(p) + " columns: the kernels take multiples of 32");
     if (out_n % p != 0)
       throw CodegenError("config " + name + ": " + what + " over blocks of " + std::to_string(p) +
                          " columns needs an output tile N that is a multiple of it (" + std::to_string(out_n) + ")");

@@ -80,13 +80,13 @@ def test_rotary_embedding_partitions_into_the_pair_and_interprets_as_torch_write
     spec = p.regions[0].spec
     assert spec.gemm.paired and [pp.kind for pp in spec.params] == [C.BroadcastKind.WEIGHT, C.BroadcastKind.PERIODIC,
                                                                     C.BroadcastKind.PERIODIC]
-    assert "rotate_half[16]" in str(spec) and "broadcast.periodic" in str(spec)
+    assert "rotate_half[32]" in str(spec) and "broadcast.periodic" in str(spec)
     ins = feed(g, 3)
     r = {k: C.round_to_dtype(v, C.DType.BF16) for k, v in ins.items()}
     ref = C.interpret_graph(g, ins, C.Precision.F64)
     for w, out in (("Wq", "qr"), ("Wk", "kr")):
-        x = (r["X"].astype(np.float64) @ r[w].T.astype(np.float64)).reshape(2, 4, 4, 16)
-        rot = np.concatenate([-x[..., 8:], x[..., :8]], -1)
+        x = (r["X"].astype(np.float64) @ r[w].T.astype(np.float64)).reshape(2, 4, 2, 32)
+        rot = np.concatenate([-x[..., 16:], x[..., :16]], -1)
         want = x * r["cos"] + rot * r["sin"]
         assert np.linalg.norm(ref[out] - want) / np.linalg.norm(want) < 4e-3   # the graph's output: bf16
         got = C.interpret_partitioned(p, ins, 2)[out]

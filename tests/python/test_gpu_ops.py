@@ -389,10 +389,14 @@ def test_the_fast_path_shapes_outputs_as_the_python_kernel_does():
         "3-D": ("input X : bf16[4, 8, 96]\ninput W : bf16[96, 32]\ninput b : bf16[32]\n", [(4, 8, 96), (2, 8, 96),
                                                                                            (4, 13, 96), (32, 96),
                                                                                            (3, 2, 8, 96)]),
+        # N = 32 seen as 4 heads of 8 (rotate_half per head): outputs [B, S, 4, 8]
+        "heads": ("input X : bf16[4, 8, 96]\ninput W : bf16[96, 32]\ninput b : bf16[32]\n", [(4, 8, 96), (2, 8, 96),
+                                                                                             (4, 13, 96)]),
     }
+    bodies = {"heads": "h = add(matmul(X, W), b)\ny = rotate_half(reshape(h, shape=[4, 8, 4, 8]))\noutput h\noutput y\n"}
     for name, (inputs, a_shapes) in graphs.items():
-        spec = C.partition(C.parse_cf(inputs + "h = add(matmul(X, W), b)\ny = gelu(h)\noutput h\noutput y\n",
-                                      "shapes.cf")).regions[0].spec
+        body = bodies.get(name, "h = add(matmul(X, W), b)\ny = gelu(h)\noutput h\noutput y\n")
+        spec = C.partition(C.parse_cf(inputs + body, "shapes.cf")).regions[0].spec
         key = ops.register_region(spec)
         L = ops._GpuLaunch(key, spec)
         g = spec.gemm
@@ -408,6 +412,8 @@ def test_the_fast_path_shapes_outputs_as_the_python_kernel_does():
                     flat = flat[rank:]
                 want = [list(ops._out_shape(spec, o, a)) for o in spec.outputs]
                 assert got == want, (name, a, got, want)
+                if name == "heads":
+                    assert want[1] == [*a[:-1], 4, 8], want
         finally:
             torch.ops.comfuse._fast_forget(key)
 

@@ -199,6 +199,34 @@ def test_hf_models_pass_inside_inductor_on_cpu(caplog):
     assert len(gelu) == 1, [rep.fused for rep in inductor.reports()]
 
 
+def test_llama_rotary_embedding_runs_in_the_q_and_k_epilogue_on_cpu(caplog):
+    """The Llama-style model through backend="comfuse" (CPU reference implementation inside Inductor): the rotary
+    embedding of q and k, rewritten to the GEMM's layout (comfuse/rotary.py), runs in the Q + K region's epilogue,
+    whose outputs are [B, S, H, D] and go on to attention as the permuted view; matches eager."""
+    import logging
+
+    from conftest import messages, rel_err
+
+    from comfuse import inductor
+
+    caplog.set_level(logging.INFO, logger="comfuse")
+    inductor.reset_reports()
+    torch.manual_seed(0)
+    m = _tiny("llama").to(torch.bfloat16).eval()
+    ids = torch.randint(0, 128, (2, 16))
+    with torch.no_grad():
+        ref = m(ids).last_hidden_state
+        got = torch.compile(m, backend="comfuse", options={"reference": True, "rewrite": "keep"})(ids)
+    assert rel_err(got.last_hidden_state.float(), ref.float()) <= 3e-2
+    assert not any("do not line up" in s for s in messages(caplog)), messages(caplog)
+    rotated = [(rep, ri) for rep in inductor.reports() if rep.analysis is not None for ri in rep.fused
+               if any(rep.analysis.part.graph.node(i).op == C.OpKind.RotateHalf for i in rep.regions[ri].nodes)]
+    assert len(rotated) == 1, [rep.fused for rep in inductor.reports()]
+    rep, ri = rotated[0]
+    spec = rep.regions[ri].spec
+    assert spec.gemm.paired and [[int(d) for d in o.shape] for o in spec.outputs] == [[2, 16, 2, 32]] * 2
+
+
 def _tiny(name: str):
     if name == "bert":
         cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,

@@ -97,6 +97,11 @@ struct FragCtx {
   // A tree with a RotateHalf<P> (rotate.cuh): the accumulators P/2 columns away inside the element's block of P
   // columns (to the right in the block's first half, to the left in its second), of X·B and of X·B2; else unset
   Frag acc_rot, acc2_rot;
+  // Shared<Slot, N> (below): the value of a loaded input that two places of the tree read, per slot, and which slots
+  // hold it (set by the first reader); mutable, as a node sees the context as const. One FragCtx serves one preload
+  // pass, another the visit: the first reader of a slot in each owns it.
+  mutable Frag shared[4];
+  mutable uint32_t shared_set = 0;
 };
 
 // The accumulator as the epilogue of a dual-B kernel sees it (GemmConfig<.., DualB>, gemm.cuh): a register view of
@@ -421,6 +426,31 @@ struct Children<C> {
   template <int S> CUTE_DEVICE void collect(TileCtx const& c) { ::comfuse::epi::collect<S>(head, c); }
   template <int S> CUTE_DEVICE void publish_part(TileCtx const& c, int p) { ::comfuse::epi::publish_part<S>(head, c, p); }
   template <int S> CUTE_DEVICE void collect_part(TileCtx const& c, int p) { ::comfuse::epi::collect_part<S>(head, c, p); }
+};
+
+// Shared<Slot, N>: an input node N (a tile or periodic load) that the Spec reads from two places, which the tree (a
+// tree, not a DAG) instantiates twice: q * cos and k * cos of a rotary epilogue. Every instance of the type runs in
+// the same order in the preload pass and in the visit (children in order), so the first one of a fragment loads and
+// visits N and records the value in the FragCtx; the later ones neither load nor hold registers for it. The test
+// is on a local flag, resolved at compile time once the driver's loops are unrolled.
+template <int Slot, class N>
+struct Shared : Children<N> {
+  static_assert(Slot >= 0 && Slot < 4, "FragCtx::shared has four slots");
+  using Base = Children<N>;
+  using Arguments = typename N::Arguments;
+  using typename Base::SharedStorage;
+  static constexpr uint32_t kBit = 1u << Slot;
+  CUTE_DEVICE Shared(Arguments const& a, SharedStorage& s, TileCtx const& c) : Base(s, c, a) {}
+  template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
+    if (f.shared_set & kBit) return;
+    f.shared_set |= kBit;
+    Base::template preload<S>(f);
+  }
+  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
+    if (f.shared_set & kBit) return f.shared[Slot];
+    f.shared_set |= kBit;
+    return f.shared[Slot] = this->template visit_child<0, S>(f, acc);
+  }
 };
 
 // The tile row of a consumer thread's row slot k: WGMMA m64 layout, warp w owns rows 16w..16w+15 of each 64-row

@@ -1,7 +1,7 @@
 // Rotary position embeddings in the epilogue (docs/kernel-gemm.md "Rotary embeddings"):
 //
-//   PeriodicLoad<T, P>   a [rows, P] input repeated along N every P columns: element (r, c) reads T[r, c mod P]
-//                        (cos and sin, one head wide, the same for every head of the row's token)
+//   TileLoad<T, P>       (tile_load.cuh) a [rows, P] input repeated along N every P columns: element (r, c) reads
+//                        T[r, c mod P] (cos and sin, one head wide, the same for every head of the row's token)
 //   RotateHalf<P, C>     the value of C at the column P/2 away inside C's block of P columns, negated in the
 //                        block's first half: rotate_half(x) = cat(-x[.., P/2:], x[.., :P/2]) per block
 //
@@ -16,31 +16,6 @@
 #include "comfuse/epilogue/core.cuh"
 
 namespace comfuse::epi {
-
-// Loads straight from global memory at the visit (4 or 8 bytes per fragment): the [rows, P] block is small and read
-// by every column tile of its rows, so it comes from L1/L2. The epilogue is a tree, not a DAG, so q * cos and k * cos
-// are two PeriodicLoad nodes: registers held across the tile per node (a preload) would cost P / 8 per row slot
-// and node, and spill.
-template <class T, int P>
-struct PeriodicLoad {
-  static_assert(P % 16 == 0 && P <= kMaxTileN, "a block of a multiple of 16 columns, inside one tile");
-  struct Arguments {
-    T const* ptr = nullptr;   // [rows, P], dense
-  };
-  struct SharedStorage {};
-  static constexpr int kStage = 0;
-  static constexpr bool kUsesSmem = false;
-
-  T const* ptr;
-  CUTE_DEVICE PeriodicLoad(Arguments const& a, SharedStorage&, TileCtx const&) : ptr(a.ptr) {}
-  CUTE_DEVICE void prefetch() {}
-  template <int S> CUTE_DEVICE void preload(FragCtx const&) {}
-  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
-    if (!f.pred) return {{0.f, 0.f}};
-    return Elem<T>::load2_nc(ptr + int64_t(f.row) * P + (f.col_l % P));
-  }
-  template <int S> CUTE_DEVICE void end_stage(TileCtx const&) {}
-};
 
 template <int P, class C>
 struct RotateHalf : Children<C> {

@@ -1,4 +1,5 @@
-// TileLoad: an [M, N] input (a residual R) read at the fragment's coordinates into registers.
+// TileLoad: an [M, N] input (a residual R) read at the fragment's coordinates into registers; or, with a Period, a
+// [M, Period] block repeated along N.
 //
 // - Before the tile's mainloop (constructor), each thread asks L2 to prefetch one row of the tile
 //   (cp.async.bulk.prefetch.L2): by the epilogue the tile is in L2 and its loads take an L2 round trip, not
@@ -18,8 +19,12 @@
 
 namespace comfuse::epi {
 
-template <class T>
+// Period > 0: a [rows, Period] input repeated along N every Period columns (BroadcastKind::Periodic: rotary
+// embedding's cos and sin, rotate.cuh); its ld is Period. Column c reads column c mod Period: the same 16-byte loads,
+// of the block's columns (Period a multiple of 32, so a group of four 8-column blocks never wraps).
+template <class T, int Period = 0>
 struct TileLoad {
+  static_assert(Period == 0 || (Period % 32 == 0 && Period <= kMaxTileN), "a periodic block of a multiple of 32 columns");
   struct Arguments {
     T const* ptr = nullptr;
     int64_t ld = 0;   // row stride in elements (even)
@@ -38,8 +43,8 @@ struct TileLoad {
   CUTE_DEVICE TileLoad(Arguments const& a, SharedStorage&, TileCtx const& c)
       : ptr(a.ptr), ld(a.ld) {
     if (c.thread < c.tile_m && c.m0 + c.thread < c.M && c.n0 < c.N) {
-      const int cols = c.N - c.n0 < c.tile_n ? c.N - c.n0 : c.tile_n;
-      prefetch_l2(ptr + int64_t(c.m0 + c.thread) * ld + c.n0, uint32_t(cols * int(sizeof(T))));
+      const int cols = Period > 0 ? Period : c.N - c.n0 < c.tile_n ? c.N - c.n0 : c.tile_n;
+      prefetch_l2(ptr + int64_t(c.m0 + c.thread) * ld + (Period > 0 ? 0 : c.n0), uint32_t(cols * int(sizeof(T))));
     }
   }
   CUTE_DEVICE void prefetch() {}
@@ -51,13 +56,15 @@ struct TileLoad {
       // groups are compile-time offsets from it.
       // (Measured: 4-byte loads straight into the fragment layout, without the transpose's shuffles and selects,
       // took 25-35% longer in stage 0: four times the load instructions.)
-      if (f.col_slot == 0) rowp[f.row_slot] = ptr + int64_t(f.row) * ld + (f.col + 6 * q);
+      // (periodic: the tile starts at a block boundary, so lane q's first block is column 8q of the block)
+      if (f.col_slot == 0) rowp[f.row_slot] = ptr + int64_t(f.row) * ld + (Period > 0 ? 8 * q : f.col + 6 * q);
       if (f.col_slot % 4 == 0) {   // the lane's block of the group: column slot j0 + q, column 8 * (j0 + q)
         uint4 v[kWords];
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < kWords; ++k) v[k] = make_uint4(0, 0, 0, 0);
         if (f.col_slot + q < f.lim) {
-          uint4 const* src = reinterpret_cast<uint4 const*>(rowp[f.row_slot] + 8 * f.col_slot);
+          const int block = Period > 0 ? f.col_slot % (Period / 8) : f.col_slot;
+          uint4 const* src = reinterpret_cast<uint4 const*>(rowp[f.row_slot] + 8 * block);
           CUTLASS_PRAGMA_UNROLL
           for (int k = 0; k < kWords; ++k) v[k] = __ldg(src + k);
         }
@@ -85,7 +92,7 @@ struct TileLoad {
       return Elem<T>::unpack(r[f.col_slot]);
     }
     if (!f.pred) return {{0.f, 0.f}};
-    return Elem<T>::load2_nc(ptr + int64_t(f.row) * ld + f.col);
+    return Elem<T>::load2_nc(ptr + int64_t(f.row) * ld + (Period > 0 ? f.col_l % Period : f.col));
   }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const&) {}
 };
