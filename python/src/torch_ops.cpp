@@ -320,7 +320,7 @@ void fast_chain_register(std::string_view key, std::vector<int64_t> d) {
 
 // comfuse::_fast_register(key, desc): desc, all int64:
 //   entry, abi, n, k, lda, ldb, ld, transport, reduces, A/B dtype,
-//   P, P param dtypes, O, then per output: dtype, gemm_lead, L, L lead dims, last
+//   P, P param dtypes, O, then per output: dtype, gemm_lead, L, L lead dims, C, C column dims ([N], [1] or [H, D])
 // (dtypes as c10::ScalarType numbers). Replaces an earlier registration of the key; its workspaces are kept.
 void fast_register(std::string_view key, std::vector<int64_t> d) {
   size_t i = 0;

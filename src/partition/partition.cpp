@@ -280,6 +280,8 @@ Partition partition(const Graph& input) {
       if (std::any_of(users[nd.id].begin(), users[nd.id].end(), [&](int u) { return in_region[u] != 0; })) continue;
       in_region[nd.id] = 0;
       nodes.erase(nodes.begin() + static_cast<long>(i));
+      reject(nd.id, "reshape " + shape_str(g.node(nd.inputs[0]).shape) + " -> " + shape_str(nd.shape) +
+                        " splits the row into blocks that no op of the region reads: left to the standard path");
     }
     return nodes;
   };

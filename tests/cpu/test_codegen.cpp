@@ -288,6 +288,46 @@ TEST(Codegen, DeclinesWhatTheTemplatesCannotExpress) {
             std::string::npos);
 }
 
+// Rotary embeddings: rotate_half is register moves within a head (RotateHalf<D, ..>), cos / sin periodic 16-byte
+// loads, each loaded once for its two readers (Shared<>); what the kernels cannot serve is declined with the reason.
+TEST(Codegen, RotaryRendersRegisterMovesAndSharedBlockLoads) {
+  const std::string head =
+      "input X : bf16[2, 64, 16]\ninput Wq : bf16[256, 16]\ninput Wk : bf16[256, 16]\n"
+      "input cos : bf16[2, 64, 1, D]\ninput sin : bf16[2, 64, 1, D]\n";
+  auto text = [&](int d, const std::string& body) {
+    std::string t = head + "q = reshape(matmul(X, Wq, transpose_b=true), shape=[2, 64, H, D])\n"
+                           "k = reshape(matmul(X, Wk, transpose_b=true), shape=[2, 64, H, D])\n" + body;
+    for (auto [from, to] : {std::pair<std::string, std::string>{"H", std::to_string(256 / d)}, {"D", std::to_string(d)}})
+      for (size_t at = t.find(", " + from); at != std::string::npos; at = t.find(", " + from, at + 1))
+        if (at + 2 + from.size() < t.size() && (t[at + 2 + from.size()] == ']' || t[at + 2 + from.size()] == ','))
+          t.replace(at + 2, from.size(), to);
+    return t;
+  };
+  const std::string rope = "qr = add(mul(q, cos), mul(rotate_half(q), sin))\nkr = add(mul(k, cos), mul(rotate_half(k), sin))\n"
+                           "output qr\noutput kr\n";
+  Partition p = partition(parse_cf(text(64, rope), "rope.cf"));
+  ASSERT_EQ(p.regions.size(), 1u);
+  const FusionSpec& fs = p.regions[0].spec;
+  ASSERT_TRUE(fs.gemm.paired());
+  const std::string src = generate_kernel(fs).source;
+  EXPECT_NE(src.find("RotateHalf<64, v0_0>"), std::string::npos) << src;
+  EXPECT_NE(src.find("Shared<0, TileLoad<bf16, 64>>"), std::string::npos) << src;
+  EXPECT_NE(src.find("Shared<1, TileLoad<bf16, 64>>"), std::string::npos) << src;
+  EXPECT_NE(src.find("periodic bf16[rows, 64]"), std::string::npos);
+  // head_dim 128 on a pair: a 128 x 128 MMA tile holds 64 output columns, half a head; 64 x 256 holds one
+  Partition wide = partition(parse_cf(text(128, rope), "rope128.cf"));
+  const FusionSpec& fw = wide.regions.at(0).spec;
+  EXPECT_NE(psi_rejects(fw, KernelConfig{}).value_or("").find("multiple of it"), std::string::npos);
+  EXPECT_FALSE(psi_rejects(fw, KernelConfig{64, 256, 64, 2, 1}));
+  // blocks of 16 columns: the 16-byte loads take multiples of 32
+  Partition narrow = partition(parse_cf(text(16, rope), "rope16.cf"));
+  EXPECT_NE(psi_rejects(narrow.regions.at(0).spec, KernelConfig{}).value_or("").find("multiples of 32"), std::string::npos);
+  // rotate_half of a product with the periodic input: the partner's registers do not hold the load
+  Partition loaded = partition(parse_cf(text(64, "y = rotate_half(mul(q, cos))\noutput y\n"), "rl.cf"));
+  EXPECT_NE(psi_rejects(loaded.regions.at(0).spec, KernelConfig{}).value_or("").find("rotate_half of a value that reads"),
+            std::string::npos);
+}
+
 // pow by a constant never takes powf's general path where a cheaper op gives the value: integers become
 // multiplications (GPT-2's gelu_new has pow(h, 3.0): powf made that kernel 11x the GEMM alone), 0.5 sqrt.
 TEST(Codegen, PowByAnIntegerIsMultiplications) {

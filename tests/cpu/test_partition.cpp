@@ -261,3 +261,70 @@ TEST(SpecVerify, SecondAccumulatorNeedsItsWeight) {
   other.root.nodes[1].slot = 0;
   EXPECT_NE(spec_structural_hash(other), spec_structural_hash(fs));
 }
+
+// Rotary embeddings (examples/rope.cf): a GEMM output seen as heads, [B, S, H, D] of [B*S, H*D], is still the tile;
+// rotate_half over D and a [B, S, 1, D] operand (one head's block per token, BroadcastKind::Periodic) join the
+// region; what would read across rows or only part of a row does not.
+TEST(Partition, HeadsOfATileRotateAndReadPeriodicBlocks) {
+  const std::string head =
+      "input X : bf16[2, 3, 16]\ninput W : bf16[32, 16]\ninput cos : bf16[2, 3, 1, 8]\ninput sin : bf16[2, 3, 1, 8]\n"
+      "q = reshape(matmul(X, W, transpose_b=true), shape=[2, 3, 4, 8])\n";
+  Graph g = parse_cf(head + "y = add(mul(q, cos), mul(rotate_half(q), sin))\nz = cast(y, dtype=f32)\noutput z\n", "r.cf");
+  Partition p = partition(g);
+  ASSERT_EQ(p.regions.size(), 1u);
+  EXPECT_TRUE(p.fallback.empty());
+  const FusionSpec& fs = p.regions[0].spec;
+  ASSERT_EQ(fs.params.size(), 2u);
+  EXPECT_EQ(fs.params[0].kind, BroadcastKind::Periodic);
+  EXPECT_EQ(fs.params[1].kind, BroadcastKind::Periodic);
+  EXPECT_NE(print_spec(fs).find("rotate_half[8]"), std::string::npos) << print_spec(fs);
+  const auto [worst, scale] = partitioned_vs_graph(g, p, "z", 5, 1.f, 3);
+  EXPECT_GT(scale, 0.5);
+  EXPECT_LE(worst, 1e-5 * scale);
+  // the Spec interpreter's rotation is torch's: element (r, c) of rotate_half is -x(r, c + 4) for c % 8 < 4
+  const FusionSpec rows2 = spec_with_rows(fs, 6);
+  EXPECT_EQ(rows2.params[0].shape, (Shape{6, 8}));
+  EXPECT_EQ(rows2.outputs[0].shape, (Shape{6, 32}));
+
+  Partition bad = plan(head +
+                       "input c2 : bf16[1, 3, 1, 8]\ninput h2 : bf16[2, 3, 4, 1]\n"
+                       "a = mul(q, c2)\n"           // a block shared over the batch: partial over the rows
+                       "s = sum(q, dim=-1)\n"        // a reduction over one head only
+                       "m = mul(q, h2)\n"            // a value per head: neither a row nor a block
+                       "output a, s, m\n");
+  EXPECT_NE(decision(bad, "a").reason.find("broadcasts partially"), std::string::npos) << decision(bad, "a").reason;
+  EXPECT_NE(decision(bad, "s").reason.find("whole rows"), std::string::npos) << decision(bad, "s").reason;
+  EXPECT_NE(decision(bad, "m").reason.find("broadcasts partially"), std::string::npos) << decision(bad, "m").reason;
+  // a view of heads that nothing in the region reads is left out of it (it adds nothing to the kernel)
+  Partition plain = plan(head + "output q\n");
+  ASSERT_EQ(plain.regions.size(), 1u);
+  EXPECT_EQ(decision(plain, "q").kind, NodeDecision::Kind::Fallback);
+  // rotate_half needs an even, static last dim
+  try {
+    parse_cf("input x : f32[3, 5]\ny = rotate_half(x)\noutput y\n", "odd.cf");
+    ADD_FAILURE() << "rotate_half of an odd last dim parsed";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("odd.cf:2:5: error: rotate_half: operand"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SpecVerify, RotationBlocksDivideN) {
+  Partition p = plan("input X : bf16[6, 16]\ninput W : bf16[32, 16]\ninput cos : bf16[6, 1, 8]\n"
+                     "q = reshape(matmul(X, W, transpose_b=true), shape=[6, 4, 8])\n"
+                     "y = mul(rotate_half(q), cos)\noutput y\n");
+  ASSERT_EQ(p.regions.size(), 1u);
+  FusionSpec fs = p.regions[0].spec;
+  EXPECT_NO_THROW(verify_spec(fs));
+  FusionSpec odd = fs;
+  for (auto& n : odd.root.nodes)
+    if (n.op == OpKind::RotateHalf) n.period = 12;   // does not divide N = 32
+  EXPECT_THROW(verify_spec(odd), std::logic_error);
+  FusionSpec wide = fs;
+  wide.params[0].shape = {6, 1, 12};
+  EXPECT_THROW(verify_spec(wide), std::logic_error);
+  // the block size is part of the kernel
+  FusionSpec other = fs;
+  for (auto& n : other.root.nodes)
+    if (n.op == OpKind::RotateHalf) n.period = 16;
+  EXPECT_NE(spec_structural_hash(other), spec_structural_hash(fs));
+}

@@ -242,7 +242,7 @@ def test_explain_encoder_layer():
     assert "epilogue fused: region 0 (4 epilogue node(s), 1 stage(s), with GEMM 'addmm.mm' on the same A)" in text
     assert ("bmm = aten.bmm.default(float32[4, 8, 16], float32[4, 16, 8]) -> float32[4, 8, 8]: epilogue NOT fused: "
             "batched matmul (B is [4, 16, 8], with batch dims): runs on the standard path") in text
-    assert "changes the last dim: rows would no longer be GEMM rows" in text
+    assert "splits the row into blocks that no op of the region reads" in text   # the attention heads' view
     assert "gemm: rows=16 N=32 K=64 bf16 B=[N,K], 3 stage(s)" in text
     assert "reduce.mean %5 -> stage 1 bypass(%5)" in text
     # the planner's decision, with its basis, for every region (pinned: the measured table is compiled in)

@@ -366,8 +366,11 @@ def test_the_fast_path_registration_checks_its_description():
     with pytest.raises(RuntimeError, match="is not registered"):
         torch.ops.comfuse._fast_workspace("no-such-region", 0, 0, 0, 0)
     before = ops.fast_path_stats()["regions"]
-    # a whole description: entry, abi, n, k, lda, ldb, ld, transport, reduces, dtype, 0 params, 1 output
-    desc = [1, 1, 64, 32, 32, 64, 64, 0, 0, 15, 0, 1, 15, 1, 1, 100, 64]
+    # a whole description: entry, abi, n, k, lda, ldb, ld, transport, reduces, dtype, 0 params, 1 output (dtype,
+    # A's leading dims, 1 leading dim, 100, 1 column dim, 64)
+    desc = [1, 1, 64, 32, 32, 64, 64, 0, 0, 15, 0, 1, 15, 1, 1, 100, 1, 64]
+    with pytest.raises(RuntimeError, match="output columns"):
+        torch.ops.comfuse._fast_register("test-region-0", desc[:-2] + [0])
     torch.ops.comfuse._fast_register("test-region", desc)
     assert ops.fast_path_stats()["regions"] == before + 1
     with pytest.raises(RuntimeError, match="description too long"):
