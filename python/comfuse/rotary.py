@@ -108,6 +108,7 @@ class _Builder:
     def __init__(self, gm: fx.GraphModule):
         self.graph = gm.graph
         self.fake = torch._guards.detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
+        self.sizes: dict = {}   # symbolic size -> its node (one sym_size per size)
 
     def __call__(self, target, *args, **kwargs) -> fx.Node:
         node = self.graph.call_function(target, args, kwargs)
@@ -126,6 +127,11 @@ class _Builder:
         if not isinstance(d, torch.SymInt):
             return int(d)
         expr = str(d.node.expr)
+        if expr not in self.sizes:
+            self.sizes[expr] = self._find_size(expr)
+        return self.sizes[expr]
+
+    def _find_size(self, expr: str):
         for p in self.graph.nodes:
             if p.op != "placeholder":
                 continue
@@ -151,7 +157,7 @@ def gemm_layout_rotary(gm: fx.GraphModule) -> int:
         if rh is None:
             continue
         t = rh[0]
-        if not _call(t, aten.permute.default) or len(_val(t).shape) != 4 or list(t.args[1]) not in ([0, 2, 1, 3], [0, -2, -3, -1]):
+        if not _call(t, aten.permute.default) or len(_val(t).shape) != 4 or [d % 4 for d in t.args[1]] != [0, 2, 1, 3]:
             continue
         u = t.args[0]
         if not _call(_through_views(u), aten.mm.default, aten.addmm.default):
@@ -170,17 +176,17 @@ def gemm_layout_rotary(gm: fx.GraphModule) -> int:
         if cos is None or len(m_cos.users) != 1:
             continue
         shape = _val(t).shape   # [B, H, S, D]
-        rows = [b.size(d) for d in _val(u).shape[:2]]   # B and S, from the graph's inputs
-        ok = None not in rows
+        ok = True
         for c in (cos, sin):
             cs = _val(c).shape
             ok = ok and len(cs) == 4 and cs[1] == 1 and cs[3] == shape[3] and cs[2] == shape[2] and cs[0] in (1, shape[0])
             ok = ok and _val(c).dtype == _val(t).dtype
-        if not ok:
+        rows = [b.size(d) for d in _val(u).shape[:2]] if ok else [None]   # B and S, from the graph's inputs
+        if None in rows:
             continue
         with gm.graph.inserting_before(add):
             def table(c):   # [B or 1, 1, S, D] -> a dense [B, S, 1, D], once per table (each layer unsqueezes it anew)
-                key = _through_unsqueeze(c)
+                key = (_through_unsqueeze(c), tuple(str(x) for x in _val(c).shape))
                 if key not in tables:
                     e = b(aten.expand.default, b(aten.permute.default, c, [0, 2, 1, 3]), [*rows, 1, shape[3]])
                     tables[key] = b(aten.clone.default, e, memory_format=torch.contiguous_format)

@@ -124,12 +124,12 @@ std::optional<std::string> phi_rejects(const Graph& g, const Node& n, const std:
     if (!in_region[x.id]) return "reduction of a value outside the region";
     if (n.dim != static_cast<int>(x.shape.size()) - 1)
       return "reduces dim " + std::to_string(n.dim) + ", not the last (N) dim: the reduction crosses GEMM rows";
-    if (x.shape.back() != ts.n)
-      return "reduces a block of " + std::to_string(x.shape.back()) + " of the row's N = " + std::to_string(ts.n) +
-             " columns: the epilogue reduces whole rows";
     if (!n.keepdim) return "keepdim=false: the result is not a [rows, 1] column the epilogue can broadcast";
     if (!ts.is_tile(x.shape) || in_region[x.id] == kRowValue)
       return "reduces a per-row value (a dim of size 1): nothing to reduce over N";
+    if (x.shape.back() != ts.n)
+      return "reduces a block of " + std::to_string(x.shape.back()) + " of the row's N = " + std::to_string(ts.n) +
+             " columns: the epilogue reduces whole rows";
     return std::nullopt;
   }
   if (n.op == OpKind::RotateHalf) {

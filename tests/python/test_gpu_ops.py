@@ -48,6 +48,20 @@ def _inputs(spec, m, k, n, gen):
     return [values[name].to(torch.bfloat16) for name in order]
 
 
+def _gpu_matches_cpu(key, cpu: list, what) -> list:
+    """Region `key` on the GPU against its CPU reference on the same inputs: every output on the GPU, of the
+    reference's shape and dtype, finite, within 1e-2 (normwise). Returns the reference's outputs."""
+    ref = torch.ops.comfuse.fused_region(key, cpu)
+    got = torch.ops.comfuse.fused_region(key, [t.cuda() for t in cpu])
+    torch.cuda.synchronize()
+    assert len(got) == len(ref) == len(ops.region_spec(key).outputs)
+    for g, r in zip(got, ref):
+        assert g.device.type == "cuda" and g.shape == r.shape and g.dtype == r.dtype, (what, g.shape, r.shape)
+        assert torch.isfinite(g.float()).all()
+        assert rel_err(g, r) <= 1e-2, (what, rel_err(g, r))
+    return ref
+
+
 @requires_hopper
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_fused_region_on_gpu_matches_the_cpu_reference(name):
@@ -55,14 +69,7 @@ def test_fused_region_on_gpu_matches_the_cpu_reference(name):
     spec = _region(name, m, k, n)
     key = ops.register_region(spec)
     gen = torch.Generator().manual_seed(1234)
-    cpu = _inputs(spec, m, k, n, gen)
-    ref = torch.ops.comfuse.fused_region(key, cpu)
-    got = torch.ops.comfuse.fused_region(key, [t.cuda() for t in cpu])
-    torch.cuda.synchronize()
-    for g, r in zip(got, ref):
-        assert g.device.type == "cuda" and g.shape == r.shape and g.dtype == r.dtype
-        assert torch.isfinite(g.float()).all()
-        assert rel_err(g, r) <= 1e-2, (name, rel_err(g, r))
+    _gpu_matches_cpu(key, _inputs(spec, m, k, n, gen), name)
 
 
 # Two GEMMs on one A, one kernel (GemmConfig<.., DualB>): SwiGLU combines them; attention's Q and K store both.
@@ -90,15 +97,7 @@ def test_two_gemms_on_one_a_on_gpu_match_the_cpu_reference(name):
     values = {"X": torch.rand(m, k, generator=gen) * 2 - 1, "Wg": torch.rand(n, k, generator=gen) * 2 - 1,
               "Wu": torch.rand(n, k, generator=gen) * 2 - 1, "b": torch.rand(n, generator=gen) * 2 - 1,
               "b2": torch.rand(n, generator=gen) * 2 - 1}
-    cpu = [values[name].to(torch.bfloat16) for name in ["X", "Wg"] + [p.name for p in spec.params]]
-    ref = torch.ops.comfuse.fused_region(key, cpu)
-    got = torch.ops.comfuse.fused_region(key, [t.cuda() for t in cpu])
-    torch.cuda.synchronize()
-    assert len(got) == len(spec.outputs)
-    for g, r in zip(got, ref):
-        assert g.device.type == "cuda" and g.shape == r.shape and g.dtype == r.dtype
-        assert torch.isfinite(g.float()).all()
-        assert rel_err(g, r) <= 1e-2, (name, rel_err(g, r))
+    _gpu_matches_cpu(key, [values[name].to(torch.bfloat16) for name in ["X", "Wg"] + [p.name for p in spec.params]], name)
 
 
 @requires_hopper
@@ -124,15 +123,7 @@ def test_rotary_embedding_in_the_epilogue_on_gpu_matches_the_cpu_reference(heads
     gen = torch.Generator().manual_seed(2468)
     shapes = {"X": (b, s, k), "Wq": (n, k), "Wk": (n, k), "cos": (b, s, 1, d), "sin": (b, s, 1, d)}
     values = {nm: (torch.rand(*sh, generator=gen) * 2 - 1).to(torch.bfloat16) for nm, sh in shapes.items()}
-    cpu = [values[nm] for nm in ["X", "Wq"] + [p.name for p in spec.params]]
-    ref = torch.ops.comfuse.fused_region(key, cpu)
-    got = torch.ops.comfuse.fused_region(key, [t.cuda() for t in cpu])
-    torch.cuda.synchronize()
-    assert len(got) == len(spec.outputs)
-    for g, r in zip(got, ref):
-        assert g.device.type == "cuda" and g.shape == r.shape and g.dtype == r.dtype
-        assert torch.isfinite(g.float()).all()
-        assert rel_err(g, r) <= 1e-2, (heads, d, paired, rel_err(g, r))
+    ref = _gpu_matches_cpu(key, [values[nm] for nm in ["X", "Wq"] + [p.name for p in spec.params]], (heads, d, paired))
     # and the rotation itself: the CPU reference against torch's own rotary formula (fp32 GEMM of the bf16 inputs)
     qh = (values["X"].float() @ values["Wq"].float().t()).view(b, s, heads, d)
     rot = torch.cat([-qh[..., d // 2:], qh[..., :d // 2]], -1)
