@@ -56,6 +56,33 @@ class SwiGLUMLP(nn.Module):
         return x + self.down(F.silu(self.gate(x)) * self.up(x))
 
 
+class RotaryQK(nn.Module):
+    """Attention's q and k projections with the rotary embedding as HF's Llama applies it (apply_rotary_pos_emb on
+    q and k seen as heads and transposed, cos and sin [1, 1, S, D] in the model's dtype); returns both as
+    [B, H, S, D]. The ComFuse pass moves the rotation onto the GEMMs' layout (comfuse/rotary.py): one region of
+    two GEMMs on one A with rotate_half and the periodic cos / sin in its epilogue."""
+
+    def __init__(self, d=32, heads=2):
+        super().__init__()
+        self.q = nn.Linear(d, d, bias=False)
+        self.k = nn.Linear(d, d, bias=False)
+        self.heads, self.dh = heads, d // heads
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        inv = 1.0 / (10000 ** (torch.arange(0, self.dh, 2, dtype=torch.float32, device=x.device) / self.dh))
+        freqs = torch.arange(s, dtype=torch.float32, device=x.device)[:, None] * inv[None, :]
+        emb = torch.cat([freqs, freqs], -1)
+        cos, sin = emb.cos().to(x.dtype)[None, None], emb.sin().to(x.dtype)[None, None]
+
+        def rotate_half(t):
+            return torch.cat([-t[..., self.dh // 2:], t[..., :self.dh // 2]], -1)
+
+        q = self.q(x).view(b, s, self.heads, self.dh).transpose(1, 2)
+        k = self.k(x).view(b, s, self.heads, self.dh).transpose(1, 2)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
 class ClassifierHead(nn.Module):
     """Pooler (Linear + tanh) and a classifier Linear followed by softmax over the classes."""
 

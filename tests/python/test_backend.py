@@ -9,7 +9,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 import comfuse
 from conftest import assert_fp32_match, bf16_exact, bf16_randn, messages, reference, rel_err
-from models import ClassifierHead, CumsumBeforeNorm, PostNormEncoderLayer, RMSNormMLP, SwiGLUMLP
+from models import ClassifierHead, CumsumBeforeNorm, PostNormEncoderLayer, RMSNormMLP, RotaryQK, SwiGLUMLP
 
 
 def test_entry_point_registers_backend():
@@ -310,7 +310,7 @@ def _captured_bf16(make):
     return m, x, rep, rep.analysis.program, set(range(len(rep.regions)))
 
 
-@pytest.mark.parametrize("make", [PostNormEncoderLayer, RMSNormMLP, ClassifierHead, CumsumBeforeNorm, SwiGLUMLP])
+@pytest.mark.parametrize("make", [PostNormEncoderLayer, RMSNormMLP, ClassifierHead, CumsumBeforeNorm, SwiGLUMLP, RotaryQK])
 def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
     """The GPU path's rewrite: each fused region one comfuse::fused_region call, every other ATen node copied as
     it was (bf16 stays bf16; no Graph IR matmul re-emitted), same values as eager within bf16 rounding and as
@@ -344,6 +344,11 @@ def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
         paired = [ops.region_spec(n.args[0]) for n in calls if ops.region_spec(n.args[0]).gemm.paired]
         assert len(paired) == 1 and len(calls) == 2, [ops.region_spec(n.args[0]).gemm.paired for n in calls]
         assert sum(n.target is torch.ops.aten.mm.default for n in gm.graph.nodes) == 0
+    if make is RotaryQK:   # q and k with their rotation: one call; the transposes to [B, H, S, D] stay views after it
+        assert len(calls) == 1
+        spec = ops.region_spec(calls[0].args[0])
+        assert spec.gemm.paired and sum(p.kind == comfuse._core.BroadcastKind.PERIODIC for p in spec.params) == 2
+        assert not any(n.target is torch.ops.aten.cat.default for n in gm.graph.nodes)
     if make is PostNormEncoderLayer:
         assert torch.ops.aten.bmm.default in kept   # attention: not fused, kept as ATen bmm
         # q/k/v: read by bf16 ATen views, so the kernel stores bf16 (the Graph IR hands on f32)
