@@ -458,11 +458,9 @@ def emit_aten_node(g: fx.Graph, n, spec: tuple, xs: list):
     if op == OK.Transpose:
         return g.call_function(_A.clone.default, (g.call_function(_A.permute.default, (f32[0], list(n.perm))),),
                                {"memory_format": torch.contiguous_format})
-    if op == OK.RotateHalf:   # cat([-x[..., D/2:], x[..., :D/2]], -1)
-        h = int(n.shape[-1]) // 2
-        hi = g.call_function(_A.slice.Tensor, (f32[0], -1, h, 2 * h))
-        lo = g.call_function(_A.slice.Tensor, (f32[0], -1, 0, h))
-        return g.call_function(_A.cat.default, ([g.call_function(_A.neg.default, (hi,)), lo], -1))
+    if op == OK.RotateHalf:
+        from .rotary import rotate_half_nodes
+        return rotate_half_nodes(lambda target, *args: g.call_function(target, args), f32[0], int(n.shape[-1]))
     if op in _ATEN_UNARY:
         return g.call_function(_ATEN_UNARY[op], (f32[0],))
     if op == OK.Square:

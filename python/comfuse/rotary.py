@@ -82,15 +82,17 @@ def rotate_half_of(cat: fx.Node):
 
 
 def _through_views(n: fx.Node) -> fx.Node:
-    while _call(n, aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+    """The node whose value `n` views (through view, reshape and unsqueeze)."""
+    while _call(n, aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default):
         n = n.args[0]
     return n
 
 
-def _through_unsqueeze(n: fx.Node) -> fx.Node:
-    while _call(n, aten.unsqueeze.default, aten.view.default, aten.reshape.default):
-        n = n.args[0]
-    return n
+def rotate_half_nodes(call, x, d: int):
+    """rotate_half(x) over a last dim of d as HF writes it, cat([-x[..., d/2:], x[..., :d/2]], -1), built with
+    `call(target, *args)` (which makes one node): the form rotate_half_of recognises."""
+    hi = call(aten.slice.Tensor, x, -1, d // 2, d)
+    return call(aten.cat.default, [call(aten.neg.default, hi), call(aten.slice.Tensor, x, -1, 0, d // 2)], -1)
 
 
 def _mul_operands(m: fx.Node, x: fx.Node):
@@ -186,15 +188,14 @@ def gemm_layout_rotary(gm: fx.GraphModule) -> int:
             continue
         with gm.graph.inserting_before(add):
             def table(c):   # [B or 1, 1, S, D] -> a dense [B, S, 1, D], once per table (each layer unsqueezes it anew)
-                key = (_through_unsqueeze(c), tuple(str(x) for x in _val(c).shape))
+                key = (_through_views(c), tuple(str(x) for x in _val(c).shape))
                 if key not in tables:
                     e = b(aten.expand.default, b(aten.permute.default, c, [0, 2, 1, 3]), [*rows, 1, shape[3]])
                     tables[key] = b(aten.clone.default, e, memory_format=torch.contiguous_format)
                     tables[key].meta[MATERIALIZED] = True
                 return tables[key]
             d = shape[3]
-            hi = b(aten.slice.Tensor, u, 3, d // 2, sys.maxsize)
-            rot = b(aten.cat.default, [b(aten.neg.default, hi), b(aten.slice.Tensor, u, 3, 0, d // 2)], -1)
+            rot = rotate_half_nodes(b, u, d)
             y = b(aten.add.Tensor, b(aten.mul.Tensor, u, table(cos)), b(aten.mul.Tensor, rot, table(sin)))
             out = b(aten.permute.default, y, [0, 2, 1, 3])
         add.replace_all_uses_with(out)

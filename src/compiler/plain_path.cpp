@@ -1,12 +1,12 @@
 #include "plain_path.h"
 
-#include "comfuse/compiler.h"  // dtype_bytes
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include "comfuse/compiler.h"  // dtype_bytes
 
 namespace comfuse {
 
