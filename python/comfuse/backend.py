@@ -127,9 +127,12 @@ def _dynamic_reason(rep: GraphReport, sym: list[str]) -> str:
 
 
 def device_reason(example_inputs) -> str | None:
-    ts = _tensors(example_inputs)
-    if not ts:
+    # 0-dim CPU tensors go with CUDA ones in torch ops (Dynamo passes float attributes so under dynamic=True); the
+    # rewrite copies those a fused call reads to the GPU (emit._on_device)
+    every = _tensors(example_inputs)
+    if not every:
         return None
+    ts = [t for t in every if t.dim() > 0 or t.device.type != "cpu"] or every
     if any(t.device.type == "cpu" for t in ts):
         return "CPU tensors: ComFuse kernels run on NVIDIA Hopper GPUs (sm_90)"
     devs = {t.device for t in ts if t.device.type == "cuda"}

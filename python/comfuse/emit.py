@@ -43,6 +43,35 @@ def _dtype_of(v):
     return None
 
 
+def _device_of(v):
+    """The device of FX value `v` where its fake value (or that of what this module's casts and reshapes read)
+    gives it, and whether it is 0-dim; (None, False) where unknown."""
+    while isinstance(v, fx.Node):
+        val = v.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device, val.dim() == 0
+        if v.target != torch.ops.prims.convert_element_type.default and v.target not in _VIEWS:
+            return None, False
+        v = v.args[0]
+    return None, False
+
+
+def _on_device(g: fx.Graph, ins: list) -> list:
+    """A fused call's inputs with 0-dim CPU tensors copied to the GPU the others are on. Under dynamic=True, Dynamo
+    hands float attributes (an RMSNorm's eps) to the graph as 0-dim CPU tensors; torch ops take such scalars with
+    CUDA tensors, the kernel reads its parameters from GPU memory."""
+    devs = {d for d, _ in map(_device_of, ins) if d is not None and d.type != "cpu"}
+    if len(devs) != 1:
+        return ins
+    dev = devs.pop()
+    out = []
+    for v in ins:
+        d, scalar = _device_of(v)
+        out.append(g.call_function(torch.ops.aten._to_copy.default, (v,), {"device": dev})
+                   if d is not None and d.type == "cpu" and scalar else v)
+    return out
+
+
 def _cast(g: fx.Graph, v, dtype):
     """v in `dtype`: v itself when it already is. A cast to the same dtype is not free: Inductor realizes it
     as a copy kernel in front of the extern fused_region call (a weight and an activation copied per call)."""
@@ -368,7 +397,7 @@ def fused_call(prog, g: fx.Graph, ri: int, fs, ctas: int, value) -> list:
     from . import ops
 
     key = ops.register_region(fs, ctas, fallback=region_in_torch(prog, ri))
-    ins = [value(fs.gemm.a), value(fs.gemm.b)] + [value(p.node) for p in fs.params]
+    ins = _on_device(g, [value(fs.gemm.a), value(fs.gemm.b)] + [value(p.node) for p in fs.params])
     call = g.call_function(torch.ops.comfuse.fused_region.default, (key, ins))
     return [g.call_function(operator.getitem, (call, j)) for j in range(len(fs.outputs))]
 

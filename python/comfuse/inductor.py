@@ -235,7 +235,7 @@ def _is_training_graph() -> bool:
 
 def _fill_fake_values(g: fx.Graph, fake_mode) -> None:
     """Gives each call node of `g` without one a fake value (for fused_region: its fake implementation), as
-    Inductor's lowering reads node.meta["val"]."""
+    Inductor's lowering reads node.meta["val"]; the ComFuse calls also get the input strides they need."""
     for n in g.nodes:
         if n.op != "call_function" or "val" in n.meta:
             continue
@@ -245,6 +245,11 @@ def _fill_fake_values(g: fx.Graph, fake_mode) -> None:
             continue
         with fake_mode if fake_mode is not None else _nullcontext():
             n.meta["val"] = n.target(*args, **kwargs)
+            if n.target in (torch.ops.comfuse.fused_region.default, torch.ops.comfuse.fused_chain.default):
+                # The strides the kernel needs: dense inputs. Inductor holds a custom op's inputs to the strides
+                # in eager_input_vals, and to none for an op a pass inserted without them: it then picks their
+                # layouts freely (HF Llama's rotary tables came transposed, and every call went through Python).
+                n.meta["eager_input_vals"] = ((args[0], [t.contiguous() for t in args[1]]), {})
 
 
 def _replace_graph(graph: fx.Graph, new: fx.Graph) -> None:

@@ -104,7 +104,7 @@ def random_inputs(spec, device: str) -> list[torch.Tensor]:
     dt = DT_TO_TORCH[g.dtype]
     a = torch.randn(g.rows, g.k, device=device).to(dt)
     b = torch.randn(*((g.n, g.k) if g.transpose_b else (g.k, g.n)), device=device).to(dt)
-    return [a, b] + [torch.randn(*[int(d) for d in p.shape], device=device).to(DT_TO_TORCH[p.dtype])
+    return [a, b] + [torch.randn([int(d) for d in p.shape], device=device).to(DT_TO_TORCH[p.dtype])   # (0-dim: eps)
                      for p in spec.params]
 
 

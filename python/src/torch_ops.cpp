@@ -83,8 +83,17 @@ std::shared_ptr<Region> find(std::string_view key) {
   return it == g_regions.end() ? nullptr : it->second;
 }
 
-std::vector<at::Tensor> slow(std::string_view key, at::TensorList inputs) {
+// Why the last call of each key was handed to the Python path (comfuse::_fast_why; written on that path only).
+KeyMap<std::string> g_why;   // guarded by g_mu
+
+void note_why(std::string_view key, const char* why) {
+  std::unique_lock lock(g_mu);
+  g_why[std::string(key)] = why;
+}
+
+std::vector<at::Tensor> slow(std::string_view key, at::TensorList inputs, const char* why) {
   ++g_slow;
+  note_why(key, why);
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("comfuse::fused_region_slow", "")
                        .typed<std::vector<at::Tensor>(std::string_view, at::TensorList)>();
@@ -140,14 +149,17 @@ struct Phases {
 // The CUDA kernel of comfuse::fused_region (ph: null, or the phases to time).
 std::vector<at::Tensor> serve_region(std::string_view key, at::TensorList inputs, Phases* ph) {
   std::shared_ptr<Region> r = find(key);
-  if (!r || inputs.size() != 2 + r->params.size()) return slow(key, inputs);
+  if (!r) return slow(key, inputs, "not registered (yet)");
+  if (inputs.size() != 2 + r->params.size()) return slow(key, inputs, "number of inputs");
   const at::Tensor& a = inputs[0];
   const at::Tensor& b = inputs[1];
   const c10::Device dev = a.device();
-  if (a.dim() < 1 || a.size(-1) != r->k || b.numel() != r->kn || !dense(a, r->dtype, dev) || !dense(b, r->dtype, dev))
-    return slow(key, inputs);
+  if (a.dim() < 1 || a.size(-1) != r->k || b.numel() != r->kn) return slow(key, inputs, "A's or B's size");
+  if (!dense(a, r->dtype, dev)) return slow(key, inputs, "A: device, dtype, not contiguous or not 16-byte aligned");
+  if (!dense(b, r->dtype, dev)) return slow(key, inputs, "B: device, dtype, not contiguous or not 16-byte aligned");
   for (size_t i = 0; i < r->params.size(); ++i)
-    if (!dense(inputs[2 + i], r->params[i], dev)) return slow(key, inputs);
+    if (!dense(inputs[2 + i], r->params[i], dev))
+      return slow(key, inputs, "a parameter: device, dtype, not contiguous or not 16-byte aligned");
   const int64_t rows = a.numel() / r->k;
   if (ph) ph->mark(Phases::kLookup);
   c10::cuda::CUDAGuard guard(dev);
@@ -156,7 +168,8 @@ std::vector<at::Tensor> serve_region(std::string_view key, at::TensorList inputs
   if (r->reduces && rows > 0) {
     for (const auto& w : r->ws)
       if (w.stream == stream) ws = &w;
-    if (!ws || ws->rows < rows) return slow(key, inputs);   // Python grows it, then registers it again
+    if (!ws || ws->rows < rows)   // Python grows it, then registers it again
+      return slow(key, inputs, ws ? "workspace too small" : "no workspace on this stream");
   }
   if (ph) ph->mark(Phases::kStream);
   std::vector<at::Tensor> outs;
@@ -183,7 +196,7 @@ std::vector<at::Tensor> serve_region(std::string_view key, at::TensorList inputs
     std::unique_lock lock(g_mu);
     g_regions.erase(std::string(key));
     lock.unlock();
-    return slow(key, inputs);
+    return slow(key, inputs, "the library's launch failed");
   }
   if (ph) ph->mark(Phases::kLaunch);
   ++g_fast;
@@ -408,6 +421,12 @@ std::vector<int64_t> fast_out_shapes(std::string_view key, std::vector<int64_t> 
   return flat;
 }
 
+std::string fast_why(std::string_view key) {
+  std::shared_lock lock(g_mu);
+  auto it = g_why.find(key);
+  return it == g_why.end() ? std::string() : it->second;
+}
+
 // [calls served here, calls handed to the Python path, regions registered]
 std::vector<int64_t> fast_stats() {
   std::shared_lock lock(g_mu);
@@ -429,6 +448,7 @@ TORCH_LIBRARY_FRAGMENT(comfuse, m) {
   m.def("_fast_workspace(str key, int stream, int partials, int counters, int rows) -> ()", &fast_workspace);
   m.def("_fast_forget(str key) -> ()", &fast_forget);
   m.def("_fast_stats() -> int[]", &fast_stats);
+  m.def("_fast_why(str key) -> str", &fast_why);
   m.def("_fast_out_shapes(str key, int[] a_sizes) -> int[]", &fast_out_shapes);
   m.def("_fast_chain_register(str key, int[] desc) -> ()", &fast_chain_register);
   m.def("_fast_profile(str key, Tensor[] inputs, int calls, int block=100) -> float[]", &fast_profile);

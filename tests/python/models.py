@@ -62,18 +62,22 @@ class RotaryQK(nn.Module):
     [B, H, S, D]. The ComFuse pass moves the rotation onto the GEMMs' layout (comfuse/rotary.py): one region of
     two GEMMs on one A with rotate_half and the periodic cos / sin in its epilogue."""
 
-    def __init__(self, d=32, heads=2):
+    def __init__(self, d=32, heads=2, hf_freqs=False):
         super().__init__()
         self.q = nn.Linear(d, d, bias=False)
         self.k = nn.Linear(d, d, bias=False)
-        self.heads, self.dh = heads, d // heads
+        self.heads, self.dh, self.hf_freqs = heads, d // heads, hf_freqs
 
     def forward(self, x):
         b, s, _ = x.shape
         inv = 1.0 / (10000 ** (torch.arange(0, self.dh, 2, dtype=torch.float32, device=x.device) / self.dh))
-        freqs = torch.arange(s, dtype=torch.float32, device=x.device)[:, None] * inv[None, :]
+        pos = torch.arange(s, dtype=torch.float32, device=x.device)
+        if self.hf_freqs:   # as HF's LlamaRotaryEmbedding: a bmm [B, D/2, 1] x [B, 1, S], transposed (not dense)
+            freqs = torch.bmm(inv[None, :, None].expand(b, -1, 1), pos[None, None].expand(b, 1, s)).transpose(1, 2)
+        else:
+            freqs = (pos[:, None] * inv[None, :])[None]
         emb = torch.cat([freqs, freqs], -1)
-        cos, sin = emb.cos().to(x.dtype)[None, None], emb.sin().to(x.dtype)[None, None]
+        cos, sin = emb.cos().to(x.dtype)[:, None], emb.sin().to(x.dtype)[:, None]
 
         def rotate_half(t):
             return torch.cat([-t[..., self.dh // 2:], t[..., :self.dh // 2]], -1)

@@ -265,3 +265,46 @@ def test_hf_models_with_a_dynamic_sequence_length(name, caplog):
     assert len(runs) == 1, msgs   # one graph for both sizes
     assert int(runs[0].split(": ")[2].split()[0]) >= 3, runs
     assert sum("and other dynamic leading dims" in s for s in msgs) == 1, msgs
+
+
+
+def test_dynamic_llama_on_the_gpu_takes_its_float_attributes_as_cpu_scalars(monkeypatch):
+    """Under dynamic=True, Dynamo hands float attributes (RMSNorm's eps) to the graph as 0-dim CPU tensors. On the
+    GPU those go with CUDA tensors in torch ops, so the graph must not fall back as "CPU tensors" (it did: dynamic
+    Llama fused nothing on the H200), and a fused call that reads one gets it copied to the GPU, where the kernel
+    reads its parameters. No GPU needed: the device check and the rewrite's copy run on fake CUDA tensors."""
+
+    import torch.fx as fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from comfuse import backend, emit, ops
+
+    torch.manual_seed(0)
+    m = _tiny("llama").to(torch.bfloat16).eval()
+    rep = comfuse.capture(m, torch.randint(0, 128, (2, 16)), dynamic=True)[0]
+    scalars = [t for t in rep.example_inputs if isinstance(t, torch.Tensor) and t.dim() == 0]
+    assert scalars and all(t.dtype == torch.float64 and t.device.type == "cpu" for t in scalars)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        x = fake.from_tensor(torch.randn(2, 16, 64, dtype=torch.bfloat16)).to("cuda:0")
+        w = fake.from_tensor(torch.randn(64, 64, dtype=torch.bfloat16)).to("cuda:0")
+        eps = fake.from_tensor(scalars[0])
+        assert backend.device_reason([x, w, eps]) is None   # the scalar does not make it a CPU graph
+        assert backend.device_reason([x, fake.from_tensor(torch.randn(3))]).startswith("CPU tensors")
+        assert backend.device_reason([eps]).startswith("CPU tensors")   # nothing but CPU scalars: CPU
+        g = fx.Graph()
+        a, b, e = (g.placeholder(nm) for nm in ("a", "b", "eps"))
+        for n, v in ((a, x), (b, w), (e, eps)):
+            n.meta["val"] = v
+        e32 = g.call_function(torch.ops.prims.convert_element_type.default, (e, torch.float32))   # as _cast makes
+        got = emit._on_device(g, [a, b, e32])
+    assert got[:2] == [a, b]
+    assert got[2].target is torch.ops.aten._to_copy.default and got[2].args == (e32,)
+    assert got[2].kwargs == {"device": torch.device("cuda:0")}
+    assert emit._on_device(g, [e32, e32]) == [e32, e32]   # no GPU input to follow: unchanged
+    # the measuring planner times such a region on random inputs: a 0-dim parameter among them
+    from types import SimpleNamespace as NS
+    spec = NS(gemm=NS(dtype=C.DType.BF16, rows=8, k=16, n=32, transpose_b=True),
+              params=[NS(shape=[32], dtype=C.DType.BF16), NS(shape=[], dtype=C.DType.F32)])
+    got = ops.random_inputs(spec, "cpu")
+    assert [tuple(t.shape) for t in got] == [(8, 16), (32, 16), (32,), ()] and got[3].dtype == torch.float32
