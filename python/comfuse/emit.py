@@ -67,7 +67,9 @@ def _on_device(g: fx.Graph, ins: list) -> list:
     out = []
     for v in ins:
         d, scalar = _device_of(v)
-        out.append(g.call_function(torch.ops.aten._to_copy.default, (v,), {"device": dev})
+        # non_blocking: a blocking copy to the GPU synchronizes the stream (four per Llama forward left the host
+        # waiting for the GPU each time); from pageable memory the driver stages the value before returning
+        out.append(g.call_function(torch.ops.aten._to_copy.default, (v,), {"device": dev, "non_blocking": True})
                    if d is not None and d.type == "cpu" and scalar else v)
     return out
 

@@ -300,7 +300,7 @@ def test_dynamic_llama_on_the_gpu_takes_its_float_attributes_as_cpu_scalars(monk
         got = emit._on_device(g, [a, b, e32])
     assert got[:2] == [a, b]
     assert got[2].target is torch.ops.aten._to_copy.default and got[2].args == (e32,)
-    assert got[2].kwargs == {"device": torch.device("cuda:0")}
+    assert got[2].kwargs == {"device": torch.device("cuda:0"), "non_blocking": True}   # (blocking: a stream sync)
     assert emit._on_device(g, [e32, e32]) == [e32, e32]   # no GPU input to follow: unchanged
     # the measuring planner times such a region on random inputs: a 0-dim parameter among them
     from types import SimpleNamespace as NS
