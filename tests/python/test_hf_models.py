@@ -267,12 +267,12 @@ def test_hf_models_with_a_dynamic_sequence_length(name, caplog):
     assert sum("and other dynamic leading dims" in s for s in msgs) == 1, msgs
 
 
-
 def test_dynamic_llama_on_the_gpu_takes_its_float_attributes_as_cpu_scalars(monkeypatch):
     """Under dynamic=True, Dynamo hands float attributes (RMSNorm's eps) to the graph as 0-dim CPU tensors. On the
     GPU those go with CUDA tensors in torch ops, so the graph must not fall back as "CPU tensors" (it did: dynamic
     Llama fused nothing on the H200), and a fused call that reads one gets it copied to the GPU, where the kernel
     reads its parameters. No GPU needed: the device check and the rewrite's copy run on fake CUDA tensors."""
+    from types import SimpleNamespace as NS
 
     import torch.fx as fx
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -303,7 +303,6 @@ def test_dynamic_llama_on_the_gpu_takes_its_float_attributes_as_cpu_scalars(monk
     assert got[2].kwargs == {"device": torch.device("cuda:0"), "non_blocking": True}   # (blocking: a stream sync)
     assert emit._on_device(g, [e32, e32]) == [e32, e32]   # no GPU input to follow: unchanged
     # the measuring planner times such a region on random inputs: a 0-dim parameter among them
-    from types import SimpleNamespace as NS
     spec = NS(gemm=NS(dtype=C.DType.BF16, rows=8, k=16, n=32, transpose_b=True),
               params=[NS(shape=[32], dtype=C.DType.BF16), NS(shape=[], dtype=C.DType.F32)])
     got = ops.random_inputs(spec, "cpu")
