@@ -405,11 +405,13 @@ fused_region = torch.ops.comfuse.fused_region
 
 def fast_path_stats() -> dict:
     """The C++ fast path's counters: calls it served, calls it handed to the Python kernel, regions it holds
-    (all 0 without it)."""
+    (all 0 without it); and `why`: for each region of this process that was handed on, why its last such call
+    was (e.g. "a parameter: device, dtype, not contiguous or not 16-byte aligned")."""
     if not _FAST:
-        return {"enabled": False, "fast": 0, "slow": 0, "regions": 0}
+        return {"enabled": False, "fast": 0, "slow": 0, "regions": 0, "why": {}}
     fast, slow, regions = torch.ops.comfuse._fast_stats()
-    return {"enabled": True, "fast": fast, "slow": slow, "regions": regions}
+    why = {k: w for k in list(_REGIONS) if (w := torch.ops.comfuse._fast_why(k))}
+    return {"enabled": True, "fast": fast, "slow": slow, "regions": regions, "why": why}
 
 
 def _round(x: torch.Tensor, dt: int) -> torch.Tensor:

@@ -224,13 +224,14 @@ def test_the_cpp_fast_path_serves_repeat_calls():
     assert len(phases) == 6 and min(phases) > 0 and sum(phases[:5]) <= phases[5]
     s2 = ops.fast_path_stats()
     s3 = check(3000)                      # Python: the workspace grows
-    assert s3["slow"] == s2["slow"] + 1
+    assert s3["slow"] == s2["slow"] + 1 and s3["why"][key] == "workspace too small"
     s4 = check(3000)
     s5 = check(2000, shape_a=(40, 50, k))  # a 3-D A: C++ (rows = numel / K; a [2000, N] output as in Python)
     assert s5["fast"] == s4["fast"] + 1 == s3["fast"] + 2
     # W as a transposed view: not dense, so the Python kernel copies it
     s6 = check(1000, mangle=lambda g: [g[0], g[1].t().contiguous().t()] + g[2:])
     assert s6["slow"] == s5["slow"] + 1
+    assert s6["why"][key] == "B: device, dtype, not contiguous or not 16-byte aligned"
     assert s0["fast"] < s6["fast"]
     # a CUDA graph of a C++-path call, replayed with new inputs: warmed up on the capture stream first, so the
     # captured call is the C++ one (the workspace is per stream)
