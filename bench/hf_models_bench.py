@@ -28,7 +28,8 @@ untimed, at its first interleaved call.) "GPU us" is one call's kernels' summed 
 calls): what the kernels alone change, unmoved by the host.
 
 --dynamic: after each model's runs, backend="comfuse" with dynamic=True over three batch/sequence sizes, each
-against eager, counting the ComFuse graphs and kernels the later sizes added (issue 13: none).
+against eager, counting the ComFuse graphs and kernels the later sizes added (issue 13: none), and timed at each
+size against Inductor's own dynamic=True compile.
 
 Prints a table last; exit status 1 if an output is wrong, a required region is missing or a run failed.
 Without a GPU: "skipped: no GPU", exit 77. --cpu-smoke runs a tiny GPT-2 on the CPU through the pass (reference
@@ -100,7 +101,8 @@ def resized(kwargs, batch: int, seq: int) -> dict:
 
 def dynamic_check(model, kwargs, cuda: bool) -> dict:
     """backend="comfuse" with dynamic=True over three (batch, sequence) sizes: each output against eager at its
-    size, and whether the later sizes needed a new graph or a new kernel (issue 13: no recompiles)."""
+    size, whether the later sizes needed a new graph or a new kernel (issue 13: no recompiles), and the time
+    against Inductor's own dynamic=True compile at each size (`vs_inductor`, Inductor ÷ ComFuse)."""
     import comfuse
     from comfuse import inductor, ops
 
@@ -116,9 +118,22 @@ def dynamic_check(model, kwargs, cuda: bool) -> dict:
         times.append(timed(lambda: run(f, kw), 10, cuda))
         if i == 0:
             kernels_after_first, graphs_after_first = len(ops._KERNELS), len(inductor.reports())
-    return dict(sizes=sizes, errs=errs, times=times, new_kernels=len(ops._KERNELS) - kernels_after_first,
-                new_graphs=len(inductor.reports()) - graphs_after_first,
-                fused=region_kinds(inductor.reports())["total"])
+    out = dict(sizes=sizes, errs=errs, times=times, new_kernels=len(ops._KERNELS) - kernels_after_first,
+               new_graphs=len(inductor.reports()) - graphs_after_first,
+               fused=region_kinds(inductor.reports())["total"])
+    # Inductor's own dynamic=True compile at the same sizes, each size timed in turn with ComFuse's (interleaved)
+    g = torch.compile(model, backend="inductor", dynamic=True)
+    out["vs_inductor"] = []
+    for i, (bb, ss) in enumerate(sizes):
+        kw = resized(kwargs, bb, ss) if i else kwargs
+        run(g, kw)
+        ti, tc = timed(lambda: run(g, kw), 10, cuda), timed(lambda: run(f, kw), 10, cuda)
+        out["vs_inductor"].append(ti / tc)
+    return out
+
+
+def row_ratios(rs) -> str:
+    return ", ".join(f"{r:.3f}x" for r in rs)
 
 
 def run(model, kwargs):
@@ -410,14 +425,16 @@ def main() -> int:
                               f"{row.get('vs_inductor_interleaved', '')}", flush=True)
                 except Exception as e:   # the back-to-back numbers stand; say why there are no others
                     print(f"{name} {mode}: interleaved rounds failed ({type(e).__name__}: {e})", flush=True)
-        if a.dynamic and cuda and time.time() - t0 <= a.budget_s:
+        if a.dynamic and (cuda or a.cpu_smoke) and time.time() - t0 <= a.budget_s:
             row = dict(model=name, mode="dynamic", backend="comfuse", fuse="planner", us=float("nan"),
                        vs_inductor="-", rel_err=float("nan"), fused="-", attention="-", f32_gemm="-", note="")
             try:
                 d = dynamic_check(model, kwargs, cuda)
                 row.update(us=d["times"][-1], rel_err=max(d["errs"]), fused=str(d["fused"]),
+                           vs_inductor=row_ratios(d["vs_inductor"]).replace(", ", " / "),
                            note=f"sizes {d['sizes']}: {', '.join(f'{t:.0f}' for t in d['times'])} us; after the "
-                                f"first: {d['new_graphs']} new ComFuse graph(s), {d['new_kernels']} new kernel(s)")
+                                f"first: {d['new_graphs']} new ComFuse graph(s), {d['new_kernels']} new kernel(s); "
+                                f"Inductor dynamic=True / ComFuse per size: {row_ratios(d['vs_inductor'])}")
                 if not row["rel_err"] <= 2e-2:
                     failures.append(f"{name} dynamic: rel err {row['rel_err']:.3g}")
             except Exception as e:
