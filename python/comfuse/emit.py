@@ -67,9 +67,10 @@ def _on_device(g: fx.Graph, ins: list) -> list:
     out = []
     for v in ins:
         d, scalar = _device_of(v)
-        # non_blocking: a blocking copy to the GPU synchronizes the stream (four per Llama forward left the host
-        # waiting for the GPU each time); from pageable memory the driver stages the value before returning
-        out.append(g.call_function(torch.ops.aten._to_copy.default, (v,), {"device": dev, "non_blocking": True})
+        # prims.device_put: Inductor lowers it (a copy_ in its code); a post-grad aten._to_copy it cannot (it
+        # decomposes that op before its passes, and refuses a fallback for it). Non-blocking: a blocking copy to
+        # the GPU synchronizes the stream; from pageable memory the driver stages the value before returning.
+        out.append(g.call_function(torch.ops.prims.device_put.default, (v, dev, True))
                    if d is not None and d.type == "cpu" and scalar else v)
     return out
 

@@ -309,3 +309,40 @@ def test_inductor_code_calls_the_direct_entry_and_it_defers_to_the_op():
             assert not _torch_ops.plain_context()
         with torch.overrides.TorchFunctionMode():
             assert not _torch_ops.plain_context()
+
+
+@pytest.mark.parametrize("copy_op,lowered", [("device_put", True), ("_to_copy", False)])
+def test_inductor_lowers_the_scalar_copy_the_rewrite_inserts(copy_op, lowered):
+    """emit._on_device copies a CPU scalar that a fused call reads to the GPU with prims.device_put (dynamic=True
+    hands float attributes over as 0-dim CPU tensors). A post-grad pass's node must be one Inductor lowers: it
+    lowers device_put (a copy_ in its code), while an aten._to_copy inserted there fails the compile (Inductor
+    decomposes that op before its passes and refuses a fallback for it). Checked on the CPU, a copy to the CPU."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class InsertCopy(CustomGraphPass):
+        def __call__(self, g):
+            s = next(n for n in g.nodes if n.op == "placeholder" and n.meta["val"].dim() == 0)
+            with g.inserting_after(s):
+                if copy_op == "device_put":
+                    c = g.call_function(torch.ops.prims.device_put.default, (s, torch.device("cpu"), True))
+                else:
+                    c = g.call_function(torch.ops.aten._to_copy.default, (s,), {"device": torch.device("cpu")})
+            c.meta["val"] = s.meta["val"].clone()
+            s.replace_all_uses_with(c, delete_user_cb=lambda u: u is not c)
+
+        def uuid(self):
+            return copy_op
+
+    def f(x, eps):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+    torch._dynamo.reset()
+    x, eps = torch.randn(4, 8), torch.tensor(1e-6, dtype=torch.float64)
+    with torch._inductor.config.patch(post_grad_custom_post_pass=InsertCopy(), fx_graph_cache=False):
+        g = torch.compile(f, backend="inductor")
+        if lowered:
+            assert rel_err(g(x, eps), f(x, eps)) < 1e-5
+        else:
+            with pytest.raises(Exception, match="both a fallback and a decomp"):
+                g(x, eps)
+    torch._dynamo.reset()
