@@ -132,8 +132,8 @@ def dynamic_check(model, kwargs, cuda: bool) -> dict:
     return out
 
 
-def row_ratios(rs) -> str:
-    return ", ".join(f"{r:.3f}x" for r in rs)
+def row_ratios(rs, sep: str = ", ") -> str:
+    return sep.join(f"{r:.3f}x" for r in rs)
 
 
 def run(model, kwargs):
@@ -431,7 +431,7 @@ def main() -> int:
             try:
                 d = dynamic_check(model, kwargs, cuda)
                 row.update(us=d["times"][-1], rel_err=max(d["errs"]), fused=str(d["fused"]),
-                           vs_inductor=row_ratios(d["vs_inductor"]).replace(", ", " / "),
+                           vs_inductor=row_ratios(d["vs_inductor"], " / "),
                            note=f"sizes {d['sizes']}: {', '.join(f'{t:.0f}' for t in d['times'])} us; after the "
                                 f"first: {d['new_graphs']} new ComFuse graph(s), {d['new_kernels']} new kernel(s); "
                                 f"Inductor dynamic=True / ComFuse per size: {row_ratios(d['vs_inductor'])}")

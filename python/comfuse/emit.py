@@ -60,19 +60,16 @@ def _on_device(g: fx.Graph, ins: list) -> list:
     """A fused call's inputs with 0-dim CPU tensors copied to the GPU the others are on. Under dynamic=True, Dynamo
     hands float attributes (an RMSNorm's eps) to the graph as 0-dim CPU tensors; torch ops take such scalars with
     CUDA tensors, the kernel reads its parameters from GPU memory."""
-    devs = {d for d, _ in map(_device_of, ins) if d is not None and d.type != "cpu"}
+    where = [_device_of(v) for v in ins]
+    devs = {d for d, _ in where if d is not None and d.type != "cpu"}
     if len(devs) != 1:
         return ins
     dev = devs.pop()
-    out = []
-    for v in ins:
-        d, scalar = _device_of(v)
-        # prims.device_put: Inductor lowers it (a copy_ in its code); a post-grad aten._to_copy it cannot (it
-        # decomposes that op before its passes, and refuses a fallback for it). Non-blocking: a blocking copy to
-        # the GPU synchronizes the stream; from pageable memory the driver stages the value before returning.
-        out.append(g.call_function(torch.ops.prims.device_put.default, (v, dev, True))
-                   if d is not None and d.type == "cpu" and scalar else v)
-    return out
+    # prims.device_put: Inductor lowers it (a copy_ in its code); a post-grad aten._to_copy it cannot (it
+    # decomposes that op before its passes, and refuses a fallback for it). Non-blocking: a blocking copy to
+    # the GPU synchronizes the stream; from pageable memory the driver stages the value before returning.
+    return [g.call_function(torch.ops.prims.device_put.default, (v, dev, True))
+            if d is not None and d.type == "cpu" and scalar else v for v, (d, scalar) in zip(ins, where)]
 
 
 def _cast(g: fx.Graph, v, dtype):
