@@ -90,6 +90,14 @@ struct SpecOutput {
   DType dtype = DType::F32;     // stored dtype
   bool per_row = false;         // [rows, 1] instead of [rows, N]
   Shape shape;                  // the graph value's shape
+  // Stored heads-major (spec_with_heads): where torch would split the value into parts of part_cols columns, each
+  // into attention heads of head_dim, and copy each part to [batch, heads, seq, head_dim], the kernel stores that
+  // layout itself. Row r = (b, s) with s < heads_rows and column c = (t, h, d) go to the contiguous
+  // [N / part_cols, rows / heads_rows, part_cols / head_dim, heads_rows, head_dim] buffer; `shape` is then
+  // [rows / heads_rows, heads_rows, N / part_cols, part_cols / head_dim, head_dim]. heads_rows 0: row-major.
+  int64_t heads_rows = 0, part_cols = 0, head_dim = 0;
+  int copies = 0;               // parts torch would copy into that layout (the planner prices them; not hashed)
+  bool heads_major() const { return heads_rows > 0; }
 };
 
 // The GEMM feeding the epilogue: rows = product of A's leading dims and M.
@@ -191,5 +199,11 @@ FusionSpec spec_with_rows(const FusionSpec& fs, int64_t rows);
 // kernel to store bf16 rather than the f32 that values handed on within the Graph IR keep. Throws
 // std::invalid_argument when the count differs.
 FusionSpec spec_with_output_dtypes(const FusionSpec& fs, const std::vector<DType>& dtypes);
+
+// The same Spec with output `out` stored heads-major (SpecOutput::heads_rows): rows of `seq` rows per batch,
+// columns in parts of `part` columns, each of heads of `head_dim`; `copies` parts are what torch would copy.
+// Throws std::invalid_argument where the output cannot be laid out so (per-row, sizes that do not divide, a head
+// narrower than one 16-byte store block).
+FusionSpec spec_with_heads(const FusionSpec& fs, int out, int64_t seq, int64_t part, int64_t head_dim, int copies);
 
 }  // namespace comfuse

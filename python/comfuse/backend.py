@@ -221,7 +221,8 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
         no_region += (f" ({len(declined)} back-to-back chain(s) recognised, not fused: {declined[0].reason})")
     rep.fallback = rep.fallback or dtype_reason(aten_gm) or no_region or device_reason(example_inputs)
     # priced as the rewrite stores them (program.planned_spec: handed-on values in their own bf16/f16 dtype)
-    rep.plans = [C.plan_region(program.planned_spec(rep.analysis.part, i)) for i in range(len(rep.regions))]
+    rep.plans = [C.plan_region(program.planned_spec(rep.analysis.part, i, rep.analysis.program.heads.get(i)))
+                 for i in range(len(rep.regions))]
     if rep.fallback is None:
         dev = next(t.device for t in _tensors(example_inputs) if t.device.type == "cuda")
         why = C.unsupported_device_reason(dev.index or 0)
@@ -414,7 +415,8 @@ def _time_pair_us(fn, other, blocks: int = 9, launches: int = 10) -> tuple[float
 
 def time_region_on_gpu(key: str) -> tuple[float, float]:
     """(fused kernel us, cuBLAS GEMM us) of a registered region at its Spec's shapes, on random inputs, timed in
-    alternating blocks (a region of two GEMMs on one A: both cuBLAS GEMMs)."""
+    alternating blocks (a region of two GEMMs on one A: both cuBLAS GEMMs; a heads-major output: the GEMM and the
+    copies into heads it saves)."""
     from . import ops
 
     spec = ops.region_spec(key)
@@ -425,7 +427,17 @@ def time_region_on_gpu(key: str) -> tuple[float, float]:
         b2t = b2.t() if spec.gemm.transpose_b else b2
         return _time_pair_us(lambda: ops._run_gpu(key, [a, b, *params]),
                              lambda: (torch.matmul(a, bt), torch.matmul(a, b2t)))
-    return _time_pair_us(lambda: ops._run_gpu(key, [a, b, *params]), lambda: torch.matmul(a, bt))
+    copied = [([int(d) for d in o.shape], o.copies) for o in spec.outputs if o.heads_major]
+
+    def unfused():   # the GEMM, and the copies into attention heads that a heads-major output saves (heads.py)
+        y = torch.matmul(a, bt)
+        for shape, copies in copied:
+            parts = y.view(shape)
+            for t in range(copies):
+                parts[:, :, t].transpose(1, 2).contiguous()
+        return y
+
+    return _time_pair_us(lambda: ops._run_gpu(key, [a, b, *params]), unfused)
 
 
 # A fused kernel must beat what it replaces by this fraction to be kept (measure_fused). Two timings of one kernel

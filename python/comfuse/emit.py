@@ -17,6 +17,7 @@ import torch
 import torch.fx as fx
 
 from . import _core as C
+from . import heads
 from .convert import DT_TO_TORCH, OK, TORCH_TO_DT, size_hints
 
 
@@ -335,9 +336,13 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
         dts = stored_dtypes(ri)
         if dts != [o.dtype for o in fs.outputs]:
             fs = fs.with_output_dtypes(dts)
+        lays = prog.heads.get(ri, {})
+        fs = heads.apply(fs, lays)
         emitted.add(RegionOutputs(ri))
-        for o, out in zip(fs.outputs, fused_call(prog, g, ri, fs, ctas, value_of)):
+        for j, (o, out) in enumerate(zip(fs.outputs, fused_call(prog, g, ri, fs, ctas, value_of))):
             env_g[o.name] = out
+            if j in lays:   # read only as heads (heads.find): views of it replace the transposed heads and copies
+                heads.emit_views(g, out, lays[j], env_fx)   # (what led to them is left dead, and eliminated below)
             for f in fx_values.get(o.name, []):
                 if absorbed.get(f) == ri:
                     env_fx[f] = _cast(g, reshape(out, list(o.shape), f.meta["val"].shape), f.meta["val"].dtype)
@@ -369,7 +374,8 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
         for t in todo:
             if all(ready(a) for a in need(t)):
                 if isinstance(t, _CopyNode):
-                    env_fx[t.node] = g.node_copy(t.node, lambda a: env_fx[a])
+                    if t.node not in env_fx:   # (a heads view of a fused output stands in for it: emit_region)
+                        env_fx[t.node] = g.node_copy(t.node, lambda a: env_fx[a])
                 elif t.region >= 0:
                     emit_region(t.region)
                 else:

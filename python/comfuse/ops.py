@@ -145,6 +145,27 @@ def _out_shape(spec, o, a_shape) -> list:
     return [rows // inner] + lead[1:] + last
 
 
+def _heads_order(o) -> tuple | None:
+    """A heads-major output's storage order (SpecOutput.heads_rows): its [B, S, T, H, D] shape is stored as a
+    contiguous [T, B, H, S, D] buffer, the dims in this order; None for a row-major output."""
+    return (2, 0, 3, 1, 4) if o.heads_major else None
+
+
+def _empty_out(o, shape, dtype, device) -> torch.Tensor:
+    """An uninitialized output of Spec output `o` with logical `shape`, in the layout the kernel stores."""
+    order = _heads_order(o)
+    if order is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    buf = torch.empty([shape[i] for i in order], dtype=dtype, device=device)
+    return buf.permute([order.index(i) for i in range(len(order))])
+
+
+def _laid_out(o, t: torch.Tensor) -> torch.Tensor:
+    """Values `t` (logical shape) in the layout of Spec output `o` (the CPU reference's and the torch fallback's
+    outputs, made like the kernel's)."""
+    return t if not o.heads_major else _empty_out(o, list(t.shape), t.dtype, t.device).copy_(t)
+
+
 class _GpuLaunch:
     """One registered region's CUDA launch with everything a call does not change worked out once: the GEMM's K
     and N, the dtypes, the kernel (compiled or loaded on first use), the output shapes per A shape. Keeps the
@@ -262,7 +283,11 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     a, b = _dense(a, L.dtype), _dense(b, L.dtype)
     params = [_dense(t, d) for t, d in zip(inputs[2:], L.param_dtypes)]
     rows = a.numel() // L.k   # M: leading dims of A flattened, taken at run time
-    outs = [torch.empty(s, dtype=d, device=dev) for s, d in zip(L.out_shapes(tuple(a.shape)), L.out_dtypes)]
+    outs = [_empty_out(o, s, d, dev) for o, s, d in zip(L.spec.outputs, L.out_shapes(tuple(a.shape)), L.out_dtypes)]
+    for o, out in zip(L.spec.outputs, outs):
+        if o.heads_major and out.shape[0] * out.shape[1] != rows:
+            raise ValueError(f"comfuse::fused_region: {rows} rows are not whole sequences of {o.heads_rows}, which "
+                             "this region's heads-major output was compiled for")
     if rows == 0:
         return outs
     if key in _BROKEN:
@@ -304,12 +329,13 @@ _SCALAR_TYPE = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
 def _fast_description(L: _GpuLaunch, entry: int, base: list) -> list:
     """comfuse::_fast_register's description of a region (layout: python/src/torch_ops.cpp, fast_register): the
     launch entry, the fixed arguments `base` ([abi, n, k, lda, ldb, ld, transport], RegionKernel.recipe), whether
-    it reduces, the dtypes, and each output's shape rule."""
+    it reduces, the dtypes, and each output's shape rule and whether it is heads-major."""
     desc = [entry, *base, int(L.spec.num_stages() > 1), _SCALAR_TYPE[L.dtype], len(L.param_dtypes),
             *[_SCALAR_TYPE[d] for d in L.param_dtypes], len(L.out_dtypes)]
     for o, d in zip(L.spec.outputs, L.out_dtypes):
         lead, cols = _split_out(L.spec, o)
-        desc += [_SCALAR_TYPE[d], int(has_gemm_lead(L.spec, o)), len(lead), *lead, len(cols), *cols]
+        desc += [_SCALAR_TYPE[d], int(has_gemm_lead(L.spec, o)), len(lead), *lead, len(cols), *cols,
+                 int(o.heads_major)]
     return desc
 
 
@@ -336,7 +362,8 @@ def _fast_register(L: _GpuLaunch, stream: int, rows: int) -> None:
 def _run_fallback(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     spec, _ = _REGIONS[key]
     outs = _FALLBACK[key](inputs)
-    return [o.to(DT_TO_TORCH[so.dtype]).reshape(_out_shape(spec, so, inputs[0].shape)) for o, so in zip(outs, spec.outputs)]
+    return [_laid_out(so, o.to(DT_TO_TORCH[so.dtype]).reshape(_out_shape(spec, so, inputs[0].shape)))
+            for o, so in zip(outs, spec.outputs)]
 
 
 def _np32(t: torch.Tensor) -> np.ndarray:
@@ -359,14 +386,13 @@ def _run_cpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         outs = [o.reshape(sh) for o, sh in zip(outs, shapes)]
     else:
         outs = C.interpret_spec(spec, a, b, params, ctas)
-    return [torch.from_numpy(o).to(DT_TO_TORCH[so.dtype]) for o, so in zip(outs, spec.outputs)]
+    return [_laid_out(so, torch.from_numpy(o).to(DT_TO_TORCH[so.dtype])) for o, so in zip(outs, spec.outputs)]
 
 
 def _fused_region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     spec, _ = _REGIONS[key]
     dev = inputs[0].device
-    return [torch.empty(_out_shape(spec, o, inputs[0].shape), dtype=DT_TO_TORCH[o.dtype], device=dev)
-            for o in spec.outputs]
+    return [_empty_out(o, _out_shape(spec, o, inputs[0].shape), DT_TO_TORCH[o.dtype], dev) for o in spec.outputs]
 
 
 def _load_fast_path() -> bool:

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch.fx as fx
 
 from . import _core as C
-from . import emit
+from . import emit, heads
 from .convert import OK, Conversion, convert
 from .emit import NotKeepable, emit_aten_node  # noqa: F401  (re-exported: program.NotKeepable)
 
@@ -62,6 +62,8 @@ class Program:
         self.nodes = self.pg.nodes
         self.steps: list[Step] = []
         self.cycle: tuple | None = None   # (value name, region index, [region node ids]) when not acyclic
+        # {region: {output: heads.HeadsLayout}}: outputs read only as attention heads, stored heads-major
+        self.heads: dict = heads.find_for_regions(self)
 
     # ------------------------------------------------------------ value keys
     def fx_of(self, name: str) -> fx.Node | None:
@@ -243,13 +245,14 @@ def analyze(aten_gm: fx.GraphModule, gemm_dtype=C.DType.BF16, max_rounds: int = 
     raise RuntimeError("comfuse: could not make the partitioned program acyclic")
 
 
-def planned_spec(part, ri: int):
+def planned_spec(part, ri: int, layouts: dict | None = None):
     """Region `ri`'s Spec with the output dtypes the rewrite stores (emit.rewrite_keeping_torch, stored_dtypes), for
     the planner to price: a value the Graph IR hands on in f32 is stored in its own bf16/f16 dtype where every
     reader rounds to it anyway - torch ops (in the node's dtype), and other regions that take it as a GEMM operand
     or a tile parameter in that dtype. Priced in f32, such a region looked 2 bytes per element dearer than the
-    kernel it becomes (HF BERT's out-projection and FFN2 + residual + LayerNorm: declined)."""
-    fs = part.regions[ri].spec
+    kernel it becomes (HF BERT's out-projection and FFN2 + residual + LayerNorm: declined). `layouts`: the region's
+    heads-major outputs (Program.heads), which the planner prices with the copies they save."""
+    fs = heads.apply(part.regions[ri].spec, layouts)
     g = part.graph
 
     def taken_as(nid: int, dt) -> bool:

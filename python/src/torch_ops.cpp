@@ -46,6 +46,7 @@ struct OutRule {
   bool gemm_lead;
   std::vector<int64_t> lead;
   std::vector<int64_t> cols;
+  bool heads = false;   // heads-major (ops._empty_out): the [B, S, T, H, D] shape stored as a contiguous [T, B, H, S, D]
 };
 
 struct Region {
@@ -174,7 +175,15 @@ std::vector<at::Tensor> serve_region(std::string_view key, at::TensorList inputs
   if (ph) ph->mark(Phases::kStream);
   std::vector<at::Tensor> outs;
   outs.reserve(r->outs.size());
-  for (const OutRule& o : r->outs) outs.push_back(empty_cuda(out_shape(o, a.sizes()), o.dtype));
+  for (const OutRule& o : r->outs) {
+    const std::vector<int64_t> shape = out_shape(o, a.sizes());
+    if (!o.heads) {
+      outs.push_back(empty_cuda(shape, o.dtype));
+      continue;
+    }
+    if (shape.size() != 5 || shape[0] * shape[1] != rows) return slow(key, inputs, "rows: not whole sequences of a heads-major output");
+    outs.push_back(empty_cuda({shape[2], shape[0], shape[3], shape[1], shape[4]}, o.dtype).permute({1, 3, 0, 2, 4}));
+  }
   if (rows == 0) return outs;
   if (ph) ph->mark(Phases::kOutputs);
   ComfuseKernelArgs k;
@@ -333,7 +342,8 @@ void fast_chain_register(std::string_view key, std::vector<int64_t> d) {
 
 // comfuse::_fast_register(key, desc): desc, all int64:
 //   entry, abi, n, k, lda, ldb, ld, transport, reduces, A/B dtype,
-//   P, P param dtypes, O, then per output: dtype, gemm_lead, L, L lead dims, C, C column dims ([N], [1] or [H, D])
+//   P, P param dtypes, O, then per output: dtype, gemm_lead, L, L lead dims, C, C column dims ([N], [1], [H, D] or
+//   [T, H, D]), heads-major (0/1)
 // (dtypes as c10::ScalarType numbers). Replaces an earlier registration of the key; its workspaces are kept.
 void fast_register(std::string_view key, std::vector<int64_t> d) {
   size_t i = 0;
@@ -372,6 +382,8 @@ void fast_register(std::string_view key, std::vector<int64_t> d) {
     const int64_t nc = next();
     TORCH_CHECK(nc >= 1 && nc <= 8, "comfuse::_fast_register: output columns");
     for (int64_t c = 0; c < nc; ++c) rule.cols.push_back(next());
+    rule.heads = next() != 0;
+    TORCH_CHECK(!rule.heads || rule.lead.size() + rule.cols.size() == 5, "comfuse::_fast_register: a heads-major output is 5-D");
     r->outs.push_back(std::move(rule));
   }
   TORCH_CHECK(i == d.size(), "comfuse::_fast_register: description too long");

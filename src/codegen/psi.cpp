@@ -595,10 +595,15 @@ class Psi {
       }
       case SpecKind::Store: {
         const std::string a = operand(k, n, 0), o = std::to_string(n.output);
-        const char* t = cpp_type(fs_.outputs[n.output].dtype);
-        return {std::string("Store<") + t + ", " + a + ">",
-                std::string("{p.output<") + t + ">(" + o + "), ld, " + operand_args(k, n, 0) + "}",
-                a + "; out[" + o + "][row, col] = " + t + "(" + a + ")"};
+        const SpecOutput& so = fs_.outputs[n.output];
+        const char* t = cpp_type(so.dtype);
+        const std::string args = std::string("{p.output<") + t + ">(" + o + "), ld, " + operand_args(k, n, 0) + "}";
+        if (so.heads_major())
+          return {std::string("Store<") + t + ", " + a + ", HeadsMajor<" + std::to_string(so.heads_rows) + ", " +
+                      std::to_string(so.part_cols) + ", " + std::to_string(so.head_dim) + ">>",
+                  args,
+                  a + "; out[" + o + "][t, b, h, s, d] = " + t + "(" + a + "), row = (b, s), col = (t, h, d)"};
+        return {std::string("Store<") + t + ", " + a + ">", args, a + "; out[" + o + "][row, col] = " + t + "(" + a + ")"};
       }
     }
     throw CodegenError("unknown Spec node kind");

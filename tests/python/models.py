@@ -87,6 +87,31 @@ class RotaryQK(nn.Module):
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
+class QKVHeads(nn.Module):
+    """Attention's inputs as HF's GPT-2 makes them (fused=True: one QKV projection with a bias, split into q, k and
+    v) or as Llama's v projection (fused=False: one bias-free projection): seen as heads and transposed, k and v
+    copied contiguous for the key / value cache, and q, k, v read by attention. Returns (attention, k, v). ComFuse
+    stores the projection heads-major (comfuse/heads.py): the copies go."""
+
+    def __init__(self, d=32, heads=2, fused=True):
+        super().__init__()
+        self.fused, self.heads, self.dh = fused, heads, d // heads
+        self.proj = nn.Linear(d, 3 * d if fused else d, bias=fused)
+
+    def forward(self, x):
+        b, s, d = x.shape
+
+        def heads(t):
+            return t.view(b, s, self.heads, self.dh).transpose(1, 2)
+
+        if not self.fused:
+            v = heads(self.proj(x)).contiguous()
+            return v * 2.0, v
+        q, k, v = self.proj(x).split(d, dim=2)
+        q, k, v = heads(q), heads(k).contiguous(), heads(v).contiguous()
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True), k, v
+
+
 class ClassifierHead(nn.Module):
     """Pooler (Linear + tanh) and a classifier Linear followed by softmax over the classes."""
 

@@ -9,7 +9,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 import comfuse
 from conftest import assert_fp32_match, bf16_exact, bf16_randn, messages, reference, rel_err
-from models import ClassifierHead, CumsumBeforeNorm, PostNormEncoderLayer, RMSNormMLP, RotaryQK, SwiGLUMLP
+from models import ClassifierHead, CumsumBeforeNorm, PostNormEncoderLayer, QKVHeads, RMSNormMLP, RotaryQK, SwiGLUMLP
 
 
 def test_entry_point_registers_backend():
@@ -394,6 +394,61 @@ def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
         assert a.dtype == c.dtype and a.shape == c.shape
         assert rel_err(a.float(), c.float()) <= 2e-2
         assert rel_err(a.float(), b.float()) <= 2e-2
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_heads_copied_after_a_projection_are_stored_heads_major_by_its_kernel(fused):
+    """GPT-2's QKV projection split into heads (fused) and Llama's v projection (not fused), k and v copied
+    contiguous for the cache: the region's output is stored heads-major ([T, B, H, S, D]), each part's transposed
+    heads is a view of it, dense, and the copies are gone; values as eager (the CPU reference of the kernel, laid
+    out as the kernel stores). The planner prices the copies it saves."""
+    from comfuse import ops
+
+    torch.manual_seed(3)
+    m = _bf16(QKVHeads(32, 2, fused=fused))
+    x = bf16_randn(2, 8, 32, seed=42).to(torch.bfloat16)
+    rep = comfuse.capture(m, x)[0]
+    prog = rep.analysis.program
+    (ri, lays), = prog.heads.items()
+    lay = lays[0]
+    assert (lay.seq, lay.part, lay.head_dim, lay.copies) == ((8, 32, 16, 2) if fused else (8, 32, 16, 1))
+    plain = comfuse._core.plan_region(rep.regions[ri].spec)
+    assert rep.plans[ri].pass_us > plain.pass_us   # the copies it saves
+    gm = prog.rewrite_keeping_torch({ri})
+    gm.graph.lint()
+    calls = [n for n in gm.graph.nodes if n.target is torch.ops.comfuse.fused_region.default]
+    assert len(calls) == 1
+    spec = ops.region_spec(calls[0].args[0])
+    o = spec.outputs[0]
+    assert o.heads_major and (o.heads_rows, o.part_cols, o.head_dim) == (8, 32, 16)
+    assert list(o.shape) == [2, 8, 3 if fused else 1, 2, 16]
+    assert "heads-major: stored [" in str(spec)
+    assert not any(n.target is torch.ops.aten.clone.default for n in gm.graph.nodes)
+    with torch.no_grad():
+        got, ref = gm(*rep.example_inputs), m(x)
+    for a, b in zip(got, ref):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert rel_err(a.float(), b.float()) <= 2e-2
+    k_or_v = got[1]
+    assert k_or_v.is_contiguous()   # the cache's tensor, as the copy made it
+
+
+def test_heads_major_needs_a_static_sequence_and_whole_heads():
+    """spec.with_heads refuses sizes it cannot lay out, with the reason; a per-row output has no heads."""
+    spec = comfuse._core.partition(comfuse.parse_cf(
+        "input X : bf16[16, 32]\ninput W : bf16[32, 48]\ninput b : bf16[48]\ny = add(matmul(X, W), b)\noutput y\n",
+        "h.cf")).regions[0].spec
+    with pytest.raises(ValueError, match="not whole batches of 5"):
+        spec.with_heads(0, 5, 16, 8, 1)
+    with pytest.raises(ValueError, match="not whole parts of 32"):
+        spec.with_heads(0, 8, 32, 16, 1)
+    with pytest.raises(ValueError, match="16-byte store blocks"):
+        spec.with_heads(0, 8, 16, 4, 1)
+    with pytest.raises(ValueError, match="output 1 of 1"):
+        spec.with_heads(1, 8, 16, 8, 1)
+    h = spec.with_heads(0, 8, 16, 8, 2)
+    assert list(h.outputs[0].shape) == [2, 8, 3, 2, 8] and h.structural_hash() != spec.structural_hash()
+    h.verify()
 
 
 @pytest.mark.parametrize("rewrite,make", [("keep", PostNormEncoderLayer), ("ir", PostNormEncoderLayer),

@@ -9,9 +9,10 @@ import threading
 import pytest
 import torch
 
+import comfuse
 import comfuse._core as C
 import models
-from comfuse import ops
+from comfuse import inductor, ops
 from conftest import messages, rel_err
 
 GRAPHS = {
@@ -129,6 +130,50 @@ def test_rotary_embedding_in_the_epilogue_on_gpu_matches_the_cpu_reference(heads
     rot = torch.cat([-qh[..., d // 2:], qh[..., :d // 2]], -1)
     want = qh * values["cos"].float() + rot * values["sin"].float()
     assert rel_err(ref[0].float().view(b, s, heads, d), want) <= 1e-2
+
+
+@requires_hopper
+@pytest.mark.parametrize("parts,d", [(3, 64), (1, 128)])
+def test_a_heads_major_output_on_gpu_matches_the_cpu_reference(parts, d):
+    """A projection stored heads-major (comfuse/heads.py; HeadsMajor in store.cuh): 8 sequences of 125 rows (1000,
+    not a multiple of the tile), parts of two heads. The kernel's output has the reference's values and its
+    [T, B, H, S, D] layout, and is torch's split into heads."""
+    b, s, k = 8, 125, 520
+    c = 2 * d
+    n = parts * c
+    text = f"input X : bf16[{b * s}, {k}]\ninput W : bf16[{k}, {n}]\ninput b : bf16[{n}]\ny = add(matmul(X, W), b)\noutput y\n"
+    spec = C.partition(C.parse_cf(text, "heads.cf")).regions[0].spec.with_heads(0, s, c, d, parts)
+    key = ops.register_region(spec)
+    gen = torch.Generator().manual_seed(97)
+    x, w, bias = ((torch.rand(*sh, generator=gen) * 2 - 1).to(torch.bfloat16) for sh in ((b * s, k), (k, n), (n,)))
+    ref = _gpu_matches_cpu(key, [x, w, bias], (parts, d))[0]
+    got = torch.ops.comfuse.fused_region(key, [x.cuda(), w.cuda(), bias.cuda()])[0]
+    assert got.shape == ref.shape == (b, s, parts, 2, d) and got.stride() == ref.stride()
+    assert got.permute(2, 0, 3, 1, 4).is_contiguous()   # each part: a dense [B, H, S, D]
+    want = (x.float() @ w.float() + bias.float()).view(b, s, parts, 2, d)
+    assert rel_err(ref.float(), want) <= 1e-2
+
+
+@requires_hopper
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_qkv_heads_through_the_backend_on_gpu(mode):
+    """GPT-2's QKV projection split into heads, k and v copied for the cache (QKVHeads), through the backend inside
+    Inductor: one fused call stores the heads, no copy kernel is left, and the outputs match eager, k and v dense."""
+    torch.manual_seed(5)
+    m = models.QKVHeads(768, 12, fused=True).cuda().to(torch.bfloat16).eval()
+    x = torch.randn(4, 256, 768, device="cuda").to(torch.bfloat16)
+    inductor.reset_reports()
+    f = torch.compile(m, backend=comfuse.compile_backend(mode=mode, fuse="all"))
+    with torch.no_grad():
+        ref = m(x)
+        for _ in range(3):   # (reduce-overhead: warm-up, record, replay)
+            got = f(x)
+    torch.cuda.synchronize()
+    reps = inductor.reports()
+    assert reps and len(reps[-1].fused) == 1, [r.fused for r in reps]
+    for a, r in zip(got, ref):
+        assert a.shape == r.shape and rel_err(a.float(), r.float()) <= 2e-2
+    assert got[1].is_contiguous() and got[2].is_contiguous()
 
 
 @requires_hopper
@@ -359,10 +404,12 @@ def test_the_fast_path_registration_checks_its_description():
         torch.ops.comfuse._fast_workspace("no-such-region", 0, 0, 0, 0)
     before = ops.fast_path_stats()["regions"]
     # a whole description: entry, abi, n, k, lda, ldb, ld, transport, reduces, dtype, 0 params, 1 output (dtype,
-    # A's leading dims, 1 leading dim, 100, 1 column dim, 64)
-    desc = [1, 1, 64, 32, 32, 64, 64, 0, 0, 15, 0, 1, 15, 1, 1, 100, 1, 64]
+    # A's leading dims, 1 leading dim, 100, 1 column dim, 64, row-major)
+    desc = [1, 1, 64, 32, 32, 64, 64, 0, 0, 15, 0, 1, 15, 1, 1, 100, 1, 64, 0]
     with pytest.raises(RuntimeError, match="output columns"):
-        torch.ops.comfuse._fast_register("test-region-0", desc[:-2] + [0])
+        torch.ops.comfuse._fast_register("test-region-0", desc[:-3] + [0])
+    with pytest.raises(RuntimeError, match="heads-major output is 5-D"):
+        torch.ops.comfuse._fast_register("test-region-0", desc[:-1] + [1])
     torch.ops.comfuse._fast_register("test-region", desc)
     assert ops.fast_path_stats()["regions"] == before + 1
     with pytest.raises(RuntimeError, match="description too long"):

@@ -11,7 +11,28 @@
 
 namespace comfuse::epi {
 
-template <class T, class Child>
+// Where element (row, col) of an [M, N] output lies, in elements from its pointer. Both layouts keep a 16-byte block
+// of 8 columns contiguous, so Store writes each block with one vector store.
+struct RowMajor {
+  CUTE_DEVICE static int64_t offset(int row, int col, int /*M*/, int64_t ld) { return int64_t(row) * ld + col; }
+};
+
+// Heads-major (SpecOutput::heads_rows): row = (b, s) with s < S, col = (t, h, d) with parts of C columns and heads
+// of D, stored as a contiguous [N / C, M / S, C / D, S, D] buffer: each part is the [batch, heads, seq, head_dim]
+// tensor attention reads, written where torch would have copied it (HF's split of a fused QKV projection, the
+// key / value cache). S, C and D are compile-time (constant divisions); M is the launch's.
+template <int S, int C, int D>
+struct HeadsMajor {
+  static_assert(D % 8 == 0 && C % D == 0, "whole 16-byte blocks per head, whole heads per part");
+  CUTE_DEVICE static int64_t offset(int row, int col, int M, int64_t /*ld*/) {
+    const int b = row / S, s = row - b * S;
+    const int t = col / C, c = col - t * C;
+    const int h = c / D, d = c - h * D;
+    return (int64_t(t) * M + int64_t(b) * S) * C + (int64_t(h) * S + s) * D + d;
+  }
+};
+
+template <class T, class Child, class Layout = RowMajor>
 struct Store : Children<Child> {
   using Base = Children<Child>;
   struct Arguments {
@@ -25,9 +46,10 @@ struct Store : Children<Child> {
 
   T* ptr;
   int64_t ld;
+  int M;                                     // rows of the launch (HeadsMajor)
   uint32_t quad[kMaxRowSlots][4][kWords];   // the fragments of four column blocks of a row slot (compile-time indexed)
   CUTE_DEVICE Store(Arguments const& a, SharedStorage& s, TileCtx const& c)
-      : Base(s, c, a.child), ptr(a.ptr), ld(a.ld) {}
+      : Base(s, c, a.child), ptr(a.ptr), ld(a.ld), M(c.M) {}
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
     Frag v = this->template visit_child<0, S>(f, acc);
     if constexpr (S == kStage) {
@@ -52,7 +74,7 @@ struct Store : Children<Child> {
     }
     const int j0 = f.col_slot - 3;
     if (j0 + q < f.lim) {
-      uint4* dst = reinterpret_cast<uint4*>(ptr + int64_t(f.row) * ld + (f.col - 2 * q - 24 + 8 * q));
+      uint4* dst = reinterpret_cast<uint4*>(ptr + Layout::offset(f.row, f.col - 2 * q - 24 + 8 * q, M, ld));
       uint32_t const* o = &out[0][0];
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < kWords; ++k) dst[k] = make_uint4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);
