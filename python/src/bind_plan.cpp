@@ -18,6 +18,7 @@ void bind_plan(nb::module_& m) {
       .def_ro("epilogue_us", &PlanDecision::epilogue_us)
       .def_ro("cublas_alone", &PlanDecision::cublas_alone)
       .def_ro("pass_us", &PlanDecision::pass_us)
+      .def_ro("copy_us", &PlanDecision::copy_us)
       .def_prop_ro("epilogue", [](const PlanDecision& d) { return d.epilogue.summary(); });
   m.def("plan_region", [](const FusionSpec& fs) { return plan_region(fs); }, "spec"_a);
   nb::class_<B2BPlanDecision>(m, "B2BPlanDecision")

@@ -347,7 +347,8 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   // A heads-major output (SpecOutput::heads_rows) stores what torch would copy into attention heads afterwards:
   // each copied part is read and written once more (with a bias alone too: cuBLAS does not lay out heads).
   for (const auto& o : fs.outputs)
-    if (o.heads_major()) d.pass_us += 2.0 * 2.0 * g.rows * o.part_cols * o.copies / kUnfusedBytesPerSecond * 1e6;
+    if (o.heads_major()) d.copy_us += 2.0 * 2.0 * g.rows * o.part_cols * o.copies / kUnfusedBytesPerSecond * 1e6;
+  d.pass_us += d.copy_us;
   if (g.n % 8) return decline("N = " + std::to_string(g.n) + " is not a multiple of 8: rows of B and of the outputs are not 16-byte aligned for TMA");
   if (g.k % 8) return decline("K = " + std::to_string(g.k) + " is not a multiple of 8: rows of A are not 16-byte aligned for TMA");
 

@@ -397,7 +397,7 @@ def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_heads_copied_after_a_projection_are_stored_heads_major_by_its_kernel(fused):
+def test_heads_copied_after_a_projection_are_stored_heads_major_by_its_kernel(fused, caplog):
     """GPT-2's QKV projection split into heads (fused) and Llama's v projection (not fused), k and v copied
     contiguous for the cache: the region's output is stored heads-major ([T, B, H, S, D]), each part's transposed
     heads is a view of it, dense, and the copies are gone; values as eager (the CPU reference of the kernel, laid
@@ -413,7 +413,8 @@ def test_heads_copied_after_a_projection_are_stored_heads_major_by_its_kernel(fu
     lay = lays[0]
     assert (lay.seq, lay.part, lay.head_dim, lay.copies) == ((8, 32, 16, 2) if fused else (8, 32, 16, 1))
     plain = comfuse._core.plan_region(rep.regions[ri].spec)
-    assert rep.plans[ri].pass_us > plain.pass_us   # the copies it saves
+    plan = rep.plans[ri]
+    assert plan.copy_us > 0 and plan.pass_us == pytest.approx(plain.pass_us + plan.copy_us)   # the copies it saves
     gm = prog.rewrite_keeping_torch({ri})
     gm.graph.lint()
     calls = [n for n in gm.graph.nodes if n.target is torch.ops.comfuse.fused_region.default]
@@ -431,6 +432,14 @@ def test_heads_copied_after_a_projection_are_stored_heads_major_by_its_kernel(fu
         assert rel_err(a.float(), b.float()) <= 2e-2
     k_or_v = got[1]
     assert k_or_v.is_contiguous()   # the cache's tensor, as the copy made it
+    # measured on the GPU, the copies are timed with the GEMM (time_region_on_gpu): not counted a second time
+    from comfuse import backend
+    gemm_and_copies = 10.0 + plan.copy_us
+    with caplog.at_level(logging.INFO, logger="comfuse"):
+        lost = backend.measure_fused(rep, gm, {ri}, lambda key: (0.99 * gemm_and_copies, gemm_and_copies), host_us=0.0)
+    logs = messages(caplog)
+    assert lost == {ri}, logs   # a tie with the GEMM and its copies: it does not win by the margin
+    assert any(f"epilogue pass ~{max(0.0, plan.pass_us - plan.copy_us):.1f} us" in m for m in logs), logs
 
 
 def test_heads_major_needs_a_static_sequence_and_whole_heads():
