@@ -90,14 +90,15 @@ struct SpecOutput {
   DType dtype = DType::F32;     // stored dtype
   bool per_row = false;         // [rows, 1] instead of [rows, N]
   Shape shape;                  // the graph value's shape
-  // Stored heads-major (spec_with_heads): where torch would split the value into parts of part_cols columns, each
-  // into attention heads of head_dim, and copy each part to [batch, heads, seq, head_dim], the kernel stores that
-  // layout itself. Row r = (b, s) with s < heads_rows and column c = (t, h, d) go to the contiguous
-  // [N / part_cols, rows / heads_rows, part_cols / head_dim, heads_rows, head_dim] buffer; `shape` is then
-  // [rows / heads_rows, heads_rows, N / part_cols, part_cols / head_dim, head_dim]. heads_rows 0: row-major.
-  int64_t heads_rows = 0, part_cols = 0, head_dim = 0;
-  int copies = 0;               // parts torch would copy into that layout (the planner prices them; not hashed)
-  bool heads_major() const { return heads_rows > 0; }
+  // Stored part by part (spec_with_parts): where torch splits the value's columns into T = N / part_cols equal
+  // parts (HF's fused QKV projection split into q, k and v), the kernel stores each part as its own contiguous
+  // [rows, part_cols] matrix, one after another: a [T, rows, part_cols] buffer, whose `shape` is [..., T, part_cols]
+  // (the value's leading dims). Each part is then dense, as torch's copies of it are (the key / value cache).
+  // part_cols 0: row-major.
+  int64_t part_cols = 0;
+  int copies = 0;               // parts torch copies, which a dense output makes views (the planner prices them;
+                                // not hashed: the kernel is the same)
+  bool split() const { return part_cols > 0; }
 };
 
 // The GEMM feeding the epilogue: rows = product of A's leading dims and M.
@@ -200,10 +201,10 @@ FusionSpec spec_with_rows(const FusionSpec& fs, int64_t rows);
 // std::invalid_argument when the count differs.
 FusionSpec spec_with_output_dtypes(const FusionSpec& fs, const std::vector<DType>& dtypes);
 
-// The same Spec with output `out` stored heads-major (SpecOutput::heads_rows): rows of `seq` rows per batch,
-// columns in parts of `part` columns, each of heads of `head_dim`; `copies` parts are what torch would copy.
-// Throws std::invalid_argument where the output cannot be laid out so (per-row, sizes that do not divide, a head
-// narrower than one 16-byte store block).
-FusionSpec spec_with_heads(const FusionSpec& fs, int out, int64_t seq, int64_t part, int64_t head_dim, int copies);
+// The same Spec with output `out` stored part by part (SpecOutput::part_cols), parts of `part` columns, of which
+// torch copies `copies`. part = N: one part, the row-major layout (only the copies are recorded). Throws
+// std::invalid_argument where the output cannot be laid out so (per-row, N not whole parts, a part that is not
+// whole 16-byte store blocks).
+FusionSpec spec_with_parts(const FusionSpec& fs, int out, int64_t part, int copies);
 
 }  // namespace comfuse

@@ -221,7 +221,7 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
         no_region += (f" ({len(declined)} back-to-back chain(s) recognised, not fused: {declined[0].reason})")
     rep.fallback = rep.fallback or dtype_reason(aten_gm) or no_region or device_reason(example_inputs)
     # priced as the rewrite stores them (program.planned_spec: handed-on values in their own bf16/f16 dtype)
-    rep.plans = [C.plan_region(program.planned_spec(rep.analysis.part, i, rep.analysis.program.heads.get(i)))
+    rep.plans = [C.plan_region(program.planned_spec(rep.analysis.part, i, rep.analysis.program.splits.get(i)))
                  for i in range(len(rep.regions))]
     if rep.fallback is None:
         dev = next(t.device for t in _tensors(example_inputs) if t.device.type == "cuda")
@@ -415,8 +415,8 @@ def _time_pair_us(fn, other, blocks: int = 9, launches: int = 10) -> tuple[float
 
 def time_region_on_gpu(key: str) -> tuple[float, float]:
     """(fused kernel us, cuBLAS GEMM us) of a registered region at its Spec's shapes, on random inputs, timed in
-    alternating blocks (a region of two GEMMs on one A: both cuBLAS GEMMs; a heads-major output: the GEMM and the
-    copies into heads it saves)."""
+    alternating blocks (a region of two GEMMs on one A: both cuBLAS GEMMs; an output stored in parts: the GEMM and
+    the copies of parts it saves)."""
     from . import ops
 
     spec = ops.region_spec(key)
@@ -427,14 +427,13 @@ def time_region_on_gpu(key: str) -> tuple[float, float]:
         b2t = b2.t() if spec.gemm.transpose_b else b2
         return _time_pair_us(lambda: ops._run_gpu(key, [a, b, *params]),
                              lambda: (torch.matmul(a, bt), torch.matmul(a, b2t)))
-    copied = [([int(d) for d in o.shape], o.copies) for o in spec.outputs if o.heads_major]
+    copied = [(int(o.part_cols), o.copies) for o in spec.outputs if o.split]
 
-    def unfused():   # the GEMM, and the copies into attention heads that a heads-major output saves (heads.py)
+    def unfused():   # the GEMM, and the copies of column slices that an output stored in parts saves (parts.py)
         y = torch.matmul(a, bt)
-        for shape, copies in copied:
-            parts = y.view(shape)
+        for c, copies in copied:
             for t in range(copies):
-                parts[:, :, t].transpose(1, 2).contiguous()
+                y[:, t * c:(t + 1) * c].clone()
         return y
 
     return _time_pair_us(lambda: ops._run_gpu(key, [a, b, *params]), unfused)
@@ -513,7 +512,7 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
                 log.warning("comfuse: graph %d region %d: not fused: timing its kernel failed (%s: %s)", rep.index,
                             ri, type(e).__name__, e)
                 fused_us, gemm_us = float("inf"), 0.0
-            # the planner's pass (none: cuBLAS alone), less the heads copies the timer ran with the GEMM
+            # the planner's pass (none: cuBLAS alone), less the copies of parts the timer ran with the GEMM
             plan = rep.plans[ri]
             done[sig] = (fused_us, gemm_us, max(0.0, plan.pass_us - plan.copy_us))
         fused_us, gemm_us, pass_us = done[sig]

@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 
 from . import _core as C
-from . import heads
+from . import parts
 from .convert import DT_TO_TORCH, OK, TORCH_TO_DT, size_hints
 
 
@@ -209,9 +209,9 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
         if out in absorbed:
             absorbed.update({f: absorbed[out] for f in fold.nodes})
     # So is a folded rotate_half (rotary.rotate_half_of): its slices and negation go where its cat goes.
-    for cat, parts in prog.conv.rotate_half_folds.items():
+    for cat, folded in prog.conv.rotate_half_folds.items():
         if cat in absorbed:
-            absorbed.update({f: absorbed[cat] for f in parts})
+            absorbed.update({f: absorbed[cat] for f in folded})
     # Values the core folded away (fold_idioms: gelu_new's pow, tanh, ... become one gelu_tanh named after its last
     # node) are read only by the idiom: each goes where all its readers go (readers come later: walked backwards).
     for f in reversed(list(prog.gm.graph.nodes)):
@@ -336,13 +336,14 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
         dts = stored_dtypes(ri)
         if dts != [o.dtype for o in fs.outputs]:
             fs = fs.with_output_dtypes(dts)
-        lays = prog.heads.get(ri, {})
-        fs = heads.apply(fs, lays)
+        lays = prog.splits.get(ri, {})
+        fs = parts.apply(fs, lays)
         emitted.add(RegionOutputs(ri))
         for j, (o, out) in enumerate(zip(fs.outputs, fused_call(prog, g, ri, fs, ctas, value_of))):
             env_g[o.name] = out
-            if j in lays:   # read only as heads (heads.find): views of it replace the transposed heads and copies
-                heads.emit_views(g, out, lays[j], env_fx)   # (what led to them is left dead, and eliminated below)
+            if j in lays:   # stored in parts (parts.find): each part of the split is a select of it
+                lead = [int(d) for d in o.shape][:-2]   # (the split it replaces is left dead, and eliminated below)
+                parts.emit_parts(g, out, lays[j], lead, env_fx, reshape)
             for f in fx_values.get(o.name, []):
                 if absorbed.get(f) == ri:
                     env_fx[f] = _cast(g, reshape(out, list(o.shape), f.meta["val"].shape), f.meta["val"].dtype)
@@ -366,6 +367,9 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
              for ri in sorted(fuse)]
     todo += [_EmitRegion(chain_group(ci), set().union(*[deps(i, set()) for i in chain_feeds(prog, ci)]))
              for ci in sorted(chains)]
+    # copies of parts that are dense here (parts.py): each replaced by the view it copies
+    dropped = parts.dropped_copies(prog.gm, {ri: prog.splits[ri] for ri in fuse if ri in prog.splits},
+                                   [t.node for t in todo if isinstance(t, _CopyNode)])
     emitted: set = set()
     ready = lambda a: a in emitted if isinstance(a, RegionOutputs) else a in env_fx  # noqa: E731
     need = lambda t: t.node.all_input_nodes if isinstance(t, _CopyNode) else t.deps  # noqa: E731
@@ -374,7 +378,9 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
         for t in todo:
             if all(ready(a) for a in need(t)):
                 if isinstance(t, _CopyNode):
-                    if t.node not in env_fx:   # (a heads view of a fused output stands in for it: emit_region)
+                    if t.node in dropped:
+                        env_fx[t.node] = env_fx[t.node.args[0]]
+                    elif t.node not in env_fx:   # (a part of a fused output stands in for it: emit_region)
                         env_fx[t.node] = g.node_copy(t.node, lambda a: env_fx[a])
                 elif t.region >= 0:
                     emit_region(t.region)

@@ -110,7 +110,8 @@ def random_inputs(spec, device: str) -> list[torch.Tensor]:
 
 def _split_out(spec, o) -> tuple[list, list]:
     """Spec output `o`'s shape as (rows part, columns part): the columns part is the shortest suffix whose product
-    is the row's width (N, or 1 for a per-row output): [N], or [H, D] for a value seen as heads ([B, S, H, D])."""
+    is the row's width (N, or 1 for a per-row output): [N], [H, D] for a value seen as heads ([B, S, H, D]), or
+    [T, C] for one stored in parts."""
     shape = [int(d) for d in o.shape]
     width = 1 if o.per_row else int(spec.gemm.n)
     k, tail = len(shape) - 1, shape[-1]
@@ -127,10 +128,10 @@ def has_gemm_lead(spec, o) -> bool:
 
 def _out_shape(spec, o, a_shape) -> list:
     """Output `o`'s shape for A of shape `a_shape` (ints, or SymInts while tracing dynamic sizes: no branch here
-    depends on a symbolic value). Outputs are [..., N] (or [..., H, D]: N split into heads) or [..., 1] over the
-    GEMM's rows: with A's leading dims when the Spec's output has the GEMM's leading dims (a property of the Spec,
-    not of the sizes: a symbolic batch or sequence dim takes A's value), else the Spec's own leading dims with
-    dim 0 scaled to A's rows. For the traced A this is the Spec's shape."""
+    depends on a symbolic value). Outputs are [..., N] (or [..., H, D]: N seen as heads; [..., T, C]: stored in
+    parts) or [..., 1] over the GEMM's rows: with A's leading dims when the Spec's output has the GEMM's leading
+    dims (a property of the Spec, not of the sizes: a symbolic batch or sequence dim takes A's value), else the
+    Spec's own leading dims with dim 0 scaled to A's rows. For the traced A this is the Spec's shape."""
     lead, last = _split_out(spec, o)
     a_lead = list(a_shape[:-1])
     if len(lead) == len(a_lead) and (has_gemm_lead(spec, o) or all(isinstance(d, int) and d == e
@@ -145,25 +146,20 @@ def _out_shape(spec, o, a_shape) -> list:
     return [rows // inner] + lead[1:] + last
 
 
-def _heads_order(o) -> tuple | None:
-    """A heads-major output's storage order (SpecOutput.heads_rows): its [B, S, T, H, D] shape is stored as a
-    contiguous [T, B, H, S, D] buffer, the dims in this order; None for a row-major output."""
-    return (2, 0, 3, 1, 4) if o.heads_major else None
-
-
 def _empty_out(o, shape, dtype, device) -> torch.Tensor:
-    """An uninitialized output of Spec output `o` with logical `shape`, in the layout the kernel stores."""
-    order = _heads_order(o)
-    if order is None:
+    """An uninitialized output of Spec output `o` with logical `shape`, in the layout the kernel stores: row-major,
+    or, stored in parts (SpecOutput.part_cols), its [..., T, C] shape as a contiguous [T, ..., C] buffer."""
+    if not o.split:
         return torch.empty(shape, dtype=dtype, device=device)
-    buf = torch.empty([shape[i] for i in order], dtype=dtype, device=device)
-    return buf.permute([order.index(i) for i in range(len(order))])
+    lead = len(shape) - 2
+    buf = torch.empty([shape[lead], *shape[:lead], shape[-1]], dtype=dtype, device=device)
+    return buf.permute([*range(1, lead + 1), 0, lead + 1])
 
 
 def _laid_out(o, t: torch.Tensor) -> torch.Tensor:
     """Values `t` (logical shape) in the layout of Spec output `o` (the CPU reference's and the torch fallback's
     outputs, made like the kernel's)."""
-    return t if not o.heads_major else _empty_out(o, list(t.shape), t.dtype, t.device).copy_(t)
+    return t if not o.split else _empty_out(o, list(t.shape), t.dtype, t.device).copy_(t)
 
 
 class _GpuLaunch:
@@ -284,10 +280,6 @@ def _run_gpu(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     params = [_dense(t, d) for t, d in zip(inputs[2:], L.param_dtypes)]
     rows = a.numel() // L.k   # M: leading dims of A flattened, taken at run time
     outs = [_empty_out(o, s, d, dev) for o, s, d in zip(L.spec.outputs, L.out_shapes(tuple(a.shape)), L.out_dtypes)]
-    for o, out in zip(L.spec.outputs, outs):
-        if o.heads_major and out.shape[0] * out.shape[1] != rows:
-            raise ValueError(f"comfuse::fused_region: {rows} rows are not whole sequences of {o.heads_rows}, which "
-                             "this region's heads-major output was compiled for")
     if rows == 0:
         return outs
     if key in _BROKEN:
@@ -329,13 +321,13 @@ _SCALAR_TYPE = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
 def _fast_description(L: _GpuLaunch, entry: int, base: list) -> list:
     """comfuse::_fast_register's description of a region (layout: python/src/torch_ops.cpp, fast_register): the
     launch entry, the fixed arguments `base` ([abi, n, k, lda, ldb, ld, transport], RegionKernel.recipe), whether
-    it reduces, the dtypes, and each output's shape rule and whether it is heads-major."""
+    it reduces, the dtypes, and each output's shape rule and whether it is stored in parts."""
     desc = [entry, *base, int(L.spec.num_stages() > 1), _SCALAR_TYPE[L.dtype], len(L.param_dtypes),
             *[_SCALAR_TYPE[d] for d in L.param_dtypes], len(L.out_dtypes)]
     for o, d in zip(L.spec.outputs, L.out_dtypes):
         lead, cols = _split_out(L.spec, o)
         desc += [_SCALAR_TYPE[d], int(has_gemm_lead(L.spec, o)), len(lead), *lead, len(cols), *cols,
-                 int(o.heads_major)]
+                 int(o.split)]
     return desc
 
 

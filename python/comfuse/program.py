@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch.fx as fx
 
 from . import _core as C
-from . import emit, heads
+from . import emit, parts
 from .convert import OK, Conversion, convert
 from .emit import NotKeepable, emit_aten_node  # noqa: F401  (re-exported: program.NotKeepable)
 
@@ -62,8 +62,9 @@ class Program:
         self.nodes = self.pg.nodes
         self.steps: list[Step] = []
         self.cycle: tuple | None = None   # (value name, region index, [region node ids]) when not acyclic
-        # {region: {output: heads.HeadsLayout}}: outputs read only as attention heads, stored heads-major
-        self.heads: dict = heads.find_for_regions(self)
+        # {region: {output: parts.SplitLayout}}: outputs whose parts torch copies (the key / value cache), stored
+        # in parts where split, so that the copies become views
+        self.splits: dict = parts.find_for_regions(self)
 
     # ------------------------------------------------------------ value keys
     def fx_of(self, name: str) -> fx.Node | None:
@@ -251,8 +252,8 @@ def planned_spec(part, ri: int, layouts: dict | None = None):
     reader rounds to it anyway - torch ops (in the node's dtype), and other regions that take it as a GEMM operand
     or a tile parameter in that dtype. Priced in f32, such a region looked 2 bytes per element dearer than the
     kernel it becomes (HF BERT's out-projection and FFN2 + residual + LayerNorm: declined). `layouts`: the region's
-    heads-major outputs (Program.heads), which the planner prices with the copies they save."""
-    fs = heads.apply(part.regions[ri].spec, layouts)
+    outputs whose copies become views (Program.splits), which the planner prices with the copies they save."""
+    fs = parts.apply(part.regions[ri].spec, layouts)
     g = part.graph
 
     def taken_as(nid: int, dt) -> bool:

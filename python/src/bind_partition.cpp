@@ -45,11 +45,9 @@ void bind_partition(nb::module_& m) {
       .def_ro("dtype", &SpecOutput::dtype)
       .def_ro("per_row", &SpecOutput::per_row)
       .def_ro("shape", &SpecOutput::shape)
-      .def_ro("heads_rows", &SpecOutput::heads_rows)
       .def_ro("part_cols", &SpecOutput::part_cols)
-      .def_ro("head_dim", &SpecOutput::head_dim)
       .def_ro("copies", &SpecOutput::copies)
-      .def_prop_ro("heads_major", &SpecOutput::heads_major);
+      .def_prop_ro("split", &SpecOutput::split);
 
   nb::class_<FusionSpec>(m, "FusionSpec")
       .def_ro("gemm", &FusionSpec::gemm)
@@ -64,13 +62,11 @@ void bind_partition(nb::module_& m) {
       .def("with_output_dtypes",
            [](const FusionSpec& fs, const std::vector<DType>& d) { return spec_with_output_dtypes(fs, d); }, "dtypes"_a,
            "The same Spec storing its outputs in these dtypes (one per output).")
-      .def("with_heads",
-           [](const FusionSpec& fs, int out, int64_t seq, int64_t part, int64_t head_dim, int copies) {
-             return spec_with_heads(fs, out, seq, part, head_dim, copies);
-           },
-           "out"_a, "seq"_a, "part"_a, "head_dim"_a, "copies"_a,
-           "The same Spec storing output `out` heads-major: [N / part, rows / seq, part / head_dim, seq, head_dim]\n"
-           "contiguous, its shape [rows / seq, seq, N / part, part / head_dim, head_dim] (SpecOutput::heads_rows).")
+      .def("with_parts",
+           [](const FusionSpec& fs, int out, int64_t part, int copies) { return spec_with_parts(fs, out, part, copies); },
+           "out"_a, "part"_a, "copies"_a,
+           "The same Spec storing output `out` part by part: a contiguous [N / part, rows, part] buffer, its shape\n"
+           "[..., N / part, part] (SpecOutput::part_cols); `copies` parts torch copies. part = N: row-major.")
       .def("__str__", [](const FusionSpec& fs) { return print_spec(fs); });
 
   nb::class_<Region>(m, "Region")

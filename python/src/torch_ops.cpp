@@ -38,15 +38,15 @@
 
 namespace {
 
-// One output's shape rule (ops.py: _out_shape): [..., cols] over the GEMM's rows, cols = [N], [1] or N split into
-// heads [H, D]. With A's leading dims when the Spec's output has the GEMM's leading dims, or when A's leading dims
+// One output's shape rule (ops.py: _out_shape): [..., cols] over the GEMM's rows, cols = [N], [1], N seen as
+// heads [H, D], or N stored in parts [T, C]. With A's leading dims when the Spec's output has the GEMM's leading dims, or when A's leading dims
 // after the first equal the Spec's; else the Spec's leading dims with the first scaled to A's rows.
 struct OutRule {
   at::ScalarType dtype;
   bool gemm_lead;
   std::vector<int64_t> lead;
   std::vector<int64_t> cols;
-  bool heads = false;   // heads-major (ops._empty_out): the [B, S, T, H, D] shape stored as a contiguous [T, B, H, S, D]
+  bool parts = false;   // stored part by part (ops._empty_out): the [..., T, C] shape stored as a contiguous [T, ..., C]
 };
 
 struct Region {
@@ -177,12 +177,19 @@ std::vector<at::Tensor> serve_region(std::string_view key, at::TensorList inputs
   outs.reserve(r->outs.size());
   for (const OutRule& o : r->outs) {
     const std::vector<int64_t> shape = out_shape(o, a.sizes());
-    if (!o.heads) {
+    if (!o.parts) {
       outs.push_back(empty_cuda(shape, o.dtype));
       continue;
     }
-    if (shape.size() != 5 || shape[0] * shape[1] != rows) return slow(key, inputs, "rows: not whole sequences of a heads-major output");
-    outs.push_back(empty_cuda({shape[2], shape[0], shape[3], shape[1], shape[4]}, o.dtype).permute({1, 3, 0, 2, 4}));
+    // [T, lead..., C] in memory, dim 0 moved before the last (fast_register checks there is a lead dim)
+    const int64_t nl = static_cast<int64_t>(shape.size()) - 2;
+    std::vector<int64_t> stored{shape[nl]}, dims;
+    stored.insert(stored.end(), shape.begin(), shape.begin() + nl);
+    stored.push_back(shape.back());
+    for (int64_t i = 1; i <= nl; ++i) dims.push_back(i);
+    dims.push_back(0);
+    dims.push_back(nl + 1);
+    outs.push_back(empty_cuda(stored, o.dtype).permute(dims));
   }
   if (rows == 0) return outs;
   if (ph) ph->mark(Phases::kOutputs);
@@ -343,7 +350,7 @@ void fast_chain_register(std::string_view key, std::vector<int64_t> d) {
 // comfuse::_fast_register(key, desc): desc, all int64:
 //   entry, abi, n, k, lda, ldb, ld, transport, reduces, A/B dtype,
 //   P, P param dtypes, O, then per output: dtype, gemm_lead, L, L lead dims, C, C column dims ([N], [1], [H, D] or
-//   [T, H, D]), heads-major (0/1)
+//   [T, C]), stored in parts (0/1)
 // (dtypes as c10::ScalarType numbers). Replaces an earlier registration of the key; its workspaces are kept.
 void fast_register(std::string_view key, std::vector<int64_t> d) {
   size_t i = 0;
@@ -382,8 +389,9 @@ void fast_register(std::string_view key, std::vector<int64_t> d) {
     const int64_t nc = next();
     TORCH_CHECK(nc >= 1 && nc <= 8, "comfuse::_fast_register: output columns");
     for (int64_t c = 0; c < nc; ++c) rule.cols.push_back(next());
-    rule.heads = next() != 0;
-    TORCH_CHECK(!rule.heads || rule.lead.size() + rule.cols.size() == 5, "comfuse::_fast_register: a heads-major output is 5-D");
+    rule.parts = next() != 0;
+    TORCH_CHECK(!rule.parts || (rule.cols.size() == 2 && !rule.lead.empty()),
+                "comfuse::_fast_register: an output stored in parts is [lead..., T, C]");
     r->outs.push_back(std::move(rule));
   }
   TORCH_CHECK(i == d.size(), "comfuse::_fast_register: description too long");

@@ -598,11 +598,9 @@ class Psi {
         const SpecOutput& so = fs_.outputs[n.output];
         const char* t = cpp_type(so.dtype);
         const std::string args = std::string("{p.output<") + t + ">(" + o + "), ld, " + operand_args(k, n, 0) + "}";
-        if (so.heads_major())
-          return {std::string("Store<") + t + ", " + a + ", HeadsMajor<" + std::to_string(so.heads_rows) + ", " +
-                      std::to_string(so.part_cols) + ", " + std::to_string(so.head_dim) + ">>",
-                  args,
-                  a + "; out[" + o + "][t, b, h, s, d] = " + t + "(" + a + "), row = (b, s), col = (t, h, d)"};
+        if (so.split())
+          return {std::string("Store<") + t + ", " + a + ", PartMajor<" + std::to_string(so.part_cols) + ">>", args,
+                  a + "; out[" + o + "][t, row, c] = " + t + "(" + a + "), col = (t, c)"};
         return {std::string("Store<") + t + ", " + a + ">", args, a + "; out[" + o + "][row, col] = " + t + "(" + a + ")"};
       }
     }

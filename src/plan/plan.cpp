@@ -344,10 +344,14 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   }
   for (const auto& o : fs.outputs) passes += o.per_row ? 0 : 1;
   d.pass_us = d.cublas_alone ? 0.0 : 2.0 * g.rows * g.n * passes / kUnfusedBytesPerSecond * 1e6;
-  // A heads-major output (SpecOutput::heads_rows) stores what torch would copy into attention heads afterwards:
-  // each copied part is read and written once more (with a bias alone too: cuBLAS does not lay out heads).
-  for (const auto& o : fs.outputs)
-    if (o.heads_major()) d.copy_us += 2.0 * 2.0 * g.rows * o.part_cols * o.copies / kUnfusedBytesPerSecond * 1e6;
+  // Parts of an output that torch copies (SpecOutput::copies: the key / value cache) are read and written once more
+  // unfused. A kernel that stores its output in parts (SpecOutput::part_cols) makes each part dense, and the copy a
+  // view (copy_us). An output not split is dense either way: cuBLAS's too, so only an epilogue saves its copies.
+  for (const auto& o : fs.outputs) {
+    const double us = 2.0 * 2.0 * g.rows * (o.split() ? o.part_cols : g.n) * o.copies / kUnfusedBytesPerSecond * 1e6;
+    if (o.split()) d.copy_us += us;
+    else if (!d.cublas_alone) d.pass_us += us;
+  }
   d.pass_us += d.copy_us;
   if (g.n % 8) return decline("N = " + std::to_string(g.n) + " is not a multiple of 8: rows of B and of the outputs are not 16-byte aligned for TMA");
   if (g.k % 8) return decline("K = " + std::to_string(g.k) + " is not a multiple of 8: rows of A are not 16-byte aligned for TMA");

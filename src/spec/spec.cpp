@@ -70,15 +70,12 @@ std::string compute_name(const SpecNode& n) {
 
 namespace {
 
-// Why output `o` cannot be stored heads-major with these sizes (SpecOutput::heads_rows), or nothing.
-std::optional<std::string> heads_layout_problem(const FusionSpec& fs, const SpecOutput& o, int64_t seq, int64_t part,
-                                                int64_t head_dim) {
-  if (o.per_row) return "a per-row output has no heads";
-  if (seq <= 0 || part <= 0 || head_dim <= 0) return "sizes must be positive";
-  if (head_dim % 8) return "a head of " + std::to_string(head_dim) + " columns: not a whole number of 16-byte store blocks";
-  if (part % head_dim) return "a part of " + std::to_string(part) + " columns is not whole heads of " + std::to_string(head_dim);
+// Why output `o` cannot be stored in parts of `part` columns (SpecOutput::part_cols), or nothing.
+std::optional<std::string> parts_layout_problem(const FusionSpec& fs, const SpecOutput& o, int64_t part) {
+  if (o.per_row) return "a per-row output has no column parts";
+  if (part <= 0) return "a part of " + std::to_string(part) + " columns";
   if (fs.gemm.n % part) return "N = " + std::to_string(fs.gemm.n) + " is not whole parts of " + std::to_string(part);
-  if (fs.gemm.rows % seq) return std::to_string(fs.gemm.rows) + " rows are not whole batches of " + std::to_string(seq);
+  if (part % 8) return "a part of " + std::to_string(part) + " columns: not a whole number of 16-byte store blocks";
   return std::nullopt;
 }
 
@@ -199,9 +196,10 @@ void verify_spec(const FusionSpec& fs) {
   for (size_t o = 0; o < stores.size(); ++o)
     if (stores[o] != 1) throw std::logic_error("spec verify: output '" + fs.outputs[o].name + "' stored " + std::to_string(stores[o]) + " times");
   for (const auto& o : fs.outputs) {
-    if (!o.heads_major()) continue;
-    if (auto why = heads_layout_problem(fs, o, o.heads_rows, o.part_cols, o.head_dim))
-      throw std::logic_error("spec verify: output '" + o.name + "' heads-major: " + *why);
+    if (!o.split()) continue;
+    if (auto why = parts_layout_problem(fs, o, o.part_cols))
+      throw std::logic_error("spec verify: output '" + o.name + "' stored in parts: " + *why);
+    if (o.part_cols == fs.gemm.n) throw std::logic_error("spec verify: output '" + o.name + "' stored in one part");
   }
 }
 
@@ -272,9 +270,7 @@ std::string print_spec(const FusionSpec& fs) {
     const auto& out = fs.outputs[i];
     o << "  o" << i << " " << (out.per_row ? "row " : "tile") << " " << out.name << " : " << dtype_name(out.dtype)
       << shape_str(out.shape);
-    if (out.heads_major())
-      o << " heads-major: stored [" << fs.gemm.n / out.part_cols << ", rows/" << out.heads_rows << ", "
-        << out.part_cols / out.head_dim << ", " << out.heads_rows << ", " << out.head_dim << "]";
+    if (out.split()) o << " stored in parts: [" << fs.gemm.n / out.part_cols << ", rows, " << out.part_cols << "]";
     o << "\n";
   }
   print_stage(o, fs, fs.root, 0, "");
@@ -349,11 +345,7 @@ uint64_t spec_structural_hash(const FusionSpec& fs) {
   for (const auto& o : fs.outputs) {
     h.i64(static_cast<int64_t>(o.dtype));
     h.i64(o.per_row);
-    if (o.heads_major()) {   // (row-major outputs hash as before)
-      h.i64(o.heads_rows);
-      h.i64(o.part_cols);
-      h.i64(o.head_dim);
-    }
+    if (o.split()) h.i64(o.part_cols);   // (row-major outputs hash as before)
   }
   hash_stage(h, fs.root);
   return h.h;
@@ -379,7 +371,8 @@ FusionSpec spec_with_rows(const FusionSpec& fs, int64_t rows) {
     if (p.kind == BroadcastKind::Tile) p.shape = {rows, fs.gemm.n};
     if (p.kind == BroadcastKind::Periodic) p.shape = {rows, p.shape.back()};
   }
-  for (auto& o : r.outputs) o.shape = {rows, o.per_row ? 1 : fs.gemm.n};   // (a heads-major one keeps its layout)
+  for (auto& o : r.outputs)
+    o.shape = o.split() ? Shape{rows, fs.gemm.n / o.part_cols, o.part_cols} : Shape{rows, o.per_row ? 1 : fs.gemm.n};
   return r;
 }
 
@@ -392,18 +385,25 @@ FusionSpec spec_with_output_dtypes(const FusionSpec& fs, const std::vector<DType
   return r;
 }
 
-FusionSpec spec_with_heads(const FusionSpec& fs, int out, int64_t seq, int64_t part, int64_t head_dim, int copies) {
+FusionSpec spec_with_parts(const FusionSpec& fs, int out, int64_t part, int copies) {
   if (out < 0 || out >= static_cast<int>(fs.outputs.size()))
-    throw std::invalid_argument("spec_with_heads: output " + std::to_string(out) + " of " + std::to_string(fs.outputs.size()));
-  if (auto why = heads_layout_problem(fs, fs.outputs[out], seq, part, head_dim))
-    throw std::invalid_argument("spec_with_heads: output '" + fs.outputs[out].name + "': " + *why);
+    throw std::invalid_argument("spec_with_parts: output " + std::to_string(out) + " of " + std::to_string(fs.outputs.size()));
+  const SpecOutput& was = fs.outputs[out];
+  if (auto why = parts_layout_problem(fs, was, part))
+    throw std::invalid_argument("spec_with_parts: output '" + was.name + "': " + *why);
+  if (copies < 0 || copies > fs.gemm.n / part)
+    throw std::invalid_argument("spec_with_parts: output '" + was.name + "': " + std::to_string(copies) + " copies of " +
+                                std::to_string(fs.gemm.n / part) + " part(s)");
+  if (was.split()) throw std::invalid_argument("spec_with_parts: output '" + was.name + "' is already stored in parts");
   FusionSpec r = fs;
   SpecOutput& o = r.outputs[out];
-  o.heads_rows = seq;
-  o.part_cols = part;
-  o.head_dim = head_dim;
   o.copies = copies;
-  o.shape = {fs.gemm.rows / seq, seq, fs.gemm.n / part, part / head_dim, head_dim};
+  if (part == fs.gemm.n) return r;   // one part: row-major already
+  if (was.shape.empty() || was.shape.back() != fs.gemm.n)
+    throw std::invalid_argument("spec_with_parts: output '" + was.name + "' is not [..., N]");
+  o.part_cols = part;
+  o.shape.back() = fs.gemm.n / part;
+  o.shape.push_back(part);
   return r;
 }
 

@@ -90,12 +90,14 @@ class RotaryQK(nn.Module):
 class QKVHeads(nn.Module):
     """Attention's inputs as HF's GPT-2 makes them (fused=True: one QKV projection with a bias, split into q, k and
     v) or as Llama's v projection (fused=False: one bias-free projection): seen as heads and transposed, k and v
-    copied contiguous for the key / value cache, and q, k, v read by attention. Returns (attention, k, v). ComFuse
-    stores the projection heads-major (comfuse/heads.py): the copies go."""
+    copied for the key / value cache as HF's cache does (`cat` onto an empty cache: a clone that keeps the layout;
+    contiguous=True: `.contiguous()`, a copy to [B, H, S, D] instead), and q, k, v read by attention. Returns
+    (attention, k, v). ComFuse stores the fused projection in parts (comfuse/parts.py): the first kind of copy goes.
+    The epilogue (`scale`: a multiply after the GEMM) makes the region more than cuBLAS alone."""
 
-    def __init__(self, d=32, heads=2, fused=True):
+    def __init__(self, d=32, heads=2, fused=True, contiguous=False, scale=None):
         super().__init__()
-        self.fused, self.heads, self.dh = fused, heads, d // heads
+        self.fused, self.heads, self.dh, self.contiguous, self.scale = fused, heads, d // heads, contiguous, scale
         self.proj = nn.Linear(d, 3 * d if fused else d, bias=fused)
 
     def forward(self, x):
@@ -104,11 +106,15 @@ class QKVHeads(nn.Module):
         def heads(t):
             return t.view(b, s, self.heads, self.dh).transpose(1, 2)
 
+        def copy(t):
+            return t.contiguous() if self.contiguous else t.clone()
+
+        y = self.proj(x) if self.scale is None else self.proj(x) * self.scale
         if not self.fused:
-            v = heads(self.proj(x)).contiguous()
+            v = copy(heads(y))
             return v * 2.0, v
-        q, k, v = self.proj(x).split(d, dim=2)
-        q, k, v = heads(q), heads(k).contiguous(), heads(v).contiguous()
+        q, k, v = y.split(d, dim=2)
+        q, k, v = heads(q), copy(heads(k)), copy(heads(v))
         return F.scaled_dot_product_attention(q, k, v, is_causal=True), k, v
 
 

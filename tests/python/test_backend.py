@@ -397,43 +397,54 @@ def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_heads_copied_after_a_projection_are_stored_heads_major_by_its_kernel(fused, caplog):
-    """GPT-2's QKV projection split into heads (fused) and Llama's v projection (not fused), k and v copied
-    contiguous for the cache: the region's output is stored heads-major ([T, B, H, S, D]), each part's transposed
-    heads is a view of it, dense, and the copies are gone; values as eager (the CPU reference of the kernel, laid
-    out as the kernel stores). The planner prices the copies it saves."""
-    from comfuse import ops
+def test_copies_of_attention_heads_become_views_of_a_dense_output(fused, caplog):
+    """GPT-2's QKV projection split into q, k and v (fused), and Llama's v projection (not fused), k and v copied
+    for the key / value cache as HF's cache does (a clone that keeps the layout): the region's kernel stores the
+    split output part by part ([T, B*S, C]), each part is a dense select of it, and the copies are gone; values and
+    the cache tensors' strides as eager (the CPU reference of the kernel, laid out as the kernel stores). The
+    planner prices the copies it saves; the GPU timer runs them with the GEMM, and they are not counted twice."""
+    from comfuse import backend, ops
 
     torch.manual_seed(3)
     m = _bf16(QKVHeads(32, 2, fused=fused))
     x = bf16_randn(2, 8, 32, seed=42).to(torch.bfloat16)
     rep = comfuse.capture(m, x)[0]
     prog = rep.analysis.program
-    (ri, lays), = prog.heads.items()
+    (ri, lays), = prog.splits.items()
     lay = lays[0]
-    assert (lay.seq, lay.part, lay.head_dim, lay.copies) == ((8, 32, 16, 2) if fused else (8, 32, 16, 1))
+    assert (lay.part, lay.copies, len(lay.roots)) == ((32, 2, 3) if fused else (32, 1, 1))
     plain = comfuse._core.plan_region(rep.regions[ri].spec)
     plan = rep.plans[ri]
-    assert plan.copy_us > 0 and plan.pass_us == pytest.approx(plain.pass_us + plan.copy_us)   # the copies it saves
-    gm = prog.rewrite_keeping_torch({ri})
-    gm.graph.lint()
-    calls = [n for n in gm.graph.nodes if n.target is torch.ops.comfuse.fused_region.default]
-    assert len(calls) == 1
-    spec = ops.region_spec(calls[0].args[0])
-    o = spec.outputs[0]
-    assert o.heads_major and (o.heads_rows, o.part_cols, o.head_dim) == (8, 32, 16)
-    assert list(o.shape) == [2, 8, 3 if fused else 1, 2, 16]
-    assert "heads-major: stored [" in str(spec)
-    assert not any(n.target is torch.ops.aten.clone.default for n in gm.graph.nodes)
+    if fused:   # a split output: its copies go only with the kernel's layout
+        assert plan.copy_us > 0 and plan.pass_us == pytest.approx(plain.pass_us + plan.copy_us)
+    else:       # not split: cuBLAS's output is as dense as the kernel's (the rewrite drops the copy either way)
+        assert plan.copy_us == 0 and plan.pass_us == plain.pass_us == 0 and plan.cublas_alone
     with torch.no_grad():
-        got, ref = gm(*rep.example_inputs), m(x)
-    for a, b in zip(got, ref):
-        assert a.shape == b.shape and a.dtype == b.dtype
-        assert rel_err(a.float(), b.float()) <= 2e-2
-    k_or_v = got[1]
-    assert k_or_v.is_contiguous()   # the cache's tensor, as the copy made it
+        ref = m(x)
+    for fuse in ({ri}, set()):
+        gm = prog.rewrite_keeping_torch(fuse)
+        gm.graph.lint()
+        calls = [n for n in gm.graph.nodes if n.target is torch.ops.comfuse.fused_region.default]
+        assert len(calls) == len(fuse)
+        clones = [n for n in gm.graph.nodes if n.target is torch.ops.aten.clone.default]
+        # unfused, the split's parts are column slices: their copies stay; a GEMM's own output is dense
+        assert len(clones) == (2 if fused and not fuse else 0), gm.graph
+        with torch.no_grad():
+            got = gm(*rep.example_inputs)
+        for a, b in zip(got, ref):
+            assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+            assert rel_err(a.float(), b.float()) <= 2e-2
+    gm = prog.rewrite_keeping_torch({ri})
+    spec = ops.region_spec(next(n for n in gm.graph.nodes if n.target is torch.ops.comfuse.fused_region.default).args[0])
+    o = spec.outputs[0]
+    if fused:
+        assert o.split and o.part_cols == 32 and [int(d) for d in o.shape][-2:] == [3, 32], str(spec)
+        assert "stored in parts: [3, rows, 32]" in str(spec)
+    else:
+        assert not o.split and o.copies == 1
+    if not fused:
+        return
     # measured on the GPU, the copies are timed with the GEMM (time_region_on_gpu): not counted a second time
-    from comfuse import backend
     gemm_and_copies = 10.0 + plan.copy_us
     with caplog.at_level(logging.INFO, logger="comfuse"):
         lost = backend.measure_fused(rep, gm, {ri}, lambda key: (0.99 * gemm_and_copies, gemm_and_copies), host_us=0.0)
@@ -442,22 +453,59 @@ def test_heads_copied_after_a_projection_are_stored_heads_major_by_its_kernel(fu
     assert any(f"epilogue pass ~{max(0.0, plan.pass_us - plan.copy_us):.1f} us" in m for m in logs), logs
 
 
-def test_heads_major_needs_a_static_sequence_and_whole_heads():
-    """spec.with_heads refuses sizes it cannot lay out, with the reason; a per-row output has no heads."""
+def test_copies_that_change_the_layout_stay_and_an_epilogue_prices_the_copies_it_saves():
+    """`.contiguous()` on transposed heads copies to [B, H, S, D], not the view's layout: it stays, and nothing is
+    stored in parts. Llama's v projection with an epilogue (here a scale): unfused, the copy would read the
+    epilogue pass's output, so the region saves it, and the planner's pass counts it."""
+    torch.manual_seed(3)
+    x = bf16_randn(2, 8, 32, seed=42).to(torch.bfloat16)
+    m = _bf16(QKVHeads(32, 2, fused=True, contiguous=True))
+    rep = comfuse.capture(m, x)[0]
+    prog = rep.analysis.program
+    assert prog.splits == {}
+    gm = prog.rewrite_keeping_torch(set(range(len(rep.regions))))
+    assert sum(n.target is torch.ops.aten.clone.default for n in gm.graph.nodes) == 2
+    with torch.no_grad():
+        for a, b in zip(gm(*rep.example_inputs), m(x)):
+            assert a.stride() == b.stride() and rel_err(a.float(), b.float()) <= 2e-2
+
+    m = _bf16(QKVHeads(32, 2, fused=False, scale=0.5))
+    rep = comfuse.capture(m, x)[0]
+    prog = rep.analysis.program
+    (ri, lays), = prog.splits.items()
+    plain = comfuse._core.plan_region(rep.regions[ri].spec)
+    plan = rep.plans[ri]
+    assert not plan.cublas_alone and plan.copy_us == 0 and plan.pass_us > plain.pass_us   # 2 x 2 bytes x 16 x 32
+    gm = prog.rewrite_keeping_torch({ri})
+    assert not any(n.target is torch.ops.aten.clone.default for n in gm.graph.nodes)
+    with torch.no_grad():
+        for a, b in zip(gm(*rep.example_inputs), m(x)):
+            assert a.stride() == b.stride() and rel_err(a.float(), b.float()) <= 2e-2
+
+
+def test_an_output_is_stored_in_whole_parts_of_16_byte_blocks():
+    """spec.with_parts refuses parts it cannot lay out, with the reason; one part is the row-major layout."""
     spec = comfuse._core.partition(comfuse.parse_cf(
         "input X : bf16[16, 32]\ninput W : bf16[32, 48]\ninput b : bf16[48]\ny = add(matmul(X, W), b)\noutput y\n",
         "h.cf")).regions[0].spec
-    with pytest.raises(ValueError, match="not whole batches of 5"):
-        spec.with_heads(0, 5, 16, 8, 1)
     with pytest.raises(ValueError, match="not whole parts of 32"):
-        spec.with_heads(0, 8, 32, 16, 1)
+        spec.with_parts(0, 32, 1)
     with pytest.raises(ValueError, match="16-byte store blocks"):
-        spec.with_heads(0, 8, 16, 4, 1)
+        spec.with_parts(0, 12, 1)
     with pytest.raises(ValueError, match="output 1 of 1"):
-        spec.with_heads(1, 8, 16, 8, 1)
-    h = spec.with_heads(0, 8, 16, 8, 2)
-    assert list(h.outputs[0].shape) == [2, 8, 3, 2, 8] and h.structural_hash() != spec.structural_hash()
+        spec.with_parts(1, 16, 1)
+    with pytest.raises(ValueError, match="4 copies of 3 part"):
+        spec.with_parts(0, 16, 4)
+    h = spec.with_parts(0, 16, 2)
+    assert list(h.outputs[0].shape) == [16, 3, 16] and h.structural_hash() != spec.structural_hash()
+    assert h.outputs[0].split and h.outputs[0].copies == 2
     h.verify()
+    with pytest.raises(ValueError, match="already stored in parts"):
+        h.with_parts(0, 16, 2)
+    assert list(h.with_rows(40).outputs[0].shape) == [40, 3, 16]
+    one = spec.with_parts(0, 48, 1)
+    assert not one.outputs[0].split and list(one.outputs[0].shape) == [16, 48]
+    assert one.structural_hash() == spec.structural_hash()
 
 
 @pytest.mark.parametrize("rewrite,make", [("keep", PostNormEncoderLayer), ("ir", PostNormEncoderLayer),

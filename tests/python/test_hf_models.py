@@ -135,6 +135,16 @@ def test_llama_regions_and_decisions():
         w2 = spec.params[spec.gemm.b2_param]
         assert [int(d) for d in w2.shape] == [2816, 1024] and spec.gemm.transpose_b, w2.shape   # up_proj's [N, K]
     assert not _gemms_in_torch(rep)
+    # the rotated k and v are copied for the key / value cache; the outputs are dense, so the copies become views
+    # (comfuse/parts.py): k's where its region is fused, v's either way (cuBLAS's output is dense too)
+    splits = rep.analysis.program.splits
+    assert {ri: {j: (lay.part, lay.copies) for j, lay in d.items()} for ri, d in splits.items()} == {
+        5 * layer + i: {j: (1024, 1)} for layer in range(2) for i, j in ((0, 1), (1, 0))}
+    program = rep.analysis.program
+    clones = lambda gm: sum(n.target is torch.ops.aten.clone.default  # noqa: E731  (of transposed heads)
+                            and n.args[0].target is torch.ops.aten.permute.default for n in gm.graph.nodes)
+    assert clones(program.gm) == 4 and clones(program.rewrite_keeping_torch(set(range(10)))) == 0
+    assert clones(program.rewrite_keeping_torch(set())) == 2   # k's: its value is the rotary's, not a GEMM's
     # cos and sin are materialized once for every layer (two torch nodes, not two per layer)
     tables = [n for n, why in rep.analysis.conv.torch_nodes.items() if "rotary" in why]
     assert len(tables) == 2, tables
@@ -168,6 +178,12 @@ def test_gpt2_regions_and_decisions():
     # the normalized value the other (ln_f for the last layer)
     assert regions[1]["outputs"] == 2
     assert not _gemms_in_torch(rep)
+    # c_attn's output split into q, k and v, k and v copied for the key / value cache: stored in parts, so that
+    # the copies become views (comfuse/parts.py); the planner prices the two copies it saves
+    splits = rep.analysis.program.splits
+    assert {ri: {j: (lay.part, lay.copies, len(lay.roots)) for j, lay in d.items()} for ri, d in splits.items()} == {
+        0: {0: (768, 2, 3)}, 4: {0: (768, 2, 3)}}
+    assert all(rep.plans[ri].copy_us > 0 for ri in splits)
 
 
 def test_hf_models_pass_inside_inductor_on_cpu(caplog):

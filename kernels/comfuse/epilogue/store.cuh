@@ -17,18 +17,15 @@ struct RowMajor {
   CUTE_DEVICE static int64_t offset(int row, int col, int /*M*/, int64_t ld) { return int64_t(row) * ld + col; }
 };
 
-// Heads-major (SpecOutput::heads_rows): row = (b, s) with s < S, col = (t, h, d) with parts of C columns and heads
-// of D, stored as a contiguous [N / C, M / S, C / D, S, D] buffer: each part is the [batch, heads, seq, head_dim]
-// tensor attention reads, written where torch would have copied it (HF's split of a fused QKV projection, the
-// key / value cache). S, C and D are compile-time (constant divisions); M is the launch's.
-template <int S, int C, int D>
-struct HeadsMajor {
-  static_assert(D % 8 == 0 && C % D == 0, "whole 16-byte blocks per head, whole heads per part");
+// Part by part (SpecOutput::part_cols): col = (t, c) with parts of C columns, stored as a contiguous [N / C, M, C]
+// buffer: each part a dense [M, C] matrix (HF's split of a fused QKV projection, whose k and v torch would copy
+// dense for the key / value cache). C is compile-time (a constant division); M is the launch's.
+template <int C>
+struct PartMajor {
+  static_assert(C % 8 == 0, "whole 16-byte blocks per part");
   CUTE_DEVICE static int64_t offset(int row, int col, int M, int64_t /*ld*/) {
-    const int b = row / S, s = row - b * S;
-    const int t = col / C, c = col - t * C;
-    const int h = c / D, d = c - h * D;
-    return (int64_t(t) * M + int64_t(b) * S) * C + (int64_t(h) * S + s) * D + d;
+    const int t = col / C;
+    return (int64_t(t) * M + row) * C + (col - t * C);
   }
 };
 
@@ -46,7 +43,7 @@ struct Store : Children<Child> {
 
   T* ptr;
   int64_t ld;
-  int M;                                     // rows of the launch (HeadsMajor)
+  int M;                                     // rows of the launch (PartMajor)
   uint32_t quad[kMaxRowSlots][4][kWords];   // the fragments of four column blocks of a row slot (compile-time indexed)
   CUTE_DEVICE Store(Arguments const& a, SharedStorage& s, TileCtx const& c)
       : Base(s, c, a.child), ptr(a.ptr), ld(a.ld), M(c.M) {}
