@@ -101,8 +101,7 @@ struct PlanDecision {
   // The unfused alternative's epilogue, known for every region (also one declined before any table lookup):
   bool cublas_alone = false;   // cuBLAS computes the region by itself (a GEMM, maybe with a bias): no pass
   double pass_us = 0;          // else the memory-bound pass over the GEMM output, tile inputs and outputs
-  double copy_us = 0;          // of pass_us: the copies of parts that outputs stored in parts save (a timer
-                               // that runs those copies itself adds pass_us - copy_us)
+  double copy_us = 0;          // of pass_us: the copies of parts that outputs stored in parts save
 };
 
 // A configuration as the measured table spells it: "128x128x64_c1x1" (tile M x N x K, cluster M x N), with

@@ -397,13 +397,13 @@ def test_rewrite_keeping_torch_changes_only_the_fused_regions(make):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_copies_of_attention_heads_become_views_of_a_dense_output(fused, caplog):
+def test_copies_of_attention_heads_become_views_of_a_dense_output(fused):
     """GPT-2's QKV projection split into q, k and v (fused), and Llama's v projection (not fused), k and v copied
     for the key / value cache as HF's cache does (a clone that keeps the layout): the region's kernel stores the
     split output part by part ([T, B*S, C]), each part is a dense select of it, and the copies are gone; values and
     the cache tensors' strides as eager (the CPU reference of the kernel, laid out as the kernel stores). The
-    planner prices the copies it saves; the GPU timer runs them with the GEMM, and they are not counted twice."""
-    from comfuse import backend, ops
+    planner prices the copies it saves."""
+    from comfuse import ops
 
     torch.manual_seed(3)
     m = _bf16(QKVHeads(32, 2, fused=fused))
@@ -442,15 +442,6 @@ def test_copies_of_attention_heads_become_views_of_a_dense_output(fused, caplog)
         assert "stored in parts: [3, rows, 32]" in str(spec)
     else:
         assert not o.split and o.copies == 1
-    if not fused:
-        return
-    # measured on the GPU, the copies are timed with the GEMM (time_region_on_gpu): not counted a second time
-    gemm_and_copies = 10.0 + plan.copy_us
-    with caplog.at_level(logging.INFO, logger="comfuse"):
-        lost = backend.measure_fused(rep, gm, {ri}, lambda key: (0.99 * gemm_and_copies, gemm_and_copies), host_us=0.0)
-    logs = messages(caplog)
-    assert lost == {ri}, logs   # a tie with the GEMM and its copies: it does not win by the margin
-    assert any(f"epilogue pass ~{max(0.0, plan.pass_us - plan.copy_us):.1f} us" in m for m in logs), logs
 
 
 def test_copies_that_change_the_layout_stay_and_an_epilogue_prices_the_copies_it_saves():
