@@ -181,8 +181,10 @@ def test_qkv_heads_through_the_backend_on_gpu(mode):
     for a, r in zip(got, ref):
         assert a.shape == r.shape and a.stride() == r.stride() and rel_err(a.float(), r.float()) <= 2e-2
     kernels = {e.key for e in p.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA}
-    # the fused GEMM and attention: no copy of k or v (and no other kernel)
-    others = {k for k in kernels if not (k.startswith(("void comfuse::", "Memset")) or "sdpa" in k or "attention" in k)}
+    # the fused GEMM and attention: no copy of k or v (and no other kernel; under CUDA graphs, the graph's own copy
+    # of the input x into its static buffer, one multi-tensor copy)
+    others = {k for k in kernels if not (k.startswith(("void comfuse::", "Memset")) or "sdpa" in k or "attention" in k
+                                         or (mode == "reduce-overhead" and "multi_tensor_apply_kernel" in k))}
     assert not others, others
 
 
