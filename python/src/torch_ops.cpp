@@ -39,14 +39,15 @@
 namespace {
 
 // One output's shape rule (ops.py: _out_shape): [..., cols] over the GEMM's rows, cols = [N], [1], N seen as
-// heads [H, D], or N stored in parts [T, C]. With A's leading dims when the Spec's output has the GEMM's leading dims, or when A's leading dims
-// after the first equal the Spec's; else the Spec's leading dims with the first scaled to A's rows.
+// heads [H, D], or N stored in parts [T, C]. With A's leading dims when the Spec's output has the GEMM's leading
+// dims, or when A's leading dims after the first equal the Spec's; else the Spec's leading dims with the first
+// scaled to A's rows.
 struct OutRule {
   at::ScalarType dtype;
   bool gemm_lead;
   std::vector<int64_t> lead;
   std::vector<int64_t> cols;
-  bool parts = false;   // stored part by part (ops._empty_out): the [..., T, C] shape stored as a contiguous [T, ..., C]
+  bool parts = false;   // stored part by part (ops._empty_out): the [..., T, C] shape as a contiguous [T, ..., C]
 };
 
 struct Region {
