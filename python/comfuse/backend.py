@@ -413,15 +413,16 @@ def _time_pair_us(fn, other, blocks: int = 9, launches: int = 10) -> tuple[float
     return tuple(sorted(ts)[len(ts) // 2] for ts in times)
 
 
-def time_region_on_gpu(key: str) -> tuple[float, float]:
-    """(fused kernel us, cuBLAS GEMM us) of a registered region at its Spec's shapes, on random inputs, timed in
-    alternating blocks (a region of two GEMMs on one A: both cuBLAS GEMMs). The copies an output stored in parts
-    saves are priced by the planner (PlanDecision.copy_us, in pass_us), as the epilogue pass is: torch's own copy
-    of a column slice takes 2.5x Inductor's (GPT-2's k and v: ~18 us against ~7 us each on the H200)."""
+def time_region_on_gpu(key: str, rows: int | None = None) -> tuple[float, float]:
+    """(fused kernel us, cuBLAS GEMM us) of a registered region at its Spec's shapes (or its kernel run on `rows`
+    rows, as a dynamic graph runs it at another size), on random inputs, timed in alternating blocks (a region of
+    two GEMMs on one A: both cuBLAS GEMMs). The copies an output stored in parts saves are priced by the planner
+    (PlanDecision.copy_us, in pass_us), as the epilogue pass is: torch's own copy of a column slice takes 2.5x
+    Inductor's (GPT-2's k and v: ~18 us against ~7 us each on the H200)."""
     from . import ops
 
     spec = ops.region_spec(key)
-    a, b, *params = ops.random_inputs(spec, "cuda")
+    a, b, *params = ops.random_inputs(spec if rows is None else spec.with_rows(rows), "cuda")
     bt = b.t() if spec.gemm.transpose_b else b
     if spec.gemm.paired:   # two GEMMs on one A (SwiGLU's gate and up): what torch runs is both
         b2 = params[spec.gemm.b2_param]
@@ -429,6 +430,17 @@ def time_region_on_gpu(key: str) -> tuple[float, float]:
         return _time_pair_us(lambda: ops._run_gpu(key, [a, b, *params]),
                              lambda: (torch.matmul(a, bt), torch.matmul(a, b2t)))
     return _time_pair_us(lambda: ops._run_gpu(key, [a, b, *params]), lambda: torch.matmul(a, bt))
+
+
+def probe_rows(spec) -> int | None:
+    """The smaller size a region of a dynamic graph is also timed at (measure_fused): a quarter of the batch (the
+    GEMM's first leading dim; whole sequences kept), or None where that leaves fewer than 1024 rows."""
+    lead = [int(d) for d in spec.gemm.out_shape[:-1]]
+    inner = 1
+    for d in lead[1:]:
+        inner *= d
+    rows = lead[0] // 4 * inner
+    return rows if rows >= 1024 else None
 
 
 # A fused kernel must beat what it replaces by this fraction to be kept (measure_fused). Two timings of one kernel
@@ -477,13 +489,17 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
     shapes and on other epilogues, and its estimate can miss by tens of percent (GPT-2's c_proj + residual +
     LayerNorm: ~67 us predicted, ~100 us in the model), so a region the GPU shows slower is not fused.
     Outside a CUDA graph the kernel must also win back the call's host time (`host_us`, default
-    host_us_per_call()), and win by MEASURE_MARGIN: a tie stays in torch, so that runs are reproducible. Returns
-    the regions that lost; each region's times are logged. One timing per distinct kernel and shape (~40 ms each).
-    `timer(key) -> (fused us, GEMM us)`."""
+    host_us_per_call()), and win by MEASURE_MARGIN: a tie stays in torch, so that runs are reproducible. A graph
+    with dynamic sizes runs its kernels, compiled for the example sizes, at other sizes too: there each kernel is
+    also timed at probe_rows (a quarter of the batch), where fewer tiles can make it slower than cuBLAS (Llama at
+    8 x 259 tokens: the GPU time 0.94x Inductor's with the example's choice), and must not be slower there by more
+    than the margin. Returns the regions that lost; each region's times are logged. One timing per distinct kernel
+    and shape (~40 ms each). `timer(key, rows=None) -> (fused us, GEMM us)`."""
     from . import ops
 
     if host_us is None:
         host_us = host_us_per_call()
+    dynamic = rep.analysis is not None and rep.analysis.conv.dynamic
 
     by_gemm = {rep.regions[ri].spec.gemm.node: ri for ri in fuse}
     done: dict = {}
@@ -498,24 +514,32 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
             continue
         sig = (spec.structural_hash(), spec.gemm.rows)
         if sig not in done:
+            probe = probe_rows(spec) if dynamic else None
             try:
-                fused_us, gemm_us = timer(key)
+                times = timer(key) + (timer(key, probe) if probe else ())
             except Exception as e:   # a kernel that cannot be timed is not run: fallback, never failure
                 log.warning("comfuse: graph %d region %d: not fused: timing its kernel failed (%s: %s)", rep.index,
                             ri, type(e).__name__, e)
-                fused_us, gemm_us = float("inf"), 0.0
-            done[sig] = (fused_us, gemm_us, rep.plans[ri].pass_us)   # the planner's pass (none: cuBLAS alone)
-        fused_us, gemm_us, pass_us = done[sig]
+                times = (float("inf"), 0.0)
+            done[sig] = (times, rep.plans[ri].pass_us, probe)   # the planner's pass (none: cuBLAS alone)
+        (fused_us, gemm_us, *small), pass_us, probe = done[sig]
         unfused_us = gemm_us + pass_us
         keep = fused_us + host_us <= unfused_us * (1.0 - MEASURE_MARGIN)
         why = ("fused" if keep else
                "not fused (slower than the GEMM and a separate pass)" if fused_us > unfused_us else
                "not fused (what it saves does not cover the call's host time)" if fused_us + host_us > unfused_us else
                f"not fused (a tie: it wins by less than the {MEASURE_MARGIN:.0%} margin, within the timing's noise)")
+        at_probe = ""
+        if small:   # the same kernel at a quarter of the batch (the pass scales with the rows)
+            small_pass = pass_us * probe / int(spec.gemm.rows)
+            at_probe = (f"; at {probe} rows (a smaller size of this dynamic graph) {small[0]:.1f} us against "
+                        f"{small[1]:.1f} us (+ ~{small_pass:.1f} us)")
+            if keep and small[0] + host_us > (small[1] + small_pass) * (1.0 + MEASURE_MARGIN):
+                keep, why = False, f"not fused (slower than the GEMM and a separate pass at {probe} rows)"
         log.info("comfuse: graph %d region %d: on this GPU the kernel takes %.1f us%s, the cuBLAS GEMM%s %.1f us (+ an "
-                 "epilogue pass ~%.1f us): %s", rep.index, ri, fused_us,
+                 "epilogue pass ~%.1f us)%s: %s", rep.index, ri, fused_us,
                  f" (+ ~{host_us:.0f} us of host time per call, no CUDA graph)" if host_us else "",
-                 "s (two on one A)" if spec.gemm.paired else "", gemm_us, pass_us, why)
+                 "s (two on one A)" if spec.gemm.paired else "", gemm_us, pass_us, at_probe, why)
         if not keep:
             lost.add(ri)
     return lost

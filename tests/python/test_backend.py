@@ -765,6 +765,40 @@ def test_planned_regions_the_gpu_shows_slower_are_not_fused(monkeypatch, caplog)
     assert none is None
 
 
+def test_a_dynamic_graph_also_times_its_regions_at_a_smaller_size(monkeypatch, caplog):
+    """A graph with dynamic sizes runs the kernels compiled for its example sizes at every size: measure_fused also
+    times each at a quarter of the batch (probe_rows), with the same kernel, and a region slower there than its
+    GEMM and pass (scaled to those rows) by more than the margin goes back to torch, though it wins at the example
+    sizes. A static graph is timed once."""
+    from comfuse import backend, ops
+
+    m, x, rep, prog, fuse = _captured_bf16(PostNormEncoderLayer)
+    target = prog.rewrite_keeping_torch(fuse)
+    by_gemm = {rep.regions[ri].spec.gemm.node: ri for ri in fuse}
+    loser = min(fuse)
+    rows = int(rep.regions[loser].spec.gemm.rows)
+    calls = []
+
+    def timer(key, probe=None):   # every kernel 0.7x its GEMM and pass; at the probe, `loser` 2x
+        calls.append(probe)
+        ri = by_gemm[ops.region_spec(key).gemm.node]
+        scale = 1.0 if probe is None else probe / rows
+        unfused = (10.0 + rep.plans[ri].pass_us) * scale
+        return (2.0 if probe is not None and ri == loser else 0.7) * unfused, 10.0 * scale
+
+    assert backend.probe_rows(rep.regions[loser].spec) is None   # 16 rows: too few to probe
+    monkeypatch.setattr(backend, "probe_rows", lambda spec: int(spec.gemm.rows) // 4)
+    assert backend.measure_fused(rep, target, fuse, timer, host_us=0.0) == set() and set(calls) == {None}
+    monkeypatch.setattr(rep.analysis.conv, "dynamic", True)
+    calls.clear()
+    with caplog.at_level(logging.INFO, logger="comfuse"):
+        lost = backend.measure_fused(rep, target, fuse, timer, host_us=0.0)
+    assert lost == {loser} and set(calls) == {None, rows // 4}, (lost, calls)
+    msg = next(s for s in messages(caplog) if f"region {loser}:" in s)
+    assert f"at {rows // 4} rows (a smaller size of this dynamic graph)" in msg and \
+        f"slower than the GEMM and a separate pass at {rows // 4} rows" in msg, msg
+
+
 def test_outside_a_cuda_graph_a_region_must_win_back_its_host_time(monkeypatch, caplog):
     """A fused_region call costs host time the launches it replaces do not (backend.HOST_US_PER_CALL): outside a
     CUDA graph, a kernel that beats its GEMM and pass by less goes back to torch, since a model of short kernels
