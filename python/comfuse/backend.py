@@ -33,6 +33,7 @@ import concurrent.futures
 import dataclasses
 import itertools
 import logging
+import math
 import os
 from typing import Any
 
@@ -413,16 +414,18 @@ def _time_pair_us(fn, other, blocks: int = 9, launches: int = 10) -> tuple[float
     return tuple(sorted(ts)[len(ts) // 2] for ts in times)
 
 
-def time_region_on_gpu(key: str, rows: int | None = None) -> tuple[float, float]:
-    """(fused kernel us, cuBLAS GEMM us) of a registered region at its Spec's shapes (or its kernel run on `rows`
-    rows, as a dynamic graph runs it at another size), on random inputs, timed in alternating blocks (a region of
-    two GEMMs on one A: both cuBLAS GEMMs). The copies an output stored in parts saves are priced by the planner
+def time_region_on_gpu(key: str, lead: tuple | None = None) -> tuple[float, float]:
+    """(fused kernel us, cuBLAS GEMM us) of a registered region at its Spec's shapes (or its kernel run with A's
+    leading dims `lead`, as a dynamic graph runs it at another size), on random inputs, timed in alternating blocks
+    (a region of two GEMMs on one A: both cuBLAS GEMMs). The copies an output stored in parts saves are priced by the planner
     (PlanDecision.copy_us, in pass_us), as the epilogue pass is: torch's own copy of a column slice takes 2.5x
     Inductor's (GPT-2's k and v: ~18 us against ~7 us each on the H200)."""
     from . import ops
 
     spec = ops.region_spec(key)
-    a, b, *params = ops.random_inputs(spec if rows is None else spec.with_rows(rows), "cuda")
+    a, b, *params = ops.random_inputs(spec if lead is None else spec.with_rows(math.prod(lead)), "cuda")
+    if lead is not None:
+        a = a.view(*lead, a.shape[-1])
     bt = b.t() if spec.gemm.transpose_b else b
     if spec.gemm.paired:   # two GEMMs on one A (SwiGLU's gate and up): what torch runs is both
         b2 = params[spec.gemm.b2_param]
@@ -432,15 +435,25 @@ def time_region_on_gpu(key: str, rows: int | None = None) -> tuple[float, float]
     return _time_pair_us(lambda: ops._run_gpu(key, [a, b, *params]), lambda: torch.matmul(a, bt))
 
 
-def probe_rows(spec) -> int | None:
-    """The smaller size a region of a dynamic graph is also timed at (measure_fused): a quarter of the batch (the
-    GEMM's first leading dim; whole sequences kept), or None where that leaves fewer than 1024 rows."""
+def probe_lead(spec) -> tuple | None:
+    """The smaller size a region of a dynamic graph is also timed at (measure_fused), as A's leading dims: a quarter
+    of the batch (the GEMM's first leading dim), with the last dim a little longer, so that the rows are a few more
+    than a whole number of 128-row tiles. The sizes a dynamic graph meets are rarely whole tiles, and one more
+    row block can take a kernel into a second wave: on the H200, Llama's down_proj + residual + RMSNorm (128 x 128
+    tiles, 8 to a row block, exchanging through L2) took 23.7 us at 2048 rows and 38 us at 2072, where 136 tiles
+    meet 132 SMs. Where an output is not laid out over A's leading dims, whole sequences are kept (A flattened to
+    rows). None where fewer than 1024 rows are left."""
+    from . import ops
+
     lead = [int(d) for d in spec.gemm.out_shape[:-1]]
-    inner = 1
-    for d in lead[1:]:
-        inner *= d
-    rows = lead[0] // 4 * inner
-    return rows if rows >= 1024 else None
+    first, inner = lead[0] // 4, math.prod(lead[1:])
+    if first * inner < 1024:
+        return None
+    if not all(ops.has_gemm_lead(spec, o) for o in spec.outputs):
+        return (first * inner,)
+    if len(lead) == 1:
+        return (first + 8,)
+    return (first, *lead[1:-1], lead[-1] + -(-8 // (first * math.prod(lead[1:-1]))))
 
 
 # A fused kernel must beat what it replaces by this fraction to be kept (measure_fused). Two timings of one kernel
@@ -491,10 +504,11 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
     Outside a CUDA graph the kernel must also win back the call's host time (`host_us`, default
     host_us_per_call()), and win by MEASURE_MARGIN: a tie stays in torch, so that runs are reproducible. A graph
     with dynamic sizes runs its kernels, compiled for the example sizes, at other sizes too: there each kernel is
-    also timed at probe_rows (a quarter of the batch), where fewer tiles can make it slower than cuBLAS (Llama at
-    8 x 259 tokens: the GPU time 0.94x Inductor's with the example's choice), and must not be slower there by more
-    than the margin. Returns the regions that lost; each region's times are logged. One timing per distinct kernel
-    and shape (~40 ms each). `timer(key, rows=None) -> (fused us, GEMM us)`."""
+    also timed at probe_lead (a quarter of the batch, a few rows past whole tiles), where fewer or partly filled
+    tiles can make it slower than cuBLAS (Llama at 8 x 259 tokens: the GPU time 0.94x Inductor's with the example's
+    choice), and must not be slower there by more than the margin. Returns the regions that lost; each region's
+    times are logged. One timing per distinct kernel and shape (~40 ms each).
+    `timer(key, lead=None) -> (fused us, GEMM us)`."""
     from . import ops
 
     if host_us is None:
@@ -514,7 +528,7 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
             continue
         sig = (spec.structural_hash(), spec.gemm.rows)
         if sig not in done:
-            probe = probe_rows(spec) if dynamic else None
+            probe = probe_lead(spec) if dynamic else None
             try:
                 times = timer(key) + (timer(key, probe) if probe else ())
             except Exception as e:   # a kernel that cannot be timed is not run: fallback, never failure
@@ -522,7 +536,7 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
                             ri, type(e).__name__, e)
                 times = (float("inf"), 0.0)
             done[sig] = (times, rep.plans[ri].pass_us, probe)   # the planner's pass (none: cuBLAS alone)
-        (fused_us, gemm_us, *small), pass_us, probe = done[sig]
+        (fused_us, gemm_us, *small), pass_us, lead = done[sig]
         unfused_us = gemm_us + pass_us
         keep = fused_us + host_us <= unfused_us * (1.0 - MEASURE_MARGIN)
         why = ("fused" if keep else
@@ -531,6 +545,7 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
                f"not fused (a tie: it wins by less than the {MEASURE_MARGIN:.0%} margin, within the timing's noise)")
         at_probe = ""
         if small:   # the same kernel at a quarter of the batch (the pass scales with the rows)
+            probe = math.prod(lead)
             small_pass = pass_us * probe / int(spec.gemm.rows)
             at_probe = (f"; at {probe} rows (a smaller size of this dynamic graph) {small[0]:.1f} us against "
                         f"{small[1]:.1f} us (+ ~{small_pass:.1f} us)")

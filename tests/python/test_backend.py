@@ -2,6 +2,7 @@
 import importlib.metadata
 import io
 import logging
+import math
 
 import pytest
 import torch
@@ -767,9 +768,9 @@ def test_planned_regions_the_gpu_shows_slower_are_not_fused(monkeypatch, caplog)
 
 def test_a_dynamic_graph_also_times_its_regions_at_a_smaller_size(monkeypatch, caplog):
     """A graph with dynamic sizes runs the kernels compiled for its example sizes at every size: measure_fused also
-    times each at a quarter of the batch (probe_rows), with the same kernel, and a region slower there than its
-    GEMM and pass (scaled to those rows) by more than the margin goes back to torch, though it wins at the example
-    sizes. A static graph is timed once."""
+    times each at a quarter of the batch, a few rows past whole tiles (probe_lead), with the same kernel, and a
+    region slower there than its GEMM and pass (scaled to those rows) by more than the margin goes back to torch,
+    though it wins at the example sizes. A static graph is timed once."""
     from comfuse import backend, ops
 
     m, x, rep, prog, fuse = _captured_bf16(PostNormEncoderLayer)
@@ -779,24 +780,46 @@ def test_a_dynamic_graph_also_times_its_regions_at_a_smaller_size(monkeypatch, c
     rows = int(rep.regions[loser].spec.gemm.rows)
     calls = []
 
-    def timer(key, probe=None):   # every kernel 0.7x its GEMM and pass; at the probe, `loser` 2x
-        calls.append(probe)
+    def timer(key, lead=None):   # every kernel 0.7x its GEMM and pass; at the probe, `loser` 2x
+        calls.append(lead)
         ri = by_gemm[ops.region_spec(key).gemm.node]
-        scale = 1.0 if probe is None else probe / rows
+        scale = 1.0 if lead is None else math.prod(lead) / rows
         unfused = (10.0 + rep.plans[ri].pass_us) * scale
-        return (2.0 if probe is not None and ri == loser else 0.7) * unfused, 10.0 * scale
+        return (2.0 if lead is not None and ri == loser else 0.7) * unfused, 10.0 * scale
 
-    assert backend.probe_rows(rep.regions[loser].spec) is None   # 16 rows: too few to probe
-    monkeypatch.setattr(backend, "probe_rows", lambda spec: int(spec.gemm.rows) // 4)
+    assert backend.probe_lead(rep.regions[loser].spec) is None   # 16 rows: too few to probe
+    monkeypatch.setattr(backend, "probe_lead", lambda spec: (2, 3))
     assert backend.measure_fused(rep, target, fuse, timer, host_us=0.0) == set() and set(calls) == {None}
     monkeypatch.setattr(rep.analysis.conv, "dynamic", True)
     calls.clear()
     with caplog.at_level(logging.INFO, logger="comfuse"):
         lost = backend.measure_fused(rep, target, fuse, timer, host_us=0.0)
-    assert lost == {loser} and set(calls) == {None, rows // 4}, (lost, calls)
+    assert lost == {loser} and set(calls) == {None, (2, 3)}, (lost, calls)
     msg = next(s for s in messages(caplog) if f"region {loser}:" in s)
-    assert f"at {rows // 4} rows (a smaller size of this dynamic graph)" in msg and \
-        f"slower than the GEMM and a separate pass at {rows // 4} rows" in msg, msg
+    assert "at 6 rows (a smaller size of this dynamic graph)" in msg and \
+        "slower than the GEMM and a separate pass at 6 rows" in msg, msg
+
+
+def test_the_smaller_size_a_dynamic_graph_is_timed_at():
+    """probe_lead: a quarter of the batch, the last leading dim a little longer, so that the rows are a few past a
+    whole number of 128-row tiles (where one more row block can cost a second wave); A flattened to whole sequences
+    where an output is not laid out over A's leading dims; nothing below 1024 rows."""
+    from types import SimpleNamespace as NS
+
+    from comfuse import backend
+
+    def spec(out_shape, outputs=None):
+        n = out_shape[-1]
+        return NS(gemm=NS(out_shape=out_shape, n=n),
+                  outputs=outputs or [NS(shape=out_shape, per_row=False)])
+
+    assert backend.probe_lead(spec([16, 512, 1024])) == (4, 514)          # 2056 rows: 16 tiles + 8 rows
+    assert backend.probe_lead(spec([32, 256, 768])) == (8, 257)           # 2056 rows
+    assert backend.probe_lead(spec([8192, 768])) == (2056,)
+    assert backend.probe_lead(spec([1, 512, 768])) is None                # no quarter of one sequence
+    assert backend.probe_lead(spec([8, 512, 768])) == (2, 516)
+    # an output with its own leading dims ([B*S/8, 8, N]): whole sequences, A flattened
+    assert backend.probe_lead(spec([16, 512, 64], [NS(shape=[1024, 8, 64], per_row=False)])) == (2048,)
 
 
 def test_outside_a_cuda_graph_a_region_must_win_back_its_host_time(monkeypatch, caplog):
