@@ -417,9 +417,9 @@ def _time_pair_us(fn, other, blocks: int = 9, launches: int = 10) -> tuple[float
 def time_region_on_gpu(key: str, lead: tuple | None = None) -> tuple[float, float]:
     """(fused kernel us, cuBLAS GEMM us) of a registered region at its Spec's shapes (or its kernel run with A's
     leading dims `lead`, as a dynamic graph runs it at another size), on random inputs, timed in alternating blocks
-    (a region of two GEMMs on one A: both cuBLAS GEMMs). The copies an output stored in parts saves are priced by the planner
-    (PlanDecision.copy_us, in pass_us), as the epilogue pass is: torch's own copy of a column slice takes 2.5x
-    Inductor's (GPT-2's k and v: ~18 us against ~7 us each on the H200)."""
+    (a region of two GEMMs on one A: both cuBLAS GEMMs). The copies an output stored in parts saves are priced by
+    the planner (PlanDecision.copy_us, in pass_us), as the epilogue pass is: torch's own copy of a column slice
+    takes 2.5x Inductor's (GPT-2's k and v: ~18 us against ~7 us each on the H200)."""
     from . import ops
 
     spec = ops.region_spec(key)
@@ -544,7 +544,7 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
                "not fused (what it saves does not cover the call's host time)" if fused_us + host_us > unfused_us else
                f"not fused (a tie: it wins by less than the {MEASURE_MARGIN:.0%} margin, within the timing's noise)")
         at_probe = ""
-        if small:   # the same kernel at a quarter of the batch (the pass scales with the rows)
+        if small:   # the same kernel at the smaller size (the pass scales with the rows)
             probe = math.prod(lead)
             small_pass = pass_us * probe / int(spec.gemm.rows)
             at_probe = (f"; at {probe} rows (a smaller size of this dynamic graph) {small[0]:.1f} us against "
