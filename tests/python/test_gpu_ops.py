@@ -446,11 +446,16 @@ def test_the_fast_path_shapes_outputs_as_the_python_kernel_does():
         # N = 32 seen as 4 heads of 8 (rotate_half per head): outputs [B, S, 4, 8]
         "heads": ("input X : bf16[4, 8, 96]\ninput W : bf16[96, 32]\ninput b : bf16[32]\n", [(4, 8, 96), (2, 8, 96),
                                                                                              (4, 13, 96)]),
+        # h stored in 2 parts of 16 (comfuse/parts.py): [..., 2, 16]
+        "parts": ("input X : bf16[4, 8, 96]\ninput W : bf16[96, 32]\ninput b : bf16[32]\n", [(4, 8, 96), (2, 8, 96),
+                                                                                             (4, 13, 96), (32, 96)]),
     }
     bodies = {"heads": "h = add(matmul(X, W), b)\ny = rotate_half(reshape(h, shape=[4, 8, 4, 8]))\noutput h\noutput y\n"}
     for name, (inputs, a_shapes) in graphs.items():
         body = bodies.get(name, "h = add(matmul(X, W), b)\ny = gelu(h)\noutput h\noutput y\n")
         spec = C.partition(C.parse_cf(inputs + body, "shapes.cf")).regions[0].spec
+        if name == "parts":
+            spec = spec.with_parts(0, 16, 1)
         key = ops.register_region(spec)
         L = ops._GpuLaunch(key, spec)
         g = spec.gemm
@@ -468,6 +473,10 @@ def test_the_fast_path_shapes_outputs_as_the_python_kernel_does():
                 assert got == want, (name, a, got, want)
                 if name == "heads":
                     assert want[1] == [*a[:-1], 4, 8], want
+                if name == "parts":
+                    assert want[0] == [*(a[:-1] if len(a) == 3 else [a[0] // 8, 8]), 2, 16], want
+                    out = ops._empty_out(spec.outputs[0], want[0], torch.bfloat16, "cpu")
+                    assert out.shape == tuple(want[0]) and all(out.select(-2, t).is_contiguous() for t in range(2))
         finally:
             torch.ops.comfuse._fast_forget(key)
 
