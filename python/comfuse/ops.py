@@ -152,8 +152,7 @@ def _empty_out(o, shape, dtype, device) -> torch.Tensor:
     if not o.split:
         return torch.empty(shape, dtype=dtype, device=device)
     lead = len(shape) - 2
-    buf = torch.empty([shape[lead], *shape[:lead], shape[-1]], dtype=dtype, device=device)
-    return buf.permute([*range(1, lead + 1), 0, lead + 1])
+    return torch.empty([shape[lead], *shape[:lead], shape[-1]], dtype=dtype, device=device).movedim(0, lead)
 
 
 def _laid_out(o, t: torch.Tensor) -> torch.Tensor:

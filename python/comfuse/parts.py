@@ -35,6 +35,7 @@ class SplitLayout(NamedTuple):
     part: int          # C: columns per part (N: the output is not split)
     copies: int        # parts whose copy becomes a view
     roots: tuple       # per part t: the ATen node whose value is part t (a split's getitem, or the output's node)
+    clones: tuple      # the copies that become views (copies_of each root)
 
 
 def _shape(n):
@@ -108,8 +109,8 @@ def find(out: fx.Node, n_cols: int, outputs: set) -> SplitLayout | None:
         roots = [by_index.get(t) for t in range(n_cols // C)]
     else:
         C = n_cols
-    copies = sum(1 for r in roots if r is not None and copies_of(r, outputs))
-    return SplitLayout(C, copies, tuple(roots)) if copies else None
+    clones = tuple(c for r in roots if r is not None for c in copies_of(r, outputs))
+    return SplitLayout(C, len(clones), tuple(roots), clones) if clones else None
 
 
 def find_for_regions(prog) -> dict:
@@ -141,9 +142,9 @@ def dropped_copies(gm: fx.GraphModule, layouts: dict, torch_nodes) -> set:
     outputs (`layouts`: {region: {output: SplitLayout}} of the fused regions), and those of GEMMs left to torch
     (`torch_nodes`: the ATen nodes the rewrite copies)."""
     outputs = _graph_outputs(gm.graph)
-    roots = [r for lays in layouts.values() for lay in lays.values() for r in lay.roots if r is not None]
-    roots += [n for n in torch_nodes if n.op == "call_function" and n.target in _TORCH_GEMMS]
-    return {c for r in roots for c in copies_of(r, outputs)}
+    gemms = [n for n in torch_nodes if n.op == "call_function" and n.target in _TORCH_GEMMS]
+    return ({c for lays in layouts.values() for lay in lays.values() for c in lay.clones} |
+            {c for n in gemms for c in copies_of(n, outputs)})
 
 
 def emit_parts(g: fx.Graph, out: fx.Node, lay: SplitLayout, lead: list, env_fx: dict, reshape) -> None:

@@ -184,13 +184,10 @@ std::vector<at::Tensor> serve_region(std::string_view key, at::TensorList inputs
     }
     // [T, lead..., C] in memory, dim 0 moved before the last (fast_register checks there is a lead dim)
     const int64_t nl = static_cast<int64_t>(shape.size()) - 2;
-    std::vector<int64_t> stored{shape[nl]}, dims;
+    std::vector<int64_t> stored{shape[nl]};
     stored.insert(stored.end(), shape.begin(), shape.begin() + nl);
     stored.push_back(shape.back());
-    for (int64_t i = 1; i <= nl; ++i) dims.push_back(i);
-    dims.push_back(0);
-    dims.push_back(nl + 1);
-    outs.push_back(empty_cuda(stored, o.dtype).permute(dims));
+    outs.push_back(empty_cuda(stored, o.dtype).movedim(0, nl));
   }
   if (rows == 0) return outs;
   if (ph) ph->mark(Phases::kOutputs);
