@@ -111,9 +111,10 @@ class ComFusePass(CustomGraphPass):
             return
         prog = rep.analysis.program
         chains = backend.fused_chains(rep, self.fuse == "all")
+        timed = not cpu_reference and backend.measuring(self.fuse == "all")
         fuse = (backend.shapeable(rep, set(range(len(rep.regions)))) - backend.chain_regions(rep, chains)
-                if cpu_reference else backend.fused_set(rep, self.fuse == "all", chains))
-        backend.log_plans(rep, fuse, chains)
+                if cpu_reference else backend.fused_set(rep, self.fuse == "all", chains, timed))
+        backend.log_plans(rep, fuse, chains, timed)
         try:
             target, fuse, chains = backend.keep_rewrite(rep, fuse, self.ctas, chains, all_regions=cpu_reference)
         except NotKeepable as e:
@@ -122,7 +123,7 @@ class ComFusePass(CustomGraphPass):
             return
         if not cpu_reference and not backend.prepare_kernels(rep, target):
             return
-        if not cpu_reference and backend.measuring(self.fuse == "all"):
+        if timed:
             fuse, target = backend.drop_measured_losers(
                 rep, fuse, target, lambda f: prog.rewrite_keeping_torch(f, self.ctas, chains), chains=bool(chains))
             if target is None:

@@ -767,6 +767,62 @@ def test_planned_regions_the_gpu_shows_slower_are_not_fused(monkeypatch, caplog)
     assert none is None
 
 
+def test_the_planners_near_ties_are_timed_on_the_gpu(monkeypatch, caplog):
+    """With the GPU check (fuse="planner" on a GPU), a region the planner's estimate declines for speed only, by at
+    most backend.NEAR_TIE, is compiled and timed with the planner's choice and fused where it wins there (HF Llama's
+    o_proj + residual + RMSNorm: estimated ~60 against ~55 us). One declined by more, or for another reason, is not
+    timed; nor is a near tie without the GPU check. An estimate that holds on the GPU keeps it in torch."""
+    from types import SimpleNamespace as NS
+
+    from comfuse import backend, ops
+
+    m, x, rep, prog, fuse = _captured_bf16(PostNormEncoderLayer)
+    assert len(fuse) >= 3
+    fields = ("fuse", "reason", "fused_us", "unfused_us", "pass_us", "cublas_alone", "copy_us")
+    real = [NS(**{f: getattr(p, f) for f in fields}) for p in rep.plans]
+    near, far, other = sorted(fuse)[:3]
+    plans = [NS(**vars(p)) for p in real]
+    for ri, fused, why in ((near, 130.0, "fusion does not pay: ..."), (far, 140.0, "fusion does not pay: ..."),
+                           (other, 110.0, "a row spans 200 tiles: ...")):
+        plans[ri].fuse, plans[ri].reason, plans[ri].fused_us, plans[ri].unfused_us = False, why, fused, 100.0
+    monkeypatch.setattr(rep, "plans", plans)
+    assert backend.near_ties(rep) == {near}
+    planned = fuse - {near, far, other}
+    assert backend.fused_set(rep, timed=True) == planned | {near}
+    assert backend.fused_set(rep) == planned
+    assert backend.fused_set(rep, fuse_all=True, timed=True) == planned | {near, far}   # "all": no timing needed
+    with caplog.at_level(logging.INFO, logger="comfuse"):
+        backend.log_plans(rep, planned | {near}, timed=True)
+    assert f"region {near}: to be timed on this GPU (a near tie" in " ".join(messages(caplog))
+
+    by_gemm = {rep.regions[ri].spec.gemm.node: ri for ri in fuse}
+    winner = {near: True}
+
+    def timer(key):   # every kernel 0.7x its GEMM and pass; the near tie as `winner` says
+        ri = by_gemm[ops.region_spec(key).gemm.node]
+        unfused = 10.0 + plans[ri].pass_us
+        return (0.7 if winner.get(ri, True) else 1.2) * unfused, 10.0
+
+    monkeypatch.setattr(backend, "prepare_kernels", lambda rep, target: True)
+    timed = planned | {near}
+    target = prog.rewrite_keeping_torch(timed)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="comfuse"):
+        kept, new = backend.drop_measured_losers(rep, timed, target, prog.rewrite_keeping_torch, timer, host_us=0.0)
+    assert kept == timed
+    msg = next(s for s in messages(caplog) if f"region {near}:" in s)
+    assert msg.endswith("fused (a near tie the planner's estimate declined, timed here)"), msg
+    winner[near] = False   # the GPU agrees with the estimate: back to torch, and said so
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="comfuse"):
+        kept, new = backend.drop_measured_losers(rep, timed, target, prog.rewrite_keeping_torch, timer, host_us=0.0)
+    assert kept == planned
+    assert {by_gemm[ops.region_spec(n.args[0]).gemm.node] for n in new.graph.nodes
+            if n.target is torch.ops.comfuse.fused_region.default} == planned
+    msg = next(s for s in messages(caplog) if f"region {near}:" in s)
+    assert "not fused (slower than the GEMM and a separate pass) (a near tie" in msg, msg
+
+
 def test_a_dynamic_graph_also_times_its_regions_at_a_smaller_size(monkeypatch, caplog):
     """A graph with dynamic sizes runs the kernels compiled for its example sizes at every size: measure_fused also
     times each at a quarter of the batch, a few rows past whole tiles (probe_lead), with the same kernel, and a
