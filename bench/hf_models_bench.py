@@ -38,6 +38,7 @@ implementation) to check this script's code path.
 import argparse
 import csv
 import logging
+import os
 import re
 import sys
 import time
@@ -197,7 +198,7 @@ def kernels(fn, cuda: bool, label: str = "", calls: int = 3) -> tuple[str, str, 
     """The attention kernels and fp32 GEMM kernels a call runs (profiler, `calls` calls), as short strings, and the
     GPU time of one call: its kernels' summed durations, without the gaps between them. Unlike a wall-clock time,
     that is what the kernels alone change, and the host's speed does not move it. With a label, also prints the
-    calls' GPU kernels by total time (the top 10: where a slow run's time goes)."""
+    calls' GPU kernels by total time (the top 10, or $HF_BENCH_TOP: where a slow run's time goes)."""
     if not cuda:
         return "-", "-", float("nan")
     from torch.autograd import DeviceType
@@ -217,7 +218,7 @@ def kernels(fn, cuda: bool, label: str = "", calls: int = 3) -> tuple[str, str, 
                         for e in events), reverse=True)
         total = sum(t for t, _, _ in timed if t > 0)
         print(f"{label}: GPU kernels, total {total:.0f} us" + "".join(
-            f"\n    {t:9.0f} us {c:4d}x  {k[:110]}" for t, c, k in timed[:10] if t > 0))
+            f"\n    {t:9.0f} us {c:4d}x  {k[:110]}" for t, c, k in timed[:int(os.environ.get("HF_BENCH_TOP", 10))] if t > 0))
         # where the host's time goes (a forward whose GPU work is shorter than its host work is host-bound)
         host = sorted(((e.self_cpu_time_total, e.count, e.key) for e in events if e.self_cpu_time_total > 0),
                       reverse=True)
