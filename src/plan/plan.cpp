@@ -14,9 +14,18 @@ namespace comfuse {
 
 namespace {
 
-// Effective bandwidth of a separate memory-bound epilogue kernel on an H200 (WORKLOADS.md: copies reach
-// 4.24 TB/s; a norm kernel that also reduces gets ~70% of that).
+// Effective bandwidth of the separate memory-bound epilogue pass Inductor runs on an H200, by the kind of pass,
+// from its kernels in the HF models' profiles (docs/PERF.md, twenty-sixth session; copies reach 4.24 TB/s,
+// WORKLOADS.md). Elementwise passes: 3 TB/s (erf GELU ~2.6, gelu_new's pow and tanh ~3.0, SwiGLU's silu * mul
+// 4.4; BERT's and GPT-2's GELU regions decide on this figure).
 constexpr double kUnfusedBytesPerSecond = 3.0e12;
+// A row reduction (LayerNorm, RMSNorm: one persistent block per row): Llama's residual add + RMSNorm after o_proj
+// moves 67 MB in 14.4 us, 4.66 TB/s. At 3 TB/s such a pass was priced 1.5x too long, and the GPU check fused an
+// o_proj + RMSNorm region as a 7 us win that lost ~10 us per forward in the model.
+constexpr double kUnfusedReductionBytesPerSecond = 4.6e12;
+// A pass that reads per-row tables (BroadcastKind::Periodic: the rotary embedding's cos / sin) and, in the HF
+// models, writes the heads transposed: Inductor's rotary pass for HF Llama's q or k moves ~34 MB in 26.9 us.
+constexpr double kUnfusedPeriodicBytesPerSecond = 1.25e12;
 
 std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   char buf[160];
@@ -338,12 +347,17 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   // unfused alternative is two GEMMs whose outputs the pass reads back.
   const int64_t mma_n = g.paired() ? 2 * g.n : g.n;
   double passes = g.paired() ? 2 : 1;  // the GEMM output(s), read back
+  bool periodic = false;
   for (const auto& p : fs.params) {
     passes += p.kind == BroadcastKind::Tile;
     if (p.kind == BroadcastKind::Periodic) passes += double(p.shape.back()) / double(g.n);   // one block per row
+    periodic |= p.kind == BroadcastKind::Periodic;
   }
   for (const auto& o : fs.outputs) passes += o.per_row ? 0 : 1;
-  d.pass_us = d.cublas_alone ? 0.0 : 2.0 * g.rows * g.n * passes / kUnfusedBytesPerSecond * 1e6;
+  const double pass_bw = periodic  ? kUnfusedPeriodicBytesPerSecond
+                         : reduces ? kUnfusedReductionBytesPerSecond
+                                   : kUnfusedBytesPerSecond;
+  d.pass_us = d.cublas_alone ? 0.0 : 2.0 * g.rows * g.n * passes / pass_bw * 1e6;
   // Parts of an output that torch copies (SpecOutput::copies: the key / value cache) are read and written once more
   // unfused. A kernel that stores its output in parts (SpecOutput::part_cols) makes each part dense, and the copy a
   // view (copy_us). An output not split is dense either way: cuBLAS's too, so only an epilogue saves its copies.
