@@ -264,8 +264,9 @@ def _declined_for_speed_only(p) -> bool:
 
 # With fuse="planner" on a GPU, a region the planner's estimate declines for speed only, by no more than this
 # fraction of the GEMM and its pass, is compiled and timed too (measure_fused), and fused where it wins there: the
-# estimate scales a table measured at other shapes and epilogues and can miss by tens of percent either way. HF
-# Llama's o_proj + residual + RMSNorm (two outputs, 8192 x 1024 x 1024): estimated ~60 us against ~55 us.
+# estimate scales a table measured at other shapes and epilogues and can miss by tens of percent either way: HF
+# Llama's o_proj + residual + RMSNorm (two outputs, 8192 x 1024 x 1024) was estimated at ~60 us and took 42 us
+# (docs/PERF.md, twenty-sixth session). Each one costs its kernel's compile (once per structure).
 NEAR_TIE = 0.35
 
 
