@@ -130,6 +130,12 @@ def test_llama_regions_and_decisions():
             assert r["outputs"] == (1 if (layer, r is down) == (1, True) else 2), r
             assert _speed_only(r["plan"]), r["plan"].reason
         assert mlp["ops"] == {"matmul", "silu", "mul"} and mlp["plan"].fuse, mlp["plan"].reason
+        # Inductor's pass, priced by kind (src/plan/plan.cpp): bytes moved at 4.6 TB/s for a row reduction, 1.25
+        # TB/s with the rotary tables, 3 TB/s elementwise (its kernels' rates in the H200 profiles)
+        pass_us = lambda n, tensors, tbps: 2.0 * 16 * 512 * n * tensors / tbps * 1e-6  # noqa: E731
+        assert o["plan"].pass_us == pytest.approx(pass_us(1024, 4, 4.6), rel=1e-3)   # 2 read, 2 written
+        assert mlp["plan"].pass_us == pytest.approx(pass_us(2816, 3, 3.0), rel=1e-3)
+        assert qk["plan"].pass_us == pytest.approx(pass_us(1024, 4 + 2 * 128 / 1024, 1.25), rel=1e-3)
         spec = rep.regions[5 * layer + 3].spec
         assert spec.gemm.paired and spec.params[spec.gemm.b2_param].kind == C.BroadcastKind.WEIGHT
         w2 = spec.params[spec.gemm.b2_param]
