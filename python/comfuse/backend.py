@@ -270,11 +270,15 @@ def _declined_for_speed_only(p) -> bool:
 NEAR_TIE = 0.35
 
 
+def is_near_tie(p) -> bool:
+    """Whether the planner declines a region for speed only, with its estimated fused time within NEAR_TIE of the
+    GEMM and its separate pass."""
+    return _declined_for_speed_only(p) and p.fused_us <= p.unfused_us * (1.0 + NEAR_TIE)
+
+
 def near_ties(rep: GraphReport) -> set:
-    """The regions the planner declines for speed only whose estimated fused time is within NEAR_TIE of the GEMM
-    and its separate pass: measure_fused times them with the planner's choice."""
-    return {i for i, p in enumerate(rep.plans)
-            if _declined_for_speed_only(p) and p.fused_us <= p.unfused_us * (1.0 + NEAR_TIE)}
+    """The regions that are near ties (is_near_tie): measure_fused times them with the planner's choice."""
+    return {i for i, p in enumerate(rep.plans) if is_near_tie(p)}
 
 
 def keep_rewrite(rep: GraphReport, fuse: set, ctas: int, chains=(), all_regions: bool = False):

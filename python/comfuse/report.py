@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from .backend import GraphReport, analyze_graph
+from .backend import GraphReport, analyze_graph, is_near_tie
 from .program import planned_spec
 
 
@@ -75,10 +75,13 @@ def report_text(rep: GraphReport) -> str:
     if not outside:
         o.append("  (nothing)")
     # the planner's decision per region, from the measurements compiled into the library (src/plan/)
-    o.append("plan (from the measured table; a declined region runs unfused):")
+    o.append("plan (from the measured table; a declined region runs unfused, but for a near tie the GPU times faster):")
     plans = rep.plans or [C.plan_region(planned_spec(part, i)) for i in range(len(part.regions))]
     for i, p in enumerate(plans):
-        o.append(f"  region {i}: {'fuse' if p.fuse else 'declined'}: {p.reason}")
+        label = ("fuse" if p.fuse else
+                 'declined (a near tie: with fuse="planner" on a GPU it is timed there, and fused if faster)'
+                 if is_near_tie(p) else "declined")
+        o.append(f"  region {i}: {label}: {p.reason}")
     if not plans:
         o.append("  (no region)")
     if len(rep.b2b_plans) != len(rep.chains):   # a report made without analyze_aten's plans
