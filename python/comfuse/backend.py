@@ -229,8 +229,7 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
         why = C.unsupported_device_reason(dev.index or 0)
         if why:
             rep.fallback = f"ComFuse kernels cannot run here: {why}"
-        elif not fused_chain and not any(p.fuse or (fuse_all and _declined_for_speed_only(p)) for p in rep.plans) \
-                and not (measuring(fuse_all) and near_ties(rep)):
+        elif not fused_chain and not planned(rep, fuse_all, measuring(fuse_all)):
             rep.fallback = "the planner declines every region: " + "; ".join(
                 f"region {i}: {p.reason}" for i, p in enumerate(rep.plans))
     return rep
@@ -281,6 +280,13 @@ def near_ties(rep: GraphReport) -> set:
     return {i for i, p in enumerate(rep.plans) if is_near_tie(p)}
 
 
+def planned(rep: GraphReport, fuse_all: bool = False, timed: bool = False) -> set:
+    """The regions the planner fuses; with `fuse_all` also those it declines for speed only; with `timed` (the
+    choice is checked on the GPU: measuring) also its near ties, to be timed."""
+    return {i for i, p in enumerate(rep.plans)
+            if p.fuse or (fuse_all and _declined_for_speed_only(p)) or (timed and is_near_tie(p))}
+
+
 def keep_rewrite(rep: GraphReport, fuse: set, ctas: int, chains=(), all_regions: bool = False):
     """(target, fuse, chains): rewrite_keeping_torch with the regions in `fuse` and the back-to-back chains in
     `chains`. Where the chains do not line up with whole ATen nodes, it is said and they are left out, their regions
@@ -319,13 +325,9 @@ def _rewrite(rep: GraphReport, fuse: set, ctas: int, how: str, chains=()):
 
 
 def fused_set(rep: GraphReport, fuse_all: bool = False, chains=(), timed: bool = False) -> set:
-    """The regions to fuse: the planner's, with `fuse_all` also those it declines for speed only, with `timed`
-    (the choice is checked on the GPU: measuring) also its near ties, to be timed; less those a dynamic sequence
-    rules out (shapeable) and those the back-to-back chains in `chains` compute."""
-    ties = near_ties(rep) if timed and not fuse_all else set()
-    return shapeable(rep, {i for i, p in enumerate(rep.plans)
-                           if p.fuse or i in ties or (fuse_all and _declined_for_speed_only(p))}) \
-        - chain_regions(rep, chains)
+    """The regions to fuse (planned), less those a dynamic sequence rules out (shapeable) and those the
+    back-to-back chains in `chains` compute."""
+    return shapeable(rep, planned(rep, fuse_all, timed)) - chain_regions(rep, chains)
 
 
 def fused_chains(rep: GraphReport, fuse_all: bool = False) -> set:

@@ -770,8 +770,9 @@ def test_planned_regions_the_gpu_shows_slower_are_not_fused(monkeypatch, caplog)
 def test_the_planners_near_ties_are_timed_on_the_gpu(monkeypatch, caplog):
     """With the GPU check (fuse="planner" on a GPU), a region the planner's estimate declines for speed only, by at
     most backend.NEAR_TIE, is compiled and timed with the planner's choice and fused where it wins there (HF Llama's
-    o_proj + residual + RMSNorm: estimated ~60 us, 42 us on the H200). One declined by more, or for another reason, is not
-    timed; nor is a near tie without the GPU check. An estimate that holds on the GPU keeps it in torch."""
+    o_proj + residual + RMSNorm: estimated ~60 us, 42 us on the H200). One declined by more, or for another
+    reason, is not timed; nor is a near tie without the GPU check. An estimate that holds on the GPU keeps it in
+    torch."""
     from types import SimpleNamespace as NS
 
     from comfuse import backend, ops
