@@ -67,6 +67,13 @@ const char* tile_input_suffix(TileInputForm form);
 // us), slower at K = 1024 and for LN -> softmax mostly; the planner picks by the "_mg" rows of its table.
 bool psi_merges(const FusionSpec& fs);
 
+// Whether `fs`'s only row reduction just leaves the kernel: its result goes to one per-row output ([rows, 1])
+// and nothing in the tile reads it (RMSNorm's mean(h^2) where the normalization runs in the GEMMs that consume
+// h). Psi renders it as ReduceToRow (kernels/comfuse/epilogue/row_output.cuh): each tile publishes its row
+// partials and the last of a row block's tiles to arrive sums them, so no CTA waits for another, and the kernel
+// launches and is planned like an elementwise one (no transport, no cooperative launch, any cluster).
+bool psi_row_output(const FusionSpec& fs);
+
 // Renders `fs` for `cfg`; throws CodegenError with psi_rejects' reason where it cannot. The TU defines, in
 // namespace <name>, only what differs between kernels (comfuse/generated_unit.cuh has the rest):
 //   using v<stage>_<node> = ...;           one alias per Spec node, with its math as a comment

@@ -5,6 +5,7 @@
 //   struct Traits {
 //     using Cfg = ...;  using Kernel = comfuse::Gemm<Cfg, Epilogue>;  using Pointers = ...;
 //     static constexpr int kOutputs, kParams, kReductions, kB2Param;       // kB2Param: -1, or B2's param (DualB)
+//     static constexpr int kRowOutputs;                                     // optional: ReduceToRow nodes (0 or 1)
 //     static constexpr char const* kName;                                   // "comfuse_<spec hash>"
 //     static Epilogue::Arguments make_args(Pointers const&, int64_t ld);
 //   };
@@ -14,13 +15,19 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 
 #include "comfuse/abi.h"
 #include "comfuse/gemm.cuh"
 #include "comfuse/prepared.cuh"
 #include "comfuse/reduce/l2_exchange.cuh"
+#include "comfuse/epilogue/row_output.cuh"
 
 namespace comfuse::abi {
+
+// T::kRowOutputs where the traits define it, else 0.
+template <class T, class = void> struct RowOutputsOf : std::integral_constant<int, 0> {};
+template <class T> struct RowOutputsOf<T, std::void_t<decltype(T::kRowOutputs)>> : std::integral_constant<int, T::kRowOutputs> {};
 
 template <class T>
 struct EntryPoints {
@@ -57,6 +64,11 @@ struct EntryPoints {
 
   static int workspace(int64_t m, int64_t n, int64_t* partial_bytes, int64_t* counter_bytes) {
     const int64_t row_blocks = (m + Cfg::kGroupTileM - 1) / Cfg::kGroupTileM, cols = (n + Cfg::kTileN - 1) / Cfg::kTileN;
+    if constexpr (RowOutputsOf<T>::value > 0) {   // ReduceToRow: partials and per-warp arrival counters
+      *partial_bytes = int64_t(epi::row_output::partial_bytes(int(row_blocks), int(cols), Cfg::kGroupTileM));
+      *counter_bytes = int64_t(epi::row_output::counter_bytes(int(row_blocks)));
+      return 0;
+    }
     *partial_bytes =
         int64_t(reduce::L2Workspace::partial_bytes(int(row_blocks), T::kReductions, int(cols), Cfg::kGroupTileM));
     *counter_bytes = int64_t(reduce::L2Workspace::counter_bytes(int(row_blocks), T::kReductions));
@@ -69,6 +81,8 @@ struct EntryPoints {
     if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX) return fail(why, len, "M, N or K above 2^31 - 1", 1);
     if (T::kReductions > 0 && a->transport == 0 && a->n > Cfg::kTileN && (!a->ws_partials || !a->ws_counters))
       return fail(why, len, "the L2 transport needs its workspace (comfuse_kernel_workspace)", 1);
+    if (RowOutputsOf<T>::value > 0 && (!a->ws_partials || !a->ws_counters))
+      return fail(why, len, "a per-row output needs the kernel's workspace (comfuse_kernel_workspace)", 1);
     // The epilogue reads tile inputs and writes outputs 16 bytes at a time (store.cuh, tile_load.cuh) and
     // stages row vectors by 16-byte copies: refused here, before any GPU work, so the caller falls back.
     if (a->ld % 8 != 0) return fail(why, len, "the row stride of outputs and tile inputs must be a multiple of 8 elements", 1);

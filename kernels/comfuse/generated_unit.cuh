@@ -19,6 +19,7 @@
 #include "comfuse/abi_entry.cuh"
 #include "comfuse/epilogue/all.cuh"
 #include "comfuse/epilogue/reduce.cuh"
+#include "comfuse/epilogue/row_output.cuh"
 #include "comfuse/gemm.cuh"
 
 namespace comfuse::generated {
@@ -45,13 +46,15 @@ template <class E> struct Reductions<E, std::void_t<decltype(E::kReductions)>> :
 
 // The traits EntryPoints (abi_entry.cuh) needs, less the name and make_args, which COMFUSE_GENERATED_KERNEL adds.
 // B2Param >= 0: a kernel of two GEMMs on one A (GemmConfig<.., DualB>), whose B2 is that runtime parameter.
-template <class Cfg_, class Epilogue, int Outputs, int Params, int B2Param = -1>
+// RowOutputs: the epilogue's ReduceToRow nodes (row_output.cuh), which need the workspace without any exchange.
+template <class Cfg_, class Epilogue, int Outputs, int Params, int B2Param = -1, int RowOutputs = 0>
 struct GeneratedUnit {
   using Cfg = Cfg_;
   using Kernel = Gemm<Cfg, Epilogue>;
   using Pointers = generated::Pointers<Outputs, Params>;
   static constexpr int kOutputs = Outputs, kParams = Params, kReductions = Reductions<Epilogue>::value;
-  static constexpr int kB2Param = B2Param;
+  static constexpr int kB2Param = B2Param, kRowOutputs = RowOutputs;
+  static_assert(RowOutputs <= 1, "one ReduceToRow per epilogue (its workspace holds one)");
   static_assert((B2Param >= 0) == Cfg::kDualB && B2Param < (Params > 0 ? Params : 1), "B2 is a parameter of dual-B kernels");
 };
 

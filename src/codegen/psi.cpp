@@ -204,12 +204,36 @@ std::vector<MergeHow> merged_pairs(const std::vector<const Spec*>& st) {
   return m;
 }
 
+// The output a Spec's only row reduction goes to, where that is all the reduction does: two stages, the first
+// ending in a reduction that carries nothing on, the second only storing the reduction's result to one per-row
+// output. Psi then renders the first stage alone, the reduction as ReduceToRow (epilogue/row_output.cuh): no
+// exchange, no waiting. -1 otherwise.
+int row_output_of(const FusionSpec& fs) {
+  const auto st = fs.stages();
+  if (st.size() != 2) return -1;
+  const SpecNode& red = st[0]->nodes[st[0]->terminal];
+  if (red.kind != SpecKind::Reduction || !red.bypass.empty()) return -1;
+  int out = -1;
+  for (const SpecNode& n : st[1]->nodes) {
+    if (n.kind == SpecKind::Placeholder && n.placeholder == PlaceholderKind::ReductionResult) continue;
+    if (n.kind != SpecKind::Store || out >= 0) return -1;
+    const SpecNode& v = st[1]->nodes.at(n.args.at(0));
+    if (v.kind != SpecKind::Placeholder || v.placeholder != PlaceholderKind::ReductionResult) return -1;
+    out = n.output;
+  }
+  return out >= 0 && fs.outputs.at(out).per_row ? out : -1;
+}
+
 class Psi {
  public:
   // form: how [rows, N] inputs are read (psi_tile_input_form decides): TileLoad, TileLoadStaged or TileLoadRing.
   Psi(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form)
       : fs_(fs), st_(fs.stages()), form_(form), staged_(form == TileInputForm::Staged ? staged_tile_args(cfg) : ""),
-        parts_(renders_parts(fs, cfg)) {
+        parts_(renders_parts(fs, cfg)), row_output_(row_output_of(fs)) {
+    if (row_output_ >= 0) {   // the reduction only leaves the kernel: stage 0 alone, its reduction a ReduceToRow
+      st_.resize(1);
+      parts_ = false;
+    }
     constexpr int kMaxReductions = 4;  // kernels/comfuse/epilogue/reduce.cuh
     if (static_cast<int>(st_.size()) - 1 > kMaxReductions)
       throw CodegenError("more than " + std::to_string(kMaxReductions) + " chained reductions");
@@ -226,8 +250,11 @@ class Psi {
         carried_[k] = red.bypass.at(n.slot);
       }
     }
-    for (const auto& o : fs_.outputs)
-      if (o.per_row) throw CodegenError("output '" + o.name + "' is per row ([rows, 1]): no per-row store node yet");
+    for (size_t i = 0; i < fs_.outputs.size(); ++i)
+      if (fs_.outputs[i].per_row && int(i) != row_output_)
+        throw CodegenError("output '" + fs_.outputs[i].name +
+                           "' is per row ([rows, 1]): a per-row output is stored only where it is a row reduction's "
+                           "result itself and the reduction feeds nothing else in the tile");
     check_size();
     merge_.assign(st_.size(), MergeHow::None);
     if (cfg.merged) {
@@ -308,6 +335,7 @@ class Psi {
   size_t stages() const { return st_.size(); }
   TileInputForm form() const { return form_; }
   bool parts() const { return parts_; }   // StageStream<.., InParts> (renders_parts)
+  int row_output() const { return row_output_; }   // the per-row output of a ReduceToRow, or -1 (row_output_of)
   // The node aliases of the Epilogue (one per Spec node, indented by stage) and `using Epilogue = ...;`.
   std::string types() const { return types_.str() + "\nusing Epilogue = " + epilogue_type(0) + ";\n"; }
   // make_args' body: one Arguments variable per node that takes any, then the return.
@@ -437,17 +465,23 @@ class Psi {
   // folds f(x), so x's subtree is visited once. (As two roots, Outputs<x, Reduce<f(x)>>, each root would hold its
   // own copy of x's subtree, and every load in it, e.g. the residual R, would run twice.) x, or -1.
   int mapped_source(size_t k, const SpecNode& red) const {
+    if (row_output_ >= 0 && red.kind == SpecKind::Reduction) {   // no carried value: x where a store of x folds in
+      const SpecNode& fx = st_[k]->nodes[red.args.at(0)];
+      if (fx.kind != SpecKind::Compute || map_functor(fx).empty()) return -1;
+      return stores_of(k, fx.args[0]) >= 0 ? fx.args[0] : -1;
+    }
     if (red.kind != SpecKind::Reduction || k + 1 >= st_.size() || merge_[k] != MergeHow::None || merged_second(k))
       return -1;   // LocalReduce and MergedReduce take no map
     const SpecNode& fx = st_[k]->nodes[red.args.at(0)];
-    if (fx.kind != SpecKind::Compute || fx.args.size() != 1 || map_functor(fx).empty()) return -1;
+    if (fx.kind != SpecKind::Compute || map_functor(fx).empty()) return -1;
     return fx.args[0] == carried_[k + 1] ? fx.args[0] : -1;
   }
 
   // The functor of a reduction's map f (a unary op without parameters), or "": pow by an integer 2 .. kMaxPowInt
   // is PowInt (HF's RMSNorm squares with x.pow(2)); casts and other powers are not maps.
   static std::string map_functor(const SpecNode& fx) {
-    if (fx.op == OpKind::Cast) return "";
+    if (fx.op == OpKind::Mul && fx.args.size() == 2 && fx.args[0] == fx.args[1]) return "ops::Square";   // x * x
+    if (fx.args.size() != 1 || fx.op == OpKind::Cast) return "";
     if (fx.op == OpKind::Pow) {
       const double e = fx.exponent;
       return e == std::trunc(e) && e >= 2 && e <= kMaxPowInt ? "ops::PowInt<" + std::to_string(int(e)) + ">" : "";
@@ -464,8 +498,12 @@ class Psi {
   int folded_store(size_t k, const SpecNode& red) const {
     if (red.kind != SpecKind::Reduction || merged_second(k)) return -1;
     const int x = mapped_source(k, red);
+    return stores_of(k, x >= 0 ? x : red.args.at(0));
+  }
+  // The first store of `src` in stage k, or of what `src` casts to f32 (the same value in the kernel), or -1.
+  int stores_of(size_t k, int src) const {
     const auto& nodes = st_[k]->nodes;
-    for (int src = x >= 0 ? x : red.args.at(0);;) {
+    for (;;) {
       for (size_t i = 0; i < nodes.size(); ++i)
         if (nodes[i].kind == SpecKind::Store && nodes[i].args.at(0) == src) return static_cast<int>(i);
       const SpecNode& n = nodes[src];
@@ -557,7 +595,10 @@ class Psi {
         if (n.args.size() == 2) {
           const std::string b = operand(k, n, 1);
           const std::string math = infix(n.op) ? a + infix(n.op) + b : std::string(op_name(n.op)) + "(" + a + ", " + b + ")";
-          return {std::string("Compute<") + f + ", " + a + ", " + b + ">", "{" + ai + ", " + operand_args(k, n, 1) + "}", math};
+          Rendered r{std::string("Compute<") + f + ", " + a + ", " + b + ">", "{" + ai + ", " + operand_args(k, n, 1) + "}", math};
+          // a loaded value read from two places (h = acc + R, stored and also scaled or reduced): computed, and R
+          // loaded, once per fragment (in the tile-input forms each instance has its own SMEM copy anyway)
+          return form_ == TileInputForm::Registers && loads_tile(k, n) ? shared(k, n, r) : r;
         }
         if (n.op == OpKind::Neg) return unary(f, "-" + a);
         if (n.op == OpKind::GeluTanh) return unary(f, "gelu_tanh(" + a + ")");   // op_name says "gelu" for both
@@ -583,6 +624,15 @@ class Psi {
         const int child = st >= 0 ? st : src;
         const std::string c = names_[k][child];
         const std::string map = x >= 0 ? ", " + map_functor(st_[k]->nodes[n.args[0]]) : "";
+        if (row_output_ >= 0) {   // the result only leaves the kernel: partials, and the last arrival stores it
+          const char* t = cpp_type(fs_.outputs[row_output_].dtype);
+          const std::string o = std::to_string(row_output_);
+          return {std::string("ReduceToRow<") + reduce_kind(n.reduce) + ", " + t + ", " + c + map + ">",
+                  "{" + args_[k][child] + ", p.ws, p.output<" + t + ">(" + o + ")}",
+                  names_[k][src] + "; out[" + o + "][row] = " + t + "(" + reduce_kind_name(n.reduce) + "(" +
+                      names_[k][n.args[0]] + ") over the row" + (st >= 0 ? ", after " + c + " stores it" : "") +
+                      "), no exchange"};
+        }
         if (merge_[k] != MergeHow::None)   // the first of a merged pair: the CTA's own result, no exchange
           return {std::string("LocalReduce<") + reduce_kind(n.reduce) + ", " + id + ", " + c + ">",
                   "{" + args_[k][child] + ", p.ws}",
@@ -607,6 +657,15 @@ class Psi {
     throw CodegenError("unknown Spec node kind");
   }
 
+  // Whether n reads a [rows, N] or periodic input, directly or through its operands.
+  bool loads_tile(size_t k, const SpecNode& n) const {
+    if (n.kind == SpecKind::Broadcast) return n.bcast == BroadcastKind::Tile || n.bcast == BroadcastKind::Periodic;
+    if (n.kind != SpecKind::Compute) return false;
+    for (int a : n.args)
+      if (loads_tile(k, st_[k]->nodes.at(a))) return true;
+    return false;
+  }
+
   // A tile load (TileLoad) that two nodes of its stage read is instantiated twice in the tree: Shared<slot, ..>
   // loads it once per fragment (epilogue/core.cuh), in the first of up to four slots.
   Rendered shared(size_t k, const SpecNode& n, Rendered r) {
@@ -629,6 +688,7 @@ class Psi {
   TileInputForm form_;
   std::string staged_;   // TileLoadStaged's arguments after the type (form_ Staged)
   bool parts_;           // StageStream<.., InParts>: the stages visited in 64-row parts (renders_parts)
+  int row_output_;       // row_output_of(fs_): the per-row output of a ReduceToRow (st_ holds stage 0 only), or -1
   std::map<std::string, std::string> alias_types_;   // every alias the unit defines -> its type
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
   std::vector<std::string> tree_types_, tree_args_;      // per stage: its tree's type and Arguments expression
@@ -766,6 +826,8 @@ std::unique_ptr<Psi> tile_input_psi(const FusionSpec& fs, const KernelConfig& cf
 
 }  // namespace
 
+bool psi_row_output(const FusionSpec& fs) { return row_output_of(fs) >= 0; }
+
 bool psi_merges(const FusionSpec& fs) {
   const auto m = merged_pairs(fs.stages());
   return std::any_of(m.begin(), m.end(), [](MergeHow h) { return h != MergeHow::None; });
@@ -818,6 +880,7 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     << " stage(s); tile " << cfg.tile_m << "x" << cfg.tile_n << "x" << cfg.tile_k << ", cluster " << cfg.cluster_m
     << "x" << cfg.cluster_n << (cfg.cooperative ? ", cooperative" : "")
     << (cfg.merged ? ", reduction pairs merged" : "") << (psi.parts() ? ", stages visited in 64-row parts" : "")
+    << (psi.row_output() >= 0 ? ", the row reduction only leaves the kernel (ReduceToRow)" : "")
     << "\n";
   if (fs.gemm.paired())
     o << "// two GEMMs on one A: each MMA tile is X @ W's " << cfg.tile_n / 2 << " columns, then X @ W2's (param["
@@ -854,7 +917,7 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     << ">;\n"
     << "using Unit = GeneratedUnit<Cfg, Epilogue, /*outputs*/ " << fs.outputs.size() << ", /*params*/ "
     << fs.params.size() << (fs.gemm.paired() ? ", /*B2 = param*/ " + std::to_string(fs.gemm.b2_param) : std::string())
-    << ">;\n\n"
+    << (psi.row_output() >= 0 ? ", /*B2*/ -1, /*row outputs*/ 1" : "") << ">;\n\n"
     << "// The Arguments of every node that takes any (pointers, constants, the reductions' workspace).\n"
     << "// ld: the row stride (N) of every [rows, N] output and tile parameter.\n"
     << "inline Epilogue::Arguments make_args(Unit::Pointers const& p, int64_t ld) {\n"

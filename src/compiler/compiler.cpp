@@ -54,7 +54,7 @@ bool needs_plain_path(const Partition& p) {
 // 1 x C cluster, C the next power of two at or above the column blocks; L2 needs no mainloop cluster. Returns why
 // the transport cannot serve this N ("" when it can).
 std::string fit_transport(PlanDecision& plan, const FusionSpec& fs, const std::string& override_transport) {
-  if (fs.num_stages() < 2) return "";
+  if (fs.num_stages() < 2 || psi_row_output(fs)) return "";   // (a ReduceToRow exchanges nothing)
   if (!override_transport.empty()) plan.transport = override_transport;
   KernelConfig& c = plan.config;
   const int cols = static_cast<int>((fs.gemm.n + c.tile_n - 1) / c.tile_n);

@@ -74,7 +74,8 @@ namespace {
 // The measured epilogue closest to this Spec: by its number of reductions, else by what its one stage reads.
 std::string measured_class(const FusionSpec& fs) {
   auto st = fs.stages();
-  int reductions = static_cast<int>(st.size()) - 1;
+  // a reduction that only leaves the kernel exchanges nothing: priced as the elementwise kernels it runs like
+  int reductions = psi_row_output(fs) ? 0 : static_cast<int>(st.size()) - 1;
   if (reductions == 1) return "rmsnorm";
   if (reductions == 2)
     return st[0]->nodes[st[0]->terminal].reduce == ReduceKind::Max ? "softmax" : "postnorm";
@@ -124,10 +125,14 @@ bool row_config(const MeasuredRow& f, KernelConfig& c) {
   return true;
 }
 
+// Whether fs's row reductions exchange partials between CTAs (a transport, a cooperative launch): every Spec with
+// stages, except one whose reduction only leaves the kernel (psi_row_output).
+bool exchanges(const FusionSpec& fs) { return fs.num_stages() > 1 && !psi_row_output(fs); }
+
 // A measured row of epilogue class `cls` whose config (parsed into c, with the row's tile-input form) can serve
 // `fs`: Psi can read fs's tile inputs in that form (a Spec without any: rows measured with TileLoad only).
 bool eligible(const MeasuredRow& f, const FusionSpec& fs, const std::string& cls, KernelConfig& c) {
-  const bool reduces = fs.num_stages() > 1;
+  const bool reduces = exchanges(fs);
   if (f.epilogue != cls || !row_config(f, c)) return false;
   if (!psi_can_read_tiles(fs, c, *c.tile_input)) return false;
   if (c.merged && !psi_merges(fs)) return false;   // measured merged; this Spec has no pair to merge
@@ -331,7 +336,7 @@ std::vector<MeasuredRow> parse_measured_table(const std::string& csv) {
 PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
   PlanDecision d;
   const GemmDesc& g = fs.gemm;
-  const bool reduces = fs.num_stages() > 1;
+  const bool reduces = exchanges(fs);
   d.transport = reduces ? "l2" : "none";
   auto decline = [&](std::string why) {
     d.fuse = false;
@@ -354,8 +359,8 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
     periodic |= p.kind == BroadcastKind::Periodic;
   }
   for (const auto& o : fs.outputs) passes += o.per_row ? 0 : 1;
-  const double pass_bw = periodic  ? kUnfusedPeriodicBytesPerSecond
-                         : reduces ? kUnfusedReductionBytesPerSecond
+  const double pass_bw = periodic                ? kUnfusedPeriodicBytesPerSecond
+                         : fs.num_stages() > 1 ? kUnfusedReductionBytesPerSecond
                                    : kUnfusedBytesPerSecond;
   d.pass_us = d.cublas_alone ? 0.0 : 2.0 * g.rows * g.n * passes / pass_bw * 1e6;
   // Parts of an output that torch copies (SpecOutput::copies: the key / value cache) are read and written once more

@@ -1,0 +1,102 @@
+// ReduceToRow<Kind, T, Child, Map>: a row reduction whose result only leaves the kernel, as a per-row output
+// [M, 1] of type T, and that no later part of the tile reads (RMSNorm's mean(h^2) when the normalization itself
+// runs in the GEMMs that consume h; see docs/kernel-reduce.md "Reductions that only leave the kernel").
+//
+// No CTA waits for another. A tile folds Map(child) per row as Reduce does (levels 1 and 2: thread, quad) and
+// returns the child's value unchanged; then, per warp (a warp owns 16 rows of each 64-row atom of the group's tile,
+// so its rows are disjoint from every other warp's):
+//   1. the quad leaders write the tile's partial of each row to partial[rb][cb][row]          (no tag, no wait)
+//   2. they fence (release), the warp syncs, and lane 0 adds one to the warp's arrival counter of the row block
+//   3. the warp whose add saw C - 1 (the last of the row block's C column blocks to arrive for these rows) fences
+//      (acquire), and each of its lanes combines one row's C partials in column-block order - so the result is
+//      the same whichever CTA finishes last - and writes it (times 1/N for Mean) to the output; lane 0 then sets
+//      the counter back to 0 for the next launch (all C arrivals of this launch are in).
+// So there is no co-residency requirement, no cooperative launch and no tile order: the epilogue costs one L2
+// write per row and tile, plus one read of C partials per row for the last arriver.
+//
+// Workspace (reduce::L2Workspace, zeroed at allocation; row_output_bytes below): partials [row blocks][C][tile_m]
+// floats, counters [row blocks][kWarps] ints. A row block past M does nothing (all its CTAs alike), columns past N
+// are not folded, Mean divides by the true N. After a failed launch the runtime zeroes the workspace again.
+#pragma once
+#include <cmath>
+
+#include "comfuse/epilogue/core.cuh"
+#include "comfuse/epilogue/reduce.cuh"
+#include "comfuse/epilogue/store.cuh"
+
+namespace comfuse::epi {
+
+namespace row_output {
+// Bytes of the workspace a kernel with a ReduceToRow needs (abi_entry.cuh sizes it from these).
+CUTE_HOST_DEVICE size_t partial_bytes(int row_blocks, int cols, int tile_m) {
+  return size_t(row_blocks) * cols * tile_m * sizeof(float);
+}
+CUTE_HOST_DEVICE size_t counter_bytes(int row_blocks) {
+  return size_t(row_blocks) * reduce::L2Workspace::kWarps * sizeof(int);
+}
+}  // namespace row_output
+
+template <RowReduce Kind, class T, class Child, class Map = Identity>
+struct ReduceToRow : Children<Child> {
+  using Base = Children<Child>;
+  using Combine = RowCombine<Kind>;
+  struct Arguments {
+    typename Child::Arguments child{};
+    reduce::L2Workspace ws{};
+    T* out = nullptr;   // [M, 1], contiguous
+  };
+  using typename Base::SharedStorage;
+
+  reduce::L2Workspace ws;
+  T* out;
+  float part[kMaxRowSlots];
+
+  CUTE_DEVICE ReduceToRow(Arguments const& a, SharedStorage& s, TileCtx const& c) : Base(s, c, a.child), ws(a.ws), out(a.out) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kMaxRowSlots; ++k) part[k] = Combine::identity();
+  }
+
+  // Level 1, as Reduce's (branch-free).
+  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
+    Frag v = this->template visit_child<0, S>(f, acc);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kFragSize; ++j)
+      part[f.row_slot] = Combine{}(part[f.row_slot], f.pred ? Map{}({}, v.x[j]) : Combine::identity());
+    return v;
+  }
+
+  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
+    Base::template end_stage<S>(c);
+    if (c.m0 >= c.M || c.n0 >= c.N) return;   // nothing of this tile is in the output
+    detail::quad_reduce(part, Combine{});
+    const int t = c.thread, lane = t % 32, warp = t / 32, slots = detail::row_slots(c);
+    const int cols = detail::col_blocks(c), cb = c.n0 / c.tile_n, rb = c.m0 / c.tile_m;
+    float* partials = ws.partials + size_t(rb) * cols * c.tile_m;
+    // 1. this tile's partials of the warp's rows, then the release fence of each writing lane
+    if (lane % 4 == 0) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < kMaxRowSlots; ++k)
+        if (k < slots) __stcg(partials + size_t(cb) * c.tile_m + detail::wgmma_row(t, k), part[k]);
+      __threadfence();
+    }
+    __syncwarp();
+    // 2. the warp's arrival
+    int* counter = ws.counters + rb * reduce::L2Workspace::kWarps + warp;
+    int arrived = 0;
+    if (lane == 0) arrived = atomicAdd(counter, 1);
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
+    if (arrived != cols - 1) return;
+    // 3. the last arrival combines: lane l owns row (l / 16) * 64 + 16 * warp + l % 16 (its atom's rows)
+    __threadfence();
+    const int row = (lane / 16) * 64 + 16 * warp + lane % 16;
+    if (lane / 16 < c.tile_m / 64 && c.m0 + row < c.M) {
+      float r = Combine::identity();
+      for (int b = 0; b < cols; ++b) r = Combine{}(r, __ldcg(partials + size_t(b) * c.tile_m + row));
+      if constexpr (Kind == RowReduce::Mean) r *= 1.f / float(c.N);
+      out[c.m0 + row] = T(r);
+    }
+    if (lane == 0) *counter = 0;   // every arrival of this launch is in: ready for the next launch
+  }
+};
+
+}  // namespace comfuse::epi
