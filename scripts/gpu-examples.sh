@@ -16,7 +16,9 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 # The examples, and the other transports of two of them (compiled ahead of time only): name:example:transport.
-examples="bias_gelu ffn_b2b gelu_new postnorm prenorm_two_outputs rmsnorm rope softmax swiglu"
+examples="bias_gelu ffn_b2b gelu_new postnorm prenorm_row_stats prenorm_two_outputs rmsnorm rope softmax swiglu"
+# Per-row outputs (ReduceToRow): odd sizes and a clustered config, each run three times on the same buffers.
+row_outputs="row_stats_odd_sum row_stats_odd_max row_stats_cluster"
 variants="postnorm_l2:postnorm:l2 softmax_leader:softmax:dsmem_leader"
 
 if [ "${1:-}" = "--prepare" ]; then
@@ -29,6 +31,7 @@ if [ "${1:-}" = "--prepare" ]; then
     for ex in $examples; do echo "$ex examples/$ex.cf"; done
     for v in $variants; do IFS=: read -r name ex tp <<< "$v"; echo "$name examples/$ex.cf --transport $tp"; done
     echo "plain_and_fused tests/data/plain_and_fused.cf"
+    for r in $row_outputs; do echo "$r tests/data/$r.cf"; done
     for f in "$aot"/random/cf/*.cf; do echo "random/$(basename "$f" .cf) $f"; done
   } | xargs -P "$jobs" -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "'"$aot"'/$name" > "'"$aot"'/$name.log" 2>&1 ||
         echo "aot failed: $name (see '"$aot"'/$name.log)"' "$cli"
@@ -69,9 +72,15 @@ run_dir() {   # key, folder of .cf files, log prefix, ahead-of-time root ("" = J
   status[$key]=$([ "$passed" = "$total" ] && [ "$total" -gt 0 ] && echo 0 || echo 1)
 }
 
+# Every example runs twice on the same buffers, its outputs poisoned before each (state a launch leaves behind,
+# such as the reductions' workspace counters, must not change the next launch's result).
 for ex in $examples; do
   # shellcheck disable=SC2046
-  run_check "$ex" "examples/$ex.cf" $(aot_of "$ex")
+  run_check "$ex" "examples/$ex.cf" --launches 2 $(aot_of "$ex")
+done
+for r in $row_outputs; do
+  # shellcheck disable=SC2046
+  run_check "$r" "tests/data/$r.cf" --launches 3 $(aot_of "$r")
 done
 for v in $variants; do   # the other transports, ahead of time
   IFS=: read -r name ex tp <<< "$v"

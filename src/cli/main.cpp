@@ -45,7 +45,8 @@ const char* kUsage =
     "  comfuse run FILE.cf [--inputs DIR] [--outputs DIR] [--check] [--transport T] [--aot DIR] [--seed S]\n"
     "                                       runs the graph's fused kernels on the GPU (JIT-compiled and cached, or\n"
     "                                       from --aot DIR); inputs from DIR/NAME.npy, else fresh random ones;\n"
-    "                                       --check compares every output with the CPU interpreter (exit 1 if off)\n"
+    "                                       --check compares every output with the CPU interpreter (exit 1 if off);\n"
+    "                                       --launches N runs the graph N times, the outputs poisoned before each\n"
     "  comfuse bench FILE.cf [--iters N] [--transport T] [--settle-ms MS] [--series FILE.csv]\n"
     "                                       median time of the whole graph on the GPU, TFLOP/s, and ÷ the cuBLASLt\n"
     "                                       GEMM alone; the two take turns, each block first runs MS ms untimed\n"
@@ -438,6 +439,21 @@ struct GraphBuffers {
   }
 };
 
+// `run --launches N`: the graph runs N times on the same buffers (default 1), the outputs poisoned before each.
+int launches_of(const Args& a) {
+  const std::string s = a.get("launches");
+  if (s.empty()) return 1;
+  int n = 0;
+  try {
+    size_t used = 0;
+    n = std::stoi(s, &used);
+    if (used != s.size()) n = 0;
+  } catch (const std::exception&) {
+  }
+  if (n < 1 || n > 1000) throw UsageError("--launches must be an integer from 1 to 1000, got '" + s + "'");
+  return n;
+}
+
 uint64_t seed_of(const Args& a) {
   std::string s = a.get("seed");
   if (s.empty()) return static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
@@ -479,6 +495,7 @@ CompiledGraph compile_for_run(const Args& a, const Graph& g) {
 
 int cmd_run(const Args& a) {
   check_compile_flags(a);
+  const int launches = launches_of(a);
   const Graph sym = parse_cf_file(a.file);
   const int64_t rows = run_rows(a, sym);
   const Graph g = rows ? bind_rows(sym, rows) : sym;   // this run's shapes
@@ -493,8 +510,14 @@ int cmd_run(const Args& a) {
   std::cout << cg.explain();
   std::printf("compile: %.1f ms (partition, plan, Psi, and the JIT or its cache, for every region)\n", compile_ms);
   GraphBuffers buf(cg, inputs, rows);
-  if (rows) cg.run(buf.map, nullptr, rows);
-  else cg.run(buf.map);
+  for (int i = 0; i < launches; ++i) {
+    if (i > 0) {   // poisoned again: what a later launch does not write shows up (per-launch workspace state)
+      rt::synchronize();
+      for (const auto& o : g.outputs) rt::mem_set(buf.map.at(o.name), 0xFF, cg.bytes_of(o.name, rows));
+    }
+    if (rows) cg.run(buf.map, nullptr, rows);
+    else cg.run(buf.map);
+  }
   rt::synchronize();
   print_choices(cg);
   TensorMap outs;
@@ -699,7 +722,7 @@ int main(int argc, char** argv) {
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
       return cmd_run(
-          parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "merge", "b2b", "aot", "seed", "rows"}));
+          parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "merge", "b2b", "aot", "seed", "rows", "launches"}));
     if (cmd == "bench")
       return cmd_bench(
           parse_args(argc, argv, {}, {"iters", "transport", "merge", "b2b", "aot", "rows", "settle-ms", "series"}));

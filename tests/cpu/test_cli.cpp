@@ -149,6 +149,9 @@ TEST(Cli, ErrorsExitWithCode2AndSaySo) {
   r = run("plan " + ex.string() + " --bogus");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("unknown option --bogus"), std::string::npos) << r.out;
+  r = run("run " + ex.string() + " --launches 0");   // refused before any GPU work (none here)
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--launches must be an integer from 1 to 1000, got '0'"), std::string::npos) << r.out;
   r = run("launch " + ex.string());
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("unknown command 'launch'"), std::string::npos) << r.out;

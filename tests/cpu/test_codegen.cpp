@@ -532,3 +532,51 @@ TEST(Codegen, StagedTilesStayWithinTheirSmemBudget) {
   EXPECT_GT(staged, 5);
   EXPECT_GT(ringed, 5);
 }
+
+// A row reduction whose result is only a per-row output renders as ReduceToRow in a single-stage tree: the stored
+// stream folds into it with the square as its map, the unit declares its row output, and no StageStream (no
+// exchange) is emitted. Where the tile reads the result (a norm), the Spec keeps its stages.
+TEST(Codegen, AReductionThatOnlyLeavesTheKernelIsAReduceToRow) {
+  Partition p = partition(parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/examples/prenorm_row_stats.cf"));
+  ASSERT_EQ(p.regions.size(), 1u);
+  const FusionSpec& fs = p.regions[0].spec;
+  EXPECT_TRUE(psi_row_output(fs));
+  const std::string src = generate_kernel(fs).source;
+  EXPECT_EQ(src.find("StageStream"), std::string::npos) << src;
+  EXPECT_NE(src.find("/*row outputs*/ 1>"), std::string::npos) << src;
+  const std::string type = expanded_epilogue(src);
+  EXPECT_NE(type.find("ReduceToRow<RowReduce::Mean, float, Store<bf16, "), std::string::npos) << type;
+  EXPECT_NE(type.find(", ops::PowInt<2>>"), std::string::npos) << type;
+  EXPECT_NE(src.find("p.ws, p.output<float>(2)}"), std::string::npos) << src;
+
+  const std::string head = "input X : bf16[8, 16]\ninput W : bf16[16, 24]\nh = matmul(X, W)\n";
+  auto spec = [&](const std::string& body) { return partition(parse_cf(head + body, "r.cf")).regions.at(0).spec; };
+  for (const char* kind : {"sum", "mean", "max", "min"}) {
+    const FusionSpec s = spec(std::string("m = ") + kind + "(h, dim=-1)\noutput m\n");
+    ASSERT_TRUE(psi_row_output(s)) << kind;
+    EXPECT_NE(generate_kernel(s).source.find("ReduceToRow<RowReduce::"), std::string::npos) << kind;
+  }
+  EXPECT_FALSE(psi_row_output(spec("m = mean(h, dim=-1)\ny = sub(h, m)\noutput y\n")));   // the tile reads it
+  EXPECT_FALSE(psi_row_output(spec("m = mean(h, dim=-1)\ny = sub(h, m)\noutput y, m\n")));
+}
+
+// x * x reduced is a map (ops::Square) like pow(x, 2), so x's subtree is visited once; and a loaded value that two
+// places read (h = acc + b + R, stored and also scaled) is computed, and R loaded, once per fragment (Shared).
+TEST(Codegen, SquaresFoldAndLoadedValuesAreComputedOnce) {
+  const std::string head =
+      "input X : bf16[64, 128]\ninput W : bf16[128, 256]\ninput b : bf16[256]\ninput R : bf16[64, 256]\n"
+      "input g : bf16[256]\nh = add(add(matmul(X, W), b), R)\n";
+  const FusionSpec rms =
+      partition(parse_cf(head + "y = mul(mul(h, rsqrt(add(mean(mul(h, h), dim=-1), 1e-6))), g)\noutput y\n", "s.cf"))
+          .regions.at(0).spec;
+  const std::string t = expanded_epilogue(generate_kernel(rms, KernelConfig{}).source);
+  EXPECT_NE(t.find("Reduce<RowReduce::Mean, 0, "), std::string::npos) << t;
+  EXPECT_NE(t.find(", ops::Square>"), std::string::npos) << t;
+
+  const FusionSpec two = partition(parse_cf(head + "y = mul(h, g)\noutput h, y\n", "t.cf")).regions.at(0).spec;
+  KernelConfig regs;
+  regs.tile_input = TileInputForm::Registers;
+  const std::string src = generate_kernel(two, regs).source;
+  EXPECT_NE(src.find("Shared<0, Compute<ops::Add, "), std::string::npos) << src;
+  EXPECT_NE(src.find("loaded once for its 2 readers"), std::string::npos) << src;
+}

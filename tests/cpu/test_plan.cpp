@@ -439,3 +439,15 @@ TEST(Plan, PairedGemmsWithABiasEachAreComparedWithTwoCublasGemms) {
   EXPECT_TRUE(d.cublas_alone) << d.reason;
   EXPECT_EQ(d.pass_us, 0.0) << d.reason;
 }
+
+TEST(Plan, AReductionThatOnlyLeavesTheKernelIsPlannedAsElementwise) {
+  // h stored, h * g stored, and mean(h^2) as a per-row output (examples/prenorm_row_stats.cf): no exchange, so the
+  // measured two-output elementwise kernels price it, with no transport; a norm applied in the tile exchanges.
+  const std::string stats = "s = add(h, b)\nms = mean(mul(s, s), dim=-1)\ny = mul(s, g)\noutput s, y, ms\n";
+  PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, stats)));
+  EXPECT_EQ(d.transport, "none") << d.reason;
+  EXPECT_NE(d.reason.find("'bias_res_2out'"), std::string::npos) << d.reason;
+  PlanDecision norm = plan_region(spec_of(gemm(16384, 1024, 1024, "y = rms_norm(add(h, b), g)\noutput h, y\n")));
+  EXPECT_NE(norm.transport, "none") << norm.reason;
+  EXPECT_NE(norm.reason.find("'rmsnorm'"), std::string::npos) << norm.reason;
+}
