@@ -74,7 +74,23 @@ CUTE_DEVICE int col_blocks(TileCtx const& c) { return (c.N + c.tile_n - 1) / c.t
 // Reduction `id`'s row results in SMEM (RowResult<id> reads them).
 CUTE_DEVICE float* row_results(TileCtx const& c, int id) { return c.row_results + id * kMaxTileM; }
 
-// ---- the levels of a row reduction (levels 2 to 4; level 1 is each node's visit) ----
+// ---- the levels of a row reduction ----
+
+// Level 1, in each reducing node's visit: the thread folds Map(v) of one fragment into its row slot's partial
+// (parts start at the identity: clear_parts). Branch-free (a select, not an `if`): a branch per fragment kept the
+// compiler from interleaving fragments, and with one warp per scheduler every fragment's dependent chain (exp:
+// ~60 cycles) was then exposed.
+template <class Combine>
+CUTE_DEVICE void clear_parts(float (&part)[kMaxRowSlots]) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < kMaxRowSlots; ++k) part[k] = Combine::identity();
+}
+template <class Combine, class Map>
+CUTE_DEVICE void fold_fragment(float (&part)[kMaxRowSlots], FragCtx const& f, Frag const& v) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < kFragSize; ++j)
+    part[f.row_slot] = Combine{}(part[f.row_slot], f.pred ? Map{}({}, v.x[j]) : Combine::identity());
+}
 
 // Level 2: the 4 lanes of a quad combine their partials of each row slot in [k0, k1) (all of them by default; a
 // tile visited in 64-row parts reduces each part's two slots once that part is folded).
@@ -161,18 +177,13 @@ struct Reduce : Children<Child> {
   float part[kMaxRowSlots];
 
   CUTE_DEVICE Reduce(Arguments const& a, SharedStorage& s, TileCtx const& c) : Base(s, c, a.child), ws(a.ws) {
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < kMaxRowSlots; ++k) part[k] = Combine::identity();
+    detail::clear_parts<Combine>(part);
   }
 
   // Level 1: the thread folds its fragments.
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
     Frag v = this->template visit_child<0, S>(f, acc);
-    // Branch-free (a select, not an `if`): a branch per fragment kept the compiler from interleaving fragments,
-    // and with one warp per scheduler every fragment's dependent chain (exp: ~60 cycles) was then exposed.
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kFragSize; ++j)
-      part[f.row_slot] = Combine{}(part[f.row_slot], f.pred ? Map{}({}, v.x[j]) : Combine::identity());
+    detail::fold_fragment<Combine, Map>(part, f, v);
     return v;
   }
 

@@ -14,15 +14,12 @@
 // So there is no co-residency requirement, no cooperative launch and no tile order: the epilogue costs one L2
 // write per row and tile, plus one read of C partials per row for the last arriver.
 //
-// Workspace (reduce::L2Workspace, zeroed at allocation; row_output_bytes below): partials [row blocks][C][tile_m]
-// floats, counters [row blocks][kWarps] ints. A row block past M does nothing (all its CTAs alike), columns past N
+// Workspace (the reductions' reduce::L2Workspace pointers, zeroed at allocation; sized by row_output::partial_bytes
+// and counter_bytes below): partials [row blocks][C][tile_m] floats, counters [row blocks][kWarps] ints. A row block past M does nothing (all its CTAs alike), columns past N
 // are not folded, Mean divides by the true N. After a failed launch the runtime zeroes the workspace again.
 #pragma once
-#include <cmath>
-
 #include "comfuse/epilogue/core.cuh"
 #include "comfuse/epilogue/reduce.cuh"
-#include "comfuse/epilogue/store.cuh"
 
 namespace comfuse::epi {
 
@@ -52,16 +49,13 @@ struct ReduceToRow : Children<Child> {
   float part[kMaxRowSlots];
 
   CUTE_DEVICE ReduceToRow(Arguments const& a, SharedStorage& s, TileCtx const& c) : Base(s, c, a.child), ws(a.ws), out(a.out) {
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < kMaxRowSlots; ++k) part[k] = Combine::identity();
+    detail::clear_parts<Combine>(part);
   }
 
-  // Level 1, as Reduce's (branch-free).
+  // Level 1, as Reduce's.
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
     Frag v = this->template visit_child<0, S>(f, acc);
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kFragSize; ++j)
-      part[f.row_slot] = Combine{}(part[f.row_slot], f.pred ? Map{}({}, v.x[j]) : Combine::identity());
+    detail::fold_fragment<Combine, Map>(part, f, v);
     return v;
   }
 
