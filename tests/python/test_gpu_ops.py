@@ -19,6 +19,8 @@ GRAPHS = {
     "bias_gelu": "y = gelu(add(matmul(X, W), b), approximate=\"tanh\")\noutput y\n",
     "postnorm": "y = layer_norm(add(add(matmul(X, W), b), R), gamma, beta, eps=1e-5)\noutput y\n",
     "softmax": "y = softmax(add(matmul(X, W), b))\noutput y\n",
+    # a per-row output that only leaves the kernel (ReduceToRow: no exchange), next to two tile outputs
+    "row_stats": "h = add(add(matmul(X, W), b), R)\ny = mul(h, gamma)\nms = mean(mul(h, h), dim=-1)\noutput h, y, ms\n",
 }
 
 
@@ -71,6 +73,19 @@ def test_fused_region_on_gpu_matches_the_cpu_reference(name):
     key = ops.register_region(spec)
     gen = torch.Generator().manual_seed(1234)
     _gpu_matches_cpu(key, _inputs(spec, m, k, n, gen), name)
+
+
+@requires_hopper
+def test_a_per_row_output_is_right_call_after_call_on_gpu():
+    """ReduceToRow's last arrival resets the row block's counters: three calls with fresh inputs (a counter left
+    behind would leave rows unwritten, i.e. the previous call's values) all match the CPU reference."""
+    m, k, n = 1000, 520, 264
+    spec = _region("row_stats", m, k, n)
+    assert C.plan_region(spec).transport == "none"   # no exchange: ReduceToRow
+    key = ops.register_region(spec)
+    gen = torch.Generator().manual_seed(4321)
+    for call in range(3):
+        _gpu_matches_cpu(key, _inputs(spec, m, k, n, gen), f"row_stats call {call}")
 
 
 # Two GEMMs on one A, one kernel (GemmConfig<.., DualB>): SwiGLU combines them; attention's Q and K store both.
