@@ -359,9 +359,10 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
     periodic |= p.kind == BroadcastKind::Periodic;
   }
   for (const auto& o : fs.outputs) passes += o.per_row ? 0 : 1;
-  const double pass_bw = periodic                ? kUnfusedPeriodicBytesPerSecond
+  // (a Spec with stages is a reduction pass for Inductor, whether or not ComFuse's kernel exchanges)
+  const double pass_bw = periodic              ? kUnfusedPeriodicBytesPerSecond
                          : fs.num_stages() > 1 ? kUnfusedReductionBytesPerSecond
-                                   : kUnfusedBytesPerSecond;
+                                               : kUnfusedBytesPerSecond;
   d.pass_us = d.cublas_alone ? 0.0 : 2.0 * g.rows * g.n * passes / pass_bw * 1e6;
   // Parts of an output that torch copies (SpecOutput::copies: the key / value cache) are read and written once more
   // unfused. A kernel that stores its output in parts (SpecOutput::part_cols) makes each part dense, and the copy a
