@@ -460,9 +460,9 @@ class Psi {
     return "{" + tree_args_[k] + ", " + epilogue_args(k + 1) + "}";
   }
 
-  // A reduction of f(x), where x is the tile value carried to the next stage and f a unary op with no
-  // parameters (RMSNorm's mean(x^2), LayerNorm's mean(d^2)), renders as Reduce<.., x, f>: the node returns x and
-  // folds f(x), so x's subtree is visited once. (As two roots, Outputs<x, Reduce<f(x)>>, each root would hold its
+  // A reduction of f(x), where x is the tile value carried to the next stage (for a ReduceToRow: a stored value)
+  // and f a map (map_functor: RMSNorm's mean(x^2), LayerNorm's mean(d^2)), renders as Reduce<.., x, f>: the node
+  // returns x and folds f(x), so x's subtree is visited once. (As two roots, Outputs<x, Reduce<f(x)>>, each root would hold its
   // own copy of x's subtree, and every load in it, e.g. the residual R, would run twice.) x, or -1.
   int mapped_source(size_t k, const SpecNode& red) const {
     if (row_output_ >= 0 && red.kind == SpecKind::Reduction) {   // no carried value: x where a store of x folds in
@@ -477,8 +477,8 @@ class Psi {
     return fx.args[0] == carried_[k + 1] ? fx.args[0] : -1;
   }
 
-  // The functor of a reduction's map f (a unary op without parameters), or "": pow by an integer 2 .. kMaxPowInt
-  // is PowInt (HF's RMSNorm squares with x.pow(2)); casts and other powers are not maps.
+  // The functor of a reduction's map f (a unary op without parameters, or x * x, which is ops::Square), or "": pow
+  // by an integer 2 .. kMaxPowInt is PowInt (HF's RMSNorm squares with x.pow(2)); casts and other powers are not maps.
   static std::string map_functor(const SpecNode& fx) {
     if (fx.op == OpKind::Mul && fx.args.size() == 2 && fx.args[0] == fx.args[1]) return "ops::Square";   // x * x
     if (fx.args.size() != 1 || fx.op == OpKind::Cast) return "";
