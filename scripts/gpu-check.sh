@@ -23,8 +23,9 @@ cd "$root"
 if [ "${1:-}" = "--prepare" ]; then
   src="$(ls -d .venv/lib/python3*/site-packages/cutlass_library/source/include 2>/dev/null | head -1)"
   [ -f "$src/cutlass/cutlass.h" ] || { echo "gpu-check: no CUTLASS headers under .venv (run scripts/setup.sh)" >&2; exit 1; }
-  rm -rf .carry/cutlass && mkdir -p .carry/cutlass
+  rm -rf .carry/cutlass && mkdir -p .carry/cutlass/tools/util
   cp -r "$src" .carry/cutlass/include
+  cp -r "$src/../tools/util/include" .carry/cutlass/tools/util/include   # CUTLASS's host utilities (bench/epilogue_path)
   du -sh .carry/cutlass
   exit 0
 fi

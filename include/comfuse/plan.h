@@ -36,6 +36,10 @@ struct KernelConfig {
   // (StageStream<.., InParts>, docs/kernel-reduce.md; "_pt" in a config name). Set from the measured row the planner
   // picked; Psi renders it where the tile has two parts and a later stage reads every reduction, else ignores it.
   bool parts = false;
+  // Outputs written through SMEM by the copy engine (StoreAsync, epilogue/store_async.cuh; "_as" in a config name):
+  // 16-bit row-major outputs, in boxes of 64 columns (32 where the output tile is not a multiple of 64). Else the
+  // consumer threads store them from registers (Store).
+  bool async_stores = false;
 };
 
 struct MeasuredRow {

@@ -134,11 +134,18 @@ class SharedLibrary {
 class CublasGemm {
  public:
   static bool available();
-  CublasGemm(int64_t m, int64_t n, int64_t k, bool b_nk, bool f16);  // throws RuntimeError
+  // D = A·B on random operands; with_c: D = A·B + D (beta = 1, in place), cuBLASLt's own GEMM with a source tile,
+  // the baseline of an epilogue that reads an [M, N] input (a residual). Throws RuntimeError.
+  CublasGemm(int64_t m, int64_t n, int64_t k, bool b_nk, bool f16, bool with_c = false);
   ~CublasGemm();
   CublasGemm(const CublasGemm&) = delete;
   CublasGemm& operator=(const CublasGemm&) = delete;
   void run(CUstream s = nullptr);
+  // cuBLASLt's heuristic candidates for this GEMM (up to 8, best first): run() uses candidate `selected()`, 0 until
+  // select() picks another (comfuse bench times them all and keeps the fastest).
+  int candidates() const;
+  void select(int i);
+  int selected() const;
 
  private:
   struct Impl;

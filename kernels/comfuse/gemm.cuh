@@ -49,6 +49,7 @@
 #include "cutlass/gemm/collective/builders/sm90_gmma_builder.inl"
 
 #include "comfuse/epilogue/core.cuh"
+#include "comfuse/epilogue/store_async.cuh"
 #include "comfuse/driver_launch.cuh"
 #include "comfuse/mbarrier.cuh"
 #include "comfuse/epilogue/tile_load_ring.cuh"
@@ -436,6 +437,7 @@ struct GemmKernel {
       if constexpr (kDeferred) {
         if (pending >= 0) finish(pending, partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})), nullptr);
       }
+      epi::drain_async_stores();   // StoreAsync: the boxes' copies have read SMEM before the CTA exits
       end_epilogues(p, l2_exchanges, group, wg_thread);
     }
 #else
@@ -535,6 +537,7 @@ struct GemmKernel {
         COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
         mbar::arrive(empty);   // this thread's reads and writes of the tile are done
       }
+      epi::drain_async_stores();
       end_epilogues(p, l2_exchanges, group, wg_thread);
     }
   }

@@ -589,7 +589,37 @@ struct TimedKernel {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   }
+  double min() const { return *std::min_element(us.begin(), us.end()); }
+  double max() const { return *std::max_element(us.begin(), us.end()); }
 };
+
+// A region whose epilogue reads an [M, N] input (a residual): its baseline includes cuBLASLt's GEMM with C.
+bool reads_tile_input(const FusionSpec& fs) {
+  for (const RuntimeParam& p : fs.params)
+    if (p.kind == BroadcastKind::Tile) return true;
+  return false;
+}
+
+// The fastest of cuBLASLt's heuristic candidates for this GEMM (bench_gemm's baseline does the same): each timed
+// over ~20 launches after two warm-ups, on the default stream.
+void pick_fastest_candidate(rt::CublasGemm& g) {
+  rt::Timer timer;
+  double best = 1e30;
+  int best_i = 0;
+  for (int i = 0; i < g.candidates(); ++i) {
+    g.select(i);
+    try {
+      g.run();
+      g.run();
+      timer.start();
+      for (int j = 0; j < 20; ++j) g.run();
+      const double us = timer.stop_us();
+      if (us < best) best = us, best_i = i;
+    } catch (const rt::RuntimeError&) {   // a candidate that does not run is not a baseline
+    }
+  }
+  g.select(best_i);
+}
 
 // Times every kernel: `samples` samples each (at least kBlocks), on the default stream. With `series` set,
 // every sample (settling ones too) goes there as CSV: kernel, block, settling, ms since the start, us per launch.
@@ -667,28 +697,49 @@ int cmd_bench(const Args& a) {
   // The fused graph first; then, where cuBLASLt is there, the regions' GEMMs alone (no epilogue), the baseline.
   std::vector<TimedKernel> ks;
   ks.push_back({"fused", [&] { rows ? cg.run(buf.map, nullptr, rows) : cg.run(buf.map); }});
+  // Each region's cuBLASLt GEMM; and where the region's epilogue reads an [M, N] input (a residual), cuBLASLt's GEMM
+  // with a source tile too (D = A·B + C, beta = 1, in place): what cuBLAS itself pays to read one.
   std::vector<std::unique_ptr<rt::CublasGemm>> cublas;
+  std::vector<std::pair<size_t, size_t>> baseline;   // per region: its plain GEMM's and its GEMM-with-C's place in ks
   if (rt::CublasGemm::available())
     for (const auto& r : cg.partition().regions) {
       const GemmDesc& gd = r.spec.gemm;
-      cublas.push_back(std::make_unique<rt::CublasGemm>(gd.rows, gd.n, gd.k, gd.transpose_b, gd.dtype == DType::F16));
-      rt::CublasGemm* c = cublas.back().get();
-      ks.push_back({"cublas" + std::to_string(cublas.size() - 1), [c] { c->run(); }});
+      const size_t plain = ks.size();
+      size_t with_c = plain;
+      for (bool c : {false, true}) {
+        if (c && !reads_tile_input(r.spec)) break;
+        cublas.push_back(std::make_unique<rt::CublasGemm>(gd.rows, gd.n, gd.k, gd.transpose_b, gd.dtype == DType::F16, c));
+        rt::CublasGemm* g = cublas.back().get();
+        pick_fastest_candidate(*g);
+        with_c = ks.size();
+        ks.push_back({(c ? "cublas_beta1_" : "cublas") + std::to_string(baseline.size()), [g] { g->run(); }});
+      }
+      baseline.emplace_back(plain, with_c);
     }
   time_interleaved(ks, iters, settle_ms, a.get("series"));
   const double med = ks[0].median();
   print_choices(cg);   // the config search ran in the first launch
-  std::printf("%s: median %.1f us over %zu samples of %d launches (min %.1f, max %.1f), %.1f TFLOP/s\n", a.file.c_str(),
-              med, ks[0].us.size(), ks[0].per_sample, ks[0].us.front(), ks[0].us.back(), flops / (med * 1e-6) / 1e12);
-  if (cublas.empty()) {
+  std::printf("%s: median %.1f us over %zu samples of %d launches (fastest sample %.1f, slowest %.1f), %.1f TFLOP/s\n",
+              a.file.c_str(), med, ks[0].us.size(), ks[0].per_sample, ks[0].min(), ks[0].max(),
+              flops / (med * 1e-6) / 1e12);
+  if (baseline.empty()) {
     std::cout << (cg.partition().regions.empty() ? "no region (its GEMMs are batched): no ÷cuBLAS\n"
                                                  : "cuBLASLt not found (libcublasLt.so.13): no ÷cuBLAS\n");
     return 0;
   }
-  double gemm_us = 0;
-  for (size_t i = 1; i < ks.size(); ++i) gemm_us += ks[i].median();
+  double gemm_us = 0, with_c_us = 0;
+  size_t reading = 0;   // regions whose epilogue reads an [M, N] input
+  for (auto [plain, with_c] : baseline) {
+    gemm_us += ks[plain].median();
+    with_c_us += ks[with_c].median();
+    reading += with_c != plain;
+  }
   std::printf("cuBLASLt GEMM%s of the same shape%s alone: %.1f us; fused graph ÷ cuBLAS = %.3f\n",
-              cublas.size() > 1 ? "s" : "", cublas.size() > 1 ? "s" : "", gemm_us, med / gemm_us);
+              baseline.size() > 1 ? "s" : "", baseline.size() > 1 ? "s" : "", gemm_us, med / gemm_us);
+  if (reading > 0)
+    std::printf("cuBLASLt with C (beta = 1, in place) for the %zu region%s whose epilogue reads an [M, N] input, the "
+                "plain GEMM for the rest: %.1f us (%.3f x the plain); fused graph ÷ that = %.3f\n",
+                reading, reading > 1 ? "s" : "", with_c_us, with_c_us / gemm_us, med / with_c_us);
   std::printf("timing: %.0f ms warm-up, then the %zu kernels in turn in %d blocks (each first runs %.0f ms untimed), "
               "samples of ~%.0f us, medians\n", kPreheatUs / 1000, ks.size(), kBlocks, settle_ms, kSampleUs);
   return 0;

@@ -229,7 +229,7 @@ class Psi {
   // form: how [rows, N] inputs are read (psi_tile_input_form decides): TileLoad, TileLoadStaged or TileLoadRing.
   Psi(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form)
       : fs_(fs), st_(fs.stages()), form_(form), staged_(form == TileInputForm::Staged ? staged_tile_args(cfg) : ""),
-        parts_(renders_parts(fs, cfg)), row_output_(row_output_of(fs)) {
+        parts_(renders_parts(fs, cfg)), row_output_(row_output_of(fs)), async_box_(async_store_box(fs, cfg)) {
     if (row_output_ >= 0) {   // the reduction only leaves the kernel: stage 0 alone, its reduction a ReduceToRow
       st_.resize(1);
       parts_ = false;
@@ -299,6 +299,15 @@ class Psi {
     }
   }
 
+  // The box width of StoreAsync (epilogue/store_async.cuh) for this config, 0 for direct stores: where the config asks
+  // for copy-engine stores (cfg.async_stores), in boxes of 64 columns where the output tile's width is a multiple of
+  // 64, else of 32.
+  static int async_store_box(const FusionSpec& fs, const KernelConfig& cfg) {
+    if (!cfg.async_stores) return 0;
+    const int tile_n = fs.gemm.paired() ? cfg.tile_n / 2 : cfg.tile_n;
+    return tile_n % 64 == 0 ? 64 : tile_n % 32 == 0 ? 32 : 0;
+  }
+
   // TileLoadStaged's template arguments after the element type: ", <group rows>, <tile N>" (PingPong only:
   // a group holds the whole tile).
   static std::string staged_tile_args(const KernelConfig& cfg) {
@@ -308,7 +317,10 @@ class Psi {
   // How many TileLoadStaged / TileLoadRing nodes the epilogue type holds with its aliases expanded. Each has its own
   // SMEM, and a value read twice is instantiated twice (the type is a tree, not a DAG): min(R, ...) squared holds two.
   int smem_tile_nodes() const {
-    const std::string node = form_ == TileInputForm::Ring ? "TileLoadRing<" : "TileLoadStaged<";
+    return count_nodes(form_ == TileInputForm::Ring ? "TileLoadRing<" : "TileLoadStaged<", epilogue_type(0));
+  }
+  // How many `node` instances (a template name with its '<') the type `t` holds, its aliases expanded.
+  int count_nodes(const std::string& node, const std::string& t) const {
     std::map<std::string, int> memo;
     std::function<int(const std::string&)> count = [&](const std::string& t) {
       int c = 0;
@@ -329,8 +341,11 @@ class Psi {
       }
       return c;
     };
-    return count(epilogue_type(0));
+    return count(t);
   }
+  // StoreAsync nodes in the epilogue (its aliases expanded): where the config asks for them, every 16-bit row-major
+  // output that the output tile's width allows.
+  int async_stores() const { return count_nodes("StoreAsync<", epilogue_type(0)); }
 
   size_t stages() const { return st_.size(); }
   TileInputForm form() const { return form_; }
@@ -651,6 +666,9 @@ class Psi {
         if (so.split())
           return {std::string("Store<") + t + ", " + a + ", PartMajor<" + std::to_string(so.part_cols) + ">>", args,
                   a + "; out[" + o + "][t, row, c] = " + t + "(" + a + "), col = (t, c)"};
+        if (async_box_ > 0 && so.dtype != DType::F32)   // through SMEM by bulk copies, box by box
+          return {std::string("StoreAsync<") + t + ", " + a + ", " + std::to_string(async_box_) + ">", args,
+                  a + "; out[" + o + "][row, col] = " + t + "(" + a + "), by the copy engine"};
         return {std::string("Store<") + t + ", " + a + ">", args, a + "; out[" + o + "][row, col] = " + t + "(" + a + ")"};
       }
     }
@@ -674,7 +692,8 @@ class Psi {
     int readers = 0;
     for (const SpecNode& o : s.nodes)
       for (int a : o.args) readers += &s.nodes[a] == self;
-    if (readers < 2 || shared_slots_ >= 4) return r;
+    // (only the first instance of a Shared<> visits its subtree: a StoreAsync there would skip its boxes)
+    if (readers < 2 || shared_slots_ >= 4 || count_nodes("StoreAsync<", r.type) > 0) return r;
     r.type = "Shared<" + std::to_string(shared_slots_++) + ", " + r.type + ">";
     r.math += ", loaded once for its " + std::to_string(readers) + " readers";
     return r;
@@ -689,6 +708,7 @@ class Psi {
   std::string staged_;   // TileLoadStaged's arguments after the type (form_ Staged)
   bool parts_;           // StageStream<.., InParts>: the stages visited in 64-row parts (renders_parts)
   int row_output_;       // row_output_of(fs_): the per-row output of a ReduceToRow (st_ holds stage 0 only), or -1
+  int async_box_;        // async_store_box: StoreAsync's box width, or 0 (Store)
   std::map<std::string, std::string> alias_types_;   // every alias the unit defines -> its type
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
   std::vector<std::string> tree_types_, tree_args_;      // per stage: its tree's type and Arguments expression
@@ -809,7 +829,23 @@ std::unique_ptr<Psi> smem_tile_psi(const FusionSpec& fs, const KernelConfig& cfg
 
 // cfg.tile_input where it is set (a CodegenError where that form cannot serve this Spec); else, by the measured
 // rule, staged where it fits, else the ring where it fits, else TileLoad: the unit, and its form.
+std::unique_ptr<Psi> tile_input_psi_with_stores(const FusionSpec& fs, const KernelConfig& cfg);
+
+// StoreAsync's boxes take 36 KB of SMEM per node and CTA (two consumer groups, 4 warps, 2 boxes of 16 x 64 bf16 rows
+// padded): past two nodes the mainloop would lose too many stages, so a tree with more stores them directly.
+constexpr int kMaxAsyncStores = 2;
+
 std::unique_ptr<Psi> tile_input_psi(const FusionSpec& fs, const KernelConfig& cfg) {
+  std::unique_ptr<Psi> psi = tile_input_psi_with_stores(fs, cfg);
+  if (cfg.async_stores && psi->async_stores() > kMaxAsyncStores) {
+    KernelConfig direct = cfg;
+    direct.async_stores = false;
+    psi = tile_input_psi_with_stores(fs, direct);
+  }
+  return psi;
+}
+
+std::unique_ptr<Psi> tile_input_psi_with_stores(const FusionSpec& fs, const KernelConfig& cfg) {
   if (cfg.tile_input) {
     const TileInputForm form = *cfg.tile_input;
     if (form == TileInputForm::Registers) return std::make_unique<Psi>(fs, cfg, form);
@@ -888,6 +924,11 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   if (psi.form() != TileInputForm::Registers)
     o << "// tile inputs " << (psi.form() == TileInputForm::Staged ? "staged in SMEM" : "through the tile ring")
       << (cfg.tile_input ? " (the planner's measured choice)" : " (Psi's K rule)") << "\n";
+  if (cfg.async_stores)
+    o << "// outputs: " << (psi.async_stores() > 0 ? std::to_string(psi.async_stores()) + " through SMEM by the copy engine (StoreAsync)"
+                                                   : std::string("stored directly (no 16-bit row-major output, or more than ") +
+                                                         std::to_string(kMaxAsyncStores) + " for the copy engine's SMEM)")
+      << "\n";
   // Shapes are written with "rows" for M: the source - and so the JIT's cache key - does not depend on the
   // batch size, which the kernel takes at run time.
   const std::string n_str = std::to_string(fs.gemm.n);

@@ -35,8 +35,9 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
 
 }  // namespace
 
-// "128x256x64_c2x1_coop_mg_rr_pt" -> tile, cluster, schedule, merged reduction pairs, the tile inputs' form ("_sr"
-// staged, "_rr" the tile ring; none: unset), stages visited in 64-row parts ("_pt"). Other suffixes name bench
+// "128x256x64_c2x1_coop_mg_rr_pt_as" -> tile, cluster, schedule, merged reduction pairs, the tile inputs' form ("_sr"
+// staged, "_rr" the tile ring; none: unset), stages visited in 64-row parts ("_pt"), outputs stored by the copy
+// engine ("_as"). Other suffixes name bench
 // variants that are not a config ("_r8", a fixed tile order; "_sp", split-phase epilogues): false.
 bool parse_config(const std::string& s, KernelConfig& c) {
   int used = 0;
@@ -54,19 +55,20 @@ bool parse_config(const std::string& s, KernelConfig& c) {
   for (TileInputForm t : {TileInputForm::Staged, TileInputForm::Ring})
     if (take(tile_input_suffix(t))) c.tile_input = t;
   c.parts = take("_pt");
+  c.async_stores = take("_as");
   return rest.empty();
 }
 
 bool operator==(const KernelConfig& a, const KernelConfig& b) {
   return a.tile_m == b.tile_m && a.tile_n == b.tile_n && a.tile_k == b.tile_k && a.cluster_m == b.cluster_m &&
          a.cluster_n == b.cluster_n && a.cooperative == b.cooperative && a.merged == b.merged &&
-         a.tile_input == b.tile_input && a.parts == b.parts;
+         a.tile_input == b.tile_input && a.parts == b.parts && a.async_stores == b.async_stores;
 }
 
 std::string config_name(const KernelConfig& c) {
   return std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k) + "_c" +
          std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + (c.cooperative ? "_coop" : "") +
-         (c.merged ? "_mg" : "") + (c.tile_input ? tile_input_suffix(*c.tile_input) : "") + (c.parts ? "_pt" : "");
+         (c.merged ? "_mg" : "") + (c.tile_input ? tile_input_suffix(*c.tile_input) : "") + (c.parts ? "_pt" : "") + (c.async_stores ? "_as" : "");
 }
 
 namespace {

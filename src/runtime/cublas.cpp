@@ -97,14 +97,16 @@ struct CublasGemm::Impl {
   cublasLtHandle_t h = nullptr;
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> algos;   // the heuristic's candidates, best first
+  int selected = 0;
+  float beta = 0.f;
   CUdeviceptr a = 0, b = 0, c = 0, ws = 0;
   size_t ws_size = 64ull << 20;
 };
 
 bool CublasGemm::available() { return lt().lib != nullptr; }
 
-CublasGemm::CublasGemm(int64_t m, int64_t n, int64_t k, bool b_nk, bool f16) : p_(new Impl) {
+CublasGemm::CublasGemm(int64_t m, int64_t n, int64_t k, bool b_nk, bool f16, bool with_c) : p_(new Impl) {
   LtApi& L = lt();
   if (!L.lib) throw RuntimeError("cuBLASLt not found (libcublasLt.so.13): no baseline");
   const cudaDataType_t t = f16 ? CUDA_R_16F : CUDA_R_16BF;
@@ -122,12 +124,13 @@ CublasGemm::CublasGemm(int64_t m, int64_t n, int64_t k, bool b_nk, bool f16) : p
   cublasLtMatmulPreference_t pref;
   ok(L.pref_create(&pref), "preference");
   ok(L.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &p_->ws_size, sizeof p_->ws_size), "preference");
-  cublasLtMatmulHeuristicResult_t res[1];
+  cublasLtMatmulHeuristicResult_t res[8];
   int found = 0;
-  ok(L.heuristic(p_->h, p_->op, p_->la, p_->lb, p_->lc, p_->lc, pref, 1, res, &found), "heuristic");
+  ok(L.heuristic(p_->h, p_->op, p_->la, p_->lb, p_->lc, p_->lc, pref, 8, res, &found), "heuristic");
   L.pref_destroy(pref);
   if (found < 1) throw RuntimeError("cuBLASLt has no algorithm for this GEMM");
-  p_->algo = res[0].algo;
+  for (int i = 0; i < found; ++i) p_->algos.push_back(res[i].algo);
+  p_->beta = with_c ? 1.f : 0.f;
   p_->a = mem_alloc(size_t(m) * k * 2);
   p_->b = mem_alloc(size_t(k) * n * 2);
   p_->c = mem_alloc(size_t(m) * n * 2);
@@ -137,6 +140,14 @@ CublasGemm::CublasGemm(int64_t m, int64_t n, int64_t k, bool b_nk, bool f16) : p
   // higher: at 8192x4096x4096 it measured 334 us on constant operands, 418 us on random ones (H200, two runs).
   upload_uniform(p_->a, size_t(m) * k, f16, 1);
   upload_uniform(p_->b, size_t(k) * n, f16, 2);
+  if (with_c) upload_uniform(p_->c, size_t(m) * n, f16, 3);   // the source tile; each run adds A·B to it
+}
+
+int CublasGemm::candidates() const { return static_cast<int>(p_->algos.size()); }
+int CublasGemm::selected() const { return p_->selected; }
+void CublasGemm::select(int i) {
+  if (i < 0 || i >= candidates()) throw RuntimeError("cuBLASLt candidate " + std::to_string(i) + " out of range");
+  p_->selected = i;
 }
 
 CublasGemm::~CublasGemm() {
@@ -155,9 +166,10 @@ CublasGemm::~CublasGemm() {
 }
 
 void CublasGemm::run(CUstream s) {
-  float alpha = 1.f, beta = 0.f;
+  float alpha = 1.f;
   ok(lt().matmul(p_->h, p_->op, &alpha, reinterpret_cast<void*>(p_->b), p_->la, reinterpret_cast<void*>(p_->a), p_->lb,
-                 &beta, reinterpret_cast<void*>(p_->c), p_->lc, reinterpret_cast<void*>(p_->c), p_->lc, &p_->algo,
+                 &p_->beta, reinterpret_cast<void*>(p_->c), p_->lc, reinterpret_cast<void*>(p_->c), p_->lc,
+                 &p_->algos[size_t(p_->selected)],
                  reinterpret_cast<void*>(p_->ws), p_->ws_size, reinterpret_cast<cudaStream_t>(s)),
      "matmul");
 }

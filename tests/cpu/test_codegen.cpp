@@ -580,3 +580,68 @@ TEST(Codegen, SquaresFoldAndLoadedValuesAreComputedOnce) {
   EXPECT_NE(src.find("Shared<0, Compute<ops::Add, "), std::string::npos) << src;
   EXPECT_NE(src.find("loaded once for its 2 readers"), std::string::npos) << src;
 }
+
+// Outputs through SMEM by the copy engine (StoreAsync, "_as"): every 16-bit row-major output where the config asks,
+// in boxes of 64 columns (32 where the output tile is not a multiple of 64); f32 and part-major outputs, and a
+// value loaded once for two readers (Shared<>, whose second instance visits nothing), keep Store; past two such
+// nodes the unit stores directly.
+TEST(Codegen, AsyncStoresWhereTheConfigAndTheOutputsAllowThem) {
+  KernelConfig as;
+  ASSERT_TRUE(parse_config("128x128x64_c1x2_rr_as", as));
+  EXPECT_TRUE(as.async_stores);
+  EXPECT_EQ(as.tile_input, TileInputForm::Ring);
+  EXPECT_EQ(config_name(as), "128x128x64_c1x2_rr_as");
+  KernelConfig plain;
+  ASSERT_TRUE(parse_config("128x128x64_c1x2", plain));
+  EXPECT_FALSE(plain.async_stores);
+  EXPECT_FALSE(as == plain);
+
+  const std::string head =
+      "input X : bf16[64, 128]\ninput W : bf16[128, 256]\ninput b : bf16[256]\ninput R : bf16[64, 256]\n"
+      "input g : bf16[256]\nh = add(add(matmul(X, W), b), R)\n";
+  auto spec = [&](const std::string& body) { return partition(parse_cf(head + body, "a.cf")).regions.at(0).spec; };
+  auto count = [](const std::string& s, const std::string& w) {
+    int c = 0;
+    for (size_t at = s.find(w); at != std::string::npos; at = s.find(w, at + 1)) ++c;
+    return c;
+  };
+  KernelConfig regs_as = as;
+  regs_as.tile_input = TileInputForm::Registers;
+
+  // one output: StoreAsync with 64-column boxes; without "_as": Store
+  const FusionSpec one = spec("output h\n");
+  std::string src = generate_kernel(one, as).source;
+  std::string t = expanded_epilogue(src);
+  EXPECT_EQ(t.rfind("StoreAsync<bf16, ", 0), 0u) << t;
+  EXPECT_NE(t.find(", 64>"), std::string::npos) << t;
+  EXPECT_NE(src.find("// outputs: 1 through SMEM by the copy engine"), std::string::npos) << src;
+  EXPECT_EQ(count(expanded_epilogue(generate_kernel(one, plain).source), "StoreAsync<"), 0);
+
+  // a 96-column output tile (128x192 paired would be 96 too): 32-column boxes
+  KernelConfig as96 = as;
+  as96.tile_n = 96;
+  as96.cluster_n = 1;
+  t = expanded_epilogue(generate_kernel(one, as96).source);
+  EXPECT_NE(t.find(", 32>"), std::string::npos) << t;
+
+  // two outputs (h stored, h * g stored), the ring form: two StoreAsync, nested
+  t = expanded_epilogue(generate_kernel(spec("y = mul(h, g)\noutput h, y\n"), as).source);
+  EXPECT_EQ(count(t, "StoreAsync<"), 2) << t;
+  // the same in the registers form: h is loaded once for its two readers (Shared) only where no StoreAsync is
+  // inside the shared value; the stores themselves read it from outside
+  t = expanded_epilogue(generate_kernel(spec("y = mul(h, g)\noutput h, y\n"), regs_as).source);
+  EXPECT_EQ(count(t, "StoreAsync<"), 2) << t;
+  for (size_t at = t.find("Shared<"); at != std::string::npos; at = t.find("Shared<", at + 1)) {
+    int depth = 0;   // the Shared<> argument list holds no StoreAsync
+    size_t e = at + 7;
+    for (; e < t.size() && !(t[e] == '>' && depth == 0); ++e) depth += t[e] == '<' ? 1 : t[e] == '>' ? -1 : 0;
+    EXPECT_EQ(t.substr(at, e - at).find("StoreAsync<"), std::string::npos) << t;
+  }
+
+  // an f32 output stays Store; three 16-bit outputs are more than the copy engine's SMEM takes: all Store
+  t = expanded_epilogue(generate_kernel(spec("y = cast(h, dtype=f32)\noutput y\n"), as).source);
+  EXPECT_EQ(count(t, "StoreAsync<"), 0) << t;
+  src = generate_kernel(spec("y = mul(h, g)\nz = add(h, g)\noutput h, y, z\n"), as).source;
+  EXPECT_EQ(count(expanded_epilogue(src), "StoreAsync<"), 0) << src;
+  EXPECT_NE(src.find("// outputs: stored directly"), std::string::npos) << src;
+}

@@ -12,3 +12,4 @@
 #include "comfuse/epilogue/compute.cuh"
 #include "comfuse/epilogue/rotate.cuh"
 #include "comfuse/epilogue/store.cuh"
+#include "comfuse/epilogue/store_async.cuh"

@@ -102,6 +102,7 @@ struct FragCtx {
   // pass, another the visit: the first reader of a slot in each owns it.
   mutable Frag shared[4];
   mutable uint32_t shared_set = 0;
+  int async_stores = 0;   // AsyncStoresAt<root tree, this stage>: StoreAsync nodes storing in this pass (set by the driver)
 };
 
 // The accumulator as the epilogue of a dual-B kernel sees it (GemmConfig<.., DualB>, gemm.cuh): a register view of
@@ -281,6 +282,12 @@ struct RotatePeriod<Node, std::void_t<decltype(Node::kRotatePeriod)>> : std::int
 template <class Node, class = void> struct NeedsCoResidency : std::false_type {};
 template <class Node> struct NeedsCoResidency<Node, std::void_t<decltype(Node::kNeedsCoResidency)>>
     : std::bool_constant<Node::kNeedsCoResidency> {};
+// StoreAsync nodes (store_async.cuh) that store in stage S, counted over the whole tree: each commits one bulk-copy
+// group per box, and a node waiting for its own earlier box counts the other nodes' groups committed meanwhile.
+template <class Node, int S, class = void> struct AsyncStoresAt : std::integral_constant<int, 0> {};
+template <class Node, int S>
+struct AsyncStoresAt<Node, S, std::void_t<decltype(Node::template kAsyncStoresAt<S>)>>
+    : std::integral_constant<int, Node::template kAsyncStoresAt<S>> {};
 // A node whose value depends on the row only (RowResult, Scalar, ColBroadcast, and Compute over such nodes): a
 // parent may compute it once per row slot instead of once per fragment (compute.cuh).
 template <class Node, class = void> struct PerRow : std::false_type {};
@@ -358,6 +365,7 @@ struct Children<C, Rest...> {
   static constexpr bool kNeedsCoResidency = NeedsCoResidency<C>::value || Tail::kNeedsCoResidency;
   static constexpr int kRingSlots = RingSlots<C>::value > Tail::kRingSlots ? RingSlots<C>::value : Tail::kRingSlots;
   static constexpr int kRotatePeriod = RotatePeriod<C>::value > Tail::kRotatePeriod ? RotatePeriod<C>::value : Tail::kRotatePeriod;
+  template <int S> static constexpr int kAsyncStoresAt = AsyncStoresAt<C, S>::value + AsyncStoresAt<Tail, S>::value;
 
   C head;
   Tail tail;
@@ -409,6 +417,7 @@ struct Children<C> {
   static constexpr bool kNeedsCoResidency = NeedsCoResidency<C>::value;
   static constexpr int kRingSlots = RingSlots<C>::value;
   static constexpr int kRotatePeriod = RotatePeriod<C>::value;
+  template <int S> static constexpr int kAsyncStoresAt = AsyncStoresAt<C, S>::value;
 
   C head;
   CUTE_DEVICE Children(SharedStorage& s, TileCtx const& c, typename C::Arguments const& a) : head(a, s.head, c) {}
@@ -436,6 +445,10 @@ struct Children<C> {
 template <int Slot, class N>
 struct Shared : Children<N> {
   static_assert(Slot >= 0 && Slot < 4, "FragCtx::shared has four slots");
+  // Only the first instance visits N: a StoreAsync inside would commit fewer copy groups than its tree counts.
+  static_assert(AsyncStoresAt<N, 0>::value + AsyncStoresAt<N, 1>::value + AsyncStoresAt<N, 2>::value +
+                        AsyncStoresAt<N, 3>::value + AsyncStoresAt<N, 4>::value == 0,
+                "Shared<> holds no StoreAsync");
   using Base = Children<N>;
   using Arguments = typename N::Arguments;
   using typename Base::SharedStorage;
@@ -520,6 +533,7 @@ CUTE_DEVICE void visit_range(Tree& tree, AccTensor& acc, CoordTensor const& tCcD
     CUTLASS_PRAGMA_UNROLL
     for (int i = c; i < c + kChunkElems && i < E1; i += kFragSize) {
       FragCtx f = frag_ctx(i, acc, tCcD, ctx, b);
+      f.async_stores = AsyncStoresAt<Tree, S>::value;
       if constexpr (Acc2Offset<AccTensor>::value >= 0) {
         constexpr int kOff = Acc2Offset<AccTensor>::value;
         f.acc2 = Frag{{acc.data()[acc.layout()(i) + kOff], acc.data()[acc.layout()(i + 1) + kOff]}};

@@ -455,6 +455,7 @@ struct Stage {
   static constexpr int kStage = 1 + Post::kStage;
   static constexpr bool kUsesSmem = Tree::kUsesSmem || Post::kUsesSmem;
   static constexpr int kRingSlots = std::max(RingSlots<Tree>::value, RingSlots<Post>::value);
+  template <int S> static constexpr int kAsyncStoresAt = S == 0 ? AsyncStoresAt<Tree, 0>::value : AsyncStoresAt<Post, S - 1>::value;
   Tree tree;
   Post post;
   CUTE_DEVICE Stage(Arguments const& a, SharedStorage& s, TileCtx const& c) : tree(a.tree, s.tree, c), post(a.post, s.post, c) {}
@@ -499,6 +500,7 @@ struct Stage<Tree, void> {
   static constexpr int kStage = 0;
   static constexpr bool kUsesSmem = Tree::kUsesSmem;
   static constexpr int kRingSlots = RingSlots<Tree>::value;
+  template <int S> static constexpr int kAsyncStoresAt = S == 0 ? AsyncStoresAt<Tree, 0>::value : 0;
   Tree tree;
   CUTE_DEVICE Stage(Arguments const& a, SharedStorage& s, TileCtx const& c) : tree(a.tree, s.tree, c) {}
   CUTE_DEVICE void prefetch() { tree.prefetch(); }
@@ -606,6 +608,9 @@ struct StageStream {
   static constexpr bool kCarriesTile = true;     // the driver writes each stage's value back to the registers
   static constexpr bool kNeedsCoResidency = true;  // the row block's CTAs exchange: cooperative launch
   static constexpr int kRingSlots = RingSlots<Root>::value;
+  template <int S> static constexpr int kAsyncStoresAt = AsyncStoresAt<Root, S>::value;
+  static_assert(!Deferred || AsyncStoresAt<Root, kStage>::value == 0,
+                "a split-phase finish visits the tile in another order: its stores are Store, not StoreAsync");
 
   Root root;
   // Called by the kernel before the tree is built (epi::bind): the per-row results live in this group's

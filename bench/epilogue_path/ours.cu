@@ -1,0 +1,140 @@
+// One ComFuse GEMM + epilogue for the epilogue data-path bench (main.cu), selected by OURS_CFG at compile time.
+// Every tree is composed from the node library as Psi would emit it; the config is PingPong 128x128x64 unless named.
+//    0  h = X·W                     Store        c1x2
+//    1  h = X·W                     StoreAsync   c1x2
+//    2  h = X·W + R                 Store, R in registers (TileLoad)        c1x1
+//    3  h = X·W + R                 Store, R through the CTA's ring (TileLoadRing)   c1x1
+//    4  h = X·W + R                 Store, ring  c1x2
+//    5  h = X·W + R                 StoreAsync, TileLoad  c1x1
+//    6  h = X·W + R                 StoreAsync, ring      c1x1
+//    7  h = X·W + R                 StoreAsync, ring      c1x2
+//    8  h = X·W + R                 StoreAsync (32-column boxes), ring  c1x2
+//    9  h = X·W + R                 StoreAsync, ring, Cooperative 128x256 c2x1
+//   10  h = X·W + b + R             StoreAsync, ring      c1x2
+//   11  h = X·W + b + R             Store, ring           c1x2
+//   12  h = X·W + R, y = h ⊙ γ      StoreAsync x2, ring   c1x2
+//   13  h = X·W + R, y = h ⊙ γ      Store x2, ring        c1x2
+//   14  h = X·W + R                 Store, TileLoad       c1x2
+//   15  h = X·W + R                 StoreAsync, TileLoad  c1x2
+#include "variants.h"
+
+#include "comfuse/gemm.cuh"
+#include "comfuse/epilogue/all.cuh"
+
+#ifndef OURS_CFG
+#error "compile with -DOURS_CFG=<0..15>"
+#endif
+
+namespace comfuse::bench {
+namespace {
+using namespace comfuse::epi;
+using bf16 = cutlass::bfloat16_t;
+using Add = ops::Add;
+using Mul = ops::Mul;
+using Ring = TileLoadRing<bf16, 0>;
+using Reg = TileLoad<bf16>;
+template <class C> using S = Store<bf16, C>;
+template <class C, int Box = 64> using SA = StoreAsync<bf16, C, Box>;
+template <class R> using Res = Compute<Add, AccEntry, R>;
+template <class R> using BiasRes = Compute<Add, Compute<Add, AccEntry, RowBroadcast<bf16>>, R>;
+
+template <int I> struct V;
+#define OURS_V(I, CM, CN, SCHED, TN, NAME, RES, BIAS, OUTS, ...) \
+  template <> struct V<I> { using Tree = __VA_ARGS__; static constexpr int cm = CM, cn = CN, tn = TN; \
+    static constexpr Schedule sched = SCHED; static constexpr char const* name = NAME; \
+    static constexpr bool res = RES, bias = BIAS; static constexpr int outs = OUTS; };
+constexpr Schedule PP = Schedule::PingPong, CO = Schedule::Cooperative;
+OURS_V(0, 1, 2, PP, 128, "ours_plain_store_c1x2", false, false, 1, S<AccEntry>)
+OURS_V(1, 1, 2, PP, 128, "ours_plain_async_c1x2", false, false, 1, SA<AccEntry>)
+OURS_V(2, 1, 1, PP, 128, "ours_res_reg_store_c1x1", true, false, 1, S<Res<Reg>>)
+OURS_V(3, 1, 1, PP, 128, "ours_res_ring_store_c1x1", true, false, 1, S<Res<Ring>>)
+OURS_V(4, 1, 2, PP, 128, "ours_res_ring_store_c1x2", true, false, 1, S<Res<Ring>>)
+OURS_V(5, 1, 1, PP, 128, "ours_res_reg_async_c1x1", true, false, 1, SA<Res<Reg>>)
+OURS_V(6, 1, 1, PP, 128, "ours_res_ring_async_c1x1", true, false, 1, SA<Res<Ring>>)
+OURS_V(7, 1, 2, PP, 128, "ours_res_ring_async_c1x2", true, false, 1, SA<Res<Ring>>)
+OURS_V(8, 1, 2, PP, 128, "ours_res_ring_async32_c1x2", true, false, 1, SA<Res<Ring>, 32>)
+OURS_V(9, 2, 1, CO, 256, "ours_res_ring_async_coop128x256_c2x1", true, false, 1, SA<Res<Ring>>)
+OURS_V(10, 1, 2, PP, 128, "ours_biasres_ring_async_c1x2", true, true, 1, SA<BiasRes<Ring>>)
+OURS_V(11, 1, 2, PP, 128, "ours_biasres_ring_store_c1x2", true, true, 1, S<BiasRes<Ring>>)
+OURS_V(12, 1, 2, PP, 128, "ours_res2out_ring_async_c1x2", true, false, 2, SA<Compute<Mul, SA<Res<Ring>>, RowBroadcast<bf16>>>)
+OURS_V(13, 1, 2, PP, 128, "ours_res2out_ring_store_c1x2", true, false, 2, S<Compute<Mul, S<Res<Ring>>, RowBroadcast<bf16>>>)
+OURS_V(14, 1, 2, PP, 128, "ours_res_reg_store_c1x2", true, false, 1, S<Res<Reg>>)
+OURS_V(15, 1, 2, PP, 128, "ours_res_reg_async_c1x2", true, false, 1, SA<Res<Reg>>)
+#undef OURS_V
+
+using Var = V<OURS_CFG>;
+using Cfg = GemmConfig<bf16, BLayout::KN, 128, Var::tn, 64, Var::cm, Var::cn, Var::sched>;
+using G = Gemm<Cfg, typename Var::Tree>;
+
+// The tree's arguments, built by the same nesting as its type.
+template <class N> struct ArgsOf;
+template <> struct ArgsOf<AccEntry> { static AccEntry::Arguments make(Problem const&) { return {}; } };
+template <> struct ArgsOf<Reg> { static Reg::Arguments make(Problem const& p) { return {static_cast<bf16 const*>(p.R), p.N}; } };
+template <> struct ArgsOf<Ring> { static Ring::Arguments make(Problem const& p) { return {static_cast<bf16 const*>(p.R), p.N}; } };
+template <> struct ArgsOf<RowBroadcast<bf16>> {   // the bias, or γ (the row vector of a second output)
+  static RowBroadcast<bf16>::Arguments make(Problem const& p, bool gamma = false) {
+    return {static_cast<bf16 const*>(gamma ? p.gamma : p.bias)};
+  }
+};
+template <class Op, class A, class B> struct ArgsOf<Compute<Op, A, B>> {
+  static typename Compute<Op, A, B>::Arguments make(Problem const& p) { return {ArgsOf<A>::make(p), ArgsOf<B>::make(p)}; }
+};
+template <class C> struct ArgsOf<S<C>> {   // the inner store of two writes D1 (h), the outer D0
+  static typename S<C>::Arguments make(Problem const& p, bool inner = false) {
+    return {static_cast<bf16*>(inner ? p.D1 : p.D0), p.N, ArgsOf<C>::make(p)};
+  }
+};
+template <class C, int Box> struct ArgsOf<SA<C, Box>> {
+  static typename SA<C, Box>::Arguments make(Problem const& p, bool inner = false) {
+    return {static_cast<bf16*>(inner ? p.D1 : p.D0), p.N, ArgsOf<C>::make(p)};
+  }
+};
+// Two outputs: y = h ⊙ γ over the stored h (the inner store)
+template <class C> struct ArgsOf<Compute<Mul, S<C>, RowBroadcast<bf16>>> {
+  static typename Compute<Mul, S<C>, RowBroadcast<bf16>>::Arguments make(Problem const& p) {
+    return {ArgsOf<S<C>>::make(p, true), ArgsOf<RowBroadcast<bf16>>::make(p, true)};
+  }
+};
+template <class C, int Box> struct ArgsOf<Compute<Mul, SA<C, Box>, RowBroadcast<bf16>>> {
+  static typename Compute<Mul, SA<C, Box>, RowBroadcast<bf16>>::Arguments make(Problem const& p) {
+    return {ArgsOf<SA<C, Box>>::make(p, true), ArgsOf<RowBroadcast<bf16>>::make(p, true)};
+  }
+};
+
+struct Slot {
+  Problem p{};
+  typename G::Kernel::Params params;
+  bool valid = false;
+};
+Slot slots[4];
+int next_slot = 0;
+
+cudaError_t run(Problem const& p, cudaStream_t s) {
+  for (auto& c : slots)
+    if (c.valid && p.same(c.p)) return G::launch(c.params, s);
+  typename G::Arguments a;
+  a.A = static_cast<bf16 const*>(p.A);
+  a.B = static_cast<bf16 const*>(p.B);
+  a.M = p.M;
+  a.N = p.N;
+  a.K = p.K;
+  a.lda = p.K;
+  a.ldb = p.N;
+  a.epi = ArgsOf<typename Var::Tree>::make(p);
+  if (G::can_implement(a) != nullptr) return cudaErrorInvalidValue;
+  Slot& c = slots[next_slot];
+  next_slot = (next_slot + 1) % 4;
+  c.p = p;
+  c.params = G::make_params(a);
+  c.valid = true;
+  return G::launch(c.params, s);
+}
+}  // namespace
+
+#define COMFUSE_OURS_NAME2(n) ours_kernel_##n
+#define COMFUSE_OURS_NAME(n) COMFUSE_OURS_NAME2(n)
+Variant COMFUSE_OURS_NAME(OURS_CFG)() {
+  return {Var::name, Var::res, Var::bias, Var::outs, G::Kernel::kSmemBytes, int(G::Kernel::Mainloop::DispatchPolicy::Stages), &run};
+}
+
+}  // namespace comfuse::bench

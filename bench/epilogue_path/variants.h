@@ -1,0 +1,53 @@
+// The epilogue data-path bench (main.cu): ComFuse's kernel variants, one per translation unit (ours.cu compiled with
+// OURS_CFG = 0, 1, ...), registered by name. Host-only header.
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace comfuse::bench {
+
+// One problem: A [M, K], B [K, N] (row-major), R [M, N], bias and γ [N], outputs D0 (and D1) [M, N]; all bf16.
+struct Problem {
+  void const* A = nullptr;
+  void const* B = nullptr;
+  void const* R = nullptr;
+  void const* bias = nullptr;
+  void const* gamma = nullptr;
+  void* D0 = nullptr;
+  void* D1 = nullptr;
+  int M = 0, N = 0, K = 0;
+  bool same(Problem const& o) const {
+    return A == o.A && B == o.B && R == o.R && bias == o.bias && gamma == o.gamma && D0 == o.D0 && D1 == o.D1 &&
+           M == o.M && N == o.N && K == o.K;
+  }
+};
+
+struct Variant {
+  char const* name;
+  bool reads_r;     // h = X·W (+ b) + R
+  bool bias;
+  int outputs;      // 1: D0 = h; 2: D1 = h, D0 = h ⊙ γ
+  int smem_bytes;   // the kernel's shared memory, and its mainloop's stages
+  int stages;
+  cudaError_t (*run)(Problem const&, cudaStream_t);
+};
+
+constexpr int kOursKernels = 16;
+Variant ours_kernel_0();
+Variant ours_kernel_1();
+Variant ours_kernel_2();
+Variant ours_kernel_3();
+Variant ours_kernel_4();
+Variant ours_kernel_5();
+Variant ours_kernel_6();
+Variant ours_kernel_7();
+Variant ours_kernel_8();
+Variant ours_kernel_9();
+Variant ours_kernel_10();
+Variant ours_kernel_11();
+Variant ours_kernel_12();
+Variant ours_kernel_13();
+Variant ours_kernel_14();
+Variant ours_kernel_15();
+
+}  // namespace comfuse::bench
