@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the device machine: the epilogue data-path bench (bench/epilogue_path: cuBLASLt plain / beta = 1, CUTLASS's
-# source-C GEMM, ComFuse's kernels with each residual and store form), correctness at the odd shape under
-# the timing at the WORKLOADS shapes, then compute-sanitizer (memcheck, racecheck). Logs under $OUT; a table last.
+# source-C GEMM, ComFuse's kernels with each residual and store form): correctness at odd shapes, the timing at the
+# WORKLOADS shapes, then compute-sanitizer (memcheck, racecheck) at the odd shape. Logs under $OUT; a table last.
 #
 #   scripts/gpu-epilogue-path.sh [BIN]
 #     BIN  the bench binary (default build-ep/comfuse_epilogue_path, built here by bench/epilogue_path/build.sh and
