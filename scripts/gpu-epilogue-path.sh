@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # On the device machine: the epilogue data-path bench (bench/epilogue_path: cuBLASLt plain / beta = 1, CUTLASS's
 # source-C GEMM, ComFuse's kernels with each residual and store form): correctness at odd shapes, the timing at the
-# WORKLOADS shapes, then compute-sanitizer (memcheck, racecheck) at the odd shape. Logs under $OUT; a table last.
+# WORKLOADS shapes, compute-sanitizer (memcheck, racecheck) at the odd shape, optionally Nsight Compute on chosen
+# variants, and `comfuse bench` on the residual examples. Logs under $OUT (at most 8 files); a table last.
 #
 #   scripts/gpu-epilogue-path.sh [BIN]
 #     BIN  the bench binary (default build-ep/comfuse_epilogue_path, built here by bench/epilogue_path/build.sh and
-#          carried); without it, it is built there from the carried CUTLASS headers (.carry/cutlass/include)
+#          carried); without it, it is built there from the carried CUTLASS headers (.carry/cutlass)
+#   environment: EP_ARGS      extra arguments of the timing run (e.g. "--shape 8192,1024,1024")
+#                NCU_VARIANTS space-separated variant names to profile (ncu, full set, one launch each)
+#                NCU_SHAPE    their shape (default 8192,1024,1024)
+#                SAN_MEMCHECK, SAN_RACECHECK  the variants (a name's substring) under each tool (default: the
+#                             copy-engine stores; racecheck: the two-output one)
+#                CLI_AOT      a folder of `comfuse aot` outputs, one per example name: build/bin/comfuse bench runs
+#                             each (examples/<name>.cf --aot CLI_AOT/<name>)
 #   scripts/gpu-epilogue-path.sh --prepare   here: build it into build-ep/ (nvcc, ~8 minutes on 2 cores)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,13 +25,14 @@ fi
 bin="${1:-build-ep/comfuse_epilogue_path}"
 OUT="${OUT:-$root/build/gpu-epilogue-path}"
 mkdir -p "$OUT"
+source scripts/gpu-lib.sh
 declare -A status
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/device.txt" 2>&1
-if ! "$bin" --shape 256,64,128 --check-only --only cublas_plain > "$OUT/smoke.log" 2>&1; then
-  echo "the carried binary does not run here ($(tail -1 "$OUT/smoke.log")): building it"
-  source scripts/gpu-lib.sh
+misc="$OUT/misc.log"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$misc" 2>&1
+if ! "$bin" --shape 256,64,128 --check-only --only cublas_plain >> "$misc" 2>&1; then
+  echo "the carried binary does not run here ($(tail -1 "$misc")): building it"
   cutlass="$(gpu_cutlass_dir gpu-epilogue-path)" || exit 1
-  bench/epilogue_path/build.sh build-ep "$cutlass" 16 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  bench/epilogue_path/build.sh build-ep "$cutlass" 16 >> "$misc" 2>&1 || { tail -30 "$misc"; exit 1; }
   bin=build-ep/comfuse_epilogue_path
 fi
 # correctness at odd shapes (partial tiles and boxes: M = 1000, N = 264 / 200), every variant
@@ -34,14 +43,52 @@ status[check_odd]=$?
 status[bench]=$?
 # sanitizers on the copy-engine stores at the odd shape: memcheck over every such variant, racecheck (slow) on the
 # two-output one (two StoreAsync nodes: the copy groups of both counted)
-for run in "memcheck async" "racecheck res2out_ring_async"; do
+san="$OUT/sanitizers.log"
+: > "$san"
+for run in "memcheck ${SAN_MEMCHECK:-async}" "racecheck ${SAN_RACECHECK:-res2out_ring_async}"; do
   set -- $run
+  echo "== compute-sanitizer --tool $1, variants matching '$2'" >> "$san"
   timeout 240 compute-sanitizer --tool "$1" --error-exitcode 9 "$bin" --check-only --shape 1000,520,264 --only "$2" \
-    > "$OUT/sanitizer_$1.log" 2>&1
+    >> "$san" 2>&1
   status[sanitizer_$1]=$?
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|WRONG" "$OUT/sanitizer_$1.log" | head -3 | sed "s/^/  [$1] /"
+  echo "== rc ${status[sanitizer_$1]}" >> "$san"
 done
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY|WRONG|^== rc" "$san" | head -8
+# Nsight Compute, one launch of each named variant (a correctness-only run launches it once)
+if [ -n "${NCU_VARIANTS:-}" ]; then
+  mkdir -p "$OUT/ncu"
+  : > "$OUT/ncu_summary.txt"
+  for v in $NCU_VARIANTS; do
+    case "$v" in cutlass*) k="regex:device_kernel" ;; cublas*) k="regex:.*" ;; *) k="regex:gemm_kernel_entry" ;; esac
+    timeout 200 ncu --clock-control none --set full --import-source no -k "$k" --launch-count 1 -f -o "$OUT/ncu/$v" \
+      "$bin" --check-only --shape "${NCU_SHAPE:-8192,1024,1024}" --only "$v" > "$OUT/ncu/$v.run.log" 2>&1
+    status[ncu_$v]=$?
+    ncu -i "$OUT/ncu/$v.ncu-rep" --page details > "$OUT/ncu/$v.details.txt" 2>&1
+    ncu -i "$OUT/ncu/$v.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/$v.sass.csv" 2>&1
+    {
+      echo "==== $v"
+      grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L1/TEX Hit|L2 Hit|L1/TEX Cache Throughput|L2 Cache Throughput|Executed Ipc A|Shared Memory Configuration Size|Dynamic Shared" "$OUT/ncu/$v.details.txt" | head -24
+      python3 bench/ncu_stalls.py "$OUT/ncu/$v.sass.csv" 25 2>&1 | head -40
+    } >> "$OUT/ncu_summary.txt"
+    rm -f "$OUT/ncu/$v.ncu-rep"
+  done
+  tar -czf "$OUT/ncu.tgz" -C "$OUT" ncu && rm -rf "$OUT/ncu"
+fi
+# the user's view: comfuse bench on the residual examples, kernels compiled ahead of time here
+if [ -n "${CLI_AOT:-}" ]; then
+  export COMFUSE_CACHE_DIR="$OUT/cache" COMFUSE_KERNEL_DIR="$root/kernels"
+  : > "$OUT/cli.log"
+  for d in "$CLI_AOT"/*/; do
+    name="$(basename "$d")"
+    for i in 1 2 3; do   # three invocations, as the targets are held to their median
+      echo "==== comfuse bench examples/$name.cf (invocation $i)" >> "$OUT/cli.log"
+      build/bin/comfuse bench "examples/$name.cf" --aot "$d" >> "$OUT/cli.log" 2>&1
+      status[cli_${name}_$i]=$?
+    done
+  done
+  rm -rf "$OUT/cache"
+  grep -E "^====|÷" "$OUT/cli.log"
+fi
 grep -E "WRONG|cannot" "$OUT/check_odd.log" | head
 cat "$OUT/epilogue_path.log"
-source scripts/gpu-lib.sh
 gpu_status_table

@@ -19,6 +19,11 @@ n_ours=$(grep -c '^Variant ours_kernel_' "$here/variants.h")
 } | xargs -P "$jobs" -L 1 bash -c '
   kind=$0; i=$1; out='"'$out'"'
   if [ "$kind" = ref ]; then src='"'$here'"'/ref_gemm.cu; def=-DREF_CFG=$i; else src='"'$here'"'/ours.cu; def=-DOURS_CFG=$i; fi
+  obj="$out/${kind}_$i.o"   # up to date: newer than its source and what it includes (ours: the kernel headers)
+  if [ "$kind" = ref ]; then deps="'"$here"'/ref_gemm.cuh"; else deps="'"$here"'/variants.h '"$root"'/kernels"; fi
+  if [ -f "$obj" ] && [ -z "$(find "$src" $deps -newer "$obj" -type f | head -1)" ]; then
+    echo "up to date ${kind}_$i"; exit 0
+  fi
   if nvcc '"${flags[*]}"' $def -Xptxas -v -c "$src" -o "$out/${kind}_$i.o" > "$out/${kind}_$i.log" 2>&1; then
     echo "built ${kind}_$i: $(grep -o "Used [0-9]* registers" "$out/${kind}_$i.log" | tail -1), $(grep -o "[0-9]* bytes spill stores" "$out/${kind}_$i.log" | sort -n | tail -1)"
   else echo "FAILED ${kind}_$i (see $out/${kind}_$i.log)"; grep -m3 error "$out/${kind}_$i.log"; exit 255; fi'

@@ -16,13 +16,21 @@
 //   13  h = X·W + R, y = h ⊙ γ      Store x2, ring        c1x2
 //   14  h = X·W + R                 Store, TileLoad       c1x2
 //   15  h = X·W + R                 StoreAsync, TileLoad  c1x2
+//   16  h = X·W + R                 Store, TileLoad       c1x2, tiles row-block-major (no grouped order)
+//   17  h = X·W + R                 Store, TileLoad       c1x2, the two groups' epilogues unordered
+//   18  h = X·W + R                 Store, TileLoad       c1x1, tiles row-block-major
+//   19  h = X·W                     Store                 c1x2, tiles row-block-major
+//   20  h = X·W + R                 StoreRing (written into R's ring buffer, copied out by the TMA unit)  c1x1
+//   21  h = X·W + R                 StoreRing             c1x2
+//   22  h = X·W + b + R             StoreRing             c1x2
+//   23  h = X·W + R, y = h ⊙ γ      StoreRing (h), Store (y)  c1x2
 #include "variants.h"
 
 #include "comfuse/gemm.cuh"
 #include "comfuse/epilogue/all.cuh"
 
 #ifndef OURS_CFG
-#error "compile with -DOURS_CFG=<0..15>"
+#error "compile with -DOURS_CFG=<0..23>"
 #endif
 
 namespace comfuse::bench {
@@ -35,12 +43,20 @@ using Ring = TileLoadRing<bf16, 0>;
 using Reg = TileLoad<bf16>;
 template <class C> using S = Store<bf16, C>;
 template <class C, int Box = 64> using SA = StoreAsync<bf16, C, Box>;
+template <class C> using SR = StoreRing<bf16, C>;
 template <class R> using Res = Compute<Add, AccEntry, R>;
 template <class R> using BiasRes = Compute<Add, Compute<Add, AccEntry, RowBroadcast<bf16>>, R>;
 
 template <int I> struct V;
+// raster: Arguments::raster_group (0: the kernel's choice, 1: row-block-major); order: Arguments::order_epilogues
+// (-1: the kernel's default, 0: unordered, 1: ordered)
+template <int I> struct Knobs { static constexpr int raster = 0, order = -1; };
+template <> struct Knobs<16> { static constexpr int raster = 1, order = -1; };
+template <> struct Knobs<17> { static constexpr int raster = 0, order = 0; };
+template <> struct Knobs<18> { static constexpr int raster = 1, order = -1; };
+template <> struct Knobs<19> { static constexpr int raster = 1, order = -1; };
 #define OURS_V(I, CM, CN, SCHED, TN, NAME, RES, BIAS, OUTS, ...) \
-  template <> struct V<I> { using Tree = __VA_ARGS__; static constexpr int cm = CM, cn = CN, tn = TN; \
+  template <> struct V<I> : Knobs<I> { using Tree = __VA_ARGS__; static constexpr int cm = CM, cn = CN, tn = TN; \
     static constexpr Schedule sched = SCHED; static constexpr char const* name = NAME; \
     static constexpr bool res = RES, bias = BIAS; static constexpr int outs = OUTS; };
 constexpr Schedule PP = Schedule::PingPong, CO = Schedule::Cooperative;
@@ -60,6 +76,14 @@ OURS_V(12, 1, 2, PP, 128, "ours_res2out_ring_async_c1x2", true, false, 2, SA<Com
 OURS_V(13, 1, 2, PP, 128, "ours_res2out_ring_store_c1x2", true, false, 2, S<Compute<Mul, S<Res<Ring>>, RowBroadcast<bf16>>>)
 OURS_V(14, 1, 2, PP, 128, "ours_res_reg_store_c1x2", true, false, 1, S<Res<Reg>>)
 OURS_V(15, 1, 2, PP, 128, "ours_res_reg_async_c1x2", true, false, 1, SA<Res<Reg>>)
+OURS_V(16, 1, 2, PP, 128, "ours_res_reg_store_c1x2_rowmajor", true, false, 1, S<Res<Reg>>)
+OURS_V(17, 1, 2, PP, 128, "ours_res_reg_store_c1x2_unordered", true, false, 1, S<Res<Reg>>)
+OURS_V(18, 1, 1, PP, 128, "ours_res_reg_store_c1x1_rowmajor", true, false, 1, S<Res<Reg>>)
+OURS_V(19, 1, 2, PP, 128, "ours_plain_store_c1x2_rowmajor", false, false, 1, S<AccEntry>)
+OURS_V(20, 1, 1, PP, 128, "ours_res_ring_sring_c1x1", true, false, 1, SR<Res<Ring>>)
+OURS_V(21, 1, 2, PP, 128, "ours_res_ring_sring_c1x2", true, false, 1, SR<Res<Ring>>)
+OURS_V(22, 1, 2, PP, 128, "ours_biasres_ring_sring_c1x2", true, true, 1, SR<BiasRes<Ring>>)
+OURS_V(23, 1, 2, PP, 128, "ours_res2out_ring_sring_c1x2", true, false, 2, S<Compute<Mul, SR<Res<Ring>>, RowBroadcast<bf16>>>)
 #undef OURS_V
 
 using Var = V<OURS_CFG>;
@@ -87,6 +111,16 @@ template <class C> struct ArgsOf<S<C>> {   // the inner store of two writes D1 (
 template <class C, int Box> struct ArgsOf<SA<C, Box>> {
   static typename SA<C, Box>::Arguments make(Problem const& p, bool inner = false) {
     return {static_cast<bf16*>(inner ? p.D1 : p.D0), p.N, ArgsOf<C>::make(p)};
+  }
+};
+template <class C> struct ArgsOf<SR<C>> {
+  static typename SR<C>::Arguments make(Problem const& p, bool inner = false) {
+    return {static_cast<bf16*>(inner ? p.D1 : p.D0), p.N, ArgsOf<C>::make(p)};
+  }
+};
+template <class C> struct ArgsOf<Compute<Mul, SR<C>, RowBroadcast<bf16>>> {
+  static typename Compute<Mul, SR<C>, RowBroadcast<bf16>>::Arguments make(Problem const& p) {
+    return {ArgsOf<SR<C>>::make(p, true), ArgsOf<RowBroadcast<bf16>>::make(p, true)};
   }
 };
 // Two outputs: y = h ⊙ γ over the stored h (the inner store)
@@ -121,6 +155,8 @@ cudaError_t run(Problem const& p, cudaStream_t s) {
   a.lda = p.K;
   a.ldb = p.N;
   a.epi = ArgsOf<typename Var::Tree>::make(p);
+  a.raster_group = Var::raster;
+  if (Var::order >= 0) a.order_epilogues = Var::order == 1;
   if (G::can_implement(a) != nullptr) return cudaErrorInvalidValue;
   Slot& c = slots[next_slot];
   next_slot = (next_slot + 1) % 4;

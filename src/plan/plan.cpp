@@ -73,8 +73,10 @@ std::string config_name(const KernelConfig& c) {
 
 namespace {
 
-// The measured epilogue closest to this Spec: by its number of reductions, else by what its one stage reads.
-std::string measured_class(const FusionSpec& fs) {
+// The measured epilogue closest to this Spec: by its number of reductions, else by what its one stage reads. A
+// one-stage epilogue that reads an [M, N] input and stores one tile is a 'residual' (h = X·W (+ b) + R, measured by
+// bench/epilogue_path) where the table has such rows, else priced as the two-output 'bias_res_2out'.
+std::string measured_class(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
   auto st = fs.stages();
   // a reduction that only leaves the kernel exchanges nothing: priced as the elementwise kernels it runs like
   int reductions = psi_row_output(fs) ? 0 : static_cast<int>(st.size()) - 1;
@@ -86,6 +88,10 @@ std::string measured_class(const FusionSpec& fs) {
   for (const auto& p : fs.params) tile = tile || p.kind == BroadcastKind::Tile;
   for (const auto& n : fs.root.nodes) compute = compute || n.kind == SpecKind::Compute || n.kind == SpecKind::Broadcast;
   // (two GEMMs on one A store one output each: together one tile of the MMA's columns, as one GEMM's output)
+  const bool one_output = fs.outputs.size() == 1 && !fs.outputs[0].per_row && !fs.gemm.paired();
+  if (tile && one_output &&
+      std::any_of(table.begin(), table.end(), [](const MeasuredRow& r) { return r.epilogue == "residual"; }))
+    return "residual";
   if (tile || fs.outputs.size() > (fs.gemm.paired() ? 2u : 1u)) return "bias_res_2out";
   return compute ? "bias_gelu" : "identity";
 }
@@ -298,6 +304,7 @@ EpilogueCost measured_class_cost(const std::string& cls) {
       {"identity", "output h\n"},
       {"bias_gelu", "y = gelu(add(h, b), approximate=\"tanh\")\noutput y\n"},
       {"bias_res_2out", "s = add(add(h, b), R)\ny = mul(s, g)\noutput s, y\n"},
+      {"residual", "s = add(h, R)\noutput s\n"},   // (bench/epilogue_path, not bench_gemm)
       {"postnorm", "y = layer_norm(add(add(h, b), R), g, be)\noutput y\n"},
       {"rmsnorm", "y = rms_norm(add(add(h, b), R), g)\noutput y\n"},
       {"softmax", "y = softmax(add(h, b))\noutput y\n"},
@@ -347,7 +354,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   };
   // The unfused alternative: the GEMM, plus one memory-bound pass that reads the GEMM output and the tile params
   // and writes the outputs (a plain GEMM region, or one with a bias alone, has no pass: cuBLAS alone).
-  const std::string cls = measured_class(fs);
+  const std::string cls = measured_class(fs, table);
   const bool bias = bias_only(fs);
   d.cublas_alone = cls == "identity" || bias;
   // Two GEMMs on one A (GemmDesc::paired): the MMA tile spans both, so the kernel is a GEMM of N' = 2N, and the

@@ -586,11 +586,13 @@ TEST(Codegen, SquaresFoldAndLoadedValuesAreComputedOnce) {
 // value loaded once for two readers (Shared<>, whose second instance visits nothing), keep Store; past two such
 // nodes the unit stores directly.
 TEST(Codegen, AsyncStoresWhereTheConfigAndTheOutputsAllowThem) {
+  KernelConfig ring_as;
+  ASSERT_TRUE(parse_config("128x128x64_c1x2_rr_as", ring_as));
+  EXPECT_TRUE(ring_as.async_stores);
+  EXPECT_EQ(ring_as.tile_input, TileInputForm::Ring);
+  EXPECT_EQ(config_name(ring_as), "128x128x64_c1x2_rr_as");
   KernelConfig as;
-  ASSERT_TRUE(parse_config("128x128x64_c1x2_rr_as", as));
-  EXPECT_TRUE(as.async_stores);
-  EXPECT_EQ(as.tile_input, TileInputForm::Ring);
-  EXPECT_EQ(config_name(as), "128x128x64_c1x2_rr_as");
+  ASSERT_TRUE(parse_config("128x128x64_c1x2_as", as));
   KernelConfig plain;
   ASSERT_TRUE(parse_config("128x128x64_c1x2", plain));
   EXPECT_FALSE(plain.async_stores);
@@ -624,7 +626,7 @@ TEST(Codegen, AsyncStoresWhereTheConfigAndTheOutputsAllowThem) {
   t = expanded_epilogue(generate_kernel(one, as96).source);
   EXPECT_NE(t.find(", 32>"), std::string::npos) << t;
 
-  // two outputs (h stored, h * g stored), the ring form: two StoreAsync, nested
+  // two outputs (h stored, h * g stored), Psi's own tile-input form: two StoreAsync, nested
   t = expanded_epilogue(generate_kernel(spec("y = mul(h, g)\noutput h, y\n"), as).source);
   EXPECT_EQ(count(t, "StoreAsync<"), 2) << t;
   // the same in the registers form: h is loaded once for its two readers (Shared) only where no StoreAsync is
@@ -644,4 +646,34 @@ TEST(Codegen, AsyncStoresWhereTheConfigAndTheOutputsAllowThem) {
   src = generate_kernel(spec("y = mul(h, g)\nz = add(h, g)\noutput h, y, z\n"), as).source;
   EXPECT_EQ(count(expanded_epilogue(src), "StoreAsync<"), 0) << src;
   EXPECT_NE(src.find("// outputs: stored directly"), std::string::npos) << src;
+}
+
+// The ring form's one-stage tree: the first output whose value reads the ring input leaves through the input's ring
+// buffer (StoreRing); trees with stages keep Store (the ring is released at the end of the stage that reads it).
+TEST(Codegen, TheRingFormStoresOneOutputThroughTheRing) {
+  const std::string head =
+      "input X : bf16[64, 2048]\ninput W : bf16[2048, 256]\ninput R : bf16[64, 256]\ninput g : bf16[256]\n"
+      "h = add(matmul(X, W), R)\n";
+  auto spec = [&](const std::string& body) { return partition(parse_cf(head + body, "r.cf")).regions.at(0).spec; };
+  auto count = [](const std::string& s, const std::string& w) {
+    int c = 0;
+    for (size_t at = s.find(w); at != std::string::npos; at = s.find(w, at + 1)) ++c;
+    return c;
+  };
+  KernelConfig ring;
+  ring.tile_input = TileInputForm::Ring;
+  std::string t = expanded_epilogue(generate_kernel(spec("output h\n"), ring).source);
+  EXPECT_EQ(t.rfind("StoreRing<bf16, Compute<ops::Add, AccEntry, TileLoadRing<bf16, 0>>>", 0), 0u) << t;
+  // (two outputs that both read h: Psi renders h's subtree twice, which the ring's one read per input refuses)
+  EXPECT_FALSE(psi_can_read_tiles(spec("y = mul(h, g)\noutput h, y\n"), KernelConfig{}, TileInputForm::Ring));
+  // with stages (HF's RMSNorm, read through the ring at K = 2048): Store
+  const FusionSpec hf =
+      partition(parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/tests/data/hf_rmsnorm_ring.cf")).regions.at(0).spec;
+  t = expanded_epilogue(generate_kernel(hf).source);
+  EXPECT_EQ(count(t, "TileLoadRing<"), 1) << t;
+  EXPECT_EQ(count(t, "StoreRing<"), 0) << t;
+  // other forms: Store
+  KernelConfig regs;
+  regs.tile_input = TileInputForm::Registers;
+  EXPECT_EQ(count(expanded_epilogue(generate_kernel(spec("output h\n"), regs).source), "StoreRing<"), 0);
 }
