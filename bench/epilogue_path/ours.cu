@@ -20,17 +20,14 @@
 //   17  h = X·W + R                 Store, TileLoad       c1x2, the two groups' epilogues unordered
 //   18  h = X·W + R                 Store, TileLoad       c1x1, tiles row-block-major
 //   19  h = X·W                     Store                 c1x2, tiles row-block-major
-//   20  h = X·W + R                 StoreRing (written into R's ring buffer, copied out by the TMA unit)  c1x1
-//   21  h = X·W + R                 StoreRing             c1x2
-//   22  h = X·W + b + R             StoreRing             c1x2
-//   23  h = X·W + R, y = h ⊙ γ      StoreRing (h), Store (y)  c1x2
+
 #include "variants.h"
 
 #include "comfuse/gemm.cuh"
 #include "comfuse/epilogue/all.cuh"
 
 #ifndef OURS_CFG
-#error "compile with -DOURS_CFG=<0..23>"
+#error "compile with -DOURS_CFG=<0..19>"
 #endif
 
 namespace comfuse::bench {
@@ -43,7 +40,6 @@ using Ring = TileLoadRing<bf16, 0>;
 using Reg = TileLoad<bf16>;
 template <class C> using S = Store<bf16, C>;
 template <class C, int Box = 64> using SA = StoreAsync<bf16, C, Box>;
-template <class C> using SR = StoreRing<bf16, C>;
 template <class R> using Res = Compute<Add, AccEntry, R>;
 template <class R> using BiasRes = Compute<Add, Compute<Add, AccEntry, RowBroadcast<bf16>>, R>;
 
@@ -80,10 +76,6 @@ OURS_V(16, 1, 2, PP, 128, "ours_res_reg_store_c1x2_rowmajor", true, false, 1, S<
 OURS_V(17, 1, 2, PP, 128, "ours_res_reg_store_c1x2_unordered", true, false, 1, S<Res<Reg>>)
 OURS_V(18, 1, 1, PP, 128, "ours_res_reg_store_c1x1_rowmajor", true, false, 1, S<Res<Reg>>)
 OURS_V(19, 1, 2, PP, 128, "ours_plain_store_c1x2_rowmajor", false, false, 1, S<AccEntry>)
-OURS_V(20, 1, 1, PP, 128, "ours_res_ring_sring_c1x1", true, false, 1, SR<Res<Ring>>)
-OURS_V(21, 1, 2, PP, 128, "ours_res_ring_sring_c1x2", true, false, 1, SR<Res<Ring>>)
-OURS_V(22, 1, 2, PP, 128, "ours_biasres_ring_sring_c1x2", true, true, 1, SR<BiasRes<Ring>>)
-OURS_V(23, 1, 2, PP, 128, "ours_res2out_ring_sring_c1x2", true, false, 2, S<Compute<Mul, SR<Res<Ring>>, RowBroadcast<bf16>>>)
 #undef OURS_V
 
 using Var = V<OURS_CFG>;
@@ -111,16 +103,6 @@ template <class C> struct ArgsOf<S<C>> {   // the inner store of two writes D1 (
 template <class C, int Box> struct ArgsOf<SA<C, Box>> {
   static typename SA<C, Box>::Arguments make(Problem const& p, bool inner = false) {
     return {static_cast<bf16*>(inner ? p.D1 : p.D0), p.N, ArgsOf<C>::make(p)};
-  }
-};
-template <class C> struct ArgsOf<SR<C>> {
-  static typename SR<C>::Arguments make(Problem const& p, bool inner = false) {
-    return {static_cast<bf16*>(inner ? p.D1 : p.D0), p.N, ArgsOf<C>::make(p)};
-  }
-};
-template <class C> struct ArgsOf<Compute<Mul, SR<C>, RowBroadcast<bf16>>> {
-  static typename Compute<Mul, SR<C>, RowBroadcast<bf16>>::Arguments make(Problem const& p) {
-    return {ArgsOf<SR<C>>::make(p, true), ArgsOf<RowBroadcast<bf16>>::make(p, true)};
   }
 };
 // Two outputs: y = h ⊙ γ over the stored h (the inner store)

@@ -666,14 +666,6 @@ class Psi {
         if (so.split())
           return {std::string("Store<") + t + ", " + a + ", PartMajor<" + std::to_string(so.part_cols) + ">>", args,
                   a + "; out[" + o + "][t, row, c] = " + t + "(" + a + "), col = (t, c)"};
-        // the ring form's one-stage tree: the first output whose value reads the ring input goes out through the
-        // input's own ring buffer (StoreRing: its R values there are read by then), by bulk copies
-        if (form_ == TileInputForm::Ring && st_.size() == 1 && row_output_ < 0 && !ring_store_ && so.dtype != DType::F32 &&
-            loads_tile(k, st_[k]->nodes.at(n.args.at(0)))) {
-          ring_store_ = true;
-          return {std::string("StoreRing<") + t + ", " + a + ">", args,
-                  a + "; out[" + o + "][row, col] = " + t + "(" + a + "), through the ring buffer R came in"};
-        }
         if (async_box_ > 0 && so.dtype != DType::F32)   // through SMEM by bulk copies, box by box
           return {std::string("StoreAsync<") + t + ", " + a + ", " + std::to_string(async_box_) + ">", args,
                   a + "; out[" + o + "][row, col] = " + t + "(" + a + "), by the copy engine"};
@@ -717,7 +709,6 @@ class Psi {
   bool parts_;           // StageStream<.., InParts>: the stages visited in 64-row parts (renders_parts)
   int row_output_;       // row_output_of(fs_): the per-row output of a ReduceToRow (st_ holds stage 0 only), or -1
   int async_box_;        // async_store_box: StoreAsync's box width, or 0 (Store)
-  bool ring_store_ = false;   // an output already leaves through the ring (StoreRing): one per tree
   std::map<std::string, std::string> alias_types_;   // every alias the unit defines -> its type
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
   std::vector<std::string> tree_types_, tree_args_;      // per stage: its tree's type and Arguments expression

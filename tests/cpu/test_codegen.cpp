@@ -648,32 +648,3 @@ TEST(Codegen, AsyncStoresWhereTheConfigAndTheOutputsAllowThem) {
   EXPECT_NE(src.find("// outputs: stored directly"), std::string::npos) << src;
 }
 
-// The ring form's one-stage tree: the first output whose value reads the ring input leaves through the input's ring
-// buffer (StoreRing); trees with stages keep Store (the ring is released at the end of the stage that reads it).
-TEST(Codegen, TheRingFormStoresOneOutputThroughTheRing) {
-  const std::string head =
-      "input X : bf16[64, 2048]\ninput W : bf16[2048, 256]\ninput R : bf16[64, 256]\ninput g : bf16[256]\n"
-      "h = add(matmul(X, W), R)\n";
-  auto spec = [&](const std::string& body) { return partition(parse_cf(head + body, "r.cf")).regions.at(0).spec; };
-  auto count = [](const std::string& s, const std::string& w) {
-    int c = 0;
-    for (size_t at = s.find(w); at != std::string::npos; at = s.find(w, at + 1)) ++c;
-    return c;
-  };
-  KernelConfig ring;
-  ring.tile_input = TileInputForm::Ring;
-  std::string t = expanded_epilogue(generate_kernel(spec("output h\n"), ring).source);
-  EXPECT_EQ(t.rfind("StoreRing<bf16, Compute<ops::Add, AccEntry, TileLoadRing<bf16, 0>>>", 0), 0u) << t;
-  // (two outputs that both read h: Psi renders h's subtree twice, which the ring's one read per input refuses)
-  EXPECT_FALSE(psi_can_read_tiles(spec("y = mul(h, g)\noutput h, y\n"), KernelConfig{}, TileInputForm::Ring));
-  // with stages (HF's RMSNorm, read through the ring at K = 2048): Store
-  const FusionSpec hf =
-      partition(parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/tests/data/hf_rmsnorm_ring.cf")).regions.at(0).spec;
-  t = expanded_epilogue(generate_kernel(hf).source);
-  EXPECT_EQ(count(t, "TileLoadRing<"), 1) << t;
-  EXPECT_EQ(count(t, "StoreRing<"), 0) << t;
-  // other forms: Store
-  KernelConfig regs;
-  regs.tile_input = TileInputForm::Registers;
-  EXPECT_EQ(count(expanded_epilogue(generate_kernel(spec("output h\n"), regs).source), "StoreRing<"), 0);
-}

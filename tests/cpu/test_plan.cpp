@@ -27,7 +27,34 @@ TEST(Plan, MeasuredTableIsCompiledIn) {
   EXPECT_GT(t.size(), 100u);
   int cublas = 0;
   for (const auto& r : t) cublas += r.config == "cublas";
-  EXPECT_EQ(cublas, 8);  // one baseline per bench shape: WORKLOADS.md §1 and the three BERT-base ones
+  // one baseline per bench shape: WORKLOADS.md §1 and the three BERT-base ones, and bench/epilogue_path's 8192 x 1024 x 1024
+  EXPECT_EQ(cublas, 9);
+}
+
+// A one-output epilogue that reads an [M, N] input (h = X·W + R) is priced from the 'residual' rows where the table has
+// them (bench/epilogue_path), in the form they measured fastest; a table without them prices it as bias_res_2out.
+TEST(Plan, AResidualEpiloguePlansFromTheResidualRows) {
+  const std::string rows =
+      "M,K,N,variant,config,epilogue,us\n"
+      "16384,1024,1024,cublas,x,identity,50.0\n"
+      "16384,1024,1024,a,128x128x64_c1x2_rr,bias_res_2out,64.0\n"
+      "16384,1024,1024,b,128x128x64_c1x1,bias_res_2out,68.0\n";
+  const FusionSpec res = spec_of(gemm(16384, 1024, 1024, "input R : bf16[16384, 1024]\ny = add(h, R)\noutput y\n"));
+  PlanDecision old = plan_region(res, parse_measured_table(rows));
+  EXPECT_EQ(config_name(old.config), "128x128x64_c1x2_rr") << old.reason;
+  EXPECT_NE(old.reason.find("'bias_res_2out'"), std::string::npos) << old.reason;
+  const auto table = parse_measured_table(rows +
+                                          "16384,1024,1024,c,128x128x64_c1x2,residual,57.0\n"
+                                          "16384,1024,1024,d,128x128x64_c1x2_rr,residual,66.0\n");
+  PlanDecision d = plan_region(res, table);
+  EXPECT_TRUE(d.fuse) << d.reason;
+  EXPECT_EQ(config_name(d.config), "128x128x64_c1x2") << d.reason;   // registers form: unset suffix, set form
+  EXPECT_EQ(d.config.tile_input, TileInputForm::Registers);
+  EXPECT_NE(d.reason.find("'residual'"), std::string::npos) << d.reason;
+  // two outputs stay bias_res_2out
+  PlanDecision two = plan_region(
+      spec_of(gemm(16384, 1024, 1024, "input R : bf16[16384, 1024]\ny = add(h, R)\nz = mul(y, 2.0)\noutput y, z\n")), table);
+  EXPECT_NE(two.reason.find("'bias_res_2out'"), std::string::npos) << two.reason;
 }
 
 TEST(Plan, BenchVariantsThatPsiCannotEmitAreNotConfigs) {

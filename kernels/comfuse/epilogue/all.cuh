@@ -13,4 +13,3 @@
 #include "comfuse/epilogue/rotate.cuh"
 #include "comfuse/epilogue/store.cuh"
 #include "comfuse/epilogue/store_async.cuh"
-#include "comfuse/epilogue/store_ring.cuh"

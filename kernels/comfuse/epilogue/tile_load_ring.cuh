@@ -187,8 +187,8 @@ struct TileLoadRing {
       c.ring_args->ld[Slot] = a.ld;
     }
     // Before the tile's mainloop, as TileLoad does: each thread asks L2 for one row of the tile, so the loader's bulk
-    // copies hit L2. Without it a tile's second half, copied only once the previous tile's epilogue has read its
-    // buffer, came from HBM while the epilogue waited on `full` (ncu, 8192 x 1024 x 1024: 31% of the warp samples).
+    // copies hit L2. (Measured 2026-12-04: no change in time. The consumers' wait on the first part's `full` - 27-31%
+    // of the warp samples at 8192 x 1024 x 1024, ncu - is not the copies' HBM latency; docs/kernel-gemm.md.)
     if (c.thread < c.tile_m && c.m0 + c.thread < c.M && c.n0 < c.N) {
       const int cols = c.N - c.n0 < c.tile_n ? c.N - c.n0 : c.tile_n;
       prefetch_l2(a.ptr + int64_t(c.m0 + c.thread) * a.ld + c.n0, uint32_t(cols * int(sizeof(T))));
