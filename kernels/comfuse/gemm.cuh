@@ -437,7 +437,7 @@ struct GemmKernel {
       if constexpr (kDeferred) {
         if (pending >= 0) finish(pending, partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})), nullptr);
       }
-      epi::drain_async_stores();   // StoreAsync: the boxes' copies have read SMEM before the CTA exits
+      if constexpr (epi::kHasAsyncStores<Tree>) epi::drain_async_stores();   // the boxes are read before the CTA exits
       end_epilogues(p, l2_exchanges, group, wg_thread);
     }
 #else
@@ -537,7 +537,7 @@ struct GemmKernel {
         COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
         mbar::arrive(empty);   // this thread's reads and writes of the tile are done
       }
-      epi::drain_async_stores();
+      if constexpr (epi::kHasAsyncStores<Tree>) epi::drain_async_stores();
       end_epilogues(p, l2_exchanges, group, wg_thread);
     }
   }

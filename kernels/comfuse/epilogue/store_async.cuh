@@ -15,8 +15,13 @@
 // Each warp cycles through kBuffers boxes; before writing a box it waits until the copies of the box that used its
 // buffer last have read it (cp.async.bulk.wait_group.read, counted per thread: with several StoreAsync nodes storing
 // in one stage, every box period commits one group per node, so the wait allows FragCtx::async_stores groups per
-// period, the driver's count of them; Shared<> may hold none, since only its first instance is visited). Rows are padded by 16 bytes: the 8 rows one 4-byte shared store touches fall in distinct banks.
-// The kernel drains each thread's copies before it exits (drain_async_stores, called by gemm.cuh).
+// period, the driver's count of them; Shared<> may hold none, since only its first instance is visited). Rows are
+// padded by 16 bytes: the 8 rows one 4-byte shared store touches fall in distinct banks. The kernel drains each
+// thread's copies before it exits (drain_async_stores, called by gemm.cuh for trees that hold a StoreAsync).
+//
+// Measured (docs/kernel-gemm.md, "The epilogue's data path"): the boxes (36 KB per CTA) leave a 128x128x64 mainloop
+// 5 stages instead of 7, which costs more than the direct stores do; the planner picks a config with "_as" only
+// where its measured rows are the fastest.
 //
 // Limits: RowMajor outputs of 16-bit elements, tile N a multiple of BoxCols (Psi checks); one-pass epilogues (the
 // split-phase finish visits fragments in another order). The output must be 16-byte aligned, pointer and row
@@ -27,8 +32,13 @@
 namespace comfuse::epi {
 
 // The end of a consumer thread's work: its outstanding bulk stores have read their shared memory (and are in
-// flight to global memory, which the kernel's completion makes visible). No effect for a thread that issued none.
+// flight to global memory, which the kernel's completion makes visible).
 CUTE_DEVICE void drain_async_stores() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// A tree that holds a StoreAsync in any of its stages (the kernel drains only those: other kernels' SASS is unchanged).
+template <class Tree>
+constexpr bool kHasAsyncStores = AsyncStoresAt<Tree, 0>::value + AsyncStoresAt<Tree, 1>::value +
+                                     AsyncStoresAt<Tree, 2>::value + AsyncStoresAt<Tree, 3>::value +
+                                     AsyncStoresAt<Tree, 4>::value > 0;
 
 namespace store_async_detail {
 template <int N> CUTE_DEVICE void wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
