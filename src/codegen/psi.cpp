@@ -827,13 +827,14 @@ std::unique_ptr<Psi> smem_tile_psi(const FusionSpec& fs, const KernelConfig& cfg
   return psi;
 }
 
-// cfg.tile_input where it is set (a CodegenError where that form cannot serve this Spec); else, by the measured
-// rule, staged where it fits, else the ring where it fits, else TileLoad: the unit, and its form.
 std::unique_ptr<Psi> tile_input_psi_with_stores(const FusionSpec& fs, const KernelConfig& cfg);
 
-// StoreAsync's boxes take 36 KB of SMEM per node and CTA (two consumer groups, 4 warps, 2 boxes of 16 x 64 bf16 rows
-// padded): past two nodes the mainloop would lose too many stages, so a tree with more stores them directly.
+// StoreAsync's boxes take 36 KB of SMEM per node and CTA (two consumer groups, 4 warps, 2 boxes of 16 padded rows of
+// 64 bf16): past two nodes the mainloop would lose too many stages.
 constexpr int kMaxAsyncStores = 2;
+
+// The unit for cfg (tile_input_psi_with_stores below), its outputs stored directly where cfg asks for the copy
+// engine's stores and the tree would hold more than kMaxAsyncStores of them.
 
 std::unique_ptr<Psi> tile_input_psi(const FusionSpec& fs, const KernelConfig& cfg) {
   std::unique_ptr<Psi> psi = tile_input_psi_with_stores(fs, cfg);
@@ -845,6 +846,8 @@ std::unique_ptr<Psi> tile_input_psi(const FusionSpec& fs, const KernelConfig& cf
   return psi;
 }
 
+// cfg.tile_input where it is set (a CodegenError where that form cannot serve this Spec); else, by the measured
+// rule, staged where it fits, else the ring where it fits, else TileLoad: the unit, and its form.
 std::unique_ptr<Psi> tile_input_psi_with_stores(const FusionSpec& fs, const KernelConfig& cfg) {
   if (cfg.tile_input) {
     const TileInputForm form = *cfg.tile_input;
