@@ -86,8 +86,18 @@ EpilogueCost epilogue_cost(const FusionSpec& fs);
 // The epilogue of the measured class `cls` (bench/bench_gemm.cu's instances; "" if unknown).
 EpilogueCost measured_class_cost(const std::string& cls);
 
+// What the planner decided, as data: code that acts on a decision reads this, never the reason's prose (which is
+// for people, and may be reworded).
+enum class Verdict : uint8_t {
+  Fuse,          // fused
+  Slower,        // declined because the measured kernel is slower than the alternative (fuse="all" fuses it anyway)
+  CannotServe,   // declined because no kernel can serve it (alignment, a Spec or shape the templates cannot express)
+};
+const char* verdict_name(Verdict v);   // "fuse", "slower", "cannot_serve"
+
 struct PlanDecision {
-  bool fuse = false;
+  bool fuse = false;           // verdict == Verdict::Fuse
+  Verdict verdict = Verdict::CannotServe;
   std::string reason;          // why (fused: what the choice rests on; declined: what prevents it)
   KernelConfig config;        // the prior: the measured best at the nearest shape (= candidates[0])
   // The configs worth timing on this shape (the config search, CompiledGraph::run): the prior first, then up to
@@ -139,7 +149,8 @@ std::string b2b_config_name(const B2BKernelConfig& c);
 
 // The planner's word on a recognised back-to-back chain (partition.h B2BChain).
 struct B2BPlanDecision {
-  bool fuse = false;
+  bool fuse = false;       // verdict == Verdict::Fuse
+  Verdict verdict = Verdict::CannotServe;
   std::string reason;      // fused: the measurement it rests on; declined: what prevents it, or what fusing would give
   B2BKernelConfig config;  // fuse only
 };

@@ -258,7 +258,8 @@ def log_report(rep: GraphReport) -> None:
 
 
 def _declined_for_speed_only(p) -> bool:
-    return not p.fuse and p.reason.startswith("fusion does not pay")
+    from . import _core as C   # (the extension; this module is imported before it is needed)
+    return p.verdict == C.Verdict.Slower
 
 
 # With fuse="planner" on a GPU, a region the planner's estimate declines for speed only, by no more than this

@@ -9,8 +9,14 @@ namespace comfuse::py {
 using namespace nb::literals;
 
 void bind_plan(nb::module_& m) {
+  // What the planner decided, as data (the reason is prose, for people): code that acts on a decision reads this.
+  nb::enum_<Verdict>(m, "Verdict")
+      .value("Fuse", Verdict::Fuse)
+      .value("Slower", Verdict::Slower)
+      .value("CannotServe", Verdict::CannotServe);
   nb::class_<PlanDecision>(m, "PlanDecision")
       .def_ro("fuse", &PlanDecision::fuse)
+      .def_ro("verdict", &PlanDecision::verdict)
       .def_ro("reason", &PlanDecision::reason)
       .def_ro("transport", &PlanDecision::transport)
       .def_ro("fused_us", &PlanDecision::fused_us)
@@ -23,6 +29,7 @@ void bind_plan(nb::module_& m) {
   m.def("plan_region", [](const FusionSpec& fs) { return plan_region(fs); }, "spec"_a);
   nb::class_<B2BPlanDecision>(m, "B2BPlanDecision")
       .def_ro("fuse", &B2BPlanDecision::fuse)
+      .def_ro("verdict", &B2BPlanDecision::verdict)
       .def_ro("reason", &B2BPlanDecision::reason)
       .def_prop_ro("config", [](const B2BPlanDecision& d) { return b2b_config_name(d.config); });
   m.def("plan_b2b", [](const B2BSpec& b) { return plan_b2b(b); }, "spec"_a,

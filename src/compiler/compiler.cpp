@@ -106,7 +106,7 @@ void check_header_dirs(const CompilerOptions& o) {
 bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const std::string& transport,
                        const std::string& merge) {
   r.plan = plan_region(spec);
-  if (!r.plan.fuse && r.plan.reason.rfind("fusion does not pay", 0) != 0) return false;
+  if (r.plan.verdict == Verdict::CannotServe) return false;
   if (std::string why = fit_transport(r.plan, spec, transport); !why.empty()) throw CompileError(why);
   if (!merge.empty()) {   // the user's word over the planner's (CompilerOptions::merge)
     const bool was = r.plan.config.merged;

@@ -59,6 +59,15 @@ bool parse_config(const std::string& s, KernelConfig& c) {
   return rest.empty();
 }
 
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::Fuse: return "fuse";
+    case Verdict::Slower: return "slower";
+    case Verdict::CannotServe: return "cannot_serve";
+  }
+  return "?";
+}
+
 bool operator==(const KernelConfig& a, const KernelConfig& b) {
   return a.tile_m == b.tile_m && a.tile_n == b.tile_n && a.tile_k == b.tile_k && a.cluster_m == b.cluster_m &&
          a.cluster_n == b.cluster_n && a.cooperative == b.cooperative && a.merged == b.merged &&
@@ -498,10 +507,13 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   if (store_us > 0)
     epi += fmt("; its outputs store %.0f bytes per element more than the measured kernel's, ~%.0f us", extra_bytes, store_us);
   epi += occupancy;
-  if (d.fused_us > d.unfused_us)
+  if (d.fused_us > d.unfused_us) {
+    d.verdict = Verdict::Slower;
     return decline("fusion does not pay: " + basis + epi +
                    (bias ? " (a bias alone: cuBLAS adds it in its own epilogue)" : ""));
+  }
   d.fuse = true;
+  d.verdict = Verdict::Fuse;
   d.reason = basis + epi;
   return d;
 }
@@ -584,6 +596,7 @@ B2BPlanDecision plan_b2b(const B2BSpec& b) {
   }
   if (!near || near->ratio >= 1.0 || b.n2() > c.tile_n2) {
     const int64_t tiles = (b.n2() + c.tile_n2 - 1) / c.tile_n2;
+    d.verdict = Verdict::Slower;
     d.reason = "fusion does not pay: " +
                (tiles > 1 ? fmt("N2 %.0f takes ", double(b.n2())) + fmt("%.0f column tiles, each recomputing GEMM1; ", double(tiles))
                           : std::string()) +
@@ -591,6 +604,7 @@ B2BPlanDecision plan_b2b(const B2BSpec& b) {
     return d;
   }
   d.fuse = true;
+  d.verdict = Verdict::Fuse;
   d.reason = "fuse, " + form + " " + b2b_config_name(c) + ": measured " + measured +
              "; the intermediate (" + traffic + ") stays on chip";
   return d;

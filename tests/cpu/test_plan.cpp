@@ -478,3 +478,22 @@ TEST(Plan, AReductionThatOnlyLeavesTheKernelIsPlannedAsElementwise) {
   EXPECT_NE(norm.transport, "none") << norm.reason;
   EXPECT_NE(norm.reason.find("'rmsnorm'"), std::string::npos) << norm.reason;
 }
+
+// The decision as data: every decision carries its verdict, and the reason's prose is only for people.
+TEST(Plan, EveryDecisionCarriesItsVerdict) {
+  const auto table = parse_measured_table(
+      "M,K,N,variant,config,epilogue,us\n"
+      "16384,1024,1024,cublas,x,identity,50.0\n"
+      "16384,1024,1024,a,128x128x64_c1x1,bias_gelu,52.0\n"
+      "16384,1024,1024,b,128x128x64_c1x1,postnorm,500.0\n");
+  PlanDecision gelu = plan_region(spec_of(gemm(16384, 1024, 1024, "y = gelu(add(h, b))\noutput y\n")), table);
+  EXPECT_TRUE(gelu.fuse) << gelu.reason;
+  EXPECT_EQ(gelu.verdict, Verdict::Fuse);
+  PlanDecision ln = plan_region(spec_of(gemm(16384, 1024, 1024, "y = layer_norm(add(h, b), g, beta)\noutput y\n")), table);
+  EXPECT_FALSE(ln.fuse);
+  EXPECT_EQ(ln.verdict, Verdict::Slower) << ln.reason;
+  PlanDecision odd = plan_region(spec_of(gemm(16384, 1024, 1020, "y = gelu(add(h, b))\noutput y\n")), table);
+  EXPECT_FALSE(odd.fuse);
+  EXPECT_EQ(odd.verdict, Verdict::CannotServe) << odd.reason;
+  EXPECT_STREQ(verdict_name(Verdict::Slower), "slower");
+}

@@ -779,13 +779,16 @@ def test_the_planners_near_ties_are_timed_on_the_gpu(monkeypatch, caplog):
 
     m, x, rep, prog, fuse = _captured_bf16(PostNormEncoderLayer)
     assert len(fuse) >= 3
-    fields = ("fuse", "reason", "fused_us", "unfused_us", "pass_us", "cublas_alone", "copy_us")
+    fields = ("fuse", "verdict", "reason", "fused_us", "unfused_us", "pass_us", "cublas_alone", "copy_us")
     real = [NS(**{f: getattr(p, f) for f in fields}) for p in rep.plans]
     near, far, other = sorted(fuse)[:3]
     plans = [NS(**vars(p)) for p in real]
-    for ri, fused, why in ((near, 130.0, "fusion does not pay: ..."), (far, 140.0, "fusion does not pay: ..."),
-                           (other, 110.0, "a row spans 200 tiles: ...")):
-        plans[ri].fuse, plans[ri].reason, plans[ri].fused_us, plans[ri].unfused_us = False, why, fused, 100.0
+    V = comfuse._core.Verdict
+    for ri, fused, verdict, why in ((near, 130.0, V.Slower, "fusion does not pay: ..."),
+                                    (far, 140.0, V.Slower, "fusion does not pay: ..."),
+                                    (other, 110.0, V.CannotServe, "a row spans 200 tiles: ...")):
+        plans[ri].fuse, plans[ri].verdict, plans[ri].reason = False, verdict, why
+        plans[ri].fused_us, plans[ri].unfused_us = fused, 100.0
     monkeypatch.setattr(rep, "plans", plans)
     assert backend.near_ties(rep) == {near}
     planned = fuse - {near, far, other}

@@ -36,7 +36,7 @@ def _regions(rep, rows: int) -> list[dict]:
 
 def _speed_only(p) -> bool:
     """Fused, or declined only because the measured kernel is slower (fuse="all" fuses it)."""
-    return p.fuse or p.reason.startswith("fusion does not pay")
+    return p.verdict != C.Verdict.CannotServe
 
 
 def _gemms_in_torch(rep) -> dict:

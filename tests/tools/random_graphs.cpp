@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
     for (const Region& r : p.regions) {   // (with --unsupported, a region no kernel serves runs plain too)
       if (!why.empty() || unsupported) break;
       PlanDecision d = plan_region(r.spec);
-      if (!d.fuse && d.reason.rfind("fusion does not pay", 0) != 0) why = d.reason.substr(0, d.reason.find(':'));
+      if (d.verdict == Verdict::CannotServe) why = d.reason.substr(0, d.reason.find(':'));
     }
     if (!why.empty()) {
       ++skipped[why];
