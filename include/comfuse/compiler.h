@@ -218,6 +218,10 @@ class Compiler {
   // Ahead of time: compile(g) and copy every region's kernel library into `dir` with a manifest
   // (dir/manifest.txt); load() then runs them with no nvcc, after checking they were built from this graph.
   CompiledGraph save(const Graph& g, const std::string& dir) const;
+  // An ahead-of-time folder checked on any machine, before anything needs a GPU (the CLI's `run --aot`, `bench
+  // --aot`): a readable manifest.txt (a regular file of at most 1 MB) whose every library is there, a regular file and
+  // an ELF object. load() then checks the rest against the graph. Throws CompileError saying what is wrong.
+  static void check_aot_folder(const std::string& dir);
   CompiledGraph load(const Graph& g, const std::string& dir) const;
   const CompilerOptions& options() const { return opts_; }
 

@@ -22,6 +22,7 @@
 
 #include "comfuse/codegen.h"
 #include "comfuse/compiler.h"
+#include "comfuse/files.h"
 #include "comfuse/interp.h"
 #include "comfuse/partition.h"
 #include "comfuse/plan.h"
@@ -500,6 +501,8 @@ int cmd_run(const Args& a) {
   const int64_t rows = run_rows(a, sym);
   const Graph g = rows ? bind_rows(sym, rows) : sym;   // this run's shapes
   const uint64_t seed = seed_of(a);
+  // a broken ahead-of-time folder is reported as such on any machine, before the GPU check
+  if (std::string dir = a.get("aot"); !dir.empty()) Compiler::check_aot_folder(dir);
   // the GPU first: inputs of a large graph take seconds and gigabytes to build
   if (std::string why = rt::unsupported_reason(); !why.empty()) throw rt::UnsupportedDevice(why);
   TensorMap inputs = make_inputs(g, a.get("inputs"), seed);
@@ -676,6 +679,7 @@ int cmd_bench(const Args& a) {
   }
   if (std::string f = a.get("series"); !f.empty() && !std::ofstream(f))   // before any GPU work
     throw UsageError("cannot write --series file " + f);
+  if (std::string dir = a.get("aot"); !dir.empty()) Compiler::check_aot_folder(dir);   // on any machine
   // The GPU first: building a large graph's random inputs takes seconds and gigabytes.
   if (std::string why = rt::unsupported_reason(); !why.empty()) throw rt::UnsupportedDevice(why);
   const int64_t rows = g.symbolic() ? (rows_arg(a) ? rows_arg(a) : kDefaultRows) : run_rows(a, g);
@@ -796,6 +800,9 @@ int main(int argc, char** argv) {
   } catch (const rt::UnsupportedDevice& e) {
     std::cerr << "comfuse " << cmd << ": no usable GPU: " << e.what() << "\n";
     return 3;
+  } catch (const files::FileError& e) {   // a file or folder it could not read or write: the path and the reason
+    std::cerr << "comfuse " << cmd << ": " << e.what() << "\n";
+    return 2;
   } catch (const CompileError& e) {
     std::cerr << "comfuse " << cmd << ": cannot compile: " << e.what() << "\n";
     return 2;

@@ -18,6 +18,7 @@
 #include <stdexcept>
 
 #include "comfuse/codegen.h"
+#include "comfuse/files.h"
 #include "config_search.h"
 #include "locate.h"
 #include "plain_path.h"
@@ -329,9 +330,51 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   return cg;
 }
 
+namespace {
+
+// An AOT folder's manifest.txt (at most 1 MB, a regular file), or a CompileError that says what is wrong with it.
+std::string read_manifest(const std::string& dir) {
+  try {
+    return files::read_regular_file((fs::path(dir) / "manifest.txt").string(), files::kMaxRecordBytes, "a manifest");
+  } catch (const files::FileError& e) {
+    throw CompileError("no manifest.txt in " + dir + " that can be read (made by 'comfuse aot FILE.cf -o DIR'): " +
+                       e.reason());
+  }
+}
+
+// Copies a kernel library into the AOT folder, or a FileError naming the file and the reason.
+void copy_into(const std::string& from, const fs::path& to) {
+  std::error_code ec;
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+  if (ec) throw files::FileError(to.string(), "cannot write: " + ec.message());
+}
+
+}  // namespace
+
+void Compiler::check_aot_folder(const std::string& dir) {
+  std::istringstream in(read_manifest(dir));
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    for (std::string t; ls >> t;) {   // every library the manifest names: there, a regular file, an ELF object
+      if (t.size() < 4 || t.compare(t.size() - 3, 3, ".so") != 0) continue;
+      const std::string path = (fs::path(dir) / t).string();
+      std::string head;
+      try {
+        head = files::read_regular_file(path, files::kMaxArrayBytes, "a kernel library").substr(0, 4);
+      } catch (const files::FileError& e) {
+        throw CompileError(dir + "/manifest.txt names " + t + ": " + e.reason());
+      }
+      if (head != "\x7f" "ELF") throw CompileError(dir + "/manifest.txt names " + t + ": not a shared library (no ELF header)");
+    }
+  }
+}
+
 CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
+  files::check_output_dir(dir);   // first: an unusable folder is reported before a compile of tens of seconds
   CompiledGraph cg = compile(g);
-  fs::create_directories(dir);
+  std::error_code gone;   // an earlier manifest goes first: until the new one is written, the folder loads nothing
+  fs::remove(fs::path(dir) / "manifest.txt", gone);
   std::ostringstream m;
   m << "# ComFuse ahead-of-time kernels (comfuse aot); one line per fused region (its prior config):\n"
     << "# region kernel-name library transport tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [key=JIT-key]\n"
@@ -340,7 +383,7 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
     << "# and one per fused back-to-back chain (its config is the planner's):\n"
     << "# b2b chain kernel-name library\n";
   if (!cg.plain_library_.empty()) {
-    fs::copy_file(cg.plain_library_, fs::path(dir) / "comfuse_plain_path.so", fs::copy_options::overwrite_existing);
+    copy_into(cg.plain_library_, fs::path(dir) / "comfuse_plain_path.so");
     cg.plain_library_ = (fs::path(dir) / "comfuse_plain_path.so").string();
     m << "plain comfuse_plain_path comfuse_plain_path.so\n";
   }
@@ -360,7 +403,7 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
       CompiledCandidate& k = r.candidates[c];
       // the prior keeps the name older manifests gave the region's library; the others add their config
       const std::string file = r.kernel.name + (c == 0 ? "" : "_" + config_name(k.config)) + ".so";
-      fs::copy_file(k.library_path, fs::path(dir) / file, fs::copy_options::overwrite_existing);
+      copy_into(k.library_path, fs::path(dir) / file);
       k.library_path = (fs::path(dir) / file).string();
       if (c == 0) {
         r.library_path = k.library_path;
@@ -372,17 +415,17 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
   }
   for (auto& c : cg.chains_) {
     const std::string file = c.kernel.name + ".so";
-    fs::copy_file(c.library_path, fs::path(dir) / file, fs::copy_options::overwrite_existing);
+    copy_into(c.library_path, fs::path(dir) / file);
     c.library_path = (fs::path(dir) / file).string();
     m << "b2b " << c.chain << " " << c.kernel.name << " " << file << "\n";
   }
-  std::ofstream(fs::path(dir) / "manifest.txt") << m.str();
+  // The manifest last, atomically: a folder whose libraries are half copied has no manifest and never loads.
+  files::write_file_atomically((fs::path(dir) / "manifest.txt").string(), m.str());
   return cg;
 }
 
 CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
-  std::ifstream in(fs::path(dir) / "manifest.txt");
-  if (!in) throw CompileError("no manifest.txt in " + dir + " (made by 'comfuse aot FILE.cf -o DIR')");
+  std::istringstream in(read_manifest(dir));
   CompiledGraph cg;
   cg.graph_ = g;
   if (g.symbolic()) {

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comfuse/files.h"
 #include "comfuse/jit.h"
 #include "comfuse/plan.h"
 
@@ -76,11 +77,12 @@ std::map<int64_t, std::string> parse_choices(const std::string& text) {
 }
 
 std::map<int64_t, std::string> read_choices(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  std::ostringstream s;
-  s << in.rdbuf();
-  return parse_choices(s.str());
+  // A record that is missing, not a regular file (a FIFO would block), or over 1 MB is no record: the search runs.
+  try {
+    return parse_choices(files::read_regular_file(path, files::kMaxRecordBytes, "a choice record"));
+  } catch (const files::FileError&) {
+    return {};
+  }
 }
 
 std::string format_choices(const std::map<int64_t, std::string>& choices, const std::string& comment) {
@@ -91,29 +93,15 @@ std::string format_choices(const std::map<int64_t, std::string>& choices, const 
 }
 
 std::string record_choice(const std::string& path, int64_t bucket, const std::string& config, const std::string& comment) {
-  static std::atomic<unsigned> counter{0};
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
   if (ec) return "cannot create " + fs::path(path).parent_path().string() + ": " + ec.message();
   std::map<int64_t, std::string> all = read_choices(path);   // what others recorded meanwhile
   all[bucket] = config;
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" +
-                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()) % 100000) + "-" +
-                          std::to_string(counter++);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << format_choices(all, comment);
-    out.flush();
-    if (!out) {
-      fs::remove(tmp, ec);
-      return "cannot write " + tmp;
-    }
-  }
-  fs::rename(tmp, path, ec);   // atomic on one file system: readers see the old or the new record
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    return "cannot rename " + tmp + " to " + path + ": " + ec.message();
+  try {   // readers see the old or the new record
+    files::write_file_atomically(path, format_choices(all, comment));
+  } catch (const files::FileError& e) {
+    return e.what();
   }
   return "";
 }

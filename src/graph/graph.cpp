@@ -307,7 +307,7 @@ Value Graph::matmul(Value a, Value b, bool ta, bool tb, const std::string& name)
   int64_t nn = tb ? B.shape[rb - 2] : B.shape[rb - 1];
   if (ka != kb)
     throw GraphError("shape mismatch: matmul(" + desc(A) + ", " + desc(B) + "): contraction dims differ (K=" +
-                     std::to_string(ka) + " vs " + std::to_string(kb) + ")" +
+                     dim_str(ka) + " vs " + dim_str(kb) + ")" +
                      (tb ? "" : "; for an nn.Linear weight [N, K] use transpose_b=true"));
   Shape la(A.shape.begin(), A.shape.end() - 2), lb(B.shape.begin(), B.shape.end() - 2);
   Shape lead = broadcast_shapes(la, lb);

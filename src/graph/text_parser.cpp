@@ -24,6 +24,7 @@
 #include <string_view>
 
 #include "comfuse/text.h"
+#include "comfuse/files.h"
 
 namespace comfuse {
 
@@ -756,6 +757,10 @@ class Parser {
       const Attr* a = find_attr(attrs, "shape");
       if (!a) fail(op, "reshape needs the new shape: reshape(x, shape=[8, -1])");
       if (a->kind != Attr::List) bad_attr(*a, "a list of dims like [8, -1]");
+      for (int64_t d : a->list)   // (-2 is the graph's own marker for a `?` dim: never user syntax)
+        if (d < -1 || d == 0)
+          fail(a->val, "reshape: 'shape' holds " + std::to_string(d) +
+                           ": each dim is a size, or -1 for the one dim inferred from the others");
       Value x = operand_value(0);
       return build(op, [&] { return g_.reshape(x, a->list, name); });
     }
@@ -806,12 +811,13 @@ class Parser {
 Graph parse_cf(const std::string& text, const std::string& filename) { return Parser(text, filename).run(); }
 
 Graph parse_cf_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ParseError(path, 0, 0, "cannot open file");
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw ParseError(path, 0, 0, "cannot read file");
-  return parse_cf(s.str(), path);
+  std::string text;
+  try {   // a regular file of at most 64 MB: a FIFO, a directory or /dev/zero is refused at once
+    text = files::read_regular_file(path, files::kMaxProgramBytes, "a .cf program");
+  } catch (const files::FileError& e) {
+    throw ParseError(path, 0, 0, e.reason());
+  }
+  return parse_cf(text, path);
 }
 
 }  // namespace comfuse

@@ -362,7 +362,7 @@ TEST(TextParse, MissingFileIsAParseError) {
     parse_cf_file("/nonexistent/dir/model.cf");
     FAIL();
   } catch (const ParseError& e) {
-    EXPECT_EQ(std::string(e.what()), "/nonexistent/dir/model.cf:0:0: error: cannot open file");
+    EXPECT_EQ(std::string(e.what()), "/nonexistent/dir/model.cf:0:0: error: cannot open a .cf program: No such file or directory");
   }
 }
 
@@ -389,6 +389,15 @@ TEST(TextErrors, ShapeMismatch) {
   EXPECT_PARSE_ERROR(kDecl + "y = matmul(a, a)\n", 4, 5, "shape mismatch: matmul");
   EXPECT_PARSE_ERROR(kDecl + "input g : bf16[5]\ny = layer_norm(matmul(a, w), g)\n", 5, 5, "shape mismatch");
   EXPECT_PARSE_ERROR(kDecl + "y = reshape(x, shape=[5, -1])\n", 4, 5, "reshape");
+}
+
+// The graph's marker for a `?` dim (-2) is no user syntax, and messages spell a dynamic dim `?`.
+TEST(TextErrors, TheDynamicDimIsSpelledQuestionMarkOnly) {
+  EXPECT_PARSE_ERROR(kDecl + "y = reshape(x, shape=[-2, 16])\noutput y\n", 4, 22,
+                     "reshape: 'shape' holds -2: each dim is a size, or -1 for the one dim inferred from the others");
+  EXPECT_PARSE_ERROR(kDecl + "y = reshape(x, shape=[0, -1])\noutput y\n", 4, 22, "'shape' holds 0");
+  EXPECT_PARSE_ERROR("input X : bf16[?, 32]\ninput W : bf16[?, 8]\ny = matmul(X, W)\noutput y\n", 3, 5,
+                     "contraction dims differ (K=32 vs ?)");
 }
 
 TEST(TextErrors, DtypeMismatch) {
