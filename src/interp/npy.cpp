@@ -3,8 +3,6 @@
 // Layout: "\x93NUMPY", major, minor, header length (u16 for 1.0, u32 for 2.0/3.0, little-endian), then an
 // ASCII Python dict literal {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), } padded with spaces
 // and a '\n' so the data starts 64-byte aligned, then the raw C-order data.
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +13,7 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "comfuse/files.h"
 #include "comfuse/tensor.h"
 
 namespace comfuse {
@@ -134,33 +133,14 @@ T load(const char* p) {
   return v;
 }
 
-// The whole file. Only a regular file: a FIFO would block forever and a directory has no bytes. The check is
-// on the opened descriptor (O_NONBLOCK, so opening a FIFO returns at once), not on the path, so nothing can
-// be swapped in between.
+// The whole file, through the one reader of input files (include/comfuse/files.h): a regular file only (a FIFO would
+// block forever, a directory has no bytes), checked on the opened descriptor, at most 64 GB.
 std::string read_regular_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) fail(path, std::string("cannot open file: ") + std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) fail(path, std::string("cannot stat file: ") + std::strerror(errno));
-  if (!S_ISREG(st.st_mode))
-    fail(path, std::string("not a regular file (") +
-                   (S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket") +
-                   "): expected a .npy file");
-  std::string bytes;
-  bytes.reserve(static_cast<size_t>(st.st_size));
-  char buf[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail(path, std::string("read error: ") + std::strerror(errno));
-    if (n == 0) break;
-    bytes.append(buf, static_cast<size_t>(n));
+  try {
+    return files::read_regular_file(path, files::kMaxArrayBytes, "a .npy file");
+  } catch (const files::FileError& e) {
+    fail(path, e.reason());
   }
-  return bytes;
 }
 
 }  // namespace
