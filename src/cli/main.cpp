@@ -180,21 +180,11 @@ int cmd_print(const Args& a) {
 }
 
 // Writes `text` to `path`, or throws naming the path: a write that did not happen is never reported as done.
-void write_text_file(const fs::path& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(errno));
-  f.write(text.data(), static_cast<std::streamsize>(text.size()));
-  f.close();
-  if (!f) throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(errno));
-}
+// (the one checked, atomic writer of output files, include/comfuse/files.h)
+void write_text_file(const fs::path& path, const std::string& text) { files::write_file_atomically(path.string(), text); }
 
 // Creates `dir` (and its parents) or throws naming it; an existing file of that name is an error.
-void make_output_dir(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error("cannot create directory " + dir + ": " + ec.message());
-  if (!fs::is_directory(dir)) throw std::runtime_error("cannot use " + dir + " as an output directory: it is not a directory");
-}
+void make_output_dir(const std::string& dir) { files::check_output_dir(dir); }
 
 // --b2b on|off: fused back-to-back chains (default on), or none.
 bool b2b_arg(const Args& a) {
