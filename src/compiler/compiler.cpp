@@ -372,9 +372,12 @@ void Compiler::check_aot_folder(const std::string& dir) {
 
 CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
   files::check_output_dir(dir);   // first: an unusable folder is reported before a compile of tens of seconds
+  const fs::path manifest = fs::path(dir) / "manifest.txt";
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(manifest, ec)) && !fs::is_regular_file(fs::symlink_status(manifest, ec)))
+    throw files::FileError(manifest.string(), "not a regular file: the manifest cannot be written there");
   CompiledGraph cg = compile(g);
-  std::error_code gone;   // an earlier manifest goes first: until the new one is written, the folder loads nothing
-  fs::remove(fs::path(dir) / "manifest.txt", gone);
+  fs::remove(manifest, ec);   // an earlier manifest goes first: until the new one is written, the folder loads nothing
   std::ostringstream m;
   m << "# ComFuse ahead-of-time kernels (comfuse aot); one line per fused region (its prior config):\n"
     << "# region kernel-name library transport tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [key=JIT-key]\n"

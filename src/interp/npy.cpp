@@ -199,6 +199,9 @@ Tensor read_npy(const std::string& path) {
     fail(path, "truncated data: shape " + shape_str(shape) + " of " + descr + " needs " +
                    (overflow ? std::string("more than 2^64") : std::to_string(need)) + " bytes, the file has " +
                    std::to_string(avail) + " after the header");
+  if (avail > need)   // a file's size is exactly what its header declares: more is not an array of this shape
+    fail(path, "trailing data: shape " + shape_str(shape) + " of " + descr + " is " + std::to_string(need) +
+                   " bytes, the file has " + std::to_string(avail) + " after the header");
   t.data.resize(static_cast<size_t>(n));
   const char* p = bytes.data() + data_start;
   for (uint64_t i = 0; i < n; ++i, p += item) {

@@ -107,6 +107,9 @@ TEST_F(Files, OutputFoldersAreCheckedBeforeAnyWork) {
   const Graph g = parse_cf("input X : bf16[8, 16]\ninput W : bf16[16, 24]\ny = relu(matmul(X, W))\noutput y\n", "a.cf");
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_THROW(Compiler().save(g, path("plain")), files::FileError);
+  fs::create_directories(path("m1/manifest.txt"));   // a folder where the manifest goes: refused, before the compile
+  EXPECT_THROW(Compiler().save(g, path("m1")), files::FileError);
+  EXPECT_TRUE(fs::is_directory(path("m1/manifest.txt")));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
 }
 

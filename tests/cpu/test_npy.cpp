@@ -172,6 +172,8 @@ TEST_F(NpyTest, Errors) {
   v9[6] = 9;
   write_bytes(p, v9);
   expect_error(p, "unsupported format version 9.0");
+  write_bytes(p, good + "extra");   // more bytes than the header declares
+  expect_error(p, "trailing data: shape [2] of <f4 is 8 bytes, the file has 13 after the header");
 
   // writing: a tensor whose data does not match its shape, and an unwritable path
   Tensor t({2, 2});
@@ -186,7 +188,7 @@ TEST_F(NpyTest, CorruptFilesNeverCrash) {
   std::string good = npy("{'descr': '<f4', 'fortran_order': False, 'shape': (4, 2), }", std::string(32, '\1'));
   std::mt19937 rng(3);
   std::string p = path("c.npy");
-  const std::vector<std::string> reasons = {"malformed header", "bad magic", "truncated header", "truncated data",
+  const std::vector<std::string> reasons = {"malformed header", "bad magic", "truncated header", "truncated data", "trailing data",
                                             "unsupported format version", "unsupported dtype", "fortran_order=True"};
   int read = 0, refused = 0;
   for (int i = 0; i < 500; ++i) {
