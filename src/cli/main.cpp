@@ -5,6 +5,7 @@
 //   comfuse emit FILE.cf -o DIR
 // Exit codes: 0 ok, 2 bad input (file, arguments, data), 1 internal error.
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cerrno>
 #include <cmath>
@@ -755,6 +756,9 @@ int cmd_aot(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past the file-size limit (ulimit -f, a quota) then fails with EFBIG, which the writers report with the
+  // path, instead of killing the process with no message.
+  std::signal(SIGXFSZ, SIG_IGN);
   if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;
