@@ -1,4 +1,4 @@
-"""Back-to-back chains through torch.compile (issue 16): a DLRM bottom MLP module (65536 x 512 -> 256 -> 64, bf16,
+"""Back-to-back chains through torch.compile: a DLRM bottom MLP module (65536 x 512 -> 256 -> 64, bf16,
 nn.Linear + ReLU twice) and a target-attention module (softmax(q @ k^T * s) @ v written out in ops, B = 1024, Lq = 128,
 Lk = 256, D = 64, and the other two WORKLOADS.md §2 shapes), backend="comfuse" against backend="inductor" (default
 mode) and eager, in one process.

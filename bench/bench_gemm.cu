@@ -381,7 +381,7 @@ int main(int argc, char** argv) {
                   g->us / p->us, g->config.c_str(), h->us, h->us / c.us, h->config.c_str());
     md += line;
   }
-  // The reduction epilogues (issue 4): best instance of each, ÷cuBLAS GEMM alone and ÷plain GEMM.
+  // The reduction epilogues: best instance of each, ÷cuBLAS GEMM alone and ÷plain GEMM.
   md += "\n| M, K, N | postnorm µs ÷cuBLAS ÷plain | rmsnorm µs ÷cuBLAS ÷plain | softmax µs ÷cuBLAS ÷plain "
         "| LN+softmax µs ÷cuBLAS ÷plain |\n|---|---|---|---|---|\n";
   for (auto const& [s, res] : all) {

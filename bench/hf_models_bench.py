@@ -4,7 +4,7 @@ Inductor mode, and eager; bf16 inference; models built from configs with random 
     python3 bench/hf_models_bench.py [--models bert,llama,gpt2] [--modes default,max-autotune-no-cudagraphs,reduce-overhead]
                                      [--comfuse planner,all] [--out FILE.csv] [--budget-s S] [--iters N] [--dynamic]
 
-Models (issue 13's test bed): bert = BertModel(BertConfig()) at 32 x 256 with a padding mask; bert-large (24
+Models (the real-model test bed): bert = BertModel(BertConfig()) at 32 x 256 with a padding mask; bert-large (24
 layers, 1024) at 32 x 512; llama = a 4-layer LlamaModel (hidden 1024, SwiGLU 2816, 16 heads, RMSNorm, rotary) at
 16 x 512; gpt2 = a 6-layer GPT2Model at 16 x 512. "small" = BERT-base at 1 x 128 (the small-batch latency case).
 
@@ -13,7 +13,7 @@ Per model: eager; then per mode, Inductor and ComFuse (per --comfuse variant: "p
 eager (normwise relative error <= 2e-2 in bf16). ComFuse's fused regions are counted from the post-grad pass's
 reports (comfuse.inductor.reports()) and classified: "norm" (a row reduction: LayerNorm / RMSNorm) and "act"
 (an activation: GELU, gelu_new's tanh, SiLU); with fuse="all" each model must reach the per-layer counts of
-issue 13 (BERT: out-proj + LN, FFN1 + GELU, FFN2 + LN; Llama: o_proj + RMSNorm, down_proj + RMSNorm; GPT-2:
+the real-model regions (BERT: out-proj + LN, FFN1 + GELU, FFN2 + LN; Llama: o_proj + RMSNorm, down_proj + RMSNorm; GPT-2:
 c_fc + gelu_new, c_proj + LN). The attention kernels of each run are listed from the profiler (flash / cuDNN /
 efficient vs an fp32 GEMM), so "attention stays fused" can be read off. After each model, the host time of one
 fused-region call as Inductor's code makes it (the op's direct entry; the kernel excluded, averaged over 1000 calls)
@@ -22,13 +22,13 @@ of its largest reduction region, and through torch.ops for scale.
 --rounds R (default 3): after a mode's variants were compiled and timed one after the other, they are timed again
 in R interleaved rounds (Inductor, ComFuse..., then the reverse order, and so on), each round every variant once;
 the "interleaved" column is Inductor's median over the rounds ÷ the variant's. Measured back to back, a host-bound
-model's ratio moves by tens of percent with the host's speed (docs/PERF.md, thirteenth session); interleaved, the
+model's ratio moves by tens of percent with the host's speed (docs/PERF.md, 2026-12-02); interleaved, the
 drift falls on every variant alike. (Dynamo's cache is reset between compiles, so each variant recompiles once,
 untimed, at its first interleaved call.) "GPU us" is one call's kernels' summed durations (profiler, mean of 3
 calls): what the kernels alone change, unmoved by the host.
 
 --dynamic: after each model's runs, backend="comfuse" with dynamic=True over three batch/sequence sizes, each
-against eager, counting the ComFuse graphs and kernels the later sizes added (issue 13: none), and timed at each
+against eager, counting the ComFuse graphs and kernels the later sizes added (expected: none), and timed at each
 size against Inductor's own dynamic=True compile.
 
 Prints a table last; exit status 1 if an output is wrong, a required region is missing or a run failed.
@@ -48,7 +48,7 @@ import torch
 
 MODELS = ("bert", "bert-large", "llama", "gpt2", "small")
 LAYERS = {"bert": 12, "bert-large": 24, "llama": 4, "gpt2": 6, "small": 12}
-# fused regions required per layer with fuse="all" (issue 13, "Done when")
+# fused regions required per layer with fuse="all" (the real-model targets)
 REQUIRED = {"bert": {"norm": 2, "act": 1}, "bert-large": {"norm": 2, "act": 1}, "small": {"norm": 2, "act": 1},
             "llama": {"norm": 2}, "gpt2": {"norm": 2, "act": 1}}
 ATTN = re.compile(r"flash|fmha|cudnn|efficient_attention|attention|sdpa", re.I)
@@ -102,7 +102,7 @@ def resized(kwargs, batch: int, seq: int) -> dict:
 
 def dynamic_check(model, kwargs, cuda: bool) -> dict:
     """backend="comfuse" with dynamic=True over three (batch, sequence) sizes: each output against eager at its
-    size, whether the later sizes needed a new graph or a new kernel (issue 13: no recompiles), and the time
+    size, whether the later sizes needed a new graph or a new kernel (expected: no recompiles), and the time
     against Inductor's own dynamic=True compile at each size (`vs_inductor`, Inductor ÷ ComFuse)."""
     import comfuse
     from comfuse import inductor, ops
@@ -144,7 +144,7 @@ def run(model, kwargs):
 
 def timed(fn, iters: int, cuda: bool, fastest: list | None = None) -> float:
     """Median µs of fn() (CUDA events on the GPU). `fastest`, when given, gets the fastest call appended: in a
-    host-bound mode the machine's host speed drifts between and within runs (docs/PERF.md, eleventh session), and
+    host-bound mode the machine's host speed drifts between and within runs (docs/PERF.md, 2026-12-02), and
     the fastest of many calls is the estimate that noise from other work on the host moves least."""
     for _ in range(3):
         fn()
@@ -447,7 +447,7 @@ def main() -> int:
         if cuda and "comfuse" in {r["backend"] for r in rows if r["model"] == name}:
             try:
                 what, us = host_time_us()
-                print(f"{name}: host time per fused-region call {us:.1f} us ({what}; issue 13 asks <= 10 us)")
+                print(f"{name}: host time per fused-region call {us:.1f} us ({what}; the target: <= 10 us)")
                 rows.append(dict(model=name, mode="host time", backend="comfuse", fuse="-", us=us, vs_inductor="-",
                                  rel_err=float("nan"), fused="-", attention="-", f32_gemm="-",
                                  note=f"per fused_region call, kernel excluded: {what}"))

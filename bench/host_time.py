@@ -1,4 +1,4 @@
-"""Host time of one comfuse::fused_region call, the kernel excluded (issue 13 asks <= 10 us outside CUDA graphs).
+"""Host time of one comfuse::fused_region call, the kernel excluded (the target: <= 10 us outside CUDA graphs).
 
 The region is BERT-base's FFN2 at batch 32 x 256: rows 8192, K 3072, N 768, bias + residual + LayerNorm (three
 stages, the L2 exchange, a cooperative launch); a GELU region of the same shape (no reduction, a plain launch)

@@ -1,4 +1,4 @@
-// Host time of one kernel launch, by launch form (issue 13: host time per fused-region call). An empty persistent
+// Host time of one kernel launch, by launch form (the host time per fused-region call). An empty persistent
 // kernel with a fused kernel's launch shape (132 CTAs of 384 threads, ~200 KB of dynamic SMEM) and a parameter
 // struct of a fused kernel's size, launched 1000 times per form in blocks of 100 between untimed synchronizations
 // (the queue never fills, so no launch waits for the GPU). Prints µs per launch. The runtime and driver forms build

@@ -1,6 +1,6 @@
 // Host time of a JIT-compiled kernel library's launch entry (kernels/comfuse/abi.h), called directly from C++ with
 // one fixed argument set (so every call finds its prepared parameters): what a fused-region call spends in the
-// library, without PyTorch (issue 13: host time per fused-region call). For each library given, 1000 launches in
+// library, without PyTorch (the host time per fused-region call). For each library given, 1000 launches in
 // blocks of 100, 10 and 1 between untimed synchronizations; prints µs per launch.
 //
 //   g++ -std=c++20 -O2 -I kernels -I $CUDA/include bench/library_launch.cpp -o library_launch -L $CUDA/lib64 \

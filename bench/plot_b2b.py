@@ -1,4 +1,4 @@
-"""Back-to-back GEMM chains (issue 16) as a chart for docs/PERF.md: the kernel ÷ its baseline per workload (two
+"""Back-to-back GEMM chains (back-to-back GEMMs) as a chart for docs/PERF.md: the kernel ÷ its baseline per workload (two
 cuBLASLt GEMMs for the MLPs, SDPA's flash kernel for attention), and torch.compile's Inductor ÷ ComFuse per module.
 
   python3 bench/plot_b2b.py --ratios docs/data/b2b_ratios_2026-12-02.csv --torch docs/data/b2b_torch_2026-12-02.csv \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device machine: back-to-back chains through the compiler (issue 16): the chain Psi generates, the JIT
+# On the device machine: back-to-back chains through the compiler (back-to-back GEMMs): the chain Psi generates, the JIT
 # compiles and CompiledGraph launches in place of its two regions. Runs `comfuse run --check` (poisoned outputs,
 # fresh random inputs, the CPU interpreter's fp32 graph as reference) on the odd graphs of tests/gpu/b2b_graphs and
 # the WORKLOADS.md §2 examples, compute-sanitizer memcheck on one generated chain, then `comfuse bench` with the

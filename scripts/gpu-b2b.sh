@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device machine: the back-to-back GEMM kernel (kernels/comfuse/b2b.cuh, issue 16). Builds
+# On the device machine: the back-to-back GEMM kernel (kernels/comfuse/b2b.cuh, back-to-back GEMMs). Builds
 # comfuse_gpu_test_b2b with the device's own tools (standalone CMake project tests/gpu, only that target), runs the
 # tests (WORKLOADS.md §2 MLP / DLRM / FFN / target-attention shapes and the odd shapes), compute-sanitizer memcheck
 # and racecheck on the odd shapes, then the bench against cuBLASLt and the attention bench (with --attention-ref, also

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device machine: the per-shape config search (issue 12). Builds the CLI with the top-level CMake and the
+# On the device machine: the per-shape config search (the per-shape config search). Builds the CLI with the top-level CMake and the
 # machine's own tools, then, for a plain GEMM and a bias+GELU graph (symbolic rows), with a fresh JIT cache:
 #   1. bench   - compiles every candidate config (in parallel: the cold compile time of the candidate set), times
 #                them in the warm-up (the search) and records the choice under $CACHE/choices/
@@ -55,7 +55,7 @@ fi
 # The graphs: rows symbolic, so one compile serves every batch size.
 mkdir -p "$OUT/graphs"
 cat > "$OUT/graphs/plain.cf" <<'EOF'
-# plain GEMM, 8192 x 4096 x 4096 at --rows 8192 (issue 12's table)
+# plain GEMM, 8192 x 4096 x 4096 at --rows 8192 (the config search's table)
 input X : bf16[?, 4096]
 input W : bf16[4096, 4096]
 y = matmul(X, W)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The C++ package on a GPU machine (issue 17): build ComFuse with the machine's own cmake / ninja / nvcc, install
+# The C++ package on a GPU machine (the C++ package): build ComFuse with the machine's own cmake / ninja / nvcc, install
 # it to a prefix, build examples/cpp and tests/package against the installed package alone (find_package with
 # CMAKE_PREFIX_PATH), then run
 #   - examples/cpp/postnorm_example: two batch sizes on the user's stream, one compile, checked against the CPU;

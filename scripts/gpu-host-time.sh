@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device machine: the host time of one fused-region call (issue 13 asks <= 10 µs outside CUDA graphs), by
+# On the device machine: the host time of one fused-region call (the target: <= 10 µs outside CUDA graphs), by
 # phase. Installs the package with the image's python3 as scripts/gpu-python.sh does, then runs bench/host_time.py
 # `--rounds` times (default 3; the host's own speed varies by tens of percent between runs, so one run proves
 # little) and, where they are built here, the launch benches without PyTorch (bench/launch_cost.cu as

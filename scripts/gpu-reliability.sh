@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device machine: the GPU reliability checks of issue 14 (docs/reliability.md). Logs and JSON results
+# On the device machine: the GPU reliability checks (docs/reliability.md). Logs and JSON results
 # under $OUT; a table printed last; exit 1 when anything failed.
 #
 #   checks      (scripts/gpu_reliability.py, PyTorch + comfuse._core.RegionKernel) every fused kernel family

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU reliability checks of the fused kernels (issue 14), run by scripts/gpu-reliability.sh on the device.
+"""GPU reliability checks of the fused kernels (reliability, docs/reliability.md), run by scripts/gpu-reliability.sh on the device.
 
 For one kernel family (an epilogue pattern) and each of its cross-CTA transports, a region is compiled with
 comfuse._core.RegionKernel (the PyTorch custom op's kernel) and checked against the CPU reference interpreter

@@ -1,4 +1,4 @@
-// ComFuse back-to-back GEMM for sm_90a, the single-CTA flash-style form (issue 16, docs/kernel-b2b.md):
+// ComFuse back-to-back GEMM for sm_90a, the single-CTA flash-style form (docs/kernel-b2b.md):
 //
 //   O[M, N2] = Act2( Act1(X · W1 + b1) · W2 + b2 )
 //

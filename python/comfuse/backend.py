@@ -266,7 +266,7 @@ def _declined_for_speed_only(p) -> bool:
 # fraction of the GEMM and its pass, is compiled and timed too (measure_fused), and fused where it wins there: the
 # estimate scales a table measured at other shapes and epilogues and can miss by tens of percent either way: HF
 # Llama's o_proj + residual + RMSNorm (two outputs, 8192 x 1024 x 1024) was estimated at ~60 us and took 42 us
-# (docs/PERF.md, twenty-sixth session). Each one costs its kernel's compile (once per structure).
+# (docs/PERF.md, 2026-12-04). Each one costs its kernel's compile (once per structure).
 NEAR_TIE = 0.35
 
 
@@ -418,7 +418,7 @@ def prepare_kernels(rep: GraphReport, target) -> bool:
 # GPU cycles of the kernel that holds the stream before each timed block (torch.cuda._sleep, ~1 ms): long enough
 # for the host to queue the block's launches, so that the events time the kernels back to back. Without it a block
 # of short kernels is timed at the host's pace: HF Llama's 8192 x 1024 x 1024 GEMMs measured 31.8 us fused and 43.1
-# us through torch.matmul, where the model's profile shows 25.9 and 26 us (twentieth session).
+# us through torch.matmul, where the model's profile shows 25.9 and 26 us (2026-12-03).
 _HOLD_CYCLES = 2_000_000
 
 
@@ -487,7 +487,7 @@ def probe_lead(spec) -> tuple | None:
 
 # A fused kernel must beat what it replaces by this fraction to be kept (measure_fused). Two timings of one kernel
 # in one process differ by up to ~4% (HF BERT-base's FFN2 + residual + LayerNorm: 69.1 and 66.5 us against 68.0 and
-# 68.9 for the GEMM and its pass, nineteenth session), and the pass is an estimate: without a margin a region that
+# 68.9 for the GEMM and its pass, 2026-12-03), and the pass is an estimate: without a margin a region that
 # is a tie flips between compiles and runs are not reproducible. Within the margin the region stays in torch,
 # the form Inductor would run anyway.
 MEASURE_MARGIN = 0.05
@@ -499,7 +499,7 @@ MEASURE_MARGIN = 0.05
 # with 24 fused regions whose kernels beat the GEMM and a pass by 1-30 us each, and 1.09x in reduce-overhead).
 # With the C++ fast path (ops._FAST, python/src/torch_ops.cpp) and Inductor's code calling it directly
 # (ops.fused_region_direct): 5.9-9.4 us per call, against 11.8-19.5 us for the torch.mm call alone on the same machine
-# (bench/host_time.py, docs/PERF.md, nineteenth session): a region costs the host no more than what it replaces.
+# (bench/host_time.py, docs/PERF.md, 2026-12-03): a region costs the host no more than what it replaces.
 HOST_US_PER_CALL = 20.0        # the Python kernel
 HOST_US_PER_CALL_FAST = 0.0    # the C++ fast path
 

@@ -321,7 +321,7 @@ def disable_inductor_pass() -> None:
 # ---- The calls in Inductor's code -------------------------------------------------------------------------------
 # A fused region is one comfuse::fused_region node, which Inductor keeps as a fallback kernel: by default its
 # Python wrapper calls torch.ops.comfuse.fused_region.default(key, [...]), i.e. the dispatcher's trip from Python
-# (2.7-4.4 us of a ~10 us call on the H200 machine, issue 13). Inductor's registry of custom fallback codegen
+# (2.7-4.4 us of a ~10 us call on the H200 machine). Inductor's registry of custom fallback codegen
 # (torch 2.11: codegen/custom_extern_kernel_codegen.py) lets the Python wrapper call the op's direct entry
 # instead, ops.fused_region_direct (the same C++ kernel, without the dispatcher; it hands any call the dispatcher
 # would treat specially back to the op), reached as extern_kernels.comfuse_fused_region like Inductor's own

@@ -164,7 +164,7 @@ def _laid_out(o, t: torch.Tensor) -> torch.Tensor:
 class _GpuLaunch:
     """One registered region's CUDA launch with everything a call does not change worked out once: the GEMM's K
     and N, the dtypes, the kernel (compiled or loaded on first use), the output shapes per A shape. Keeps the
-    host time of a call small (issue 13: <= 10 us outside CUDA graphs). `fast`: what the C++ fast path holds
+    host time of a call small (the target: <= 10 us outside CUDA graphs). `fast`: what the C++ fast path holds
     (None: not registered there yet; else the workspace rows it holds per stream). `ws`: the L2 workspace per
     stream of a region that reduces (_workspace)."""
     __slots__ = ("key", "spec", "k", "kn", "dtype", "param_dtypes", "out_dtypes", "shapes", "kernel", "fast", "ws",

@@ -1,4 +1,4 @@
-// comfuse/_torch_ops.so: the CUDA kernels of the PyTorch ops comfuse::fused_region and comfuse::fused_chain in C++ (issue 13: host time per
+// comfuse/_torch_ops.so: the CUDA kernels of the PyTorch ops comfuse::fused_region and comfuse::fused_chain in C++ (the host time per
 // fused-region call). The op's schema, its CPU and fake kernels and every first call of a region stay in Python
 // (python/comfuse/ops.py): a call this file cannot serve is handed, unchanged, to comfuse::fused_region_slow,
 // the Python implementation, which compiles the kernel, casts or copies inputs, grows the workspace, falls back

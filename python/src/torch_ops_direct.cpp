@@ -1,6 +1,6 @@
 // comfuse._torch_ops as a Python module: the direct entries fused_region(key, inputs) and fused_chain(key, inputs)
 // that Inductor's generated code calls in place of torch.ops.comfuse.fused_region.default (python/comfuse/
-// inductor.py routes the op's fallback kernel here). Issue 13's host time: the dispatcher's trip from Python to the
+// inductor.py routes the op's fallback kernel here). The host time per call: the dispatcher's trip from Python to the
 // op's C++ kernel - parsing the arguments against the schema into a boxed stack, the boxed call, the list of
 // results back - cost 2.7-4.4 us of a ~10 us call on the H200 machine; this entry unpacks the tensors from the
 // Python list and calls the same C++ kernel.

@@ -1294,7 +1294,7 @@ CompiledRegion RegionKernel::compile(const FusionSpec& spec, CompilerOptions o) 
     throw CompileError("no fused kernel can serve this region: " + region.plan.reason);
   // The prior alone: a frontend's launch has no config search (yet). Unless its kernel spills registers: a long
   // epilogue can make the prior's tile spill where a smaller one does not (gelu_new written out at 128x192: 280
-  // bytes of spills, 79.6 us against 66.2 at 128x128, twentieth session), so the next candidate that compiles
+  // bytes of spills, 79.6 us against 66.2 at 128x128, 2026-12-03), so the next candidate that compiles
   // without spills serves instead (the planner's order; COMFUSE_CONFIG_SEARCH=0 leaves the prior alone).
   const jit::JitOptions jo = kernel_jit_options(opts);
   const std::vector<KernelConfig> others(region.plan.candidates.begin() + 1, region.plan.candidates.end());

@@ -15,7 +15,7 @@ namespace comfuse {
 namespace {
 
 // Effective bandwidth of the separate memory-bound epilogue pass Inductor runs on an H200, by the kind of pass,
-// from its kernels in the HF models' profiles (docs/PERF.md, twenty-sixth session; copies reach 4.24 TB/s,
+// from its kernels in the HF models' profiles (docs/PERF.md, 2026-12-04; copies reach 4.24 TB/s,
 // WORKLOADS.md). Elementwise passes: 3 TB/s (erf GELU ~2.6, gelu_new's pow and tanh ~3.0, SwiGLU's silu * mul
 // 4.4; BERT's and GPT-2's GELU regions decide on this figure).
 constexpr double kUnfusedBytesPerSecond = 3.0e12;
@@ -461,7 +461,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   // Outputs the measured class does not store (its kernels write one 16-bit tile, two for bias_res_2out): a region
   // that also stores its residual stream, or an fp32 value, writes more bytes per element than the measurement
   // includes. Charged as memory time, not hidden (the stores overlap the other group's mainloop only in part):
-  // HF Llama's o_proj + RMSNorm regions, planned without it, ran slower than torch (docs/PERF.md, eighth session).
+  // HF Llama's o_proj + RMSNorm regions, planned without it, ran slower than torch (docs/PERF.md, 2026-12-01).
   double out_bytes = 0;
   for (const auto& o : fs.outputs) out_bytes += o.per_row ? 0 : (o.dtype == DType::F32 ? 4 : 2);
   // (per element of the N-wide output: a paired kernel's measured equivalent, one GEMM of 2N columns, stores twice as much)
@@ -473,7 +473,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   // least the busiest SM's tiles at one SM's share of the measured cuBLAS rate plus one epilogue, however small the
   // FLOP-scaled estimate is. cuBLAS splits K there. And at such sizes every kernel costs at least its launch and
   // ramp, the unfused pair two of them. HF BERT at 1 x 128 tokens: the 128 x 768 LayerNorm regions (6 tiles) ran 24
-  // us per call fused against 9 us for split-K cuBLAS + LayerNorm (docs/PERF.md, thirteenth session).
+  // us per call fused against 9 us for split-K cuBLAS + LayerNorm (docs/PERF.md, 2026-12-02).
   std::string occupancy;
   d.unfused_us = gemm_us + d.pass_us;
   // Two GEMMs on one A against two cuBLAS launches: the second launch's floor (kKernelFloorUs, as for a small grid)
@@ -527,7 +527,7 @@ B2BPlanDecision plan_b2b(const B2BSpec& b) {
   // two cuBLASLt GEMMs (2026-12-01; the first MLP 2026-12-02, TileK 128); for softmax (target attention, per-batch
   // rows) ÷ torch.compile's best and ÷ SDPA's flash kernel (2026-12-02). The nearest workload of the chain's form
   // (log distance in rows per batch, K, N1, N2) stands for the chain.
-  // Elementwise F at small M (fewer tiles than SMs, 2026-12-02, fourteenth session): the best of the two forms, the
+  // Elementwise F at small M (fewer tiles than SMs, 2026-12-02, 2026-12-02): the best of the two forms, the
   // cluster form there (ratio_flash: the flash-style form in the same run).
   struct Measured {
     B2BForm form;
@@ -574,7 +574,7 @@ B2BPlanDecision plan_b2b(const B2BSpec& b) {
   else c = {128, 64, 256, 64, 0, false, 1};
   // The form: the flash-style kernel puts one CTA on a tile; with fewer tiles than SMs the cluster form puts two,
   // each on half of N1's chunks (measured: 9.8 against 11.8 us at 4096x512x256x64; at 65536 rows, 512 tiles, the
-  // flash-style form wins, 41.9 against 53.2 us). Softmax too (fifteenth session: attention with 8 / 16 / 64 tiles
+  // flash-style form wins, 41.9 against 53.2 us). Softmax too (2026-12-02: attention with 8 / 16 / 64 tiles
   // 31.3 / 19.4 / 15.0 us against 52.1 / 31.0 / 17.8; with 1024 tiles or more the flash-style form wins). 128-row
   // tiles only.
   const double batches = b.batch > 1 && b.w1_batched ? double(b.batch) : 1.0;   // a tile never mixes batches

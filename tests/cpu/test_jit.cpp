@@ -254,7 +254,7 @@ TEST(Jit, RealNvccWarnsOfSpills) {
   fs::remove_all(o.cache_dir);
 }
 
-// ---- reliability (issue 14): a hung nvcc, an unusable cache, leftovers of a killed compile ----
+// ---- reliability (reliability, docs/reliability.md): a hung nvcc, an unusable cache, leftovers of a killed compile ----
 
 namespace {
 std::vector<std::string> tmp_entries(const std::string& dir) {

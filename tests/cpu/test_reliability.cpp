@@ -1,4 +1,4 @@
-// Issue 14: one regression test per bad input that used to crash, hang, overflow or mislead (the JIT's timeout,
+// One regression test per bad input that used to crash, hang, overflow or mislead (the JIT's timeout,
 // cache directory and stale temporary files are in test_jit.cpp), and plan's scaling with program size.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// The three epilogues of issue 3, composed by hand from the node library exactly as the code
+// The three first epilogues (elementwise and residual), composed by hand from the node library exactly as the code
 // generator will emit them: one `using` per epilogue tree, plus the argument struct it fills.
 #pragma once
 #include "comfuse/epilogue/all.cuh"

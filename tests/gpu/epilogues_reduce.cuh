@@ -1,4 +1,4 @@
-// The reduction epilogues of issue 4, composed by hand from the node library exactly as the code generator
+// The reduction epilogues (LayerNorm, RMSNorm, softmax), composed by hand from the node library exactly as the code generator
 // emits them from a Spec: one Stage per Spec stage, the value a stage's tree returns is the tile value the Spec
 // bypasses to the next stage (AccEntry reads it there), RowResult<k> is the result of the k-th reduction.
 #pragma once

@@ -167,7 +167,7 @@ __global__ void reference_epilogue(int kind, float const* acc, __nv_bfloat16 con
   }
 }
 
-// Reference row epilogues (issue 4), one block of 256 threads per row, fp64 statistics:
+// Reference row epilogues, one block of 256 threads per row, fp64 statistics:
 //   kind 3 postnorm:   LayerNorm(acc + b + R) * gamma + beta      kind 4 rmsnorm: RMSNorm(acc + b + R) * gamma
 //   kind 5 softmax:    softmax(acc + b)                            kind 6: softmax(LayerNorm(acc + b + R) * g + b)
 __global__ void reference_row_epilogue(int kind, float const* acc, __nv_bfloat16 const* bias,

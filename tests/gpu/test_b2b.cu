@@ -1,4 +1,4 @@
-// GPU test and bench of the back-to-back GEMM instances (kernels/comfuse/b2b.cuh, issue 16):
+// GPU test and bench of the back-to-back GEMM instances (kernels/comfuse/b2b.cuh, back-to-back GEMMs):
 //   O = act2(act1(X · W1 + b1) · W2 + b2)
 //
 //   test_b2b [--shape M,K,N1,N2]... [--filter SUBSTR] [--seed S] [--no-graph] [--odd-only]

@@ -700,7 +700,7 @@ def test_all_fp32_graph_still_falls_back_as_a_whole():
 
 
 def test_graph_with_no_float_op_says_so_instead_of_no_outputs(caplog):
-    """Issue 14: a graph of int64 ops only reached the Graph IR empty ("graph has no outputs")."""
+    """Reliability: a graph of int64 ops only reached the Graph IR empty ("graph has no outputs")."""
     class IntOnly(torch.nn.Module):
         def forward(self, i):
             return (i * 3 + 1).sum(-1)

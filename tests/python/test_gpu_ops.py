@@ -207,7 +207,7 @@ def test_qkv_heads_through_the_backend_on_gpu(mode):
 def test_a_prior_that_spills_is_passed_over_on_the_gpu():
     """GPT-2's c_fc + bias + gelu_new written out with a constant that keeps it from folding into one gelu_tanh
     (0.04471): at 8192 x 768 -> 3072 the planner's prior, 128x192x64, spills registers with it (docs/PERF.md,
-    twentieth session), so the kernel the op runs is the next candidate that does not, and says so. Its values
+    2026-12-03), so the kernel the op runs is the next candidate that does not, and says so. Its values
     match the CPU reference (at 512 rows: the kernel takes any M)."""
     k, n = 768, 3072
 

@@ -1,13 +1,13 @@
 // TileLoadRing: an [M, N] input (a residual R) that a warp of the producer warp group copies into a shared-memory
 // ring while the mainloops run; the epilogue reads it from there in the fragment layout (ldmatrix).
 //
-// Why (docs/PERF.md, eighth session): read in the epilogue (TileLoad), the tile's loads were the largest stall of
+// Why (docs/PERF.md, 2026-12-01): read in the epilogue (TileLoad), the tile's loads were the largest stall of
 // the reduction epilogues; staged by the consumers before their mainloop (TileLoadStaged), each consumer group held
 // a padded 128 x 128 tile (70 KB for two groups), which left the mainloop 4 stages instead of 6 (RMSNorm, 128x128).
 // Here the CTA holds its tiles' inputs in a few buffers and the consumers issue no copies at all. With one buffer of
 // the whole tile, the loader fills it for tile j once tile j - 1's epilogue has read it, about a mainloop before tile
 // j's epilogue starts in PingPong; at K = 1024 that mainloop (~6 us) is too short and stage 0 waited for its tile
-// (tenth session). So a 128-row PingPong tile comes in two 64-row parts through three buffers where SMEM allows
+// (2026-12-02). So a 128-row PingPong tile comes in two 64-row parts through three buffers where SMEM allows
 // (gemm.cuh, kRingHalves): tile j + 1's first half loads before tile j's epilogue (once tile j - 1 has been read), its
 // second half once tile j's epilogue has finished the stage that reads the input.
 //
@@ -133,7 +133,7 @@ struct TileRing {
         // Rows past M and columns past N get no copy: what the buffer holds there is stale, and no result depends
         // on it (the node's visit says why). No generic-proxy stores into the ring at all: an
         // earlier version zero-filled them, and a part with nothing to copy then raced with its readers under
-        // compute-sanitizer racecheck and in a 1x2 cluster (tenth session).
+        // compute-sanitizer racecheck and in a 1x2 cluster (2026-12-02).
         __syncwarp();
         if (lane == 0) mbar::arrive_expect_tx(full_bar, uint32_t(Slots * rows * bytes));
         __syncwarp();
@@ -233,7 +233,7 @@ struct TileLoadRing {
   // The stage that reads the input is over for this thread: every value it read has been used, so its reads are
   // complete, and the loader may refill the buffers once every reader has arrived. (An earlier version arrived on
   // a buffer's `empty` right after issuing its last ldmatrix, before the values were used: in 1x2 and 2x1 clusters
-  // the loader's next bulk copy then overwrote data still being read, tenth session; the arrive must follow the use.)
+  // the loader's next bulk copy then overwrote data still being read, 2026-12-02; the arrive must follow the use.)
   template <int S> CUTE_DEVICE void end_stage(TileCtx const&) {
     // The loader refills the buffer with bulk copies (the async proxy): order this thread's reads before them.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
