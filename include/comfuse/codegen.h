@@ -11,7 +11,7 @@
 #include <string>
 #include <utility>
 
-#include "comfuse/plan.h"  // KernelConfig
+#include "comfuse/kernel_config.h"
 #include "comfuse/spec.h"
 
 namespace comfuse {
@@ -53,8 +53,6 @@ TileInputForm psi_tile_input_form(const FusionSpec& fs, const KernelConfig& cfg)
 // Whether Psi can render `fs`'s tile inputs in `form` for `cfg`, whatever K (Registers: always; Staged: PingPong and
 // the inputs fit the SMEM budget; Ring: also one 16-bit input read once). A Spec without tile inputs: Registers only.
 bool psi_can_read_tiles(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form);
-// The suffix of a measured instance's config for a form: "", "_sr", "_rr".
-const char* tile_input_suffix(TileInputForm form);
 
 // Whether `fs` has a chained pair of row reductions that Psi renders as one exchange when cfg.merged is set:
 // a mean followed by the mean of (x - mean)^2 (LayerNorm), or a max followed by the sum of exp(x - max)

@@ -203,7 +203,6 @@ class CompiledGraph {
   std::vector<CompiledRegion> regions_;
   std::vector<CompiledChain> chains_;
   std::string plain_library_;                                // the plain GPU path's library ("" = not needed)
-  std::string transport_override_;
   std::string cache_dir_;                                    // the JIT cache: the config search's records live here
   bool aot_ = false;
   int device_ = -1;

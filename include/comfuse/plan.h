@@ -7,51 +7,22 @@
 #pragma once
 
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "comfuse/kernel_config.h"
 #include "comfuse/spec.h"
 
 namespace comfuse {
-
-// A kernel configuration: the planner picks one per region, Psi (codegen.h) renders the kernel for it.
-// How a kernel reads its [rows, N] inputs (a residual): in the epilogue (TileLoad), staged in SMEM by each consumer
-// group before its mainloop (TileLoadStaged, "_sr" in a config name) or copied by a producer warp into the CTA's
-// tile ring (TileLoadRing, "_rr"). codegen.h says where each was measured to win.
-enum class TileInputForm { Registers, Staged, Ring };
-
-struct KernelConfig {
-  int tile_m = 128, tile_n = 128, tile_k = 64;
-  int cluster_m = 1, cluster_n = 1;
-  // Schedule::Cooperative (two consumer warp groups on one tile; "_coop" in a config name), else PingPong.
-  bool cooperative = false;
-  // Chained pairs of row reductions (LayerNorm's mean then variance, softmax's max then sum) merged into one
-  // cross-CTA exchange each (LocalReduce + MergedReduce; "_mg" in a config name). Only for Specs that have such a
-  // pair (psi_merges, codegen.h).
-  bool merged = false;
-  // The form of the tile inputs: set by the planner from the measured row it picked (the form measured fastest at
-  // that shape), or by a config name's "_sr" / "_rr"; unset, Psi applies its measured rule (psi_tile_input_form).
-  std::optional<TileInputForm> tile_input;
-  // The stages of a 128-row PingPong tile visited in two 64-row parts, each row reduction's L2 exchange per part
-  // (StageStream<.., InParts>, docs/kernel-reduce.md; "_pt" in a config name). Set from the measured row the planner
-  // picked; Psi renders it where the tile has two parts and a later stage reads every reduction, else ignores it.
-  bool parts = false;
-  // Outputs written through SMEM by the copy engine (StoreAsync, epilogue/store_async.cuh; "_as" in a config name):
-  // 16-bit row-major outputs, in boxes of 64 columns (32 where the output tile is not a multiple of 64). Else the
-  // consumer threads store them from registers (Store).
-  bool async_stores = false;
-};
 
 struct MeasuredRow {
   int64_t m = 0, k = 0, n = 0;
   std::string config;    // "128x128x64_c1x1", or "cublas"
   std::string epilogue;  // identity, bias_gelu, bias_res_2out, postnorm, rmsnorm, softmax, ln_softmax
   double us = 0;
-  std::string transport;  // row reductions' cross-CTA transport: l2, dsmem_p2p, dsmem_leader ("" if none)
+  Transport transport = Transport::None;   // the row reductions' exchange the row measured (l2, dsmem_p2p, ...)
 };
-
-// The most CTAs per row block the DSMEM transport serves (StageStream's default kDsmemCols, reduce.cuh).
-constexpr int kDsmemMaxCols = 8;
 
 const std::vector<MeasuredRow>& measured_table();             // the compiled-in src/plan/measured.csv
 std::vector<MeasuredRow> parse_measured_table(const std::string& csv);
@@ -99,14 +70,14 @@ struct PlanDecision {
   bool fuse = false;           // verdict == Verdict::Fuse
   Verdict verdict = Verdict::CannotServe;
   std::string reason;          // why (fused: what the choice rests on; declined: what prevents it)
-  KernelConfig config;        // the prior: the measured best at the nearest shape (= candidates[0])
+  // The prior: the measured best at the nearest shape (= candidates[0]), with the transport and the cluster it needs
+  // (config.transport: None for one stage or a reduction that only leaves the kernel).
+  KernelConfig config;
   // The configs worth timing on this shape (the config search, CompiledGraph::run): the prior first, then up to
   // kMaxCandidates - 1 distinct others measured at the same shape and epilogue class, other schedule / tile N
   // families first. One candidate for regions with row reductions (their transport fixes the cluster).
   std::vector<KernelConfig> candidates;
   std::string candidates_reason;   // why these, and why the prior is first (comfuse plan --explain)
-  std::string transport;       // "none" (one stage), or the measured best for the row reductions' cross-CTA
-                               // exchange: "l2", "dsmem_p2p" or "dsmem_leader" (kernels/comfuse/reduce/)
   double fused_us = -1;        // estimates for this region's shape (-1: unknown)
   double unfused_us = -1;
   double epilogue_us = 0;      // of fused_us: the epilogue's work beyond the measured class's, not hidden by
@@ -118,34 +89,28 @@ struct PlanDecision {
   double copy_us = 0;          // of pass_us: the copies of parts that outputs stored in parts save
 };
 
-// A configuration as the measured table spells it: "128x128x64_c1x1" (tile M x N x K, cluster M x N), with
-// "_coop" for the Cooperative schedule.
-std::string config_name(const KernelConfig& c);
-// The inverse: false unless `s` starts with a config name (a suffix such as a tile order "_r8" is ignored).
-bool parse_config(const std::string& s, KernelConfig& c);
-bool operator==(const KernelConfig& a, const KernelConfig& b);
-
 // The most configs a region's search compiles and times (the prior included).
 constexpr int kMaxCandidates = 3;
 // An alternative is a candidate only if measured within this factor of the prior's time: slower ones are not
 // worth their compile time.
 constexpr double kCandidateSlack = 1.25;
 
-PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table = measured_table());
-
-// The compile-time knobs of the flash-style back-to-back kernel (kernels/comfuse/b2b.cuh B2bConfig).
-struct B2BKernelConfig {
-  int tile_m = 128;      // rows of X per tile (64 per consumer warp group)
-  int chunk = 128;       // N1 columns per step (GEMM1's N, GEMM2's K)
-  int tile_n2 = 64;      // columns of O per tile (GEMM2's N); wider N2 is tiled over the grid
-  int tile_k = 64;       // GEMM1's k-tile
-  int resident_k = 0;    // > 0: the tile's X block stays in SMEM for every chunk (K <= resident_k)
-  bool stagger = false;  // the two consumer groups take turns issuing GEMM1
-  int split_n1 = 1;      // 2: the cluster form (N1's chunks split over a 2-CTA cluster, partial O summed over DSMEM)
+// What a caller may fix instead of the planner (CompilerOptions::transport and ::merge; tests, benchmarks).
+struct PlanOptions {
+  std::optional<Transport> transport;   // the row reductions' exchange; the cluster follows it
+  std::optional<bool> merge;            // merged reduction pairs where the Spec has them (psi_merges)
 };
-// "128x128x64x64" (tile M x chunk x tile N2 x tile K), then "_x<resident_k>", "_st" and "_c2" (the cluster form)
-// where set.
-std::string b2b_config_name(const B2BKernelConfig& c);
+
+// The planner's choice for a region. Throws PlanError where `opts` asks for what cannot serve this region (a DSMEM
+// transport for more column blocks than a cluster holds).
+PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table = measured_table());
+PlanDecision plan_region(const FusionSpec& fs, const PlanOptions& opts,
+                         const std::vector<MeasuredRow>& table = measured_table());
+
+class PlanError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
 
 // The planner's word on a recognised back-to-back chain (partition.h B2BChain).
 struct B2BPlanDecision {

@@ -18,6 +18,11 @@
 #define COMFUSE_MAX_OUTPUTS 8
 #define COMFUSE_MAX_PARAMS 16
 
+/* ComfuseKernelArgs::transport: the row reductions' cross-CTA exchange (kernel_config.h Transport, reduce::Transport) */
+#define COMFUSE_TRANSPORT_L2 0
+#define COMFUSE_TRANSPORT_DSMEM_P2P 1
+#define COMFUSE_TRANSPORT_DSMEM_LEADER 2
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -32,7 +37,7 @@ typedef struct ComfuseKernelArgs {
   int64_t ld;                               /* row stride of every [M, N] output and tile parameter */
   float* ws_partials;                       /* L2 transport workspace (reductions only), see workspace bytes */
   int* ws_counters;                         /* zero before the first launch */
-  int transport;                            /* 0 L2, 1 DSMEM peer-to-peer, 2 DSMEM leader-follower */
+  int transport;                            /* COMFUSE_TRANSPORT_* */
   int max_clusters;                         /* > 0: cap the persistent grid (tests) */
 } ComfuseKernelArgs;
 

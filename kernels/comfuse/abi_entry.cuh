@@ -79,7 +79,7 @@ struct EntryPoints {
     if (a == nullptr || a->abi != COMFUSE_KERNEL_ABI)
       return fail(why, len, "kernel ABI mismatch (rebuild the kernel cache)", 1);
     if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX) return fail(why, len, "M, N or K above 2^31 - 1", 1);
-    if (T::kReductions > 0 && a->transport == 0 && a->n > Cfg::kTileN && (!a->ws_partials || !a->ws_counters))
+    if (T::kReductions > 0 && a->transport == COMFUSE_TRANSPORT_L2 && a->n > Cfg::kTileN && (!a->ws_partials || !a->ws_counters))
       return fail(why, len, "the L2 transport needs its workspace (comfuse_kernel_workspace)", 1);
     if (RowOutputsOf<T>::value > 0 && (!a->ws_partials || !a->ws_counters))
       return fail(why, len, "a per-row output needs the kernel's workspace (comfuse_kernel_workspace)", 1);

@@ -231,7 +231,7 @@ struct GemmKernel {
     int total;        // cluster tiles
     int group_m;      // tile order: row blocks per band (1: row-block-major; tile_scheduler.cuh)
     int order_epilogues;   // PingPong: 1 runs the two groups' epilogues in tile order, 0 lets them overlap
-    int transport;    // reduce::Transport of the row reductions' cross-CTA exchanges
+    reduce::Transport transport;   // the row reductions' cross-CTA exchanges
     int* reduce_counters;   // L2 transport: the workspace's launch counters (reduce::L2Workspace::counters)
     float* scratch;         // split-phase epilogues: one slot of kGroupTileM x kTileN floats per consumer group
   };
@@ -342,7 +342,7 @@ struct GemmKernel {
       PipelineState state;   // consumer: stage 0, phase 0
       if (!kCooperative && group == 1) state.advance(p.k_tiles);   // PingPong: group 1 starts at the CTA's second tile
       // L2 exchanges tag their partials with the launch number (reduce/l2_exchange.cuh)
-      const bool l2_exchanges = kReduces && p.reduce_counters != nullptr && !reduce::is_dsmem(reduce::Transport(p.transport));
+      const bool l2_exchanges = kReduces && p.reduce_counters != nullptr && !reduce::is_dsmem(p.transport);
       const uint32_t exchange_tag = l2_exchanges ? reduce::launch_tag(p.reduce_counters) : 0u;
 
       // PingPong: the groups take alternate tiles; Cooperative: both take every tile.
@@ -517,7 +517,7 @@ struct GemmKernel {
           return make_tensor(make_smem_ptr(tile + wg_thread), make_layout(AccShape{}, st));
         }
       }();
-      const bool l2_exchanges = kReduces && p.reduce_counters != nullptr && !reduce::is_dsmem(reduce::Transport(p.transport));
+      const bool l2_exchanges = kReduces && p.reduce_counters != nullptr && !reduce::is_dsmem(p.transport);
       const uint32_t exchange_tag = l2_exchanges ? reduce::launch_tag(p.reduce_counters) : 0u;
       int it = 0;
       for (int u = u_first; u < sched.total; u += u_step, ++it) {
@@ -832,7 +832,7 @@ struct Gemm {
     p.cl_tiles_n = tiles_n / Cfg::kClusterN;
     p.total = RowBlockScheduler<Cfg::kClusterM, Cfg::kClusterN>::num_cluster_tiles(tiles_m, tiles_n);
     p.group_m = kReduces ? 1 : a.raster_group > 0 ? a.raster_group : auto_raster_group(tiles_m / Cfg::kClusterM, p.cl_tiles_n);
-    p.transport = int(a.transport);
+    p.transport = a.transport;
     p.reduce_counters = a.reduce_counters;
     p.scratch = a.scratch;
     p.order_epilogues = a.order_epilogues ? 1 : 0;
@@ -902,7 +902,7 @@ struct Gemm {
     // With the L2 transport, the CTAs of a row block that exchange partials must all be resident: a
     // cooperative launch fails instead of hanging when the persistent grid cannot be. (With DSMEM the row
     // block is one cluster, which the hardware schedules as a whole.)
-    shape.cooperative = kReduces && !reduce::is_dsmem(Transport(p.transport));
+    shape.cooperative = kReduces && !reduce::is_dsmem(p.transport);
     return driver::launch<&gemm_kernel_entry<Kernel>>(shape, stream, p, dev);
   }
 };

@@ -92,7 +92,7 @@ void bind_kernels(nb::module_& m) {
           "What a launch needs without this object (the C++ fast path of comfuse::fused_region): (the kernel "
           "library's C launch entry, [abi, n, k, lda, ldb, ld, transport]).")
       .def_prop_ro("name", [](const RegionKernel& k) { return k.info().kernel.name; })
-      .def_prop_ro("transport", [](const RegionKernel& k) { return k.info().plan.transport; })
+      .def_prop_ro("transport", [](const RegionKernel& k) { return std::string(transport_name(k.info().plan.config.transport)); })
       .def_prop_ro("config", [](const RegionKernel& k) { return config_name(k.info().plan.config); })
       .def_prop_ro("plan", [](const RegionKernel& k) { return k.info().plan.reason; })
       // how the config that runs was chosen (the prior alone, or another where the prior's kernel spills)

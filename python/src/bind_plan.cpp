@@ -18,7 +18,7 @@ void bind_plan(nb::module_& m) {
       .def_ro("fuse", &PlanDecision::fuse)
       .def_ro("verdict", &PlanDecision::verdict)
       .def_ro("reason", &PlanDecision::reason)
-      .def_ro("transport", &PlanDecision::transport)
+      .def_prop_ro("transport", [](const PlanDecision& d) { return std::string(transport_name(d.config.transport)); })
       .def_ro("fused_us", &PlanDecision::fused_us)
       .def_ro("unfused_us", &PlanDecision::unfused_us)
       .def_ro("epilogue_us", &PlanDecision::epilogue_us)

@@ -156,7 +156,7 @@ int cmd_plan(const Args& a) {
       std::cout << "fuse, " << d.config.tile_m << "x" << d.config.tile_n << "x" << d.config.tile_k << " cluster "
                 << d.config.cluster_m << "x" << d.config.cluster_n << (d.config.cooperative ? " cooperative" : "")
                 << (d.config.merged ? ", reduction pairs merged" : "")
-                << ", transport " << d.transport << ": " << d.reason
+                << ", transport " << transport_name(d.config.transport) << ": " << d.reason
                 << "\n";
     else
       std::cout << "declined (runs unfused): " << d.reason << "\n";

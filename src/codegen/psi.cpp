@@ -891,10 +891,6 @@ bool psi_can_read_tiles(const FusionSpec& fs, const KernelConfig& cfg, TileInput
   }
 }
 
-const char* tile_input_suffix(TileInputForm form) {
-  return form == TileInputForm::Staged ? "_sr" : form == TileInputForm::Ring ? "_rr" : "";
-}
-
 std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig& cfg) {
   try {
     check_limits(fs, cfg);

@@ -161,15 +161,6 @@ std::string hex(uint64_t h) {
 
 }  // namespace
 
-std::string b2b_config_name(const B2BKernelConfig& c) {
-  std::string s = std::to_string(c.tile_m) + "x" + std::to_string(c.chunk) + "x" + std::to_string(c.tile_n2) + "x" +
-                  std::to_string(c.tile_k);
-  if (c.resident_k > 0) s += "_x" + std::to_string(c.resident_k);
-  if (c.stagger) s += "_st";
-  if (c.split_n1 > 1) s += "_c" + std::to_string(c.split_n1);
-  return s;
-}
-
 double b2b_softmax_scale(const B2BSpec& b) {
   if (b.form != B2BForm::Softmax) throw CodegenError("F is not a softmax");
   // Stage 0 reduces pre(acc) with a max; pre must be acc times (or over) a positive constant, casts aside.

@@ -3,6 +3,7 @@
 #include "comfuse/compiler.h"
 
 #include <algorithm>
+#include <cctype>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -29,16 +30,21 @@ namespace fs = std::filesystem;
 
 namespace {
 
-int transport_code(const std::string& t) {
-  if (t == "l2" || t == "none" || t.empty()) return 0;
-  if (t == "dsmem_p2p") return 1;
-  if (t == "dsmem_leader") return 2;
-  throw CompileError("unknown transport '" + t + "' (l2, dsmem_p2p, dsmem_leader)");
-}
-
-void check_merge(const std::string& m) {
-  if (!m.empty() && m != "on" && m != "off")
-    throw CompileError("unknown merge setting '" + m + "' (on, off, or empty for the planner's choice)");
+// CompilerOptions::transport and ::merge as the planner takes them ("" = the planner's choice); a clear error for
+// anything else.
+PlanOptions plan_options(const CompilerOptions& o) {
+  PlanOptions p;
+  if (!o.transport.empty()) {
+    p.transport = parse_transport(o.transport);
+    if (!p.transport || *p.transport == Transport::None)
+      throw CompileError("unknown transport '" + o.transport + "' (l2, dsmem_p2p, dsmem_leader)");
+  }
+  if (!o.merge.empty()) {
+    if (o.merge != "on" && o.merge != "off")
+      throw CompileError("unknown merge setting '" + o.merge + "' (on, off, or empty for the planner's choice)");
+    p.merge = o.merge == "on";
+  }
+  return p;
 }
 
 // Whether running the partitioned program needs the plain path library: nodes outside regions, or a region
@@ -49,27 +55,6 @@ bool needs_plain_path(const Partition& p) {
     for (const SpecOutput& o : r.spec.outputs)
       if (o.dtype != p.graph.node(o.node).dtype) return true;
   return false;
-}
-
-// The plan made consistent with the transport (an explicit override first): DSMEM needs the row block in one
-// 1 x C cluster, C the next power of two at or above the column blocks; L2 needs no mainloop cluster. Returns why
-// the transport cannot serve this N ("" when it can).
-std::string fit_transport(PlanDecision& plan, const FusionSpec& fs, const std::string& override_transport) {
-  if (fs.num_stages() < 2 || psi_row_output(fs)) return "";   // (a ReduceToRow exchanges nothing)
-  if (!override_transport.empty()) plan.transport = override_transport;
-  KernelConfig& c = plan.config;
-  const int cols = static_cast<int>((fs.gemm.n + c.tile_n - 1) / c.tile_n);
-  if (plan.transport == "l2") {
-    c.cluster_m = c.cluster_n = 1;
-    return "";
-  }
-  if (cols > kDsmemMaxCols)
-    return "transport " + plan.transport + " cannot serve N = " + std::to_string(fs.gemm.n) + " (" +
-           std::to_string(cols) + " column blocks; DSMEM holds at most " + std::to_string(kDsmemMaxCols) + ")";
-  c.cluster_m = 1;
-  c.cluster_n = 2;
-  while (c.cluster_n < cols) c.cluster_n *= 2;
-  return "";
 }
 
 // The JIT's options for generated kernels: a shared object, with the kernel headers and CUTLASS.
@@ -104,20 +89,13 @@ void check_header_dirs(const CompilerOptions& o) {
 
 // Plans a region and generates its kernel into r. False when no kernel can serve it (the plan says why); one
 // declined for speed only is still generated (it runs fused). Throws when the transport cannot serve it.
-bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const std::string& transport,
-                       const std::string& merge) {
-  r.plan = plan_region(spec);
-  if (r.plan.verdict == Verdict::CannotServe) return false;
-  if (std::string why = fit_transport(r.plan, spec, transport); !why.empty()) throw CompileError(why);
-  if (!merge.empty()) {   // the user's word over the planner's (CompilerOptions::merge)
-    const bool was = r.plan.config.merged;
-    r.plan.config.merged = merge == "on" && psi_merges(spec);
-    if (r.plan.config.merged != was)   // the estimates above are the planner's form's; this one is not measured
-      r.plan.reason += std::string("; reduction pairs ") + (was ? "not merged" : "merged") + " (merge=" + merge +
-                       ": the estimate above is for the planner's form)";
+bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const PlanOptions& opts) {
+  try {
+    r.plan = plan_region(spec, opts);
+  } catch (const PlanError& e) {
+    throw CompileError(e.what());
   }
-  if (r.plan.candidates.empty() || spec.num_stages() > 1) r.plan.candidates = {r.plan.config};   // as fit_transport left it
-  r.plan.candidates[0] = r.plan.config;
+  if (r.plan.verdict == Verdict::CannotServe) return false;
   if (r.plan.candidates.size() > 1 && !search::enabled()) {   // nothing would time them: compile the prior only
     r.plan.candidates.resize(1);
     r.plan.candidates_reason += "; COMFUSE_CONFIG_SEARCH=0: the prior alone is compiled";
@@ -155,8 +133,7 @@ CompiledCandidate candidate_of(const KernelConfig& c, const std::string& name, c
 }
 
 // The launch arguments every kernel takes: dense row-major A [rows, K], B [K, N] (or [N, K]), outputs [rows, N].
-ComfuseKernelArgs kernel_args(const FusionSpec& fs, int64_t rows, const void* a, const void* b,
-                              const std::string& transport) {
+ComfuseKernelArgs kernel_args(const FusionSpec& fs, int64_t rows, const void* a, const void* b, Transport transport) {
   ComfuseKernelArgs k;
   std::memset(&k, 0, sizeof k);   // padding included: the kernel library finds its prepared launch by these bytes
   k.abi = COMFUSE_KERNEL_ABI;
@@ -168,7 +145,7 @@ ComfuseKernelArgs kernel_args(const FusionSpec& fs, int64_t rows, const void* a,
   k.lda = fs.gemm.k;
   k.ldb = fs.gemm.transpose_b ? fs.gemm.k : fs.gemm.n;
   k.ld = fs.gemm.n;
-  k.transport = transport_code(transport);
+  k.transport = transport_abi_code(transport);
   return k;
 }
 
@@ -237,8 +214,7 @@ Compiler::Compiler(CompilerOptions o) : opts_(std::move(o)) {
 
 CompiledGraph Compiler::compile(const Graph& g) const {
   check_header_dirs(opts_);
-  if (!opts_.transport.empty()) transport_code(opts_.transport);  // validates the name
-  check_merge(opts_.merge);
+  const PlanOptions plan_opts = plan_options(opts_);   // validates the names first
 
   CompiledGraph cg;
   cg.graph_ = g;
@@ -248,7 +224,6 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   }
   cg.partition_ = partition(g.symbolic() ? bind_rows(g, opts_.rows) : g);
   cg.check_symbolic();   // before any nvcc: a symbolic dim the kernels cannot take is an error now
-  cg.transport_override_ = opts_.transport;
   cg.aot_ = opts_.ahead_of_time;
   const Partition& p = cg.partition_;
   bool need_plain = needs_plain_path(p);
@@ -265,7 +240,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
     r.region = static_cast<int>(i);
     bool kernel = false;
     try {
-      kernel = plan_and_generate(r, p.regions[i].spec, opts_.transport, opts_.merge);
+      kernel = plan_and_generate(r, p.regions[i].spec, plan_opts);
     } catch (const CompileError& e) {
       throw CompileError("region " + std::to_string(i) + ": " + e.what());
     }
@@ -380,9 +355,10 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
   fs::remove(manifest, ec);   // an earlier manifest goes first: until the new one is written, the folder loads nothing
   std::ostringstream m;
   m << "# ComFuse ahead-of-time kernels (comfuse aot); one line per fused region (its prior config):\n"
-    << "# region kernel-name library transport tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [key=JIT-key]\n"
+    << "# region kernel-name library config [key=JIT-key]\n"
+    << "# (config: the planner's kernel choice by name, e.g. 128x128x64_c1x1_coop_mg_l2; kernel_config.h)\n"
     << "# then one line per other candidate of the config search:\n"
-    << "# candidate region library tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [key=JIT-key]\n"
+    << "# candidate region library config [key=JIT-key]\n"
     << "# and one per fused back-to-back chain (its config is the planner's):\n"
     << "# b2b chain kernel-name library\n";
   if (!cg.plain_library_.empty()) {
@@ -395,13 +371,7 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
       m << r.region << " plain\n";
       continue;
     }
-    auto tail = [](const CompiledCandidate& k) {
-      const auto& c = k.config;
-      return std::to_string(c.tile_m) + " " + std::to_string(c.tile_n) + " " + std::to_string(c.tile_k) + " " +
-             std::to_string(c.cluster_m) + " " + std::to_string(c.cluster_n) + (c.cooperative ? " coop" : "") +
-             (c.merged ? " merged" : "") + (c.tile_input ? std::string(" tiles") + tile_input_suffix(*c.tile_input) : "") +
-             (k.key.empty() ? "" : " key=" + k.key);
-    };
+    auto tail = [](const CompiledCandidate& k) { return config_name(k.config) + (k.key.empty() ? "" : " key=" + k.key); };
     for (size_t c = 0; c < r.candidates.size(); ++c) {
       CompiledCandidate& k = r.candidates[c];
       // the prior keeps the name older manifests gave the region's library; the others add their config
@@ -410,7 +380,7 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
       k.library_path = (fs::path(dir) / file).string();
       if (c == 0) {
         r.library_path = k.library_path;
-        m << r.region << " " << r.kernel.name << " " << file << " " << r.plan.transport << " " << tail(k) << "\n";
+        m << r.region << " " << r.kernel.name << " " << file << " " << tail(k) << "\n";
       } else {
         m << "candidate " << r.region << " " << file << " " << tail(k) << "\n";
       }
@@ -442,24 +412,19 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
   cg.regions_.resize(p.regions.size());
   std::vector<bool> seen(p.regions.size(), false);
   std::vector<std::pair<int, CompiledCandidate>> others;   // "candidate" lines, attached after every region's line
-  // "tile_m tile_n tile_k cluster_m cluster_n [coop] [merged] [tiles|tiles_sr|tiles_rr] [key=K]" (a manifest
-  // before the config search: no key; before the planner chose the tile inputs' form: no tiles field)
+  // "config [key=K]": the config by name (config_name), as save() writes it
   auto read_config = [&](std::istringstream& ls, const std::string& line, CompiledCandidate& k) {
-    KernelConfig& c = k.config;
-    if (!(ls >> c.tile_m >> c.tile_n >> c.tile_k >> c.cluster_m >> c.cluster_n))
-      throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
-    // "tiles" + the form's config suffix, as save() writes it
-    auto tiles_form = [](const std::string& t) -> std::optional<TileInputForm> {
-      for (TileInputForm f : {TileInputForm::Registers, TileInputForm::Staged, TileInputForm::Ring})
-        if (t == std::string("tiles") + tile_input_suffix(f)) return f;
-      return std::nullopt;
-    };
+    std::string name;
+    if (!(ls >> name)) throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
+    if (!parse_config(name, k.config))
+      throw CompileError(dir + "/manifest.txt: '" + name + "' in '" + line + "' is not a kernel config" +
+                         (std::isdigit(static_cast<unsigned char>(name[0])) || name == "l2" || name == "none" ||
+                                  name.rfind("dsmem", 0) == 0
+                              ? " (a manifest written by an older ComFuse: re-run comfuse aot)"
+                              : ""));
     for (std::string t; ls >> t;) {
-      if (t == "coop") c.cooperative = true;
-      else if (t == "merged") c.merged = true;
-      else if (auto f = tiles_form(t)) c.tile_input = f;
-      else if (t.rfind("key=", 0) == 0) k.key = t.substr(4);
-      else throw CompileError(dir + "/manifest.txt: bad schedule or field '" + t + "' in '" + line + "'");
+      if (t.rfind("key=", 0) == 0) k.key = t.substr(4);
+      else throw CompileError(dir + "/manifest.txt: bad field '" + t + "' in '" + line + "'");
     }
   };
   auto library_in = [&](const std::string& file) {   // a kernel library the manifest names, which must be there
@@ -516,7 +481,7 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
     }
     if (idx < 0 || idx >= static_cast<int>(p.regions.size()))
       throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or more regions than this graph has)");
-    std::string name, file, transport;
+    std::string name, file;
     CompiledCandidate prior;
     if (ls >> name && name == "plain") {
       cg.regions_[idx].region = idx;
@@ -525,14 +490,13 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
       seen[idx] = true;
       continue;
     }
-    if (!(ls >> file >> transport)) throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
+    if (!(ls >> file)) throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
     read_config(ls, line, prior);
     const KernelConfig& c = prior.config;
     CompiledRegion& r = cg.regions_[idx];
     r.region = idx;
     r.plan = plan_region(p.regions[idx].spec);
     r.plan.config = c;
-    r.plan.transport = transport;
     try {
       r.kernel = generate_kernel(p.regions[idx].spec, c);
     } catch (const CodegenError& e) {   // e.g. "merged" for a Spec without a pair: not the Spec it was built from
@@ -853,7 +817,7 @@ std::string CompiledGraph::explain() const {
     o << "region " << r.region << ": " << r.kernel.name << " tile " << c.tile_m << "x" << c.tile_n << "x" << c.tile_k
       << " cluster " << c.cluster_m << "x" << c.cluster_n << (c.cooperative ? " cooperative" : "")
       << (c.merged ? ", reduction pairs merged" : "") << ", transport "
-      << r.plan.transport << ", "
+      << transport_name(c.transport) << ", "
       << (r.cache_hit ? (r.lookup_ms > 0 ? "cache hit in " + fixed(r.lookup_ms, 2) + " ms" : std::string("ahead of time"))
                       : "compiled in " + fixed(r.compile_seconds, 1) + " s")
       << "\n"
@@ -1221,7 +1185,7 @@ struct CompiledGraph::Launch {
     const FusionSpec& fs = part.regions[region].spec;
     const CompiledRegion& cr = cg.regions_[region];
     ComfuseKernelArgs a = kernel_args(fs, fs.gemm.rows, reinterpret_cast<const void*>(as(fs.gemm.a, fs.gemm.dtype)),
-                                      reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype)), cr.plan.transport);
+                                      reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype)), cr.plan.config.transport);
     for (size_t i = 0; i < fs.outputs.size(); ++i) a.out[i] = reinterpret_cast<void*>(value(fs.outputs[i].node));
     for (size_t i = 0; i < fs.params.size(); ++i) {
       const RuntimeParam& prm = fs.params[i];
@@ -1288,9 +1252,9 @@ CompiledRegion RegionKernel::compile(const FusionSpec& spec, CompilerOptions o) 
   Compiler c(std::move(o));
   const CompilerOptions& opts = c.options();
   check_header_dirs(opts);
-  check_merge(opts.merge);
+  const PlanOptions plan_opts = plan_options(opts);
   CompiledRegion region;
-  if (!plan_and_generate(region, spec, opts.transport, opts.merge))
+  if (!plan_and_generate(region, spec, plan_opts))
     throw CompileError("no fused kernel can serve this region: " + region.plan.reason);
   // The prior alone: a frontend's launch has no config search (yet). Unless its kernel spills registers: a long
   // epilogue can make the prior's tile spill where a smaller one does not (gelu_new written out at 128x192: 280
@@ -1357,7 +1321,7 @@ void RegionKernel::launch(const void* a, const void* b, int64_t rows, const std:
   if (rows <= 0) throw std::invalid_argument(region_.kernel.name + ": rows must be positive");
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!a || !b || !aligned(a) || !aligned(b)) throw std::invalid_argument(region_.kernel.name + ": A and B must be 16-byte aligned");
-  ComfuseKernelArgs k = kernel_args(spec_, rows, a, b, region_.plan.transport);
+  ComfuseKernelArgs k = kernel_args(spec_, rows, a, b, region_.plan.config.transport);
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!outs[i] || !aligned(outs[i])) throw std::invalid_argument(region_.kernel.name + ": output " + std::to_string(i) + " must be 16-byte aligned");
     k.out[i] = outs[i];
@@ -1397,7 +1361,7 @@ void RegionKernel::bind_workspace(ComfuseKernelArgs& k, CUstream stream, int64_t
 RegionKernel::CallerWorkspace RegionKernel::own_workspace(CUstream stream, int64_t rows) {
   if (spec_.num_stages() <= 1) return {};
   if (rows <= 0) throw std::invalid_argument(region_.kernel.name + ": rows must be positive");
-  ComfuseKernelArgs k = kernel_args(spec_, rows, nullptr, nullptr, region_.plan.transport);
+  ComfuseKernelArgs k = kernel_args(spec_, rows, nullptr, nullptr, region_.plan.config.transport);
   std::lock_guard<std::mutex> lock(mu_);
   bind_workspace(k, stream, rows);
   return {k.ws_partials, k.ws_counters, ws_[stream].rows};
@@ -1406,7 +1370,7 @@ RegionKernel::CallerWorkspace RegionKernel::own_workspace(CUstream stream, int64
 RegionKernel::Recipe RegionKernel::recipe() const {
   Recipe r;
   r.entry = lib_->launch_entry();
-  r.args = kernel_args(spec_, 1, nullptr, nullptr, region_.plan.transport);
+  r.args = kernel_args(spec_, 1, nullptr, nullptr, region_.plan.config.transport);
   r.args.m = 0;   // per call
   return r;
 }

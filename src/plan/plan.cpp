@@ -35,30 +35,6 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
 
 }  // namespace
 
-// "128x256x64_c2x1_coop_mg_rr_pt_as" -> tile, cluster, schedule, merged reduction pairs, the tile inputs' form ("_sr"
-// staged, "_rr" the tile ring; none: unset), stages visited in 64-row parts ("_pt"), outputs stored by the copy
-// engine ("_as"). Other suffixes name bench
-// variants that are not a config ("_r8", a fixed tile order; "_sp", split-phase epilogues): false.
-bool parse_config(const std::string& s, KernelConfig& c) {
-  int used = 0;
-  if (std::sscanf(s.c_str(), "%dx%dx%d_c%dx%d%n", &c.tile_m, &c.tile_n, &c.tile_k, &c.cluster_m, &c.cluster_n, &used) != 5)
-    return false;
-  std::string rest = s.substr(static_cast<size_t>(used));
-  auto take = [&](const std::string& suffix) {
-    if (rest.compare(0, suffix.size(), suffix) != 0) return false;
-    rest = rest.substr(suffix.size());
-    return true;
-  };
-  c.cooperative = take("_coop");
-  c.merged = take("_mg");
-  c.tile_input.reset();
-  for (TileInputForm t : {TileInputForm::Staged, TileInputForm::Ring})
-    if (take(tile_input_suffix(t))) c.tile_input = t;
-  c.parts = take("_pt");
-  c.async_stores = take("_as");
-  return rest.empty();
-}
-
 const char* verdict_name(Verdict v) {
   switch (v) {
     case Verdict::Fuse: return "fuse";
@@ -66,18 +42,6 @@ const char* verdict_name(Verdict v) {
     case Verdict::CannotServe: return "cannot_serve";
   }
   return "?";
-}
-
-bool operator==(const KernelConfig& a, const KernelConfig& b) {
-  return a.tile_m == b.tile_m && a.tile_n == b.tile_n && a.tile_k == b.tile_k && a.cluster_m == b.cluster_m &&
-         a.cluster_n == b.cluster_n && a.cooperative == b.cooperative && a.merged == b.merged &&
-         a.tile_input == b.tile_input && a.parts == b.parts && a.async_stores == b.async_stores;
-}
-
-std::string config_name(const KernelConfig& c) {
-  return std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k) + "_c" +
-         std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + (c.cooperative ? "_coop" : "") +
-         (c.merged ? "_mg" : "") + (c.tile_input ? tile_input_suffix(*c.tile_input) : "") + (c.parts ? "_pt" : "") + (c.async_stores ? "_as" : "");
 }
 
 namespace {
@@ -134,11 +98,12 @@ bool has_tile_param(const FusionSpec& fs) {
 
 // A measured row's config (parsed into c): a config name (with "_mg": merged reduction pairs; "_sr" or "_rr": the
 // residual tile staged through SMEM before the mainloop, TileLoadStaged, or copied into the CTA's tile ring,
-// TileLoadRing; neither: read in the epilogue, TileLoad). c.tile_input is always set: the form the row measured.
-// Other instance forms ("_sp", "_r8") are not Psi's.
-bool row_config(const MeasuredRow& f, KernelConfig& c) {
+// TileLoadRing; neither: read in the epilogue, TileLoad). c.tile_input is the form the row measured, left unset
+// for the registers form where fs has no tile inputs (there is nothing to read). Other instance forms ("_sp", "_r8") are not Psi's.
+bool row_config(const MeasuredRow& f, const FusionSpec& fs, KernelConfig& c) {
   if (!parse_config(f.config, c)) return false;
   if (!c.tile_input) c.tile_input = TileInputForm::Registers;
+  if (!has_tile_param(fs) && c.tile_input == TileInputForm::Registers) c.tile_input.reset();
   return true;
 }
 
@@ -150,21 +115,21 @@ bool exchanges(const FusionSpec& fs) { return fs.num_stages() > 1 && !psi_row_ou
 // `fs`: Psi can read fs's tile inputs in that form (a Spec without any: rows measured with TileLoad only).
 bool eligible(const MeasuredRow& f, const FusionSpec& fs, const std::string& cls, KernelConfig& c) {
   const bool reduces = exchanges(fs);
-  if (f.epilogue != cls || !row_config(f, c)) return false;
-  if (!psi_can_read_tiles(fs, c, *c.tile_input)) return false;
+  if (f.epilogue != cls || !row_config(f, fs, c)) return false;
+  if (c.tile_input && !psi_can_read_tiles(fs, c, *c.tile_input)) return false;
   if (c.merged && !psi_merges(fs)) return false;   // measured merged; this Spec has no pair to merge
   if (has_tile_param(fs) && c.tile_n > 128 && !c.cooperative) return false;  // PingPong 128x192 + a residual tile spills (docs/PERF.md)
   if ((fs.gemm.paired() || spec_reads_column_blocks(fs)) && psi_rejects(fs, c))
     return false;   // two GEMMs on one A: tile N a multiple of 64, ...; rotate_half: tile N a multiple of its block
   // A DSMEM measurement only applies where this shape's row block fits one cluster.
-  if (reduces && f.transport.rfind("dsmem", 0) == 0 && (fs.gemm.n + c.tile_n - 1) / c.tile_n > kDsmemMaxCols) return false;
+  if (reduces && is_dsmem(f.transport) && (fs.gemm.n + c.tile_n - 1) / c.tile_n > kDsmemMaxCols) return false;
   return true;
 }
 
 // The config search's candidates (PlanDecision::candidates): the prior, then the fastest config of each other
 // family (schedule, tile N) measured at the prior's shape, then the fastest of the rest, up to kMaxCandidates,
 // each within kCandidateSlack of the prior's time and accepted by Psi. Regions with row reductions keep the
-// prior alone: fit_transport (compiler.cpp) rewrites their cluster for the transport, and the L2 exchange
+// prior alone: fit_transport rewrites their cluster for the transport, and the L2 exchange
 // workspace and cooperative launch would have to be re-fitted per candidate; not worth it before the
 // reductions run in more than one schedule.
 void pick_candidates(PlanDecision& d, const FusionSpec& fs, const std::string& cls, const MeasuredRow& best,
@@ -345,17 +310,24 @@ std::vector<MeasuredRow> parse_measured_table(const std::string& csv) {
     r.config = f[3] == "cublas" ? "cublas" : f[4];
     r.epilogue = f[5];
     r.us = std::stod(f[6]);
-    if (f.size() > 13 && f[13] != "-") r.transport = f[13];
+    if (f.size() > 13 && f[13] != "-") {
+      const auto t = parse_transport(f[13]);
+      if (!t) throw std::invalid_argument("measured table: unknown transport '" + f[13] + "' in '" + line + "'");
+      r.transport = *t;
+    }
     rows.push_back(r);
   }
   return rows;
 }
 
-PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
+namespace {
+
+// The planner's choice from the measured table alone: the config of the nearest measured shape (with its transport,
+// not yet its cluster) and the estimates.
+PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
   PlanDecision d;
   const GemmDesc& g = fs.gemm;
   const bool reduces = exchanges(fs);
-  d.transport = reduces ? "l2" : "none";
   auto decline = [&](std::string why) {
     d.fuse = false;
     d.reason = std::move(why);
@@ -426,13 +398,13 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
     cublas = &r;
   }
   if (!best) return decline("no measurement of a '" + cls + "' kernel to plan from (src/plan/measured.csv)");
-  row_config(*best, d.config);
-  if (reduces && !best->transport.empty()) d.transport = best->transport;
+  row_config(*best, fs, d.config);
+  d.config.transport = !reduces ? Transport::None : best->transport != Transport::None ? best->transport : Transport::L2;
   pick_candidates(d, fs, cls, *best, table);
 
   // Kernels the templates cannot express are declined here, with Psi's reason.
   if (auto why = psi_rejects(fs, d.config)) return decline("no kernel template: " + *why);
-  if (reduces && d.transport == "l2") {
+  if (reduces && d.config.transport == Transport::L2) {
     int cols = static_cast<int>((g.n + d.config.tile_n - 1) / d.config.tile_n);
     if (cols > 132)
       return decline("a row spans " + std::to_string(cols) + " tiles: more than the 132 CTAs that can be resident to exchange");
@@ -496,7 +468,7 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
     }
   }
   const std::string basis = fmt("measured %.3fx cuBLAS", ratio) + " for '" + cls + "' [" + best->config +
-                            (reduces ? ", " + d.transport : std::string()) + "] at " +
+                            (reduces ? std::string(", ") + transport_name(d.config.transport) : std::string()) + "] at " +
                             std::to_string(best->m) + "x" + std::to_string(best->k) + "x" + std::to_string(best->n) +
                             fmt(" (M x K x N); this shape: fused ~%.0f us, GEMM + separate epilogue ~%.0f us", d.fused_us,
                                 d.unfused_us);
@@ -515,6 +487,50 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   d.fuse = true;
   d.verdict = Verdict::Fuse;
   d.reason = basis + epi;
+  return d;
+}
+
+// The cluster the transport needs: DSMEM puts the row block in one 1 x C cluster, C the next power of two at or
+// above the column blocks; L2 runs without a mainloop cluster (a cooperative launch). Why the transport cannot
+// serve this N, or "".
+std::string fit_transport(KernelConfig& c, const FusionSpec& fs) {
+  if (c.transport == Transport::None) return "";
+  if (c.transport == Transport::L2) {
+    c.cluster_m = c.cluster_n = 1;
+    return "";
+  }
+  const int cols = static_cast<int>((fs.gemm.n + c.tile_n - 1) / c.tile_n);
+  if (cols > kDsmemMaxCols)
+    return std::string("transport ") + transport_name(c.transport) + " cannot serve N = " + std::to_string(fs.gemm.n) +
+           " (" + std::to_string(cols) + " column blocks; DSMEM holds at most " + std::to_string(kDsmemMaxCols) + ")";
+  c.cluster_m = 1;
+  c.cluster_n = 2;
+  while (c.cluster_n < cols) c.cluster_n *= 2;
+  return "";
+}
+
+}  // namespace
+
+PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
+  return plan_region(fs, PlanOptions{}, table);
+}
+
+PlanDecision plan_region(const FusionSpec& fs, const PlanOptions& opts, const std::vector<MeasuredRow>& table) {
+  PlanDecision d = plan_measured(fs, table);
+  if (d.verdict == Verdict::CannotServe) return d;
+  // The kernel choice made whole, once: the caller's transport over the measured one, the cluster it needs, the
+  // caller's word on merged pairs. (A region declined as slower still gets a full config: fuse="all" runs it.)
+  if (opts.transport && exchanges(fs)) d.config.transport = *opts.transport;
+  if (std::string why = fit_transport(d.config, fs); !why.empty()) throw PlanError(why);
+  if (opts.merge) {
+    const bool was = d.config.merged;
+    d.config.merged = *opts.merge && psi_merges(fs);
+    if (d.config.merged != was)   // the estimates above are the planner's form's; this one is not measured
+      d.reason += std::string("; reduction pairs ") + (was ? "not merged" : "merged") + " (merge=" +
+                  (*opts.merge ? "on" : "off") + ": the estimate above is for the planner's form)";
+  }
+  if (d.candidates.empty() || fs.num_stages() > 1) d.candidates = {d.config};
+  d.candidates[0] = d.config;
   return d;
 }
 

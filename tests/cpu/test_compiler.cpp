@@ -53,7 +53,7 @@ TEST(Compiler, NodesOutsideRegionsRunOnThePlainPathAndTheManifestSaysSo) {
   fs::path d = temp_dir("plain");
   std::string name = generate_kernel(p.regions[0].spec).name;
   std::ofstream(d / (name + ".so")) << "x";
-  std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so none 128 128 64 1 1\n";
+  std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so 128x128x64_c1x1\n";
   std::string why = message_of<CompileError>([&] { Compiler().load(g, d.string()); });
   EXPECT_NE(why.find("no plain GPU path library"), std::string::npos) << why;
   std::ofstream(d / "comfuse_plain_path.so") << "x";
@@ -78,7 +78,7 @@ TEST(Compiler, RegionsNoKernelCanServeRunOnThePlainPath) {
 }
 
 TEST(Compiler, TheManifestRecordsTheTileInputForm) {
-  // "tiles" / "tiles_sr" / "tiles_rr": the form the planner picked (KernelConfig::tile_input), checked on load like
+  // "_rg" / "_sr" / "_rr" in the config's name: the form the planner picked (KernelConfig::tile_input), checked on load like
   // the rest of the config (fake libraries: nothing is run)
   fs::path d = temp_dir("tiles");
   Graph g = small("softmax");   // no [rows, N] input: nothing to stage
@@ -86,15 +86,20 @@ TEST(Compiler, TheManifestRecordsTheTileInputForm) {
   std::string name = generate_kernel(p.regions[0].spec).name;
   std::ofstream(d / (name + ".so")) << "x";
   auto load_with = [&](const std::string& field) {
-    std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so l2 128 128 64 1 1 " + field + "\n";
+    std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so 128x128x64_c1x1" + field + "_l2\n";
     return message_of<CompileError>([&] { Compiler().load(g, d.string()); });
   };
-  EXPECT_EQ(load_with("tiles"), "(no exception)");
-  std::string why = load_with("tiles_sr");
+  EXPECT_EQ(load_with("_rg"), "(no exception)");
+  std::string why = load_with("_sr");
   EXPECT_NE(why.find("cannot take its config"), std::string::npos) << why;
   EXPECT_NE(why.find("cannot be staged"), std::string::npos) << why;
-  why = load_with("tiles_xx");
-  EXPECT_NE(why.find("bad schedule or field 'tiles_xx'"), std::string::npos) << why;
+  why = load_with("_xx");
+  EXPECT_NE(why.find("'128x128x64_c1x1_xx_l2' in"), std::string::npos) << why;
+  EXPECT_NE(why.find("is not a kernel config"), std::string::npos) << why;
+  // a manifest of the older form (transport, then the config's numbers): a clear word on what to do
+  std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so l2 128 128 64 1 1\n";
+  why = message_of<CompileError>([&] { Compiler().load(g, d.string()); });
+  EXPECT_NE(why.find("re-run comfuse aot"), std::string::npos) << why;
   fs::remove_all(d);
 }
 
@@ -120,14 +125,14 @@ TEST(Compiler, AheadOfTimeManifestIsCheckedAgainstTheGraph) {
   EXPECT_NE(why.find("no manifest.txt"), std::string::npos) << why;
 
   // a manifest written for another graph's kernel
-  std::ofstream(d / "manifest.txt") << "# test\n0 comfuse_0123456789abcdef k.so l2 128 128 64 1 1\n";
+  std::ofstream(d / "manifest.txt") << "# test\n0 comfuse_0123456789abcdef k.so 128x128x64_c1x1_l2\n";
   why = message_of<CompileError>([&] { c.load(small("postnorm"), d.string()); });
   EXPECT_NE(why.find("compiled from another Spec"), std::string::npos) << why;
 
   // the right kernel name, but its library is missing
   Partition p = partition(small("postnorm"));
   std::string name = generate_kernel(p.regions[0].spec).name;
-  std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so l2 128 128 64 1 1\n";
+  std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so 128x128x64_c1x1_l2\n";
   why = message_of<CompileError>([&] { c.load(small("postnorm"), d.string()); });
   EXPECT_NE(why.find("missing kernel library"), std::string::npos) << why;
 
@@ -135,7 +140,7 @@ TEST(Compiler, AheadOfTimeManifestIsCheckedAgainstTheGraph) {
   std::ofstream(d / (name + ".so")) << "not really a library";
   CompiledGraph cg = c.load(small("postnorm"), d.string());
   ASSERT_EQ(cg.regions().size(), 1u);
-  EXPECT_EQ(cg.regions()[0].plan.transport, "l2");
+  EXPECT_EQ(cg.regions()[0].plan.config.transport, Transport::L2);
   EXPECT_TRUE(cg.regions()[0].cache_hit);
   // a manifest from before the config search: its one config is the only candidate
   ASSERT_EQ(cg.regions()[0].candidates.size(), 1u);
@@ -144,7 +149,7 @@ TEST(Compiler, AheadOfTimeManifestIsCheckedAgainstTheGraph) {
   EXPECT_EQ(cg.regions()[0].plan.candidates.size(), 1u);
 
   // a merged-pairs config is kept as written
-  std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so l2 128 256 64 1 1 coop merged\n";
+  std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so 128x256x64_c1x1_coop_mg_l2\n";
   CompiledGraph mg = c.load(small("postnorm"), d.string());
   EXPECT_TRUE(mg.regions()[0].plan.config.merged);
   EXPECT_TRUE(mg.regions()[0].plan.config.cooperative);
@@ -152,11 +157,11 @@ TEST(Compiler, AheadOfTimeManifestIsCheckedAgainstTheGraph) {
   // "merged" for a Spec without a pair to merge (RMSNorm): not the Spec the kernel was built from
   Partition rms = partition(small("rmsnorm"));
   const std::string rms_name = generate_kernel(rms.regions[0].spec).name;
-  std::ofstream(d / "manifest.txt") << "0 " + rms_name + " " + name + ".so l2 128 128 64 1 1 merged\n";
+  std::ofstream(d / "manifest.txt") << "0 " + rms_name + " " + name + ".so 128x128x64_c1x1_mg_l2\n";
   why = message_of<CompileError>([&] { c.load(small("rmsnorm"), d.string()); });
   EXPECT_NE(why.find("compiled from another Spec"), std::string::npos) << why;
 
-  std::ofstream(d / "manifest.txt") << "3 " + name + " x.so l2 128 128 64 1 1\n";
+  std::ofstream(d / "manifest.txt") << "3 " + name + " x.so 128x128x64_c1x1_l2\n";
   why = message_of<CompileError>([&] { c.load(small("postnorm"), d.string()); });
   EXPECT_NE(why.find("bad line"), std::string::npos) << why;
   fs::remove_all(d);
@@ -353,13 +358,13 @@ TEST(CompilerSearch, EveryCandidateIsCompiledSavedAndLoaded) {
   std::string why = message_of<CompileError>([&] { Compiler(nvcc.options()).load(g, d.string()); });
   EXPECT_NE(why.find("missing kernel library"), std::string::npos) << why;
   std::ofstream(d / "x.so") << "x";
-  std::ofstream(d / "manifest.txt") << "candidate 0 x.so 128 128 64 1 1\n";
+  std::ofstream(d / "manifest.txt") << "candidate 0 x.so 128x128x64_c1x1\n";
   why = message_of<CompileError>([&] { Compiler(nvcc.options()).load(g, d.string()); });
   EXPECT_NE(why.find("no fused kernel line"), std::string::npos) << why;
   std::ofstream(d / (r.kernel.name + ".so")) << "x";
-  std::ofstream(d / "manifest.txt") << "0 " + r.kernel.name + " " + r.kernel.name + ".so none 128 128 64 1 1 fast\n";
+  std::ofstream(d / "manifest.txt") << "0 " + r.kernel.name + " " + r.kernel.name + ".so 128x128x64_c1x1 fast\n";
   why = message_of<CompileError>([&] { Compiler(nvcc.options()).load(g, d.string()); });
-  EXPECT_NE(why.find("bad schedule or field 'fast'"), std::string::npos) << why;
+  EXPECT_NE(why.find("bad field 'fast'"), std::string::npos) << why;
   fs::remove_all(d);
 }
 

@@ -137,7 +137,7 @@ TEST(Dynamic, CompiledGraphChecksRowsAndBuffersBeforeAnyGpuWork) {
   fs::path d = fs::temp_directory_path() / ("comfuse_dynamic_" + std::to_string(::getpid()));
   fs::create_directories(d);
   std::string name = generate_kernel(partition(bind_rows(g, 4096)).regions[0].spec).name;
-  std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so l2 128 128 64 1 1\n";
+  std::ofstream(d / "manifest.txt") << "0 " + name + " " + name + ".so 128x128x64_c1x1_l2\n";
   std::ofstream(d / (name + ".so")) << "not really a library";
   CompiledGraph cg = Compiler().load(g, d.string());
   EXPECT_TRUE(cg.symbolic());

@@ -48,7 +48,7 @@ TEST(Plan, AResidualEpiloguePlansFromTheResidualRows) {
                                           "16384,1024,1024,d,128x128x64_c1x2_rr,residual,66.0\n");
   PlanDecision d = plan_region(res, table);
   EXPECT_TRUE(d.fuse) << d.reason;
-  EXPECT_EQ(config_name(d.config), "128x128x64_c1x2") << d.reason;   // registers form: unset suffix, set form
+  EXPECT_EQ(config_name(d.config), "128x128x64_c1x2_rg") << d.reason;   // the registers form, set: "_rg"
   EXPECT_EQ(d.config.tile_input, TileInputForm::Registers);
   EXPECT_NE(d.reason.find("'residual'"), std::string::npos) << d.reason;
   // two outputs stay bias_res_2out
@@ -71,9 +71,9 @@ TEST(Plan, BenchVariantsThatPsiCannotEmitAreNotConfigs) {
       "16384,1024,1024,e,128x128x64_c1x2,bias_gelu,52.0\n");
   PlanDecision ln = plan_region(spec_of(gemm(16384, 1024, 1024, "y = layer_norm(add(h, b), g, beta)\noutput y\n")), table);
   EXPECT_TRUE(ln.config.cooperative);
-  EXPECT_EQ(config_name(ln.config), "128x256x64_c2x1_coop");
+  EXPECT_EQ(config_name(ln.config), "128x256x64_c1x1_coop_l2");
   PlanDecision rms = plan_region(spec_of(gemm(16384, 1024, 1024, "y = rms_norm(add(h, b), g)\noutput y\n")), table);
-  EXPECT_EQ(config_name(rms.config), "128x256x64_c2x1_coop") << rms.reason;   // one reduction: nothing merges
+  EXPECT_EQ(config_name(rms.config), "128x256x64_c1x1_coop_l2") << rms.reason;   // one reduction: nothing merges
   PlanDecision gelu = plan_region(spec_of(gemm(16384, 1024, 1024, "y = gelu(add(h, b))\noutput y\n")), table);
   EXPECT_EQ(config_name(gelu.config), "128x128x64_c1x2");
 }
@@ -91,7 +91,7 @@ TEST(Plan, MergedReductionPairsArePlannedFromTheirOwnRows) {
   const std::string sm = "y = softmax(add(h, b))\noutput y\n";
   PlanDecision long_k = plan_region(spec_of(gemm(8192, 4096, 4096, sm)), table);
   EXPECT_TRUE(long_k.config.merged) << long_k.reason;
-  EXPECT_EQ(config_name(long_k.config), "128x128x64_c1x1_mg");
+  EXPECT_EQ(config_name(long_k.config), "128x128x64_c1x1_mg_l2");
   EXPECT_NE(long_k.reason.find("[128x128x64_c1x1_mg, l2]"), std::string::npos) << long_k.reason;
   PlanDecision short_k = plan_region(spec_of(gemm(16384, 1024, 1024, sm)), table);
   EXPECT_FALSE(short_k.config.merged) << short_k.reason;
@@ -104,7 +104,7 @@ TEST(Plan, MergedReductionPairsArePlannedFromTheirOwnRows) {
 TEST(Plan, ElementwiseEpilogueIsFusedWithAMeasuredConfig) {
   PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, "y = gelu(add(h, b), approximate=\"tanh\")\noutput y\n")));
   ASSERT_TRUE(d.fuse) << d.reason;
-  EXPECT_EQ(d.transport, "none");
+  EXPECT_EQ(d.config.transport, Transport::None);
   EXPECT_EQ(d.config.tile_m, 128);
   EXPECT_LT(d.fused_us, d.unfused_us);
   EXPECT_NE(d.reason.find("bias_gelu"), std::string::npos) << d.reason;
@@ -156,7 +156,7 @@ TEST(Plan, FusesAReductionWhenTheMeasurementsSaySo) {
       "16384,1024,1024,128x128x64_c1x1_kn_postnorm,128x128x64_c1x1,postnorm,50.5\n");
   PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, "y = layer_norm(add(h, b), g, beta)\noutput y\n")), table);
   ASSERT_TRUE(d.fuse) << d.reason;
-  EXPECT_EQ(d.transport, "l2");
+  EXPECT_EQ(d.config.transport, Transport::L2);
 }
 
 TEST(Plan, ConfigNameIsTheMeasuredTablesSpelling) {
@@ -173,11 +173,50 @@ TEST(Plan, PicksTheMeasuredTransportWhereItCanServeTheShape) {
   const std::string ln = "y = layer_norm(add(h, b), g, beta)\noutput y\n";
   PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, ln)), table);
   ASSERT_TRUE(d.fuse) << d.reason;
-  EXPECT_EQ(d.transport, "dsmem_p2p");
+  EXPECT_EQ(d.config.transport, Transport::DsmemPeerToPeer);
   EXPECT_NE(d.reason.find("dsmem_p2p"), std::string::npos) << d.reason;
   // N = 2048: 16 column blocks of 128 do not fit the DSMEM buffers: the L2 measurement is used
   PlanDecision wide = plan_region(spec_of(gemm(16384, 1024, 2048, ln)), table);
-  EXPECT_EQ(wide.transport, "l2") << wide.reason;
+  EXPECT_EQ(wide.config.transport, Transport::L2) << wide.reason;
+  // decided once, with the cluster each needs: DSMEM the row block's 1 x 8 cluster, L2 none
+  EXPECT_EQ(config_name(d.config), "128x128x64_c1x8_p2p");
+  EXPECT_EQ(d.candidates.at(0), d.config);
+  EXPECT_EQ(config_name(wide.config), "128x128x64_c1x1_l2");
+  // a caller's transport is fitted the same way, and one that cannot serve the shape is an error, not a quiet change
+  PlanOptions leader;
+  leader.transport = Transport::DsmemLeaderFollower;
+  EXPECT_EQ(config_name(plan_region(spec_of(gemm(16384, 1024, 1024, ln)), leader, table).config),
+            "128x128x64_c1x8_leader");
+  EXPECT_THROW(plan_region(spec_of(gemm(16384, 1024, 2048, ln)), leader, table), PlanError);
+  // an elementwise region has no exchange: the caller's transport does not apply
+  PlanDecision gelu = plan_region(spec_of(gemm(16384, 1024, 2048, "y = gelu(add(h, b))\noutput y\n")), leader);
+  EXPECT_EQ(gelu.config.transport, Transport::None);
+}
+
+TEST(Plan, EveryConfigNameReadsBackAsItsConfig) {
+  for (int coop = 0; coop < 2; ++coop)
+    for (int merged = 0; merged < 2; ++merged)
+      for (int form = -1; form < 3; ++form)
+        for (int parts = 0; parts < 2; ++parts)
+          for (int as = 0; as < 2; ++as)
+            for (Transport t : {Transport::None, Transport::L2, Transport::DsmemPeerToPeer, Transport::DsmemLeaderFollower}) {
+              KernelConfig c{128, 256, 64, 2, 1};
+              c.cooperative = coop;
+              c.merged = merged;
+              if (form >= 0) c.tile_input = static_cast<TileInputForm>(form);
+              c.parts = parts;
+              c.async_stores = as;
+              c.transport = t;
+              KernelConfig back;
+              ASSERT_TRUE(parse_config(config_name(c), back)) << config_name(c);
+              EXPECT_EQ(back, c) << config_name(c) << " read back as " << config_name(back);
+            }
+  KernelConfig c;
+  EXPECT_FALSE(parse_config("128x128x64_c1x1_r8", c));   // a bench variant's tile order is not a config
+  EXPECT_FALSE(parse_config("128x128x64_c1x1_l2_mg", c));   // suffixes in their order only
+  for (Transport t : {Transport::None, Transport::L2, Transport::DsmemPeerToPeer, Transport::DsmemLeaderFollower})
+    EXPECT_EQ(parse_transport(transport_name(t)), t);
+  EXPECT_FALSE(parse_transport("dsmem"));
 }
 
 TEST(Plan, DeclineReasons) {
@@ -324,7 +363,7 @@ TEST(PlanCandidates, RowReductionsKeepTheirPriorAlone) {
       "16384,1024,1024,c,128x128x64_c2x1,postnorm,50.7\n");
   PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, "y = layer_norm(add(h, b), g, beta)\noutput y\n")), table);
   ASSERT_TRUE(d.fuse) << d.reason;
-  EXPECT_EQ(names(d), (std::vector<std::string>{"128x128x64_c1x1"}));
+  EXPECT_EQ(names(d), (std::vector<std::string>{"128x128x64_c1x1_l2"}));
   EXPECT_NE(d.candidates_reason.find("row reductions are not searched"), std::string::npos) << d.candidates_reason;
 }
 
@@ -338,7 +377,7 @@ TEST(PlanCandidates, AResidualTileKeepsPingPongAt128Columns) {
       "16384,1024,1024,c,128x256x64_c2x1_coop,bias_res_2out,61.0\n");
   const std::string body = "input R : bf16[16384, 1024]\nx = add(add(h, b), R)\ny = gelu(x)\noutput x\noutput y\n";
   PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, body)), table);
-  EXPECT_EQ(names(d), (std::vector<std::string>{"128x128x64_c1x1", "128x256x64_c2x1_coop"})) << d.reason;
+  EXPECT_EQ(names(d), (std::vector<std::string>{"128x128x64_c1x1_rg", "128x256x64_c2x1_coop_rg"})) << d.reason;
 }
 
 TEST(PlanCandidates, TheCompiledInTableGivesSeveralForAnElementwiseEpilogue) {
@@ -390,11 +429,11 @@ TEST(Plan, AResidualIsReadInTheFormMeasuredFastest) {
       "8192,4096,4096,d,128x256x64_c1x1_coop_rr,rmsnorm,300.0\n");
   const std::string rms = "input R : bf16[16384, 1024]\ny = rms_norm(add(add(h, b), R), g)\noutput y\n";
   PlanDecision short_k = plan_region(spec_of(gemm(16384, 1024, 1024, rms)), table);
-  EXPECT_EQ(config_name(short_k.config), "128x128x64_c1x1_rr") << short_k.reason;   // the ring row, 65 us
+  EXPECT_EQ(config_name(short_k.config), "128x128x64_c1x1_rr_l2") << short_k.reason;   // the ring row, 65 us
   EXPECT_NE(short_k.reason.find("1.300x"), std::string::npos) << short_k.reason;
   const std::string rms_long = "input R : bf16[8192, 4096]\ny = rms_norm(add(add(h, b), R), g)\noutput y\n";
   PlanDecision long_k = plan_region(spec_of(gemm(8192, 4096, 4096, rms_long)), table);
-  EXPECT_EQ(config_name(long_k.config), "128x128x64_c1x1") << long_k.reason;   // TileLoad, 300 us (staged: a tie)
+  EXPECT_EQ(config_name(long_k.config), "128x128x64_c1x1_rg_l2") << long_k.reason;   // TileLoad, 300 us (staged: a tie)
   EXPECT_EQ(long_k.config.tile_input, TileInputForm::Registers);
   EXPECT_NE(long_k.reason.find("0.750x"), std::string::npos) << long_k.reason;
   // the Spec's kernel is rendered in the form planned
@@ -472,10 +511,10 @@ TEST(Plan, AReductionThatOnlyLeavesTheKernelIsPlannedAsElementwise) {
   // measured two-output elementwise kernels price it, with no transport; a norm applied in the tile exchanges.
   const std::string stats = "s = add(h, b)\nms = mean(mul(s, s), dim=-1)\ny = mul(s, g)\noutput s, y, ms\n";
   PlanDecision d = plan_region(spec_of(gemm(16384, 1024, 1024, stats)));
-  EXPECT_EQ(d.transport, "none") << d.reason;
+  EXPECT_EQ(d.config.transport, Transport::None) << d.reason;
   EXPECT_NE(d.reason.find("'bias_res_2out'"), std::string::npos) << d.reason;
   PlanDecision norm = plan_region(spec_of(gemm(16384, 1024, 1024, "y = rms_norm(add(h, b), g)\noutput h, y\n")));
-  EXPECT_NE(norm.transport, "none") << norm.reason;
+  EXPECT_NE(norm.config.transport, Transport::None) << norm.reason;
   EXPECT_NE(norm.reason.find("'rmsnorm'"), std::string::npos) << norm.reason;
 }
 

@@ -30,6 +30,7 @@
 
 #include "cute/tensor.hpp"
 #include "cutlass/numeric_types.h"
+#include "comfuse/reduce/dsmem_exchange.cuh"   // reduce::Transport
 #include "comfuse/trace.cuh"
 
 namespace comfuse::epi {
@@ -52,7 +53,7 @@ struct TileCtx {
   float* row_results = nullptr;   // per-row reduction results in SMEM (set by StageStream, reduce.cuh)
   // Cross-CTA exchanges of a Stage-Stream epilogue (reduce.cuh):
   int iter = 0;                    // this group's tile iteration: the same on every CTA of a row block
-  int transport = 0;               // reduce::Transport of the launch
+  reduce::Transport transport = reduce::Transport::L2;   // of the launch
   uint32_t exchange_tag = 0;       // L2 transport: this launch's tag on published partials (l2_exchange.cuh)
   int exchanges = 0;               // reductions per tile (set by StageStream)
   int exchange_ctas = 1;           // DSMEM: CTAs of the cluster (= the row block) and this CTA's rank in it

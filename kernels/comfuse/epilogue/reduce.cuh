@@ -126,9 +126,9 @@ CUTE_DEVICE void exchange_rows(TileCtx const& c, reduce::L2Workspace const& ws, 
   const float scale = mean ? 1.f / float(c.N) : 1.f;
   float* out = row_results(c, id);
   const int t = c.thread;
-  if (c.exchange_ctas > 1 && reduce::is_dsmem(reduce::Transport(c.transport))) {
+  if (c.exchange_ctas > 1 && reduce::is_dsmem(c.transport)) {
     // The row block is one cluster (rank = column block; ranks past N fold nothing and send identities).
-    reduce::DsmemExchange x{c.dsmem_data, c.dsmem_full, c.dsmem_cols, reduce::Transport(c.transport),
+    reduce::DsmemExchange x{c.dsmem_data, c.dsmem_full, c.dsmem_cols, c.transport,
                             c.exchange_ctas, c.exchange_rank, uint32_t(c.iter * c.exchanges + id), t,
                             8 + c.group, slots, c.trace, trace::ExchangeArrived + 2 * id};
     reduce::dsmem_exchange(x, part, WgmmaRows{t}, combine, scale, out);
@@ -152,7 +152,7 @@ CUTE_DEVICE bool exchanges_via_l2(TileCtx const& c) { return col_blocks(c) > 1 &
 // path (C <= kPollCols): it publishes and collects per part (Reduce::publish_part / collect_part). Every other
 // case exchanges at the end of the stage as usual (DSMEM, the two-level path, C = 1).
 CUTE_DEVICE bool exchanges_in_parts(TileCtx const& c) {
-  return c.parts && !c.deferred && c.tile_m == 128 && !reduce::is_dsmem(reduce::Transport(c.transport)) &&
+  return c.parts && !c.deferred && c.tile_m == 128 && !reduce::is_dsmem(c.transport) &&
          exchanges_via_l2(c) && col_blocks(c) <= reduce::L2Workspace::kPollCols;
 }
 CUTE_DEVICE reduce::L2Exchange l2_exchange_of(TileCtx const& c, reduce::L2Workspace const& ws, int id) {
@@ -350,10 +350,10 @@ struct MergedReduce : Children<Child> {
     }
     __syncwarp();   // every lane has read `first` before any lane overwrites it
     const detail::WgmmaRows row_of{t};
-    if (c.exchange_ctas > 1 && reduce::is_dsmem(reduce::Transport(c.transport))) {
+    if (c.exchange_ctas > 1 && reduce::is_dsmem(c.transport)) {
       // Two short exchanges: the first result, then the second corrected to it.
       const uint32_t seq = uint32_t(c.iter * c.exchanges);
-      const auto mode = reduce::Transport(c.transport);
+      const auto mode = c.transport;
       auto exchange = [&](int id) {   // the DSMEM exchange of reduction id
         return reduce::DsmemExchange{c.dsmem_data, c.dsmem_full, c.dsmem_cols, mode, c.exchange_ctas, c.exchange_rank,
                                      seq + id, t, 8 + c.group, slots, c.trace, trace::ExchangeArrived + 2 * id};

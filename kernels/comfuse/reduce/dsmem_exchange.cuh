@@ -23,12 +23,18 @@
 
 #include "cute/arch/cluster_sm90.hpp"
 #include "cute/config.hpp"
+#include "comfuse/abi.h"
 #include "comfuse/mbarrier.cuh"
 #include "comfuse/trace.cuh"
 
 namespace comfuse::reduce {
 
-enum class Transport : int { L2 = 0, DsmemPeerToPeer = 1, DsmemLeaderFollower = 2 };
+// The ABI's values (abi.h), so that a launch argument converts to this type without a table.
+enum class Transport : int {
+  L2 = COMFUSE_TRANSPORT_L2,
+  DsmemPeerToPeer = COMFUSE_TRANSPORT_DSMEM_P2P,
+  DsmemLeaderFollower = COMFUSE_TRANSPORT_DSMEM_LEADER
+};
 
 CUTE_HOST_DEVICE constexpr bool is_dsmem(Transport t) { return t != Transport::L2; }
 
