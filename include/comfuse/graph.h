@@ -183,6 +183,10 @@ constexpr char kInternalSep = '%';
 // nodes are kept on the node that produces their result, so outputs keep their names.
 Graph decompose(const Graph& g);
 
+// A copy of `n` built into `dst` with operands `ins` (nodes of dst) and name `name`: the builder infers its shape
+// and dtype again (graph passes that rewrite a program build it anew with this).
+Value copy_node(Graph& dst, const Node& n, const std::vector<Value>& ins, const std::string& name);
+
 // Removes nodes no output depends on.
 Graph eliminate_dead(const Graph& g);
 

@@ -623,6 +623,11 @@ int64_t rows_from_shapes(const Graph& g, const std::map<std::string, Shape>& sha
   return rows;
 }
 
+Value copy_node(Graph& dst, const Node& n, const std::vector<Value>& ins, const std::string& name) {
+  dst.set_loc(n.loc);
+  return rebuild(dst, n, ins, name);
+}
+
 Graph eliminate_dead(const Graph& g) {
   std::vector<bool> live(g.nodes.size(), false);
   for (const auto& o : g.outputs) live[o.node] = true;

@@ -1,0 +1,538 @@
+// Norm deferral (rewrite.h): recognise row-affine normalizations on the primitives and finish them in the GEMMs
+// that read them.
+//
+// Recognition, for a GEMM operand y:
+//   1. h: the input of the first row reduction y depends on (mean(h), or mean of h^2 / h*h / pow(h, 2));
+//   2. y as a linear function of h: y = h * P + sum_t Q_t, where P and every Q_t are products of per-row factors
+//      ([rows, 1] values), per-column factors ([N] values that do not depend on h) and a constant;
+//   3. every per-row factor depends on h only through reductions over the last dim (the statistics).
+// The GEMM reader Z = y @ W then becomes rows(P) * (h @ W* + sum_inner q_t (x) s_t) + sum_outer q_t (x) s_t, where
+// W* = diag(cols(P) * scale(P)) W and s_t is either colsum(W*) times a constant (Q_t's columns are P's: the
+// centering term) or (cols(Q_t) * scale(Q_t)) @ W (the shift: beta @ W).
+#include "comfuse/rewrite.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+namespace comfuse {
+
+namespace {
+
+struct Factor {
+  int node = -1;
+  int power = 1;   // +1 or -1
+  bool operator<(const Factor& o) const { return node != o.node ? node < o.node : power < o.power; }
+  bool operator==(const Factor& o) const { return node == o.node && power == o.power; }
+};
+using Factors = std::vector<Factor>;   // kept sorted: equal products compare equal
+
+struct Term {
+  Factors rows, cols;
+  double scale = 1;
+};
+
+struct LinForm {   // h * (rows * cols * scale) + sum of terms
+  Factors rows, cols;
+  double scale = 1;
+  std::vector<Term> terms;
+};
+
+void insert(Factors& f, Factor x) { f.insert(std::upper_bound(f.begin(), f.end(), x), x); }
+
+class Site {
+ public:
+  Site(const Graph& g, int y) : g_(g), y_(y) {}
+
+  // Why y is not a row-affine normalization of one h, or "" (then h(), form(), statistics() are set).
+  std::string recognise() {
+    const Node& y = g_.node(y_);
+    if (y.shape.size() < 2) return "not a [rows, N] value";
+    const int first = first_reduction(y_);
+    if (first < 0) return "no row reduction over its last dim";
+    h_ = base_of(g_.node(first).inputs[0]);
+    if (g_.node(h_).shape != y.shape) return "the statistics are of a value of another shape";
+    std::optional<LinForm> f = lin(y_);
+    if (!f) return "not a linear function of '" + g_.node(h_).name + "' with per-row and per-column factors";
+    bool has_row = !f->rows.empty();
+    for (const Term& t : f->terms) has_row = has_row || !t.rows.empty();
+    if (!has_row) return "no per-row factor: not a normalization";
+    for (const Factors* fs : row_lists(*f))
+      for (const Factor& r : *fs)
+        if (!row_stat(r.node)) return "per-row factor '" + g_.node(r.node).name + "' is not computed from the row statistics alone";
+    form_ = *f;
+    return "";
+  }
+
+  int h() const { return h_; }
+  const LinForm& form() const { return form_; }
+  const std::set<int>& statistics() const { return stats_; }
+  bool centered() const { return !form_.terms.empty() && std::any_of(form_.terms.begin(), form_.terms.end(),
+                                                                       [](const Term& t) { return !t.rows.empty(); }); }
+
+ private:
+  bool is_rows1(const Node& n) const {
+    const Shape& ys = g_.node(y_).shape;
+    if (n.shape.size() != ys.size() || n.shape.back() != 1) return false;
+    return std::equal(ys.begin(), ys.end() - 1, n.shape.begin());
+  }
+  bool is_col(const Node& n) const {
+    const int64_t N = g_.node(y_).shape.back();
+    return n.shape.back() == N && numel(n.shape) == N;
+  }
+  bool depends_on_h(int id) {
+    if (id == h_) return true;
+    if (auto it = dep_.find(id); it != dep_.end()) return it->second;
+    bool d = false;
+    if (id > h_)
+      for (int in : g_.node(id).inputs) d = d || depends_on_h(in);
+    return dep_[id] = d;
+  }
+
+  // The reduction over the last dim with the smallest id among those y depends on (through up to 256 nodes).
+  int first_reduction(int from) const {
+    std::vector<int> stack{from};
+    std::set<int> seen;
+    int best = -1;
+    while (!stack.empty() && seen.size() < 256) {
+      int id = stack.back();
+      stack.pop_back();
+      if (!seen.insert(id).second) continue;
+      const Node& n = g_.node(id);
+      if (is_reduction(n.op) && (n.op == OpKind::Mean || n.op == OpKind::Sum) && n.keepdim &&
+          n.dim == static_cast<int>(n.shape.size()) - 1 && is_rows1(n))
+        best = best < 0 ? id : std::min(best, id);
+      if (n.op == OpKind::MatMul) continue;   // another GEMM's operands are not y's row
+      for (int in : n.inputs) stack.push_back(in);
+    }
+    return best;
+  }
+  // The x of mean(x), mean(x^2), mean(x*x), mean(pow(x, 2)).
+  int base_of(int id) const {
+    const Node& n = g_.node(id);
+    if (n.op == OpKind::Square) return n.inputs[0];
+    if (n.op == OpKind::Pow && n.value == 2.0) return n.inputs[0];
+    if (n.op == OpKind::Mul && n.inputs[0] == n.inputs[1]) return n.inputs[0];
+    return id;
+  }
+
+  enum class Kind { Tile, Row, Col, Scalar, Bad };
+  Kind kind(int id) {
+    const Node& n = g_.node(id);
+    if (depends_on_h(id)) return n.shape == g_.node(y_).shape ? Kind::Tile : is_rows1(n) ? Kind::Row : Kind::Bad;
+    if (n.op == OpKind::Constant) return Kind::Scalar;
+    if (is_col(n)) return Kind::Col;
+    return Kind::Bad;
+  }
+
+  static void scale_by(LinForm& f, double s) {
+    f.scale *= s;
+    for (Term& t : f.terms) t.scale *= s;
+  }
+  // f times a factor: every part of it.
+  void multiply(LinForm& f, int id, int power) {
+    const Kind k = kind(id);
+    if (k == Kind::Scalar) {
+      scale_by(f, power > 0 ? g_.node(id).value : 1.0 / g_.node(id).value);
+      return;
+    }
+    Factor x{id, power};
+    insert(k == Kind::Row ? f.rows : f.cols, x);
+    for (Term& t : f.terms) insert(k == Kind::Row ? t.rows : t.cols, x);
+  }
+  Term term_of(int id, double sign) {
+    Term t;
+    t.scale = sign;
+    switch (kind(id)) {
+      case Kind::Scalar: t.scale *= g_.node(id).value; break;
+      case Kind::Row: t.rows = {{id, 1}}; break;
+      default: t.cols = {{id, 1}}; break;
+    }
+    return t;
+  }
+  static bool same_scaling(const LinForm& a, const LinForm& b) {
+    return a.rows == b.rows && a.cols == b.cols && a.scale == b.scale;
+  }
+
+  std::optional<LinForm> lin(int id) {
+    if (id == h_) return LinForm{};
+    const Node& n = g_.node(id);
+    if (kind(id) != Kind::Tile) return std::nullopt;
+    auto factor_kind = [&](int x) {
+      Kind k = kind(x);
+      return k == Kind::Row || k == Kind::Col || k == Kind::Scalar;
+    };
+    switch (n.op) {
+      case OpKind::Cast: return lin(n.inputs[0]);   // a rounding of y's value: the rewrite rounds W* instead
+      case OpKind::Neg: {
+        auto f = lin(n.inputs[0]);
+        if (f) scale_by(*f, -1);
+        return f;
+      }
+      case OpKind::Mul:
+      case OpKind::Div: {
+        const int a = n.inputs[0], b = n.inputs[1];
+        const bool ta = kind(a) == Kind::Tile, tb = kind(b) == Kind::Tile;
+        if (ta == tb) return std::nullopt;
+        if (n.op == OpKind::Div && !ta) return std::nullopt;   // c / (linear in h)
+        const int t = ta ? a : b, x = ta ? b : a;
+        if (!factor_kind(x)) return std::nullopt;
+        if (kind(x) == Kind::Scalar && n.op == OpKind::Div && g_.node(x).value == 0) return std::nullopt;
+        auto f = lin(t);
+        if (f) multiply(*f, x, n.op == OpKind::Div ? -1 : 1);
+        return f;
+      }
+      case OpKind::Add:
+      case OpKind::Sub: {
+        const int a = n.inputs[0], b = n.inputs[1];
+        const double sb = n.op == OpKind::Sub ? -1 : 1;
+        const bool ta = kind(a) == Kind::Tile, tb = kind(b) == Kind::Tile;
+        if (ta && tb) {
+          auto fa = lin(a), fb = lin(b);
+          if (!fa || !fb || !same_scaling(*fa, *fb)) return std::nullopt;
+          // h P + A + (h P + B) would be h 2P: only equal P with opposite signs cancel, which no norm writes
+          return std::nullopt;
+        }
+        const int t = ta ? a : b, x = ta ? b : a;
+        if (!factor_kind(x)) return std::nullopt;
+        auto f = lin(t);
+        if (!f) return std::nullopt;
+        if (!ta) scale_by(*f, sb);   // x - (linear): the linear part changes sign, x is added
+        f->terms.push_back(term_of(x, ta ? sb : 1.0));
+        return f;
+      }
+      default: return std::nullopt;
+    }
+  }
+
+  static std::vector<const Factors*> row_lists(const LinForm& f) {
+    std::vector<const Factors*> out{&f.rows};
+    for (const Term& t : f.terms) out.push_back(&t.rows);
+    return out;
+  }
+
+  // A [rows, 1] value computed from h only through reductions over the last dim: per-row elementwise ops over
+  // constants and such reductions, each reduction over an elementwise expression of h, constants and other such
+  // values. The reductions are recorded as the statistics.
+  bool row_stat(int id) {
+    const Node& n = g_.node(id);
+    if (n.op == OpKind::Constant) return true;
+    if (!is_rows1(n)) return false;
+    if (is_reduction(n.op)) {
+      if ((n.op != OpKind::Mean && n.op != OpKind::Sum) || !n.keepdim || n.dim != static_cast<int>(n.shape.size()) - 1)
+        return false;
+      if (!stat_input(n.inputs[0])) return false;
+      stats_.insert(id);
+      return true;
+    }
+    if (!is_elementwise(n.op)) return false;
+    for (int in : n.inputs)
+      if (!row_stat(in)) return false;
+    return true;
+  }
+  bool stat_input(int id) {
+    const Node& n = g_.node(id);
+    if (id == h_ || n.op == OpKind::Constant) return true;
+    if (is_rows1(n)) return row_stat(id);
+    if (n.shape != g_.node(y_).shape || !is_elementwise(n.op)) return false;
+    for (int in : n.inputs)
+      if (!stat_input(in)) return false;
+    return true;
+  }
+
+  const Graph& g_;
+  int y_;
+  int h_ = -1;
+  LinForm form_;
+  std::set<int> stats_;
+  std::map<int, bool> dep_;
+};
+
+// A GEMM reading y as its A operand, contracted over y's last dim, with a 2-D weight that does not depend on y.
+std::string gemm_reader_why_not(const Graph& g, const Node& u, int y) {
+  if (u.op != OpKind::MatMul) return std::string("a ") + op_name(u.op) + " reader (only GEMM readers are folded)";
+  if (u.inputs[0] != y || u.transpose_a) return "reads it as its B operand";
+  const Node& w = g.node(u.inputs[1]);
+  if (u.inputs[1] == y) return "reads it as both operands";
+  if (w.shape.size() != 2) return "a batched weight " + shape_str(w.shape);
+  if (w.shape[u.transpose_b ? 1 : 0] != g.node(y).shape.back()) return "does not contract over the normalized dim";
+  for (int id = u.inputs[1]; id >= 0;) {   // the weight: an input, maybe through casts
+    const Node& n = g.node(id);
+    if (n.op == OpKind::Input) return "";
+    if (n.op != OpKind::Cast) return "its weight '" + w.name + "' is computed, not a program input";
+    id = n.inputs[0];
+  }
+  return "";
+}
+
+class Builder {
+ public:
+  Builder(const Graph& g, DeferredProgram& out) : g_(g), out_(out), map_(g.nodes.size()) {}
+
+  Graph& dst() { return out_.graph; }
+  Value& at(int id) { return map_.at(id); }
+
+  // A value of `name`, recorded in `role`.
+  // (in fp32: the values between ops are fp32 anyway, so the casts of bf16-typed values to f32 change nothing)
+  Value add(OpKind op, Value a, Value b, const std::string& name, std::set<std::string>& role) {
+    auto f32 = [&](Value v, const char* side) {
+      if (dst().node(v).dtype == DType::F32) return v;
+      const std::string nm = name + kInternalSep + side;
+      role.insert(nm);
+      return dst().cast(v, DType::F32, nm);
+    };
+    Value v = dst().binary(op, f32(a, "a"), f32(b, "b"), name);
+    role.insert(name);
+    return v;
+  }
+
+  // The reader's own copy of a per-row factor: its [rows, 1] chain is copied down to the statistics, which stay
+  // shared (so that the region reading it can compute it per element instead of reading a stored value).
+  Value row_copy(int id, const std::string& prefix, std::map<int, Value>& memo) {
+    if (auto it = memo.find(id); it != memo.end()) return it->second;
+    const Node& n = g_.node(id);
+    Value v;
+    if (is_reduction(n.op) || n.op == OpKind::Constant) {
+      v = map_.at(id);
+    } else {
+      std::vector<Value> ins;
+      for (int in : n.inputs) ins.push_back(row_copy(in, prefix, memo));
+      const std::string name = prefix + kInternalSep + n.name;
+      v = copy_node(dst(), n, ins, name);
+      out_.row_side.insert(name);
+    }
+    return memo[id] = v;
+  }
+
+  // The product of factors (f32), or an invalid Value for none.
+  Value product(const Factors& fs, const std::function<Value(int)>& value_of, const std::string& name,
+                std::set<std::string>& role) {
+    Value p;
+    int i = 0;
+    for (const Factor& f : fs) {
+      Value v = value_of(f.node);
+      const std::string nm = name + std::to_string(i++);
+      if (!p.valid()) p = f.power > 0 ? v : add(OpKind::Div, dst().constant(1.0, nm + "one"), v, nm, role);
+      else p = add(f.power > 0 ? OpKind::Mul : OpKind::Div, p, v, nm, role);
+    }
+    return p;
+  }
+
+ private:
+  const Graph& g_;
+  DeferredProgram& out_;
+  std::vector<Value> map_;
+};
+
+bool contains_all(const Factors& big, const Factors& small, Factors& rest) {
+  rest = big;
+  for (const Factor& f : small) {
+    auto it = std::find(rest.begin(), rest.end(), f);
+    if (it == rest.end()) return false;
+    rest.erase(it);
+  }
+  return true;
+}
+
+// Emits the folded form of GEMM reader u of site s into b; returns the value that replaces u.
+Value fold_reader(const Graph& g, const Node& u, const Site& s, Builder& b, DeferredProgram& out) {
+  Graph& d = b.dst();
+  const LinForm& f = s.form();
+  const std::string p = u.name + kInternalSep;
+  const Node& w = g.node(u.inputs[1]);
+  const int64_t K = g.node(s.h()).shape.back();
+  const int kdim = u.transpose_b ? 1 : 0;   // W: [N, K] (nn.Linear) or [K, N]
+  Value W = b.at(w.id);
+  Value Wf = w.dtype == DType::F32 ? W : d.cast(W, DType::F32, p + "w_f32");
+  out.folds.insert(p + "w_f32");
+  // a [K] column vector as W's layout broadcasts it over K
+  auto along_k = [&](Value v, const std::string& name) {
+    if (kdim == 1) return v;
+    Value r = d.reshape(v, {K, 1}, name);
+    out.folds.insert(name);
+    return r;
+  };
+  auto col_value = [&](int id) {
+    Value v = b.at(id);
+    if (g.node(id).dtype != DType::F32) {
+      v = d.cast(v, DType::F32, p + "col" + std::to_string(id));
+      out.folds.insert(p + "col" + std::to_string(id));
+    }
+    if (g.node(id).shape.size() != 1) {
+      v = d.reshape(v, {K}, p + "colv" + std::to_string(id));
+      out.folds.insert(p + "colv" + std::to_string(id));
+    }
+    return v;
+  };
+  // W* = diag(cols(P) * scale(P)) W, rounded once to W's dtype
+  Value gcol = b.product(f.cols, col_value, p + "g", out.folds);
+  Value Wstar = W;
+  if (gcol.valid() || f.scale != 1.0) {
+    Value prod = Wf;
+    if (gcol.valid()) prod = b.add(OpKind::Mul, prod, along_k(gcol, p + "g_k"), p + "w_folded_f32", out.folds);
+    if (f.scale != 1.0) prod = b.add(OpKind::Mul, prod, d.constant(f.scale, p + "gscale"), p + "w_scaled_f32", out.folds);
+    Wstar = d.cast(prod, w.dtype, p + "w_folded");
+    out.folds.insert(p + "w_folded");
+  }
+  Value WstarF = Wstar.id == W.id ? Wf : d.cast(Wstar, DType::F32, p + "w_folded_f32r");
+  out.folds.insert(p + "w_folded_f32r");
+  std::optional<Value> colsum;
+  auto colsum_of_wstar = [&]() {
+    if (!colsum) {
+      colsum = d.reduce(OpKind::Sum, WstarF, kdim, false, p + "colsum");
+      out.folds.insert(p + "colsum");
+    }
+    return *colsum;
+  };
+  // s_t for a term: colsum(W*) * ratio where its columns are P's, else (cols * scale) @ W
+  auto shift_of = [&](const Term& t, size_t i) -> Value {
+    const std::string nm = p + "s" + std::to_string(i);
+    if (t.cols == f.cols) {
+      const double ratio = t.scale / f.scale;
+      return ratio == 1.0 ? colsum_of_wstar() : b.add(OpKind::Mul, colsum_of_wstar(), d.constant(ratio, nm + "r"), nm, out.folds);
+    }
+    Value c = b.product(t.cols, col_value, nm + "c", out.folds);
+    if (!c.valid()) {   // no column factor: scale * colsum(W)
+      Value sw = d.reduce(OpKind::Sum, Wf, kdim, false, nm + "w");
+      out.folds.insert(nm + "w");
+      return t.scale == 1.0 ? sw : b.add(OpKind::Mul, sw, d.constant(t.scale, nm + "k"), nm, out.folds);
+    }
+    if (t.scale != 1.0) c = b.add(OpKind::Mul, c, d.constant(t.scale, nm + "k"), nm + "cs", out.folds);
+    Value cw = b.add(OpKind::Mul, Wf, along_k(c, nm + "ck"), nm + "cw", out.folds);
+    Value sv = d.reduce(OpKind::Sum, cw, kdim, false, nm);
+    out.folds.insert(nm);
+    return sv;
+  };
+  // h @ W*: h rounded to the GEMM's dtype, as y was
+  Value H = b.at(s.h());
+  if (g.node(s.h()).dtype != w.dtype) {
+    H = d.cast(H, w.dtype, p + "h");
+    out.row_side.insert(p + "h");
+  }
+  Value acc = d.matmul(H, Wstar, false, u.transpose_b, p + "hw");
+  std::map<int, Value> memo;
+  auto row_value = [&](int id) { return b.row_copy(id, u.name, memo); };
+  Value inner = acc;
+  std::vector<std::pair<Value, Value>> outer;   // (row factor or invalid, shift)
+  for (size_t i = 0; i < f.terms.size(); ++i) {
+    const Term& t = f.terms[i];
+    Value sv = shift_of(t, i);
+    Factors rest;
+    if (!f.rows.empty() && contains_all(t.rows, f.rows, rest)) {
+      Value q = b.product(rest, row_value, p + "q" + std::to_string(i), out.row_side);
+      Value term = q.valid() ? b.add(OpKind::Mul, q, sv, p + "t" + std::to_string(i), out.row_side) : sv;
+      inner = b.add(OpKind::Add, inner, term, p + "in" + std::to_string(i), out.row_side);
+    } else {
+      outer.push_back({b.product(t.rows, row_value, p + "q" + std::to_string(i), out.row_side), sv});
+    }
+  }
+  Value z = inner;
+  if (!f.rows.empty()) {
+    Value r = b.product(f.rows, row_value, p + "r", out.row_side);
+    z = b.add(OpKind::Mul, z, r, p + "scaled", out.row_side);
+  }
+  for (size_t i = 0; i < outer.size(); ++i) {
+    auto [q, sv] = outer[i];
+    Value term = q.valid() ? b.add(OpKind::Mul, q, sv, p + "o" + std::to_string(i), out.row_side) : sv;
+    z = b.add(OpKind::Add, z, term, p + "out" + std::to_string(i), out.row_side);
+  }
+  // the reader's dtype, as its value was (a matmul's: its operands')
+  if (d.node(z).dtype != u.dtype) z = d.cast(z, u.dtype, p + "z");
+  return z;
+}
+
+}  // namespace
+
+DeferredProgram defer_norms(const Graph& input, const DeferOptions& opts) {
+  const Graph g = partition_form(input);
+  DeferredProgram out;
+  const auto users = g.users();
+  // The sites: each GEMM operand that is a normalization.
+  std::map<int, std::unique_ptr<Site>> sites;   // by y
+  std::map<int, int> folded_reader;             // GEMM node -> its y
+  std::set<int> considered;
+  for (const Node& u : g.nodes) {
+    if (u.op != OpKind::MatMul) continue;
+    const int y = u.inputs[0];
+    if (!considered.insert(y).second) continue;
+    auto s = std::make_unique<Site>(g, y);
+    if (!s->recognise().empty()) continue;   // not a normalization: nothing to say
+    NormSite ns;
+    ns.norm = g.node(y).name;
+    ns.source = g.node(s->h()).name;
+    ns.centered = s->centered();
+    for (int st : s->statistics()) ns.statistics.push_back(g.node(st).name);
+    // h's declared dtype, through an upcast (a model's h.to(float32)): the rewrite reads h as the GEMM's operand,
+    // which rounds it to the GEMM's dtype. Where the program declares h in that dtype, eager PyTorch rounds it
+    // there too; where h is an f32 value, the rounding would be the rewrite's own (an error of ~2^-9 |mean| / std
+    // of the row): those readers keep y.
+    const Node& hn = g.node(s->h());
+    const DType h_dtype = hn.op == OpKind::Cast && hn.cast_to == DType::F32 ? g.node(hn.inputs[0]).dtype : hn.dtype;
+    for (int r : users[y]) {
+      std::string why = gemm_reader_why_not(g, g.node(r), y);
+      if (why.empty() && g.node(g.node(r).inputs[1]).dtype != h_dtype)
+        why = std::string("'") + hn.name + "' is " + dtype_name(h_dtype) + " in the program: reading it as the GEMM's " +
+              dtype_name(g.node(g.node(r).inputs[1]).dtype) + " operand would round it, an error the program does not have";
+      if (why.empty() && opts.enabled) {
+        ns.folded.push_back(g.node(r).name);
+        folded_reader[r] = y;
+      } else {
+        ns.kept.push_back(g.node(r).name + ": " + (why.empty() ? "deferral is switched off" : why));
+      }
+    }
+    if (g.is_output(y)) ns.kept.push_back("(program output)");
+    ns.deferred = !ns.folded.empty();
+    if (!ns.deferred) ns.why = opts.enabled ? "no GEMM reader can be folded" : "deferral is switched off";
+    out.sites.push_back(ns);
+    sites[y] = std::move(s);
+  }
+  if (folded_reader.empty()) {
+    out.graph = g;
+    return out;
+  }
+  Graph& d = out.graph;
+  Builder b(g, out);
+  std::vector<Value> ins;
+  for (const Node& n : g.nodes) {
+    if (auto it = folded_reader.find(n.id); it != folded_reader.end()) {
+      b.at(n.id) = fold_reader(g, n, *sites.at(it->second), b, out);
+      continue;
+    }
+    ins.clear();
+    for (int in : n.inputs) ins.push_back(b.at(in));
+    b.at(n.id) = copy_node(d, n, ins, n.name);
+  }
+  // Outputs keep their names: a folded reader's value is renamed to the reader's name where it is an output.
+  for (const auto& o : g.outputs) {
+    Value v = b.at(o.node);
+    if (d.node(v).name != o.name) v = d.cast(v, d.node(v).dtype, o.name);   // (a cast to its own dtype: a copy)
+    d.output(v, o.name);
+  }
+  d = eliminate_dead(d);
+  d.verify();
+  return out;
+}
+
+std::string explain_deferral(const DeferredProgram& d) {
+  std::ostringstream o;
+  for (const NormSite& s : d.sites) {
+    o << "norm '" << s.norm << "' of '" << s.source << "' (" << (s.centered ? "centered" : "scaled only")
+      << ", statistics:";
+    for (const auto& st : s.statistics) o << " " << st;
+    o << "): ";
+    if (s.deferred) {
+      o << "finished in";
+      for (const auto& f : s.folded) o << " " << f;
+    } else {
+      o << "not deferred: " << s.why;
+    }
+    for (const auto& k : s.kept) o << "; kept for " << k;
+    o << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace comfuse

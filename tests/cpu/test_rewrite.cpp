@@ -1,0 +1,263 @@
+// Norm deferral (rewrite.h): recognition, the rewritten program's structure, and its numerics against an fp64
+// evaluation of the original program, on fresh random inputs, with ordinary rows and rows far from zero mean.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "comfuse/interp.h"
+#include "comfuse/rewrite.h"
+#include "comfuse/text.h"
+#include "norms.h"
+
+namespace comfuse {
+namespace {
+
+// Inputs by name: N(0, 1) values, except `offset_rows` inputs whose rows get a per-row offset of `mu_over_sigma`
+// standard deviations (sign alternating by row), and weights scaled by 1/sqrt(fan-in).
+TensorMap random_inputs(const Graph& g, std::mt19937& rng, const std::set<std::string>& offset_rows = {},
+                        double mu_over_sigma = 0) {
+  TensorMap in;
+  std::normal_distribution<float> n01(0.f, 1.f);
+  for (int id : g.inputs) {
+    const Node& n = g.node(id);
+    Tensor t(n.shape);
+    const float scale = n.name.rfind("W", 0) == 0 ? 1.f / std::sqrt(float(n.shape.back())) : 1.f;
+    for (auto& v : t.data) v = n01(rng) * scale;
+    if (n.name.rfind("gamma", 0) == 0 || n.name == "g")
+      for (auto& v : t.data) v = 1.f + 0.2f * v;
+    if (offset_rows.count(n.name)) {
+      const int64_t cols = n.shape.back();
+      for (size_t i = 0; i < t.data.size(); ++i)
+        t.data[i] += float(((i / cols) % 2 ? -1 : 1) * mu_over_sigma);
+    }
+    in[n.name] = t;
+  }
+  return in;
+}
+
+// The stated bound (docs/kernel-reduce.md): the rewritten program's normwise error against the original evaluated in
+// fp64 is at most two bf16 roundings (W* is rounded where y was), plus the fp32 accumulation of h W* - m s, whose
+// K terms are |m| / sigma times the result's size: K * 2^-23 * |m| / sigma (measured here: ~K * 2^-24 * |m| / sigma).
+const double kBound = std::ldexp(1.0, -7);
+const double kAccumulation = std::ldexp(1.0, -23);
+
+struct Errors {
+  double original = 0;   // the original program in fp32 against itself in fp64
+  double rewritten = 0;  // the rewritten program in fp32 against the original in fp64
+};
+
+Errors compare(const Graph& g, const DeferredProgram& d, const TensorMap& in) {
+  const TensorMap ref = interpret_graph(g, in, Precision::F64);
+  const TensorMap orig = interpret_graph(g, in);
+  const TensorMap got = interpret_graph(d.graph, in);
+  Errors e;
+  for (const auto& o : g.outputs) {
+    e.original = std::max(e.original, test::rel_err(orig.at(o.name), ref.at(o.name)));
+    e.rewritten = std::max(e.rewritten, test::rel_err(got.at(o.name), ref.at(o.name)));
+  }
+  return e;
+}
+
+const char* kBertSite = R"(
+input X : bf16[96, 64]
+input W1 : bf16[64, 64]
+input b1 : bf16[64]
+input R : bf16[96, 64]
+input gamma : bf16[64]
+input beta : bf16[64]
+input W2 : bf16[160, 64]
+input b2 : bf16[160]
+h = cast(add(add(matmul(X, W1), b1), R), dtype=bf16)
+y = layer_norm(h, gamma, beta, eps=1e-5)
+z = gelu(add(matmul(y, W2, transpose_b=true), b2))
+output z
+)";
+
+// Hugging Face's LlamaRMSNorm as a model writes it (casts to fp32 and back), read by two GEMMs.
+const char* kLlamaSite = R"(
+input X : bf16[80, 64]
+input Wo : bf16[64, 64]
+input R : bf16[80, 64]
+input g : bf16[64]
+input Wg : bf16[96, 64]
+input Wu : bf16[96, 64]
+h = cast(add(matmul(X, Wo, transpose_b=true), R), dtype=bf16)
+hf = cast(h, dtype=f32)
+ms = mean(pow(hf, 2.0), dim=-1)
+r = rsqrt(add(ms, 1e-6))
+y = mul(g, cast(mul(hf, r), dtype=bf16))
+a = matmul(y, Wg, transpose_b=true)
+u = matmul(y, Wu, transpose_b=true)
+z = mul(silu(a), u)
+output h, z
+)";
+
+TEST(DeferNorms, ALayerNormReadByAGemmIsFinishedInIt) {
+  Graph g = parse_cf(kBertSite);
+  DeferredProgram d = defer_norms(g);
+  ASSERT_EQ(d.sites.size(), 1u) << explain_deferral(d);
+  const NormSite& s = d.sites[0];
+  EXPECT_TRUE(s.deferred) << explain_deferral(d);
+  EXPECT_TRUE(s.centered);
+  EXPECT_EQ(s.norm, "y");
+  EXPECT_EQ(s.source, "h");
+  EXPECT_EQ(s.statistics.size(), 2u);   // the mean, and the mean of squared deviations
+  ASSERT_EQ(s.folded.size(), 1u);
+  // y is gone: nothing reads it any more; the GEMM reads h and the folded weight
+  EXPECT_FALSE(d.graph.find("y").has_value());
+  EXPECT_FALSE(d.folds.empty());
+  EXPECT_FALSE(d.row_side.empty());
+  std::mt19937 rng(std::random_device{}());
+  for (int rep = 0; rep < 3; ++rep) {
+    Errors e = compare(g, d, random_inputs(g, rng));
+    EXPECT_LT(e.rewritten, kBound) << "original " << e.original;
+  }
+}
+
+TEST(DeferNorms, AModelsRmsNormWithCastsIsFoldedIntoBothGemms) {
+  Graph g = parse_cf(kLlamaSite);
+  DeferredProgram d = defer_norms(g);
+  ASSERT_EQ(d.sites.size(), 1u) << explain_deferral(d);
+  const NormSite& s = d.sites[0];
+  EXPECT_TRUE(s.deferred);
+  EXPECT_FALSE(s.centered);
+  EXPECT_EQ(s.source, "hf");
+  EXPECT_EQ(s.folded.size(), 2u) << explain_deferral(d);
+  EXPECT_FALSE(d.graph.find("y").has_value());
+  std::mt19937 rng(std::random_device{}());
+  for (int rep = 0; rep < 3; ++rep) {
+    Errors e = compare(g, d, random_inputs(g, rng));
+    EXPECT_LT(e.rewritten, kBound) << "original " << e.original;
+  }
+}
+
+TEST(DeferNorms, OtherReadersKeepTheNormalizedValue) {
+  // y is also an output and a residual: those read y as before; the GEMM is folded
+  Graph g = parse_cf(R"(
+input H : bf16[64, 32]
+input W : bf16[32, 48]
+y = rms_norm(H, eps=1e-6)
+z = matmul(cast(y, dtype=bf16), W)
+t = add(y, H)
+output y, z, t
+)");
+  DeferredProgram d = defer_norms(g);
+  ASSERT_EQ(d.sites.size(), 1u) << explain_deferral(d);
+  // the GEMM reads a cast of y: the cast is y's rounding, part of the normalization
+  EXPECT_TRUE(d.sites[0].deferred) << explain_deferral(d);
+  EXPECT_EQ(d.sites[0].kept.size(), 0u) << explain_deferral(d);
+  std::mt19937 rng(std::random_device{}());
+  Errors e = compare(g, d, random_inputs(g, rng));
+  EXPECT_LT(e.rewritten, kBound) << "original " << e.original;
+  const std::string why = explain_deferral(d);
+  EXPECT_NE(why.find("finished in"), std::string::npos) << why;
+}
+
+TEST(DeferNorms, AnF32SourceIsNotRoundedForTheFold) {
+  // h is f32 in the program: the fold would read it as a bf16 operand, a rounding the program does not have
+  Graph g = parse_cf(R"(
+input H : f32[64, 32]
+input W : bf16[32, 48]
+y = rms_norm(H, eps=1e-6)
+z = matmul(cast(y, dtype=bf16), W)
+output z
+)");
+  DeferredProgram d = defer_norms(g);
+  ASSERT_EQ(d.sites.size(), 1u) << explain_deferral(d);
+  EXPECT_FALSE(d.sites[0].deferred);
+  ASSERT_EQ(d.sites[0].kept.size(), 1u);
+  EXPECT_NE(d.sites[0].kept[0].find("'H' is f32 in the program"), std::string::npos) << d.sites[0].kept[0];
+  EXPECT_TRUE(d.graph.find("y").has_value());
+}
+
+TEST(DeferNorms, NotANormalizationIsLeftAlone) {
+  // a row scale that is not computed from the row (a per-row input), and a GEMM reading a plain value
+  Graph g = parse_cf(R"(
+input H : bf16[64, 32]
+input s : bf16[64, 1]
+input W : bf16[32, 48]
+z = matmul(mul(H, s), W)
+z2 = matmul(H, W)
+output z, z2
+)");
+  DeferredProgram d = defer_norms(g);
+  EXPECT_TRUE(d.sites.empty()) << explain_deferral(d);
+  EXPECT_EQ(d.graph.nodes.size(), partition_form(g).nodes.size());
+}
+
+TEST(DeferNorms, SwitchedOffRewritesNothingAndSaysSo) {
+  Graph g = parse_cf(kBertSite);
+  DeferOptions off;
+  off.enabled = false;
+  DeferredProgram d = defer_norms(g, off);
+  ASSERT_EQ(d.sites.size(), 1u);
+  EXPECT_FALSE(d.sites[0].deferred);
+  EXPECT_NE(explain_deferral(d).find("switched off"), std::string::npos) << explain_deferral(d);
+  EXPECT_TRUE(d.graph.find("y").has_value());
+}
+
+// Rows far from zero mean: h W* - m s cancels, and its error grows with |m| / sigma (docs/kernel-reduce.md). h is a
+// bf16 value of the program (as a model's residual stream is), so its rounding is the program's own.
+TEST(DeferNorms, RowsFarFromZeroMeanStayWithinTheStatedBound) {
+  Graph g = parse_cf(R"(
+input H : bf16[64, 256]
+input gamma : bf16[256]
+input beta : bf16[256]
+input W : bf16[384, 256]
+y = layer_norm(H, gamma, beta, eps=1e-5)
+z = matmul(cast(y, dtype=bf16), W, transpose_b=true)
+output z
+)");
+  DeferredProgram d = defer_norms(g);
+  ASSERT_TRUE(!d.sites.empty() && d.sites[0].deferred) << explain_deferral(d);
+  std::mt19937 rng(std::random_device{}());
+  for (double k : {0.0, 100.0, 1e4}) {
+    Errors e = compare(g, d, random_inputs(g, rng, {"H"}, k));
+    const double bound = kBound + kAccumulation * 256.0 * k;
+    std::printf("  |mu| = %g sigma: rewritten %.2e, original %.2e, bound %.2e\n", k, e.rewritten, e.original, bound);
+    EXPECT_LT(e.rewritten, bound) << "|mu|/sigma = " << k;
+  }
+}
+
+// Random sites: LayerNorm or RMSNorm, with or without gamma / beta, one or two GEMM readers of either weight layout,
+// an extra elementwise reader, fresh shapes and inputs each run.
+TEST(DeferNorms, RandomSitesMatchTheOriginalProgram) {
+  std::mt19937 rng(std::random_device{}());
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  for (int rep = 0; rep < 40; ++rep) {
+    const int M = 8 + pick(64), K = 16 * (1 + pick(8)), N = 8 * (1 + pick(12));
+    const bool ln = pick(2), has_g = pick(2), has_b = ln && pick(2), two = pick(2), nk = pick(2), extra = pick(2);
+    std::string t = "input X : bf16[" + std::to_string(M) + ", " + std::to_string(K) + "]\n" +
+                    "input W0 : bf16[" + std::to_string(K) + ", " + std::to_string(K) + "]\n" +
+                    "input R : bf16[" + std::to_string(M) + ", " + std::to_string(K) + "]\n" +
+                    "input gamma : bf16[" + std::to_string(K) + "]\ninput beta : bf16[" + std::to_string(K) + "]\n" +
+                    "input W1 : bf16[" + (nk ? std::to_string(N) + ", " + std::to_string(K) : std::to_string(K) + ", " + std::to_string(N)) + "]\n" +
+                    "input W2 : bf16[" + std::to_string(N) + ", " + std::to_string(K) + "]\n" +
+                    "h = cast(add(matmul(X, W0), R), dtype=bf16)\n";
+    t += ln ? std::string("y = layer_norm(h") + (has_g ? ", gamma" : "") + (has_b ? ", beta" : "") + ", eps=1e-5)\n"
+            : std::string("y = rms_norm(h") + (has_g ? ", gamma" : "") + ", eps=1e-6)\n";
+    t += std::string("z1 = matmul(y, W1") + (nk ? ", transpose_b=true" : "") + ")\n";
+    std::string outs = "z1";
+    if (two) {
+      t += "z2 = relu(matmul(y, W2, transpose_b=true))\n";
+      outs += ", z2";
+    }
+    if (extra) {
+      t += "e = add(y, R)\n";
+      outs += ", e";
+    }
+    t += "output " + outs + "\n";
+    Graph g = parse_cf(t);
+    DeferredProgram d = defer_norms(g);
+    ASSERT_EQ(d.sites.size(), 1u) << t << explain_deferral(d);
+    EXPECT_TRUE(d.sites[0].deferred) << t << explain_deferral(d);
+    EXPECT_EQ(d.sites[0].folded.size(), two ? 2u : 1u) << t;
+    EXPECT_EQ(d.graph.find("y").has_value(), extra) << t;   // kept for the elementwise reader only
+    Errors e = compare(g, d, random_inputs(g, rng, {"R"}, pick(2) ? 100.0 : 0.0));
+    EXPECT_LT(e.rewritten, kBound + kAccumulation * double(K) * 100.0) << t << "original " << e.original;
+  }
+}
+
+}  // namespace
+}  // namespace comfuse
