@@ -89,6 +89,8 @@ struct Node {
   double value = 0.0;           // Constant: the scalar; Pow: exponent; LayerNorm/RmsNorm: eps
   int dim = -1;                 // reductions, softmax, log_softmax, var: the (normalized, >= 0) dim
   bool keepdim = true;          // reductions, var
+  bool constant = false;        // Input: the same values on every run (a weight; `const` in the text format):
+                                // what depends on constant inputs only is computed once per binding of them
   bool transpose_a = false;     // MatMul
   bool transpose_b = false;     // MatMul
   std::vector<int64_t> perm;    // Transpose
@@ -122,7 +124,7 @@ class Graph {
   // ---- builder: each call infers shape + dtype and throws GraphError on bad operands ----
   // `name` empty = generate a fresh one. The location set by set_loc() is stamped on every new node.
   void set_loc(SourceLoc loc) { cur_loc_ = loc; }
-  Value input(const std::string& name, DType dt, const Shape& shape);
+  Value input(const std::string& name, DType dt, const Shape& shape, bool constant = false);
   Value constant(double v, const std::string& name = "");
   Value matmul(Value a, Value b, bool transpose_a = false, bool transpose_b = false, const std::string& name = "");
   Value unary(OpKind op, Value x, const std::string& name = "");

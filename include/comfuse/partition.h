@@ -3,6 +3,7 @@
 // fallback node, so the partitioned program computes what the graph computes.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,8 +55,17 @@ struct Partition {
                                 // another GEMM's epilogue as its A operand)
 };
 
+// What a program rewrite (rewrite.h) tells partition about the nodes it made.
+struct PartitionHints {
+  // Per-row factors and per-element terms a folded GEMM reader applies (DeferredProgram::row_side): a region takes
+  // them only by pulling them in as operands of a node it takes (so the reader computes them per element from the
+  // statistics), never by growing into them from the statistics' side (which would make the producer's row
+  // reductions exchange across CTAs). One no region pulls runs on the standard path.
+  std::set<std::string> row_side;
+};
+
 // Decomposes composites, removes dead code, partitions, and lowers each region with Phi.
-Partition partition(const Graph& g);
+Partition partition(const Graph& g, const PartitionHints& hints = {});
 
 // `comfuse plan` output: regions with their Specs, params, outputs, fallback nodes; per-node reasons if explain.
 // Back-to-back chains (a section only when p.b2b is not empty): each recognised chain's B2BSpec, each rejected

@@ -273,14 +273,16 @@ void check_affine(const Graph& g, const Node& X, Value p, const char* what, cons
 
 }  // namespace
 
-Value Graph::input(const std::string& name, DType dt, const Shape& shape) {
+Value Graph::input(const std::string& name, DType dt, const Shape& shape, bool constant) {
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == kDynamic && i == 0) continue;
     if (shape[i] == kDynamic)
       throw GraphError("input '" + name + "': only the leading dim may be symbolic ('?'), got " + shape_str(shape));
     if (shape[i] <= 0) throw GraphError("input '" + name + "': every dim must be positive, got " + shape_str(shape));
   }
-  Value v = add_node(make_node(OpKind::Input, {}, shape, dt), name);
+  Node n = make_node(OpKind::Input, {}, shape, dt);
+  n.constant = constant;
+  Value v = add_node(n, name);
   inputs.push_back(v.id);
   return v;
 }
@@ -527,7 +529,7 @@ static Value rebuild(Graph& dst, const Node& n, const std::vector<Value>& ins, c
 
 static Value rebuild_node(Graph& dst, const Node& n, const std::vector<Value>& ins, const std::string& name) {
   switch (n.op) {
-    case OpKind::Input: return dst.input(name, n.dtype, n.shape);
+    case OpKind::Input: return dst.input(name, n.dtype, n.shape, n.constant);
     case OpKind::Constant: return dst.constant(n.value, name);
     case OpKind::MatMul: return dst.matmul(ins[0], ins[1], n.transpose_a, n.transpose_b, name);
     case OpKind::Cast: return dst.cast(ins[0], n.cast_to, name);

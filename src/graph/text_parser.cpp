@@ -383,7 +383,12 @@ class Parser {
     if (!dtype) fail(dt, "unknown dtype '" + dt.text + "': expected bf16, f16 or f32");
     expect(Tok::LBracket, "'[' and the shape after the dtype (`[]` for a scalar)");
     Shape shape = int_list(/*positive_dims=*/true);
-    build(name, [&] { return g_.input(name.text, *dtype, shape); });
+    bool constant = false;   // `input W : bf16[K, N] const`: the same values on every run
+    if (peek().kind == Tok::Ident && peek().text == "const") {
+      take();
+      constant = true;
+    }
+    build(name, [&] { return g_.input(name.text, *dtype, shape, constant); });
   }
 
   void output_stmt() {

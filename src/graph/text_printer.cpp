@@ -143,7 +143,8 @@ std::string print_cf(const Graph& g) {
   std::ostringstream o;
   for (int id : g.inputs) {
     const Node& n = g.node(id);
-    o << "input " << checked_name(n) << " : " << dtype_name(n.dtype) << shape_str(n.shape) << "\n";
+    o << "input " << checked_name(n) << " : " << dtype_name(n.dtype) << shape_str(n.shape) << (n.constant ? " const" : "")
+      << "\n";
   }
   for (const Node& n : g.nodes) {
     if (n.op == OpKind::Input) continue;

@@ -200,7 +200,7 @@ std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::map<int, B2BGro
 
 }  // namespace
 
-Partition partition(const Graph& input) {
+Partition partition(const Graph& input, const PartitionHints& hints) {
   if (input.symbolic())
     throw GraphError("partition needs concrete shapes: give the symbolic dim ('?') a row count first (bind_rows)");
   Partition p;
@@ -229,6 +229,8 @@ Partition partition(const Graph& input) {
   for (const auto& o : g.outputs) is_output[o.node] = 1;
   std::vector<int> seen(n, 0);
   int stamp = 0;
+  std::vector<char> row_side(n, 0);   // (hints: taken only by pulling)
+  for (const Node& nd : g.nodes) row_side[nd.id] = hints.row_side.count(nd.name) ? 1 : 0;
   // Grows the region of matmul `root` over the nodes after it (nodes claimed by a region are skipped); every node
   // refused is told to `reject`. Leaves in_region set on the region's nodes: the caller resets it.
   // `second` >= 0: the region starts with the pair root + second (phi_rejects_pair).
@@ -254,6 +256,17 @@ Partition partition(const Graph& input) {
     for (int u : users[root.id]) candidates.push(u);
     if (second >= 0)
       for (int u : users[second]) candidates.push(u);
+    // Pulls the row-side operands of `id` (and theirs) into the region, operands first; false (and nothing
+    // pulled) where Phi refuses one of them.
+    std::function<bool(int, std::vector<int>&)> pull = [&](int id, std::vector<int>& pulled) {
+      for (int in : g.nodes[id].inputs) {
+        if (!row_side[in] || in_region[in] || claimed[in] >= 0) continue;
+        if (!pull(in, pulled) || phi_rejects(g, g.nodes[in], in_region, ts, operand_ok)) return false;
+        in_region[in] = region_value_kind(g, g.nodes[in], in_region, ts);
+        pulled.push_back(in);
+      }
+      return true;
+    };
     int last = -1;
     while (!candidates.empty()) {
       const int id = candidates.top();
@@ -261,11 +274,17 @@ Partition partition(const Graph& input) {
       if (id == last) continue;
       last = id;
       const Node& nd = g.nodes[id];
-      if (is_leaf(nd) || claimed[id] >= 0) continue;
-      if (auto why = phi_rejects(g, nd, in_region, ts, operand_ok)) {
-        reject(id, *why);
+      if (is_leaf(nd) || claimed[id] >= 0 || in_region[id]) continue;
+      if (row_side[id]) continue;   // only pulled by its reader (hints.row_side)
+      std::vector<int> pulled;
+      const bool pulled_all = pull(id, pulled);
+      auto why = pulled_all ? phi_rejects(g, nd, in_region, ts, operand_ok) : std::optional<std::string>();
+      if (!pulled_all || why) {
+        for (int p : pulled) in_region[p] = 0;
+        reject(id, why ? *why : "a row-side operand cannot be computed in this region");
         continue;
       }
+      nodes.insert(nodes.end(), pulled.begin(), pulled.end());
       in_region[id] = region_value_kind(g, nd, in_region, ts);
       nodes.push_back(id);
       for (int u : users[id]) candidates.push(u);

@@ -259,13 +259,26 @@ std::string gemm_reader_why_not(const Graph& g, const Node& u, int y) {
   if (u.inputs[1] == y) return "reads it as both operands";
   if (w.shape.size() != 2) return "a batched weight " + shape_str(w.shape);
   if (w.shape[u.transpose_b ? 1 : 0] != g.node(y).shape.back()) return "does not contract over the normalized dim";
-  for (int id = u.inputs[1]; id >= 0;) {   // the weight: an input, maybe through casts
+  for (int id = u.inputs[1]; id >= 0;) {   // the weight: a constant input, maybe through casts
     const Node& n = g.node(id);
-    if (n.op == OpKind::Input) return "";
+    if (n.op == OpKind::Input)
+      return n.constant ? "" : "its weight '" + n.name + "' is not declared constant (`input " + n.name +
+                                   " : ... const`): the folded weight would have to be recomputed on every run";
     if (n.op != OpKind::Cast) return "its weight '" + w.name + "' is computed, not a program input";
     id = n.inputs[0];
   }
   return "";
+}
+
+// Whether `id` depends on constant inputs and constants only (then a fold of it is the same on every run).
+bool constant_only(const Graph& g, int id) {
+  const Node& n = g.node(id);
+  if (n.op == OpKind::Constant) return true;
+  if (n.op == OpKind::Input) return n.constant;
+  if (n.op == OpKind::MatMul) return false;
+  for (int in : n.inputs)
+    if (!constant_only(g, in)) return false;
+  return true;
 }
 
 class Builder {
@@ -273,21 +286,28 @@ class Builder {
   Builder(const Graph& g, DeferredProgram& out) : g_(g), out_(out), map_(g.nodes.size()) {}
 
   Graph& dst() { return out_.graph; }
+  std::map<int, Value> h_casts;   // h -> h rounded to the GEMMs' dtype
   Value& at(int id) { return map_.at(id); }
 
   // A value of `name`, recorded in `role`.
-  // (in fp32: the values between ops are fp32 anyway, so the casts of bf16-typed values to f32 change nothing)
+  // (in fp32: the values between ops are fp32 anyway, so the casts of bf16-typed values to f32 change nothing).
+  // What reads the reader's accumulator (acc_chain) is the reader's epilogue proper, not recorded in `role`.
   Value add(OpKind op, Value a, Value b, const std::string& name, std::set<std::string>& role) {
+    const bool on_acc = acc_chain.count(a.id) || acc_chain.count(b.id);
     auto f32 = [&](Value v, const char* side) {
       if (dst().node(v).dtype == DType::F32) return v;
       const std::string nm = name + kInternalSep + side;
-      role.insert(nm);
-      return dst().cast(v, DType::F32, nm);
+      Value c = dst().cast(v, DType::F32, nm);
+      if (acc_chain.count(v.id)) acc_chain.insert(c.id);
+      else role.insert(nm);
+      return c;
     };
     Value v = dst().binary(op, f32(a, "a"), f32(b, "b"), name);
-    role.insert(name);
+    if (on_acc) acc_chain.insert(v.id);
+    else role.insert(name);
     return v;
   }
+  std::set<int> acc_chain;   // values computed from a folded reader's accumulator
 
   // The reader's own copy of a per-row factor: its [rows, 1] chain is copied down to the statistics, which stay
   // shared (so that the region reading it can compute it per element instead of reading a stored value).
@@ -407,12 +427,17 @@ Value fold_reader(const Graph& g, const Node& u, const Site& s, Builder& b, Defe
     return sv;
   };
   // h @ W*: h rounded to the GEMM's dtype, as y was
-  Value H = b.at(s.h());
-  if (g.node(s.h()).dtype != w.dtype) {
-    H = d.cast(H, w.dtype, p + "h");
-    out.row_side.insert(p + "h");
+  int h = s.h();
+  if (const Node& hn = g.node(h); hn.op == OpKind::Cast && hn.cast_to == DType::F32 && g.node(hn.inputs[0]).dtype == w.dtype)
+    h = hn.inputs[0];   // h.to(float32) of a value already in the GEMM's dtype: the GEMM reads that value
+  Value H = b.at(h);
+  if (g.node(h).dtype != w.dtype) {   // one cast for every reader of h, so that GEMMs on it share their A
+    auto [it, fresh] = b.h_casts.try_emplace(h);
+    if (fresh) it->second = d.cast(H, w.dtype, g.node(h).name + kInternalSep + dtype_name(w.dtype));
+    H = it->second;
   }
   Value acc = d.matmul(H, Wstar, false, u.transpose_b, p + "hw");
+  b.acc_chain.insert(acc.id);
   std::map<int, Value> memo;
   auto row_value = [&](int id) { return b.row_copy(id, u.name, memo); };
   Value inner = acc;
@@ -471,8 +496,17 @@ DeferredProgram defer_norms(const Graph& input, const DeferOptions& opts) {
     // of the row): those readers keep y.
     const Node& hn = g.node(s->h());
     const DType h_dtype = hn.op == OpKind::Cast && hn.cast_to == DType::F32 ? g.node(hn.inputs[0]).dtype : hn.dtype;
+    std::string varying;   // a per-column factor that is not constant: the folds would change from run to run
+    for (const Factors* fs : {&s->form().cols})
+      for (const Factor& c : *fs)
+        if (!constant_only(g, c.node)) varying = g.node(c.node).name;
+    for (const Term& t : s->form().terms)
+      for (const Factor& c : t.cols)
+        if (!constant_only(g, c.node)) varying = g.node(c.node).name;
     for (int r : users[y]) {
       std::string why = gemm_reader_why_not(g, g.node(r), y);
+      if (why.empty() && !varying.empty())
+        why = "per-column factor '" + varying + "' is not computed from constant inputs: the folded weight would change";
       if (why.empty() && g.node(g.node(r).inputs[1]).dtype != h_dtype)
         why = std::string("'") + hn.name + "' is " + dtype_name(h_dtype) + " in the program: reading it as the GEMM's " +
               dtype_name(g.node(g.node(r).inputs[1]).dtype) + " operand would round it, an error the program does not have";

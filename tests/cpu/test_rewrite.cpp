@@ -6,6 +6,8 @@
 #include <random>
 
 #include "comfuse/interp.h"
+#include "comfuse/partition.h"
+#include "comfuse/codegen.h"
 #include "comfuse/rewrite.h"
 #include "comfuse/text.h"
 #include "norms.h"
@@ -61,12 +63,12 @@ Errors compare(const Graph& g, const DeferredProgram& d, const TensorMap& in) {
 
 const char* kBertSite = R"(
 input X : bf16[96, 64]
-input W1 : bf16[64, 64]
+input W1 : bf16[64, 64] const
 input b1 : bf16[64]
 input R : bf16[96, 64]
-input gamma : bf16[64]
-input beta : bf16[64]
-input W2 : bf16[160, 64]
+input gamma : bf16[64] const
+input beta : bf16[64] const
+input W2 : bf16[160, 64] const
 input b2 : bf16[160]
 h = cast(add(add(matmul(X, W1), b1), R), dtype=bf16)
 y = layer_norm(h, gamma, beta, eps=1e-5)
@@ -77,11 +79,11 @@ output z
 // Hugging Face's LlamaRMSNorm as a model writes it (casts to fp32 and back), read by two GEMMs.
 const char* kLlamaSite = R"(
 input X : bf16[80, 64]
-input Wo : bf16[64, 64]
+input Wo : bf16[64, 64] const
 input R : bf16[80, 64]
-input g : bf16[64]
-input Wg : bf16[96, 64]
-input Wu : bf16[96, 64]
+input g : bf16[64] const
+input Wg : bf16[96, 64] const
+input Wu : bf16[96, 64] const
 h = cast(add(matmul(X, Wo, transpose_b=true), R), dtype=bf16)
 hf = cast(h, dtype=f32)
 ms = mean(pow(hf, 2.0), dim=-1)
@@ -136,7 +138,7 @@ TEST(DeferNorms, OtherReadersKeepTheNormalizedValue) {
   // y is also an output and a residual: those read y as before; the GEMM is folded
   Graph g = parse_cf(R"(
 input H : bf16[64, 32]
-input W : bf16[32, 48]
+input W : bf16[32, 48] const
 y = rms_norm(H, eps=1e-6)
 z = matmul(cast(y, dtype=bf16), W)
 t = add(y, H)
@@ -158,7 +160,7 @@ TEST(DeferNorms, AnF32SourceIsNotRoundedForTheFold) {
   // h is f32 in the program: the fold would read it as a bf16 operand, a rounding the program does not have
   Graph g = parse_cf(R"(
 input H : f32[64, 32]
-input W : bf16[32, 48]
+input W : bf16[32, 48] const
 y = rms_norm(H, eps=1e-6)
 z = matmul(cast(y, dtype=bf16), W)
 output z
@@ -171,12 +173,61 @@ output z
   EXPECT_TRUE(d.graph.find("y").has_value());
 }
 
+TEST(DeferNorms, OnlyConstantWeightsAndFactorsAreFolded) {
+  // the fold is computed once per binding of the weights: a weight or gamma that may change between runs keeps y
+  auto site = [](const char* w_const, const char* g_const) {
+    return std::string("input H : bf16[64, 32]\ninput W : bf16[48, 32]") + w_const + "\ninput gamma : bf16[32]" +
+           g_const + "\ny = rms_norm(H, gamma, eps=1e-6)\nz = matmul(y, W, transpose_b=true)\noutput z\n";
+  };
+  DeferredProgram w = defer_norms(parse_cf(site("", " const")));
+  ASSERT_EQ(w.sites.size(), 1u);
+  EXPECT_FALSE(w.sites[0].deferred);
+  EXPECT_NE(w.sites[0].kept.at(0).find("'W' is not declared constant"), std::string::npos) << w.sites[0].kept[0];
+  DeferredProgram gm = defer_norms(parse_cf(site(" const", "")));
+  EXPECT_FALSE(gm.sites.at(0).deferred);
+  EXPECT_NE(gm.sites[0].kept.at(0).find("'gamma' is not computed from constant inputs"), std::string::npos)
+      << gm.sites[0].kept[0];
+  EXPECT_TRUE(defer_norms(parse_cf(site(" const", " const"))).sites.at(0).deferred);
+  // `const` round-trips through the text format
+  Graph g = parse_cf(site(" const", ""));
+  EXPECT_TRUE(g.node(*g.find("W")).constant);
+  EXPECT_FALSE(g.node(*g.find("gamma")).constant);
+  EXPECT_EQ(print_cf(parse_cf(print_cf(g))), print_cf(g));
+  EXPECT_NE(print_cf(g).find("input W : bf16[48, 32] const\n"), std::string::npos) << print_cf(g);
+}
+
+// The rewritten program as partition cuts it (with the rewrite's hints): the producer computes h and the statistics
+// (no normalization after them), the reader pulls the row factors into its own epilogue, and the partitioned
+// program, interpreted the way the kernels run it, equals the rewritten program.
+TEST(DeferNorms, TheReaderComputesTheRowFactorsAndTheProducerOnlyTheStatistics) {
+  for (const char* text : {kBertSite, kLlamaSite}) {
+    Graph g = parse_cf(text);
+    DeferredProgram d = defer_norms(g);
+    PartitionHints hints;
+    hints.row_side = d.row_side;
+    Partition p = partition(d.graph, hints);
+    ASSERT_EQ(p.regions.size(), 2u) << print_partition(p, true);
+    // the producer: h, its statistics, nothing after them
+    for (int id : p.regions[0].nodes) EXPECT_FALSE(d.row_side.count(p.graph.node(id).name)) << p.graph.node(id).name;
+    EXPECT_EQ(p.regions[0].spec.outputs.size(), d.sites[0].centered ? 3u : 2u) << print_partition(p, true);
+    // the reader: one stage, the row factors pulled in; nothing but the weight folds on the standard path
+    EXPECT_EQ(p.regions[1].spec.num_stages(), 1) << print_partition(p, true);
+    for (int id : p.fallback) EXPECT_TRUE(d.folds.count(p.graph.node(id).name)) << p.graph.node(id).name;
+    if (!d.sites[0].centered) EXPECT_TRUE(psi_row_output(p.regions[0].spec)) << print_partition(p, true);
+    std::mt19937 rng(std::random_device{}());
+    const TensorMap in = random_inputs(g, rng);
+    const TensorMap want = interpret_graph(d.graph, in);
+    const TensorMap got = interpret_partitioned(p, in, 3);
+    for (const auto& o : g.outputs) EXPECT_LT(test::rel_err(got.at(o.name), want.at(o.name)), 1e-5) << o.name;
+  }
+}
+
 TEST(DeferNorms, NotANormalizationIsLeftAlone) {
   // a row scale that is not computed from the row (a per-row input), and a GEMM reading a plain value
   Graph g = parse_cf(R"(
 input H : bf16[64, 32]
 input s : bf16[64, 1]
-input W : bf16[32, 48]
+input W : bf16[32, 48] const
 z = matmul(mul(H, s), W)
 z2 = matmul(H, W)
 output z, z2
@@ -202,9 +253,9 @@ TEST(DeferNorms, SwitchedOffRewritesNothingAndSaysSo) {
 TEST(DeferNorms, RowsFarFromZeroMeanStayWithinTheStatedBound) {
   Graph g = parse_cf(R"(
 input H : bf16[64, 256]
-input gamma : bf16[256]
-input beta : bf16[256]
-input W : bf16[384, 256]
+input gamma : bf16[256] const
+input beta : bf16[256] const
+input W : bf16[384, 256] const
 y = layer_norm(H, gamma, beta, eps=1e-5)
 z = matmul(cast(y, dtype=bf16), W, transpose_b=true)
 output z
@@ -231,9 +282,9 @@ TEST(DeferNorms, RandomSitesMatchTheOriginalProgram) {
     std::string t = "input X : bf16[" + std::to_string(M) + ", " + std::to_string(K) + "]\n" +
                     "input W0 : bf16[" + std::to_string(K) + ", " + std::to_string(K) + "]\n" +
                     "input R : bf16[" + std::to_string(M) + ", " + std::to_string(K) + "]\n" +
-                    "input gamma : bf16[" + std::to_string(K) + "]\ninput beta : bf16[" + std::to_string(K) + "]\n" +
-                    "input W1 : bf16[" + (nk ? std::to_string(N) + ", " + std::to_string(K) : std::to_string(K) + ", " + std::to_string(N)) + "]\n" +
-                    "input W2 : bf16[" + std::to_string(N) + ", " + std::to_string(K) + "]\n" +
+                    "input gamma : bf16[" + std::to_string(K) + "] const\ninput beta : bf16[" + std::to_string(K) + "] const\n" +
+                    "input W1 : bf16[" + (nk ? std::to_string(N) + ", " + std::to_string(K) : std::to_string(K) + ", " + std::to_string(N)) + "] const\n" +
+                    "input W2 : bf16[" + std::to_string(N) + ", " + std::to_string(K) + "] const\n" +
                     "h = cast(add(matmul(X, W0), R), dtype=bf16)\n";
     t += ln ? std::string("y = layer_norm(h") + (has_g ? ", gamma" : "") + (has_b ? ", beta" : "") + ", eps=1e-5)\n"
             : std::string("y = rms_norm(h") + (has_g ? ", gamma" : "") + ", eps=1e-6)\n";
@@ -254,8 +305,15 @@ TEST(DeferNorms, RandomSitesMatchTheOriginalProgram) {
     EXPECT_TRUE(d.sites[0].deferred) << t << explain_deferral(d);
     EXPECT_EQ(d.sites[0].folded.size(), two ? 2u : 1u) << t;
     EXPECT_EQ(d.graph.find("y").has_value(), extra) << t;   // kept for the elementwise reader only
-    Errors e = compare(g, d, random_inputs(g, rng, {"R"}, pick(2) ? 100.0 : 0.0));
+    const TensorMap in = random_inputs(g, rng, {"R"}, pick(2) ? 100.0 : 0.0);
+    Errors e = compare(g, d, in);
     EXPECT_LT(e.rewritten, kBound + kAccumulation * double(K) * 100.0) << t << "original " << e.original;
+    // partitioned with the rewrite's hints and run the way the kernels run it: the rewritten program's values
+    PartitionHints hints;
+    hints.row_side = d.row_side;
+    Partition p = partition(d.graph, hints);
+    const TensorMap want = interpret_graph(d.graph, in), got = interpret_partitioned(p, in, 1 + pick(4));
+    for (const auto& o : g.outputs) EXPECT_LT(test::rel_err(got.at(o.name), want.at(o.name)), 1e-4) << t << o.name;
   }
 }
 
