@@ -27,6 +27,7 @@
 #include "comfuse/jit.h"
 #include "comfuse/partition.h"
 #include "comfuse/plan.h"
+#include "comfuse/rewrite.h"
 #include "comfuse/runtime.h"
 
 namespace comfuse {
@@ -52,6 +53,10 @@ struct CompilerOptions {
   // Back-to-back GEMM chains the planner fuses (plan_b2b) run as one kernel each; false: every chain runs as its
   // regions (A/B benchmarks).
   bool b2b = true;
+  // LayerNorm / RMSNorm finished in the GEMMs that read them (rewrite.h defer_norms): "on" rewrites every site whose
+  // GEMM readers have constant weights (`input W : ... const`); "" or "off" (the default until the planner has
+  // measurements of the deferred kernels) leaves the program as written. explain() says what was rewritten.
+  std::string defer_norms;
   bool ahead_of_time = false;     // compile only (no driver needed): CompiledGraph::run refuses
   // A graph with a symbolic leading dim ("?"): the row count the planner picks tiles for (kernels run any).
   int64_t rows = 4096;
@@ -163,7 +168,12 @@ class CompiledGraph {
   void set_device(int ordinal) { device_ = ordinal; }
   int device() const { return device_; }
 
-  const Graph& graph() const { return graph_; }   // as compiled (composites kept; may hold `?`)
+  const Graph& graph() const { return graph_; }   // as compiled (composites kept; may hold `?`; rewritten where
+                                                  // norms were deferred: CompilerOptions::defer_norms)
+  // The next run recomputes what depends on constant inputs only (the folded weights of deferred norms), which runs
+  // are otherwise spared while the constant inputs' buffers stay the same: call it after changing the contents of a
+  // constant input in place. (A new buffer address refolds by itself.)
+  void refold();
   bool symbolic() const { return graph_.symbolic(); }
   int64_t planned_rows() const { return planned_rows_; }   // the row count the planner tuned for (symbolic graphs)
   // The partition at planned_rows() (concrete shapes); regions() line up with its regions.
@@ -196,7 +206,8 @@ class CompiledGraph {
   std::vector<DType> storage_dtypes() const;
   void check_symbolic();   // a symbolic graph: every region can take any row count (CompileError if not)
 
-  Graph graph_;                                              // as given
+  Graph graph_;                                              // as given (or as rewritten: defer_norms)
+  std::vector<NormSite> norm_sites_;                         // what defer_norms found (explain)
   Graph lowered_;                                            // decomposed, dead code removed (may hold `?`)
   int64_t planned_rows_ = 0;
   Partition partition_;
@@ -225,6 +236,9 @@ class Compiler {
   const CompilerOptions& options() const { return opts_; }
 
  private:
+  // What compile() and load() share: the graph (rewritten where norms are deferred: `defer_norms` "on"), its
+  // partition at the planned row count, the symbolic check.
+  void begin(CompiledGraph& cg, const Graph& g, const std::string& defer_norms) const;
   CompilerOptions opts_;
 };
 

@@ -55,6 +55,7 @@ struct DeferOptions {
 DeferredProgram defer_norms(const Graph& g, const DeferOptions& opts = {});
 
 // One line per site: what was rewritten, what was kept and why.
-std::string explain_deferral(const DeferredProgram& d);
+std::string explain_deferral(const std::vector<NormSite>& sites);
+inline std::string explain_deferral(const DeferredProgram& d) { return explain_deferral(d.sites); }
 
 }  // namespace comfuse

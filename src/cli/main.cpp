@@ -26,6 +26,7 @@
 #include "comfuse/files.h"
 #include "comfuse/interp.h"
 #include "comfuse/partition.h"
+#include "comfuse/rewrite.h"
 #include "comfuse/plan.h"
 #include "comfuse/tensor.h"
 #include "comfuse/text.h"
@@ -58,6 +59,8 @@ const char* kUsage =
     "  (T: l2 | dsmem_p2p | dsmem_leader, the row reductions' cross-CTA transport; default: the planner's)\n"
     "  --merge on|off (emit, run, bench, aot): a LayerNorm's or softmax's two chained reductions in one cross-CTA\n"
     "  exchange wherever the kernels can, or never; default: the planner's choice, from its measurements\n"
+    "  --defer-norms on|off (plan, emit, run, bench, aot): a LayerNorm / RMSNorm whose readers are GEMMs with\n"
+    "  constant weights (input W : ... const) finished in those GEMMs (docs/kernel-reduce.md); default off\n"
     "  --b2b on|off (run, bench, aot): back-to-back GEMM chains the planner fuses run as one kernel (on, the\n"
     "  default), or every chain runs as its two regions (off: the A/B comparison)\n"
     "  --parts on|off (emit): render the stages of a 128-row tile visited in 64-row parts, each row reduction's\n"
@@ -145,8 +148,30 @@ Graph bound_graph(const Args& a, const Graph& g, int64_t fallback) {
   return bind_rows(g, rows ? rows : fallback);
 }
 
+// --defer-norms on|off: LayerNorm / RMSNorm finished in the GEMMs that read them (default off).
+std::string defer_arg(const Args& a) {
+  const std::string d = a.get("defer-norms");
+  if (!d.empty() && d != "on" && d != "off") throw UsageError("--defer-norms must be 'on' or 'off', got '" + d + "'");
+  return d;
+}
+
+// FILE's program as the compiler partitions it: bound to --rows (else `fallback` rows), rewritten where
+// --defer-norms on says so (what the rewrite did goes to `deferral`).
+Partition program_partition(const Args& a, int64_t fallback, std::string* deferral = nullptr) {
+  Graph g = bound_graph(a, parse_cf_file(a.file), fallback);
+  DeferOptions o;
+  o.enabled = defer_arg(a) == "on";
+  DeferredProgram d = defer_norms(g, o);
+  if (deferral) *deferral = explain_deferral(d);
+  PartitionHints hints;
+  hints.row_side = d.row_side;
+  return partition(d.graph, hints);
+}
+
 int cmd_plan(const Args& a) {
-  Partition p = partition(bound_graph(a, parse_cf_file(a.file), kDefaultRows));
+  std::string deferral;
+  Partition p = program_partition(a, kDefaultRows, &deferral);
+  if (!deferral.empty()) std::cout << "norms (--defer-norms " << (defer_arg(a) == "on" ? "on" : "off") << "):\n" << deferral << "\n";
   std::cout << print_partition(p, a.flag("explain"));
   std::cout << "\nplan (from src/plan/measured.csv):\n";
   for (size_t i = 0; i < p.regions.size(); ++i) {
@@ -208,7 +233,7 @@ int cmd_emit(const Args& a) {
   const bool merge = merge_arg(a) == "on";
   const std::string parts = a.get("parts");
   if (!parts.empty() && parts != "on" && parts != "off") throw UsageError("--parts must be 'on' or 'off', got '" + parts + "'");
-  Partition p = partition(bound_graph(a, parse_cf_file(a.file), kDefaultRows));  // the source does not depend on rows
+  Partition p = program_partition(a, kDefaultRows);  // the source does not depend on rows
   make_output_dir(dir);
   for (size_t i = 0; i < p.regions.size(); ++i) {
     try {
@@ -386,6 +411,7 @@ CompilerOptions compiler_options(const Args& a) {
   CompilerOptions o;
   o.transport = a.get("transport");
   o.merge = merge_arg(a);
+  o.defer_norms = defer_arg(a);
   o.b2b = b2b_arg(a);
   if (int64_t r = rows_arg(a)) o.rows = r;   // the planner tunes for the rows this command runs
   return o;
@@ -476,6 +502,8 @@ void check_compile_flags(const Args& a) {
     throw UsageError("--transport is fixed when the kernels were compiled: not with --aot");
   if (!a.get("merge").empty()) throw UsageError("--merge is fixed when the kernels were compiled: not with --aot");
   if (!a.get("b2b").empty()) throw UsageError("--b2b is fixed when the kernels were compiled: not with --aot");
+  if (!a.get("defer-norms").empty())
+    throw UsageError("--defer-norms is fixed when the kernels were compiled (the manifest says): not with --aot");
 }
 
 CompiledGraph compile_for_run(const Args& a, const Graph& g) {
@@ -765,17 +793,18 @@ int main(int argc, char** argv) {
   }
   std::string cmd = argv[1];
   try {
-    if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows"}));
+    if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
-    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts"}));
+    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts", "defer-norms"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
       return cmd_run(
-          parse_args(argc, argv, {"check"}, {"inputs", "outputs", "transport", "merge", "b2b", "aot", "seed", "rows", "launches"}));
+          parse_args(argc, argv, {"check"},
+                     {"inputs", "outputs", "transport", "merge", "b2b", "aot", "seed", "rows", "launches", "defer-norms"}));
     if (cmd == "bench")
       return cmd_bench(
-          parse_args(argc, argv, {}, {"iters", "transport", "merge", "b2b", "aot", "rows", "settle-ms", "series"}));
-    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "b2b", "rows"}));
+          parse_args(argc, argv, {}, {"iters", "transport", "merge", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms"}));
+    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "b2b", "rows", "defer-norms"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const ParseError& e) {

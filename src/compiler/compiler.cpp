@@ -3,6 +3,7 @@
 #include "comfuse/compiler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <bit>
 #include <cmath>
@@ -217,13 +218,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   const PlanOptions plan_opts = plan_options(opts_);   // validates the names first
 
   CompiledGraph cg;
-  cg.graph_ = g;
-  if (g.symbolic()) {
-    if (opts_.rows < 1) throw CompileError("CompilerOptions::rows must be at least 1, got " + std::to_string(opts_.rows));
-    cg.planned_rows_ = opts_.rows;
-  }
-  cg.partition_ = partition(g.symbolic() ? bind_rows(g, opts_.rows) : g);
-  cg.check_symbolic();   // before any nvcc: a symbolic dim the kernels cannot take is an error now
+  begin(cg, g, opts_.defer_norms);   // before any nvcc: a symbolic dim the kernels cannot take is an error now
   cg.aot_ = opts_.ahead_of_time;
   const Partition& p = cg.partition_;
   bool need_plain = needs_plain_path(p);
@@ -361,6 +356,7 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
     << "# candidate region library config [key=JIT-key]\n"
     << "# and one per fused back-to-back chain (its config is the planner's):\n"
     << "# b2b chain kernel-name library\n";
+  if (opts_.defer_norms == "on") m << "option defer_norms on\n";   // load() rewrites the program the same way
   if (!cg.plain_library_.empty()) {
     copy_into(cg.plain_library_, fs::path(dir) / "comfuse_plain_path.so");
     cg.plain_library_ = (fs::path(dir) / "comfuse_plain_path.so").string();
@@ -397,16 +393,30 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
   return cg;
 }
 
-CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
-  std::istringstream in(read_manifest(dir));
-  CompiledGraph cg;
-  cg.graph_ = g;
-  if (g.symbolic()) {
-    if (opts_.rows < 1) throw CompileError("CompilerOptions::rows must be at least 1, got " + std::to_string(opts_.rows));
-    cg.planned_rows_ = opts_.rows;
-  }
-  cg.partition_ = partition(g.symbolic() ? bind_rows(g, opts_.rows) : g);
+void Compiler::begin(CompiledGraph& cg, const Graph& g, const std::string& defer) const {
+  if (defer != "" && defer != "on" && defer != "off")
+    throw CompileError("unknown defer_norms setting '" + defer + "' (on, off, or empty for the default: off)");
+  if (g.symbolic() && opts_.rows < 1)
+    throw CompileError("CompilerOptions::rows must be at least 1, got " + std::to_string(opts_.rows));
+  DeferOptions dopts;
+  dopts.enabled = defer == "on";
+  DeferredProgram d = defer_norms(g, dopts);
+  PartitionHints hints;
+  hints.row_side = d.row_side;
+  const bool rewrote = std::any_of(d.sites.begin(), d.sites.end(), [](const NormSite& s) { return s.deferred; });
+  cg.norm_sites_ = std::move(d.sites);
+  cg.graph_ = rewrote ? std::move(d.graph) : g;
+  if (g.symbolic()) cg.planned_rows_ = opts_.rows;
+  cg.partition_ = partition(g.symbolic() ? bind_rows(cg.graph_, opts_.rows) : cg.graph_, hints);
   cg.check_symbolic();
+}
+
+CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
+  const std::string manifest = read_manifest(dir);
+  std::istringstream in(manifest);
+  CompiledGraph cg;
+  // the rewrite the kernels were compiled for ("option defer_norms on"), whatever this Compiler's options say
+  begin(cg, g, manifest.find("\noption defer_norms on\n") != std::string::npos ? "on" : "off");
   const Partition& p = cg.partition_;
   cg.cache_dir_ = opts_.jit.cache_dir.empty() ? jit::default_cache_dir() : opts_.jit.cache_dir;
   cg.regions_.resize(p.regions.size());
@@ -467,6 +477,7 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
       cg.chains_.push_back(std::move(cc));
       continue;
     }
+    if (first == "option") continue;   // read before partitioning (begin)
     if (first == "plain") {
       std::string name, file;
       ls >> name >> file;
@@ -564,6 +575,9 @@ struct StreamState {
   std::map<int, DeviceBuffer> constants;                  // Constant nodes (f32) for the plain path
   std::map<int, std::pair<int64_t, DeviceBuffer>> offsets;  // plain-path matmul node -> (rows, batch offsets)
   std::vector<ReductionWorkspace> ws;                     // per region
+  // The standard-path nodes computed from constant inputs only (folded weights) ran last with this key (the
+  // refold epoch, the constant inputs' buffers, the folds' own buffers); while it holds, their values stand.
+  std::vector<uint64_t> fold_key;
 
   ~StreamState() {
     try {
@@ -592,6 +606,7 @@ struct CompiledGraph::Runtime {
   std::shared_ptr<PlainPath> plain;
   std::map<int64_t, std::shared_ptr<const Bound>> bound;  // by row count (0: the graph as compiled)
   std::map<std::pair<CUcontext, CUstream>, std::shared_ptr<StreamState>> streams;
+  std::atomic<uint64_t> refold_epoch{0};   // CompiledGraph::refold
 
   // The config search's choices, per (set id, device name, M bucket). Guarded by search_mu. A choice that is not
   // final (the prior while capturing, or with the search off) is shown by explain() and replaced by a search.
@@ -808,6 +823,7 @@ size_t CompiledGraph::bytes_of(const std::string& name, int64_t rows) const {
 
 std::string CompiledGraph::explain() const {
   std::ostringstream o;
+  if (!norm_sites_.empty()) o << explain_deferral(norm_sites_);
   for (const auto& r : regions_) {
     if (r.plain) {
       o << "region " << r.region << ": plain GPU path, one kernel per node (" << r.plan.reason << ")\n";
@@ -1114,6 +1130,34 @@ struct CompiledGraph::Launch {
     cg.rt_->chain_libs[c]->launch(a, stream);   // (route_chains checked the shapes; the launch checks a new set)
   }
 
+  // Standard-path nodes computed from constant inputs and constants only (the folded weights of deferred norms):
+  // they run when their key changed (a refold, a new buffer of a constant input, a fold's buffer reallocated).
+  std::vector<char> folds;
+  std::vector<uint64_t> fold_key;
+  bool folds_valid = false;
+  void key_folds() {
+    folds.assign(g.nodes.size(), 0);
+    bool any = false;
+    for (const Node& n : g.nodes) {
+      if (n.op == OpKind::Input || n.op == OpKind::Constant) continue;
+      bool f = true;
+      for (int in : n.inputs) {
+        const Node& x = g.node(in);
+        f = f && (x.op == OpKind::Constant || (x.op == OpKind::Input && x.constant) || folds[in]);
+      }
+      folds[n.id] = f;
+      any = any || f;
+    }
+    if (!any) return;
+    fold_key = {cg.rt_->refold_epoch.load()};
+    for (int id : g.inputs)
+      if (g.node(id).constant) fold_key.push_back(value(id));
+    for (const Node& n : g.nodes)
+      if (folds[n.id]) fold_key.push_back(value(n.id));
+    folds_valid = st->fold_key == fold_key;
+  }
+  void keep_folds() { st->fold_key = fold_key; }   // after the run was enqueued
+
   // Before any launch: every value's buffer, the constants, the plain path's batch offsets, the workspaces.
   void prepare() {
     for (size_t si = 0; si < part.schedule.size(); ++si) {
@@ -1216,6 +1260,7 @@ struct CompiledGraph::Launch {
     if (chain_at[i] >= 0) return run_chain(chain_at[i]);
     if (replaced[i]) return;
     const Step& s = part.schedule[i];
+    if (!s.is_region && folds_valid && folds[s.index]) return;   // a folded weight that stands
     if (!s.is_region) return run_plain(s.index);
     if (cg.regions_[s.index].plain) {
       for (int id : part.regions[s.index].nodes) run_plain(id);
@@ -1241,8 +1286,14 @@ void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t
   Launch l(*this, buffers, stream, rows);
   l.route_chains();
   l.prepare();
+  l.key_folds();
   for (size_t i = 0; i < l.part.schedule.size(); ++i) l.step(i);
   l.convert_outputs();
+  l.keep_folds();
+}
+
+void CompiledGraph::refold() {
+  if (rt_) ++rt_->refold_epoch;
 }
 }  // namespace comfuse
 

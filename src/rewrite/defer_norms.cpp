@@ -550,9 +550,9 @@ DeferredProgram defer_norms(const Graph& input, const DeferOptions& opts) {
   return out;
 }
 
-std::string explain_deferral(const DeferredProgram& d) {
+std::string explain_deferral(const std::vector<NormSite>& sites) {
   std::ostringstream o;
-  for (const NormSite& s : d.sites) {
+  for (const NormSite& s : sites) {
     o << "norm '" << s.norm << "' of '" << s.source << "' (" << (s.centered ? "centered" : "scaled only")
       << ", statistics:";
     for (const auto& st : s.statistics) o << " " << st;
