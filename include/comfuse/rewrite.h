@@ -33,6 +33,7 @@ struct NormSite {
   bool centered = false;                  // y subtracts a per-row value (LayerNorm), else scales only (RMSNorm)
   bool deferred = false;                  // at least one GEMM reader was rewritten
   std::vector<std::string> folded;        // GEMM readers now computed from h and the statistics
+  std::vector<std::string> rebuilt;       // elementwise readers that compute y themselves from h and the statistics
   std::vector<std::string> kept;          // "reader: why" for readers that still read y
   std::string why;                        // not deferred: why
 };

@@ -23,6 +23,9 @@ namespace {
 
 bool is_leaf(const Node& n) { return n.op == OpKind::Input || n.op == OpKind::Constant; }
 
+// A value its own dtype holds exactly: the result of a cast to that dtype (stored in it, nothing is rounded).
+bool exact_in_own_dtype(const Node& n) { return n.op == OpKind::Cast && n.cast_to == n.dtype; }
+
 // `seen` is scratch (all entries != stamp, which is unique per call): no O(nodes) clearing per query.
 bool depends_on(const Graph& g, int id, int target, std::vector<int>& seen, int stamp) {
   std::vector<int> stack{id};
@@ -365,9 +368,11 @@ Partition partition(const Graph& input, const PartitionHints& hints) {
     r.nodes = nodes;
     r.spec = lower_region(g, nodes, stored);
     // Values handed to the rest of the program stay fp32 (graph outputs are rounded when the program ends),
-    // so partitioning never adds a rounding step. Only matmuls reading it: its dtype, which they round to.
+    // so partitioning never adds a rounding step. Only matmuls reading it: its dtype, which they round to; a cast
+    // to its dtype: already rounded, its dtype holds it exactly.
     for (auto& o : r.spec.outputs)
-      if (std::any_of(users[o.node].begin(), users[o.node].end(),
+      if (!exact_in_own_dtype(g.node(o.node)) &&
+          std::any_of(users[o.node].begin(), users[o.node].end(),
                       [&](int u) { return !in_region[u] && g.node(u).op != OpKind::MatMul; }))
         o.dtype = DType::F32;
     for (int id : nodes) {
@@ -453,7 +458,8 @@ Partition partition(const Graph& input, const PartitionHints& hints) {
     gr = {true, -1, nodes, stored, lower_region(g, nodes, stored, /*batched_ok=*/true), ""};
     // Values handed on keep the single-GEMM rule (fp32 unless only matmuls read them): as a region would.
     for (auto& o : gr.spec.outputs)
-      if (std::any_of(users[o.node].begin(), users[o.node].end(),
+      if (!exact_in_own_dtype(g.node(o.node)) &&
+          std::any_of(users[o.node].begin(), users[o.node].end(),
                       [&](int u) { return !in_region[u] && g.node(u).op != OpKind::MatMul; }))
         o.dtype = DType::F32;
     for (int id : nodes) {

@@ -68,6 +68,9 @@ class Site {
   }
 
   int h() const { return h_; }
+  // The nodes between h and y or the statistics (y's expression, the statistics' inputs; h excluded).
+  const std::set<int>& nodes() const { return nodes_; }
+  bool reads_h(int id) { return depends_on_h(id); }
   const LinForm& form() const { return form_; }
   const std::set<int>& statistics() const { return stats_; }
   bool centered() const { return !form_.terms.empty() && std::any_of(form_.terms.begin(), form_.terms.end(),
@@ -160,6 +163,7 @@ class Site {
   std::optional<LinForm> lin(int id) {
     if (id == h_) return LinForm{};
     const Node& n = g_.node(id);
+    nodes_.insert(id);
     if (kind(id) != Kind::Tile) return std::nullopt;
     auto factor_kind = [&](int x) {
       Kind k = kind(x);
@@ -224,6 +228,7 @@ class Site {
     if (is_reduction(n.op)) {
       if ((n.op != OpKind::Mean && n.op != OpKind::Sum) || !n.keepdim || n.dim != static_cast<int>(n.shape.size()) - 1)
         return false;
+      nodes_.insert(id);
       if (!stat_input(n.inputs[0])) return false;
       stats_.insert(id);
       return true;
@@ -236,6 +241,7 @@ class Site {
   bool stat_input(int id) {
     const Node& n = g_.node(id);
     if (id == h_ || n.op == OpKind::Constant) return true;
+    nodes_.insert(id);
     if (is_rows1(n)) return row_stat(id);
     if (n.shape != g_.node(y_).shape || !is_elementwise(n.op)) return false;
     for (int in : n.inputs)
@@ -248,6 +254,7 @@ class Site {
   int h_ = -1;
   LinForm form_;
   std::set<int> stats_;
+  std::set<int> nodes_;
   std::map<int, bool> dep_;
 };
 
@@ -286,6 +293,11 @@ class Builder {
   Builder(const Graph& g, DeferredProgram& out) : g_(g), out_(out), map_(g.nodes.size()) {}
 
   Graph& dst() { return out_.graph; }
+  // A deferred site's h in its declared 16-bit dtype, where the program leaves it unrounded: the GEMMs read h as
+  // that dtype, so the statistics and the rebuilt y read the same rounded value (as eager PyTorch computes them
+  // from the bf16 tensor), and the producer stores it exactly in 16 bits.
+  std::map<int, Value> rounded;       // source node -> its rounded copy
+  std::map<int, int> reads_rounded;   // node of a site -> the source whose rounded copy it reads
   std::map<int, Value> h_casts;   // h -> h rounded to the GEMMs' dtype
   Value& at(int id) { return map_.at(id); }
 
@@ -325,6 +337,20 @@ class Builder {
       out_.row_side.insert(name);
     }
     return memo[id] = v;
+  }
+
+  // An elementwise reader's own copy of y's expression over h, the statistics and the per-column factors (all
+  // shared), so that the reader's region computes y per element instead of reading a stored y.
+  Value rebuild_copy(Site& s, int id, const std::string& prefix, std::map<int, Value>& memo) {
+    if (id == s.h() && rounded.count(id)) return rounded.at(id);
+    if (id == s.h() || s.statistics().count(id) || !s.reads_h(id)) return map_.at(id);
+    if (auto it = memo.find(id); it != memo.end()) return it->second;
+    const Node& n = g_.node(id);
+    std::vector<Value> ins;
+    for (int in : n.inputs) ins.push_back(rebuild_copy(s, in, prefix, memo));
+    const std::string name = prefix + kInternalSep + n.name;
+    out_.row_side.insert(name);
+    return memo[id] = copy_node(dst(), n, ins, name);
   }
 
   // The product of factors (f32), or an invalid Value for none.
@@ -430,7 +456,7 @@ Value fold_reader(const Graph& g, const Node& u, const Site& s, Builder& b, Defe
   int h = s.h();
   if (const Node& hn = g.node(h); hn.op == OpKind::Cast && hn.cast_to == DType::F32 && g.node(hn.inputs[0]).dtype == w.dtype)
     h = hn.inputs[0];   // h.to(float32) of a value already in the GEMM's dtype: the GEMM reads that value
-  Value H = b.at(h);
+  Value H = b.rounded.count(h) ? b.rounded.at(h) : b.at(h);
   if (g.node(h).dtype != w.dtype) {   // one cast for every reader of h, so that GEMMs on it share their A
     auto [it, fresh] = b.h_casts.try_emplace(h);
     if (fresh) it->second = d.cast(H, w.dtype, g.node(h).name + kInternalSep + dtype_name(w.dtype));
@@ -478,6 +504,9 @@ DeferredProgram defer_norms(const Graph& input, const DeferOptions& opts) {
   // The sites: each GEMM operand that is a normalization.
   std::map<int, std::unique_ptr<Site>> sites;   // by y
   std::map<int, int> folded_reader;             // GEMM node -> its y
+  std::map<int, int> rebuilt_reader;            // elementwise node -> the y it rebuilds
+  std::set<int> round_source;                   // a deferred site's h, rounded to its dtype after it is computed
+  std::map<int, int> reads_rounded;             // a site's node -> the source it reads rounded
   std::set<int> considered;
   for (const Node& u : g.nodes) {
     if (u.op != OpKind::MatMul) continue;
@@ -503,7 +532,12 @@ DeferredProgram defer_norms(const Graph& input, const DeferOptions& opts) {
     for (const Term& t : s->form().terms)
       for (const Factor& c : t.cols)
         if (!constant_only(g, c.node)) varying = g.node(c.node).name;
+    std::vector<int> elementwise;   // readers that may rebuild y from h and the statistics
     for (int r : users[y]) {
+      if (is_elementwise(g.node(r).op)) {
+        elementwise.push_back(r);
+        continue;
+      }
       std::string why = gemm_reader_why_not(g, g.node(r), y);
       if (why.empty() && !varying.empty())
         why = "per-column factor '" + varying + "' is not computed from constant inputs: the folded weight would change";
@@ -518,7 +552,28 @@ DeferredProgram defer_norms(const Graph& input, const DeferOptions& opts) {
       }
     }
     if (g.is_output(y)) ns.kept.push_back("(program output)");
+    // Elementwise readers rebuild y where that makes y go away (no other reader keeps it stored): then the producer
+    // computes no normalization at all. Else they read the stored y, as before.
+    const bool y_goes = !ns.folded.empty() && ns.kept.empty();
+    for (int r : elementwise) {
+      if (y_goes) {
+        ns.rebuilt.push_back(g.node(r).name);
+        rebuilt_reader[r] = y;
+      } else {
+        ns.kept.push_back(g.node(r).name + ": " + (ns.folded.empty() ? std::string("no GEMM reader is folded")
+                                                                     : "y stays stored for the readers above"));
+      }
+    }
     ns.deferred = !ns.folded.empty();
+    if (ns.deferred) {   // h rounded to its declared dtype where the program leaves it unrounded (Builder::rounded)
+      const int src = hn.op == OpKind::Cast && hn.cast_to == DType::F32 ? hn.inputs[0] : s->h();
+      const Node& sn = g.node(src);
+      if (sn.dtype != DType::F32 && sn.op != OpKind::Input && !(sn.op == OpKind::Cast && sn.cast_to == sn.dtype)) {
+        round_source.insert(src);
+        for (int id : s->nodes()) reads_rounded[id] = src;
+        if (src != s->h()) reads_rounded[s->h()] = src;
+      }
+    }
     if (!ns.deferred) ns.why = opts.enabled ? "no GEMM reader can be folded" : "deferral is switched off";
     out.sites.push_back(ns);
     sites[y] = std::move(s);
@@ -536,8 +591,19 @@ DeferredProgram defer_norms(const Graph& input, const DeferOptions& opts) {
       continue;
     }
     ins.clear();
-    for (int in : n.inputs) ins.push_back(b.at(in));
+    std::map<int, Value> memo;   // (the reader's copy of y, once for both operands)
+    const auto rr = reads_rounded.find(n.id);
+    for (int in : n.inputs) {
+      auto it = rebuilt_reader.find(n.id);
+      if (it != rebuilt_reader.end() && in == it->second) ins.push_back(b.rebuild_copy(*sites.at(in), in, n.name, memo));
+      else if (rr != reads_rounded.end() && in == rr->second) ins.push_back(b.rounded.at(in));
+      else ins.push_back(b.at(in));
+    }
     b.at(n.id) = copy_node(d, n, ins, n.name);
+    if (round_source.count(n.id)) {
+      const std::string name = n.name + kInternalSep + dtype_name(n.dtype);
+      b.rounded[n.id] = d.cast(b.at(n.id), n.dtype, name);
+    }
   }
   // Outputs keep their names: a folded reader's value is renamed to the reader's name where it is an output.
   for (const auto& o : g.outputs) {
@@ -560,6 +626,8 @@ std::string explain_deferral(const std::vector<NormSite>& sites) {
     if (s.deferred) {
       o << "finished in";
       for (const auto& f : s.folded) o << " " << f;
+      if (!s.rebuilt.empty()) o << "; rebuilt by";
+      for (const auto& r : s.rebuilt) o << " " << r;
     } else {
       o << "not deferred: " << s.why;
     }
