@@ -98,7 +98,8 @@ struct Rendered {
   std::string type;     // the node's type, over its operands' aliases
   std::string init;     // its Arguments initializer, over its operands' argument expressions
   std::string math;     // what it computes, over its operands' names (the alias line's comment)
-  bool alias = false;   // the same value as an operand (a no-op cast, pow by 1): type is that operand's alias
+  bool alias = false;   // Arguments are the operand's (a no-op cast, pow by 1: the same value; rotate_half): the
+                        // operand's argument expression is reused, no variable of its own
 };
 
 // Binary ops written as infix math in the comments.
@@ -589,8 +590,10 @@ class Psi {
         }
         if (n.op == OpKind::RotateHalf) {
           const std::string p = std::to_string(n.period);
+          // (its Arguments are its operand's: the operand's argument expression serves as they are, whether it
+          // is "{}" or a variable such as a bias add's)
           return {"RotateHalf<" + p + ", " + a + ">", ai,
-                  "rotate_half(" + a + ") per block of " + p + " columns (the partner's registers)"};
+                  "rotate_half(" + a + ") per block of " + p + " columns (the partner's registers)", true};
         }
         if (n.op == OpKind::Pow) {
           const double e = n.exponent;
