@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "comfuse/lower.h"
+#include "comfuse/reasons.h"
 
 namespace comfuse {
 
@@ -468,6 +469,8 @@ Partition partition(const Graph& input, const PartitionHints& hints) {
     }
   }
   p.b2b = find_b2b_chains(g, grown, users, is_output, seen, stamp);
+  for (auto& d : p.decisions) d.reason = reason(std::move(d.reason));   // (reasons.h: for people only)
+  for (auto& c : p.b2b) c.reason = reason(std::move(c.reason));
   return p;
 }
 

@@ -8,6 +8,7 @@
 #include "comfuse/partition.h"
 #include "comfuse/codegen.h"  // psi_rejects
 #include "comfuse/plan.h"
+#include "comfuse/reasons.h"
 #include "comfuse/text.h"
 
 namespace comfuse {
@@ -515,7 +516,8 @@ PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& t
   return plan_region(fs, PlanOptions{}, table);
 }
 
-PlanDecision plan_region(const FusionSpec& fs, const PlanOptions& opts, const std::vector<MeasuredRow>& table) {
+namespace {
+PlanDecision plan_fitted(const FusionSpec& fs, const PlanOptions& opts, const std::vector<MeasuredRow>& table) {
   PlanDecision d = plan_measured(fs, table);
   if (d.verdict == Verdict::CannotServe) return d;
   // The kernel choice made whole, once: the caller's transport over the measured one, the cluster it needs, the
@@ -533,8 +535,17 @@ PlanDecision plan_region(const FusionSpec& fs, const PlanOptions& opts, const st
   d.candidates[0] = d.config;
   return d;
 }
+}  // namespace
 
-B2BPlanDecision plan_b2b(const B2BSpec& b) {
+PlanDecision plan_region(const FusionSpec& fs, const PlanOptions& opts, const std::vector<MeasuredRow>& table) {
+  PlanDecision d = plan_fitted(fs, opts, table);
+  d.reason = reason(std::move(d.reason));   // (reasons.h: for people only)
+  d.candidates_reason = reason(std::move(d.candidates_reason));
+  return d;
+}
+
+namespace {
+B2BPlanDecision plan_b2b_measured(const B2BSpec& b) {
   B2BPlanDecision d;
   const double bytes = 2.0 * static_cast<double>(b.rows()) * static_cast<double>(b.n1()) *
                        (b.first.outputs[0].dtype == DType::F32 ? 4 : 2);   // S written, then read back
@@ -623,6 +634,14 @@ B2BPlanDecision plan_b2b(const B2BSpec& b) {
   d.verdict = Verdict::Fuse;
   d.reason = "fuse, " + form + " " + b2b_config_name(c) + ": measured " + measured +
              "; the intermediate (" + traffic + ") stays on chip";
+  return d;
+}
+
+}  // namespace
+
+B2BPlanDecision plan_b2b(const B2BSpec& b) {
+  B2BPlanDecision d = plan_b2b_measured(b);
+  d.reason = reason(std::move(d.reason));
   return d;
 }
 

@@ -11,6 +11,8 @@
 // centering term) or (cols(Q_t) * scale(Q_t)) @ W (the shift: beta @ W).
 #include "comfuse/rewrite.h"
 
+#include "comfuse/reasons.h"
+
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -577,6 +579,10 @@ DeferredProgram defer_norms(const Graph& input, const DeferOptions& opts) {
     if (!ns.deferred) ns.why = opts.enabled ? "no GEMM reader can be folded" : "deferral is switched off";
     out.sites.push_back(ns);
     sites[y] = std::move(s);
+  }
+  for (NormSite& ns : out.sites) {   // (reasons.h: for people only)
+    ns.why = reason(std::move(ns.why));
+    for (auto& k : ns.kept) k = reason(std::move(k));
   }
   if (folded_reader.empty()) {
     out.graph = g;

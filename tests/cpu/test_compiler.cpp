@@ -203,39 +203,7 @@ TEST(Compiler, GpuCommandsSayWhenThereIsNoGpu) {
 
 namespace {
 
-// Writes "SO" + the source into nvcc's -o file; `--version` answers; counts its runs. With `spill_if`, a source
-// holding that text gets ptxas's spill warning (-warn-spills).
-struct FakeNvcc {
-  fs::path dir;
-  explicit FakeNvcc(const std::string& tag, const std::string& spill_if = "") : dir(temp_dir("nvcc_" + tag)) {
-    std::ofstream(dir / "nvcc") << "#!/bin/sh\n"
-                                   "if [ \"$1\" = --version ]; then echo 'fake nvcc 1.0'; exit 0; fi\n"
-                                   "out=''; src=''\n"
-                                   "while [ $# -gt 0 ]; do case \"$1\" in -o) out=\"$2\"; shift;; *.cu) src=\"$1\";; esac; shift; done\n"
-                                   "echo run >> " << (dir / "count").string() << "\n"
-                                   << (spill_if.empty() ? "" : "if grep -qF '" + spill_if + "' \"$src\"; then echo \"ptxas "
-                                       "warning : Registers are spilled to local memory in function 'k', 280 bytes spill "
-                                       "stores, 284 bytes spill loads\" >&2; fi\n") <<
-                                   "{ echo SO; cat \"$src\"; } > \"$out\"\n";
-    fs::permissions(dir / "nvcc", fs::perms::owner_all);
-  }
-  ~FakeNvcc() { fs::remove_all(dir); }
-  int runs() const {
-    std::ifstream f(dir / "count");
-    int n = 0;
-    for (std::string l; std::getline(f, l);) ++n;
-    return n;
-  }
-  CompilerOptions options() const {
-    CompilerOptions o;
-    o.jit.nvcc = (dir / "nvcc").string();
-    o.jit.cache_dir = (dir / "cache").string();
-    fs::create_directories(dir / "cutlass" / "cutlass");   // only its presence is checked before nvcc
-    std::ofstream(dir / "cutlass" / "cutlass" / "cutlass.h") << "";
-    o.cutlass_dir = (dir / "cutlass").string();
-    return o;
-  }
-};
+using test::FakeNvcc;
 
 int lines_starting(const fs::path& f, const std::string& prefix) {
   std::ifstream in(f);

@@ -309,12 +309,14 @@ TEST(DeferNorms, RandomSitesMatchTheOriginalProgram) {
     const TensorMap in = random_inputs(g, rng, {"R"}, pick(2) ? 100.0 : 0.0);
     Errors e = compare(g, d, in);
     EXPECT_LT(e.rewritten, kBound + kAccumulation * double(K) * 100.0) << t << "original " << e.original;
-    // partitioned with the rewrite's hints and run the way the kernels run it: the rewritten program's values
+    // partitioned with the rewrite's hints and run the way the kernels run it: the rewritten program's values, up
+    // to the statistics' per-CTA summation order (a bf16 rounding of the reader's value may flip; at 100 sigma the
+    // cancellation in h W* - m s shows the order too)
     PartitionHints hints;
     hints.row_side = d.row_side;
     Partition p = partition(d.graph, hints);
     const TensorMap want = interpret_graph(d.graph, in), got = interpret_partitioned(p, in, 1 + pick(4));
-    for (const auto& o : g.outputs) EXPECT_LT(test::rel_err(got.at(o.name), want.at(o.name)), 1e-4) << t << o.name;
+    for (const auto& o : g.outputs) EXPECT_LT(test::rel_err(got.at(o.name), want.at(o.name)), 1e-3) << t << o.name;
   }
 }
 

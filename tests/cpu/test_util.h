@@ -1,4 +1,4 @@
-// What the CPU tests share: running the CLI and getting a fresh temporary directory.
+// What the CPU tests share: running the CLI, a fresh temporary directory, a stand-in nvcc.
 #pragma once
 
 #include <sys/wait.h>
@@ -8,7 +8,10 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
+
+#include "comfuse/compiler.h"
 
 namespace comfuse::test {
 
@@ -41,5 +44,39 @@ inline std::filesystem::path fresh_dir(const std::string& tag, const std::string
   fs::create_directories(d);
   return d;
 }
+
+// Writes "SO" + the source into nvcc's -o file; `--version` answers; counts its runs. With `spill_if`, a source
+// holding that text gets ptxas's spill warning (-warn-spills).
+struct FakeNvcc {
+  std::filesystem::path dir;
+  explicit FakeNvcc(const std::string& tag, const std::string& spill_if = "") : dir(fresh_dir("compiler", "nvcc_" + tag)) {
+    std::ofstream(dir / "nvcc") << "#!/bin/sh\n"
+                                   "if [ \"$1\" = --version ]; then echo 'fake nvcc 1.0'; exit 0; fi\n"
+                                   "out=''; src=''\n"
+                                   "while [ $# -gt 0 ]; do case \"$1\" in -o) out=\"$2\"; shift;; *.cu) src=\"$1\";; esac; shift; done\n"
+                                   "echo run >> " << (dir / "count").string() << "\n"
+                                   << (spill_if.empty() ? "" : "if grep -qF '" + spill_if + "' \"$src\"; then echo \"ptxas "
+                                       "warning : Registers are spilled to local memory in function 'k', 280 bytes spill "
+                                       "stores, 284 bytes spill loads\" >&2; fi\n") <<
+                                   "{ echo SO; cat \"$src\"; } > \"$out\"\n";
+    std::filesystem::permissions(dir / "nvcc", std::filesystem::perms::owner_all);
+  }
+  ~FakeNvcc() { std::filesystem::remove_all(dir); }
+  int runs() const {
+    std::ifstream f(dir / "count");
+    int n = 0;
+    for (std::string l; std::getline(f, l);) ++n;
+    return n;
+  }
+  CompilerOptions options() const {
+    CompilerOptions o;
+    o.jit.nvcc = (dir / "nvcc").string();
+    o.jit.cache_dir = (dir / "cache").string();
+    std::filesystem::create_directories(dir / "cutlass" / "cutlass");   // only its presence is checked before nvcc
+    std::ofstream(dir / "cutlass" / "cutlass" / "cutlass.h") << "";
+    o.cutlass_dir = (dir / "cutlass").string();
+    return o;
+  }
+};
 
 }  // namespace comfuse::test
