@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the device machine: every examples/*.cf and 50 random programs through `comfuse run --check` on fresh
+# On the device machine: every examples/*.cf (the norm sites also with --defer-norms on) and 50 random programs
+# through `comfuse run --check` on fresh
 # random inputs, the JIT's first compile and its cache hit timed there, and the generated postnorm / softmax
 # kernels benched (to compare with the hand-composed instances of bench/bench_gemm.cu). Logs under $OUT; a
 # table last.
@@ -17,6 +18,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 # The examples, and the other transports of two of them (compiled ahead of time only): name:example:transport.
 examples="bias_gelu ffn_b2b gelu_new postnorm prenorm_row_stats prenorm_two_outputs rmsnorm rope softmax swiglu"
+examples="$examples llama_block bert_layer"
+# The norm sites with their norms finished in the GEMMs that read them (--defer-norms on): name:example.
+deferred="llama_block_deferred:llama_block bert_layer_deferred:bert_layer"
 # Per-row outputs (ReduceToRow): odd sizes and a clustered config, each run three times on the same buffers.
 row_outputs="row_stats_odd_sum row_stats_odd_max row_stats_cluster"
 variants="postnorm_l2:postnorm:l2 softmax_leader:softmax:dsmem_leader"
@@ -30,6 +34,7 @@ if [ "${1:-}" = "--prepare" ]; then
   {
     for ex in $examples; do echo "$ex examples/$ex.cf"; done
     for v in $variants; do IFS=: read -r name ex tp <<< "$v"; echo "$name examples/$ex.cf --transport $tp"; done
+    for v in $deferred; do IFS=: read -r name ex <<< "$v"; echo "$name examples/$ex.cf --defer-norms on"; done
     echo "plain_and_fused tests/data/plain_and_fused.cf"
     for r in $row_outputs; do echo "$r tests/data/$r.cf"; done
     for f in "$aot"/random/cf/*.cf; do echo "random/$(basename "$f" .cf) $f"; done
@@ -85,6 +90,12 @@ done
 for v in $variants; do   # the other transports, ahead of time
   IFS=: read -r name ex tp <<< "$v"
   [ -n "$(aot_of "$name")" ] && run_check "$name" "examples/$ex.cf" $(aot_of "$name")
+done
+for v in $deferred; do   # norms finished in their readers: ahead of time (the manifest says so), else JIT here
+  IFS=: read -r name ex <<< "$v"
+  # shellcheck disable=SC2046
+  if [ -n "$(aot_of "$name")" ]; then run_check "$name" "examples/$ex.cf" --launches 2 $(aot_of "$name")
+  else run_check "$name" "examples/$ex.cf" --launches 2 --defer-norms on; fi
 done
 # Random programs from the compiler-core generator (odd M; comfuse_random_graphs beside the CLI), with --check:
 # from AOT_DIR/random/<gNNN> when compiled ahead of time (AOT_DIR/random/cf holds their .cf files), else

@@ -65,11 +65,13 @@ bool psi_can_read_tiles(const FusionSpec& fs, const KernelConfig& cfg, TileInput
 // us), slower at K = 1024 and for LN -> softmax mostly; the planner picks by the "_mg" rows of its table.
 bool psi_merges(const FusionSpec& fs);
 
-// Whether `fs`'s only row reduction just leaves the kernel: its result goes to one per-row output ([rows, 1])
-// and nothing in the tile reads it (RMSNorm's mean(h^2) where the normalization runs in the GEMMs that consume
-// h). Psi renders it as ReduceToRow (kernels/comfuse/epilogue/row_output.cuh): each tile publishes its row
-// partials and the last of a row block's tiles to arrive sums them, so no CTA waits for another, and the kernel
-// launches and is planned like an elementwise one (no transport, no cooperative launch, any cluster).
+// Whether `fs`'s row reductions just leave the kernel: its only reduction's result goes to one per-row output
+// ([rows, 1]) and nothing in the tile reads it (RMSNorm's mean(h^2) where the normalization runs in the GEMMs that
+// consume h), or a LayerNorm pair's two results (the mean, then the mean of squared deviations) go to two per-row
+// outputs and nothing else. Psi renders them as ReduceToRow, or LocalReduce + MergedToRows
+// (kernels/comfuse/epilogue/row_output.cuh): each tile publishes its row partials (states) and the last of a row
+// block's tiles to arrive combines them, so no CTA waits for another, and the kernel launches and is planned like
+// an elementwise one (no transport, no cooperative launch, any cluster).
 bool psi_row_output(const FusionSpec& fs);
 
 // Renders `fs` for `cfg`; throws CodegenError with psi_rejects' reason where it cannot. The TU defines, in

@@ -5,7 +5,7 @@
 //   struct Traits {
 //     using Cfg = ...;  using Kernel = comfuse::Gemm<Cfg, Epilogue>;  using Pointers = ...;
 //     static constexpr int kOutputs, kParams, kReductions, kB2Param;       // kB2Param: -1, or B2's param (DualB)
-//     static constexpr int kRowOutputs;                                     // optional: ReduceToRow nodes (0 or 1)
+//     static constexpr int kRowOutputs;                                     // optional: words per row a row-output node publishes (0, 1 ReduceToRow, 2 MergedToRows)
 //     static constexpr char const* kName;                                   // "comfuse_<spec hash>"
 //     static Epilogue::Arguments make_args(Pointers const&, int64_t ld);
 //   };
@@ -65,7 +65,8 @@ struct EntryPoints {
   static int workspace(int64_t m, int64_t n, int64_t* partial_bytes, int64_t* counter_bytes) {
     const int64_t row_blocks = (m + Cfg::kGroupTileM - 1) / Cfg::kGroupTileM, cols = (n + Cfg::kTileN - 1) / Cfg::kTileN;
     if constexpr (RowOutputsOf<T>::value > 0) {   // ReduceToRow: partials and per-warp arrival counters
-      *partial_bytes = int64_t(epi::row_output::partial_bytes(int(row_blocks), int(cols), Cfg::kGroupTileM));
+      *partial_bytes = int64_t(epi::row_output::partial_bytes(int(row_blocks), int(cols), Cfg::kGroupTileM)) *
+                       RowOutputsOf<T>::value;   // (words per row and tile: ReduceToRow 1, MergedToRows 2)
       *counter_bytes = int64_t(epi::row_output::counter_bytes(int(row_blocks)));
       return 0;
     }

@@ -46,7 +46,8 @@ template <class E> struct Reductions<E, std::void_t<decltype(E::kReductions)>> :
 
 // The traits EntryPoints (abi_entry.cuh) needs, less the name and make_args, which COMFUSE_GENERATED_KERNEL adds.
 // B2Param >= 0: a kernel of two GEMMs on one A (GemmConfig<.., DualB>), whose B2 is that runtime parameter.
-// RowOutputs: the epilogue's ReduceToRow nodes (row_output.cuh), which need the workspace without any exchange.
+// RowOutputs: the words per row and tile the epilogue's row-output node publishes (row_output.cuh: ReduceToRow 1,
+// MergedToRows 2), which need the workspace without any exchange.
 template <class Cfg_, class Epilogue, int Outputs, int Params, int B2Param = -1, int RowOutputs = 0>
 struct GeneratedUnit {
   using Cfg = Cfg_;
@@ -54,7 +55,7 @@ struct GeneratedUnit {
   using Pointers = generated::Pointers<Outputs, Params>;
   static constexpr int kOutputs = Outputs, kParams = Params, kReductions = Reductions<Epilogue>::value;
   static constexpr int kB2Param = B2Param, kRowOutputs = RowOutputs;
-  static_assert(RowOutputs <= 1, "one ReduceToRow per epilogue (its workspace holds one)");
+  static_assert(RowOutputs <= 2, "one row-output node per epilogue: ReduceToRow (1 word per row) or MergedToRows (2)");
   static_assert((B2Param >= 0) == Cfg::kDualB && B2Param < (Params > 0 ? Params : 1), "B2 is a parameter of dual-B kernels");
 };
 

@@ -139,7 +139,9 @@ int carried_into(const std::vector<const Spec*>& st, size_t k) {
 }
 
 // Whether stages k and k+1 form a pair that merges into one exchange, and how (the conditions: codegen.h).
-MergeHow merge_of(const std::vector<const Spec*>& st, size_t k) {
+// stores_may_read_first: the pair's results only leave the kernel (pair_rows_of), so a store of the first result
+// is its per-row output, not a value the CTA-local first result would spoil.
+MergeHow merge_of(const std::vector<const Spec*>& st, size_t k, bool stores_may_read_first = false) {
   if (k + 2 >= st.size()) return MergeHow::None;   // stage k+1 must reduce too (and hand on to stage k+2)
   const Spec& s0 = *st[k];
   const Spec& s1 = *st[k + 1];
@@ -181,7 +183,7 @@ MergeHow merge_of(const std::vector<const Spec*>& st, size_t k) {
     }
     return reads_pr[i] == 1;
   };
-  for (size_t i = 0; i < s1.nodes.size(); ++i)
+  for (size_t i = 0; i < s1.nodes.size() && !stores_may_read_first; ++i)
     if (s1.nodes[i].kind == SpecKind::Store && depends(static_cast<int>(i))) return MergeHow::None;
   // What stage k+1 carries on is recomputed in stage k+2 from x and the row results: nothing per element but x.
   std::function<bool(int)> recomputable = [&](int i) {
@@ -203,6 +205,38 @@ std::vector<MergeHow> merged_pairs(const std::vector<const Spec*>& st) {
   for (size_t k = 0; k + 2 < st.size(); ++k)
     if ((k == 0 || m[k - 1] == MergeHow::None) && (m[k] = merge_of(st, k)) != MergeHow::None) ++k;
   return m;
+}
+
+// The per-row outputs (mean, mean of squared deviations) of a LayerNorm pair whose two results only leave the
+// kernel, as the producer of a deferred norm has it (rewrite.h): three stages, stage 0 ending in the mean of x and
+// carrying x on, stage 1 the mean of (x - mean)^2 storing nothing but the first result to a per-row output and
+// carrying nothing on, stage 2 storing nothing but its result to a per-row output. Psi renders stages 0 and 1 as
+// LocalReduce + MergedToRows (epilogue/row_output.cuh): no exchange, no waiting. {-1, -1} otherwise.
+std::pair<int, int> pair_rows_of(const FusionSpec& fs) {
+  const std::pair<int, int> none{-1, -1};
+  const auto st = fs.stages();
+  if (st.size() != 3 || merge_of(st, 0, /*stores_may_read_first=*/true) != MergeHow::CenteredSquares) return none;
+  auto result_store = [](const Spec& s, const SpecNode& n) {
+    const SpecNode& v = s.nodes.at(n.args.at(0));
+    return v.kind == SpecKind::Placeholder && v.placeholder == PlaceholderKind::ReductionResult;
+  };
+  const Spec& s1 = *st[1];
+  if (!s1.nodes[s1.terminal].bypass.empty()) return none;
+  int first = -1, second = -1;
+  for (const SpecNode& n : s1.nodes) {
+    if (n.kind == SpecKind::Broadcast && n.bcast == BroadcastKind::Tile) return none;   // nothing more is read
+    if (n.kind != SpecKind::Store) continue;
+    if (!result_store(s1, n) || first >= 0) return none;
+    first = n.output;
+  }
+  const Spec& s2 = *st[2];
+  for (const SpecNode& n : s2.nodes) {
+    if (n.kind == SpecKind::Placeholder && n.placeholder == PlaceholderKind::ReductionResult) continue;
+    if (n.kind != SpecKind::Store || !result_store(s2, n) || second >= 0) return none;
+    second = n.output;
+  }
+  if (first < 0 || second < 0 || !fs.outputs.at(first).per_row || !fs.outputs.at(second).per_row) return none;
+  return {first, second};
 }
 
 // The output a Spec's only row reduction goes to, where that is all the reduction does: two stages, the first
@@ -230,9 +264,14 @@ class Psi {
   // form: how [rows, N] inputs are read (psi_tile_input_form decides): TileLoad, TileLoadStaged or TileLoadRing.
   Psi(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form)
       : fs_(fs), st_(fs.stages()), form_(form), staged_(form == TileInputForm::Staged ? staged_tile_args(cfg) : ""),
-        parts_(renders_parts(fs, cfg)), row_output_(row_output_of(fs)), async_box_(async_store_box(fs, cfg)) {
+        parts_(renders_parts(fs, cfg)), row_output_(row_output_of(fs)), pair_rows_(pair_rows_of(fs)),
+        async_box_(async_store_box(fs, cfg)) {
     if (row_output_ >= 0) {   // the reduction only leaves the kernel: stage 0 alone, its reduction a ReduceToRow
       st_.resize(1);
+      parts_ = false;
+    }
+    if (pair_rows_.first >= 0) {   // a LayerNorm pair only leaving the kernel: LocalReduce + MergedToRows
+      st_.resize(2);
       parts_ = false;
     }
     constexpr int kMaxReductions = 4;  // kernels/comfuse/epilogue/reduce.cuh
@@ -252,13 +291,14 @@ class Psi {
       }
     }
     for (size_t i = 0; i < fs_.outputs.size(); ++i)
-      if (fs_.outputs[i].per_row && int(i) != row_output_)
+      if (fs_.outputs[i].per_row && int(i) != row_output_ && int(i) != pair_rows_.first && int(i) != pair_rows_.second)
         throw CodegenError("output '" + fs_.outputs[i].name +
                            "' is per row ([rows, 1]): a per-row output is stored only where it is a row reduction's "
                            "result itself and the reduction feeds nothing else in the tile");
     check_size();
     merge_.assign(st_.size(), MergeHow::None);
-    if (cfg.merged) {
+    if (pair_rows_.first >= 0) merge_[0] = MergeHow::CenteredSquares;   // (whatever cfg.merged says: no exchange)
+    else if (cfg.merged) {
       merge_ = merged_pairs(st_);
       if (std::all_of(merge_.begin(), merge_.end(), [](MergeHow h) { return h == MergeHow::None; }))
         throw CodegenError("config " + config_name(cfg) +
@@ -272,7 +312,8 @@ class Psi {
     for (size_t k = 0; k < st_.size(); ++k) {
       names_[k].resize(st_[k]->nodes.size());
       args_[k].resize(st_[k]->nodes.size());
-      for (size_t i = 0; i < st_[k]->nodes.size(); ++i) define(k, static_cast<int>(i));
+      for (size_t i = 0; i < st_[k]->nodes.size(); ++i)
+        if (!pair_rows_store(k, static_cast<int>(i))) define(k, static_cast<int>(i));
       define_tree(k);
     }
   }
@@ -352,6 +393,11 @@ class Psi {
   TileInputForm form() const { return form_; }
   bool parts() const { return parts_; }   // StageStream<.., InParts> (renders_parts)
   int row_output() const { return row_output_; }   // the per-row output of a ReduceToRow, or -1 (row_output_of)
+  bool pair_rows() const { return pair_rows_.first >= 0; }   // LocalReduce + MergedToRows (pair_rows_of)
+  // The store of the first result in stage 1 of a pair_rows_of Spec: MergedToRows writes that output itself.
+  bool pair_rows_store(size_t k, int i) const {
+    return pair_rows_.first >= 0 && k == 1 && st_[k]->nodes[i].kind == SpecKind::Store;
+  }
   // The node aliases of the Epilogue (one per Spec node, indented by stage) and `using Epilogue = ...;`.
   std::string types() const { return types_.str() + "\nusing Epilogue = " + epilogue_type(0) + ";\n"; }
   // make_args' body: one Arguments variable per node that takes any, then the return.
@@ -410,7 +456,10 @@ class Psi {
   void define_tree(size_t k) {
     const Spec& s = *st_[k];
     // a merged pair's second stage carries x on (its Bypass placeholder), which the next stage shifts again
-    const int carry = merged_second(k) ? tile_placeholder(s) : k + 1 < st_.size() ? carried_[k + 1] : -1;
+    const int carry = pair_rows_.first >= 0 && k == 1 ? -1   // the last stage: nothing to carry on
+                      : merged_second(k)             ? tile_placeholder(s)
+                      : k + 1 < st_.size()           ? carried_[k + 1]
+                                                     : -1;
     std::vector<int> roots;
     const int red = s.nodes[s.terminal].kind == SpecKind::Reduction ? s.terminal : -1;
     if (carry >= 0) {
@@ -422,7 +471,7 @@ class Psi {
     }
     const int folded = red >= 0 ? folded_store(k, s.nodes[red]) : -1;
     for (size_t i = 0; i < s.nodes.size(); ++i)
-      if (s.nodes[i].kind == SpecKind::Store && int(i) != folded &&
+      if (s.nodes[i].kind == SpecKind::Store && int(i) != folded && !pair_rows_store(k, static_cast<int>(i)) &&
           std::find(roots.begin(), roots.end(), int(i)) == roots.end())
         roots.push_back(static_cast<int>(i));
     if (red >= 0 && std::find(roots.begin(), roots.end(), red) == roots.end()) roots.push_back(red);
@@ -624,6 +673,16 @@ class Psi {
       }
       case SpecKind::Reduction: {
         const std::string r = "r" + std::to_string(k), id = std::to_string(k);
+        if (pair_rows_.first >= 0 && k == 1) {   // the pair's results only leave the kernel: no exchange at all
+          const std::string c = names_[k][n.args.at(0)];
+          const char* t1 = cpp_type(fs_.outputs[pair_rows_.first].dtype);
+          const char* t2 = cpp_type(fs_.outputs[pair_rows_.second].dtype);
+          const std::string o1 = std::to_string(pair_rows_.first), o2 = std::to_string(pair_rows_.second);
+          return {std::string("MergedToRows<") + t1 + ", " + t2 + ", " + c + ">",
+                  "{" + args_[k][n.args[0]] + ", p.ws, p.output<" + t1 + ">(" + o1 + "), p.output<" + t2 + ">(" + o2 + ")}",
+                  c + "; out[" + o1 + "][row], out[" + o2 + "][row] = the row's mean and mean of squared deviations "
+                      "(Chan's formula over the CTAs' states in the last to arrive), no exchange"};
+        }
         if (merged_second(k)) {   // the second of a merged pair: both partial states exchanged at once
           const std::string c = names_[k][n.args.at(0)];
           const bool ln = merge_[k - 1] == MergeHow::CenteredSquares;
@@ -711,6 +770,7 @@ class Psi {
   std::string staged_;   // TileLoadStaged's arguments after the type (form_ Staged)
   bool parts_;           // StageStream<.., InParts>: the stages visited in 64-row parts (renders_parts)
   int row_output_;       // row_output_of(fs_): the per-row output of a ReduceToRow (st_ holds stage 0 only), or -1
+  std::pair<int, int> pair_rows_;   // pair_rows_of(fs_): the outputs of MergedToRows (st_ holds stages 0, 1), or -1s
   int async_box_;        // async_store_box: StoreAsync's box width, or 0 (Store)
   std::map<std::string, std::string> alias_types_;   // every alias the unit defines -> its type
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
@@ -868,7 +928,7 @@ std::unique_ptr<Psi> tile_input_psi_with_stores(const FusionSpec& fs, const Kern
 
 }  // namespace
 
-bool psi_row_output(const FusionSpec& fs) { return row_output_of(fs) >= 0; }
+bool psi_row_output(const FusionSpec& fs) { return row_output_of(fs) >= 0 || pair_rows_of(fs).first >= 0; }
 
 bool psi_merges(const FusionSpec& fs) {
   const auto m = merged_pairs(fs.stages());
@@ -919,6 +979,7 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     << "x" << cfg.cluster_n << (cfg.cooperative ? ", cooperative" : "")
     << (cfg.merged ? ", reduction pairs merged" : "") << (psi.parts() ? ", stages visited in 64-row parts" : "")
     << (psi.row_output() >= 0 ? ", the row reduction only leaves the kernel (ReduceToRow)" : "")
+    << (psi.pair_rows() ? ", the LayerNorm pair's results only leave the kernel (LocalReduce + MergedToRows)" : "")
     << "\n";
   if (fs.gemm.paired())
     o << "// two GEMMs on one A: each MMA tile is X @ W's " << cfg.tile_n / 2 << " columns, then X @ W2's (param["
@@ -960,7 +1021,8 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     << ">;\n"
     << "using Unit = GeneratedUnit<Cfg, Epilogue, /*outputs*/ " << fs.outputs.size() << ", /*params*/ "
     << fs.params.size() << (fs.gemm.paired() ? ", /*B2 = param*/ " + std::to_string(fs.gemm.b2_param) : std::string())
-    << (psi.row_output() >= 0 ? ", /*B2*/ -1, /*row outputs*/ 1" : "") << ">;\n\n"
+    << (psi.row_output() >= 0 ? ", /*B2*/ -1, /*row outputs*/ 1" : psi.pair_rows() ? ", /*B2*/ -1, /*row outputs*/ 2" : "")
+    << ">;\n\n"
     << "// The Arguments of every node that takes any (pointers, constants, the reductions' workspace).\n"
     << "// ld: the row stride (N) of every [rows, N] output and tile parameter.\n"
     << "inline Epilogue::Arguments make_args(Unit::Pointers const& p, int64_t ld) {\n"

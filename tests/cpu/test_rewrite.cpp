@@ -8,6 +8,7 @@
 #include "comfuse/interp.h"
 #include "comfuse/partition.h"
 #include "comfuse/codegen.h"
+#include "comfuse/plan.h"
 #include "comfuse/rewrite.h"
 #include "comfuse/text.h"
 #include "norms.h"
@@ -213,7 +214,17 @@ TEST(DeferNorms, TheReaderComputesTheRowFactorsAndTheProducerOnlyTheStatistics) 
     // the reader: one stage, the row factors pulled in; nothing but the weight folds on the standard path
     EXPECT_EQ(p.regions[1].spec.num_stages(), 1) << print_partition(p, true);
     for (int id : p.fallback) EXPECT_TRUE(d.folds.count(p.graph.node(id).name)) << p.graph.node(id).name;
-    if (!d.sites[0].centered) EXPECT_TRUE(psi_row_output(p.regions[0].spec)) << print_partition(p, true);
+    // the statistics only leave the producer: no exchange (ReduceToRow, or LocalReduce + MergedToRows for LayerNorm)
+    EXPECT_TRUE(psi_row_output(p.regions[0].spec)) << print_partition(p, true);
+    EXPECT_EQ(plan_region(p.regions[0].spec).config.transport, Transport::None);
+    const std::string src = generate_kernel(p.regions[0].spec).source;
+    if (d.sites[0].centered) {
+      EXPECT_NE(src.find("MergedToRows<float, float,"), std::string::npos) << src;
+      EXPECT_NE(src.find("/*row outputs*/ 2>"), std::string::npos) << src;
+      EXPECT_EQ(src.find("MergedReduce<"), std::string::npos) << src;
+    } else {
+      EXPECT_NE(src.find("ReduceToRow<"), std::string::npos) << src;
+    }
     std::mt19937 rng(std::random_device{}());
     const TensorMap in = random_inputs(g, rng);
     const TensorMap want = interpret_graph(d.graph, in);

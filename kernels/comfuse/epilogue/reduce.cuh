@@ -606,7 +606,9 @@ struct StageStream {
   // this tile's reads.
   static constexpr bool kUsesSmem = true;
   static constexpr bool kCarriesTile = true;     // the driver writes each stage's value back to the registers
-  static constexpr bool kNeedsCoResidency = true;  // the row block's CTAs exchange: cooperative launch
+  // the row block's CTAs exchange: cooperative launch (a LayerNorm pair whose results only leave the kernel,
+  // LocalReduce + MergedToRows, exchanges nothing)
+  static constexpr bool kNeedsCoResidency = CountExchanges<Root>::count > 0;
   static constexpr int kRingSlots = RingSlots<Root>::value;
   template <int S> static constexpr int kAsyncStoresAt = AsyncStoresAt<Root, S>::value;
   static_assert(!Deferred || AsyncStoresAt<Root, kStage>::value == 0,
