@@ -1,4 +1,4 @@
-"""Device diagnostic for the BERT-large launch failure (docs/PERF.md, 2026-12-01): every region of a one-layer
+"""Device diagnostic for the BERT-large launch failure (docs/log/2026-12-01.md): every region of a one-layer
 BERT-large encoder - its shapes, plan and kernel - launched on its own through comfuse::fused_region, then the
 layer through torch.compile(backend="comfuse"). Run from the repository root on a GPU: python3 bench/bert_diag.py
 """

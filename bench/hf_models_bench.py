@@ -22,7 +22,7 @@ of its largest reduction region, and through torch.ops for scale.
 --rounds R (default 3): after a mode's variants were compiled and timed one after the other, they are timed again
 in R interleaved rounds (Inductor, ComFuse..., then the reverse order, and so on), each round every variant once;
 the "interleaved" column is Inductor's median over the rounds ÷ the variant's. Measured back to back, a host-bound
-model's ratio moves by tens of percent with the host's speed (docs/PERF.md, 2026-12-02); interleaved, the
+model's ratio moves by tens of percent with the host's speed (docs/log/2026-12-02.md); interleaved, the
 drift falls on every variant alike. (Dynamo's cache is reset between compiles, so each variant recompiles once,
 untimed, at its first interleaved call.) "GPU us" is one call's kernels' summed durations (profiler, mean of 3
 calls): what the kernels alone change, unmoved by the host.
@@ -144,7 +144,7 @@ def run(model, kwargs):
 
 def timed(fn, iters: int, cuda: bool, fastest: list | None = None) -> float:
     """Median µs of fn() (CUDA events on the GPU). `fastest`, when given, gets the fastest call appended: in a
-    host-bound mode the machine's host speed drifts between and within runs (docs/PERF.md, 2026-12-02), and
+    host-bound mode the machine's host speed drifts between and within runs (docs/log/2026-12-02.md), and
     the fastest of many calls is the estimate that noise from other work on the host moves least."""
     for _ in range(3):
         fn()

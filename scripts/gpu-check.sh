@@ -3,7 +3,7 @@
 # project tests/gpu, parallel), runs the GPU tests, compute-sanitizer memcheck and racecheck on the
 # odd shape, the bench and a torch.matmul cross-check; logs go under $OUT; a short table is printed last.
 #
-#   scripts/gpu-check.sh --prepare   here, before a device call: copy the CUTLASS headers from .venv
+#   scripts/gpu-check.sh --prepare   here, before a device run: copy the CUTLASS headers from .venv
 #                                    into .carry/cutlass/include (git-ignored; carried to the device)
 #   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--no-tests] [--no-torch] [--no-trace] [--prebuilt DIR]
 #                        [--test-args "ARGS"] [--bench-args "ARGS"] (extra arguments of comfuse_gpu_test_gemm /

@@ -10,7 +10,7 @@
 #     AOT_DIR  kernels compiled ahead of time here: AOT_DIR/<example>/ from `comfuse aot examples/<example>.cf`
 #              (saves nvcc minutes on the device); without it every example is JIT-compiled there
 #   scripts/gpu-examples.sh --prepare CLI AOT_DIR [JOBS]
-#              here, before a device call: compile every kernel the run needs ahead of time into AOT_DIR
+#              here, before a device run: compile every kernel the run needs ahead of time into AOT_DIR
 #              (examples, the l2 / leader-follower variants, plain_and_fused, 50 random programs), JOBS at once
 # Needs the CUTLASS headers at .carry/cutlass/include (scripts/gpu-check.sh --prepare) for the JIT.
 set -uo pipefail

@@ -16,7 +16,7 @@
 #
 #   scripts/gpu-reliability.sh [--part checks|sanitizers|all] [--no-install] [--families a,b]
 #                              [--tools memcheck,racecheck,synccheck] [--jobs N]
-# The two parts are self-contained (each fits one 10-minute device call): run `--part checks`, then
+# The two parts are self-contained (each fits one 10-minute device run): run `--part checks`, then
 # `--part sanitizers --no-install` (the CLI needs no install). Needs the CUTLASS headers at .carry/cutlass/include
 # (scripts/gpu-check.sh --prepare here; carry .carry).
 set -uo pipefail

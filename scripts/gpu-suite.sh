@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark suite of issues 11 and 12 on the device machine, measured the way a user meets it: `comfuse bench`
+# The benchmark suite (WORKLOADS.md) on the device machine, measured the way a user meets it: `comfuse bench`
 # (the planner's choice of kernel, config and transport, or cuBLAS / the plain path where it declines) ÷ the
 # cuBLASLt GEMM that the same call times, for every epilogue × shape, two rounds. Optionally torch.compile's
 # alternatives (bench/torch_compile_ref.py) in the same run. Logs and a CSV under $OUT; a table printed last.

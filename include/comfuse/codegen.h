@@ -41,7 +41,7 @@ std::optional<std::string> psi_rejects(const FusionSpec& fs, const KernelConfig&
 //     16384x1024x1024: 77 -> 70 us), if the inputs fit one padded 128 x 128 16-bit tile per group (~35 KB each,
 //     which the stage ring gives up); loses at K >= 3072 and in the cooperative schedule (too few stages left).
 //   Ring (TileLoadRing, "_rr"): a producer warp copies the CTA's tile into one shared ring buffer (~35 KB per CTA)
-//     while the mainloops run. Wins at 1024 < K <= 4096 (eighth session, ÷ cuBLASLt, registers -> ring: RMSNorm
+//     while the mainloops run. Wins at 1024 < K <= 4096 (2026-12-01, ÷ cuBLASLt, registers -> ring: RMSNorm
 //     8192x3072x768 1.25 -> 1.15, 4096x4096x8192 1.33 -> 1.18, 8192x4096x4096 1.12 -> 1.11); at K <= 1024 the
 //     staged form's two buffers win, and at K = 16384 the stage it costs the mainloop does (RMSNorm 8192x16384x4096
 //     1.03 -> 1.12). One 16-bit input, 128 x 128 or 64 x 256 PingPong tiles.
@@ -61,7 +61,7 @@ bool psi_can_read_tiles(const FusionSpec& fs, const KernelConfig& cfg, TileInput
 // reduction stays inside the CTA (LocalReduce), the second exchanges both partial states at once (MergedReduce:
 // Chan's formula, or rescaling to the larger max), the second stage carries x, and the next stage recomputes the
 // carried value from the row's results (kernels/comfuse/epilogue/reduce.cuh). Pairs are taken from stage 0 on.
-// Measured on the H200 (docs/PERF.md, 2026-12-01): faster for softmax at K >= 3072 (8192x4096x4096: 482 -> 436
+// Measured on the H200 (docs/log/2026-12-01.md): faster for softmax at K >= 3072 (8192x4096x4096: 482 -> 436
 // us), slower at K = 1024 and for LN -> softmax mostly; the planner picks by the "_mg" rows of its table.
 bool psi_merges(const FusionSpec& fs);
 

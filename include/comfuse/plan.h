@@ -46,7 +46,7 @@ constexpr double kEpilogueSlotsPerClk = 32;   // per SM: one consumer warpgroup'
 constexpr double kSmClockGhz = 1.98;
 constexpr double kEpilogueNoiseUs = 1.0;      // less than this is below the measurements' resolution
 // Small problems (fewer tiles than SMs): a kernel's launch latency and ramp, the least any kernel took in the HF BERT
-// 1 x 128 profiles (docs/PERF.md, thirteenth session); and a tile's epilogue that no other tile's mainloop hides:
+// 1 x 128 profiles (docs/log/2026-12-02.md); and a tile's epilogue that no other tile's mainloop hides:
 // with row reductions its exchange, loads and stores (the trace tool: 4-8 us per 128 x 128 tile), else its stores.
 constexpr double kKernelFloorUs = 3.0;
 constexpr double kTileReductionEpilogueUs = 4.0;

@@ -2,7 +2,7 @@
 //
 // A kernel library links the CUDA runtime statically, and the runtime's cudaLaunchKernelEx took ~5.9 µs per launch
 // of a fused kernel on the H200 machine's host where cuLaunchKernelEx, with the kernel's CUfunction looked up once,
-// took 3.8 µs (bench/library_launch.cpp; docs/PERF.md, 2026-12-03). The driver's entry is found through the
+// took 3.8 µs (bench/library_launch.cpp; docs/log/2026-12-03.md). The driver's entry is found through the
 // runtime (cudaGetDriverEntryPointByVersion), so a library needs no link against libcuda. Where the entry or the
 // function is not available, or a driver launch fails (nothing ran), the launch goes through the runtime, whose
 // cudaError_t is the one returned.
@@ -83,7 +83,7 @@ struct Shape {
 
 // Launches with a cluster attribute go through the driver too since their GPU tests passed that way on the H200
 // (mainloop clusters 1x2, the DSMEM transport's 1x8 clusters, the B2B cluster form: 92 of 92 and 56 of 56 checks;
-// docs/PERF.md, 2026-12-03). kClustersThroughDriver = false sends them back to the runtime.
+// docs/log/2026-12-03.md). kClustersThroughDriver = false sends them back to the runtime.
 constexpr bool kClustersThroughDriver = true;
 
 // One launch of `f` with `shape` through the driver's entry `drv` (args: pointers to the kernel's parameters).

@@ -108,7 +108,7 @@ struct GemmKernel {
   // PingPong: one barrier alternates the two groups' mainloops, another their epilogues (tile order). Kernels with
   // row reductions leave the epilogues unordered by default (Arguments::order_epilogues): one group's epilogue,
   // an exchange wait included, then runs beside the other's instead of holding it back, which took 7-14% off
-  // the K <= 1024 shapes on the H200 (docs/PERF.md, 2026-12-01); plain epilogues measured the same either way
+  // the K <= 1024 shapes on the H200 (docs/log/2026-12-01.md); plain epilogues measured the same either way
   // and keep CUTLASS's order.
   using OrderBarrier = cutlass::OrderedSequenceBarrier<1, 2>;
   using EpiStorage = typename Tree::SharedStorage;

@@ -266,7 +266,7 @@ def _declined_for_speed_only(p) -> bool:
 # fraction of the GEMM and its pass, is compiled and timed too (measure_fused), and fused where it wins there: the
 # estimate scales a table measured at other shapes and epilogues and can miss by tens of percent either way: HF
 # Llama's o_proj + residual + RMSNorm (two outputs, 8192 x 1024 x 1024) was estimated at ~60 us and took 42 us
-# (docs/PERF.md, 2026-12-04). Each one costs its kernel's compile (once per structure).
+# (docs/log/2026-12-04.md). Each one costs its kernel's compile (once per structure).
 NEAR_TIE = 0.35
 
 
@@ -499,7 +499,7 @@ MEASURE_MARGIN = 0.05
 # with 24 fused regions whose kernels beat the GEMM and a pass by 1-30 us each, and 1.09x in reduce-overhead).
 # With the C++ fast path (ops._FAST, python/src/torch_ops.cpp) and Inductor's code calling it directly
 # (ops.fused_region_direct): 5.9-9.4 us per call, against 11.8-19.5 us for the torch.mm call alone on the same machine
-# (bench/host_time.py, docs/PERF.md, 2026-12-03): a region costs the host no more than what it replaces.
+# (bench/host_time.py, docs/log/2026-12-03.md): a region costs the host no more than what it replaces.
 HOST_US_PER_CALL = 20.0        # the Python kernel
 HOST_US_PER_CALL_FAST = 0.0    # the C++ fast path
 
@@ -651,7 +651,7 @@ def default_attention(version: str | None = None) -> str:
     """attention="auto": "inductor" from torch 2.11, "eager" before. Tracing picks an SDPA kernel the way eager does;
     with torch 2.11 on the H200, Inductor ran HF BERT (padding mask), the Llama-style model and GPT-2 on cuDNN's
     fused attention kernel, while comfuse::sdpa (a Python custom op, then eager's kernel selection) cost ~150 us of
-    host time per call against Inductor's ~11 (docs/PERF.md, 2026-12-02): in default mode, BERT-base ran 0.80x
+    host time per call against Inductor's ~11 (docs/log/2026-12-02.md): in default mode, BERT-base ran 0.80x
     Inductor with it. Earlier torch decomposed BERT's masked SDPA into an fp32 math path, which comfuse::sdpa avoids."""
     major, minor = (int(x) for x in (version or torch.__version__).split("+")[0].split(".")[:2])
     return "inductor" if (major, minor) >= (2, 11) else "eager"

@@ -16,7 +16,7 @@ namespace comfuse {
 namespace {
 
 // Effective bandwidth of the separate memory-bound epilogue pass Inductor runs on an H200, by the kind of pass,
-// from its kernels in the HF models' profiles (docs/PERF.md, 2026-12-04; copies reach 4.24 TB/s,
+// from its kernels in the HF models' profiles (docs/log/2026-12-04.md; copies reach 4.24 TB/s,
 // WORKLOADS.md). Elementwise passes: 3 TB/s (erf GELU ~2.6, gelu_new's pow and tanh ~3.0, SwiGLU's silu * mul
 // 4.4; BERT's and GPT-2's GELU regions decide on this figure).
 constexpr double kUnfusedBytesPerSecond = 3.0e12;
@@ -434,7 +434,7 @@ PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>&
   // Outputs the measured class does not store (its kernels write one 16-bit tile, two for bias_res_2out): a region
   // that also stores its residual stream, or an fp32 value, writes more bytes per element than the measurement
   // includes. Charged as memory time, not hidden (the stores overlap the other group's mainloop only in part):
-  // HF Llama's o_proj + RMSNorm regions, planned without it, ran slower than torch (docs/PERF.md, 2026-12-01).
+  // HF Llama's o_proj + RMSNorm regions, planned without it, ran slower than torch (docs/log/2026-12-01.md).
   double out_bytes = 0;
   for (const auto& o : fs.outputs) out_bytes += o.per_row ? 0 : (o.dtype == DType::F32 ? 4 : 2);
   // (per element of the N-wide output: a paired kernel's measured equivalent, one GEMM of 2N columns, stores twice as much)
@@ -446,7 +446,7 @@ PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>&
   // least the busiest SM's tiles at one SM's share of the measured cuBLAS rate plus one epilogue, however small the
   // FLOP-scaled estimate is. cuBLAS splits K there. And at such sizes every kernel costs at least its launch and
   // ramp, the unfused pair two of them. HF BERT at 1 x 128 tokens: the 128 x 768 LayerNorm regions (6 tiles) ran 24
-  // us per call fused against 9 us for split-K cuBLAS + LayerNorm (docs/PERF.md, 2026-12-02).
+  // us per call fused against 9 us for split-K cuBLAS + LayerNorm (docs/log/2026-12-02.md).
   std::string occupancy;
   d.unfused_us = gemm_us + d.pass_us;
   // Two GEMMs on one A against two cuBLAS launches: the second launch's floor (kKernelFloorUs, as for a small grid)

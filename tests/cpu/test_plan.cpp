@@ -96,7 +96,7 @@ TEST(Plan, MergedReductionPairsArePlannedFromTheirOwnRows) {
   PlanDecision short_k = plan_region(spec_of(gemm(16384, 1024, 1024, sm)), table);
   EXPECT_FALSE(short_k.config.merged) << short_k.reason;
   // the compiled-in table: at 8192x4096x4096 the chained softmax's two exchanges, each in two levels of 8 column
-  // blocks, measured faster than the merged form's one flat exchange of 32 (docs/PERF.md, 2026-12-02)
+  // blocks, measured faster than the merged form's one flat exchange of 32 (docs/log/2026-12-02.md)
   PlanDecision real = plan_region(spec_of(gemm(8192, 4096, 4096, sm)));
   EXPECT_TRUE(real.fuse && !real.config.merged) << real.reason;
 }

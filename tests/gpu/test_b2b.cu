@@ -758,7 +758,7 @@ int run_bench(std::vector<B2bShape> shapes, std::string const& filter, int reps)
 
 // Target attention (--bench-attention): every softmax instance on each shape, s = 1/sqrt(D), the same interleaved
 // timing over rotating buffer sets. The baselines (SDPA's flash kernel, torch.compile) are PyTorch's:
-// bench/attention_ref.py times them in the same device call (scripts/gpu-b2b.sh --attention).
+// bench/attention_ref.py times them in the same device run (scripts/gpu-b2b.sh --attention).
 int run_attention_bench(std::vector<B2bShape> shapes, std::string const& filter, int reps) {
   struct Set {
     __nv_bfloat16 *Q, *K, *V, *O;

@@ -1,7 +1,7 @@
 // TileLoadRing: an [M, N] input (a residual R) that a warp of the producer warp group copies into a shared-memory
 // ring while the mainloops run; the epilogue reads it from there in the fragment layout (ldmatrix).
 //
-// Why (docs/PERF.md, 2026-12-01): read in the epilogue (TileLoad), the tile's loads were the largest stall of
+// Why (docs/log/2026-12-01.md): read in the epilogue (TileLoad), the tile's loads were the largest stall of
 // the reduction epilogues; staged by the consumers before their mainloop (TileLoadStaged), each consumer group held
 // a padded 128 x 128 tile (70 KB for two groups), which left the mainloop 4 stages instead of 6 (RMSNorm, 128x128).
 // Here the CTA holds its tiles' inputs in a few buffers and the consumers issue no copies at all. With one buffer of

@@ -289,7 +289,7 @@ CUTE_DEVICE void l2_exchange_states(L2Exchange ex, float const (&part)[Rows][W],
 // group order, taking its own group's from its own fold (bit-identical to the published one: same inputs, same
 // order). Every CTA of the row block thus gets the same bits, and the critical path is two short exchanges of
 // at most 8 loads each instead of C loads per row: at C = 64 the flat read of 64 values took ~11 us, about one
-// loaded L2 round trip (~1 us) per 8 loads in flight, relaxed or plain loads alike (docs/PERF.md, 2026-12-02).
+// loaded L2 round trip (~1 us) per 8 loads in flight, relaxed or plain loads alike (docs/log/2026-12-02.md).
 // Progress: a group's first CTA waits only for its group's publishes, which wait for nothing.
 template <int Rows, class RowOf, class Combine>
 CUTE_DEVICE void l2_exchange_two_level(L2Exchange const& ex, float const (&part)[Rows], RowOf row_of,
