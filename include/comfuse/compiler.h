@@ -199,8 +199,8 @@ class CompiledGraph {
   struct Runtime;   // libraries and per-(device, stream) state, behind a lock
   void run_bound(const BufferMap& buffers, CUstream stream, int64_t rows);   // validate, prepare, steps, convert
   void validate_buffers(const BufferMap& buffers) const;
-  struct Launch;    // one run's state and phases (compiler.cpp)
-  struct Search;    // one region's choice for one launch (compiler.cpp)
+  struct Launch;    // one run's state and phases (src/runtime/compiled_graph.cpp)
+  struct Search;    // one region's choice for one launch (src/runtime/graph_state.h)
   int choose_candidate(const Search& s);
   std::shared_ptr<const Bound> bound(int64_t rows);
   std::vector<DType> storage_dtypes() const;

@@ -1,6 +1,6 @@
 // The per-shape config search's bookkeeping (CompiledGraph::run times a region's candidate configs on the first
-// run of each M bucket and keeps the winner): buckets, the on-disk record of choices, the switch. No GPU here;
-// the timing itself is in compiler.cpp.
+// run of each M bucket and keeps the winner): buckets, the on-disk record of choices, the switch. The timing
+// itself is CompiledGraph::choose_candidate, at the end of config_search.cpp.
 //
 // The record: <cache dir>/choices/<set id>.<device>.txt, one line per bucket, "<bucket> <config name>"
 // ("4096 128x256x64_c2x1_coop"), '#' comments. The set id names the region's kernel and its candidate set (the

@@ -1,0 +1,38 @@
+// What Psi reads off a Spec's structure before it renders it (private to codegen): the chained reduction pairs that
+// merge into one exchange, the reductions whose results only leave the kernel, and the limits the kernel templates
+// put on a configuration.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "comfuse/codegen.h"
+#include "comfuse/spec.h"
+
+namespace comfuse::psi_detail {
+
+// ---- Merged reduction pairs (psi_merges, codegen.h) ----
+enum class MergeHow { None, CenteredSquares, ShiftedExp };
+
+// The stage's Bypass placeholder of a tile-sized value (what the accumulator registers carry in), or -1. (Psi
+// refuses a stage with two: the registers carry one.)
+int tile_placeholder(const Spec& s);
+// The node of stage k-1 whose tile-sized value stage k reads through its Bypass placeholder, or -1.
+int carried_into(const std::vector<const Spec*>& st, size_t k);
+// Whether stages k and k+1 form a pair that merges into one exchange, and how (the conditions: codegen.h).
+// stores_may_read_first: the pair's results only leave the kernel (pair_rows_of), so a store of the first result
+// is its per-row output, not a value the CTA-local first result would spoil.
+MergeHow merge_of(const std::vector<const Spec*>& st, size_t k, bool stores_may_read_first = false);
+// Per stage: how the pair starting there merges. Greedy from stage 0; a stage is in at most one pair.
+std::vector<MergeHow> merged_pairs(const std::vector<const Spec*>& st);
+// The per-row outputs (mean, mean of squared deviations) of a LayerNorm pair whose two results only leave the
+// kernel (LocalReduce + MergedToRows), or {-1, -1}.
+std::pair<int, int> pair_rows_of(const FusionSpec& fs);
+// The output a Spec's only row reduction goes to, where that is all the reduction does (ReduceToRow), or -1.
+int row_output_of(const FusionSpec& fs);
+
+// GemmConfig's and the epilogue driver's static_asserts (kernels/comfuse/gemm.cuh, epilogue/core.cuh), and the
+// limits on outputs, parameters and column blocks: a CodegenError with the reason instead of a failing nvcc.
+void check_limits(const FusionSpec& fs, const KernelConfig& c);
+
+}  // namespace comfuse::psi_detail

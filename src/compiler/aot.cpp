@@ -1,0 +1,268 @@
+// Ahead of time: Compiler::save writes every region's (and chain's) kernel libraries and a manifest, load reads
+// them back for the same graph, check_aot_folder checks a folder before any GPU work.
+#include "comfuse/compiler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <tuple>
+
+#include "comfuse/codegen.h"
+#include "comfuse/files.h"
+#include "compile_steps.h"
+#include "plain_path.h"
+
+namespace comfuse {
+
+namespace fs = std::filesystem;
+using namespace detail;
+
+namespace {
+
+// An AOT folder's manifest.txt (at most 1 MB, a regular file), or a CompileError that says what is wrong with it.
+std::string read_manifest(const std::string& dir) {
+  try {
+    return files::read_regular_file((fs::path(dir) / "manifest.txt").string(), files::kMaxRecordBytes, "a manifest");
+  } catch (const files::FileError& e) {
+    throw CompileError("no manifest.txt in " + dir + " that can be read (made by 'comfuse aot FILE.cf -o DIR'): " +
+                       e.reason());
+  }
+}
+
+// Copies a kernel library into the AOT folder, or a FileError naming the file and the reason.
+void copy_into(const std::string& from, const fs::path& to) {
+  std::error_code ec;
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+  if (ec) throw files::FileError(to.string(), "cannot write: " + ec.message());
+}
+
+}  // namespace
+
+void Compiler::check_aot_folder(const std::string& dir) {
+  std::istringstream in(read_manifest(dir));
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    for (std::string t; ls >> t;) {   // every library the manifest names: there, a regular file, an ELF object
+      if (t.size() < 4 || t.compare(t.size() - 3, 3, ".so") != 0) continue;
+      const std::string path = (fs::path(dir) / t).string();
+      std::string head;
+      try {
+        head = files::read_regular_file(path, files::kMaxArrayBytes, "a kernel library").substr(0, 4);
+      } catch (const files::FileError& e) {
+        throw CompileError(dir + "/manifest.txt names " + t + ": " + e.reason());
+      }
+      if (head != "\x7f" "ELF") throw CompileError(dir + "/manifest.txt names " + t + ": not a shared library (no ELF header)");
+    }
+  }
+}
+
+CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
+  files::check_output_dir(dir);   // first: an unusable folder is reported before a compile of tens of seconds
+  const fs::path manifest = fs::path(dir) / "manifest.txt";
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(manifest, ec)) && !fs::is_regular_file(fs::symlink_status(manifest, ec)))
+    throw files::FileError(manifest.string(), "not a regular file: the manifest cannot be written there");
+  CompiledGraph cg = compile(g);
+  fs::remove(manifest, ec);   // an earlier manifest goes first: until the new one is written, the folder loads nothing
+  std::ostringstream m;
+  m << "# ComFuse ahead-of-time kernels (comfuse aot); one line per fused region (its prior config):\n"
+    << "# region kernel-name library config [key=JIT-key]\n"
+    << "# (config: the planner's kernel choice by name, e.g. 128x128x64_c1x1_coop_mg_l2; kernel_config.h)\n"
+    << "# then one line per other candidate of the config search:\n"
+    << "# candidate region library config [key=JIT-key]\n"
+    << "# and one per fused back-to-back chain (its config is the planner's):\n"
+    << "# b2b chain kernel-name library\n";
+  if (opts_.defer_norms == "on") m << "option defer_norms on\n";   // load() rewrites the program the same way
+  if (!cg.plain_library_.empty()) {
+    copy_into(cg.plain_library_, fs::path(dir) / "comfuse_plain_path.so");
+    cg.plain_library_ = (fs::path(dir) / "comfuse_plain_path.so").string();
+    m << "plain comfuse_plain_path comfuse_plain_path.so\n";
+  }
+  for (auto& r : cg.regions_) {
+    if (r.plain) {
+      m << r.region << " plain\n";
+      continue;
+    }
+    auto tail = [](const CompiledCandidate& k) { return config_name(k.config) + (k.key.empty() ? "" : " key=" + k.key); };
+    for (size_t c = 0; c < r.candidates.size(); ++c) {
+      CompiledCandidate& k = r.candidates[c];
+      // the prior keeps the name older manifests gave the region's library; the others add their config
+      const std::string file = r.kernel.name + (c == 0 ? "" : "_" + config_name(k.config)) + ".so";
+      copy_into(k.library_path, fs::path(dir) / file);
+      k.library_path = (fs::path(dir) / file).string();
+      if (c == 0) {
+        r.library_path = k.library_path;
+        m << r.region << " " << r.kernel.name << " " << file << " " << tail(k) << "\n";
+      } else {
+        m << "candidate " << r.region << " " << file << " " << tail(k) << "\n";
+      }
+    }
+  }
+  for (auto& c : cg.chains_) {
+    const std::string file = c.kernel.name + ".so";
+    copy_into(c.library_path, fs::path(dir) / file);
+    c.library_path = (fs::path(dir) / file).string();
+    m << "b2b " << c.chain << " " << c.kernel.name << " " << file << "\n";
+  }
+  // The manifest last, atomically: a folder whose libraries are half copied has no manifest and never loads.
+  files::write_file_atomically((fs::path(dir) / "manifest.txt").string(), m.str());
+  return cg;
+}
+
+CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
+  const std::string manifest = read_manifest(dir);
+  std::istringstream in(manifest);
+  CompiledGraph cg;
+  // the rewrite the kernels were compiled for ("option defer_norms on"), whatever this Compiler's options say
+  begin(cg, g, manifest.find("\noption defer_norms on\n") != std::string::npos ? "on" : "off");
+  const Partition& p = cg.partition_;
+  cg.cache_dir_ = opts_.jit.cache_dir.empty() ? jit::default_cache_dir() : opts_.jit.cache_dir;
+  cg.regions_.resize(p.regions.size());
+  std::vector<bool> seen(p.regions.size(), false);
+  std::vector<std::pair<int, CompiledCandidate>> others;   // "candidate" lines, attached after every region's line
+  // "config [key=K]": the config by name (config_name), as save() writes it
+  auto read_config = [&](std::istringstream& ls, const std::string& line, CompiledCandidate& k) {
+    std::string name;
+    if (!(ls >> name)) throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
+    if (!parse_config(name, k.config))
+      throw CompileError(dir + "/manifest.txt: '" + name + "' in '" + line + "' is not a kernel config" +
+                         (std::isdigit(static_cast<unsigned char>(name[0])) || name == "l2" || name == "none" ||
+                                  name.rfind("dsmem", 0) == 0
+                              ? " (a manifest written by an older ComFuse: re-run comfuse aot)"
+                              : ""));
+    for (std::string t; ls >> t;) {
+      if (t.rfind("key=", 0) == 0) k.key = t.substr(4);
+      else throw CompileError(dir + "/manifest.txt: bad field '" + t + "' in '" + line + "'");
+    }
+  };
+  auto library_in = [&](const std::string& file) {   // a kernel library the manifest names, which must be there
+    const std::string path = (fs::path(dir) / file).string();
+    if (!fs::exists(path)) throw CompileError("missing kernel library " + path);
+    return path;
+  };
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    std::string first;
+    ls >> first;
+    if (first == "candidate") {
+      int idx = -1;
+      CompiledCandidate k;
+      std::string file;
+      if (!(ls >> idx >> file) || idx < 0 || idx >= static_cast<int>(p.regions.size()))
+        throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or more regions than this graph has)");
+      read_config(ls, line, k);
+      k.library_path = library_in(file);
+      k.cache_hit = true;
+      others.push_back({idx, k});
+      continue;
+    }
+    if (first == "b2b") {   // a fused chain; a manifest without one runs the chain as its regions
+      int idx = -1;
+      std::string name, file;
+      if (!(ls >> idx >> name >> file) || idx < 0 || idx >= static_cast<int>(p.b2b.size()) || !p.b2b[idx].recognised)
+        throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or a chain this graph does not have)");
+      CompiledChain cc;
+      cc.chain = idx;
+      cc.plan = plan_b2b(p.b2b[idx].spec);
+      if (!cc.plan.fuse) continue;   // this build's planner declines it: its regions run
+      set_chain_kernel(cc, p.b2b[idx].spec);
+      if (cc.kernel.name != name)
+        throw CompileError(dir + ": b2b chain " + std::to_string(idx) + " was compiled from another Spec (" + name +
+                           ", this graph's is " + cc.kernel.name + "): re-run comfuse aot");
+      cc.library_path = library_in(file);
+      cc.cache_hit = true;
+      cg.chains_.push_back(std::move(cc));
+      continue;
+    }
+    if (first == "option") continue;   // read before partitioning (begin)
+    if (first == "plain") {
+      std::string name, file;
+      ls >> name >> file;
+      cg.plain_library_ = (fs::path(dir) / file).string();
+      if (!fs::exists(cg.plain_library_)) throw CompileError("missing plain GPU path library " + cg.plain_library_);
+      continue;
+    }
+    int idx = -1;
+    try {
+      idx = std::stoi(first);
+    } catch (const std::exception&) {
+    }
+    if (idx < 0 || idx >= static_cast<int>(p.regions.size()))
+      throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or more regions than this graph has)");
+    std::string name, file;
+    CompiledCandidate prior;
+    if (ls >> name && name == "plain") {
+      cg.regions_[idx].region = idx;
+      cg.regions_[idx].plain = true;
+      cg.regions_[idx].plan = plan_region(p.regions[idx].spec);
+      seen[idx] = true;
+      continue;
+    }
+    if (!(ls >> file)) throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
+    read_config(ls, line, prior);
+    const KernelConfig& c = prior.config;
+    CompiledRegion& r = cg.regions_[idx];
+    r.region = idx;
+    r.plan = plan_region(p.regions[idx].spec);
+    r.plan.config = c;
+    try {
+      r.kernel = generate_kernel(p.regions[idx].spec, c);
+    } catch (const CodegenError& e) {   // e.g. "merged" for a Spec without a pair: not the Spec it was built from
+      throw CompileError(dir + ": region " + std::to_string(idx) + " was compiled from another Spec (" + name +
+                         "; this graph's cannot take its config: " + e.what() + "): re-run comfuse aot");
+    }
+    if (r.kernel.name != name)
+      throw CompileError(dir + ": region " + std::to_string(idx) + " was compiled from another Spec (" + name +
+                         ", this graph's is " + r.kernel.name + "): re-run comfuse aot");
+    r.library_path = library_in(file);
+    r.cache_hit = true;
+    prior.kernel_name = name;
+    prior.library_path = r.library_path;
+    prior.cache_hit = true;
+    r.candidates = {prior};
+    seen[idx] = true;
+  }
+  for (auto& [idx, k] : others) {   // the config search's other candidates, in manifest order after the prior
+    CompiledRegion& r = cg.regions_[idx];
+    if (!seen[idx] || r.plain)
+      throw CompileError(dir + "/manifest.txt: a candidate for region " + std::to_string(idx) +
+                         ", which has no fused kernel line");
+    k.kernel_name = r.kernel.name;
+    r.candidates.push_back(k);
+  }
+  for (auto& r : cg.regions_) {
+    if (r.plain) continue;
+    r.plan.candidates.clear();
+    for (const auto& k : r.candidates) r.plan.candidates.push_back(k.config);
+    r.plan.candidates_reason = "compiled ahead of time: the " + std::to_string(r.candidates.size()) +
+                               " config(s) of " + dir + "/manifest.txt, the prior first";
+  }
+  for (size_t i = 0; i < seen.size(); ++i)
+    if (!seen[i]) throw CompileError(dir + "/manifest.txt has no kernel for region " + std::to_string(i));
+  bool need_plain = needs_plain_path(p);
+  for (const auto& r : cg.regions_) need_plain = need_plain || r.plain;
+  if (need_plain && cg.plain_library_.empty())
+    throw CompileError(dir + "/manifest.txt has no plain GPU path library, which this graph needs: re-run comfuse aot");
+  cg.storage_ = cg.storage_dtypes();
+  return cg;
+}
+
+// ---- CompiledGraph: shapes per row count, state per (device, stream) ----
+
+// The partition at one row count: the graph's shapes bound, each region's Spec at its GEMM rows. The same steps,
+// regions and kernels as partition_ (only shapes differ).
+}  // namespace comfuse
