@@ -239,6 +239,7 @@ class Compiler {
   // What compile() and load() share: the graph (rewritten where norms are deferred: `defer_norms` "on"), its
   // partition at the planned row count, the symbolic check.
   void begin(CompiledGraph& cg, const Graph& g, const std::string& defer_norms) const;
+  struct ManifestReader;   // load()'s reading of manifest.txt, line by line (aot.cpp)
   CompilerOptions opts_;
 };
 

@@ -448,153 +448,163 @@ class Psi {
       case SpecKind::AccEntry:
         if (n.slot == 1) return {"AccEntry2", "{}", "X @ W2 (the second GEMM, beside X @ W in the accumulator tile)"};
         return {"AccEntry", "{}", "X @ W"};
-      case SpecKind::Placeholder: {
-        const std::string r = "r" + std::to_string(k - 1);
-        if (n.placeholder == PlaceholderKind::ReductionResult)
-          return {"RowResult<" + std::to_string(k - 1) + ">", "{}", r + ", per row"};
-        const Spec& parent = *st_[k - 1];
-        const int src = parent.nodes[parent.terminal].bypass.at(n.slot);
-        const std::string from = names_[k - 1][src];
-        // a per-row value is recomputed from the reduction results (the same type: it reads nothing per element)
-        if (n.per_row) return {from, args_[k - 1][src], from + ", per row (recomputed)", true};
-        // after a merged pair the registers carry x: the value is recomputed from x and the row's results
-        if (merged_second(k - 1))
-          return {from, args_[k - 1][src], from + " (recomputed from x and the row results)", true};
-        return {"AccEntry", "{}", from + " (carried in the accumulator registers)"};
-      }
-      case SpecKind::Broadcast: {
-        if (n.bcast == BroadcastKind::Scalar) {
-          if (n.param < 0) return {"Scalar", "{" + float_literal(n.value) + ", nullptr}", float_literal(n.value)};
-          if (fs_.params[n.param].dtype != DType::F32)
-            throw CodegenError("runtime scalar '" + fs_.params[n.param].name + "' is not f32");
-          const std::string i = std::to_string(n.param);
-          return {"Scalar", "{0.f, p.input<float>(" + i + ")}", "*param[" + i + "]"};
-        }
-        const char* t = cpp_type(fs_.params[n.param].dtype);
-        const std::string i = std::to_string(n.param), ptr = std::string("p.input<") + t + ">(" + i + ")";
-        if (n.bcast == BroadcastKind::Row) return {std::string("RowBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][col]"};
-        if (n.bcast == BroadcastKind::Col) return {std::string("ColBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][row]"};
-        if (n.bcast == BroadcastKind::Periodic) {
-          const std::string period = std::to_string(fs_.params[n.param].shape.back());
-          return shared(k, n, {std::string("TileLoad<") + t + ", " + period + ">", "{" + ptr + ", " + period + "}",
-                               "param[" + i + "][row, col % " + period + "]"});
-        }
-        if (form_ == TileInputForm::Staged)
-          return {std::string("TileLoadStaged<") + t + staged_ + ">", "{" + ptr + ", ld}",
-                  "param[" + i + "][row, col] (staged)"};
-        if (form_ == TileInputForm::Ring)   // ring slot 0: the budget admits one such node (smem_tile_psi)
-          return {std::string("TileLoadRing<") + t + ", 0>", "{" + ptr + ", ld}",
-                  "param[" + i + "][row, col] (the CTA's tile ring)"};
-        return shared(k, n, {std::string("TileLoad<") + t + ">", "{" + ptr + ", ld}", "param[" + i + "][row, col]"});
-      }
-      case SpecKind::Compute: {
-        const std::string a = operand(k, n, 0), ai = operand_args(k, n, 0);
-        auto unary = [&](const std::string& f, const std::string& math) {
-          return Rendered{"Compute<" + f + ", " + a + ">", "{" + ai + "}", math};
-        };
-        if (n.op == OpKind::Cast) {
-          if (n.cast_to == DType::F32) return {a, ai, "float(" + a + "), fp32 already", true};
-          const bool bf = n.cast_to == DType::BF16;
-          return unary(bf ? "ops::RoundBf16" : "ops::RoundF16", std::string(bf ? "bf16(" : "f16(") + a + "), rounded");
-        }
-        if (n.op == OpKind::RotateHalf) {
-          const std::string p = std::to_string(n.period);
-          // (its Arguments are its operand's: the operand's argument expression serves as they are, whether it
-          // is "{}" or a variable such as a bias add's)
-          return {"RotateHalf<" + p + ", " + a + ">", ai,
-                  "rotate_half(" + a + ") per block of " + p + " columns (the partner's registers)", true};
-        }
-        if (n.op == OpKind::Pow) {
-          const double e = n.exponent;
-          const std::string math = "pow(" + a + ", " + float_literal(e) + ")";
-          // cheaper ops where they give the value: 1 (x itself), 0 (the constant 1, as torch.pow gives even for
-          // NaN), +-0.5 (sqrt, rsqrt), an integer up to kMaxPowInt (multiplications); else the general powf.
-          if (e == 1.0) return {a, ai, math, true};
-          if (e == 0.0) return {"Scalar", "{1.0f, nullptr}", math + " = 1"};
-          if (e == 0.5) return unary("ops::Sqrt", "sqrt(" + a + ")");
-          if (e == -0.5) return unary("ops::Rsqrt", "rsqrt(" + a + ")");
-          if (e == std::trunc(e) && std::fabs(e) <= kMaxPowInt)
-            return unary("ops::PowInt<" + std::to_string(static_cast<int>(e)) + ">", math + ", as multiplications");
-          return {"Compute<ops::PowConst, " + a + ">", "{" + ai + ", {" + float_literal(e) + "}}", math};
-        }
-        const char* f = op_functor(n.op);
-        if (!f) throw CodegenError(std::string("no kernel functor for op '") + op_name(n.op) + "'");
-        if (n.args.size() == 2) {
-          const std::string b = operand(k, n, 1);
-          const std::string math = infix(n.op) ? a + infix(n.op) + b : std::string(op_name(n.op)) + "(" + a + ", " + b + ")";
-          Rendered r{std::string("Compute<") + f + ", " + a + ", " + b + ">", "{" + ai + ", " + operand_args(k, n, 1) + "}", math};
-          // a loaded value read from two places (h = acc + R, stored and also scaled or reduced): computed, and R
-          // loaded, once per fragment (in the tile-input forms each instance has its own SMEM copy anyway)
-          return form_ == TileInputForm::Registers && loads_tile(k, n) ? shared(k, n, r) : r;
-        }
-        if (n.op == OpKind::Neg) return unary(f, "-" + a);
-        if (n.op == OpKind::GeluTanh) return unary(f, "gelu_tanh(" + a + ")");   // op_name says "gelu" for both
-        return unary(f, std::string(op_name(n.op)) + "(" + a + ")");
-      }
-      case SpecKind::Reduction: {
-        const std::string r = "r" + std::to_string(k), id = std::to_string(k);
-        if (pair_rows_.first >= 0 && k == 1) {   // the pair's results only leave the kernel: no exchange at all
-          const std::string c = names_[k][n.args.at(0)];
-          const char* t1 = cpp_type(fs_.outputs[pair_rows_.first].dtype);
-          const char* t2 = cpp_type(fs_.outputs[pair_rows_.second].dtype);
-          const std::string o1 = std::to_string(pair_rows_.first), o2 = std::to_string(pair_rows_.second);
-          return {std::string("MergedToRows<") + t1 + ", " + t2 + ", " + c + ">",
-                  "{" + args_[k][n.args[0]] + ", p.ws, p.output<" + t1 + ">(" + o1 + "), p.output<" + t2 + ">(" + o2 + ")}",
-                  c + "; out[" + o1 + "][row], out[" + o2 + "][row] = the row's mean and mean of squared deviations "
-                      "(Chan's formula over the CTAs' states in the last to arrive), no exchange"};
-        }
-        if (merged_second(k)) {   // the second of a merged pair: both partial states exchanged at once
-          const std::string c = names_[k][n.args.at(0)];
-          const bool ln = merge_[k - 1] == MergeHow::CenteredSquares;
-          return {std::string("MergedReduce<Merge::") + (ln ? "CenteredSquares, " : "ShiftedExp, ") +
-                      reduce_kind(n.reduce) + ", " + id + ", " + c + ">",
-                  "{" + args_[k][n.args[0]] + ", p.ws}",
-                  c + "; r" + std::to_string(k - 1) + ", " + r + " = the row's " +
-                      reduce_kind_name(st_[k - 1]->nodes[st_[k - 1]->terminal].reduce) + " and " +
-                      reduce_kind_name(n.reduce) + "(" + c + "), one exchange for both (" +
-                      (ln ? "Chan's formula" : "rescaled to the larger max") + ")"};
-        }
-        // The child: what is reduced, or x where f(x) is (the map f folded in), or a store of x (it returns x).
-        const int x = mapped_source(k, n);
-        const int src = x >= 0 ? x : n.args.at(0);
-        const int st = folded_store(k, n);
-        const int child = st >= 0 ? st : src;
-        const std::string c = names_[k][child];
-        const std::string map = x >= 0 ? ", " + map_functor(st_[k]->nodes[n.args[0]]) : "";
-        if (row_output_ >= 0) {   // the result only leaves the kernel: partials, and the last arrival stores it
-          const char* t = cpp_type(fs_.outputs[row_output_].dtype);
-          const std::string o = std::to_string(row_output_);
-          return {std::string("ReduceToRow<") + reduce_kind(n.reduce) + ", " + t + ", " + c + map + ">",
-                  "{" + args_[k][child] + ", p.ws, p.output<" + t + ">(" + o + ")}",
-                  names_[k][src] + "; out[" + o + "][row] = " + t + "(" + reduce_kind_name(n.reduce) + "(" +
-                      names_[k][n.args[0]] + ") over the row" + (st >= 0 ? ", after " + c + " stores it" : "") +
-                      "), no exchange"};
-        }
-        if (merge_[k] != MergeHow::None)   // the first of a merged pair: the CTA's own result, no exchange
-          return {std::string("LocalReduce<") + reduce_kind(n.reduce) + ", " + id + ", " + c + ">",
-                  "{" + args_[k][child] + ", p.ws}",
-                  names_[k][src] + "; " + r + " = " + reduce_kind_name(n.reduce) + "(" + names_[k][n.args[0]] +
-                      ") of this CTA" + (st >= 0 ? ", after " + c + " stores it" : "")};
-        return {std::string("Reduce<") + reduce_kind(n.reduce) + ", " + id + ", " + c + map + ">",
-                "{" + args_[k][child] + ", p.ws}",
-                names_[k][src] + "; " + r + " = " + reduce_kind_name(n.reduce) + "(" + names_[k][n.args[0]] +
-                    ") over the row" + (st >= 0 ? ", after " + c + " stores it" : "")};
-      }
-      case SpecKind::Store: {
-        const std::string a = operand(k, n, 0), o = std::to_string(n.output);
-        const SpecOutput& so = fs_.outputs[n.output];
-        const char* t = cpp_type(so.dtype);
-        const std::string args = std::string("{p.output<") + t + ">(" + o + "), ld, " + operand_args(k, n, 0) + "}";
-        if (so.split())
-          return {std::string("Store<") + t + ", " + a + ", PartMajor<" + std::to_string(so.part_cols) + ">>", args,
-                  a + "; out[" + o + "][t, row, c] = " + t + "(" + a + "), col = (t, c)"};
-        if (async_box_ > 0 && so.dtype != DType::F32)   // through SMEM by bulk copies, box by box
-          return {std::string("StoreAsync<") + t + ", " + a + ", " + std::to_string(async_box_) + ">", args,
-                  a + "; out[" + o + "][row, col] = " + t + "(" + a + "), by the copy engine"};
-        return {std::string("Store<") + t + ", " + a + ">", args, a + "; out[" + o + "][row, col] = " + t + "(" + a + ")"};
-      }
+      case SpecKind::Placeholder: return render_placeholder(k, n);
+      case SpecKind::Broadcast: return render_broadcast(k, n);
+      case SpecKind::Compute: return render_compute(k, n);
+      case SpecKind::Reduction: return render_reduction(k, n);
+      case SpecKind::Store: return render_store(k, n);
     }
     throw CodegenError("unknown Spec node kind");
+  }
+
+  Rendered render_placeholder(size_t k, const SpecNode& n) {
+    const std::string r = "r" + std::to_string(k - 1);
+    if (n.placeholder == PlaceholderKind::ReductionResult)
+      return {"RowResult<" + std::to_string(k - 1) + ">", "{}", r + ", per row"};
+    const Spec& parent = *st_[k - 1];
+    const int src = parent.nodes[parent.terminal].bypass.at(n.slot);
+    const std::string from = names_[k - 1][src];
+    // a per-row value is recomputed from the reduction results (the same type: it reads nothing per element)
+    if (n.per_row) return {from, args_[k - 1][src], from + ", per row (recomputed)", true};
+    // after a merged pair the registers carry x: the value is recomputed from x and the row's results
+    if (merged_second(k - 1))
+      return {from, args_[k - 1][src], from + " (recomputed from x and the row results)", true};
+    return {"AccEntry", "{}", from + " (carried in the accumulator registers)"};
+  }
+
+  Rendered render_broadcast(size_t k, const SpecNode& n) {
+    if (n.bcast == BroadcastKind::Scalar) {
+      if (n.param < 0) return {"Scalar", "{" + float_literal(n.value) + ", nullptr}", float_literal(n.value)};
+      if (fs_.params[n.param].dtype != DType::F32)
+        throw CodegenError("runtime scalar '" + fs_.params[n.param].name + "' is not f32");
+      const std::string i = std::to_string(n.param);
+      return {"Scalar", "{0.f, p.input<float>(" + i + ")}", "*param[" + i + "]"};
+    }
+    const char* t = cpp_type(fs_.params[n.param].dtype);
+    const std::string i = std::to_string(n.param), ptr = std::string("p.input<") + t + ">(" + i + ")";
+    if (n.bcast == BroadcastKind::Row) return {std::string("RowBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][col]"};
+    if (n.bcast == BroadcastKind::Col) return {std::string("ColBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][row]"};
+    if (n.bcast == BroadcastKind::Periodic) {
+      const std::string period = std::to_string(fs_.params[n.param].shape.back());
+      return shared(k, n, {std::string("TileLoad<") + t + ", " + period + ">", "{" + ptr + ", " + period + "}",
+                           "param[" + i + "][row, col % " + period + "]"});
+    }
+    if (form_ == TileInputForm::Staged)
+      return {std::string("TileLoadStaged<") + t + staged_ + ">", "{" + ptr + ", ld}",
+              "param[" + i + "][row, col] (staged)"};
+    if (form_ == TileInputForm::Ring)   // ring slot 0: the budget admits one such node (smem_tile_psi)
+      return {std::string("TileLoadRing<") + t + ", 0>", "{" + ptr + ", ld}",
+              "param[" + i + "][row, col] (the CTA's tile ring)"};
+    return shared(k, n, {std::string("TileLoad<") + t + ">", "{" + ptr + ", ld}", "param[" + i + "][row, col]"});
+  }
+
+  Rendered render_compute(size_t k, const SpecNode& n) {
+    const std::string a = operand(k, n, 0), ai = operand_args(k, n, 0);
+    auto unary = [&](const std::string& f, const std::string& math) {
+      return Rendered{"Compute<" + f + ", " + a + ">", "{" + ai + "}", math};
+    };
+    if (n.op == OpKind::Cast) {
+      if (n.cast_to == DType::F32) return {a, ai, "float(" + a + "), fp32 already", true};
+      const bool bf = n.cast_to == DType::BF16;
+      return unary(bf ? "ops::RoundBf16" : "ops::RoundF16", std::string(bf ? "bf16(" : "f16(") + a + "), rounded");
+    }
+    if (n.op == OpKind::RotateHalf) {
+      const std::string p = std::to_string(n.period);
+      // (its Arguments are its operand's: the operand's argument expression serves as they are, whether it
+      // is "{}" or a variable such as a bias add's)
+      return {"RotateHalf<" + p + ", " + a + ">", ai,
+              "rotate_half(" + a + ") per block of " + p + " columns (the partner's registers)", true};
+    }
+    if (n.op == OpKind::Pow) {
+      const double e = n.exponent;
+      const std::string math = "pow(" + a + ", " + float_literal(e) + ")";
+      // cheaper ops where they give the value: 1 (x itself), 0 (the constant 1, as torch.pow gives even for
+      // NaN), +-0.5 (sqrt, rsqrt), an integer up to kMaxPowInt (multiplications); else the general powf.
+      if (e == 1.0) return {a, ai, math, true};
+      if (e == 0.0) return {"Scalar", "{1.0f, nullptr}", math + " = 1"};
+      if (e == 0.5) return unary("ops::Sqrt", "sqrt(" + a + ")");
+      if (e == -0.5) return unary("ops::Rsqrt", "rsqrt(" + a + ")");
+      if (e == std::trunc(e) && std::fabs(e) <= kMaxPowInt)
+        return unary("ops::PowInt<" + std::to_string(static_cast<int>(e)) + ">", math + ", as multiplications");
+      return {"Compute<ops::PowConst, " + a + ">", "{" + ai + ", {" + float_literal(e) + "}}", math};
+    }
+    const char* f = op_functor(n.op);
+    if (!f) throw CodegenError(std::string("no kernel functor for op '") + op_name(n.op) + "'");
+    if (n.args.size() == 2) {
+      const std::string b = operand(k, n, 1);
+      const std::string math = infix(n.op) ? a + infix(n.op) + b : std::string(op_name(n.op)) + "(" + a + ", " + b + ")";
+      Rendered r{std::string("Compute<") + f + ", " + a + ", " + b + ">", "{" + ai + ", " + operand_args(k, n, 1) + "}", math};
+      // a loaded value read from two places (h = acc + R, stored and also scaled or reduced): computed, and R
+      // loaded, once per fragment (in the tile-input forms each instance has its own SMEM copy anyway)
+      return form_ == TileInputForm::Registers && loads_tile(k, n) ? shared(k, n, r) : r;
+    }
+    if (n.op == OpKind::Neg) return unary(f, "-" + a);
+    if (n.op == OpKind::GeluTanh) return unary(f, "gelu_tanh(" + a + ")");   // op_name says "gelu" for both
+    return unary(f, std::string(op_name(n.op)) + "(" + a + ")");
+  }
+
+  Rendered render_reduction(size_t k, const SpecNode& n) {
+    const std::string r = "r" + std::to_string(k), id = std::to_string(k);
+    if (pair_rows_.first >= 0 && k == 1) {   // the pair's results only leave the kernel: no exchange at all
+      const std::string c = names_[k][n.args.at(0)];
+      const char* t1 = cpp_type(fs_.outputs[pair_rows_.first].dtype);
+      const char* t2 = cpp_type(fs_.outputs[pair_rows_.second].dtype);
+      const std::string o1 = std::to_string(pair_rows_.first), o2 = std::to_string(pair_rows_.second);
+      return {std::string("MergedToRows<") + t1 + ", " + t2 + ", " + c + ">",
+              "{" + args_[k][n.args[0]] + ", p.ws, p.output<" + t1 + ">(" + o1 + "), p.output<" + t2 + ">(" + o2 + ")}",
+              c + "; out[" + o1 + "][row], out[" + o2 + "][row] = the row's mean and mean of squared deviations "
+                  "(Chan's formula over the CTAs' states in the last to arrive), no exchange"};
+    }
+    if (merged_second(k)) {   // the second of a merged pair: both partial states exchanged at once
+      const std::string c = names_[k][n.args.at(0)];
+      const bool ln = merge_[k - 1] == MergeHow::CenteredSquares;
+      return {std::string("MergedReduce<Merge::") + (ln ? "CenteredSquares, " : "ShiftedExp, ") +
+                  reduce_kind(n.reduce) + ", " + id + ", " + c + ">",
+              "{" + args_[k][n.args[0]] + ", p.ws}",
+              c + "; r" + std::to_string(k - 1) + ", " + r + " = the row's " +
+                  reduce_kind_name(st_[k - 1]->nodes[st_[k - 1]->terminal].reduce) + " and " +
+                  reduce_kind_name(n.reduce) + "(" + c + "), one exchange for both (" +
+                  (ln ? "Chan's formula" : "rescaled to the larger max") + ")"};
+    }
+    // The child: what is reduced, or x where f(x) is (the map f folded in), or a store of x (it returns x).
+    const int x = mapped_source(k, n);
+    const int src = x >= 0 ? x : n.args.at(0);
+    const int st = folded_store(k, n);
+    const int child = st >= 0 ? st : src;
+    const std::string c = names_[k][child];
+    const std::string map = x >= 0 ? ", " + map_functor(st_[k]->nodes[n.args[0]]) : "";
+    if (row_output_ >= 0) {   // the result only leaves the kernel: partials, and the last arrival stores it
+      const char* t = cpp_type(fs_.outputs[row_output_].dtype);
+      const std::string o = std::to_string(row_output_);
+      return {std::string("ReduceToRow<") + reduce_kind(n.reduce) + ", " + t + ", " + c + map + ">",
+              "{" + args_[k][child] + ", p.ws, p.output<" + t + ">(" + o + ")}",
+              names_[k][src] + "; out[" + o + "][row] = " + t + "(" + reduce_kind_name(n.reduce) + "(" +
+                  names_[k][n.args[0]] + ") over the row" + (st >= 0 ? ", after " + c + " stores it" : "") +
+                  "), no exchange"};
+    }
+    if (merge_[k] != MergeHow::None)   // the first of a merged pair: the CTA's own result, no exchange
+      return {std::string("LocalReduce<") + reduce_kind(n.reduce) + ", " + id + ", " + c + ">",
+              "{" + args_[k][child] + ", p.ws}",
+              names_[k][src] + "; " + r + " = " + reduce_kind_name(n.reduce) + "(" + names_[k][n.args[0]] +
+                  ") of this CTA" + (st >= 0 ? ", after " + c + " stores it" : "")};
+    return {std::string("Reduce<") + reduce_kind(n.reduce) + ", " + id + ", " + c + map + ">",
+            "{" + args_[k][child] + ", p.ws}",
+            names_[k][src] + "; " + r + " = " + reduce_kind_name(n.reduce) + "(" + names_[k][n.args[0]] +
+                ") over the row" + (st >= 0 ? ", after " + c + " stores it" : "")};
+  }
+
+  Rendered render_store(size_t k, const SpecNode& n) {
+    const std::string a = operand(k, n, 0), o = std::to_string(n.output);
+    const SpecOutput& so = fs_.outputs[n.output];
+    const char* t = cpp_type(so.dtype);
+    const std::string args = std::string("{p.output<") + t + ">(" + o + "), ld, " + operand_args(k, n, 0) + "}";
+    if (so.split())
+      return {std::string("Store<") + t + ", " + a + ", PartMajor<" + std::to_string(so.part_cols) + ">>", args,
+              a + "; out[" + o + "][t, row, c] = " + t + "(" + a + "), col = (t, c)"};
+    if (async_box_ > 0 && so.dtype != DType::F32)   // through SMEM by bulk copies, box by box
+      return {std::string("StoreAsync<") + t + ", " + a + ", " + std::to_string(async_box_) + ">", args,
+              a + "; out[" + o + "][row, col] = " + t + "(" + a + "), by the copy engine"};
+    return {std::string("Store<") + t + ", " + a + ">", args, a + "; out[" + o + "][row, col] = " + t + "(" + a + ")"};
   }
 
   // Whether n reads a [rows, N] or periodic input, directly or through its operands.

@@ -122,21 +122,26 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
   return cg;
 }
 
-CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
-  const std::string manifest = read_manifest(dir);
-  std::istringstream in(manifest);
-  CompiledGraph cg;
-  // the rewrite the kernels were compiled for ("option defer_norms on"), whatever this Compiler's options say
-  begin(cg, g, manifest.find("\noption defer_norms on\n") != std::string::npos ? "on" : "off");
-  const Partition& p = cg.partition_;
-  cg.cache_dir_ = opts_.jit.cache_dir.empty() ? jit::default_cache_dir() : opts_.jit.cache_dir;
-  cg.regions_.resize(p.regions.size());
-  std::vector<bool> seen(p.regions.size(), false);
+// The lines of an AOT folder's manifest.txt, read into a CompiledGraph that begin() has partitioned: each kind of
+// line by its own step, then the checks that need every line (finish).
+struct Compiler::ManifestReader {
+  CompiledGraph& cg;
+  const std::string& dir;
+  const Partition& p;
+  std::vector<bool> seen;                                  // regions with a line
   std::vector<std::pair<int, CompiledCandidate>> others;   // "candidate" lines, attached after every region's line
+
+  ManifestReader(CompiledGraph& g, const std::string& d) : cg(g), dir(d), p(g.partition_), seen(p.regions.size(), false) {
+    cg.regions_.resize(p.regions.size());
+  }
+
+  CompileError bad(const std::string& line, const std::string& why = "") const {
+    return CompileError(dir + "/manifest.txt: bad line '" + line + "'" + why);
+  }
   // "config [key=K]": the config by name (config_name), as save() writes it
-  auto read_config = [&](std::istringstream& ls, const std::string& line, CompiledCandidate& k) {
+  void read_config(std::istringstream& ls, const std::string& line, CompiledCandidate& k) const {
     std::string name;
-    if (!(ls >> name)) throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
+    if (!(ls >> name)) throw bad(line);
     if (!parse_config(name, k.config))
       throw CompileError(dir + "/manifest.txt: '" + name + "' in '" + line + "' is not a kernel config" +
                          (std::isdigit(static_cast<unsigned char>(name[0])) || name == "l2" || name == "none" ||
@@ -147,80 +152,72 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
       if (t.rfind("key=", 0) == 0) k.key = t.substr(4);
       else throw CompileError(dir + "/manifest.txt: bad field '" + t + "' in '" + line + "'");
     }
-  };
-  auto library_in = [&](const std::string& file) {   // a kernel library the manifest names, which must be there
+  }
+  std::string library_in(const std::string& file) const {   // a kernel library the manifest names, which must be there
     const std::string path = (fs::path(dir) / file).string();
     if (!fs::exists(path)) throw CompileError("missing kernel library " + path);
     return path;
-  };
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    std::string first;
-    ls >> first;
-    if (first == "candidate") {
-      int idx = -1;
-      CompiledCandidate k;
-      std::string file;
-      if (!(ls >> idx >> file) || idx < 0 || idx >= static_cast<int>(p.regions.size()))
-        throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or more regions than this graph has)");
-      read_config(ls, line, k);
-      k.library_path = library_in(file);
-      k.cache_hit = true;
-      others.push_back({idx, k});
-      continue;
-    }
-    if (first == "b2b") {   // a fused chain; a manifest without one runs the chain as its regions
-      int idx = -1;
-      std::string name, file;
-      if (!(ls >> idx >> name >> file) || idx < 0 || idx >= static_cast<int>(p.b2b.size()) || !p.b2b[idx].recognised)
-        throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or a chain this graph does not have)");
-      CompiledChain cc;
-      cc.chain = idx;
-      cc.plan = plan_b2b(p.b2b[idx].spec);
-      if (!cc.plan.fuse) continue;   // this build's planner declines it: its regions run
-      set_chain_kernel(cc, p.b2b[idx].spec);
-      if (cc.kernel.name != name)
-        throw CompileError(dir + ": b2b chain " + std::to_string(idx) + " was compiled from another Spec (" + name +
-                           ", this graph's is " + cc.kernel.name + "): re-run comfuse aot");
-      cc.library_path = library_in(file);
-      cc.cache_hit = true;
-      cg.chains_.push_back(std::move(cc));
-      continue;
-    }
-    if (first == "option") continue;   // read before partitioning (begin)
-    if (first == "plain") {
-      std::string name, file;
-      ls >> name >> file;
-      cg.plain_library_ = (fs::path(dir) / file).string();
-      if (!fs::exists(cg.plain_library_)) throw CompileError("missing plain GPU path library " + cg.plain_library_);
-      continue;
-    }
+  }
+  int region_index(std::istringstream& ls, const std::string& line) const {
     int idx = -1;
-    try {
-      idx = std::stoi(first);
-    } catch (const std::exception&) {
-    }
-    if (idx < 0 || idx >= static_cast<int>(p.regions.size()))
-      throw CompileError(dir + "/manifest.txt: bad line '" + line + "' (or more regions than this graph has)");
+    if (!(ls >> idx) || idx < 0 || idx >= static_cast<int>(p.regions.size()))
+      throw bad(line, " (or more regions than this graph has)");
+    return idx;
+  }
+
+  // "candidate REGION LIBRARY CONFIG [key=K]": another config of the region's search
+  void candidate(std::istringstream& ls, const std::string& line) {
+    CompiledCandidate k;
+    const int idx = region_index(ls, line);
+    std::string file;
+    if (!(ls >> file)) throw bad(line);
+    read_config(ls, line, k);
+    k.library_path = library_in(file);
+    k.cache_hit = true;
+    others.push_back({idx, k});
+  }
+  // "b2b CHAIN NAME LIBRARY": a fused chain; a manifest without one runs the chain as its regions
+  void chain(std::istringstream& ls, const std::string& line) {
+    int idx = -1;
+    std::string name, file;
+    if (!(ls >> idx >> name >> file) || idx < 0 || idx >= static_cast<int>(p.b2b.size()) || !p.b2b[idx].recognised)
+      throw bad(line, " (or a chain this graph does not have)");
+    CompiledChain cc;
+    cc.chain = idx;
+    cc.plan = plan_b2b(p.b2b[idx].spec);
+    if (!cc.plan.fuse) return;   // this build's planner declines it: its regions run
+    set_chain_kernel(cc, p.b2b[idx].spec);
+    if (cc.kernel.name != name)
+      throw CompileError(dir + ": b2b chain " + std::to_string(idx) + " was compiled from another Spec (" + name +
+                         ", this graph's is " + cc.kernel.name + "): re-run comfuse aot");
+    cc.library_path = library_in(file);
+    cc.cache_hit = true;
+    cg.chains_.push_back(std::move(cc));
+  }
+  // "plain comfuse_plain_path LIBRARY"
+  void plain(std::istringstream& ls) {
+    std::string name, file;
+    ls >> name >> file;
+    cg.plain_library_ = (fs::path(dir) / file).string();
+    if (!fs::exists(cg.plain_library_)) throw CompileError("missing plain GPU path library " + cg.plain_library_);
+  }
+  // "REGION NAME LIBRARY CONFIG [key=K]" (the prior), or "REGION plain"
+  void region(std::istringstream& ls, const std::string& line, int idx) {
     std::string name, file;
     CompiledCandidate prior;
-    if (ls >> name && name == "plain") {
-      cg.regions_[idx].region = idx;
-      cg.regions_[idx].plain = true;
-      cg.regions_[idx].plan = plan_region(p.regions[idx].spec);
-      seen[idx] = true;
-      continue;
-    }
-    if (!(ls >> file)) throw CompileError(dir + "/manifest.txt: bad line '" + line + "'");
-    read_config(ls, line, prior);
-    const KernelConfig& c = prior.config;
     CompiledRegion& r = cg.regions_[idx];
     r.region = idx;
     r.plan = plan_region(p.regions[idx].spec);
-    r.plan.config = c;
+    seen[idx] = true;
+    if (ls >> name && name == "plain") {
+      r.plain = true;
+      return;
+    }
+    if (!(ls >> file)) throw bad(line);
+    read_config(ls, line, prior);
+    r.plan.config = prior.config;
     try {
-      r.kernel = generate_kernel(p.regions[idx].spec, c);
+      r.kernel = generate_kernel(p.regions[idx].spec, prior.config);
     } catch (const CodegenError& e) {   // e.g. "merged" for a Spec without a pair: not the Spec it was built from
       throw CompileError(dir + ": region " + std::to_string(idx) + " was compiled from another Spec (" + name +
                          "; this graph's cannot take its config: " + e.what() + "): re-run comfuse aot");
@@ -234,30 +231,63 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
     prior.library_path = r.library_path;
     prior.cache_hit = true;
     r.candidates = {prior};
-    seen[idx] = true;
   }
-  for (auto& [idx, k] : others) {   // the config search's other candidates, in manifest order after the prior
-    CompiledRegion& r = cg.regions_[idx];
-    if (!seen[idx] || r.plain)
-      throw CompileError(dir + "/manifest.txt: a candidate for region " + std::to_string(idx) +
-                         ", which has no fused kernel line");
-    k.kernel_name = r.kernel.name;
-    r.candidates.push_back(k);
+
+  void line(const std::string& line) {
+    if (line.empty() || line[0] == '#') return;
+    std::istringstream ls(line);
+    std::string first;
+    ls >> first;
+    if (first == "candidate") return candidate(ls, line);
+    if (first == "b2b") return chain(ls, line);
+    if (first == "option") return;   // read before partitioning (begin)
+    if (first == "plain") return plain(ls);
+    int idx = -1;
+    try {
+      idx = std::stoi(first);
+    } catch (const std::exception&) {
+    }
+    if (idx < 0 || idx >= static_cast<int>(p.regions.size())) throw bad(line, " (or more regions than this graph has)");
+    region(ls, line, idx);
   }
-  for (auto& r : cg.regions_) {
-    if (r.plain) continue;
-    r.plan.candidates.clear();
-    for (const auto& k : r.candidates) r.plan.candidates.push_back(k.config);
-    r.plan.candidates_reason = "compiled ahead of time: the " + std::to_string(r.candidates.size()) +
-                               " config(s) of " + dir + "/manifest.txt, the prior first";
+
+  // The candidates attached, every region accounted for, the plain path there where the graph needs it.
+  void finish() {
+    for (auto& [idx, k] : others) {   // the config search's other candidates, in manifest order after the prior
+      CompiledRegion& r = cg.regions_[idx];
+      if (!seen[idx] || r.plain)
+        throw CompileError(dir + "/manifest.txt: a candidate for region " + std::to_string(idx) +
+                           ", which has no fused kernel line");
+      k.kernel_name = r.kernel.name;
+      r.candidates.push_back(k);
+    }
+    for (auto& r : cg.regions_) {
+      if (r.plain) continue;
+      r.plan.candidates.clear();
+      for (const auto& k : r.candidates) r.plan.candidates.push_back(k.config);
+      r.plan.candidates_reason = "compiled ahead of time: the " + std::to_string(r.candidates.size()) +
+                                 " config(s) of " + dir + "/manifest.txt, the prior first";
+    }
+    for (size_t i = 0; i < seen.size(); ++i)
+      if (!seen[i]) throw CompileError(dir + "/manifest.txt has no kernel for region " + std::to_string(i));
+    bool need_plain = needs_plain_path(p);
+    for (const auto& r : cg.regions_) need_plain = need_plain || r.plain;
+    if (need_plain && cg.plain_library_.empty())
+      throw CompileError(dir + "/manifest.txt has no plain GPU path library, which this graph needs: re-run comfuse aot");
+    cg.storage_ = cg.storage_dtypes();
   }
-  for (size_t i = 0; i < seen.size(); ++i)
-    if (!seen[i]) throw CompileError(dir + "/manifest.txt has no kernel for region " + std::to_string(i));
-  bool need_plain = needs_plain_path(p);
-  for (const auto& r : cg.regions_) need_plain = need_plain || r.plain;
-  if (need_plain && cg.plain_library_.empty())
-    throw CompileError(dir + "/manifest.txt has no plain GPU path library, which this graph needs: re-run comfuse aot");
-  cg.storage_ = cg.storage_dtypes();
+};
+
+CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
+  const std::string manifest = read_manifest(dir);
+  CompiledGraph cg;
+  // the rewrite the kernels were compiled for ("option defer_norms on"), whatever this Compiler's options say
+  begin(cg, g, manifest.find("\noption defer_norms on\n") != std::string::npos ? "on" : "off");
+  cg.cache_dir_ = opts_.jit.cache_dir.empty() ? jit::default_cache_dir() : opts_.jit.cache_dir;
+  ManifestReader reader(cg, dir);
+  std::istringstream in(manifest);
+  for (std::string line; std::getline(in, line);) reader.line(line);
+  reader.finish();
   return cg;
 }
 

@@ -499,117 +499,120 @@ Value fold_reader(const Graph& g, const Node& u, const Site& s, Builder& b, Defe
 
 }  // namespace
 
-DeferredProgram defer_norms(const Graph& input, const DeferOptions& opts) {
-  const Graph g = partition_form(input);
-  DeferredProgram out;
-  const auto users = g.users();
-  // The sites: each GEMM operand that is a normalization.
+namespace {
+
+// What the rewrite decided, as data: per site its readers' fates and where h is read rounded.
+struct Decisions {
   std::map<int, std::unique_ptr<Site>> sites;   // by y
   std::map<int, int> folded_reader;             // GEMM node -> its y
   std::map<int, int> rebuilt_reader;            // elementwise node -> the y it rebuilds
   std::set<int> round_source;                   // a deferred site's h, rounded to its dtype after it is computed
   std::map<int, int> reads_rounded;             // a site's node -> the source it reads rounded
-  std::set<int> considered;
-  for (const Node& u : g.nodes) {
-    if (u.op != OpKind::MatMul) continue;
-    const int y = u.inputs[0];
-    if (!considered.insert(y).second) continue;
-    auto s = std::make_unique<Site>(g, y);
-    if (!s->recognise().empty()) continue;   // not a normalization: nothing to say
-    NormSite ns;
-    ns.norm = g.node(y).name;
-    ns.source = g.node(s->h()).name;
-    ns.centered = s->centered();
-    for (int st : s->statistics()) ns.statistics.push_back(g.node(st).name);
-    // h's declared dtype, through an upcast (a model's h.to(float32)): the rewrite reads h as the GEMM's operand,
-    // which rounds it to the GEMM's dtype. Where the program declares h in that dtype, eager PyTorch rounds it
-    // there too; where h is an f32 value, the rounding would be the rewrite's own (an error of ~2^-9 |mean| / std
-    // of the row): those readers keep y.
-    const Node& hn = g.node(s->h());
-    const DType h_dtype = hn.op == OpKind::Cast && hn.cast_to == DType::F32 ? g.node(hn.inputs[0]).dtype : hn.dtype;
-    std::string varying;   // a per-column factor that is not constant: the folds would change from run to run
-    for (const Factors* fs : {&s->form().cols})
-      for (const Factor& c : *fs)
-        if (!constant_only(g, c.node)) varying = g.node(c.node).name;
-    for (const Term& t : s->form().terms)
-      for (const Factor& c : t.cols)
-        if (!constant_only(g, c.node)) varying = g.node(c.node).name;
-    std::vector<int> elementwise;   // readers that may rebuild y from h and the statistics
-    for (int r : users[y]) {
-      if (is_elementwise(g.node(r).op)) {
-        elementwise.push_back(r);
-        continue;
-      }
-      std::string why = gemm_reader_why_not(g, g.node(r), y);
-      if (why.empty() && !varying.empty())
-        why = "per-column factor '" + varying + "' is not computed from constant inputs: the folded weight would change";
-      if (why.empty() && g.node(g.node(r).inputs[1]).dtype != h_dtype)
-        why = std::string("'") + hn.name + "' is " + dtype_name(h_dtype) + " in the program: reading it as the GEMM's " +
-              dtype_name(g.node(g.node(r).inputs[1]).dtype) + " operand would round it, an error the program does not have";
-      if (why.empty() && opts.enabled) {
-        ns.folded.push_back(g.node(r).name);
-        folded_reader[r] = y;
-      } else {
-        ns.kept.push_back(g.node(r).name + ": " + (why.empty() ? "deferral is switched off" : why));
-      }
+};
+
+// Why a GEMM reader r of site s cannot be folded ("" when it can): the reader's form, the constness of the
+// per-column factors, and h's declared dtype.
+std::string fold_why_not(const Graph& g, Site& s, int y, int r) {
+  std::string why = gemm_reader_why_not(g, g.node(r), y);
+  if (!why.empty()) return why;
+  auto varying = [&](const Factors& cols) {   // a per-column factor that is not constant: the folds would change
+    for (const Factor& c : cols)
+      if (!constant_only(g, c.node)) return g.node(c.node).name;
+    return std::string();
+  };
+  std::string v = varying(s.form().cols);
+  for (const Term& t : s.form().terms)
+    if (v.empty()) v = varying(t.cols);
+  if (!v.empty()) return "per-column factor '" + v + "' is not computed from constant inputs: the folded weight would change";
+  // h's declared dtype, through an upcast (a model's h.to(float32)): the rewrite reads h as the GEMM's operand,
+  // which rounds it to the GEMM's dtype. Where the program declares h in that dtype, eager PyTorch rounds it
+  // there too; where h is an f32 value, the rounding would be the rewrite's own (an error of ~2^-9 |mean| / std
+  // of the row): those readers keep y.
+  const Node& hn = g.node(s.h());
+  const DType h_dtype = hn.op == OpKind::Cast && hn.cast_to == DType::F32 ? g.node(hn.inputs[0]).dtype : hn.dtype;
+  const DType w_dtype = g.node(g.node(r).inputs[1]).dtype;
+  if (w_dtype != h_dtype)
+    return std::string("'") + hn.name + "' is " + dtype_name(h_dtype) + " in the program: reading it as the GEMM's " +
+           dtype_name(w_dtype) + " operand would round it, an error the program does not have";
+  return "";
+}
+
+// The fate of every reader of site s (y): folded GEMMs, elementwise readers that rebuild y where that retires it,
+// the rest kept; and where h is read rounded.
+NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users, Site& s, int y, bool enabled,
+                     Decisions& dec) {
+  NormSite ns;
+  ns.norm = g.node(y).name;
+  ns.source = g.node(s.h()).name;
+  ns.centered = s.centered();
+  for (int st : s.statistics()) ns.statistics.push_back(g.node(st).name);
+  std::vector<int> elementwise;   // readers that may rebuild y from h and the statistics
+  for (int r : users[y]) {
+    if (is_elementwise(g.node(r).op)) {
+      elementwise.push_back(r);
+      continue;
     }
-    if (g.is_output(y)) ns.kept.push_back("(program output)");
-    // Elementwise readers rebuild y where that makes y go away (no other reader keeps it stored): then the producer
-    // computes no normalization at all. Else they read the stored y, as before.
-    const bool y_goes = !ns.folded.empty() && ns.kept.empty();
-    for (int r : elementwise) {
-      if (y_goes) {
-        ns.rebuilt.push_back(g.node(r).name);
-        rebuilt_reader[r] = y;
-      } else {
-        ns.kept.push_back(g.node(r).name + ": " + (ns.folded.empty() ? std::string("no GEMM reader is folded")
-                                                                     : "y stays stored for the readers above"));
-      }
+    const std::string why = fold_why_not(g, s, y, r);
+    if (why.empty() && enabled) {
+      ns.folded.push_back(g.node(r).name);
+      dec.folded_reader[r] = y;
+    } else {
+      ns.kept.push_back(g.node(r).name + ": " + (why.empty() ? "deferral is switched off" : why));
     }
-    ns.deferred = !ns.folded.empty();
-    if (ns.deferred) {   // h rounded to its declared dtype where the program leaves it unrounded (Builder::rounded)
-      const int src = hn.op == OpKind::Cast && hn.cast_to == DType::F32 ? hn.inputs[0] : s->h();
-      const Node& sn = g.node(src);
-      if (sn.dtype != DType::F32 && sn.op != OpKind::Input && !(sn.op == OpKind::Cast && sn.cast_to == sn.dtype)) {
-        round_source.insert(src);
-        for (int id : s->nodes()) reads_rounded[id] = src;
-        if (src != s->h()) reads_rounded[s->h()] = src;
-      }
+  }
+  if (g.is_output(y)) ns.kept.push_back("(program output)");
+  // Elementwise readers rebuild y where that makes y go away (no other reader keeps it stored): then the producer
+  // computes no normalization at all. Else they read the stored y, as before.
+  const bool y_goes = !ns.folded.empty() && ns.kept.empty();
+  for (int r : elementwise) {
+    if (y_goes) {
+      ns.rebuilt.push_back(g.node(r).name);
+      dec.rebuilt_reader[r] = y;
+    } else {
+      ns.kept.push_back(g.node(r).name + ": " + (ns.folded.empty() ? std::string("no GEMM reader is folded")
+                                                                   : "y stays stored for the readers above"));
     }
-    if (!ns.deferred) ns.why = opts.enabled ? "no GEMM reader can be folded" : "deferral is switched off";
-    out.sites.push_back(ns);
-    sites[y] = std::move(s);
   }
-  for (NormSite& ns : out.sites) {   // (reasons.h: for people only)
-    ns.why = reason(std::move(ns.why));
-    for (auto& k : ns.kept) k = reason(std::move(k));
+  ns.deferred = !ns.folded.empty();
+  if (ns.deferred) {   // h rounded to its declared dtype where the program leaves it unrounded (Builder::rounded)
+    const Node& hn = g.node(s.h());
+    const int src = hn.op == OpKind::Cast && hn.cast_to == DType::F32 ? hn.inputs[0] : s.h();
+    const Node& sn = g.node(src);
+    if (sn.dtype != DType::F32 && sn.op != OpKind::Input && !(sn.op == OpKind::Cast && sn.cast_to == sn.dtype)) {
+      dec.round_source.insert(src);
+      for (int id : s.nodes()) dec.reads_rounded[id] = src;
+      if (src != s.h()) dec.reads_rounded[s.h()] = src;
+    }
   }
-  if (folded_reader.empty()) {
-    out.graph = g;
-    return out;
-  }
+  if (!ns.deferred) ns.why = enabled ? "no GEMM reader can be folded" : "deferral is switched off";
+  ns.why = reason(std::move(ns.why));   // (reasons.h: for people only)
+  for (auto& k : ns.kept) k = reason(std::move(k));
+  return ns;
+}
+
+// The rewritten program: every node copied, folded readers replaced, rebuilt readers given their own y, h rounded
+// where decided; outputs keep their names.
+void build(const Graph& g, Decisions& dec, DeferredProgram& out) {
   Graph& d = out.graph;
   Builder b(g, out);
   std::vector<Value> ins;
   for (const Node& n : g.nodes) {
-    if (auto it = folded_reader.find(n.id); it != folded_reader.end()) {
-      b.at(n.id) = fold_reader(g, n, *sites.at(it->second), b, out);
+    if (auto it = dec.folded_reader.find(n.id); it != dec.folded_reader.end()) {
+      b.at(n.id) = fold_reader(g, n, *dec.sites.at(it->second), b, out);
       continue;
     }
     ins.clear();
     std::map<int, Value> memo;   // (the reader's copy of y, once for both operands)
-    const auto rr = reads_rounded.find(n.id);
+    const auto rr = dec.reads_rounded.find(n.id);
+    const auto rb = dec.rebuilt_reader.find(n.id);
     for (int in : n.inputs) {
-      auto it = rebuilt_reader.find(n.id);
-      if (it != rebuilt_reader.end() && in == it->second) ins.push_back(b.rebuild_copy(*sites.at(in), in, n.name, memo));
-      else if (rr != reads_rounded.end() && in == rr->second) ins.push_back(b.rounded.at(in));
+      if (rb != dec.rebuilt_reader.end() && in == rb->second) ins.push_back(b.rebuild_copy(*dec.sites.at(in), in, n.name, memo));
+      else if (rr != dec.reads_rounded.end() && in == rr->second) ins.push_back(b.rounded.at(in));
       else ins.push_back(b.at(in));
     }
     b.at(n.id) = copy_node(d, n, ins, n.name);
-    if (round_source.count(n.id)) {
-      const std::string name = n.name + kInternalSep + dtype_name(n.dtype);
-      b.rounded[n.id] = d.cast(b.at(n.id), n.dtype, name);
-    }
+    if (dec.round_source.count(n.id))
+      b.rounded[n.id] = d.cast(b.at(n.id), n.dtype, n.name + kInternalSep + dtype_name(n.dtype));
   }
   // Outputs keep their names: a folded reader's value is renamed to the reader's name where it is an output.
   for (const auto& o : g.outputs) {
@@ -619,6 +622,27 @@ DeferredProgram defer_norms(const Graph& input, const DeferOptions& opts) {
   }
   d = eliminate_dead(d);
   d.verify();
+}
+
+}  // namespace
+
+DeferredProgram defer_norms(const Graph& input, const DeferOptions& opts) {
+  const Graph g = partition_form(input);
+  DeferredProgram out;
+  const auto users = g.users();
+  Decisions dec;
+  std::set<int> considered;
+  for (const Node& u : g.nodes) {   // the sites: each GEMM operand that is a normalization
+    if (u.op != OpKind::MatMul) continue;
+    const int y = u.inputs[0];
+    if (!considered.insert(y).second) continue;
+    auto s = std::make_unique<Site>(g, y);
+    if (!s->recognise().empty()) continue;   // not a normalization: nothing to say
+    out.sites.push_back(decide_site(g, users, *s, y, opts.enabled, dec));
+    dec.sites[y] = std::move(s);
+  }
+  if (dec.folded_reader.empty()) out.graph = g;
+  else build(g, dec, out);
   return out;
 }
 

@@ -81,6 +81,98 @@ std::optional<std::string> parts_layout_problem(const FusionSpec& fs, const Spec
 
 }  // namespace
 
+namespace {
+
+// What verify_spec counts over one stage's nodes.
+struct StageCounts {
+  int accs = 0, accs2 = 0, results = 0;
+  std::vector<int> used_params;
+};
+
+// One node of stage `stage` (its parent stage `parent`, nullptr for stage 0), by its kind's rules.
+void verify_node(const FusionSpec& fs, const Spec& s, const Spec* parent, int stage, int id, StageCounts& c,
+                 std::vector<int>& stores) {
+  const SpecNode& n = s.nodes[id];
+  for (int a : n.args)
+    if (a < 0 || a >= id) fail(stage, id, "operand " + std::to_string(a) + " is not an earlier node");
+  bool args_per_row = true;
+  for (int a : n.args) args_per_row = args_per_row && s.nodes[a].per_row;
+  auto want_args = [&](size_t k) {
+    if (n.args.size() != k) fail(stage, id, std::string(spec_kind_name(n.kind)) + " needs " + std::to_string(k) + " operand(s)");
+  };
+  switch (n.kind) {
+    case SpecKind::AccEntry:
+      want_args(0);
+      if (stage != 0) fail(stage, id, "acc entry outside stage 0");
+      if (n.per_row) fail(stage, id, "acc entry is per element");
+      if (n.slot != 0 && n.slot != 1) fail(stage, id, "acc entry slot must be 0 (X·B) or 1 (X·B2)");
+      if (n.slot == 1 && !fs.gemm.paired()) fail(stage, id, "acc entry of X·B2 without a second GEMM");
+      if (n.slot == 0) ++c.accs;
+      else ++c.accs2;
+      break;
+    case SpecKind::Broadcast: {
+      want_args(0);
+      bool pr = n.bcast == BroadcastKind::Scalar || n.bcast == BroadcastKind::Col;
+      if (n.per_row != pr) fail(stage, id, "broadcast per_row flag does not match its kind");
+      if (n.param >= 0) {
+        if (n.param >= static_cast<int>(fs.params.size())) fail(stage, id, "param index out of range");
+        if (fs.params[n.param].kind != n.bcast) fail(stage, id, "param kind differs from broadcast kind");
+        if (n.bcast == BroadcastKind::Weight) fail(stage, id, "a weight is read by the mainloop, not broadcast");
+        if (n.bcast == BroadcastKind::Periodic) {
+          const Shape& ps = fs.params[n.param].shape;
+          if (ps.empty() || ps.back() <= 0 || fs.gemm.n % ps.back() != 0)
+            fail(stage, id, "a periodic param's last dim must divide N");
+        }
+        c.used_params.push_back(n.param);
+      } else if (n.bcast != BroadcastKind::Scalar) {
+        fail(stage, id, "only a scalar broadcast may be a constant");
+      }
+      break;
+    }
+    case SpecKind::Compute:
+      if (n.op == OpKind::RotateHalf) {
+        want_args(1);
+        if (n.per_row) fail(stage, id, "rotate_half of a per-row value");
+        if (n.period <= 0 || n.period % 2 != 0 || fs.gemm.n % n.period != 0)
+          fail(stage, id, "rotate_half's period must be even and divide N");
+        break;
+      }
+      if (!is_elementwise(n.op)) fail(stage, id, "compute op is not elementwise");
+      want_args(is_binary(n.op) && n.op != OpKind::Pow ? 2 : 1);
+      if (n.per_row != args_per_row) fail(stage, id, "per_row flag does not match operands");
+      break;
+    case SpecKind::Reduction:
+      want_args(1);
+      if (s.nodes[n.args[0]].per_row) fail(stage, id, "reduces a per-row value");
+      if (!n.per_row) fail(stage, id, "reduction result must be per row");
+      if (id != s.terminal) fail(stage, id, "reduction is not the stage terminal");
+      if (!s.has_post()) fail(stage, id, "reduction without PostOp");
+      for (int b : n.bypass)
+        if (b < 0 || b >= id) fail(stage, id, "bypassed value is not an earlier node");
+      break;
+    case SpecKind::Placeholder:
+      want_args(0);
+      if (stage == 0) fail(stage, id, "placeholder in stage 0");
+      if (n.placeholder == PlaceholderKind::ReductionResult) {
+        ++c.results;
+        if (!n.per_row) fail(stage, id, "reduction result must be per row");
+      } else {
+        const SpecNode& red = parent->nodes[parent->terminal];
+        if (n.slot < 0 || n.slot >= static_cast<int>(red.bypass.size())) fail(stage, id, "bypass slot out of range");
+        if (parent->nodes[red.bypass[n.slot]].per_row != n.per_row) fail(stage, id, "bypass per_row differs from source");
+      }
+      break;
+    case SpecKind::Store:
+      want_args(1);
+      if (n.output < 0 || n.output >= static_cast<int>(fs.outputs.size())) fail(stage, id, "output index out of range");
+      if (fs.outputs[n.output].per_row != s.nodes[n.args[0]].per_row) fail(stage, id, "stored value's per_row differs from the output");
+      ++stores[n.output];
+      break;
+  }
+}
+
+}  // namespace
+
 void verify_spec(const FusionSpec& fs) {
   std::vector<int> stores(fs.outputs.size(), 0);
   if (fs.gemm.paired()) {
@@ -96,97 +188,17 @@ void verify_spec(const FusionSpec& fs) {
     const Spec& s = *st[si];
     int stage = static_cast<int>(si);
     if (s.post.size() > 1) fail(stage, -1, "more than one PostOp");
-    int accs = 0, accs2 = 0, results = 0;
-    std::vector<int> used_params;
-    for (size_t i = 0; i < s.nodes.size(); ++i) {
-      const SpecNode& n = s.nodes[i];
-      int id = static_cast<int>(i);
-      for (int a : n.args)
-        if (a < 0 || a >= id) fail(stage, id, "operand " + std::to_string(a) + " is not an earlier node");
-      bool args_per_row = true;
-      for (int a : n.args) args_per_row = args_per_row && s.nodes[a].per_row;
-      auto want_args = [&](size_t k) {
-        if (n.args.size() != k) fail(stage, id, std::string(spec_kind_name(n.kind)) + " needs " + std::to_string(k) + " operand(s)");
-      };
-      switch (n.kind) {
-        case SpecKind::AccEntry:
-          want_args(0);
-          if (stage != 0) fail(stage, id, "acc entry outside stage 0");
-          if (n.per_row) fail(stage, id, "acc entry is per element");
-          if (n.slot != 0 && n.slot != 1) fail(stage, id, "acc entry slot must be 0 (X·B) or 1 (X·B2)");
-          if (n.slot == 1 && !fs.gemm.paired()) fail(stage, id, "acc entry of X·B2 without a second GEMM");
-          if (n.slot == 0) ++accs;
-          else ++accs2;
-          break;
-        case SpecKind::Broadcast: {
-          want_args(0);
-          bool pr = n.bcast == BroadcastKind::Scalar || n.bcast == BroadcastKind::Col;
-          if (n.per_row != pr) fail(stage, id, "broadcast per_row flag does not match its kind");
-          if (n.param >= 0) {
-            if (n.param >= static_cast<int>(fs.params.size())) fail(stage, id, "param index out of range");
-            if (fs.params[n.param].kind != n.bcast) fail(stage, id, "param kind differs from broadcast kind");
-            if (n.bcast == BroadcastKind::Weight) fail(stage, id, "a weight is read by the mainloop, not broadcast");
-            if (n.bcast == BroadcastKind::Periodic) {
-              const Shape& ps = fs.params[n.param].shape;
-              if (ps.empty() || ps.back() <= 0 || fs.gemm.n % ps.back() != 0)
-                fail(stage, id, "a periodic param's last dim must divide N");
-            }
-            used_params.push_back(n.param);
-          } else if (n.bcast != BroadcastKind::Scalar) {
-            fail(stage, id, "only a scalar broadcast may be a constant");
-          }
-          break;
-        }
-        case SpecKind::Compute:
-          if (n.op == OpKind::RotateHalf) {
-            want_args(1);
-            if (n.per_row) fail(stage, id, "rotate_half of a per-row value");
-            if (n.period <= 0 || n.period % 2 != 0 || fs.gemm.n % n.period != 0)
-              fail(stage, id, "rotate_half's period must be even and divide N");
-            break;
-          }
-          if (!is_elementwise(n.op)) fail(stage, id, "compute op is not elementwise");
-          want_args(is_binary(n.op) && n.op != OpKind::Pow ? 2 : 1);
-          if (n.per_row != args_per_row) fail(stage, id, "per_row flag does not match operands");
-          break;
-        case SpecKind::Reduction:
-          want_args(1);
-          if (s.nodes[n.args[0]].per_row) fail(stage, id, "reduces a per-row value");
-          if (!n.per_row) fail(stage, id, "reduction result must be per row");
-          if (id != s.terminal) fail(stage, id, "reduction is not the stage terminal");
-          if (!s.has_post()) fail(stage, id, "reduction without PostOp");
-          for (int b : n.bypass)
-            if (b < 0 || b >= id) fail(stage, id, "bypassed value is not an earlier node");
-          break;
-        case SpecKind::Placeholder:
-          want_args(0);
-          if (stage == 0) fail(stage, id, "placeholder in stage 0");
-          if (n.placeholder == PlaceholderKind::ReductionResult) {
-            ++results;
-            if (!n.per_row) fail(stage, id, "reduction result must be per row");
-          } else {
-            const SpecNode& red = parent->nodes[parent->terminal];
-            if (n.slot < 0 || n.slot >= static_cast<int>(red.bypass.size())) fail(stage, id, "bypass slot out of range");
-            if (parent->nodes[red.bypass[n.slot]].per_row != n.per_row) fail(stage, id, "bypass per_row differs from source");
-          }
-          break;
-        case SpecKind::Store:
-          want_args(1);
-          if (n.output < 0 || n.output >= static_cast<int>(fs.outputs.size())) fail(stage, id, "output index out of range");
-          if (fs.outputs[n.output].per_row != s.nodes[n.args[0]].per_row) fail(stage, id, "stored value's per_row differs from the output");
-          ++stores[n.output];
-          break;
-      }
-    }
-    if (stage == 0 && accs != 1) fail(stage, -1, "stage 0 needs exactly one acc entry");
-    if (stage == 0 && accs2 != (fs.gemm.paired() ? 1 : 0))
+    StageCounts c;
+    for (int id = 0; id < static_cast<int>(s.nodes.size()); ++id) verify_node(fs, s, parent, stage, id, c, stores);
+    if (stage == 0 && c.accs != 1) fail(stage, -1, "stage 0 needs exactly one acc entry");
+    if (stage == 0 && c.accs2 != (fs.gemm.paired() ? 1 : 0))
       fail(stage, -1, "X·B2 is read by exactly one acc2 entry in a Spec with a second GEMM, and by none otherwise");
-    if (stage > 0 && results != 1) fail(stage, -1, "a PostOp needs exactly one reduction-result placeholder");
+    if (stage > 0 && c.results != 1) fail(stage, -1, "a PostOp needs exactly one reduction-result placeholder");
     if (s.terminal < 0 || s.terminal >= static_cast<int>(s.nodes.size())) fail(stage, -1, "no terminal");
     SpecKind tk = s.nodes[s.terminal].kind;
     if (s.has_post() ? tk != SpecKind::Reduction : tk != SpecKind::Store)
       fail(stage, s.terminal, "terminal must be the reduction (or a store in the last stage)");
-    for (int p : used_params) {
+    for (int p : c.used_params) {
       bool listed = false;
       for (int q : s.params) listed = listed || q == p;
       if (!listed) fail(stage, -1, "param " + std::to_string(p) + " read but missing from A");
