@@ -323,25 +323,14 @@ std::vector<MeasuredRow> parse_measured_table(const std::string& csv) {
 
 namespace {
 
-// The planner's choice from the measured table alone: the config of the nearest measured shape (with its transport,
-// not yet its cluster) and the estimates.
-PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
-  PlanDecision d;
+// The unfused alternative (PlanDecision::cublas_alone, pass_us, copy_us): the GEMM, plus one memory-bound pass that
+// reads the GEMM output and the tile params and writes the outputs (a plain GEMM region, or one with a bias alone,
+// has no pass: cuBLAS alone).
+void unfused_cost(PlanDecision& d, const FusionSpec& fs, const std::string& cls) {
   const GemmDesc& g = fs.gemm;
-  const bool reduces = exchanges(fs);
-  auto decline = [&](std::string why) {
-    d.fuse = false;
-    d.reason = std::move(why);
-    return d;
-  };
-  // The unfused alternative: the GEMM, plus one memory-bound pass that reads the GEMM output and the tile params
-  // and writes the outputs (a plain GEMM region, or one with a bias alone, has no pass: cuBLAS alone).
-  const std::string cls = measured_class(fs, table);
-  const bool bias = bias_only(fs);
-  d.cublas_alone = cls == "identity" || bias;
+  d.cublas_alone = cls == "identity" || bias_only(fs);
   // Two GEMMs on one A (GemmDesc::paired): the MMA tile spans both, so the kernel is a GEMM of N' = 2N, and the
   // unfused alternative is two GEMMs whose outputs the pass reads back.
-  const int64_t mma_n = g.paired() ? 2 * g.n : g.n;
   double passes = g.paired() ? 2 : 1;  // the GEMM output(s), read back
   bool periodic = false;
   for (const auto& p : fs.params) {
@@ -364,8 +353,13 @@ PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>&
     else if (!d.cublas_alone) d.pass_us += us;
   }
   d.pass_us += d.copy_us;
-  if (g.n % 8) return decline("N = " + std::to_string(g.n) + " is not a multiple of 8: rows of B and of the outputs are not 16-byte aligned for TMA");
-  if (g.k % 8) return decline("K = " + std::to_string(g.k) + " is not a multiple of 8: rows of A are not 16-byte aligned for TMA");
+}
+
+// Why no config can serve fs (alignment; what the dual-B kernel's templates cannot express), or nullopt.
+std::optional<std::string> cannot_serve(const FusionSpec& fs) {
+  const GemmDesc& g = fs.gemm;
+  if (g.n % 8) return std::string("N = " + std::to_string(g.n) + " is not a multiple of 8: rows of B and of the outputs are not 16-byte aligned for TMA");
+  if (g.k % 8) return std::string("K = " + std::to_string(g.k) + " is not a multiple of 8: rows of A are not 16-byte aligned for TMA");
 
   if (g.paired()) {   // what no config of the dual-B kernel can serve (B's layout, reductions): Psi's reason
     // (the default 128 x 128 tile, and for rotate_half's blocks the widest output tiles, 64 x 256 and 128 x 256)
@@ -375,12 +369,21 @@ PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>&
     wide_coop.cooperative = true;
     auto why = psi_rejects(fs, KernelConfig{});
     if (why && spec_reads_column_blocks(fs) && (!psi_rejects(fs, wide_pp) || !psi_rejects(fs, wide_coop))) why.reset();
-    if (why) return decline("no kernel template: " + *why);
+    if (why) return std::string("no kernel template: " + *why);
   }
+  return std::nullopt;
+}
 
-  // The nearest measured shape (log distance in M, N, K) with cuBLAS and this epilogue class measured.
-  const MeasuredRow* best = nullptr;
+// The nearest measured shape (log distance in M, N, K) with cuBLAS and this epilogue class measured: the fastest
+// eligible kernel there, and cuBLAS there.
+struct Nearest {
+  const MeasuredRow* fused = nullptr;
   const MeasuredRow* cublas = nullptr;
+};
+Nearest nearest_measurement(const FusionSpec& fs, const std::string& cls, const std::vector<MeasuredRow>& table) {
+  const GemmDesc& g = fs.gemm;
+  const int64_t mma_n = g.paired() ? 2 * g.n : g.n;
+  Nearest out;
   double best_dist = std::numeric_limits<double>::infinity();
   for (const auto& r : table) {
     if (r.config != "cublas") continue;
@@ -395,32 +398,37 @@ PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>&
     }
     if (!fused) continue;
     best_dist = dist;
-    best = fused;
-    cublas = &r;
+    out.fused = fused;
+    out.cublas = &r;
   }
-  if (!best) return decline("no measurement of a '" + cls + "' kernel to plan from (src/plan/measured.csv)");
-  row_config(*best, fs, d.config);
-  d.config.transport = !reduces ? Transport::None : best->transport != Transport::None ? best->transport : Transport::L2;
-  pick_candidates(d, fs, cls, *best, table);
+  return out;
+}
 
-  // Kernels the templates cannot express are declined here, with Psi's reason.
-  if (auto why = psi_rejects(fs, d.config)) return decline("no kernel template: " + *why);
-  if (reduces && d.config.transport == Transport::L2) {
-    int cols = static_cast<int>((g.n + d.config.tile_n - 1) / d.config.tile_n);
-    if (cols > 132)
-      return decline("a row spans " + std::to_string(cols) + " tiles: more than the 132 CTAs that can be resident to exchange");
-  }
-
+// What the fused estimate adds to the measured ratio (for the explanation).
+struct FusedEstimate {
+  double ratio = 0;        // fused ÷ cuBLAS at the nearest measured shape
+  double ref_slots = 0;    // the measured class's epilogue cost per element
+  double extra_bytes = 0;  // stored per element beyond the measured kernel's outputs
+  double store_us = 0;     // their time
+  std::string occupancy;   // a small grid's floor, where it applies
+};
+// The fused and unfused times at this shape (PlanDecision::fused_us, unfused_us, epilogue, epilogue_us).
+FusedEstimate fused_estimate(PlanDecision& d, const FusionSpec& fs, const std::string& cls, const Nearest& near,
+                             bool reduces) {
+  const GemmDesc& g = fs.gemm;
+  const int64_t mma_n = g.paired() ? 2 * g.n : g.n;
   // Fused: the measured ratio to cuBLAS at the nearest shape, applied to this shape's GEMM time (scaled by FLOPs).
   // Unfused: the GEMM and d.pass_us.
-  const double flops_ratio = double(g.rows) * mma_n * g.k / (double(cublas->m) * cublas->n * cublas->k);
-  const double gemm_us = cublas->us * flops_ratio;
-  const double ratio = best->us / cublas->us;
-  d.fused_us = ratio * gemm_us;
+  const double flops_ratio = double(g.rows) * mma_n * g.k / (double(near.cublas->m) * near.cublas->n * near.cublas->k);
+  const double gemm_us = near.cublas->us * flops_ratio;
+  FusedEstimate e;
+  e.ratio = near.fused->us / near.cublas->us;
+  d.fused_us = e.ratio * gemm_us;
   // The epilogue's own work: what it costs beyond the measured class's epilogue, where that exceeds the tile's
   // mainloop (the other consumer's MMAs hide an epilogue up to that long), adds per tile a CTA runs.
   d.epilogue = epilogue_cost(fs);
   const EpilogueCost ref = measured_class_cost(cls);
+  e.ref_slots = ref.slots;
   const double tiles = std::ceil(double(g.rows) / d.config.tile_m) * std::ceil(double(mma_n) / d.config.tile_n);
   const double tiles_per_sm = std::ceil(tiles / kSms);
   const double tile_elems = std::min<double>(d.config.tile_m, g.rows) *   // the epilogue's: half the MMA tile's when paired
@@ -438,27 +446,26 @@ PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>&
   double out_bytes = 0;
   for (const auto& o : fs.outputs) out_bytes += o.per_row ? 0 : (o.dtype == DType::F32 ? 4 : 2);
   // (per element of the N-wide output: a paired kernel's measured equivalent, one GEMM of 2N columns, stores twice as much)
-  const double extra_bytes = std::max(0.0, out_bytes - (cls == "bias_res_2out" ? 4 : 2) * (g.paired() ? 2 : 1));
-  const double store_us = d.cublas_alone ? 0.0 : extra_bytes * g.rows * g.n / kUnfusedBytesPerSecond * 1e6;
-  d.fused_us += store_us;
+  e.extra_bytes = std::max(0.0, out_bytes - (cls == "bias_res_2out" ? 4 : 2) * (g.paired() ? 2 : 1));
+  e.store_us = d.cublas_alone ? 0.0 : e.extra_bytes * g.rows * g.n / kUnfusedBytesPerSecond * 1e6;
+  d.fused_us += e.store_us;
   // Too few tiles to fill the GPU: a fused kernel runs each output tile's whole K loop on one SM (no split-K: the
   // epilogue needs the finished tile), and with one tile per SM nothing hides that tile's epilogue, so it takes at
   // least the busiest SM's tiles at one SM's share of the measured cuBLAS rate plus one epilogue, however small the
   // FLOP-scaled estimate is. cuBLAS splits K there. And at such sizes every kernel costs at least its launch and
   // ramp, the unfused pair two of them. HF BERT at 1 x 128 tokens: the 128 x 768 LayerNorm regions (6 tiles) ran 24
   // us per call fused against 9 us for split-K cuBLAS + LayerNorm (docs/log/2026-12-02.md).
-  std::string occupancy;
   d.unfused_us = gemm_us + d.pass_us;
   // Two GEMMs on one A against two cuBLAS launches: the second launch's floor (kKernelFloorUs, as for a small grid)
   // is what the pair saves where the FLOP-scaled estimate sees a tie (attention's Q and K); the measuring backend
   // times both forms before it keeps the pair.
   if (g.paired()) d.unfused_us += kKernelFloorUs;
   if (tiles < kSms) {
-    const double sm_rate = 2.0 * cublas->m * cublas->n * cublas->k / (cublas->us * 1e-6) / kSms;   // FLOP/s per SM
+    const double sm_rate = 2.0 * near.cublas->m * near.cublas->n * near.cublas->k / (near.cublas->us * 1e-6) / kSms;   // FLOP/s per SM
     const double tile_mainloop_us = 2.0 * d.config.tile_m * d.config.tile_n * g.k / sm_rate * 1e6;
     const double occupancy_us = tile_mainloop_us + (reduces ? kTileReductionEpilogueUs : kTileEpilogueUs);
     if (occupancy_us > d.fused_us) {
-      occupancy = fmt("; %.0f tiles on %.0f SMs", tiles, double(kSms)) +
+      e.occupancy = fmt("; %.0f tiles on %.0f SMs", tiles, double(kSms)) +
                   fmt(": each runs its whole K on one SM (no split-K in a fused kernel) and nothing hides its "
                       "epilogue, ~%.0f us", occupancy_us);
       d.fused_us = occupancy_us;
@@ -468,27 +475,64 @@ PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>&
       d.unfused_us = std::max(gemm_us, kKernelFloorUs) + std::max(d.pass_us, kKernelFloorUs);
     }
   }
-  const std::string basis = fmt("measured %.3fx cuBLAS", ratio) + " for '" + cls + "' [" + best->config +
+  return e;
+}
+
+// The verdict and the reason a person reads.
+PlanDecision decide(PlanDecision& d, const FusedEstimate& e, const FusionSpec& fs, const std::string& cls,
+                    const Nearest& near, bool reduces) {
+  const std::string basis = fmt("measured %.3fx cuBLAS", e.ratio) + " for '" + cls + "' [" + near.fused->config +
                             (reduces ? std::string(", ") + transport_name(d.config.transport) : std::string()) + "] at " +
-                            std::to_string(best->m) + "x" + std::to_string(best->k) + "x" + std::to_string(best->n) +
+                            std::to_string(near.fused->m) + "x" + std::to_string(near.fused->k) + "x" + std::to_string(near.fused->n) +
                             fmt(" (M x K x N); this shape: fused ~%.0f us, GEMM + separate epilogue ~%.0f us", d.fused_us,
                                 d.unfused_us);
   std::string epi = d.epilogue_us > 0
       ? std::string("; its epilogue (") + d.epilogue.summary() + fmt(", against %.0f measured) adds ~%.0f us the mainloop does not hide",
-                                                                ref.slots, d.epilogue_us)
+                                                                e.ref_slots, d.epilogue_us)
       : std::string();
-  if (store_us > 0)
-    epi += fmt("; its outputs store %.0f bytes per element more than the measured kernel's, ~%.0f us", extra_bytes, store_us);
-  epi += occupancy;
+  if (e.store_us > 0)
+    epi += fmt("; its outputs store %.0f bytes per element more than the measured kernel's, ~%.0f us", e.extra_bytes, e.store_us);
+  epi += e.occupancy;
   if (d.fused_us > d.unfused_us) {
     d.verdict = Verdict::Slower;
-    return decline("fusion does not pay: " + basis + epi +
-                   (bias ? " (a bias alone: cuBLAS adds it in its own epilogue)" : ""));
+    d.fuse = false;
+    d.reason = "fusion does not pay: " + basis + epi + (bias_only(fs) ? " (a bias alone: cuBLAS adds it in its own epilogue)" : "");
+    return d;
   }
   d.fuse = true;
   d.verdict = Verdict::Fuse;
   d.reason = basis + epi;
   return d;
+}
+
+// The planner's choice from the measured table alone, in named steps: the unfused cost, what no config serves, the
+// nearest measurement, the fused estimate, the verdict. The config is the nearest measured shape's (with its
+// transport, not yet its cluster: fit_transport).
+PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
+  PlanDecision d;
+  const GemmDesc& g = fs.gemm;
+  const bool reduces = exchanges(fs);
+  auto decline = [&](std::string why) {
+    d.fuse = false;
+    d.reason = std::move(why);
+    return d;
+  };
+  const std::string cls = measured_class(fs, table);
+  unfused_cost(d, fs, cls);
+  if (auto why = cannot_serve(fs)) return decline(*why);
+  const Nearest near = nearest_measurement(fs, cls, table);
+  if (!near.fused) return decline("no measurement of a '" + cls + "' kernel to plan from (src/plan/measured.csv)");
+  row_config(*near.fused, fs, d.config);
+  d.config.transport = !reduces ? Transport::None : near.fused->transport != Transport::None ? near.fused->transport : Transport::L2;
+  pick_candidates(d, fs, cls, *near.fused, table);
+  // Kernels the templates cannot express are declined here, with Psi's reason.
+  if (auto why = psi_rejects(fs, d.config)) return decline("no kernel template: " + *why);
+  if (reduces && d.config.transport == Transport::L2) {
+    int cols = static_cast<int>((g.n + d.config.tile_n - 1) / d.config.tile_n);
+    if (cols > 132)
+      return decline("a row spans " + std::to_string(cols) + " tiles: more than the 132 CTAs that can be resident to exchange");
+  }
+  return decide(d, fused_estimate(d, fs, cls, near, reduces), fs, cls, near, reduces);
 }
 
 // The cluster the transport needs: DSMEM puts the row block in one 1 x C cluster, C the next power of two at or
