@@ -202,43 +202,145 @@ std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::map<int, B2BGro
   return chains;
 }
 
-}  // namespace
-
-Partition partition(const Graph& input, const PartitionHints& hints) {
-  if (input.symbolic())
-    throw GraphError("partition needs concrete shapes: give the symbolic dim ('?') a row count first (bind_rows)");
-  Partition p;
-  p.graph = partition_form(input);
-  const Graph& g = p.graph;
-  g.verify();
-  const size_t n = g.nodes.size();
-  auto users = g.users();
-
-  std::vector<int> gemm_index(n, -1), max_dep(n, -1);
-  int gemms = 0;
-  for (const Node& nd : g.nodes) {
-    if (nd.op == OpKind::MatMul) gemm_index[nd.id] = gemms++;
-    int d = gemm_index[nd.id];
-    for (int in : nd.inputs) d = std::max(d, max_dep[in]);
-    max_dep[nd.id] = d;
+// One partition() run: the program's dependency facts, the regions grown so far, and the steps in order.
+class Partitioner {
+ public:
+  Partitioner(Partition& part, const PartitionHints& hints)
+      : p(part), g(part.graph), n(g.nodes.size()), users(g.users()), gemm_index(n, -1), max_dep(n, -1), claimed(n, -1),
+        rejections(n), in_region(n, 0), is_output(n, 0), seen(n, 0), row_side(n, 0) {
+    int gemms = 0;
+    for (const Node& nd : g.nodes) {
+      if (nd.op == OpKind::MatMul) gemm_index[nd.id] = gemms++;
+      int d = gemm_index[nd.id];
+      for (int in : nd.inputs) d = std::max(d, max_dep[in]);
+      max_dep[nd.id] = d;
+    }
+    p.decisions.resize(n);
+    for (const auto& o : g.outputs) is_output[o.node] = 1;
+    for (const Node& nd : g.nodes) row_side[nd.id] = hints.row_side.count(nd.name) ? 1 : 0;
   }
 
-  std::vector<int> claimed(n, -1);
-  std::vector<std::vector<std::string>> rejections(n);
-  p.decisions.resize(n);
+  // One region per matmul root, in graph order.
+  void grow_regions() {
+    for (const Node& root : g.nodes) {
+      if (root.op != OpKind::MatMul || claimed[root.id] >= 0) continue;   // (claimed: the second GEMM of a pair)
+      if (auto why = phi_rejects_root(g, root)) {
+        p.decisions[root.id] = {NodeDecision::Kind::Fallback, -1, "not fused: " + *why};
+        continue;
+      }
+      const int ri = static_cast<int>(p.regions.size());
+      const int second = find_pair(root);
+      std::vector<int> nodes = grow(root, [&](int id, const std::string& why) {
+        rejections[id].push_back("region " + std::to_string(ri) + " ('" + root.name + "'): " + why);
+      }, second);
+      std::vector<int> stored = stored_of(nodes);
+      Region r;
+      r.root = root.id;
+      r.nodes = nodes;
+      r.spec = lower_region(g, nodes, stored);
+      widen_handed_on(r.spec);
+      for (int id : nodes) {
+        claimed[id] = ri;
+        in_region[id] = 0;
+        p.decisions[id] = {NodeDecision::Kind::Fused, ri,
+                           "fused into region " + std::to_string(ri) + ": " +
+                               (id == second ? "second GEMM on the same A (one kernel computes both)"
+                                             : role(g.node(id)))};
+      }
+      p.regions.push_back(std::move(r));
+    }
+  }
 
-  // One in_region for every region (reset after each), not one per region: O(nodes) per region would make
-  // partition quadratic in the program's size.
-  std::vector<char> in_region(n, 0), is_output(n, 0);
-  for (const auto& o : g.outputs) is_output[o.node] = 1;
-  std::vector<int> seen(n, 0);
-  int stamp = 0;
-  std::vector<char> row_side(n, 0);   // (hints: taken only by pulling)
-  for (const Node& nd : g.nodes) row_side[nd.id] = hints.row_side.count(nd.name) ? 1 : 0;
+  // Leaves, and the nodes no region took (with every region's reason for refusing them).
+  void record_fallback() {
+    for (const Node& nd : g.nodes) {
+      if (is_leaf(nd)) {
+        p.decisions[nd.id] = {NodeDecision::Kind::Leaf, -1,
+                              nd.op == OpKind::Input ? "graph input" : "scalar constant (compiled into the kernel where fused)"};
+        continue;
+      }
+      if (claimed[nd.id] >= 0) continue;
+      p.fallback.push_back(nd.id);
+      if (p.decisions[nd.id].reason.empty()) {
+        std::string why;
+        for (const auto& r : rejections[nd.id]) why += (why.empty() ? "" : "; ") + r;
+        p.decisions[nd.id] = {NodeDecision::Kind::Fallback, -1,
+                              "not fused: " + (why.empty() ? std::string("reads no GEMM epilogue value") : why)};
+      }
+    }
+  }
+
+  // Regions and fallback nodes, topologically, ties broken by the first graph node (stable).
+  void schedule() {
+    const int R = static_cast<int>(p.regions.size());
+    auto item_of = [&](int id) { return claimed[id] >= 0 ? claimed[id] : R + id; };
+    const int items = R + static_cast<int>(n);
+    std::vector<std::set<int>> succ(items);
+    std::vector<int> indeg(items, 0), first(items, -1);
+    std::vector<char> present(items, 0);
+    for (const Node& nd : g.nodes) {
+      if (is_leaf(nd)) continue;
+      int it = item_of(nd.id);
+      present[it] = 1;
+      if (first[it] < 0) first[it] = nd.id;
+      for (int in : nd.inputs) {
+        if (is_leaf(g.node(in))) continue;
+        int src = item_of(in);
+        if (src != it && succ[src].insert(it).second) ++indeg[it];
+      }
+    }
+    using Entry = std::pair<int, int>;  // (first node, item)
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<>> ready;
+    for (int it = 0; it < items; ++it)
+      if (present[it] && indeg[it] == 0) ready.push({first[it], it});
+    while (!ready.empty()) {
+      int it = ready.top().second;
+      ready.pop();
+      p.schedule.push_back(it < R ? Step{true, it} : Step{false, it - R});
+      for (int s : succ[it])
+        if (--indeg[s] == 0) ready.push({first[s], s});
+    }
+    int expected = R + static_cast<int>(p.fallback.size());
+    if (static_cast<int>(p.schedule.size()) != expected)
+      throw std::logic_error("partition: internal error: the partitioned program has a cycle");
+  }
+
+  // Back-to-back chains (p.b2b). Every GEMM gets its epilogue region: the partition's own, or, for a batched GEMM
+  // the single-GEMM kernel does not serve, one grown by the same rules over the nodes no region claimed (recorded
+  // here only: those nodes stay on the standard path). A chain is a matmul reading such a region's value as its A
+  // operand. The partition above is final: this adds p.b2b and changes nothing else.
+  void recognise_chains() {
+    std::map<int, B2BGrown> grown;  // by matmul node
+    for (size_t i = 0; i < p.regions.size(); ++i) {
+      const Region& r = p.regions[i];
+      for (int id : r.nodes) in_region[id] = 1;
+      grown[r.root] = {true, static_cast<int>(i), r.nodes, stored_of(r.nodes), r.spec, ""};
+      for (int id : r.nodes) in_region[id] = 0;
+    }
+    for (const Node& root : g.nodes) {
+      if (root.op != OpKind::MatMul || grown.count(root.id) || claimed[root.id] >= 0) continue;
+      if (auto why = phi_rejects_root(g, root, /*batched_ok=*/true)) {
+        grown[root.id].why = *why;
+        continue;
+      }
+      std::vector<int> nodes = grow(root, [](int, const std::string&) {});
+      std::vector<int> stored = stored_of(nodes);
+      B2BGrown& gr = grown[root.id];
+      gr = {true, -1, nodes, stored, lower_region(g, nodes, stored, /*batched_ok=*/true), ""};
+      widen_handed_on(gr.spec);   // values handed on keep the single-GEMM rule, as a region would
+      for (int id : nodes) {
+        claimed[id] = std::numeric_limits<int>::max();  // not a region: only keeps later batched regions off it
+        in_region[id] = 0;
+      }
+    }
+    p.b2b = find_b2b_chains(g, grown, users, is_output, seen, stamp);
+  }
+
+ private:
   // Grows the region of matmul `root` over the nodes after it (nodes claimed by a region are skipped); every node
   // refused is told to `reject`. Leaves in_region set on the region's nodes: the caller resets it.
   // `second` >= 0: the region starts with the pair root + second (phi_rejects_pair).
-  auto grow = [&](const Node& root, const std::function<void(int, const std::string&)>& reject, int second = -1) {
+  std::vector<int> grow(const Node& root, const std::function<void(int, const std::string&)>& reject, int second = -1) {
     const int gi = gemm_index[root.id];
     in_region[root.id] = kTileValue;
     std::vector<int> nodes{root.id};
@@ -307,14 +409,15 @@ Partition partition(const Graph& input, const PartitionHints& hints) {
                         " splits the row into blocks that no op of the region reads: left to the standard path");
     }
     return nodes;
-  };
+  }
+
   // A pair for `root`: a later matmul on the same A (phi_rejects_pair), computed by one kernel as X·B and X·B2 side
   // by side. First choice, a partner whose result the epilogue combines with root's (a node of the grown region
   // reads both, e.g. SwiGLU's silu(X·Wg) * (X·Wu)): nothing of either GEMM goes through memory. Else the first
   // partner whose joint epilogue has no row reduction (attention's Q and K, each stored with its bias): one launch
   // instead of two, and twice the tiles per wave at small N. The planner and the measuring backend still compare
   // the pair with two cuBLAS GEMMs.
-  auto find_pair = [&](const Node& root) -> int {
+  int find_pair(const Node& root) {
     const int gi = gemm_index[root.id];
     int uncombined = -1;
     for (int u : users[root.inputs[0]]) {
@@ -341,9 +444,10 @@ Partition partition(const Graph& input, const PartitionHints& hints) {
       if (!reduces && uncombined < 0) uncombined = u;
     }
     return uncombined;
-  };
+  }
+
   // Values leaving the kernel: graph outputs and values read outside the region (in_region set).
-  auto stored_of = [&](const std::vector<int>& nodes) {
+  std::vector<int> stored_of(const std::vector<int>& nodes) {
     std::vector<int> stored;
     for (int id : nodes) {
       bool escapes = is_output[id] ||
@@ -351,124 +455,47 @@ Partition partition(const Graph& input, const PartitionHints& hints) {
       if (escapes) stored.push_back(id);
     }
     return stored;
-  };
-  for (const Node& root : g.nodes) {
-    if (root.op != OpKind::MatMul || claimed[root.id] >= 0) continue;   // (claimed: the second GEMM of a pair)
-    if (auto why = phi_rejects_root(g, root)) {
-      p.decisions[root.id] = {NodeDecision::Kind::Fallback, -1, "not fused: " + *why};
-      continue;
-    }
-    const int ri = static_cast<int>(p.regions.size());
-    const int second = find_pair(root);
-    std::vector<int> nodes = grow(root, [&](int id, const std::string& why) {
-      rejections[id].push_back("region " + std::to_string(ri) + " ('" + root.name + "'): " + why);
-    }, second);
-    std::vector<int> stored = stored_of(nodes);
-    Region r;
-    r.root = root.id;
-    r.nodes = nodes;
-    r.spec = lower_region(g, nodes, stored);
-    // Values handed to the rest of the program stay fp32 (graph outputs are rounded when the program ends),
-    // so partitioning never adds a rounding step. Only matmuls reading it: its dtype, which they round to; a cast
-    // to its dtype: already rounded, its dtype holds it exactly.
-    for (auto& o : r.spec.outputs)
+  }
+
+  // Values handed to the rest of the program stay fp32 (graph outputs are rounded when the program ends), so
+  // partitioning never adds a rounding step. Only matmuls reading it: its dtype, which they round to; a cast to its
+  // dtype: already rounded, its dtype holds it exactly. (in_region set on the region's nodes)
+  void widen_handed_on(FusionSpec& spec) {
+    for (auto& o : spec.outputs)
       if (!exact_in_own_dtype(g.node(o.node)) &&
           std::any_of(users[o.node].begin(), users[o.node].end(),
                       [&](int u) { return !in_region[u] && g.node(u).op != OpKind::MatMul; }))
         o.dtype = DType::F32;
-    for (int id : nodes) {
-      claimed[id] = ri;
-      in_region[id] = 0;
-      p.decisions[id] = {NodeDecision::Kind::Fused, ri,
-                         "fused into region " + std::to_string(ri) + ": " +
-                             (id == second ? "second GEMM on the same A (one kernel computes both)"
-                                           : role(g.node(id)))};
-    }
-    p.regions.push_back(std::move(r));
   }
 
-  for (const Node& nd : g.nodes) {
-    if (is_leaf(nd)) {
-      p.decisions[nd.id] = {NodeDecision::Kind::Leaf, -1,
-                            nd.op == OpKind::Input ? "graph input" : "scalar constant (compiled into the kernel where fused)"};
-      continue;
-    }
-    if (claimed[nd.id] >= 0) continue;
-    p.fallback.push_back(nd.id);
-    if (p.decisions[nd.id].reason.empty()) {
-      std::string why;
-      for (const auto& r : rejections[nd.id]) why += (why.empty() ? "" : "; ") + r;
-      p.decisions[nd.id] = {NodeDecision::Kind::Fallback, -1,
-                            "not fused: " + (why.empty() ? std::string("reads no GEMM epilogue value") : why)};
-    }
-  }
+  Partition& p;
+  const Graph& g;
+  const size_t n;
+  const std::vector<std::vector<int>> users;
+  std::vector<int> gemm_index, max_dep;   // a matmul's index among the GEMMs; the highest GEMM a node depends on
+  std::vector<int> claimed;               // the region that took a node, or -1
+  std::vector<std::vector<std::string>> rejections;
+  // One in_region for every region (reset after each), not one per region: O(nodes) per region would make
+  // partition quadratic in the program's size.
+  std::vector<char> in_region, is_output;
+  std::vector<int> seen;                  // depends_on's scratch
+  int stamp = 0;
+  std::vector<char> row_side;             // (hints: taken only by pulling)
+};
 
-  // Schedule: regions and fallback nodes, topologically, ties broken by the first graph node (stable).
-  const int R = static_cast<int>(p.regions.size());
-  auto item_of = [&](int id) { return claimed[id] >= 0 ? claimed[id] : R + id; };
-  const int items = R + static_cast<int>(n);
-  std::vector<std::set<int>> succ(items);
-  std::vector<int> indeg(items, 0), first(items, -1);
-  std::vector<char> present(items, 0);
-  for (const Node& nd : g.nodes) {
-    if (is_leaf(nd)) continue;
-    int it = item_of(nd.id);
-    present[it] = 1;
-    if (first[it] < 0) first[it] = nd.id;
-    for (int in : nd.inputs) {
-      if (is_leaf(g.node(in))) continue;
-      int src = item_of(in);
-      if (src != it && succ[src].insert(it).second) ++indeg[it];
-    }
-  }
-  using Entry = std::pair<int, int>;  // (first node, item)
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> ready;
-  for (int it = 0; it < items; ++it)
-    if (present[it] && indeg[it] == 0) ready.push({first[it], it});
-  while (!ready.empty()) {
-    int it = ready.top().second;
-    ready.pop();
-    p.schedule.push_back(it < R ? Step{true, it} : Step{false, it - R});
-    for (int s : succ[it])
-      if (--indeg[s] == 0) ready.push({first[s], s});
-  }
-  int expected = R + static_cast<int>(p.fallback.size());
-  if (static_cast<int>(p.schedule.size()) != expected)
-    throw std::logic_error("partition: internal error: the partitioned program has a cycle");
+}  // namespace
 
-  // Back-to-back chains. Every GEMM gets its epilogue region: the partition's own, or, for a batched GEMM the
-  // single-GEMM kernel does not serve, one grown by the same rules over the nodes no region claimed (recorded
-  // here only: those nodes stay on the standard path). A chain is a matmul reading such a region's value as
-  // its A operand. The partition above is final: this adds p.b2b and changes nothing else.
-  std::map<int, B2BGrown> grown;  // by matmul node
-  for (size_t i = 0; i < p.regions.size(); ++i) {
-    const Region& r = p.regions[i];
-    for (int id : r.nodes) in_region[id] = 1;
-    grown[r.root] = {true, static_cast<int>(i), r.nodes, stored_of(r.nodes), r.spec, ""};
-    for (int id : r.nodes) in_region[id] = 0;
-  }
-  for (const Node& root : g.nodes) {
-    if (root.op != OpKind::MatMul || grown.count(root.id) || claimed[root.id] >= 0) continue;
-    if (auto why = phi_rejects_root(g, root, /*batched_ok=*/true)) {
-      grown[root.id].why = *why;
-      continue;
-    }
-    std::vector<int> nodes = grow(root, [](int, const std::string&) {});
-    std::vector<int> stored = stored_of(nodes);
-    B2BGrown& gr = grown[root.id];
-    gr = {true, -1, nodes, stored, lower_region(g, nodes, stored, /*batched_ok=*/true), ""};
-    // Values handed on keep the single-GEMM rule (fp32 unless only matmuls read them): as a region would.
-    for (auto& o : gr.spec.outputs)
-      if (!exact_in_own_dtype(g.node(o.node)) &&
-          std::any_of(users[o.node].begin(), users[o.node].end(),
-                      [&](int u) { return !in_region[u] && g.node(u).op != OpKind::MatMul; }))
-        o.dtype = DType::F32;
-    for (int id : nodes) {
-      claimed[id] = std::numeric_limits<int>::max();  // not a region: only keeps later batched regions off it
-      in_region[id] = 0;
-    }
-  }
-  p.b2b = find_b2b_chains(g, grown, users, is_output, seen, stamp);
+Partition partition(const Graph& input, const PartitionHints& hints) {
+  if (input.symbolic())
+    throw GraphError("partition needs concrete shapes: give the symbolic dim ('?') a row count first (bind_rows)");
+  Partition p;
+  p.graph = partition_form(input);
+  p.graph.verify();
+  Partitioner pt(p, hints);
+  pt.grow_regions();
+  pt.record_fallback();
+  pt.schedule();
+  pt.recognise_chains();
   for (auto& d : p.decisions) d.reason = reason(std::move(d.reason));   // (reasons.h: for people only)
   for (auto& c : p.b2b) c.reason = reason(std::move(c.reason));
   return p;
