@@ -75,25 +75,22 @@ def test_bert_regions_and_decisions():
 
 def test_handed_on_values_are_priced_as_the_rewrite_stores_them():
     """BERT's residual stream (the LayerNorm after each out-projection and FFN2) is read by torch ops outside the
-    regions: the Graph IR hands it on in f32, the rewrite stores it in bf16 (the dtype those ops round to), and the
-    planner prices the bf16 kernel (program.planned_spec), not an f32 store 2 bytes per element dearer."""
+    regions. The converter ends it with a cast to bf16 (the FX node's dtype), so its value is exactly a bf16 tensor:
+    the partition hands it on in bf16 (a cast's value is exact in its dtype), the rewrite stores it so, and the
+    planner prices that kernel (program.planned_spec), not an f32 store 2 bytes per element dearer."""
     cfg = transformers.BertConfig(hidden_size=768, num_hidden_layers=1, num_attention_heads=12,
                                   intermediate_size=3072, vocab_size=128, max_position_embeddings=64)
     rep = _capture(transformers.BertModel(cfg, add_pooling_layer=False), torch.randint(0, 128, (2, 16)))
     part = rep.analysis.part
     norms = [i for i, r in enumerate(rep.regions) if r.spec.num_stages() == 3]
     assert len(norms) == 2
-    # the out-projection's LayerNorm feeds FFN1 (a GEMM operand), FFN2 (its residual) and nothing else
-    priced = [i for i in norms if any(o.dtype == C.DType.F32 and not o.per_row for o in rep.regions[i].spec.outputs)]
-    assert priced, [[o.dtype for o in rep.regions[i].spec.outputs] for i in norms]
-    for i in priced:
+    for i in norms:
         spec = rep.regions[i].spec
+        tiles = [o for o in spec.outputs if not o.per_row]
+        assert tiles and all(o.dtype == C.DType.BF16 for o in tiles), [o.dtype for o in spec.outputs]
         planned = comfuse.program.planned_spec(part, i)
-        handed_on = [j for j, o in enumerate(spec.outputs) if o.dtype == C.DType.F32 and not o.per_row]
-        assert all(planned.outputs[j].dtype == C.DType.BF16 for j in handed_on)
-        as_f32 = C.plan_region(spec.with_rows(32 * 256)).reason
+        assert [o.dtype for o in planned.outputs] == [o.dtype for o in spec.outputs]
         as_stored = C.plan_region(planned.with_rows(32 * 256)).reason
-        assert "bytes per element more" in as_f32, as_f32
         assert "bytes per element more" not in as_stored, as_stored
     # and the backend's own decisions are the priced-as-stored ones
     assert all("bytes per element more" not in p.reason for p in rep.plans)
