@@ -112,6 +112,17 @@ class PlanError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// A back-to-back workload as the flash-style kernel measured it (src/plan/measured_b2b.csv).
+struct MeasuredChain {
+  B2BForm form = B2BForm::Elementwise;
+  double rows = 0, k = 0, n1 = 0, n2 = 0;   // rows per batch
+  double ratio = 0;        // elementwise F: ÷ two cuBLASLt GEMMs; softmax: ÷ torch.compile's batched GEMMs + softmax
+  double ratio_sdpa = 0;   // softmax: ÷ SDPA's flash kernel (0: not measured)
+  double ratio_flash = 0;  // the flash-style form in the same run where `ratio` is the cluster form's (0: none)
+};
+const std::vector<MeasuredChain>& measured_chains();   // the compiled-in src/plan/measured_b2b.csv
+std::vector<MeasuredChain> parse_measured_chains(const std::string& csv);
+
 // The planner's word on a recognised back-to-back chain (partition.h B2BChain).
 struct B2BPlanDecision {
   bool fuse = false;       // verdict == Verdict::Fuse

@@ -5,11 +5,9 @@
 #include <limits>
 #include <sstream>
 
-#include "comfuse/partition.h"
 #include "comfuse/codegen.h"  // psi_rejects
 #include "comfuse/plan.h"
 #include "comfuse/reasons.h"
-#include "comfuse/text.h"
 
 namespace comfuse {
 
@@ -274,25 +272,46 @@ EpilogueCost epilogue_cost(const FusionSpec& fs) {
 }
 
 EpilogueCost measured_class_cost(const std::string& cls) {
-  // The epilogues bench/bench_gemm.cu measures (tests/gpu/epilogues*.cuh), as graphs.
-  static const std::vector<std::pair<std::string, std::string>> kClasses = {
-      {"identity", "output h\n"},
-      {"bias_gelu", "y = gelu(add(h, b), approximate=\"tanh\")\noutput y\n"},
-      {"bias_res_2out", "s = add(add(h, b), R)\ny = mul(s, g)\noutput s, y\n"},
-      {"residual", "s = add(h, R)\noutput s\n"},   // (bench/epilogue_path, not bench_gemm)
-      {"postnorm", "y = layer_norm(add(add(h, b), R), g, be)\noutput y\n"},
-      {"rmsnorm", "y = rms_norm(add(add(h, b), R), g)\noutput y\n"},
-      {"softmax", "y = softmax(add(h, b))\noutput y\n"},
-      {"ln_softmax", "y = softmax(layer_norm(add(add(h, b), R), g, be))\noutput y\n"},
+  // The epilogues bench/bench_gemm.cu measures (tests/gpu/epilogues*.cuh; "residual": bench/epilogue_path): what
+  // epilogue_cost gives for each as a graph, h = X·W then the class's epilogue. Data, not graphs parsed at run time:
+  // tests/cpu/test_plan.cpp (Plan.MeasuredClassCostsAreTheirGraphs) keeps it equal to those graphs' costs.
+  struct Class {
+    const char* name;
+    EpilogueCost cost;   // slots, transcendentals, loads, slow paths per element
   };
-  for (const auto& [name, body] : kClasses) {
-    if (name != cls) continue;
-    static const std::string head =
-        "input X : bf16[256, 256]\ninput W : bf16[256, 256]\ninput b : bf16[256]\ninput R : bf16[256, 256]\n"
-        "input g : bf16[256]\ninput be : bf16[256]\nh = matmul(X, W)\n";
-    return epilogue_cost(partition(parse_cf(head + body, cls + ".cf")).regions.at(0).spec);
-  }
+  static const Class kClasses[] = {
+      {"identity", {2, 0, 0, 0}},   {"bias_gelu", {14, 1, 1, 0}}, {"bias_res_2out", {16, 0, 5, 0}},
+      {"residual", {5, 0, 1, 0}},   {"postnorm", {24, 1, 4, 0}},  {"rmsnorm", {19, 1, 3, 0}},
+      {"softmax", {21, 2, 1, 0}},   {"ln_softmax", {41, 3, 4, 0}},
+  };
+  for (const Class& c : kClasses)
+    if (cls == c.name) return c.cost;
   return {};
+}
+
+std::vector<MeasuredChain> parse_measured_chains(const std::string& csv) {
+  std::vector<MeasuredChain> rows;
+  std::istringstream in(csv);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#' || line.rfind("form,", 0) == 0) continue;   // comments, header
+    std::vector<std::string> f;
+    std::stringstream ls(line);
+    for (std::string cell; std::getline(ls, cell, ',');) f.push_back(cell);
+    if (f.size() < 8) throw std::invalid_argument("measured_b2b.csv: a row needs 8 fields: '" + line + "'");
+    MeasuredChain m;
+    if (f[0] == "elementwise") m.form = B2BForm::Elementwise;
+    else if (f[0] == "softmax") m.form = B2BForm::Softmax;
+    else throw std::invalid_argument("measured_b2b.csv: unknown form '" + f[0] + "'");
+    m.rows = std::stod(f[1]);
+    m.k = std::stod(f[2]);
+    m.n1 = std::stod(f[3]);
+    m.n2 = std::stod(f[4]);
+    m.ratio = std::stod(f[5]);
+    m.ratio_sdpa = std::stod(f[6]);
+    m.ratio_flash = std::stod(f[7]);
+    rows.push_back(m);
+  }
+  return rows;
 }
 
 std::vector<MeasuredRow> parse_measured_table(const std::string& csv) {
@@ -594,30 +613,13 @@ B2BPlanDecision plan_b2b_measured(const B2BSpec& b) {
   const double bytes = 2.0 * static_cast<double>(b.rows()) * static_cast<double>(b.n1()) *
                        (b.first.outputs[0].dtype == DType::F32 ? 4 : 2);   // S written, then read back
   const std::string traffic = fmt("%.0f MB written and read back, ~%.0f us at 4.24 TB/s", bytes / 1e6, bytes / 4.24e12 * 1e6);
-  // What the flash-style kernel measured on the H200 (docs/kernel-b2b.md): for an elementwise F its best instance ÷
-  // two cuBLASLt GEMMs (2026-12-01; the first MLP 2026-12-02, TileK 128); for softmax (target attention, per-batch
-  // rows) ÷ torch.compile's best and ÷ SDPA's flash kernel (2026-12-02). The nearest workload of the chain's form
-  // (log distance in rows per batch, K, N1, N2) stands for the chain.
-  // Elementwise F at small M (fewer tiles than SMs, 2026-12-02, 2026-12-02): the best of the two forms, the
-  // cluster form there (ratio_flash: the flash-style form in the same run).
-  struct Measured {
-    B2BForm form;
-    double rows, k, n1, n2, ratio, ratio_sdpa, ratio_flash = 0;
-  };
-  static const Measured kMeasured[] = {{B2BForm::Elementwise, 65536, 256, 1024, 256, 1.07, 0},
-                                       {B2BForm::Elementwise, 32768, 512, 2048, 512, 1.67, 0},
-                                       {B2BForm::Elementwise, 65536, 512, 256, 64, 0.87, 0},
-                                       {B2BForm::Elementwise, 16384, 768, 3072, 768, 2.20, 0},
-                                       {B2BForm::Elementwise, 4096, 512, 256, 64, 0.54, 0, 0.65},
-                                       {B2BForm::Elementwise, 2048, 768, 1024, 64, 1.54, 0, 2.71},
-                                       {B2BForm::Elementwise, 8192, 256, 1024, 256, 1.38, 0, 1.51},
-                                       {B2BForm::Softmax, 128, 64, 256, 64, 0.24, 0.74},
-                                       {B2BForm::Softmax, 256, 64, 512, 64, 0.30, 0.76},
-                                       {B2BForm::Softmax, 1024, 64, 1024, 64, 0.33, 0.79}};
+  // What the flash-style kernel measured on the H200 (src/plan/measured_b2b.csv): the nearest workload of the
+  // chain's form (log distance in rows per batch, K, N1, N2) stands for the chain.
+  using Measured = MeasuredChain;
   const double rows = double(b.rows()) / double(std::max<int64_t>(b.batch, 1));
   const Measured* near = nullptr;
   double best = std::numeric_limits<double>::infinity();
-  for (const Measured& m : kMeasured) {
+  for (const Measured& m : measured_chains()) {
     if (m.form != b.form) continue;
     const double dist = std::fabs(std::log(rows / m.rows)) + std::fabs(std::log(double(b.first.gemm.k) / m.k)) +
                         std::fabs(std::log(double(b.n1()) / m.n1)) + std::fabs(std::log(double(b.n2()) / m.n2));

@@ -536,3 +536,44 @@ TEST(Plan, EveryDecisionCarriesItsVerdict) {
   EXPECT_EQ(odd.verdict, Verdict::CannotServe) << odd.reason;
   EXPECT_STREQ(verdict_name(Verdict::Slower), "slower");
 }
+
+TEST(Plan, MeasuredClassCostsAreTheirGraphs) {
+  // The measured classes' epilogues as graphs (bench/bench_gemm.cu's instances, tests/gpu/epilogues*.cuh): the
+  // planner's table of their costs (measured_class_cost) must be what epilogue_cost gives for each.
+  const std::vector<std::pair<std::string, std::string>> classes = {
+      {"identity", "output h\n"},
+      {"bias_gelu", "y = gelu(add(h, b), approximate=\"tanh\")\noutput y\n"},
+      {"bias_res_2out", "s = add(add(h, b), R)\ny = mul(s, g)\noutput s, y\n"},
+      {"residual", "s = add(h, R)\noutput s\n"},
+      {"postnorm", "y = layer_norm(add(add(h, b), R), g, be)\noutput y\n"},
+      {"rmsnorm", "y = rms_norm(add(add(h, b), R), g)\noutput y\n"},
+      {"softmax", "y = softmax(add(h, b))\noutput y\n"},
+      {"ln_softmax", "y = softmax(layer_norm(add(add(h, b), R), g, be))\noutput y\n"},
+  };
+  const std::string head = "input X : bf16[256, 256]\ninput W : bf16[256, 256]\ninput b : bf16[256]\n"
+                           "input R : bf16[256, 256]\ninput g : bf16[256]\ninput be : bf16[256]\nh = matmul(X, W)\n";
+  for (const auto& [cls, body] : classes) {
+    const EpilogueCost want = epilogue_cost(partition(parse_cf(head + body)).regions.at(0).spec);
+    const EpilogueCost got = measured_class_cost(cls);
+    EXPECT_EQ(got.slots, want.slots) << cls;
+    EXPECT_EQ(got.transcendentals, want.transcendentals) << cls;
+    EXPECT_EQ(got.loads, want.loads) << cls;
+    EXPECT_EQ(got.slow_paths, want.slow_paths) << cls;
+  }
+  EXPECT_EQ(measured_class_cost("no such class").slots, 0);
+}
+
+TEST(Plan, BackToBackMeasurementsAreCompiledIn) {
+  const auto& t = measured_chains();
+  ASSERT_EQ(t.size(), 10u);
+  int softmax = 0;
+  for (const auto& m : t) {
+    EXPECT_GT(m.ratio, 0) << m.rows;
+    softmax += m.form == B2BForm::Softmax;
+    if (m.form == B2BForm::Softmax) EXPECT_GT(m.ratio_sdpa, 0);
+  }
+  EXPECT_EQ(softmax, 3);
+  EXPECT_THROW(parse_measured_chains("form,rows,k,n1,n2,ratio,ratio_sdpa,ratio_flash\nmlp,1,2,3,4,1,0,0\n"), std::invalid_argument);
+  EXPECT_THROW(parse_measured_chains("elementwise,1,2,3\n"), std::invalid_argument);
+}
+
