@@ -17,7 +17,8 @@ import torch
 import torch.fx as fx
 
 from . import _core as C
-from . import parts
+from . import ops, parts
+from .rotary import rotate_half_nodes
 from .convert import DT_TO_TORCH, OK, TORCH_TO_DT, size_hints
 
 
@@ -34,7 +35,6 @@ def _dtype_of(v):
         if v.target == torch.ops.prims.convert_element_type.default:
             return v.args[1]
         if v.target is operator.getitem and getattr(v.args[0], "target", None) is torch.ops.comfuse.fused_region.default:
-            from . import ops
             return DT_TO_TORCH[ops.region_spec(v.args[0].args[0]).outputs[v.args[1]].dtype]
         if v.target is torch.ops.comfuse.fused_chain.default:
             return torch.bfloat16
@@ -119,7 +119,6 @@ def rewrite(prog, ctas: int = 1, fuse=None) -> fx.GraphModule:
     """The program as an FX graph: each region one `comfuse::fused_region` call, standard-path Graph IR
     nodes as torch ops (fp32 math, as the Graph IR defines them), torch nodes copied. `fuse`: the indices
     of the regions to fuse (default all); the others are emitted node by node like the standard path."""
-    from . import ops
 
     if prog.conv.dynamic_inner:   # its reshapes take -1 for one dynamic dim (Program.node_spec), no more
         raise NotKeepable("symbolic sizes beyond dim 0: the Graph IR rewrite takes a dynamic dim 0 only")
@@ -173,7 +172,6 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
     ops, declined regions, torch nodes - is copied as it was (a bf16 model stays bf16 there, for TorchInductor to
     compile as it would without ComFuse). Raises NotKeepable when a fused region or chain does not line up with
     whole ATen nodes; `rewrite` then serves (for the regions alone)."""
-    from . import ops
 
     cg = prog.conv.graph
     groups = {ri: list(prog.regions[ri].nodes) for ri in fuse}
@@ -406,7 +404,6 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
 def fused_call(prog, g: fx.Graph, ri: int, fs, ctas: int, value) -> list:
     """Region `ri` (as Spec `fs`) as one comfuse::fused_region call in `g`, its inputs read through
     `value(graph IR id)`; the call's outputs, in the Spec's order."""
-    from . import ops
 
     key = ops.register_region(fs, ctas, fallback=region_in_torch(prog, ri))
     ins = _on_device(g, [value(fs.gemm.a), value(fs.gemm.b)] + [value(p.node) for p in fs.params])
@@ -426,7 +423,6 @@ def chain_feeds(prog, ci: int) -> list:
 def chain_call(prog, g: fx.Graph, ci: int, value):
     """Back-to-back chain `ci` as one comfuse::fused_chain call in `g`, its inputs read through `value(graph IR id)`;
     the call's output (epilogue2's value)."""
-    from . import ops
 
     key = ops.register_chain(prog.part.b2b[ci].spec, fallback=chain_in_torch(prog, ci))
     return g.call_function(torch.ops.comfuse.fused_chain.default, (key, [value(i) for i in chain_feeds(prog, ci)]))
@@ -435,7 +431,6 @@ def chain_call(prog, g: fx.Graph, ci: int, value):
 def chain_in_torch(prog, ci: int):
     """The chain computed node by node with torch ops (`ops.eval_graph_node`), as a function of the fused call's
     inputs returning epilogue2's value: the op's CPU form, and what it runs if the kernel cannot."""
-    from . import ops
 
     ch = prog.part.b2b[ci]
     feeds = chain_feeds(prog, ci)
@@ -456,7 +451,6 @@ def chain_in_torch(prog, ci: int):
 def region_in_torch(prog, ri: int):
     """The region computed node by node with torch ops (`ops.eval_graph_node`), as a function of the fused
     call's inputs [A, B, *params] returning its outputs: what the custom op runs if the kernel cannot."""
-    from . import ops
 
     fs = prog.regions[ri].spec
     steps = [(gid, prog.node_spec(prog.nodes[gid]), list(prog.nodes[gid].inputs)) for gid in prog.regions[ri].nodes]
@@ -500,7 +494,6 @@ def emit_aten_node(g: fx.Graph, n, spec: tuple, xs: list):
         return g.call_function(_A.clone.default, (g.call_function(_A.permute.default, (f32[0], list(n.perm))),),
                                {"memory_format": torch.contiguous_format})
     if op == OK.RotateHalf:
-        from .rotary import rotate_half_nodes
         return rotate_half_nodes(lambda target, *args: g.call_function(target, args), f32[0], int(n.shape[-1]))
     if op in _ATEN_UNARY:
         return g.call_function(_ATEN_UNARY[op], (f32[0],))

@@ -25,6 +25,10 @@ import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from . import _core as C
+from . import analysis, measure, ops
+from .program import NotKeepable
+
 log = logging.getLogger("comfuse")
 
 # The regions a rewritten graph calls are registered in this process (ops._REGIONS): an Inductor FX-graph-cache
@@ -47,7 +51,7 @@ def reset_reports() -> None:
 def _library_fingerprint() -> str:
     """What changes the pass's output for the same graph: the library version and the compiled core (which holds
     the planner's measured table, src/plan/measured.csv), and where the kernel headers come from."""
-    from . import __version__, _core as C
+    from . import __version__   # (the package's own metadata)
 
     h = hashlib.sha256(__version__.encode())
     with open(C.__file__, "rb") as f:
@@ -84,47 +88,44 @@ class ComFusePass(CustomGraphPass):
 
     # ---------------------------------------------------------------------------------------------------
     def _run(self, graph: fx.Graph) -> None:
-        from . import backend
-        from .program import NotKeepable
-
         gm = graph.owning_module
-        rep = backend.GraphReport(next(backend._GRAPH_IDS))
+        rep = analysis.GraphReport(next(analysis._GRAPH_IDS))
         rep.fused = set()
         self.reports.append(rep)
         _REPORTS.append(rep)
         if _is_training_graph():
             rep.fallback = ("training graph (AOTAutograd forward/backward): ComFuse compiles inference graphs; "
                             "run the model under torch.no_grad() or torch.inference_mode()")
-            backend.log_report(rep)
+            analysis.log_report(rep)
             return
         fold_erf_gelu(graph)   # (opt-in from backend="inductor": GELU arrives decomposed)
         vals = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
         sym = [f"input {i}" for i, v in enumerate(vals) if isinstance(v, torch.SymInt) or (
             isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape))]
-        backend.analyze_aten(rep, gm, vals, self.fuse == "all", sym)
-        cpu_reference = (self.reference and (rep.regions or backend.fused_chains(rep, self.fuse == "all"))
+        analysis.analyze_aten(rep, gm, vals, self.fuse == "all", sym)
+        cpu_reference = (self.reference and (rep.regions or analysis.fused_chains(rep, self.fuse == "all"))
                          and rep.fallback is not None and rep.fallback.startswith("CPU tensors"))
         if cpu_reference:
             rep.fallback = None
-        backend.log_report(rep)
+        analysis.log_report(rep)
         if rep.fallback:
             return
         prog = rep.analysis.program
-        chains = backend.fused_chains(rep, self.fuse == "all")
-        timed = not cpu_reference and backend.measuring(self.fuse == "all")
-        fuse = (backend.shapeable(rep, set(range(len(rep.regions)))) - backend.chain_regions(rep, chains)
-                if cpu_reference else backend.fused_set(rep, self.fuse == "all", chains, timed))
-        backend.log_plans(rep, fuse, chains, timed)
+        chains = analysis.fused_chains(rep, self.fuse == "all")
+        timed = not cpu_reference and measure.measuring(self.fuse == "all")
+        fuse = (analysis.shapeable(rep, set(range(len(rep.regions)))) - analysis.chain_regions(rep, chains)
+                if cpu_reference else analysis.fused_set(rep, self.fuse == "all", chains, timed))
+        analysis.log_plans(rep, fuse, chains, timed)
         try:
-            target, fuse, chains = backend.keep_rewrite(rep, fuse, self.ctas, chains, all_regions=cpu_reference)
+            target, fuse, chains = analysis.keep_rewrite(rep, fuse, self.ctas, chains, all_regions=cpu_reference)
         except NotKeepable as e:
             log.info("comfuse: graph %d runs without ComFuse kernels: its fused regions do not line up with "
                      "whole ATen nodes (%s)", rep.index, e)
             return
-        if not cpu_reference and not backend.prepare_kernels(rep, target):
+        if not cpu_reference and not analysis.prepare_kernels(rep, target):
             return
         if timed:
-            fuse, target = backend.drop_measured_losers(
+            fuse, target = measure.drop_measured_losers(
                 rep, fuse, target, lambda f: prog.rewrite_keeping_torch(f, self.ctas, chains), chains=bool(chains))
             if target is None:
                 log.info("comfuse: graph %d runs without ComFuse kernels: every planned region was slower on this "
@@ -352,7 +353,6 @@ def _route_to_direct_entries() -> bool:
                                                                            CustomCodegen)
         from torch._inductor.select_algorithm import extern_kernels
 
-        from . import ops
     except ImportError as e:
         log.info("comfuse: Inductor's code calls the ops through the dispatcher (%s)", e)
         return False

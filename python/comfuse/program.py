@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch.fx as fx
 
 from . import _core as C
-from . import emit, parts
+from . import emit, parts, reference
 from .convert import OK, Conversion, convert
 from .emit import NotKeepable, emit_aten_node  # noqa: F401  (re-exported: program.NotKeepable)
 
@@ -190,8 +190,6 @@ class Program:
     # ------------------------------------------------------------ the other two jobs, in their own modules
     def run(self, args, mode: str = "spec", ctas: int = 1) -> list:
         """The CPU reference run (reference.run)."""
-        from . import reference
-
         return reference.run(self, args, mode, ctas)
 
     def rewrite(self, ctas: int = 1, fuse=None) -> fx.GraphModule:

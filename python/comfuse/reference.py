@@ -14,9 +14,7 @@ def run(prog, args, mode: str = "spec", ctas: int = 1) -> list:
     """Evaluates the program on CPU tensors: mode "spec" runs regions through interpret_spec (with `ctas`
     column blocks per row), mode "graph" evaluates every Graph IR node with eval_node."""
     if mode == "graph":
-        from .program import Program
-
-        p = Program(prog.conv, prog.part)
+        p = type(prog)(prog.conv, prog.part)   # the same program, built without its regions
         if not p.build(with_regions=False):
             raise AssertionError("program: graph mode cannot have cycles")
         steps = p.steps

@@ -5,7 +5,8 @@ import sys
 
 import torch
 
-from .backend import GraphReport, analyze_graph, is_near_tie
+from . import _core as C
+from .analysis import GraphReport, _gemm_targets, analyze_graph, is_near_tie
 from .program import planned_spec
 
 
@@ -24,8 +25,6 @@ def _target(n) -> str:
 
 
 def report_text(rep: GraphReport) -> str:
-    from . import _core as C
-    from .backend import _gemm_targets
 
     o = []
     a = rep.analysis

@@ -736,7 +736,7 @@ def test_planned_regions_the_gpu_shows_slower_are_not_fused(monkeypatch, caplog)
         unfused = 10.0 + rep.plans[ri].pass_us
         return (30.0 if ri == slow else 10.1 if ri in alone else 0.98 * unfused if ri in ties else 0.8 * unfused), 10.0
 
-    monkeypatch.setattr(backend, "prepare_kernels", lambda rep, target: True)
+    monkeypatch.setattr(comfuse.analysis, "prepare_kernels", lambda rep, target: True)
     with caplog.at_level(logging.INFO, logger="comfuse"):
         kept, new = backend.drop_measured_losers(rep, fuse, target, prog.rewrite_keeping_torch, timer, host_us=0.0)
     assert kept == fuse - {slow} - alone - ties, (kept, slow, alone, ties)
@@ -807,7 +807,7 @@ def test_the_planners_near_ties_are_timed_on_the_gpu(monkeypatch, caplog):
         unfused = 10.0 + plans[ri].pass_us
         return (0.7 if winner.get(ri, True) else 1.2) * unfused, 10.0
 
-    monkeypatch.setattr(backend, "prepare_kernels", lambda rep, target: True)
+    monkeypatch.setattr(comfuse.analysis, "prepare_kernels", lambda rep, target: True)
     timed = planned | {near}
     target = prog.rewrite_keeping_torch(timed)
     caplog.clear()
@@ -849,7 +849,7 @@ def test_a_dynamic_graph_also_times_its_regions_at_a_smaller_size(monkeypatch, c
         return (2.0 if lead is not None and ri == loser else 0.7) * unfused, 10.0 * scale
 
     assert backend.probe_lead(rep.regions[loser].spec) is None   # 16 rows: too few to probe
-    monkeypatch.setattr(backend, "probe_lead", lambda spec: (2, 3))
+    monkeypatch.setattr(comfuse.measure, "probe_lead", lambda spec: (2, 3))
     assert backend.measure_fused(rep, target, fuse, timer, host_us=0.0) == set() and set(calls) == {None}
     monkeypatch.setattr(rep.analysis.conv, "dynamic", True)
     calls.clear()
@@ -892,7 +892,7 @@ def test_outside_a_cuda_graph_a_region_must_win_back_its_host_time(monkeypatch, 
 
     m, x, rep, prog, fuse = _captured_bf16(PostNormEncoderLayer)
     target = prog.rewrite_keeping_torch(fuse)
-    monkeypatch.setattr(backend, "prepare_kernels", lambda rep, target: True)
+    monkeypatch.setattr(comfuse.analysis, "prepare_kernels", lambda rep, target: True)
     monkeypatch.delenv("COMFUSE_HOST_US", raising=False)
     monkeypatch.setattr(ops, "_FAST", False)   # the op's Python kernel
     assert all(rep.plans[ri].pass_us < 10 for ri in fuse)   # so 10 us faster than the GEMM is within the host cost
