@@ -457,15 +457,20 @@ class Partitioner {
     return stored;
   }
 
-  // Values handed to the rest of the program stay fp32 (graph outputs are rounded when the program ends), so
-  // partitioning never adds a rounding step. Only matmuls reading it: its dtype, which they round to; a cast to its
-  // dtype: already rounded, its dtype holds it exactly. (in_region set on the region's nodes)
+  // The dtype a value handed to the rest of the program is stored in (docs/codegen.md, "Intermediates between
+  // regions"): its own 16-bit dtype D where that is exact - the value is a cast to D, or every reader outside the
+  // region first rounds it to D (a matmul of dtype D, a cast to D) - else fp32, so that partitioning never adds a
+  // rounding step. (Graph outputs are rounded when the program ends.) in_region set on the region's nodes.
   void widen_handed_on(FusionSpec& spec) {
-    for (auto& o : spec.outputs)
-      if (!exact_in_own_dtype(g.node(o.node)) &&
-          std::any_of(users[o.node].begin(), users[o.node].end(),
-                      [&](int u) { return !in_region[u] && g.node(u).op != OpKind::MatMul; }))
-        o.dtype = DType::F32;
+    for (auto& o : spec.outputs) {
+      if (exact_in_own_dtype(g.node(o.node))) continue;
+      auto rounds_first = [&](int u) {
+        const Node& r = g.node(u);
+        return in_region[u] || (r.op == OpKind::MatMul && r.dtype == o.dtype) ||
+               (r.op == OpKind::Cast && r.cast_to == o.dtype);
+      };
+      if (!std::all_of(users[o.node].begin(), users[o.node].end(), rounds_first)) o.dtype = DType::F32;
+    }
   }
 
   Partition& p;

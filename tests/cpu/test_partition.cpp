@@ -328,3 +328,26 @@ TEST(SpecVerify, RotationBlocksDivideN) {
     if (n.op == OpKind::RotateHalf) n.period = 16;
   EXPECT_NE(spec_structural_hash(other), spec_structural_hash(fs));
 }
+
+namespace comfuse {
+namespace {
+
+// A value handed on is stored in its 16-bit dtype only where that is exact (docs/codegen.md, "Intermediates
+// between regions"): readers that round it first (a matmul, a cast to that dtype), or a value that is a cast.
+TEST(Partition, IntermediatesAreStoredIn16BitsOnlyWhereThatIsExact) {
+  auto stored = [](const std::string& readers) {
+    Graph g = parse_cf("input X : bf16[64, 32]\ninput W : bf16[32, 32]\ninput V : bf16[32, 32]\n"
+                       "h = gelu(matmul(X, W))\n" + readers);
+    Partition p = partition(g);
+    for (const auto& o : p.regions.at(0).spec.outputs)
+      if (o.name == "h") return o.dtype;
+    throw std::logic_error("h is not stored");
+  };
+  // read by a later region's GEMM and by a cast to bf16: both round first
+  EXPECT_EQ(stored("z = matmul(h, V)\nc = cast(h, dtype=bf16)\nt = mul(transpose(c), 2.0)\noutput z, t\n"), DType::BF16);
+  // read by an op that does not round (a transpose on the standard path): fp32
+  EXPECT_EQ(stored("z = matmul(h, V)\nt = transpose(h)\noutput z, t\n"), DType::F32);
+}
+
+}  // namespace
+}  // namespace comfuse
