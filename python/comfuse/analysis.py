@@ -257,6 +257,12 @@ def near_ties(rep: GraphReport) -> set:
     return {i for i, p in enumerate(rep.plans) if is_near_tie(p)}
 
 
+def measuring(fuse_all: bool) -> bool:
+    """Whether the planner's choice is checked on the GPU (measure_fused): with fuse="planner", unless
+    COMFUSE_MEASURE=0. fuse="all" fuses what it is told."""
+    return not fuse_all and os.environ.get("COMFUSE_MEASURE", "1") != "0" and torch.cuda.is_available()
+
+
 def planned(rep: GraphReport, fuse_all: bool = False, timed: bool = False) -> set:
     """The regions the planner fuses; with `fuse_all` also those it declines for speed only; with `timed` (the
     choice is checked on the GPU: measuring) also its near ties, to be timed."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 
 import torch
-from torch._inductor.compile_fx import compile_fx
+import torch._inductor.compile_fx as inductor_compile   # (looked up at each call: tests and users may wrap it)
 
 from . import ops, tracing
 from .analysis import (GraphReport, _GRAPH_IDS, _gemm_targets, _rewrite, _tensors, analyze_aten,  # noqa: F401
@@ -48,7 +48,23 @@ log = logging.getLogger("comfuse")
 
 # (the names above are this module's for the code that calls them as backend.<name>; the decisions live in
 # analysis.py, the GPU timing in measure.py, the shared pipeline in fuse.py)
-_with_kernels = fuse_graph
+
+
+def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: str = "keep", graphed: bool = False):
+    """The rewritten graph with the planner's fused regions (with `fuse_all`, also those declined for speed only) as
+    comfuse::fused_region calls, their kernels compiled now (fuse_graph); `gm` on failure."""
+    try:
+        done = fuse_graph(rep, ctas, fuse_all, how, host_us=host_us_per_call(graphed))
+    except Exception as e:   # fallback, never failure
+        log.warning("comfuse: graph %d: ComFuse kernels could not be prepared (%s: %s); running it without them",
+                    rep.index, type(e).__name__, e)
+        return gm
+    if done is None:
+        return gm
+    n = count_chains(done.target)
+    log.info("comfuse: graph %d: %d region(s)%s run as ComFuse kernels", rep.index, len(done.fuse),
+             f" and {n} back-to-back chain(s)" if n else "")
+    return done.target
 
 
 _COMFUSE_OPTIONS = ("fallback", "reference", "ctas", "fuse", "rewrite", "mode", "inductor", "attention")
@@ -118,7 +134,7 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
     if rep.fallback is None and not reference:
         graphed = runner == "inductor" and (mode == "reduce-overhead" or
                                             bool((inductor_opts or {}).get("triton.cudagraphs")))
-        target = fuse_graph(rep, gm, ctas, fuse == "all", how, graphed)
+        target = _with_kernels(rep, gm, ctas, fuse == "all", how, graphed)
     elif (reference and rep.analysis is not None and rep.regions and
             all(t.device.type == "cpu" for t in _tensors(example_inputs)) and
             not (rep.fallback or "").startswith("graph needs gradients")):
@@ -132,7 +148,7 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
         return target.forward
     patches = inductor_config(mode=mode, options=inductor_opts)
     patches.pop("post_grad_custom_post_pass")
-    return compile_fx(target, example_inputs, config_patches=patches)
+    return inductor_compile.compile_fx(target, example_inputs, config_patches=patches)
 
 
 def _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor_opts):
@@ -145,10 +161,11 @@ def _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor
     if why:
         log.warning("comfuse: graph %d: %s; running it with Inductor", next(_GRAPH_IDS), why)
         patches.pop("post_grad_custom_post_pass")
-        return compile_fx(gm, example_inputs, config_patches=patches)
+        return inductor_compile.compile_fx(gm, example_inputs, config_patches=patches)
     # ComFuse's decompositions: Inductor's, less those that would split what the Graph IR has whole (GELU,
     # SiLU, the GEMMs)
-    return compile_fx(gm, example_inputs, config_patches=patches, decompositions=tracing.decomposition_table())
+    return inductor_compile.compile_fx(gm, example_inputs, config_patches=patches,
+                                       decompositions=tracing.decomposition_table())
 
 
 def compile_backend(mode: str | None = None, fuse: str = "planner", inductor: dict | None = None, **options):

@@ -26,7 +26,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import _core as C
-from . import analysis, measure, ops
+from . import analysis, fuse, ops
 from .program import NotKeepable
 
 log = logging.getLogger("comfuse")
@@ -110,31 +110,22 @@ class ComFusePass(CustomGraphPass):
         analysis.log_report(rep)
         if rep.fallback:
             return
-        prog = rep.analysis.program
-        chains = analysis.fused_chains(rep, self.fuse == "all")
-        timed = not cpu_reference and measure.measuring(self.fuse == "all")
-        fuse = (analysis.shapeable(rep, set(range(len(rep.regions)))) - analysis.chain_regions(rep, chains)
-                if cpu_reference else analysis.fused_set(rep, self.fuse == "all", chains, timed))
-        analysis.log_plans(rep, fuse, chains, timed)
         try:
-            target, fuse, chains = analysis.keep_rewrite(rep, fuse, self.ctas, chains, all_regions=cpu_reference)
+            done = fuse.fuse_graph(rep, self.ctas, self.fuse == "all", "keep", cpu_reference=cpu_reference,
+                                   ir_fallback=False)
         except NotKeepable as e:
             log.info("comfuse: graph %d runs without ComFuse kernels: its fused regions do not line up with "
                      "whole ATen nodes (%s)", rep.index, e)
             return
-        if not cpu_reference and not analysis.prepare_kernels(rep, target):
+        if done is None:
+            log.info("comfuse: graph %d runs without ComFuse kernels: its kernels could not be prepared, or every "
+                     "planned region was slower on this GPU than its GEMM and a separate pass", rep.index)
             return
-        if timed:
-            fuse, target = measure.drop_measured_losers(
-                rep, fuse, target, lambda f: prog.rewrite_keeping_torch(f, self.ctas, chains), chains=bool(chains))
-            if target is None:
-                log.info("comfuse: graph %d runs without ComFuse kernels: every planned region was slower on this "
-                         "GPU than its GEMM and a separate pass", rep.index)
-                return
+        target, fused, chains = done.target, done.fuse, done.chains
         _replace_graph(graph, target.graph)
-        rep.fused = fuse
+        rep.fused = fused
         rep.fused_chains = chains
-        log.info("comfuse: graph %d: %d region(s)%s run as ComFuse kernels%s", rep.index, len(fuse),
+        log.info("comfuse: graph %d: %d region(s)%s run as ComFuse kernels%s", rep.index, len(fused),
                  f" and {len(chains)} back-to-back chain(s)" if chains else "",
                  " (CPU reference implementation)" if cpu_reference else "")
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from . import analysis, ops
-from .analysis import GraphReport, is_near_tie
+from .analysis import GraphReport, is_near_tie, measuring  # noqa: F401  (measure.measuring: the policy's switch)
 
 log = logging.getLogger("comfuse")
 
@@ -188,12 +188,6 @@ def measure_fused(rep: GraphReport, target, fuse: set, timer=time_region_on_gpu,
         if not keep:
             lost.add(ri)
     return lost
-
-
-def measuring(fuse_all: bool) -> bool:
-    """Whether the planner's choice is checked on the GPU (measure_fused): with fuse="planner", unless
-    COMFUSE_MEASURE=0. fuse="all" fuses what it is told."""
-    return not fuse_all and os.environ.get("COMFUSE_MEASURE", "1") != "0" and torch.cuda.is_available()
 
 
 def drop_measured_losers(rep: GraphReport, fuse: set, target, rewrite, timer=time_region_on_gpu,
