@@ -164,3 +164,21 @@ TEST(Cli, ErrorsExitWithCode2AndSaySo) {
   EXPECT_NE(r.out.find("does not match input"), std::string::npos) << r.out;
   fs::remove_all(d);
 }
+
+TEST(Cli, DeferNormsIsAnOptionThatSaysWhatItDid) {
+  const std::string ex = std::string(COMFUSE_SOURCE_DIR) + "/examples/small/norm_site.cf";
+  CliRun on = run("plan " + ex + " --defer-norms on");
+  EXPECT_EQ(on.code, 0) << on.out;
+  EXPECT_NE(on.out.find("norms (--defer-norms on):"), std::string::npos) << on.out;
+  EXPECT_NE(on.out.find("norm 'y' of 'h' (centered"), std::string::npos) << on.out;
+  EXPECT_NE(on.out.find("finished in"), std::string::npos) << on.out;
+  CliRun off = run("plan " + ex);
+  EXPECT_EQ(off.code, 0) << off.out;
+  EXPECT_NE(off.out.find("deferral is switched off"), std::string::npos) << off.out;
+  CliRun bad = run("plan " + ex + " --defer-norms yes");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("--defer-norms must be 'on' or 'off', got 'yes'"), std::string::npos) << bad.out;
+  CliRun aot = run("run " + ex + " --aot /nonexistent --defer-norms on");
+  EXPECT_EQ(aot.code, 2);
+  EXPECT_NE(aot.out.find("--defer-norms is fixed when the kernels were compiled"), std::string::npos) << aot.out;
+}

@@ -30,6 +30,7 @@
 #include "comfuse/codegen.h"
 #include "comfuse/interp.h"
 #include "comfuse/partition.h"
+#include "comfuse/rewrite.h"
 #include "comfuse/plan.h"
 #include "comfuse/tensor.h"
 #include "comfuse/text.h"
@@ -83,7 +84,7 @@ const std::vector<std::string>& dictionary() {
       // ops and keywords
       "matmul", "add", "sub", "mul", "div", "max", "min", "pow", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
       "relu", "gelu", "silu", "square", "reciprocal", "neg", "abs", "cast", "sum", "mean", "transpose", "reshape",
-      "layer_norm", "rms_norm", "softmax", "log_softmax", "var", "input", "output", "true", "false",
+      "layer_norm", "rms_norm", "softmax", "log_softmax", "var", "input", "output", "const", "true", "false",
       "bf16", "f16", "f32", "dim", "keepdim", "eps", "shape", "perm", "transpose_b", "transpose_a", "correction",
       "exponent", "approximate", "dtype", "\"tanh\"",
       // numbers, interesting ones
@@ -266,7 +267,7 @@ std::string mutate_npy(std::string t, std::mt19937_64& rng) {
 // ---- running one case ----
 
 struct Stats {
-  int cases = 0, accepted = 0, user_errors = 0, declined_regions = 0, interpreted = 0;
+  int cases = 0, accepted = 0, user_errors = 0, declined_regions = 0, interpreted = 0, deferred = 0;
   std::vector<std::string> failures;
   std::map<std::string, int> error_kinds;  // first words of the error messages, for the summary
 };
@@ -323,6 +324,18 @@ std::string run_cf(const std::string& text, Stats& st) {
         ++st.declined_regions;
       }
     }
+    // Norm deferral (rewrite.h): the rewritten program verifies, partitions with its hints, and renders
+    DeferredProgram dp = defer_norms(g);
+    PartitionHints hints;
+    hints.row_side = dp.row_side;
+    Partition pd = partition(dp.graph, hints);
+    for (const auto& site : dp.sites) st.deferred += site.deferred;
+    for (const auto& r : pd.regions) {
+      try {
+        (void)generate_kernel(r.spec);
+      } catch (const CodegenError&) {
+      }
+    }
     if (small_graph(g)) {
       TensorMap in;
       uint32_t s = 12345;
@@ -336,6 +349,13 @@ std::string run_cf(const std::string& text, Stats& st) {
       for (const auto& o : g.outputs)
         if (!a.count(o.name) || !b.count(o.name) || a.at(o.name).shape != b.at(o.name).shape)
           return "interpreters disagree on the outputs' names or shapes ('" + o.name + "')";
+      // ... and the program with its norms deferred computes the same outputs (the values are checked against
+      // the original by the CPU tests' random sites, tests/cpu/test_rewrite.cpp: mutated programs need not be
+      // well conditioned)
+      TensorMap c = interpret_partitioned(pd, in, 3);
+      for (const auto& o : g.outputs)
+        if (!c.count(o.name) || c.at(o.name).shape != a.at(o.name).shape)
+          return "the program with its norms deferred has other outputs ('" + o.name + "')";
       ++st.interpreted;
     }
     ++st.accepted;
@@ -472,8 +492,9 @@ int main(int argc, char** argv) {
   fs::remove(tmp, ec);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("comfuse_fuzz: %d cases in %.1f s: %d accepted (%d interpreted), %d refused with a located error, "
-              "%d regions declined by Psi, %zu FAILED\n",
-              st.cases, secs, st.accepted, st.interpreted, st.user_errors, st.declined_regions, st.failures.size());
+              "%d regions declined by Psi, %d norm sites deferred, %zu FAILED\n",
+              st.cases, secs, st.accepted, st.interpreted, st.user_errors, st.declined_regions, st.deferred,
+              st.failures.size());
   std::vector<std::pair<int, std::string>> kinds;
   for (const auto& [k, n] : st.error_kinds) kinds.push_back({n, k});
   std::sort(kinds.rbegin(), kinds.rend());
