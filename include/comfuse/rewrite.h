@@ -12,9 +12,12 @@
 // and y itself is no longer needed there. The producer of h then computes h and the row statistics only (no
 // cross-CTA exchange); the row factors (r, m) are rebuilt per element where a reader needs them.
 //
+// Elementwise readers (a residual add of y) get their own copy of y's expression over h and the statistics, which
+// their region computes per element, where that retires y; other readers keep reading y as before.
+//
 // The rewritten program is an ordinary program: the interpreters evaluate it exactly as the kernels will, and
-// tests compare it with the original (docs/kernel-reduce.md, "Norms finished in their readers", gives the error
-// bound). Readers that are not such GEMMs keep reading y as before.
+// tests compare it with the original (docs/kernel-reduce.md, "Norms finished in the GEMMs that read them", gives
+// the error bound).
 #pragma once
 
 #include <set>

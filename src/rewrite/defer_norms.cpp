@@ -158,10 +158,6 @@ class Site {
     }
     return t;
   }
-  static bool same_scaling(const LinForm& a, const LinForm& b) {
-    return a.rows == b.rows && a.cols == b.cols && a.scale == b.scale;
-  }
-
   std::optional<LinForm> lin(int id) {
     if (id == h_) return LinForm{};
     const Node& n = g_.node(id);
@@ -196,12 +192,7 @@ class Site {
         const int a = n.inputs[0], b = n.inputs[1];
         const double sb = n.op == OpKind::Sub ? -1 : 1;
         const bool ta = kind(a) == Kind::Tile, tb = kind(b) == Kind::Tile;
-        if (ta && tb) {
-          auto fa = lin(a), fb = lin(b);
-          if (!fa || !fb || !same_scaling(*fa, *fb)) return std::nullopt;
-          // h P + A + (h P + B) would be h 2P: only equal P with opposite signs cancel, which no norm writes
-          return std::nullopt;
-        }
+        if (ta && tb) return std::nullopt;   // (h P + A) ± (h P' + B): two terms in h, which no norm writes
         const int t = ta ? a : b, x = ta ? b : a;
         if (!factor_kind(x)) return std::nullopt;
         auto f = lin(t);
