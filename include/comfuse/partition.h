@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comfuse/graph.h"
+#include "comfuse/rewrite.h"
 #include "comfuse/spec.h"
 
 namespace comfuse {
@@ -66,6 +67,8 @@ struct PartitionHints {
 
 // Decomposes composites, removes dead code, partitions, and lowers each region with Phi.
 Partition partition(const Graph& g, const PartitionHints& hints = {});
+// A rewritten program (rewrite.h defer_norms) partitioned with the hints its rewrite gives.
+inline Partition partition(const DeferredProgram& d) { return partition(d.graph, PartitionHints{d.row_side}); }
 
 // `comfuse plan` output: regions with their Specs, params, outputs, fallback nodes; per-node reasons if explain.
 // Back-to-back chains (a section only when p.b2b is not empty): each recognised chain's B2BSpec, each rejected

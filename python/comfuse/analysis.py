@@ -8,7 +8,6 @@ import concurrent.futures
 import dataclasses
 import itertools
 import logging
-import math
 import os
 from typing import Any
 

@@ -3,18 +3,14 @@ against its GEMM and separate pass (plus the host cost of a call outside CUDA gr
 slower are left to torch."""
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
-import itertools
 import logging
 import math
 import os
-from typing import Any
 
 import torch
 
 from . import analysis, ops
-from .analysis import GraphReport, is_near_tie, measuring  # noqa: F401  (measure.measuring: the policy's switch)
+from .analysis import GraphReport, measuring  # noqa: F401  (measure.measuring: the policy's switch)
 
 log = logging.getLogger("comfuse")
 

@@ -163,9 +163,7 @@ Partition program_partition(const Args& a, int64_t fallback, std::string* deferr
   o.enabled = defer_arg(a) == "on";
   DeferredProgram d = defer_norms(g, o);
   if (deferral) *deferral = explain_deferral(d);
-  PartitionHints hints;
-  hints.row_side = d.row_side;
-  return partition(d.graph, hints);
+  return partition(d);
 }
 
 int cmd_plan(const Args& a) {

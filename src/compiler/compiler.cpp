@@ -264,8 +264,7 @@ void Compiler::begin(CompiledGraph& cg, const Graph& g, const std::string& defer
   DeferOptions dopts;
   dopts.enabled = defer == "on";
   DeferredProgram d = defer_norms(g, dopts);
-  PartitionHints hints;
-  hints.row_side = d.row_side;
+  const PartitionHints hints{d.row_side};
   const bool rewrote = std::any_of(d.sites.begin(), d.sites.end(), [](const NormSite& s) { return s.deferred; });
   cg.norm_sites_ = std::move(d.sites);
   cg.graph_ = rewrote ? std::move(d.graph) : g;

@@ -204,9 +204,7 @@ TEST(DeferNorms, TheReaderComputesTheRowFactorsAndTheProducerOnlyTheStatistics) 
   for (const char* text : {kBertSite, kLlamaSite}) {
     Graph g = parse_cf(text);
     DeferredProgram d = defer_norms(g);
-    PartitionHints hints;
-    hints.row_side = d.row_side;
-    Partition p = partition(d.graph, hints);
+    Partition p = partition(d);
     ASSERT_EQ(p.regions.size(), 2u) << print_partition(p, true);
     // the producer: h, its statistics, nothing after them
     for (int id : p.regions[0].nodes) EXPECT_FALSE(d.row_side.count(p.graph.node(id).name)) << p.graph.node(id).name;
@@ -324,9 +322,7 @@ TEST(DeferNorms, RandomSitesMatchTheOriginalProgram) {
     // partitioned with the rewrite's hints and run the way the kernels run it: the rewritten program's values, up
     // to the statistics' per-CTA summation order (a bf16 rounding of the reader's value may flip; at 100 sigma the
     // cancellation in h W* - m s shows the order too)
-    PartitionHints hints;
-    hints.row_side = d.row_side;
-    Partition p = partition(d.graph, hints);
+    Partition p = partition(d);
     const TensorMap want = interpret_graph(d.graph, in), got = interpret_partitioned(p, in, 1 + pick(4));
     for (const auto& o : g.outputs) EXPECT_LT(test::rel_err(got.at(o.name), want.at(o.name)), 1e-3) << t << o.name;
   }

@@ -326,9 +326,7 @@ std::string run_cf(const std::string& text, Stats& st) {
     }
     // Norm deferral (rewrite.h): the rewritten program verifies, partitions with its hints, and renders
     DeferredProgram dp = defer_norms(g);
-    PartitionHints hints;
-    hints.row_side = dp.row_side;
-    Partition pd = partition(dp.graph, hints);
+    Partition pd = partition(dp);
     for (const auto& site : dp.sites) st.deferred += site.deferred;
     for (const auto& r : pd.regions) {
       try {

@@ -31,6 +31,42 @@ CUTE_HOST_DEVICE size_t partial_bytes(int row_blocks, int cols, int tile_m) {
 CUTE_HOST_DEVICE size_t counter_bytes(int row_blocks) {
   return size_t(row_blocks) * reduce::L2Workspace::kWarps * sizeof(int);
 }
+
+// The protocol of both row-output nodes at the end of a stage, without any wait: the quad leaders write the tile's
+// Words per row (state(k, row, w) for row slot k) to partials[rb][cb][Words][tile_m] and fence; lane 0 of each
+// warp adds one to the warp's arrival counter of the row block; the warp whose add saw C - 1 (the last of the row
+// block's C column blocks to arrive for these rows) fences and calls finish(row, word) for each of its rows, with
+// word(b, w) column block b's word w, then sets the counter back to 0 for the next launch.
+template <int Words, class State, class Finish>
+CUTE_DEVICE void publish_and_finish(TileCtx const& c, reduce::L2Workspace const& ws, State state, Finish finish) {
+  const int t = c.thread, lane = t % 32, warp = t / 32, slots = detail::row_slots(c);
+  const int cols = detail::col_blocks(c), cb = c.n0 / c.tile_n, rb = c.m0 / c.tile_m;
+  float* partials = ws.partials + size_t(rb) * cols * Words * c.tile_m;
+  // 1. this tile's words of the warp's rows, then the release fence of each writing lane
+  if (lane % 4 == 0) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kMaxRowSlots; ++k)
+      if (k < slots) {
+        const int row = detail::wgmma_row(t, k);
+        CUTLASS_PRAGMA_UNROLL
+        for (int w = 0; w < Words; ++w) __stcg(partials + (size_t(cb) * Words + w) * c.tile_m + row, state(k, row, w));
+      }
+    __threadfence();
+  }
+  __syncwarp();
+  // 2. the warp's arrival
+  int* counter = ws.counters + rb * reduce::L2Workspace::kWarps + warp;
+  int arrived = 0;
+  if (lane == 0) arrived = atomicAdd(counter, 1);
+  arrived = __shfl_sync(0xffffffffu, arrived, 0);
+  if (arrived != cols - 1) return;
+  // 3. the last arrival finishes: lane l owns row (l / 16) * 64 + 16 * warp + l % 16 (its atom's rows)
+  __threadfence();
+  const int row = (lane / 16) * 64 + 16 * warp + lane % 16;
+  if (lane / 16 < c.tile_m / 64 && c.m0 + row < c.M)
+    finish(row, [&](int b, int w) { return __ldcg(partials + (size_t(b) * Words + w) * c.tile_m + row); });
+  if (lane == 0) *counter = 0;   // every arrival of this launch is in: ready for the next launch
+}
 }  // namespace row_output
 
 template <RowReduce Kind, class T, class Child, class Map = Identity>
@@ -63,33 +99,12 @@ struct ReduceToRow : Children<Child> {
     Base::template end_stage<S>(c);
     if (c.m0 >= c.M || c.n0 >= c.N) return;   // nothing of this tile is in the output
     detail::quad_reduce(part, Combine{});
-    const int t = c.thread, lane = t % 32, warp = t / 32, slots = detail::row_slots(c);
-    const int cols = detail::col_blocks(c), cb = c.n0 / c.tile_n, rb = c.m0 / c.tile_m;
-    float* partials = ws.partials + size_t(rb) * cols * c.tile_m;
-    // 1. this tile's partials of the warp's rows, then the release fence of each writing lane
-    if (lane % 4 == 0) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < kMaxRowSlots; ++k)
-        if (k < slots) __stcg(partials + size_t(cb) * c.tile_m + detail::wgmma_row(t, k), part[k]);
-      __threadfence();
-    }
-    __syncwarp();
-    // 2. the warp's arrival
-    int* counter = ws.counters + rb * reduce::L2Workspace::kWarps + warp;
-    int arrived = 0;
-    if (lane == 0) arrived = atomicAdd(counter, 1);
-    arrived = __shfl_sync(0xffffffffu, arrived, 0);
-    if (arrived != cols - 1) return;
-    // 3. the last arrival combines: lane l owns row (l / 16) * 64 + 16 * warp + l % 16 (its atom's rows)
-    __threadfence();
-    const int row = (lane / 16) * 64 + 16 * warp + lane % 16;
-    if (lane / 16 < c.tile_m / 64 && c.m0 + row < c.M) {
+    row_output::publish_and_finish<1>(c, ws, [&](int k, int, int) { return part[k]; }, [&](int row, auto word) {
       float r = Combine::identity();
-      for (int b = 0; b < cols; ++b) r = Combine{}(r, __ldcg(partials + size_t(b) * c.tile_m + row));
+      for (int b = 0; b < detail::col_blocks(c); ++b) r = Combine{}(r, word(b, 0));
       if constexpr (Kind == RowReduce::Mean) r *= 1.f / float(c.N);
       out[c.m0 + row] = T(r);
-    }
-    if (lane == 0) *counter = 0;   // every arrival of this launch is in: ready for the next launch
+    });
   }
 };
 
@@ -97,16 +112,15 @@ struct ReduceToRow : Children<Child> {
 // it) whose two results only leave the kernel, as per-row outputs [M, 1]: the statistics a GEMM that reads h needs
 // to finish the norm itself (docs/kernel-reduce.md, "Norms finished in the GEMMs that read them").
 // Stage 0 is LocalReduce<Mean, 0, ..> (the CTA's own mean of its columns, in RowResult<0>); this stage folds
-// Child = (x - RowResult<0>)^2 per row, as MergedReduce does. Then, as ReduceToRow does, without any wait:
-//   1. the quad leaders write the CTA's state (mean_c, M2_c) of each row to partials[rb][cb][2][tile_m], fence;
-//   2. lane 0 of each warp adds one to the warp's arrival counter of the row block;
-//   3. the warp whose add saw C - 1 merges the C states of each of its rows by Chan's formula in column-block order
-//      (the same result whichever CTA arrives last) and writes mean and M2 / N; lane 0 resets the counter.
+// Child = (x - RowResult<0>)^2 per row, as MergedReduce does. Then, as ReduceToRow does (publish_and_finish), each
+// CTA publishes its state (mean_c, M2_c) of each row, and the last to arrive merges the C states of each row by
+// Chan's formula in column-block order (the same result whichever CTA arrives last) and writes mean and M2 / N.
 // Workspace: row_output::partial_bytes times 2 (GeneratedUnit's RowOutputs = 2) and row_output::counter_bytes.
 template <class T1, class T2, class Child>
 struct MergedToRows : Children<Child> {
   using Base = Children<Child>;
   using Merged = MergedReduce<Merge::CenteredSquares, RowReduce::Mean, 1, Child>;   // (its fold: Chan's formula)
+  using Sum = RowCombine<RowReduce::Sum>;
   struct Arguments {
     typename Child::Arguments child{};
     reduce::L2Workspace ws{};
@@ -122,54 +136,26 @@ struct MergedToRows : Children<Child> {
 
   CUTE_DEVICE MergedToRows(Arguments const& a, SharedStorage& s, TileCtx const& c)
       : Base(s, c, a.child), ws(a.ws), mean(a.mean), var(a.var) {
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < kMaxRowSlots; ++k) part[k] = 0.f;
+    detail::clear_parts<Sum>(part);
   }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
     Frag v = this->template visit_child<0, S>(f, acc);
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kFragSize; ++j) part[f.row_slot] += f.pred ? v.x[j] : 0.f;
+    detail::fold_fragment<Sum, Identity>(part, f, v);
     return v;
   }
 
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
     Base::template end_stage<S>(c);
     if (c.m0 >= c.M || c.n0 >= c.N) return;   // nothing of this tile is in the outputs
-    detail::quad_reduce(part, RowCombine<RowReduce::Sum>{});
-    const int t = c.thread, lane = t % 32, warp = t / 32, slots = detail::row_slots(c);
-    const int cols = detail::col_blocks(c), cb = c.n0 / c.tile_n, rb = c.m0 / c.tile_m;
+    detail::quad_reduce(part, Sum{});
     const float* first = detail::row_results(c, 0);   // the CTA's own mean per row (LocalReduce)
-    float* partials = ws.partials + size_t(rb) * cols * 2 * c.tile_m;
-    // 1. this CTA's states of the warp's rows, then the release fence of each writing lane
-    if (lane % 4 == 0) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < kMaxRowSlots; ++k)
-        if (k < slots) {
-          const int row = detail::wgmma_row(t, k);
-          __stcg(partials + (size_t(cb) * 2 + 0) * c.tile_m + row, first[row]);
-          __stcg(partials + (size_t(cb) * 2 + 1) * c.tile_m + row, part[k]);
-        }
-      __threadfence();
-    }
-    __syncwarp();
-    // 2. the warp's arrival
-    int* counter = ws.counters + rb * reduce::L2Workspace::kWarps + warp;
-    int arrived = 0;
-    if (lane == 0) arrived = atomicAdd(counter, 1);
-    arrived = __shfl_sync(0xffffffffu, arrived, 0);
-    if (arrived != cols - 1) return;
-    // 3. the last arrival merges: lane l owns row (l / 16) * 64 + 16 * warp + l % 16 (its atom's rows)
-    __threadfence();
-    const int row = (lane / 16) * 64 + 16 * warp + lane % 16;
-    if (lane / 16 < c.tile_m / 64 && c.m0 + row < c.M) {
-      float a0 = __ldcg(partials + row), a1 = __ldcg(partials + c.tile_m + row);
-      for (int b = 1; b < cols; ++b)
-        Merged::fold(a0, a1, __ldcg(partials + (size_t(b) * 2 + 0) * c.tile_m + row),
-                     __ldcg(partials + (size_t(b) * 2 + 1) * c.tile_m + row), b, c);
-      mean[c.m0 + row] = T1(a0);
-      var[c.m0 + row] = T2(a1 * (1.f / float(c.N)));
-    }
-    if (lane == 0) *counter = 0;   // every arrival of this launch is in: ready for the next launch
+    row_output::publish_and_finish<2>(
+        c, ws, [&](int k, int row, int w) { return w == 0 ? first[row] : part[k]; }, [&](int row, auto word) {
+          float a0 = word(0, 0), a1 = word(0, 1);
+          for (int b = 1; b < detail::col_blocks(c); ++b) Merged::fold(a0, a1, word(b, 0), word(b, 1), b, c);
+          mean[c.m0 + row] = T1(a0);
+          var[c.m0 + row] = T2(a1 * (1.f / float(c.N)));
+        });
   }
 };
 
