@@ -50,6 +50,10 @@ struct CompilerOptions {
   // Chained pairs of row reductions merged into one exchange (KernelConfig::merged): "" = the planner's choice;
   // "on" = wherever Psi can (psi_merges); "off" = never. The tile config stays the planner's (A/B benchmarks).
   std::string merge;
+  // The form every region of a whole program runs in (plan.h RegionForm): "" = the planner's (the library form,
+  // cuBLASLt + a generated pass, where fusion does not pay); "fused" or "library" where the region can (run --check
+  // of either form, A/B benchmarks). Frontends that compile single regions (RegionKernel) always get the fused kernel.
+  std::string form;
   // Back-to-back GEMM chains the planner fuses (plan_b2b) run as one kernel each; false: every chain runs as its
   // regions (A/B benchmarks).
   bool b2b = true;

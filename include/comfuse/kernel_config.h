@@ -53,7 +53,16 @@ struct KernelConfig {
   // planner together with the cluster it needs (DSMEM: the row block's 1 x C cluster; L2: no mainloop cluster).
   // A run-time argument of the kernel: it does not change the generated source.
   Transport transport = Transport::None;
+  // The library form (docs/codegen.md "The forms of a region"): the region's GEMM through cuBLASLt, stored in its
+  // operand dtype, then its epilogue as one generated memory-bound pass over that output (kernels/comfuse/pass.cuh),
+  // the same tree the fused kernel runs. The pass's tiles are 64 x tile_n (tile_n counts the fragment's columns as
+  // for a fused kernel: with two GEMMs on one A, X·B's half then X·B2's), its cluster 1 x cluster_n (the DSMEM
+  // transport's row block); tile_k is not used. "lib<tile_n>_c1x<cluster_n>" then the suffixes in a config name.
+  bool library = false;
 };
+
+// The library form's config for a pass of 64 x tile_n tiles (tile_m 64, tile_k 0, no cluster, no transport yet).
+KernelConfig library_config(int tile_n);
 
 // "128x256x64_c2x1_coop_mg_rr_pt_as_l2": tile M x N x K, cluster M x N, then the schedule, merged pairs, the tile
 // inputs' form, parts, async stores and the transport, each where set. parse_config(config_name(c)) gives c back.

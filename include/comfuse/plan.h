@@ -66,6 +66,12 @@ enum class Verdict : uint8_t {
 };
 const char* verdict_name(Verdict v);   // "fuse", "slower", "cannot_serve"
 
+// The form a region of a C++ program runs in (docs/codegen.md "The forms of a region"): the fused kernel, or the
+// library form (KernelConfig::library: the GEMM through cuBLASLt, then the epilogue as one generated memory-bound
+// pass, kernels/comfuse/pass.cuh). Through PyTorch a declined region is Inductor's instead.
+enum class RegionForm : uint8_t { Fused, Library };
+const char* form_name(RegionForm f);   // "fused", "library"
+
 struct PlanDecision {
   bool fuse = false;           // verdict == Verdict::Fuse
   Verdict verdict = Verdict::CannotServe;
@@ -87,6 +93,16 @@ struct PlanDecision {
   bool cublas_alone = false;   // cuBLAS computes the region by itself (a GEMM, maybe with a bias): no pass
   double pass_us = 0;          // else the memory-bound pass over the GEMM output, tile inputs and outputs
   double copy_us = 0;          // of pass_us: the copies of parts that outputs stored in parts save
+  // The library form: its config where Psi renders this Spec as a pass (else nullopt, and library_reason says
+  // why), and the form a C++ program's region runs in: Fused where the verdict is Fuse, Library where fusion does
+  // not pay and the library form serves (or PlanOptions::form asks for it). Its estimate is unfused_us: the same
+  // GEMM and pass the fused kernel is weighed against.
+  std::optional<KernelConfig> library;
+  std::string library_reason;
+  RegionForm form = RegionForm::Fused;
+  // The config a C++ program's region runs first: config (fused), or *library. Throws std::logic_error for a
+  // region that can run in neither.
+  const KernelConfig& running_config() const;
 };
 
 // The most configs a region's search compiles and times (the prior included).
@@ -99,7 +115,13 @@ constexpr double kCandidateSlack = 1.25;
 struct PlanOptions {
   std::optional<Transport> transport;   // the row reductions' exchange; the cluster follows it
   std::optional<bool> merge;            // merged reduction pairs where the Spec has them (psi_merges)
+  std::optional<RegionForm> form;       // the form every region runs in where it can (run --check of either form)
 };
+
+// The library form's config for fs: a pass of 64 x 128 tiles (64 x 256 fragments for two GEMMs on one A: an output
+// tile of 128), the transport fitted: no exchange within one tile, DSMEM within a 1 x C cluster of exactly the row's
+// C <= 8 column blocks, else L2. nullopt with the reason where Psi cannot render the Spec as a pass.
+std::optional<KernelConfig> library_config_for(const FusionSpec& fs, std::string* why = nullptr);
 
 // The planner's choice for a region. Throws PlanError where `opts` asks for what cannot serve this region (a DSMEM
 // transport for more column blocks than a cluster holds).

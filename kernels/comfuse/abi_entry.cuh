@@ -29,11 +29,17 @@ namespace comfuse::abi {
 template <class T, class = void> struct RowOutputsOf : std::integral_constant<int, 0> {};
 template <class T> struct RowOutputsOf<T, std::void_t<decltype(T::kRowOutputs)>> : std::integral_constant<int, T::kRowOutputs> {};
 
+// The library form's Pass (pass.cuh), whose scratch is part of the workspace; not the fused Gemm.
+template <class K, class = void> struct IsLibraryForm : std::false_type {};
+template <class K> struct IsLibraryForm<K, std::void_t<decltype(K::kLibraryForm)>> : std::bool_constant<K::kLibraryForm> {};
+
 template <class T>
 struct EntryPoints {
   using Cfg = typename T::Cfg;
   using Kernel = typename T::Kernel;
   static_assert(T::kOutputs <= COMFUSE_MAX_OUTPUTS && T::kParams <= COMFUSE_MAX_PARAMS, "abi.h limits");
+  // The library form (pass.cuh): the library GEMM and the pass, whose scratch is part of the workspace.
+  static constexpr bool kLibraryForm = IsLibraryForm<Kernel>::value;
 
   static typename Kernel::Arguments arguments(ComfuseKernelArgs const& a) {
     typename T::Pointers p{};
@@ -59,20 +65,34 @@ struct EntryPoints {
     k.epi = T::make_args(p, a.ld);
     k.transport = reduce::Transport(a.transport);
     k.reduce_counters = a.ws_counters;
+    if constexpr (kLibraryForm)
+      k.scratch = a.ws_partials ? reinterpret_cast<char*>(a.ws_partials) + scratch_offset(a.m, a.n) : nullptr;
     return k;
   }
 
-  static int workspace(int64_t m, int64_t n, int64_t* partial_bytes, int64_t* counter_bytes) {
+  // The exchange's (or the row outputs') share of the workspace: partials and counters, in bytes.
+  static void exchange_bytes(int64_t m, int64_t n, int64_t* partial_bytes, int64_t* counter_bytes) {
     const int64_t row_blocks = (m + Cfg::kGroupTileM - 1) / Cfg::kGroupTileM, cols = (n + Cfg::kTileN - 1) / Cfg::kTileN;
     if constexpr (RowOutputsOf<T>::value > 0) {   // ReduceToRow: partials and per-warp arrival counters
       *partial_bytes = int64_t(epi::row_output::partial_bytes(int(row_blocks), int(cols), Cfg::kGroupTileM)) *
                        RowOutputsOf<T>::value;   // (words per row and tile: ReduceToRow 1, MergedToRows 2)
       *counter_bytes = int64_t(epi::row_output::counter_bytes(int(row_blocks)));
-      return 0;
+      return;
     }
     *partial_bytes =
         int64_t(reduce::L2Workspace::partial_bytes(int(row_blocks), T::kReductions, int(cols), Cfg::kGroupTileM));
     *counter_bytes = int64_t(reduce::L2Workspace::counter_bytes(int(row_blocks), T::kReductions));
+  }
+  // Where a library-form pass (pass.cuh) keeps its scratch: after the exchange's partials, 256-byte aligned.
+  static int64_t scratch_offset(int64_t m, int64_t n) {
+    int64_t p = 0, c = 0;
+    exchange_bytes(m, n, &p, &c);
+    return (p + 255) / 256 * 256;
+  }
+
+  static int workspace(int64_t m, int64_t n, int64_t* partial_bytes, int64_t* counter_bytes) {
+    exchange_bytes(m, n, partial_bytes, counter_bytes);
+    if constexpr (kLibraryForm) *partial_bytes = scratch_offset(m, n) + int64_t(Kernel::scratch_bytes(m, n));
     return 0;
   }
 
@@ -84,6 +104,8 @@ struct EntryPoints {
       return fail(why, len, "the L2 transport needs its workspace (comfuse_kernel_workspace)", 1);
     if (RowOutputsOf<T>::value > 0 && (!a->ws_partials || !a->ws_counters))
       return fail(why, len, "a per-row output needs the kernel's workspace (comfuse_kernel_workspace)", 1);
+    if (kLibraryForm && !a->ws_partials)
+      return fail(why, len, "the library form keeps the GEMM's output in the kernel's workspace (comfuse_kernel_workspace)", 1);
     // The epilogue reads tile inputs and writes outputs 16 bytes at a time (store.cuh, tile_load.cuh) and
     // stages row vectors by 16-byte copies: refused here, before any GPU work, so the caller falls back.
     if (a->ld % 8 != 0) return fail(why, len, "the row stride of outputs and tile inputs must be a multiple of 8 elements", 1);

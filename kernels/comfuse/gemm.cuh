@@ -548,20 +548,8 @@ struct GemmKernel {
   static constexpr int kAcc2Offset = Cfg::kMmaTileN / 4;
   template <class T>
   static CUTE_DEVICE auto epilogue_view(T&& t) {
-    using namespace cute;
-    if constexpr (!kDualB) {
-      return std::forward<T>(t);
-    } else {
-      using Full = std::remove_cv_t<std::remove_reference_t<T>>;
-      constexpr int kMmaM = size<1>(Full{});
-      static_assert(size<0, 0>(Full{}) == 2 && size<0, 1>(Full{}) == 2 && size<0, 2>(Full{}) == Cfg::kMmaTileN / 8 &&
-                        size<2>(Full{}) == 1,
-                    "DualB: the GMMA accumulator layout ((2, 2, N / 8), MMA_M, 1)");
-      // half index -> the full fragment's index (colex over ((2, 2, kMmaTileN / 8), MMA_M, 1))
-      auto half = make_layout(make_shape(make_shape(_2{}, _2{}, Int<Cfg::kTileN / 8>{}), Int<kMmaM>{}, _1{}),
-                              make_stride(make_stride(_1{}, _2{}, _4{}), Int<Cfg::kMmaTileN / 2>{}, _0{}));
-      return make_tensor(t.data(), composition(t.layout(), half));
-    }
+    if constexpr (!kDualB) return std::forward<T>(t);
+    else return epi::dual_b_view<Cfg::kTileN, Cfg::kMmaTileN>(std::forward<T>(t));
   }
 
   // DualB, the producer's loads of one tile: per k-tile, A's box and two half boxes of B, the output column block's

@@ -21,6 +21,7 @@
 #include "comfuse/epilogue/reduce.cuh"
 #include "comfuse/epilogue/row_output.cuh"
 #include "comfuse/gemm.cuh"
+#include "comfuse/pass.cuh"
 
 namespace comfuse::generated {
 
@@ -44,6 +45,14 @@ struct Pointers {
 template <class E, class = void> struct Reductions : std::integral_constant<int, 0> {};
 template <class E> struct Reductions<E, std::void_t<decltype(E::kReductions)>> : std::integral_constant<int, E::kReductions> {};
 
+// The kernel a config runs the epilogue in: the fused GEMM (GemmConfig), or the memory-bound pass over a library
+// GEMM's output (PassConfig, pass.cuh).
+template <class Cfg, class Epilogue> struct KernelOf { using type = Gemm<Cfg, Epilogue>; };
+template <class E, int TileN, int ClusterN, bool DualB, bool WeightNK, class Epilogue>
+struct KernelOf<PassConfig<E, TileN, ClusterN, DualB, WeightNK>, Epilogue> {
+  using type = Pass<PassConfig<E, TileN, ClusterN, DualB, WeightNK>, Epilogue>;
+};
+
 // The traits EntryPoints (abi_entry.cuh) needs, less the name and make_args, which COMFUSE_GENERATED_KERNEL adds.
 // B2Param >= 0: a kernel of two GEMMs on one A (GemmConfig<.., DualB>), whose B2 is that runtime parameter.
 // RowOutputs: the words per row and tile the epilogue's row-output node publishes (row_output.cuh: ReduceToRow 1,
@@ -51,7 +60,7 @@ template <class E> struct Reductions<E, std::void_t<decltype(E::kReductions)>> :
 template <class Cfg_, class Epilogue, int Outputs, int Params, int B2Param = -1, int RowOutputs = 0>
 struct GeneratedUnit {
   using Cfg = Cfg_;
-  using Kernel = Gemm<Cfg, Epilogue>;
+  using Kernel = typename KernelOf<Cfg, Epilogue>::type;
   using Pointers = generated::Pointers<Outputs, Params>;
   static constexpr int kOutputs = Outputs, kParams = Params, kReductions = Reductions<Epilogue>::value;
   static constexpr int kB2Param = B2Param, kRowOutputs = RowOutputs;

@@ -57,6 +57,9 @@ const char* kUsage =
     "  comfuse aot FILE.cf -o DIR           compiles every fused region into DIR (kernel libraries + manifest.txt)\n"
     "                                       for 'run --aot DIR' on a machine without nvcc\n"
     "  (T: l2 | dsmem_p2p | dsmem_leader, the row reductions' cross-CTA transport; default: the planner's)\n"
+    "  --form fused|library (plan, emit, run, bench, aot): every region in that form where it can be: the fused\n"
+    "  kernel, or the library form (cuBLASLt's GEMM, then the epilogue as one generated pass); default: the\n"
+    "  planner's choice, the library form where fusion does not pay (docs/codegen.md)\n"
     "  --merge on|off (emit, run, bench, aot): a LayerNorm's or softmax's two chained reductions in one cross-CTA\n"
     "  exchange wherever the kernels can, or never; default: the planner's choice, from its measurements\n"
     "  --defer-norms on|off (plan, emit, run, bench, aot): a LayerNorm / RMSNorm whose readers are GEMMs with\n"
@@ -148,6 +151,14 @@ Graph bound_graph(const Args& a, const Graph& g, int64_t fallback) {
   return bind_rows(g, rows ? rows : fallback);
 }
 
+// --form fused|library: every region in that form where it can be (default: the planner's choice, the library form
+// where fusion does not pay).
+std::string form_arg(const Args& a) {
+  const std::string f = a.get("form");
+  if (!f.empty() && f != "fused" && f != "library") throw UsageError("--form must be 'fused' or 'library', got '" + f + "'");
+  return f;
+}
+
 // --defer-norms on|off: LayerNorm / RMSNorm finished in the GEMMs that read them (default off).
 std::string defer_arg(const Args& a) {
   const std::string d = a.get("defer-norms");
@@ -172,17 +183,29 @@ int cmd_plan(const Args& a) {
   if (!deferral.empty()) std::cout << "norms (--defer-norms " << (defer_arg(a) == "on" ? "on" : "off") << "):\n" << deferral << "\n";
   std::cout << print_partition(p, a.flag("explain"));
   std::cout << "\nplan (from src/plan/measured.csv):\n";
+  PlanOptions po;
+  if (const std::string f = form_arg(a); !f.empty()) po.form = f == "library" ? RegionForm::Library : RegionForm::Fused;
   for (size_t i = 0; i < p.regions.size(); ++i) {
-    PlanDecision d = plan_region(p.regions[i].spec);
+    PlanDecision d = plan_region(p.regions[i].spec, po);
     std::cout << "  region " << i << ": ";
-    if (d.fuse)
+    if (d.form == RegionForm::Library)
+      std::cout << (d.fuse ? "library form (as asked; the planner would fuse it), " : "declined, runs in the library form, ")
+                << "cuBLASLt GEMM + generated pass " << config_name(*d.library)
+                << (d.unfused_us >= 0 ? " [fused ~" + std::to_string(int(d.fused_us + 0.5)) + " us, library form ~" +
+                                            std::to_string(int(d.unfused_us + 0.5)) + " us]"
+                                      : std::string())
+                << ": " << d.reason << "\n";
+    else if (d.fuse)
       std::cout << "fuse, " << d.config.tile_m << "x" << d.config.tile_n << "x" << d.config.tile_k << " cluster "
                 << d.config.cluster_m << "x" << d.config.cluster_n << (d.config.cooperative ? " cooperative" : "")
                 << (d.config.merged ? ", reduction pairs merged" : "")
                 << ", transport " << transport_name(d.config.transport) << ": " << d.reason
                 << "\n";
+    else if (d.verdict == Verdict::Slower)
+      std::cout << "declined, runs fused (" << (d.library ? "--form fused" : "no library form: " + d.library_reason)
+                << "): " << d.reason << "\n";
     else
-      std::cout << "declined (runs unfused): " << d.reason << "\n";
+      std::cout << "declined (runs on the plain path): " << d.reason << "\n";
     if (a.flag("explain") && !d.candidates.empty()) {   // the config search (CompiledGraph::run times them)
       std::cout << "    candidates:";
       for (const auto& c : d.candidates) std::cout << " " << config_name(c);
@@ -233,9 +256,16 @@ int cmd_emit(const Args& a) {
   if (!parts.empty() && parts != "on" && parts != "off") throw UsageError("--parts must be 'on' or 'off', got '" + parts + "'");
   Partition p = program_partition(a, kDefaultRows);  // the source does not depend on rows
   make_output_dir(dir);
+  const bool library = form_arg(a) == "library";
   for (size_t i = 0; i < p.regions.size(); ++i) {
     try {
       KernelConfig cfg;   // the default config: the source for reading, not the planner's choice
+      if (library) {      // the library form's pass, in the config the planner gives it
+        std::string why;
+        auto lib = library_config_for(p.regions[i].spec, &why);
+        if (!lib) throw CodegenError(why);
+        cfg = *lib;
+      }
       cfg.merged = merge && psi_merges(p.regions[i].spec);
       cfg.parts = parts == "on";
       GeneratedKernel k = generate_kernel(p.regions[i].spec, cfg);
@@ -409,6 +439,7 @@ CompilerOptions compiler_options(const Args& a) {
   CompilerOptions o;
   o.transport = a.get("transport");
   o.merge = merge_arg(a);
+  o.form = form_arg(a);
   o.defer_norms = defer_arg(a);
   o.b2b = b2b_arg(a);
   if (int64_t r = rows_arg(a)) o.rows = r;   // the planner tunes for the rows this command runs
@@ -494,8 +525,10 @@ void print_choices(const CompiledGraph& cg) {
 // were compiled then).
 void check_compile_flags(const Args& a) {
   merge_arg(a);
+  form_arg(a);
   b2b_arg(a);
   if (a.get("aot").empty()) return;
+  if (!a.get("form").empty()) throw UsageError("--form is fixed when the kernels were compiled: not with --aot");
   if (!a.get("transport").empty())
     throw UsageError("--transport is fixed when the kernels were compiled: not with --aot");
   if (!a.get("merge").empty()) throw UsageError("--merge is fixed when the kernels were compiled: not with --aot");
@@ -791,18 +824,18 @@ int main(int argc, char** argv) {
   }
   std::string cmd = argv[1];
   try {
-    if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms"}));
+    if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms", "form"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
-    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts", "defer-norms"}));
+    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts", "defer-norms", "form"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
       return cmd_run(
           parse_args(argc, argv, {"check"},
-                     {"inputs", "outputs", "transport", "merge", "b2b", "aot", "seed", "rows", "launches", "defer-norms"}));
+                     {"inputs", "outputs", "transport", "merge", "b2b", "aot", "seed", "rows", "launches", "defer-norms", "form"}));
     if (cmd == "bench")
       return cmd_bench(
-          parse_args(argc, argv, {}, {"iters", "transport", "merge", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms"}));
-    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "b2b", "rows", "defer-norms"}));
+          parse_args(argc, argv, {}, {"iters", "transport", "merge", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms", "form"}));
+    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "b2b", "rows", "defer-norms", "form"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const ParseError& e) {

@@ -199,10 +199,18 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
   const std::string name = config_name(c);
   if (c.tile_n <= 0 || c.tile_n % 32 != 0 || c.tile_n > 256)
     throw CodegenError("config " + name + ": tile N must be a multiple of 32, at most 256");
-  if (c.tile_k <= 0 || c.tile_k % 16 != 0) throw CodegenError("config " + name + ": tile K must be a multiple of 16");
-  if (c.cooperative && c.tile_m != 128)
+  if (c.library) {   // PassConfig's static_asserts (kernels/comfuse/pass.cuh)
+    if (c.tile_m != 64 || c.cooperative || c.parts)
+      throw CodegenError("config " + name + ": a library-form pass is one warp group on 64-row tiles");
+    if (c.cluster_m != 1 || c.cluster_n < 1 || c.cluster_n > 8)
+      throw CodegenError("config " + name + ": a library-form pass has a 1 x C cluster, C <= 8");
+    if (c.async_stores) throw CodegenError("config " + name + ": a library-form pass stores from registers (no StoreAsync)");
+    if (c.tile_input && *c.tile_input != TileInputForm::Registers)
+      throw CodegenError("config " + name + ": a library-form pass reads its tile inputs in the epilogue (TileLoad)");
+  } else if (c.tile_k <= 0 || c.tile_k % 16 != 0) throw CodegenError("config " + name + ": tile K must be a multiple of 16");
+  if (!c.library && c.cooperative && c.tile_m != 128)
     throw CodegenError("config " + name + ": the cooperative schedule shares a 128-row tile between two warp groups");
-  if (!c.cooperative && ((c.tile_m != 64 && c.tile_m != 128) || c.tile_m * c.tile_n > 128 * 192))
+  if (!c.library && !c.cooperative && ((c.tile_m != 64 && c.tile_m != 128) || c.tile_m * c.tile_n > 128 * 192))
     throw CodegenError("config " + name + ": a PingPong tile has 64 or 128 rows and at most 128 x 192 accumulators");
   if (c.cluster_m < 1 || c.cluster_n < 1 || c.cluster_m * c.cluster_n > 8)
     throw CodegenError("config " + name + ": clusters hold 1 to 8 CTAs");

@@ -215,7 +215,13 @@ struct Compiler::ManifestReader {
     }
     if (!(ls >> file)) throw bad(line);
     read_config(ls, line, prior);
-    r.plan.config = prior.config;
+    if (prior.config.library) {   // the library form, as the compiling machine's planner chose it
+      r.plan.form = RegionForm::Library;
+      r.plan.library = prior.config;
+    } else {
+      r.plan.form = RegionForm::Fused;
+      r.plan.config = prior.config;
+    }
     try {
       r.kernel = generate_kernel(p.regions[idx].spec, prior.config);
     } catch (const CodegenError& e) {   // e.g. "merged" for a Spec without a pair: not the Spec it was built from

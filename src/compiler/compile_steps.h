@@ -20,8 +20,9 @@ bool needs_plain_path(const Partition& p);
 jit::JitOptions kernel_jit_options(const CompilerOptions& o);
 // The kernel headers and CUTLASS must be where the options say, before anything is compiled.
 void check_header_dirs(const CompilerOptions& o);
-// Plans a region and generates its kernel into r. False when no kernel can serve it (the plan says why); one
-// declined for speed only is still generated (it runs fused). Throws when the transport cannot serve it.
+// Plans a region and generates its kernel into r, in the form the plan chose (PlanDecision::form: a region declined
+// for speed runs in the library form where a pass serves it, else fused). False when no kernel can serve it (the
+// plan says why). Throws when the transport or a form asked for cannot serve it.
 bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const PlanOptions& opts);
 // Psi's unit for a fused chain and the graph nodes of the bias vectors its kernel reads.
 void set_chain_kernel(CompiledChain& cc, const B2BSpec& b);

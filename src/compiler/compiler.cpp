@@ -47,6 +47,11 @@ PlanOptions plan_options(const CompilerOptions& o) {
       throw CompileError("unknown merge setting '" + o.merge + "' (on, off, or empty for the planner's choice)");
     p.merge = o.merge == "on";
   }
+  if (!o.form.empty()) {
+    if (o.form != "fused" && o.form != "library")
+      throw CompileError("unknown form '" + o.form + "' (fused, library, or empty for the planner's choice)");
+    p.form = o.form == "library" ? RegionForm::Library : RegionForm::Fused;
+  }
   return p;
 }
 
@@ -99,11 +104,15 @@ bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const PlanOpti
     throw CompileError(e.what());
   }
   if (r.plan.verdict == Verdict::CannotServe) return false;
+  if (r.plan.form == RegionForm::Library) {   // one pass config (the library GEMM is cuBLASLt's heuristic's)
+    r.plan.candidates = {*r.plan.library};
+    r.plan.candidates_reason = "the library form: one pass config";
+  }
   if (r.plan.candidates.size() > 1 && !search::enabled()) {   // nothing would time them: compile the prior only
     r.plan.candidates.resize(1);
     r.plan.candidates_reason += "; COMFUSE_CONFIG_SEARCH=0: the prior alone is compiled";
   }
-  r.kernel = generate_kernel(spec, r.plan.config);
+  r.kernel = generate_kernel(spec, r.plan.running_config());
   return true;
 }
 

@@ -50,11 +50,25 @@ const char* tile_input_suffix(TileInputForm form) {
   return form == TileInputForm::Staged ? "_sr" : form == TileInputForm::Ring ? "_rr" : "";
 }
 
+KernelConfig library_config(int tile_n) {
+  KernelConfig c;
+  c.library = true;
+  c.tile_m = 64;
+  c.tile_n = tile_n;
+  c.tile_k = 0;
+  return c;
+}
+
 bool parse_config(const std::string& s, KernelConfig& c) {
   int used = 0;
   c = KernelConfig{};
-  if (std::sscanf(s.c_str(), "%dx%dx%d_c%dx%d%n", &c.tile_m, &c.tile_n, &c.tile_k, &c.cluster_m, &c.cluster_n, &used) != 5)
+  if (s.rfind("lib", 0) == 0) {   // the library form: "lib<tile_n>_c1x<cluster_n>..."
+    c = library_config(0);
+    if (std::sscanf(s.c_str(), "lib%d_c%dx%d%n", &c.tile_n, &c.cluster_m, &c.cluster_n, &used) != 3) return false;
+  } else if (std::sscanf(s.c_str(), "%dx%dx%d_c%dx%d%n", &c.tile_m, &c.tile_n, &c.tile_k, &c.cluster_m, &c.cluster_n,
+                         &used) != 5) {
     return false;
+  }
   std::string rest = s.substr(static_cast<size_t>(used));
   auto take = [&](const std::string& suffix) {
     if (rest.compare(0, suffix.size(), suffix) != 0) return false;
@@ -78,14 +92,15 @@ bool operator==(const KernelConfig& a, const KernelConfig& b) {
   return a.tile_m == b.tile_m && a.tile_n == b.tile_n && a.tile_k == b.tile_k && a.cluster_m == b.cluster_m &&
          a.cluster_n == b.cluster_n && a.cooperative == b.cooperative && a.merged == b.merged &&
          a.tile_input == b.tile_input && a.parts == b.parts && a.async_stores == b.async_stores &&
-         a.transport == b.transport;
+         a.transport == b.transport && a.library == b.library;
 }
 
 std::string config_name(const KernelConfig& c) {
   std::string form;
   if (c.tile_input) form = *c.tile_input == TileInputForm::Registers ? "_rg" : tile_input_suffix(*c.tile_input);
-  return std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k) + "_c" +
-         std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + (c.cooperative ? "_coop" : "") +
+  const std::string tile = c.library ? "lib" + std::to_string(c.tile_n)
+                                     : std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k);
+  return tile + "_c" + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + (c.cooperative ? "_coop" : "") +
          (c.merged ? "_mg" : "") + form + (c.parts ? "_pt" : "") + (c.async_stores ? "_as" : "") +
          transport_suffix(c.transport);
 }

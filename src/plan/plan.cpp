@@ -34,6 +34,16 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
 
 }  // namespace
 
+const char* form_name(RegionForm f) { return f == RegionForm::Library ? "library" : "fused"; }
+
+const KernelConfig& PlanDecision::running_config() const {
+  if (form == RegionForm::Library) {
+    if (!library) throw std::logic_error("a region planned in the library form without a library config");
+    return *library;
+  }
+  return config;
+}
+
 const char* verdict_name(Verdict v) {
   switch (v) {
     case Verdict::Fuse: return "fuse";
@@ -575,6 +585,28 @@ std::string fit_transport(KernelConfig& c, const FusionSpec& fs) {
 
 }  // namespace
 
+std::optional<KernelConfig> library_config_for(const FusionSpec& fs, std::string* why) {
+  std::string first_why;
+  // 64 x 128 tiles: 64 fp32 values per thread, so that several CTAs share an SM and keep its loads in flight (a
+  // 64 x 256 reduction tile took 255 registers and spilled). Two GEMMs on one A: 64 x 256 fragments, an output tile
+  // of 128 (150 registers).
+  const int wide_first = fs.gemm.paired() ? 1 : 0;
+  const int tiles[2] = {wide_first ? 256 : 128, wide_first ? 128 : 256};
+  for (int tile_n : tiles) {
+    KernelConfig c = library_config(tile_n);
+    if (exchanges(fs)) {   // the row block in one cluster of exactly its column blocks where DSMEM holds it, else L2
+      const int cols = static_cast<int>((fs.gemm.n + tile_n - 1) / tile_n);
+      c.transport = cols <= kDsmemMaxCols && cols > 1 ? Transport::DsmemPeerToPeer : Transport::L2;
+      if (c.transport != Transport::L2) c.cluster_n = cols;
+    }
+    auto rejected = psi_rejects(fs, c);
+    if (!rejected) return c;
+    if (first_why.empty()) first_why = *rejected;
+  }
+  if (why) *why = "no pass template: " + first_why;
+  return std::nullopt;
+}
+
 PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
   return plan_region(fs, PlanOptions{}, table);
 }
@@ -600,8 +632,30 @@ PlanDecision plan_fitted(const FusionSpec& fs, const PlanOptions& opts, const st
 }
 }  // namespace
 
+namespace {
+// The form a C++ program's region runs in: the library form where fusion does not pay (or the caller asks for it)
+// and a pass serves the Spec; else the fused kernel. A region no fused kernel serves runs on the plain path (the
+// library form is not offered there yet). A caller's word on the transport applies to the pass's exchange too.
+void choose_form(PlanDecision& d, const FusionSpec& fs, const PlanOptions& opts) {
+  if (d.verdict == Verdict::CannotServe) {
+    d.library_reason = "no fused kernel serves the region: it runs on the plain path";
+    return;
+  }
+  d.library = library_config_for(fs, &d.library_reason);
+  if (d.library && opts.transport && exchanges(fs)) {
+    d.library->transport = *opts.transport;
+    if (std::string why = fit_transport(*d.library, fs); !why.empty()) throw PlanError("library form: " + why);
+  }
+  const bool wanted = opts.form ? *opts.form == RegionForm::Library : d.verdict == Verdict::Slower;
+  if (wanted && d.library) d.form = RegionForm::Library;
+  else if (opts.form && *opts.form == RegionForm::Library)
+    throw PlanError("the library form was asked for, but it cannot serve this region: " + d.library_reason);
+}
+}  // namespace
+
 PlanDecision plan_region(const FusionSpec& fs, const PlanOptions& opts, const std::vector<MeasuredRow>& table) {
   PlanDecision d = plan_fitted(fs, opts, table);
+  choose_form(d, fs, opts);
   d.reason = reason(std::move(d.reason));   // (reasons.h: for people only)
   d.candidates_reason = reason(std::move(d.candidates_reason));
   return d;

@@ -132,6 +132,21 @@ size_t CompiledGraph::bytes_of(const std::string& name, int64_t rows) const {
   return static_cast<size_t>(numel(s)) * dtype_bytes(n.dtype);
 }
 
+namespace {
+// What runs and why, in one line: the verdict's reason, with the form where it is not the verdict's own.
+std::string plan_line(const PlanDecision& d) {
+  const bool library = d.form == RegionForm::Library;
+  std::string estimates = d.unfused_us >= 0 && d.fused_us >= 0
+                              ? " [fused ~" + fixed(d.fused_us, 0) + " us, library form ~" + fixed(d.unfused_us, 0) + " us]"
+                              : std::string();
+  if (d.fuse && !library) return "fuse: " + d.reason;
+  if (d.fuse) return "runs in the library form, as asked (form=library), though the planner would fuse it" + estimates + ": " + d.reason;
+  if (library) return "declined for speed, runs in the library form (cuBLASLt GEMM + generated pass)" + estimates + ": " + d.reason;
+  return "declined for speed, runs fused (" +
+         (d.library ? std::string("form=fused asked for it") : "no library form: " + d.library_reason) + ")" + estimates + ": " + d.reason;
+}
+}  // namespace
+
 std::string CompiledGraph::explain() const {
   std::ostringstream o;
   if (!norm_sites_.empty()) o << explain_deferral(norm_sites_);
@@ -140,15 +155,17 @@ std::string CompiledGraph::explain() const {
       o << "region " << r.region << ": plain GPU path, one kernel per node (" << r.plan.reason << ")\n";
       continue;
     }
-    const auto& c = r.plan.config;
-    o << "region " << r.region << ": " << r.kernel.name << " tile " << c.tile_m << "x" << c.tile_n << "x" << c.tile_k
+    const auto& c = r.plan.running_config();
+    o << "region " << r.region << ": " << r.kernel.name
+      << (c.library ? " library form: cuBLASLt GEMM, then a pass of tiles " + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n)
+                    : " tile " + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k))
       << " cluster " << c.cluster_m << "x" << c.cluster_n << (c.cooperative ? " cooperative" : "")
       << (c.merged ? ", reduction pairs merged" : "") << ", transport "
       << transport_name(c.transport) << ", "
       << (r.cache_hit ? (r.lookup_ms > 0 ? "cache hit in " + fixed(r.lookup_ms, 2) + " ms" : std::string("ahead of time"))
                       : "compiled in " + fixed(r.compile_seconds, 1) + " s")
       << "\n"
-      << "  plan: " << (r.plan.fuse ? "fuse: " : "declined for speed, run fused anyway: ") << r.plan.reason << "\n";
+      << "  plan: " << plan_line(r.plan) << "\n";
     if (r.candidates.size() > 1) {
       o << "  config search, candidates (prior first):";
       for (const auto& k : r.candidates)
@@ -492,11 +509,17 @@ struct CompiledGraph::Launch {
       if (!step.is_region || cg.regions_[step.index].plain) continue;
       const FusionSpec& fs = part.regions[step.index].spec;
       ReductionWorkspace& w = st->ws[step.index];
-      if (fs.num_stages() > 1 && (!w.partials || w.rows < fs.gemm.rows)) {
+      if (needs_workspace(step.index) && (!w.partials || w.rows < fs.gemm.rows)) {
         if (w.partials) wait_once();
         w.allocate(*cg.rt_->libs[step.index][0], fs.gemm.rows, fs.gemm.n, stream ? stream : CU_STREAM_LEGACY);
       }
     }
+  }
+
+  // A region's kernel takes the workspace: for its row reductions' exchange, or (the library form) the GEMM's
+  // output and cuBLASLt's workspace.
+  bool needs_workspace(int region) const {
+    return part.regions[region].spec.num_stages() > 1 || cg.regions_[region].plan.running_config().library;
   }
 
   void run_plain(int id) {
@@ -540,7 +563,8 @@ struct CompiledGraph::Launch {
     const FusionSpec& fs = part.regions[region].spec;
     const CompiledRegion& cr = cg.regions_[region];
     ComfuseKernelArgs a = kernel_args(fs, fs.gemm.rows, reinterpret_cast<const void*>(as(fs.gemm.a, fs.gemm.dtype)),
-                                      reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype)), cr.plan.config.transport);
+                                      reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype)),
+                                      cr.plan.running_config().transport);
     for (size_t i = 0; i < fs.outputs.size(); ++i) a.out[i] = reinterpret_cast<void*>(value(fs.outputs[i].node));
     for (size_t i = 0; i < fs.params.size(); ++i) {
       const RuntimeParam& prm = fs.params[i];
@@ -548,7 +572,7 @@ struct CompiledGraph::Launch {
       a.param[i] = reinterpret_cast<const void*>(as(prm.node, prm.dtype));
     }
     ReductionWorkspace& w = st->ws[region];
-    if (fs.num_stages() > 1) {
+    if (needs_workspace(region)) {
       a.ws_partials = reinterpret_cast<float*>(w.partials);
       a.ws_counters = reinterpret_cast<int*>(w.counters);
     }

@@ -30,7 +30,8 @@ CompiledRegion RegionKernel::compile(const FusionSpec& spec, CompilerOptions o) 
   Compiler c(std::move(o));
   const CompilerOptions& opts = c.options();
   check_header_dirs(opts);
-  const PlanOptions plan_opts = plan_options(opts);
+  PlanOptions plan_opts = plan_options(opts);
+  plan_opts.form = RegionForm::Fused;   // a frontend's region: the fused kernel (its alternative is the frontend's own)
   CompiledRegion region;
   if (!plan_and_generate(region, spec, plan_opts))
     throw CompileError("no fused kernel can serve this region: " + region.plan.reason);

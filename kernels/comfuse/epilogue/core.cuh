@@ -126,6 +126,23 @@ constexpr int kMaxRowSlots = 2 * (kMaxTileM / 64);  // rows one consumer thread 
 // bounding their registers. A chunk covers whole groups of four column blocks (16-byte accesses, store.cuh).
 constexpr int kPreloadChunk = 16;
 
+// A dual-B accumulator fragment ((2, 2, MmaTileN / 8), MMA_M, 1), which holds X·B's TileN / 8 column blocks and
+// then X·B2's (MmaTileN = 2 TileN), seen as the fragment of a TileN-wide tile of X·B: half index -> the full
+// fragment's index (colex over ((2, 2, MmaTileN / 8), MMA_M, 1)). X·B2's value of element i is MmaTileN / 4
+// elements further in the (compact) fragment (PairedEngine's offset).
+template <int TileN, int MmaTileN, class T>
+CUTE_DEVICE auto dual_b_view(T&& t) {
+  using namespace cute;
+  using Full = std::remove_cv_t<std::remove_reference_t<T>>;
+  constexpr int kMmaM = size<1>(Full{});
+  static_assert(size<0, 0>(Full{}) == 2 && size<0, 1>(Full{}) == 2 && size<0, 2>(Full{}) == MmaTileN / 8 &&
+                    size<2>(Full{}) == 1 && MmaTileN == 2 * TileN,
+                "DualB: the GMMA accumulator layout ((2, 2, N / 8), MMA_M, 1)");
+  auto half = make_layout(make_shape(make_shape(_2{}, _2{}, Int<TileN / 8>{}), Int<kMmaM>{}, _1{}),
+                          make_stride(make_stride(_1{}, _2{}, _4{}), Int<MmaTileN / 2>{}, _0{}));
+  return make_tensor(t.data(), composition(t.layout(), half));
+}
+
 // ---- small device helpers -------------------------------------------------------------------
 
 // Named barrier of one consumer warp group (128 threads). IDs 8 and 9: CUTLASS's reserved

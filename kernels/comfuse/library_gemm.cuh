@@ -1,0 +1,109 @@
+// The library GEMM of a region's library form: D = X·W through cuBLASLt (lt_api.h), stored in the operand dtype,
+// on the caller's stream and workspace, before the memory-bound pass (pass.cuh) reads D. Plans (descriptors and
+// the heuristic's algorithm) are made once per shape and cached for the process; a launch is one cublasLtMatmul,
+// which CUDA graphs capture (no allocation: the workspace is the caller's).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <cuda_runtime.h>
+
+#include "comfuse/lt_api.h"
+
+namespace comfuse::library_gemm {
+
+// The bytes of cuBLASLt workspace a library GEMM may use (its heuristic's limit; the caller provides them).
+constexpr size_t kWorkspaceBytes = size_t(8) << 20;
+
+struct Shape {
+  int64_t m = 0, n = 0, k = 0;
+  int64_t ldx = 0, ldw = 0, ldd = 0;
+  bool w_nk = true;   // W as [N, K] (nn.Linear), else [K, N]
+  bool f16 = false;   // else bf16
+  auto key() const { return std::make_tuple(m, n, k, ldx, ldw, ldd, w_nk, f16); }
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t lw = nullptr, lx = nullptr, ld = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  cublasStatus_t status = CUBLAS_STATUS_NOT_INITIALIZED;   // SUCCESS once the plan is usable
+};
+
+inline cublasLtHandle_t handle() {
+  static cublasLtHandle_t h = [] {
+    cublasLtHandle_t x = nullptr;
+    if (lt::api().available() && lt::api().create(&x) != CUBLAS_STATUS_SUCCESS) x = nullptr;
+    return x;
+  }();
+  return h;
+}
+
+// Why a library GEMM cannot run here ("" when it can), for the ABI's check.
+inline const char* unavailable() {
+  if (!lt::api().available()) return "the library form needs cuBLASLt (libcublasLt.so.13), which is not found";
+  if (!handle()) return "the library form: cublasLtCreate failed";
+  return nullptr;
+}
+
+// Row-major D[M,N] = X[M,K] W  <=>  column-major D^T[N,M] = W^T X^T: W^T is W [K,N] row-major as [N,K] col-major
+// (no transpose), or, for W as [N,K] row-major, its transpose.
+inline Plan make_plan(Shape const& s) {
+  lt::Api& L = lt::api();
+  Plan p;
+  if (unavailable()) return p;
+  const cudaDataType_t t = s.f16 ? CUDA_R_16F : CUDA_R_16BF;
+  auto ok = [&](cublasStatus_t st) {
+    if (p.status == CUBLAS_STATUS_NOT_INITIALIZED && st != CUBLAS_STATUS_SUCCESS) p.status = st;
+    return st == CUBLAS_STATUS_SUCCESS;
+  };
+  cublasOperation_t tw = s.w_nk ? CUBLAS_OP_T : CUBLAS_OP_N, tx = CUBLAS_OP_N;
+  if (!ok(L.desc_create(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) ||
+      !ok(L.desc_set(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &tw, sizeof tw)) ||
+      !ok(L.desc_set(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tx, sizeof tx)) ||
+      !ok(s.w_nk ? L.layout_create(&p.lw, t, uint64_t(s.k), uint64_t(s.n), s.ldw)
+                 : L.layout_create(&p.lw, t, uint64_t(s.n), uint64_t(s.k), s.ldw)) ||
+      !ok(L.layout_create(&p.lx, t, uint64_t(s.k), uint64_t(s.m), s.ldx)) ||
+      !ok(L.layout_create(&p.ld, t, uint64_t(s.n), uint64_t(s.m), s.ldd)))
+    return p;
+  cublasLtMatmulPreference_t pref = nullptr;
+  size_t ws = kWorkspaceBytes;
+  if (!ok(L.pref_create(&pref))) return p;
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  const bool got = ok(L.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) &&
+                   ok(L.heuristic(handle(), p.op, p.lw, p.lx, p.ld, p.ld, pref, 1, &res, &found));
+  L.pref_destroy(pref);
+  if (!got) return p;
+  if (found < 1) {
+    p.status = CUBLAS_STATUS_NOT_SUPPORTED;
+    return p;
+  }
+  p.algo = res.algo;
+  p.status = CUBLAS_STATUS_SUCCESS;
+  return p;
+}
+
+// The cached plan of a shape (made on first use; never freed: a process holds a few shapes per region).
+inline Plan const& plan(Shape const& s) {
+  static std::mutex mu;
+  static std::map<decltype(s.key()), Plan> plans;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = plans.find(s.key());
+  if (it == plans.end()) it = plans.emplace(s.key(), make_plan(s)).first;
+  return it->second;
+}
+
+// D = X·W on `stream`. The status of the plan or of the matmul.
+inline cublasStatus_t run(Shape const& s, void const* x, void const* w, void* d, void* workspace, cudaStream_t stream) {
+  Plan const& p = plan(s);
+  if (p.status != CUBLAS_STATUS_SUCCESS) return p.status;
+  const float alpha = 1.f, beta = 0.f;
+  return lt::api().matmul(handle(), p.op, &alpha, w, p.lw, x, p.lx, &beta, d, p.ld, d, p.ld, &p.algo, workspace,
+                          kWorkspaceBytes, stream);
+}
+
+}  // namespace comfuse::library_gemm
