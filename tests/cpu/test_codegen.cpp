@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "comfuse/codegen.h"
+#include "comfuse/plan.h"
 #include "comfuse/partition.h"
 #include "comfuse/text.h"
 #include "random_program.h"
@@ -648,3 +649,60 @@ TEST(Codegen, AsyncStoresWhereTheConfigAndTheOutputsAllowThem) {
   EXPECT_NE(src.find("// outputs: stored directly"), std::string::npos) << src;
 }
 
+
+// The library form (KernelConfig::library): every region of every example that the fused kernel serves renders as
+// a pass too, and the pass runs the very epilogue tree the fused kernel does (the tile inputs read in the epilogue,
+// TileLoad, as the pass always reads them).
+TEST(Codegen, EveryFusedRegionRendersInTheLibraryFormWithTheSameTree) {
+  int checked = 0;
+  for (const char* dir : {"examples", "examples/small"}) {
+    for (const auto& e : fs::directory_iterator(fs::path(COMFUSE_SOURCE_DIR) / dir)) {
+      if (e.path().extension() != ".cf") continue;
+      Partition p = partition(parse_cf_file(e.path().string()));
+      for (size_t r = 0; r < p.regions.size(); ++r) {
+        const FusionSpec& fs = p.regions[r].spec;
+        KernelConfig fused;
+        fused.tile_input = TileInputForm::Registers;
+        if (fs.gemm.paired()) fused.tile_n = 256;   // (the pass's fragment: 64 x 256, an output tile of 128)
+        if (psi_rejects(fs, fused)) continue;
+        std::string why;
+        const auto lib = library_config_for(fs, &why);
+        ASSERT_TRUE(lib.has_value()) << e.path() << " region " << r << ": " << why;
+        EXPECT_TRUE(lib->library && lib->tile_m == 64 && lib->cluster_m == 1);
+        const GeneratedKernel k = generate_kernel(fs, *lib);
+        EXPECT_EQ(k.name, generate_kernel(fs, fused).name + "_lib") << "the library form's own kernel name";
+        EXPECT_NE(k.source.find("using Cfg = PassConfig<"), std::string::npos) << e.path();
+        EXPECT_EQ(k.source.find("GemmConfig<"), std::string::npos) << e.path();
+        EXPECT_EQ(expanded_epilogue(k.source), expanded_epilogue(generate_kernel(fs, fused).source))
+            << e.path() << " region " << r;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 20);
+}
+
+TEST(Codegen, LibraryConfigsSayTheirForm) {
+  KernelConfig c = library_config(128);
+  c.cluster_n = 6;
+  c.transport = Transport::DsmemPeerToPeer;
+  EXPECT_EQ(config_name(c), "lib128_c1x6_p2p");
+  KernelConfig back;
+  ASSERT_TRUE(parse_config("lib128_c1x6_p2p", back));
+  EXPECT_TRUE(back == c);
+  EXPECT_TRUE(back.library && back.tile_m == 64 && back.tile_n == 128);
+  EXPECT_FALSE(parse_config("lib128", back)) << "the cluster is part of the name";
+  EXPECT_FALSE(parse_config("lib128_c1x1_coopx", back));
+  // Psi's limits of the pass, with reasons
+  Partition p = partition(parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/examples/small/postnorm.cf"));
+  KernelConfig wide = library_config(128);
+  wide.cluster_n = 9;
+  auto why = psi_rejects(p.regions[0].spec, wide);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("1 x C cluster, C <= 8"), std::string::npos) << *why;
+  KernelConfig ring = library_config(128);
+  ring.tile_input = TileInputForm::Ring;
+  why = psi_rejects(p.regions[0].spec, ring);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("TileLoad"), std::string::npos) << *why;
+}

@@ -577,3 +577,50 @@ TEST(Plan, BackToBackMeasurementsAreCompiledIn) {
   EXPECT_THROW(parse_measured_chains("elementwise,1,2,3\n"), std::invalid_argument);
 }
 
+
+// The form a C++ program's region runs in (PlanDecision::form): the library form where fusion does not pay, fused
+// where it does, either where asked, with the pass's exchange fitted to the row.
+TEST(PlanForms, DeclinedRegionsRunInTheLibraryForm) {
+  const FusionSpec ln = spec_of(gemm(8192, 768, 3072, "y = layer_norm(add(h, b), g, beta)\noutput y\n"));
+  PlanDecision d = plan_region(ln);
+  ASSERT_EQ(d.verdict, Verdict::Slower) << d.reason;
+  ASSERT_EQ(d.form, RegionForm::Library) << d.library_reason;
+  const KernelConfig& c = d.running_config();
+  EXPECT_TRUE(c.library);
+  EXPECT_EQ(c.tile_n, 128);
+  EXPECT_EQ(c.transport, Transport::L2) << "24 column blocks: more than a cluster holds";
+  EXPECT_FALSE(d.config.library) << "config stays the fused prior (RegionKernel, fuse=\"all\")";
+
+  const FusionSpec narrow = spec_of(gemm(8192, 768, 768, "y = layer_norm(add(h, b), g, beta)\noutput y\n"));
+  const auto lib = library_config_for(narrow);
+  ASSERT_TRUE(lib.has_value());
+  EXPECT_EQ(lib->transport, Transport::DsmemPeerToPeer);
+  EXPECT_EQ(lib->cluster_n, 6) << "a cluster of exactly the row's column blocks";
+
+  const FusionSpec gelu = spec_of(gemm(16384, 1024, 1024, "y = gelu(add(h, b))\noutput y\n"));
+  PlanDecision f = plan_region(gelu);
+  EXPECT_EQ(f.verdict, Verdict::Fuse);
+  EXPECT_EQ(f.form, RegionForm::Fused);
+  EXPECT_FALSE(f.running_config().library);
+  ASSERT_TRUE(f.library.has_value()) << "offered, not chosen";
+  PlanOptions want_lib;
+  want_lib.form = RegionForm::Library;
+  EXPECT_EQ(plan_region(gelu, want_lib).form, RegionForm::Library);
+  PlanOptions want_fused;
+  want_fused.form = RegionForm::Fused;
+  PlanDecision kept = plan_region(ln, want_fused);
+  EXPECT_EQ(kept.form, RegionForm::Fused);
+  EXPECT_FALSE(kept.running_config().library);
+  // a transport asked for applies to the pass as well, and one that cannot serve it is an error
+  PlanOptions l2;
+  l2.transport = Transport::L2;
+  EXPECT_EQ(plan_region(narrow, l2).library->transport, Transport::L2);
+}
+
+TEST(PlanForms, WhatNoKernelServesIsNotOfferedALibraryForm) {
+  PlanDecision d = plan_region(spec_of(gemm(8192, 768, 3076, "y = gelu(h)\noutput y\n")));
+  ASSERT_EQ(d.verdict, Verdict::CannotServe) << d.reason;
+  EXPECT_FALSE(d.library.has_value());
+  EXPECT_EQ(d.form, RegionForm::Fused) << "(the plain path runs it: CompiledRegion::plain)";
+  EXPECT_NE(d.library_reason.find("plain path"), std::string::npos) << d.library_reason;
+}
