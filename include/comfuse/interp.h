@@ -33,6 +33,12 @@ Tensor gemm_reference(const Tensor& a, const Tensor& b, const GemmDesc& g);
 std::vector<Tensor> interpret_spec(const FusionSpec& fs, const Tensor& a, const Tensor& b,
                                    const std::vector<Tensor>& params, int ctas);
 
+// A region in the library form (plan.h RegionForm::Library, kernels/comfuse/pass.cuh) as it runs: the library GEMM
+// stores X·B (and X·B2) in the operand dtype, rounded to nearest even from its fp32 accumulation, and the pass runs
+// the epilogue on those values. Same contract as interpret_spec.
+std::vector<Tensor> interpret_spec_library_form(const FusionSpec& fs, const Tensor& a, const Tensor& b,
+                                                const std::vector<Tensor>& params, int ctas);
+
 // The epilogue part of interpret_spec: `acc` is the GEMM's [rows, N] fp32 accumulator, as computed elsewhere, and
 // `acc2` X·B2 for a Spec with a second GEMM (GemmDesc::b2_param; required there, ignored otherwise).
 std::vector<Tensor> interpret_epilogue(const FusionSpec& fs, const Tensor& acc, const std::vector<Tensor>& params,
@@ -63,8 +69,9 @@ std::vector<Tensor> interpret_b2b(const B2BSpec& b, const Tensor& x, const Tenso
                                   const B2BOrder& order = {}, int ctas = 1);
 
 // Runs a partitioned program: regions through interpret_spec, fallback nodes through eval_node, in p.schedule
-// order. Same contract as interpret_graph (for p.graph).
-TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas);
+// order. Same contract as interpret_graph (for p.graph). library_form: every region as its library form runs
+// (interpret_spec_library_form: the GEMM's output stored in its operand dtype first).
+TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas, bool library_form = false);
 // The same, with every recognised back-to-back chain (p.b2b) run by interpret_b2b in `order` instead of as its
 // regions and standard-path nodes: what the program computes once the chains are fused.
 TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas, const B2BOrder& order);

@@ -1,6 +1,6 @@
 // comfuse: the command-line front door.
 //   comfuse plan FILE.cf [--explain]
-//   comfuse interp FILE.cf --inputs DIR --outputs DIR [--mode graph|spec|b2b] [--ctas N] [--n1-chunk C]
+//   comfuse interp FILE.cf --inputs DIR --outputs DIR [--mode graph|spec|library|b2b] [--ctas N] [--n1-chunk C]
 //   comfuse print FILE.cf [--decomposed]
 //   comfuse emit FILE.cf -o DIR
 // Exit codes: 0 ok, 2 bad input (file, arguments, data), 1 internal error.
@@ -39,10 +39,12 @@ namespace {
 const char* kUsage =
     "usage:\n"
     "  comfuse plan FILE.cf [--explain]     fused regions, their Fusion Specs, params, fallback nodes\n"
-    "  comfuse interp FILE.cf --inputs DIR --outputs DIR [--mode graph|spec|b2b] [--ctas N] [--n1-chunk C]\n"
+    "  comfuse interp FILE.cf --inputs DIR --outputs DIR [--mode graph|spec|library|b2b] [--ctas N] [--n1-chunk C]\n"
     "                                       CPU reference run: reads DIR/NAME.npy per input (float32,\n"
     "                                       rounded to the declared dtype), writes NAME.npy (float32) per output;\n"
-    "                                       b2b: back-to-back chains as their kernel accumulates (N1 in chunks of C)\n"
+    "                                       library: each region's GEMM output stored in bf16/f16 first (the\n"
+    "                                       library form); b2b: back-to-back chains as their kernel accumulates\n"
+    "                                       (N1 in chunks of C)\n"
     "  comfuse print FILE.cf [--decomposed] the graph in canonical .cf form (composites expanded with --decomposed)\n"
     "  comfuse emit FILE.cf -o DIR          the generated CUDA C++ of each fused region (DIR/comfuse_<hash>.cu)\n"
     "  comfuse run FILE.cf [--inputs DIR] [--outputs DIR] [--check] [--transport T] [--aot DIR] [--seed S]\n"
@@ -298,8 +300,8 @@ constexpr int kMaxCtas = 1024;
 int cmd_interp(const Args& a) {
   std::string in = a.get("inputs"), out = a.get("outputs"), mode = a.get("mode", "graph");
   if (in.empty() || out.empty()) throw UsageError("interp needs --inputs DIR and --outputs DIR");
-  if (mode != "graph" && mode != "spec" && mode != "b2b")
-    throw UsageError("--mode must be 'graph', 'spec' or 'b2b', got '" + mode + "'");
+  if (mode != "graph" && mode != "spec" && mode != "b2b" && mode != "library")
+    throw UsageError("--mode must be 'graph', 'spec', 'library' or 'b2b', got '" + mode + "'");
   int ctas = 1;
   if (std::string c = a.get("ctas", "1"); !c.empty()) {
     try {
@@ -345,7 +347,8 @@ int cmd_interp(const Args& a) {
     }
   }
   TensorMap outs = mode == "graph" ? interpret_graph(g, inputs)
-                   : mode == "spec" ? interpret_partitioned(partition(g), inputs, ctas)
+                   : mode == "spec"    ? interpret_partitioned(partition(g), inputs, ctas)
+                   : mode == "library" ? interpret_partitioned(partition(g), inputs, ctas, /*library_form=*/true)
                                     : interpret_partitioned(partition(g), inputs, ctas, B2BOrder{n1_chunk, 1});
   make_output_dir(out);
   for (const auto& [name, t] : outs) {

@@ -155,6 +155,24 @@ std::vector<Tensor> interpret_spec(const FusionSpec& fs, const Tensor& a, const 
   return interpret_epilogue(fs, gemm_reference(a, b, g), params, ctas);
 }
 
+std::vector<Tensor> interpret_spec_library_form(const FusionSpec& fs, const Tensor& a, const Tensor& b,
+                                                const std::vector<Tensor>& params, int ctas) {
+  const GemmDesc& g = fs.gemm;
+  if (numel(a.shape) != g.rows * g.k || numel(b.shape) != g.k * g.n)
+    throw std::runtime_error("interpret_spec_library_form: A or B has the wrong number of elements");
+  if (params.size() != fs.params.size()) throw std::runtime_error("interpret_spec_library_form: wrong number of params");
+  auto stored = [&](Tensor t) {   // the library GEMM's output as it lies in memory
+    for (float& v : t.data) v = round_to_dtype(v, g.dtype);
+    return t;
+  };
+  const Tensor acc = stored(gemm_reference(a, b, g));
+  if (g.paired()) {
+    const Tensor acc2 = stored(gemm_reference(a, params[g.b2_param], g));
+    return interpret_epilogue(fs, acc, params, ctas, &acc2);
+  }
+  return interpret_epilogue(fs, acc, params, ctas);
+}
+
 std::vector<Tensor> interpret_epilogue(const FusionSpec& fs, const Tensor& acc, const std::vector<Tensor>& params,
                                        int ctas, const Tensor* acc2) {
   if (ctas < 1) throw std::runtime_error("interpret_spec: ctas must be >= 1");
@@ -210,7 +228,7 @@ TensorMap ValueEnv::outputs() const {
 
 }  // namespace detail
 
-TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas) {
+TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas, bool library_form) {
   detail::ValueEnv env(p.graph, inputs);
   for (const Step& s : p.schedule) {
     if (!s.is_region) {
@@ -218,7 +236,8 @@ TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int
       continue;
     }
     const FusionSpec& fs = p.regions[s.index].spec;
-    auto outs = interpret_spec(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas);
+    auto outs = library_form ? interpret_spec_library_form(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas)
+                             : interpret_spec(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas);
     for (size_t o = 0; o < outs.size(); ++o) env.set(fs.outputs[o].node, std::move(outs[o]));
   }
   return env.outputs();

@@ -69,6 +69,7 @@ TEST(Differential, RandomEpilogueGraphsGraphVsSpec) {
   const uint64_t seed = base_seed();
   std::cout << "[ seed ] COMFUSE_SEED=" << seed << "\n";
   Coverage cov;
+  double worst_library = 0;
   const int kGraphs = 600;
   for (int i = 0; cov.accepted < kGraphs; ++i) {
     ASSERT_LT(i, 3 * kGraphs) << "too many ill-conditioned graphs rejected: the generator needs fixing";
@@ -100,16 +101,27 @@ TEST(Differential, RandomEpilogueGraphsGraphVsSpec) {
                            << print_cf(g) << print_partition(p, false);
       }
     }
+    // the library form (the GEMM's output stored in bf16 first) within run --check's tolerance of the program
+    {
+      TensorMap lib = interpret_partitioned(p, prog.inputs, 3, /*library_form=*/true);
+      for (const auto& [name, t] : ref) {
+        const double e = rel_err(lib.at(name), t);
+        worst_library = std::max(worst_library, e);
+        ASSERT_LE(e, 1e-2) << "graph " << i << " output " << name << " in the library form\n" << print_cf(g);
+      }
+    }
     // the text format round-trips every random graph
     std::string text = print_cf(g);
     ASSERT_EQ(print_cf(parse_cf(text, "random.cf")), text);
   }
   std::cout << "[ stats ] accepted=" << cov.accepted << " rejected(ill-conditioned)=" << cov.rejected
             << " multi-output=" << cov.multi_output << " leading-dims=" << cov.leading_dims
-            << " max reductions chained=" << cov.max_chain << " broadcasts:";
+            << " max reductions chained=" << cov.max_chain << " library form worst rel err=" << worst_library
+            << " broadcasts:";
   for (const auto& b : cov.broadcasts) std::cout << " " << b;
   std::cout << "\n";
   EXPECT_EQ(cov.max_chain, 3);
+  EXPECT_GT(worst_library, 1e-5) << "the library form's bf16 GEMM output is modelled (it differs from the fused form)";
   EXPECT_GT(cov.multi_output, 50);
   EXPECT_GT(cov.leading_dims, 50);
   for (const char* kind : {"scalar-const", "scalar-param", "row-param", "col-param", "tile-param"})
