@@ -182,3 +182,34 @@ TEST(Cli, DeferNormsIsAnOptionThatSaysWhatItDid) {
   EXPECT_EQ(aot.code, 2);
   EXPECT_NE(aot.out.find("--defer-norms is fixed when the kernels were compiled"), std::string::npos) << aot.out;
 }
+
+TEST(Cli, FormSaysWhatRunsAndEmitsThePass) {
+  const std::string ex = std::string(COMFUSE_SOURCE_DIR) + "/examples/postnorm.cf";
+  CliRun plan = run("plan " + ex);   // 16384 x 1024 x 1024: fusion does not pay
+  EXPECT_EQ(plan.code, 0) << plan.out;
+  EXPECT_NE(plan.out.find("declined, runs in the library form, cuBLASLt GEMM + generated pass lib128_c1x8_p2p"),
+            std::string::npos) << plan.out;
+  CliRun fused = run("plan " + ex + " --form fused");
+  EXPECT_NE(fused.out.find("declined, runs fused (--form fused)"), std::string::npos) << fused.out;
+  const std::string gelu = std::string(COMFUSE_SOURCE_DIR) + "/examples/bias_gelu.cf";
+  CliRun asked = run("plan " + gelu + " --form library");
+  EXPECT_NE(asked.out.find("library form (as asked; the planner would fuse it)"), std::string::npos) << asked.out;
+  fs::path d = temp_dir("form");
+  CliRun emit = run("emit " + ex + " -o " + (d / "o").string() + " --form library");
+  EXPECT_EQ(emit.code, 0) << emit.out;
+  int passes = 0;
+  for (const auto& e : fs::directory_iterator(d / "o")) {
+    std::ifstream in(e.path());
+    const std::string src(std::istreambuf_iterator<char>(in), {});
+    EXPECT_NE(src.find("using Cfg = PassConfig<bf16, 128, 8, /*DualB*/ false"), std::string::npos) << e.path();
+    passes += e.path().stem().string().size() > 4 && e.path().stem().string().substr(e.path().stem().string().size() - 4) == "_lib";
+  }
+  EXPECT_EQ(passes, 1);
+  CliRun bad = run("plan " + ex + " --form unfused");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("--form must be 'fused' or 'library', got 'unfused'"), std::string::npos) << bad.out;
+  CliRun aot = run("run " + ex + " --aot /nonexistent --form library");
+  EXPECT_EQ(aot.code, 2);
+  EXPECT_NE(aot.out.find("--form is fixed when the kernels were compiled"), std::string::npos) << aot.out;
+  fs::remove_all(d);
+}
