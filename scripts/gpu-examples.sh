@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the device machine: every examples/*.cf (the norm sites also with --defer-norms on) and 50 random programs
-# through `comfuse run --check` on fresh
+# On the device machine: every examples/*.cf (the norm sites also with --defer-norms on; every example also in the
+# library form, --form library) and 50 random programs (in both forms) through `comfuse run --check` on fresh
 # random inputs, the JIT's first compile and its cache hit timed there, and the generated postnorm / softmax
 # kernels benched (to compare with the hand-composed instances of bench/bench_gemm.cu). Logs under $OUT; a
 # table last.
@@ -24,6 +24,10 @@ deferred="llama_block_deferred:llama_block bert_layer_deferred:bert_layer"
 # Per-row outputs (ReduceToRow): odd sizes and a clustered config, each run three times on the same buffers.
 row_outputs="row_stats_odd_sum row_stats_odd_max row_stats_cluster"
 variants="postnorm_l2:postnorm:l2 softmax_leader:softmax:dsmem_leader"
+# The library form (cuBLASLt + the generated pass, kernels/comfuse/pass.cuh) of every example: name_library.
+library="$examples"
+# Benched in both forms, alternating, three invocations each (the forms' speed against each other and cuBLASLt).
+form_bench="postnorm softmax ln_softmax rmsnorm bias_gelu bert_layer llama_block"
 
 if [ "${1:-}" = "--prepare" ]; then
   cli="$(realpath "$2")" aot="$3" jobs="${4:-2}"
@@ -35,9 +39,13 @@ if [ "${1:-}" = "--prepare" ]; then
     for ex in $examples; do echo "$ex examples/$ex.cf"; done
     for v in $variants; do IFS=: read -r name ex tp <<< "$v"; echo "$name examples/$ex.cf --transport $tp"; done
     for v in $deferred; do IFS=: read -r name ex <<< "$v"; echo "$name examples/$ex.cf --defer-norms on"; done
+    for ex in $library; do echo "${ex}_library examples/$ex.cf --form library"; done
+    for ex in $form_bench; do [ -f "examples/$ex.cf" ] && echo "${ex}_fused examples/$ex.cf --form fused"; done
     echo "plain_and_fused tests/data/plain_and_fused.cf"
     for r in $row_outputs; do echo "$r tests/data/$r.cf"; done
     for f in "$aot"/random/cf/*.cf; do echo "random/$(basename "$f" .cf) $f"; done
+    mkdir -p "$aot/random_library"
+    for f in "$aot"/random/cf/*.cf; do echo "random_library/$(basename "$f" .cf) $f --form library"; done
   } | xargs -P "$jobs" -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "'"$aot"'/$name" > "'"$aot"'/$name.log" 2>&1 ||
         echo "aot failed: $name (see '"$aot"'/$name.log)"' "$cli"
   echo "prepared $(ls "$aot"/*/manifest.txt "$aot"/random/*/manifest.txt 2>/dev/null | wc -l) kernel sets in $aot"
@@ -105,6 +113,15 @@ rdir="$OUT/random"
 if [ -n "$aot" ] && [ -d "$aot/random/cf" ]; then rdir="$aot/random/cf"
 elif [ -x "$gen" ]; then "$gen" --count 50 -o "$rdir" > "$OUT/random_gen.log" 2>&1; fi
 if ls "$rdir"/*.cf > /dev/null 2>&1; then run_dir random "$rdir" "" "${aot:+$aot/random}" "random graphs"; fi
+# The same random programs in the library form (ahead of time only: AOT_DIR/random_library/<gNNN>).
+if [ -n "$aot" ] && [ -d "$aot/random_library" ] && ls "$aot"/random_library/*/manifest.txt > /dev/null 2>&1; then
+  run_dir random_library "$rdir" library_ "$aot/random_library" "random graphs, library form"
+fi
+for ex in $library; do   # every example in the library form: ahead of time, else JIT here
+  # shellcheck disable=SC2046
+  if [ -n "$(aot_of "${ex}_library")" ]; then run_check "${ex}_library" "examples/$ex.cf" --launches 2 $(aot_of "${ex}_library")
+  else run_check "${ex}_library" "examples/$ex.cf" --launches 2 --form library; fi
+done
 # The plain GPU path: nodes no fused region covers (a fixed graph, and random programs with unsupported ops).
 # shellcheck disable=SC2046
 run_check plain_and_fused tests/data/plain_and_fused.cf $(aot_of plain_and_fused)
@@ -122,6 +139,21 @@ for ex in postnorm softmax gelu_new; do
   "$cli" bench "examples/$ex.cf" $(aot_of "$ex") --iters 30 > "$OUT/bench_$ex.log" 2>&1
   status[bench_$ex]=$?
   grep -E "median|transport" "$OUT/bench_$ex.log"
+done
+
+# The two forms of the same programs, alternating, three invocations each: `comfuse bench` (÷ cuBLASLt in the
+# same call) of the fused form and of the library form.
+for round in 1 2 3; do
+  for ex in $form_bench; do
+    for form in fused library; do
+      a="$(aot_of "${ex}_${form}")"
+      [ -z "$a" ] && a="--form $form"
+      # shellcheck disable=SC2086
+      "$cli" bench "examples/$ex.cf" $a --iters 30 > "$OUT/bench_form_${ex}_${form}_$round.log" 2>&1
+      status[bench_form_${ex}_${form}]=$?
+      echo "form $ex $form round $round: $(grep -E "median" "$OUT/bench_form_${ex}_${form}_$round.log" | head -1)"
+    done
+  done
 done
 
 echo
