@@ -65,8 +65,11 @@ struct EntryPoints {
     k.epi = T::make_args(p, a.ld);
     k.transport = reduce::Transport(a.transport);
     k.reduce_counters = a.ws_counters;
-    if constexpr (kLibraryForm)
+    if constexpr (kLibraryForm) {
       k.scratch = a.ws_partials ? reinterpret_cast<char*>(a.ws_partials) + scratch_offset(a.m, a.n) : nullptr;
+      k.out = a.out[0];
+      if constexpr (Cfg::kBiasParam >= 0) k.bias = a.param[Cfg::kBiasParam];
+    }
     return k;
   }
 

@@ -18,12 +18,17 @@ namespace comfuse::library_gemm {
 // The bytes of cuBLASLt workspace a library GEMM may use (its heuristic's limit; the caller provides them).
 constexpr size_t kWorkspaceBytes = size_t(8) << 20;
 
+// cuBLASLt's own epilogue on D = X·W: none, + bias (a length-N row of D's dtype), ReLU, or both.
+enum class Epilogue : int { None = 0, Bias = 1, Relu = 2, BiasRelu = 3 };
+
 struct Shape {
   int64_t m = 0, n = 0, k = 0;
   int64_t ldx = 0, ldw = 0, ldd = 0;
   bool w_nk = true;   // W as [N, K] (nn.Linear), else [K, N]
   bool f16 = false;   // else bf16
-  auto key() const { return std::make_tuple(m, n, k, ldx, ldw, ldd, w_nk, f16); }
+  Epilogue epilogue = Epilogue::None;
+  void const* bias = nullptr;   // a descriptor attribute: plans are per bias vector (weights rarely move)
+  auto key() const { return std::make_tuple(m, n, k, ldx, ldw, ldd, w_nk, f16, int(epilogue), bias); }
 };
 
 struct Plan {
@@ -49,6 +54,18 @@ inline const char* unavailable() {
   return nullptr;
 }
 
+inline cublasStatus_t set_epilogue(cublasLtMatmulDesc_t op, Shape const& s) {
+  if (s.epilogue == Epilogue::None) return CUBLAS_STATUS_SUCCESS;
+  lt::Api& L = lt::api();
+  const cublasLtEpilogue_t e = s.epilogue == Epilogue::Bias       ? CUBLASLT_EPILOGUE_BIAS
+                               : s.epilogue == Epilogue::Relu     ? CUBLASLT_EPILOGUE_RELU
+                                                                  : CUBLASLT_EPILOGUE_RELU_BIAS;
+  if (cublasStatus_t st = L.desc_set(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e); st != CUBLAS_STATUS_SUCCESS) return st;
+  if (s.epilogue == Epilogue::Relu) return CUBLAS_STATUS_SUCCESS;
+  // (the bias's type defaults to D's; its length is D's column-major rows, N)
+  return L.desc_set(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &s.bias, sizeof s.bias);
+}
+
 // Row-major D[M,N] = X[M,K] W  <=>  column-major D^T[N,M] = W^T X^T: W^T is W [K,N] row-major as [N,K] col-major
 // (no transpose), or, for W as [N,K] row-major, its transpose.
 inline Plan make_plan(Shape const& s) {
@@ -64,6 +81,7 @@ inline Plan make_plan(Shape const& s) {
   if (!ok(L.desc_create(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) ||
       !ok(L.desc_set(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &tw, sizeof tw)) ||
       !ok(L.desc_set(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tx, sizeof tx)) ||
+      !ok(set_epilogue(p.op, s)) ||
       !ok(s.w_nk ? L.layout_create(&p.lw, t, uint64_t(s.k), uint64_t(s.n), s.ldw)
                  : L.layout_create(&p.lw, t, uint64_t(s.n), uint64_t(s.k), s.ldw)) ||
       !ok(L.layout_create(&p.lx, t, uint64_t(s.k), uint64_t(s.m), s.ldx)) ||

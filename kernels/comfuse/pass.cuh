@@ -45,14 +45,25 @@ namespace comfuse {
 
 template <class Cfg, class Tree> struct Pass;
 
+// Where cuBLASLt's own epilogue computes the whole region (Psi decides: psi_structure.cpp library_epilogue), its GEMM
+// writes the region's output and no pass runs: X·W (Store), + bias, ReLU, or both. Pass: the generated pass runs.
+enum class LibEpilogue { Pass, Store, Bias, Relu, BiasRelu };
+
 // A pass configuration: the element type (X, W and D), the tile's columns, the cluster width along N (the DSMEM
 // transport's row block; 1 otherwise), whether the region has two GEMMs on one A and W's layout. The names the ABI
 // entry (abi_entry.cuh) and the workspace read are the GEMM config's: kTileN, kGroupTileM (the exchange's row
 // block), kDualB.
-template <class Element_, int TileN_, int ClusterN_ = 1, bool DualB_ = false, bool WeightNK_ = true>
+template <class Element_, int TileN_, int ClusterN_ = 1, bool DualB_ = false, bool WeightNK_ = true,
+          LibEpilogue Epilogue_ = LibEpilogue::Pass, int BiasParam_ = -1>
 struct PassConfig {
   using Element = Element_;
   static constexpr bool kWeightNK = WeightNK_;
+  static constexpr LibEpilogue kEpilogue = Epilogue_;
+  static constexpr int kBiasParam = BiasParam_;   // the bias's runtime parameter (Bias, BiasRelu)
+  static constexpr bool kGemmOnly = Epilogue_ != LibEpilogue::Pass;
+  static_assert(!kGemmOnly || (!DualB_ && ClusterN_ == 1), "cuBLASLt's own epilogue: one GEMM, no exchange");
+  static_assert((BiasParam_ >= 0) == (Epilogue_ == LibEpilogue::Bias || Epilogue_ == LibEpilogue::BiasRelu),
+                "a bias parameter exactly where the epilogue adds one");
   static constexpr int kTileM = 64, kGroupTileM = 64;
   static constexpr int kTileN = TileN_, kMmaTileN = DualB_ ? 2 * TileN_ : TileN_;
   static constexpr int kClusterM = 1, kClusterN = ClusterN_;
@@ -250,12 +261,16 @@ struct Pass {
     Transport transport = Transport::L2;
     int* reduce_counters = nullptr;
     void* scratch = nullptr;       // scratch_bytes(M, N), 256-byte aligned
+    // Cfg::kGemmOnly: the region's output (row stride N) and its bias (Cfg::kBiasParam), which cuBLASLt writes and
+    // reads itself
+    void* out = nullptr;
+    void const* bias = nullptr;
   };
 
   // D (and D2) in the operand dtype, each 256-byte aligned, then cuBLASLt's workspace.
   static size_t d_bytes(int64_t m, int64_t n) { return (size_t(m) * size_t(n) * sizeof(Element) + 255) / 256 * 256; }
   static size_t scratch_bytes(int64_t m, int64_t n) {
-    return d_bytes(m, n) * (Cfg::kDualB ? 2 : 1) + library_gemm::kWorkspaceBytes;
+    return (Cfg::kGemmOnly ? 0 : d_bytes(m, n) * (Cfg::kDualB ? 2 : 1)) + library_gemm::kWorkspaceBytes;
   }
 
   static int column_blocks(int N) { return (N + Cfg::kTileN - 1) / Cfg::kTileN; }
@@ -267,6 +282,12 @@ struct Pass {
     if (a.scratch == nullptr || reinterpret_cast<uintptr_t>(a.scratch) % 256 != 0)
       return "the library form needs its scratch in the kernel's workspace (comfuse_kernel_workspace), 256-byte aligned";
     if (char const* why = library_gemm::unavailable()) return why;
+    if constexpr (Cfg::kGemmOnly) {
+      if (a.out == nullptr || reinterpret_cast<uintptr_t>(a.out) % 16 != 0) return "the output must be 16-byte aligned";
+      if (Cfg::kBiasParam >= 0 && (a.bias == nullptr || reinterpret_cast<uintptr_t>(a.bias) % 16 != 0))
+        return "the bias must be given, 16-byte aligned";
+      return nullptr;   // no pass: nothing is exchanged
+    }
     if (reduce::is_dsmem(a.transport)) {
       if constexpr (!kReduces) {
         return "the DSMEM transport is for epilogues with row reductions";
@@ -337,11 +358,20 @@ struct Pass {
     typename Kernel::Params p;
     p.epi = a.epi;
     char* scratch = static_cast<char*>(a.scratch);
-    p.D = reinterpret_cast<Element const*>(scratch);
+    // D and D2 in the scratch, or (kGemmOnly) the region's output itself
+    p.D = Cfg::kGemmOnly ? static_cast<Element const*>(a.out) : reinterpret_cast<Element const*>(scratch);
     p.D2 = Cfg::kDualB ? reinterpret_cast<Element const*>(scratch + d_bytes(a.M, a.N)) : nullptr;
-    p.lt_workspace = scratch + d_bytes(a.M, a.N) * (Cfg::kDualB ? 2 : 1);
+    p.lt_workspace = scratch + (Cfg::kGemmOnly ? 0 : d_bytes(a.M, a.N) * (Cfg::kDualB ? 2 : 1));
     p.ldd = p.ldd2 = a.N;
     p.gemm = library_gemm::Shape{a.M, a.N, a.K, a.lda, a.ldb, a.N, Cfg::kWeightNK, std::is_same_v<Element, cutlass::half_t>};
+    if constexpr (Cfg::kGemmOnly) {
+      constexpr LibEpilogue e = Cfg::kEpilogue;
+      p.gemm.epilogue = e == LibEpilogue::Bias       ? library_gemm::Epilogue::Bias
+                        : e == LibEpilogue::Relu     ? library_gemm::Epilogue::Relu
+                        : e == LibEpilogue::BiasRelu ? library_gemm::Epilogue::BiasRelu
+                                                     : library_gemm::Epilogue::None;
+      p.gemm.bias = a.bias;
+    }
     p.X = a.A;
     p.W = a.B;
     p.W2 = a.B2;
@@ -409,6 +439,7 @@ struct Pass {
         return cudaErrorNotSupported;
       }
     }
+    if constexpr (Cfg::kGemmOnly) return cudaSuccess;   // cuBLASLt's epilogue wrote the region's output
     const int dev = driver::current_device();
     if (cudaError_t e = set_smem_limit(dev); e != cudaSuccess) return e;
     Launch l = launch_shape(p, max_clusters, dev);

@@ -812,10 +812,16 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     << "// One alias per Spec node: v<k>_<i> is node %i of stage k as `comfuse plan` prints the Spec. Values are fp32;\n"
     << "// r<k> is the row result of stage k's reduction.\n"
     << psi.types();
-  if (cfg.library)   // D: X·B as the library GEMM stored it (and X·B2 with two GEMMs), in the operand dtype
+  if (cfg.library) {   // D: X·B as the library GEMM stored it (and X·B2 with two GEMMs), in the operand dtype
+    const LibraryEpilogue le = library_epilogue(fs);
+    if (!le.kind.empty())
+      o << "// cuBLASLt's own epilogue computes the region (" << le.kind << "): its GEMM writes out[0]; no pass runs\n";
     o << "using Cfg = PassConfig<" << cpp_type(fs.gemm.dtype) << ", " << (fs.gemm.paired() ? cfg.tile_n / 2 : cfg.tile_n)
       << ", " << cfg.cluster_n << ", /*DualB*/ " << (fs.gemm.paired() ? "true" : "false") << ", /*W as [N, K]*/ "
-      << (fs.gemm.transpose_b ? "true" : "false") << ">;\n";
+      << (fs.gemm.transpose_b ? "true" : "false");
+    if (!le.kind.empty()) o << ", LibEpilogue::" << le.kind << ", /*bias param*/ " << le.bias_param;
+    o << ">;\n";
+  }
   else
     o << "using Cfg = GemmConfig<" << cpp_type(fs.gemm.dtype) << ", "
       << (fs.gemm.transpose_b ? "BLayout::NK" : "BLayout::KN") << ", " << cfg.tile_m << ", " << cfg.tile_n << ", "

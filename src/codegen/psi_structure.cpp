@@ -186,6 +186,39 @@ void check_column_blocks(const FusionSpec& fs, const KernelConfig& c) {
   }
 }
 
+LibraryEpilogue library_epilogue(const FusionSpec& fs) {
+  const GemmDesc& g = fs.gemm;
+  if (g.paired() || fs.num_stages() != 1 || fs.outputs.size() != 1) return {};
+  const SpecOutput& o = fs.outputs[0];
+  if (o.dtype != g.dtype || o.per_row || o.split()) return {};
+  const Spec& s = fs.root;
+  // Walk back from the store: relu?, then add(acc, bias)? , then acc.
+  const SpecNode* n = nullptr;
+  for (const SpecNode& x : s.nodes)
+    if (x.kind == SpecKind::Store) n = &s.nodes.at(x.args.at(0));
+  if (!n) return {};
+  LibraryEpilogue e;
+  bool relu = false;
+  if (n->kind == SpecKind::Compute && n->op == OpKind::Relu) {
+    relu = true;
+    n = &s.nodes.at(n->args.at(0));
+  }
+  if (n->kind == SpecKind::Compute && n->op == OpKind::Add) {
+    const SpecNode& a = s.nodes.at(n->args.at(0));
+    const SpecNode& b = s.nodes.at(n->args.at(1));
+    const SpecNode* bias = a.kind == SpecKind::Broadcast ? &a : b.kind == SpecKind::Broadcast ? &b : nullptr;
+    const SpecNode* acc = a.kind == SpecKind::AccEntry ? &a : b.kind == SpecKind::AccEntry ? &b : nullptr;
+    if (!bias || !acc || bias->bcast != BroadcastKind::Row || bias->param < 0 ||
+        fs.params.at(bias->param).dtype != g.dtype)
+      return {};
+    e.bias_param = bias->param;
+    n = acc;
+  }
+  if (n->kind != SpecKind::AccEntry) return {};
+  e.kind = e.bias_param >= 0 ? (relu ? "BiasRelu" : "Bias") : (relu ? "Relu" : "Store");
+  return e;
+}
+
 // Psi's limits that do not depend on the Spec's nodes: the GEMM, the ABI's tables, the kernel configuration.
 void check_limits(const FusionSpec& fs, const KernelConfig& c) {
   verify_spec(fs);

@@ -3,6 +3,7 @@
 // put on a configuration.
 #pragma once
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,16 @@ std::vector<MergeHow> merged_pairs(const std::vector<const Spec*>& st);
 std::pair<int, int> pair_rows_of(const FusionSpec& fs);
 // The output a Spec's only row reduction goes to, where that is all the reduction does (ReduceToRow), or -1.
 int row_output_of(const FusionSpec& fs);
+
+// Where cuBLASLt's own epilogue computes the whole region (the library form then writes the output from the GEMM and
+// runs no pass): "Store" (X·W), "Bias" (X·W + b), "Relu" or "BiasRelu", with the bias param (-1 without). One
+// output in the operand dtype, row-major, read of nothing but the accumulator and a bias row of that dtype.
+// Empty kind where the region needs its pass.
+struct LibraryEpilogue {
+  std::string kind;
+  int bias_param = -1;
+};
+LibraryEpilogue library_epilogue(const FusionSpec& fs);
 
 // GemmConfig's and the epilogue driver's static_asserts (kernels/comfuse/gemm.cuh, epilogue/core.cuh), and the
 // limits on outputs, parameters and column blocks: a CodegenError with the reason instead of a failing nvcc.

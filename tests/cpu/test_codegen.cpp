@@ -706,3 +706,27 @@ TEST(Codegen, LibraryConfigsSayTheirForm) {
   ASSERT_TRUE(why.has_value());
   EXPECT_NE(why->find("TileLoad"), std::string::npos) << *why;
 }
+
+// Where cuBLASLt's own epilogue computes the whole region, the library form runs no pass: its GEMM writes the output.
+TEST(Codegen, TheLibraryFormLeavesWhatCublasComputesToCublas) {
+  auto cfg_line = [](const std::string& body) {
+    const std::string text = "input X : bf16[512, 256]\ninput W : bf16[256, 384]\ninput b : bf16[384]\n"
+                             "input R : bf16[512, 384]\n" + body;
+    const FusionSpec fs = partition(parse_cf(text, "p.cf")).regions.at(0).spec;
+    const auto lib = library_config_for(fs);
+    EXPECT_TRUE(lib.has_value());
+    const std::string src = generate_kernel(fs, *lib).source;
+    const size_t at = src.find("using Cfg = ");
+    return src.substr(at, src.find(";\n", at) - at);
+  };
+  EXPECT_NE(cfg_line("y = matmul(X, W)\noutput y\n").find("LibEpilogue::Store, /*bias param*/ -1"), std::string::npos);
+  EXPECT_NE(cfg_line("y = add(matmul(X, W), b)\noutput y\n").find("LibEpilogue::Bias, /*bias param*/ 0"), std::string::npos);
+  EXPECT_NE(cfg_line("y = relu(add(b, matmul(X, W)))\noutput y\n").find("LibEpilogue::BiasRelu, /*bias param*/ 0"),
+            std::string::npos);
+  EXPECT_NE(cfg_line("y = relu(matmul(X, W))\noutput y\n").find("LibEpilogue::Relu"), std::string::npos);
+  // what cuBLASLt's epilogue does not compute: the pass runs
+  for (const std::string body : {"y = gelu(add(matmul(X, W), b))\noutput y\n", "y = add(matmul(X, W), R)\noutput y\n",
+                                 "h = matmul(X, W)\ny = relu(h)\noutput h\noutput y\n",
+                                 "y = cast(matmul(X, W), dtype=f32)\noutput y\n"})
+    EXPECT_EQ(cfg_line(body).find("LibEpilogue"), std::string::npos) << body;
+}
