@@ -58,11 +58,11 @@ void bind_interp(nb::module_& m) {
         },
         "graph"_a, "inputs"_a, "precision"_a = Precision::F32);
   m.def("interpret_partitioned",
-        [](const Partition& p, const std::map<std::string, InArray>& inputs, int ctas) {
+        [](const Partition& p, const std::map<std::string, InArray>& inputs, int ctas, bool library_form) {
           TensorMap in = to_tensor_map(inputs);
-          return to_numpy_map(interpret_partitioned(p, in, ctas));
+          return to_numpy_map(interpret_partitioned(p, in, ctas, library_form));
         },
-        "partition"_a, "inputs"_a, "ctas"_a = 1);
+        "partition"_a, "inputs"_a, "ctas"_a = 1, "library_form"_a = false);
   m.def("interpret_spec",
         [](const FusionSpec& fs, const InArray& a, const InArray& b, const std::vector<InArray>& params, int ctas) {
           Tensor ta = to_tensor(a), tb = to_tensor(b);

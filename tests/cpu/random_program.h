@@ -15,9 +15,10 @@
 namespace comfuse::test {
 
 // Ranges of the GEMM's sizes: N and K are multiples of `align` (8 for TMA's 16-byte rows), M = the rows (or, with
-// leading dims, [2..3] x [1..lead_hi]).
+// leading dims, [2..3] x [1..lead_hi], in a share lead_p of the programs).
 struct RandomSizes {
   int64_t n_lo = 1, n_hi = 40, k_lo = 1, k_hi = 16, m_lo = 1, m_hi = 24, lead_hi = 8, align = 1;
+  double lead_p = 0.3;
 };
 
 // Builds one random program around a GEMM.
@@ -32,7 +33,7 @@ class RandomProgram {
   void build() {
     n_ = sz_.align * pick((sz_.n_lo + sz_.align - 1) / sz_.align, sz_.n_hi / sz_.align);
     int64_t k = sz_.align * pick((sz_.k_lo + sz_.align - 1) / sz_.align, sz_.k_hi / sz_.align);
-    if (coin(0.3)) lead_ = {pick(2, 3), pick(1, sz_.lead_hi)};
+    if (coin(sz_.lead_p)) lead_ = {pick(2, 3), pick(1, sz_.lead_hi)};
     else lead_ = {pick(sz_.m_lo, sz_.m_hi)};
     Shape xs = lead_;
     xs.push_back(k);
