@@ -4,8 +4,8 @@ residual, LayerNorm, FFN1 + GELU, FFN2 + bias + the rebuilt residual, LayerNorm)
 
   python3 bench/norm_sites.py [--cli build/bin/comfuse] [--rounds 3] [--out FILE.csv] [--programs llama_block,bert_layer]
 
-Per program: eager PyTorch, torch.compile default and max-autotune-no-cudagraphs (triton.testing.do_bench of the call,
-median), then `comfuse bench FILE.cf` with --defer-norms off and on, alternating, `--rounds` invocations each (the
+Per program: eager PyTorch, torch.compile default and max-autotune-no-cudagraphs of the package's translation of the
+program (comfuse.to_torch; triton.testing.do_bench of the call, median), then `comfuse bench FILE.cf` with --defer-norms off and on, alternating, `--rounds` invocations each (the
 median of each invocation's median; the spread is printed). The table last: ComFuse's time and torch.compile's best ÷
 it (above 1: ComFuse is faster). Without a GPU: prints "skipped: no GPU" and exits 77.
 """
@@ -19,46 +19,8 @@ import sys
 
 SKIP = 77
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
 PROGRAMS = ("llama_block", "bert_layer")
-
-
-def llama_block(t):
-    """examples/llama_block.cf: returns (h, m)."""
-    import torch
-    import torch.nn.functional as F
-    h = t["A"] @ t["Wo"].t() + t["R"]
-    y = F.rms_norm(h, (h.shape[-1],), t["g"], 1e-6)
-    return h, F.silu(y @ t["Wg"].t()) * (y @ t["Wu"].t())
-
-
-def bert_layer(t):
-    """examples/bert_layer.cf: returns out."""
-    import torch.nn.functional as F
-    h = t["A"] @ t["Wo"].t() + t["bo"] + t["R"]
-    y = F.layer_norm(h, (h.shape[-1],), t["g1"], t["b1"], 1e-12)
-    f = F.gelu(y @ t["W1"].t() + t["c1"])
-    h2 = f @ t["W2"].t() + t["c2"] + y
-    return F.layer_norm(h2, (h2.shape[-1],), t["g2"], t["b2"], 1e-12)
-
-
-def inputs_of(cf_path, device):
-    """Random bf16 tensors for every `input NAME : bf16[...]` of the .cf file (weights scaled by 1/sqrt(fan-in), norm
-    weights near 1)."""
-    import torch
-    t = {}
-    for line in open(cf_path):
-        m = re.match(r"input (\w+) : bf16\[([0-9, ]+)\]", line)
-        if not m:
-            continue
-        shape = [int(x) for x in m.group(2).split(",")]
-        x = torch.randn(shape, device=device)
-        name = m.group(1)
-        if name.startswith("W"):
-            x = x / shape[-1] ** 0.5
-        if name.startswith("g"):
-            x = 1 + 0.1 * x
-        t[name] = x.to(torch.bfloat16)
-    return t
 
 
 def comfuse_us(cli, cf, defer):
@@ -90,8 +52,12 @@ def main(argv):
     rows = []
     for name in programs:
         cf = f"{ROOT}/examples/{name}.cf"
-        fn = {"llama_block": llama_block, "bert_layer": bert_layer}[name]
-        t = inputs_of(cf, "cuda")
+        from comfuse import _core as C
+        from comfuse import to_torch
+        with open(cf) as f:
+            g = C.parse_cf(f.read(), cf)
+        fn = to_torch.function(g)
+        t = to_torch.random_inputs(g, "cuda")
         us = {"eager": do_bench(lambda: fn(t), warmup=25, rep=100)}
         for mode in ("default", "max-autotune-no-cudagraphs"):
             torch._dynamo.reset()
