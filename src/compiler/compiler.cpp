@@ -97,6 +97,28 @@ void check_header_dirs(const CompilerOptions& o) {
 
 // Plans a region and generates its kernel into r. False when no kernel can serve it (the plan says why); one
 // declined for speed only is still generated (it runs fused). Throws when the transport cannot serve it.
+namespace {
+// The config search's candidates across the two forms (plan.h RegionForm), where the planner's estimates of the forms
+// are within kCandidateSlack of each other and the region has one stage (the search times single-stage regions on
+// one set of launch arguments): the chosen form's configs first, then the other form's prior. A form the caller
+// asked for (PlanOptions::form) is the only one.
+void add_form_candidates(PlanDecision& d, const FusionSpec& spec, const PlanOptions& opts) {
+  const bool library = d.form == RegionForm::Library;
+  if (library) {
+    d.candidates = {*d.library};
+    d.candidates_reason = "the library form: one pass config";
+  }
+  if (opts.form || !d.library || spec.num_stages() != 1 || d.fused_us < 0 || d.unfused_us < 0) return;
+  const double mine = library ? d.unfused_us : d.fused_us, other = library ? d.fused_us : d.unfused_us;
+  if (other > mine * kCandidateSlack) return;
+  if (d.candidates.size() >= static_cast<size_t>(kMaxCandidates)) d.candidates.resize(kMaxCandidates - 1);
+  d.candidates.push_back(library ? d.config : *d.library);
+  d.candidates_reason += std::string("; the ") + (library ? "fused" : "library") + " form estimated within " +
+                         fixed(100 * (kCandidateSlack - 1), 0) + "% (" + fixed(other, 0) + " against " + fixed(mine, 0) +
+                         " us): timed too";
+}
+}  // namespace
+
 bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const PlanOptions& opts) {
   try {
     r.plan = plan_region(spec, opts);
@@ -104,10 +126,7 @@ bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const PlanOpti
     throw CompileError(e.what());
   }
   if (r.plan.verdict == Verdict::CannotServe) return false;
-  if (r.plan.form == RegionForm::Library) {   // one pass config (the library GEMM is cuBLASLt's heuristic's)
-    r.plan.candidates = {*r.plan.library};
-    r.plan.candidates_reason = "the library form: one pass config";
-  }
+  add_form_candidates(r.plan, spec, opts);
   if (r.plan.candidates.size() > 1 && !search::enabled()) {   // nothing would time them: compile the prior only
     r.plan.candidates.resize(1);
     r.plan.candidates_reason += "; COMFUSE_CONFIG_SEARCH=0: the prior alone is compiled";

@@ -320,6 +320,13 @@ struct CompiledGraph::Launch {
       for (const auto& r : cg.regions_) {
         rt.libs.emplace_back(std::max<size_t>(r.candidates.size(), 1));
         if (!r.plain) rt.libs.back()[0] = std::make_shared<rt::KernelLibrary>(r.library_path);   // the prior
+        for (size_t c = 1; !r.plain && c < r.candidates.size(); ++c) {   // a library-form candidate sizes the workspace
+          if (!r.candidates[c].config.library) continue;
+          try {
+            rt.libs.back()[c] = std::make_shared<rt::KernelLibrary>(r.candidates[c].library_path);
+          } catch (const rt::RuntimeError&) {   // it does not load here: the search leaves it out
+          }
+        }
         rt.set_ids.push_back(set_id_of(r));
       }
       for (const auto& c : cg.chains_) rt.chain_libs.push_back(std::make_shared<rt::B2bLibrary>(c.library_path));
@@ -511,16 +518,23 @@ struct CompiledGraph::Launch {
       ReductionWorkspace& w = st->ws[step.index];
       if (needs_workspace(step.index) && (!w.partials || w.rows < fs.gemm.rows)) {
         if (w.partials) wait_once();
-        w.allocate(*cg.rt_->libs[step.index][0], fs.gemm.rows, fs.gemm.n, stream ? stream : CU_STREAM_LEGACY);
+        w.allocate(*workspace_library(step.index), fs.gemm.rows, fs.gemm.n, stream ? stream : CU_STREAM_LEGACY);
       }
     }
   }
 
-  // A region's kernel takes the workspace: for its row reductions' exchange, or (the library form) the GEMM's
-  // output and cuBLASLt's workspace.
-  bool needs_workspace(int region) const {
-    return part.regions[region].spec.num_stages() > 1 || cg.regions_[region].plan.running_config().library;
+  // The kernel library whose workspace a region's launches take (nullptr: none): the prior's for its row reductions'
+  // exchange or the library form's scratch (the GEMM's output, cuBLASLt's workspace); else a library-form candidate
+  // of the config search, loaded with the prior (the fused candidates ignore the workspace).
+  const rt::KernelLibrary* workspace_library(int region) const {
+    const auto& libs = cg.rt_->libs[region];
+    if (part.regions[region].spec.num_stages() > 1 || cg.regions_[region].plan.running_config().library) return libs[0].get();
+    const auto& cands = cg.regions_[region].candidates;
+    for (size_t c = 1; c < cands.size() && c < libs.size(); ++c)
+      if (cands[c].config.library && libs[c]) return libs[c].get();
+    return nullptr;
   }
+  bool needs_workspace(int region) const { return workspace_library(region) != nullptr; }
 
   void run_plain(int id) {
     const Node& n = g.node(id);

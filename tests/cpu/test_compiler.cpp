@@ -355,3 +355,49 @@ TEST(CompilerSearch, RowReductionsCompileOneConfig) {
   EXPECT_TRUE(cg.regions()[0].candidates[0].config == cg.regions()[0].plan.config);   // as fit_transport left it
   EXPECT_EQ(nvcc.runs(), 1);
 }
+
+// The forms of a region (plan.h RegionForm) in a whole program: a region declined for speed compiles its library form
+// (cuBLASLt + the generated pass) as the prior, and where the other form's estimate is close and the region has one
+// stage, the search times that form too.
+TEST(CompilerSearch, TheFormsOfARegionAreCandidates) {
+  unsetenv("COMFUSE_CONFIG_SEARCH");
+  FakeNvcc nvcc("forms");
+  // examples/gemm.cf: cuBLAS is measured a little faster than the plain fused GEMM (~48 against ~49 us)
+  const Graph g = parse_cf_file((fs::path(COMFUSE_SOURCE_DIR) / "examples/gemm.cf").string());
+  CompiledGraph cg = Compiler(nvcc.options()).compile(g);
+  const CompiledRegion& r = cg.regions()[0];
+  ASSERT_EQ(r.plan.verdict, Verdict::Slower) << r.plan.reason;
+  ASSERT_EQ(r.plan.form, RegionForm::Library);
+  ASSERT_EQ(r.candidates.size(), 2u) << r.plan.candidates_reason;
+  EXPECT_TRUE(r.candidates[0].config.library) << "the library form first: it runs unless the fused form times faster";
+  EXPECT_TRUE(r.candidates[1].config == r.plan.config) << "then the fused prior";
+  EXPECT_NE(r.kernel.name.find("_lib"), std::string::npos);
+  EXPECT_NE(r.plan.candidates_reason.find("the fused form estimated within 25%"), std::string::npos)
+      << r.plan.candidates_reason;
+  const std::string ex = cg.explain();
+  EXPECT_NE(ex.find("library form: cuBLASLt GEMM"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("declined for speed, runs in the library form"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("config search, candidates (prior first): lib128_c1x1 "), std::string::npos) << ex;
+
+  // the form asked for is the only one
+  CompilerOptions fused = nvcc.options();
+  fused.form = "fused";
+  const CompiledGraph fg = Compiler(fused).compile(g);
+  for (const auto& k : fg.regions()[0].candidates) EXPECT_FALSE(k.config.library);
+  CompilerOptions library = nvcc.options();
+  library.form = "library";
+  const CompiledGraph lg = Compiler(library).compile(g);
+  ASSERT_EQ(lg.regions()[0].candidates.size(), 1u);
+  EXPECT_TRUE(lg.regions()[0].candidates[0].config.library);
+  CompilerOptions bad = nvcc.options();
+  bad.form = "unfused";
+  EXPECT_NE(message_of<CompileError>([&] { Compiler(bad).compile(g); }).find("unknown form 'unfused'"), std::string::npos);
+
+  // ahead of time: the library form's prior reads back as the library form
+  fs::path d = temp_dir("aot_forms");
+  Compiler(nvcc.options()).save(g, d.string());
+  CompiledGraph loaded = Compiler(nvcc.options()).load(g, d.string());
+  EXPECT_EQ(loaded.regions()[0].plan.form, RegionForm::Library);
+  EXPECT_TRUE(loaded.regions()[0].plan.running_config().library);
+  fs::remove_all(d);
+}
