@@ -77,12 +77,13 @@ struct CompiledCandidate {
   double lookup_ms = 0;
 };
 
-// One fused region, compiled. The fields below `plan` describe the prior (plan.config), the config the region
-// runs when there is nothing to choose from or no time to choose; `candidates` holds every compiled config.
+// One fused region, compiled. The fields below `plan` describe the prior (plan.running_config(): plan.config, or the
+// library form's pass config where the region runs in that form), the config the region runs when there is nothing
+// to choose from or no time to choose; `candidates` holds every compiled config, of either form.
 struct CompiledRegion {
   int region = -1;
   bool plain = false;             // no fused kernel can serve it: its nodes run on the plain GPU path
-  PlanDecision plan;              // the planner's decision (fuse = false: declined for speed, run fused anyway)
+  PlanDecision plan;              // the planner's decision (fuse = false: declined for speed; plan.form says what runs)
   GeneratedKernel kernel;         // Psi's source (the prior's)
   std::string library_path;       // the JIT's shared object (the prior's)
   bool cache_hit = false;
