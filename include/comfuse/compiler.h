@@ -183,6 +183,7 @@ class CompiledGraph {
   int64_t planned_rows() const { return planned_rows_; }   // the row count the planner tuned for (symbolic graphs)
   // The partition at planned_rows() (concrete shapes); regions() line up with its regions.
   const Partition& partition() const { return partition_; }
+  const std::vector<NormSite>& norm_sites() const { return norm_sites_; }   // what defer_norms found
   const std::vector<CompiledRegion>& regions() const { return regions_; }
   // The back-to-back chains that run fused (recognised chains the planner declined run as their regions).
   const std::vector<CompiledChain>& chains() const { return chains_; }

@@ -72,6 +72,9 @@ std::vector<Tensor> interpret_b2b(const B2BSpec& b, const Tensor& x, const Tenso
 // order. Same contract as interpret_graph (for p.graph). library_form: every region as its library form runs
 // (interpret_spec_library_form: the GEMM's output stored in its operand dtype first).
 TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas, bool library_form = false);
+// The same with each region in its own form: library_regions[i] for region i (one entry per region).
+TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas,
+                                const std::vector<bool>& library_regions);
 // The same, with every recognised back-to-back chain (p.b2b) run by interpret_b2b in `order` instead of as its
 // regions and standard-path nodes: what the program computes once the chains are fused.
 TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas, const B2BOrder& order);

@@ -229,6 +229,14 @@ TensorMap ValueEnv::outputs() const {
 }  // namespace detail
 
 TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas, bool library_form) {
+  return interpret_partitioned(p, inputs, ctas, std::vector<bool>(p.regions.size(), library_form));
+}
+
+TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int ctas,
+                                const std::vector<bool>& library_regions) {
+  if (library_regions.size() != p.regions.size())
+    throw std::runtime_error("interpret_partitioned: one form per region expected, got " +
+                             std::to_string(library_regions.size()) + " for " + std::to_string(p.regions.size()));
   detail::ValueEnv env(p.graph, inputs);
   for (const Step& s : p.schedule) {
     if (!s.is_region) {
@@ -236,7 +244,7 @@ TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int
       continue;
     }
     const FusionSpec& fs = p.regions[s.index].spec;
-    auto outs = library_form ? interpret_spec_library_form(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas)
+    auto outs = library_regions[s.index] ? interpret_spec_library_form(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas)
                              : interpret_spec(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas);
     for (size_t o = 0; o < outs.size(); ++o) env.set(fs.outputs[o].node, std::move(outs[o]));
   }
