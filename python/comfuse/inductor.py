@@ -26,7 +26,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import _core as C
-from . import analysis, fuse, ops
+from . import analysis, fuse, inductor_options, ops
 from .program import NotKeepable
 
 log = logging.getLogger("comfuse")
@@ -286,12 +286,7 @@ def inductor_config(fuse: str = "planner", reference: bool = False, ctas: int = 
                     options: dict | None = None) -> dict:
     """The Inductor config patches for one compile with ComFuse: the mode's options (torch._inductor's
     list_mode_options), the user's Inductor options, and ComFusePass as the post-grad custom pass."""
-    patches = {}
-    if mode not in (None, "default"):
-        patches.update(torch._inductor.list_mode_options(mode))
-    patches.update(options or {})
-    patches["post_grad_custom_post_pass"] = ComFusePass(fuse=fuse, reference=reference, ctas=ctas)
-    return patches
+    return inductor_options.patches(mode, options, ComFusePass(fuse=fuse, reference=reference, ctas=ctas))
 
 
 def enable_inductor_pass(fuse: str = "planner") -> ComFusePass:

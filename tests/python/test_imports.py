@@ -70,3 +70,7 @@ def test_the_check_sees_a_cycle(tmp_path, monkeypatch):
     import pytest
     with pytest.raises(AssertionError, match="import cycle"):
         test_the_package_has_no_import_cycle()
+
+
+def test_the_inductor_options_module_imports_nothing_of_the_package():
+    assert [n for n, _ in _imports("inductor_options")] == []
