@@ -73,6 +73,8 @@ bool psi_merges(const FusionSpec& fs);
 // block's tiles to arrive combines them, so no CTA waits for another, and the kernel launches and is planned like
 // an elementwise one (no transport, no cooperative launch, any cluster).
 bool psi_row_output(const FusionSpec& fs);
+// Whether the library form of fs runs no pass: cuBLASLt's own epilogue computes the whole region (X·W, + bias, ReLU).
+bool psi_library_gemm_only(const FusionSpec& fs);
 
 // Renders `fs` for `cfg`; throws CodegenError with psi_rejects' reason where it cannot. The TU defines, in
 // namespace <name>, only what differs between kernels (comfuse/generated_unit.cuh has the rest):

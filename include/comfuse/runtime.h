@@ -73,6 +73,7 @@ void synchronize(CUstream s = nullptr);
 // Stream-ordered variants (the host source may be freed on return).
 void mem_set_async(CUdeviceptr p, unsigned char byte, size_t bytes, CUstream s);
 void copy_to_device_async(CUdeviceptr dst, const void* src, size_t bytes, CUstream s);
+void copy_device_async(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s);   // device to device
 
 // The context work on `stream` runs in, and its device. A stream: its own context (device >= 0 must be the
 // stream's device, else std::invalid_argument). The null stream: device >= 0's primary context, else the calling

@@ -725,6 +725,8 @@ std::unique_ptr<Psi> tile_input_psi_with_stores(const FusionSpec& fs, const Kern
 
 }  // namespace
 
+bool psi_library_gemm_only(const FusionSpec& fs) { return !library_epilogue(fs).kind.empty(); }
+
 bool psi_row_output(const FusionSpec& fs) { return row_output_of(fs) >= 0 || pair_rows_of(fs).first >= 0; }
 
 bool psi_merges(const FusionSpec& fs) {

@@ -45,6 +45,7 @@ struct Api {
   CUresult (*cuStreamGetCtx)(CUstream, CUcontext*) = nullptr;
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
   CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
+  CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus*) = nullptr;   // optional (stream_capturing)
 };
 
@@ -98,6 +99,7 @@ Api& api() {
     bind(lib, a.cuStreamGetCtx, "cuStreamGetCtx", e);
     bind(lib, a.cuMemsetD8Async, "cuMemsetD8Async", e);
     bind(lib, a.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", e);
+    bind(lib, a.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", e);
     a.cuStreamIsCapturing = reinterpret_cast<decltype(a.cuStreamIsCapturing)>(dlsym(lib, "cuStreamIsCapturing"));
     if (e.empty()) {
       CUresult r = a.cuInit(0);
@@ -269,6 +271,10 @@ void mem_set_async(CUdeviceptr p, unsigned char byte, size_t bytes, CUstream s) 
 }
 void copy_to_device_async(CUdeviceptr dst, const void* src, size_t bytes, CUstream s) {
   check(loaded().cuMemcpyHtoDAsync(dst, src, bytes, s), "cuMemcpyHtoDAsync");
+}
+
+void copy_device_async(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s) {
+  check(loaded().cuMemcpyDtoDAsync(dst, src, bytes, s), "cuMemcpyDtoDAsync");
 }
 
 StreamContext stream_context(CUstream stream, int device) {
