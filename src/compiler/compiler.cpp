@@ -95,8 +95,6 @@ void check_header_dirs(const CompilerOptions& o) {
                        "e.g. site-packages/cutlass_library/source/include of the nvidia-cutlass pip package");
 }
 
-// Plans a region and generates its kernel into r. False when no kernel can serve it (the plan says why); one
-// declined for speed only is still generated (it runs fused). Throws when the transport cannot serve it.
 namespace {
 // The config search's candidates across the two forms (plan.h RegionForm), where the planner's estimates of the forms
 // are within kCandidateSlack of each other and the region has one stage (the search times single-stage regions on
@@ -119,6 +117,7 @@ void add_form_candidates(PlanDecision& d, const FusionSpec& spec, const PlanOpti
 }
 }  // namespace
 
+// Plans a region and generates its kernel into r, in the form the plan chose (compile_steps.h).
 bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const PlanOptions& opts) {
   try {
     r.plan = plan_region(spec, opts);
