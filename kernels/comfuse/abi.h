@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 
-#define COMFUSE_KERNEL_ABI 1
+#define COMFUSE_KERNEL_ABI 2
 #define COMFUSE_MAX_OUTPUTS 8
 #define COMFUSE_MAX_PARAMS 16
 
@@ -39,6 +39,8 @@ typedef struct ComfuseKernelArgs {
   int* ws_counters;                         /* zero before the first launch */
   int transport;                            /* COMFUSE_TRANSPORT_* */
   int max_clusters;                         /* > 0: cap the persistent grid (tests) */
+  int64_t ws_rows;                          /* the rows the workspace was sized for (comfuse_kernel_workspace's m;
+                                               0: m): where a library-form pass keeps its scratch in it */
 } ComfuseKernelArgs;
 
 /* A back-to-back GEMM kernel library (kernels/comfuse/b2b_unit.cuh): O = epilogue2(F(X·W1)·W2), same abi and name

@@ -66,7 +66,8 @@ struct EntryPoints {
     k.transport = reduce::Transport(a.transport);
     k.reduce_counters = a.ws_counters;
     if constexpr (kLibraryForm) {
-      k.scratch = a.ws_partials ? reinterpret_cast<char*>(a.ws_partials) + scratch_offset(a.m, a.n) : nullptr;
+      k.scratch = a.ws_partials ? reinterpret_cast<char*>(a.ws_partials) + scratch_offset(a.ws_rows > a.m ? a.ws_rows : a.m, a.n)
+                                : nullptr;
       k.out = a.out[0];
       if constexpr (Cfg::kBiasParam >= 0) k.bias = a.param[Cfg::kBiasParam];
     }
@@ -86,7 +87,10 @@ struct EntryPoints {
         int64_t(reduce::L2Workspace::partial_bytes(int(row_blocks), T::kReductions, int(cols), Cfg::kGroupTileM));
     *counter_bytes = int64_t(reduce::L2Workspace::counter_bytes(int(row_blocks), T::kReductions));
   }
-  // Where a library-form pass (pass.cuh) keeps its scratch: after the exchange's partials, 256-byte aligned.
+  // Where a library-form pass (pass.cuh) keeps its scratch: after the exchange's partials for the rows the workspace
+  // was sized for (m = ComfuseKernelArgs::ws_rows), 256-byte aligned. Not after this launch's: a launch of fewer rows
+  // would write the GEMM's output over exchange slots a later launch of more rows reads (their launch tags are what
+  // tells a published partial from a stale one, and a stale bf16 pair can look like a tag).
   static int64_t scratch_offset(int64_t m, int64_t n) {
     int64_t p = 0, c = 0;
     exchange_bytes(m, n, &p, &c);
@@ -109,6 +113,12 @@ struct EntryPoints {
       return fail(why, len, "a per-row output needs the kernel's workspace (comfuse_kernel_workspace)", 1);
     if (kLibraryForm && !a->ws_partials)
       return fail(why, len, "the library form keeps the GEMM's output in the kernel's workspace (comfuse_kernel_workspace)", 1);
+    if constexpr (kLibraryForm) {
+      if (Cfg::kGemmOnly && a->ld != a->n)
+        return fail(why, len, "cuBLASLt's own epilogue writes the output with row stride N (ld must be N)", 1);
+      if (a->ws_rows != 0 && a->ws_rows < a->m)
+        return fail(why, len, "the workspace was sized for fewer rows than this launch has (ws_rows < m)", 1);
+    }
     // The epilogue reads tile inputs and writes outputs 16 bytes at a time (store.cuh, tile_load.cuh) and
     // stages row vectors by 16-byte copies: refused here, before any GPU work, so the caller falls back.
     if (a->ld % 8 != 0) return fail(why, len, "the row stride of outputs and tile inputs must be a multiple of 8 elements", 1);

@@ -28,8 +28,22 @@ struct Shape {
   bool f16 = false;   // else bf16
   Epilogue epilogue = Epilogue::None;
   void const* bias = nullptr;   // a descriptor attribute: plans are per bias vector (weights rarely move)
-  auto key() const { return std::make_tuple(m, n, k, ldx, ldw, ldd, w_nk, f16, int(epilogue), bias); }
+  // The operands' alignments in bytes (16 .. 256, alignment_of): the heuristic assumes 256 unless told, and an
+  // algorithm picked for 256-byte operands may fault on a 16-byte aligned view (a slice of a fused weight)
+  int align_x = 256, align_w = 256, align_d = 256;
+  int device = 0;   // plans are per device: the heuristic's choice is the device's
+  auto key() const {
+    return std::make_tuple(m, n, k, ldx, ldw, ldd, w_nk, f16, int(epilogue), bias, align_x, align_w, align_d, device);
+  }
 };
+
+// The largest power of two up to 256 that divides the address (the callers check 16).
+inline int alignment_of(void const* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  int al = 256;
+  while (al > 16 && a % al != 0) al /= 2;
+  return al;
+}
 
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -47,7 +61,7 @@ inline cublasLtHandle_t handle() {
   return h;
 }
 
-// Why a library GEMM cannot run here ("" when it can), for the ABI's check.
+// Why a library GEMM cannot run here (nullptr when it can), for the ABI's check.
 inline const char* unavailable() {
   if (!lt::api().available()) return "the library form needs cuBLASLt (libcublasLt.so.13), which is not found";
   if (!handle()) return "the library form: cublasLtCreate failed";
@@ -92,7 +106,12 @@ inline Plan make_plan(Shape const& s) {
   if (!ok(L.pref_create(&pref))) return p;
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
+  const uint32_t aw = uint32_t(s.align_w), ax = uint32_t(s.align_x), ad = uint32_t(s.align_d);
   const bool got = ok(L.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) &&
+                   ok(L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof aw)) &&   // A: W
+                   ok(L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof ax)) &&   // B: X
+                   ok(L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad)) &&
+                   ok(L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad)) &&
                    ok(L.heuristic(handle(), p.op, p.lw, p.lx, p.ld, p.ld, pref, 1, &res, &found));
   L.pref_destroy(pref);
   if (!got) return p;
@@ -115,8 +134,15 @@ inline Plan const& plan(Shape const& s) {
   return it->second;
 }
 
-// D = X·W on `stream`. The status of the plan or of the matmul.
-inline cublasStatus_t run(Shape const& s, void const* x, void const* w, void* d, void* workspace, cudaStream_t stream) {
+// D = X·W on `stream` (on the current device). The status of the plan or of the matmul.
+inline cublasStatus_t run(Shape s, void const* x, void const* w, void* d, void* workspace, cudaStream_t stream) {
+  s.align_x = alignment_of(x);
+  s.align_w = alignment_of(w);
+  s.align_d = alignment_of(d);
+  if (cudaGetDevice(&s.device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    s.device = 0;
+  }
   Plan const& p = plan(s);
   if (p.status != CUBLAS_STATUS_SUCCESS) return p.status;
   const float alpha = 1.f, beta = 0.f;

@@ -233,6 +233,8 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
   if (c.tile_n <= 0 || c.tile_n % 32 != 0 || c.tile_n > 256)
     throw CodegenError("config " + name + ": tile N must be a multiple of 32, at most 256");
   if (c.library) {   // PassConfig's static_asserts (kernels/comfuse/pass.cuh)
+    if (c.tile_n % 64 != 0)   // (the fragment layout of one WGMMA atom along N: 64, 128, 192 or 256 columns)
+      throw CodegenError("config " + name + ": a library-form pass's tile N is a multiple of 64");
     if (c.tile_m != 64 || c.cooperative || c.parts)
       throw CodegenError("config " + name + ": a library-form pass is one warp group on 64-row tiles");
     if (c.cluster_m != 1 || c.cluster_n < 1 || c.cluster_n > 8)

@@ -589,6 +589,7 @@ struct CompiledGraph::Launch {
     if (needs_workspace(region)) {
       a.ws_partials = reinterpret_cast<float*>(w.partials);
       a.ws_counters = reinterpret_cast<int*>(w.counters);
+      a.ws_rows = w.rows;
     }
     const rt::KernelLibrary& lib = library(region, fs, a);
     if (std::string why = lib.check(a); !why.empty())

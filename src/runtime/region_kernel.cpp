@@ -117,6 +117,7 @@ void RegionKernel::launch(const void* a, const void* b, int64_t rows, const std:
                                   " rows, the launch needs " + std::to_string(rows));
     k.ws_partials = static_cast<float*>(ws->partials);
     k.ws_counters = static_cast<int*>(ws->counters);
+    k.ws_rows = ws->rows;
     lib_->launch(k, stream);
     return;
   }
@@ -135,6 +136,7 @@ void RegionKernel::bind_workspace(ComfuseKernelArgs& k, CUstream stream, int64_t
   }
   k.ws_partials = reinterpret_cast<float*>(w.partials);
   k.ws_counters = reinterpret_cast<int*>(w.counters);
+  k.ws_rows = w.rows;
 }
 
 RegionKernel::CallerWorkspace RegionKernel::own_workspace(CUstream stream, int64_t rows) {
