@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# On the device machine: the two forms of a region (docs/codegen.md, "The forms of a region") checked and timed.
+#   1. `comfuse run --check` in the library form: the examples (a LayerNorm over a DSMEM cluster and over L2, two
+#      GEMMs on one A, cuBLASLt alone) and odd shapes (N = 2000 / 2048: the L2 exchange past 8 column blocks; f16
+#      with partial tiles), each launched three times on the same buffers.
+#   2. `comfuse bench` of whole programs in three forms - the planner's choice, every region fused, every region in
+#      the library form - alternating, ROUNDS invocations each; every kernel compiled ahead of time first, in parallel.
+# Logs under $OUT; a table last.
+#
+#   scripts/gpu-forms.sh [CLI] [ROUNDS]     (CLI: the comfuse binary, default build/bin/comfuse; ROUNDS default 2)
+# Needs the CUTLASS headers at .carry/cutlass/include (scripts/gpu-check.sh --prepare) and cuBLASLt.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+cli="$(realpath "${1:-build/bin/comfuse}")"
+rounds="${2:-2}"
+OUT="${OUT:-$root/build/gpu-forms}"
+mkdir -p "$OUT/aot" "$OUT/cf"
+lt="$(find /usr/local /usr/lib /opt -name 'libcublasLt.so.13' 2>/dev/null | head -1)"
+[ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include" COMFUSE_CACHE_DIR="$OUT/cache"
+programs="postnorm softmax ln_softmax rmsnorm bias_gelu gemm bert_layer llama_block"
+
+# Odd shapes for the checks (the library form's exchange paths and partial tiles).
+cat > "$OUT/cf/ln2048.cf" <<'E'
+input X : bf16[1000, 256]
+input W : bf16[2048, 256]
+input b : bf16[2048]
+input g : bf16[2048]
+input be : bf16[2048]
+y = layer_norm(add(matmul(X, W, transpose_b=true), b), g, be, eps=1e-5)
+output y
+E
+cat > "$OUT/cf/softmax2000.cf" <<'E'
+input X : bf16[999, 128]
+input W : bf16[128, 2000]
+y = softmax(matmul(X, W), dim=-1)
+output y
+E
+cat > "$OUT/cf/ln_f16_odd.cf" <<'E'
+input X : f16[777, 136]
+input W : f16[1000, 136]
+input b : f16[1000]
+input R : f16[777, 1000]
+input g : f16[1000]
+input be : f16[1000]
+y = layer_norm(add(add(matmul(X, W, transpose_b=true), b), R), g, be, eps=1e-5)
+output y
+E
+cat > "$OUT/cf/bias_relu.cf" <<'E'
+input X : bf16[300, 96]
+input W : bf16[96, 168]
+input b : bf16[168]
+y = relu(add(matmul(X, W), b))
+output y
+E
+
+# Everything compiled ahead of time, in parallel: the checks (library form) and the programs in each form.
+{
+  for f in "$OUT"/cf/*.cf; do echo "check_$(basename "$f" .cf) $f --form library"; done
+  for p in postnorm softmax swiglu gemm; do echo "check_$p examples/$p.cf --form library"; done
+  echo "check_postnorm_l2 examples/postnorm.cf --form library --transport l2"
+  for p in $programs; do
+    echo "${p}_planner examples/$p.cf"
+    echo "${p}_fused examples/$p.cf --form fused"
+    echo "${p}_library examples/$p.cf --form library"
+  done
+} | xargs -P 16 -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "'"$OUT"'/aot/$name" > "'"$OUT"'/aot/$name.log" 2>&1 ||
+      echo "aot failed: $name"' "$cli"
+echo "compiled: $(ls "$OUT"/aot/*/manifest.txt 2>/dev/null | wc -l) kernel sets"
+
+declare -A status
+for d in "$OUT"/aot/check_*/; do
+  name="$(basename "$d")"
+  ex="$(sed -n 's/^check_//p' <<< "$name")"
+  case "$ex" in
+    postnorm_l2) f=examples/postnorm.cf ;;
+    postnorm|softmax|swiglu|gemm) f="examples/$ex.cf" ;;
+    *) f="$OUT/cf/$ex.cf" ;;
+  esac
+  timeout 120 "$cli" run "$f" --aot "$d" --check --launches 3 > "$OUT/$name.log" 2>&1
+  status[$name]=$?
+  echo "$name rc=${status[$name]}: $(grep -E '^[a-z_0-9]+ +\[' "$OUT/$name.log" | awk '{print $1" rel "$4}' | tr '\n' ' ')"
+done
+
+for r in $(seq 1 "$rounds"); do
+  for p in $programs; do
+    for form in planner fused library; do
+      d="$OUT/aot/${p}_$form"
+      [ -f "$d/manifest.txt" ] || continue
+      timeout 120 "$cli" bench "examples/$p.cf" --aot "$d" --iters 30 > "$OUT/bench_${p}_${form}_$r.log" 2>&1
+      status[bench_${p}_$form]=$?
+    done
+  done
+done
+
+echo
+echo "| program | form | median us (per round) | ÷ cuBLASLt | passes ÷ copy |"
+echo "|---|---|---|---|---|"
+for p in $programs; do
+  for form in planner fused library; do
+    meds="" ratio="" pass=""
+    for r in $(seq 1 "$rounds"); do
+      f="$OUT/bench_${p}_${form}_$r.log"
+      [ -f "$f" ] || continue
+      meds="$meds $(grep -oE ': median [0-9.]+ us' "$f" | awk '{print $3}')"
+      ratio="$ratio $(grep -oE 'fused graph ÷ cuBLAS = [0-9.]+' "$f" | awk '{print $NF}')"
+      pass="$pass $(grep -oE 'passes ÷ copy = [0-9.]+' "$f" | awk '{print $NF}')"
+    done
+    echo "| $p | $form |$meds |$ratio |$pass |"
+  done
+done
+fails=0
+for k in "${!status[@]}"; do [ "${status[$k]}" = 0 ] || { echo "failed: $k (rc ${status[$k]})"; fails=1; }; done
+exit $fails
