@@ -13,6 +13,7 @@
 
 #include "comfuse/codegen.h"
 #include "comfuse/plan.h"
+#include "comfuse/rewrite.h"
 #include "comfuse/partition.h"
 #include "comfuse/text.h"
 #include "random_program.h"
@@ -651,31 +652,36 @@ TEST(Codegen, AsyncStoresWhereTheConfigAndTheOutputsAllowThem) {
 
 
 // The library form (KernelConfig::library): every region of every example that the fused kernel serves renders as
-// a pass too, and the pass runs the very epilogue tree the fused kernel does (the tile inputs read in the epilogue,
-// TileLoad, as the pass always reads them).
+// a pass too, as written and with its norms finished in their readers (the deferred producers' row outputs, the
+// readers' row scale and shift), and the pass runs the very epilogue tree the fused kernel does (the tile inputs
+// read in the epilogue, TileLoad, as the pass always reads them).
 TEST(Codegen, EveryFusedRegionRendersInTheLibraryFormWithTheSameTree) {
   int checked = 0;
   for (const char* dir : {"examples", "examples/small"}) {
     for (const auto& e : fs::directory_iterator(fs::path(COMFUSE_SOURCE_DIR) / dir)) {
       if (e.path().extension() != ".cf") continue;
-      Partition p = partition(parse_cf_file(e.path().string()));
-      for (size_t r = 0; r < p.regions.size(); ++r) {
-        const FusionSpec& fs = p.regions[r].spec;
-        KernelConfig fused;
-        fused.tile_input = TileInputForm::Registers;
-        if (fs.gemm.paired()) fused.tile_n = 256;   // (the pass's fragment: 64 x 256, an output tile of 128)
-        if (psi_rejects(fs, fused)) continue;
-        std::string why;
-        const auto lib = library_config_for(fs, &why);
-        ASSERT_TRUE(lib.has_value()) << e.path() << " region " << r << ": " << why;
-        EXPECT_TRUE(lib->library && lib->tile_m == 64 && lib->cluster_m == 1);
-        const GeneratedKernel k = generate_kernel(fs, *lib);
-        EXPECT_EQ(k.name, generate_kernel(fs, fused).name + "_lib") << "the library form's own kernel name";
-        EXPECT_NE(k.source.find("using Cfg = PassConfig<"), std::string::npos) << e.path();
-        EXPECT_EQ(k.source.find("GemmConfig<"), std::string::npos) << e.path();
-        EXPECT_EQ(expanded_epilogue(k.source), expanded_epilogue(generate_kernel(fs, fused).source))
-            << e.path() << " region " << r;
-        ++checked;
+      for (bool deferred : {false, true}) {   // (and with the norms finished in their readers: the rewritten regions)
+        DeferOptions o;
+        o.enabled = deferred;
+        Partition p = partition(defer_norms(parse_cf_file(e.path().string()), o));
+        for (size_t r = 0; r < p.regions.size(); ++r) {
+          const FusionSpec& fs = p.regions[r].spec;
+          KernelConfig fused;
+          fused.tile_input = TileInputForm::Registers;
+          if (fs.gemm.paired()) fused.tile_n = 256;   // (the pass's fragment: 64 x 256, an output tile of 128)
+          if (psi_rejects(fs, fused)) continue;
+          std::string why;
+          const auto lib = library_config_for(fs, &why);
+          ASSERT_TRUE(lib.has_value()) << e.path() << " region " << r << ": " << why;
+          EXPECT_TRUE(lib->library && lib->tile_m == 64 && lib->cluster_m == 1);
+          const GeneratedKernel k = generate_kernel(fs, *lib);
+          EXPECT_EQ(k.name, generate_kernel(fs, fused).name + "_lib") << "the library form's own kernel name";
+          EXPECT_NE(k.source.find("using Cfg = PassConfig<"), std::string::npos) << e.path();
+          EXPECT_EQ(k.source.find("GemmConfig<"), std::string::npos) << e.path();
+          EXPECT_EQ(expanded_epilogue(k.source), expanded_epilogue(generate_kernel(fs, fused).source))
+              << e.path() << " region " << r;
+          ++checked;
+        }
       }
     }
   }
