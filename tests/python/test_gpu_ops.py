@@ -424,15 +424,15 @@ def test_the_fast_path_registration_checks_its_description():
     if not ops._FAST:
         pytest.skip("skipped: the C++ fast path (comfuse/_torch_ops.so) is not built")
     with pytest.raises(RuntimeError, match="description too short"):
-        torch.ops.comfuse._fast_register("no-such-region", [1, 1, 8])
-    with pytest.raises(RuntimeError, match="kernel ABI 999, this library 1"):
+        torch.ops.comfuse._fast_register("no-such-region", [1, C.KERNEL_ABI, 8])
+    with pytest.raises(RuntimeError, match=f"kernel ABI 999, this library {C.KERNEL_ABI}"):
         torch.ops.comfuse._fast_register("no-such-region", [1, 999])
     with pytest.raises(RuntimeError, match="is not registered"):
         torch.ops.comfuse._fast_workspace("no-such-region", 0, 0, 0, 0)
     before = ops.fast_path_stats()["regions"]
     # a whole description: entry, abi, n, k, lda, ldb, ld, transport, reduces, dtype, 0 params, 1 output (dtype,
     # A's leading dims, 1 leading dim, 100, 1 column dim, 64, row-major)
-    desc = [1, 1, 64, 32, 32, 64, 64, 0, 0, 15, 0, 1, 15, 1, 1, 100, 1, 64, 0]
+    desc = [1, C.KERNEL_ABI, 64, 32, 32, 64, 64, 0, 0, 15, 0, 1, 15, 1, 1, 100, 1, 64, 0]
     with pytest.raises(RuntimeError, match="output columns"):
         torch.ops.comfuse._fast_register("test-region-0", desc[:-3] + [0])
     with pytest.raises(RuntimeError, match=r"an output stored in parts is \[lead..., T, C\]"):
@@ -474,7 +474,7 @@ def test_the_fast_path_shapes_outputs_as_the_python_kernel_does():
         key = ops.register_region(spec)
         L = ops._GpuLaunch(key, spec)
         g = spec.gemm
-        torch.ops.comfuse._fast_register(key, ops._fast_description(L, 1, [1, int(g.n), int(g.k), int(g.k),
+        torch.ops.comfuse._fast_register(key, ops._fast_description(L, 1, [C.KERNEL_ABI, int(g.n), int(g.k), int(g.k),
                                                                            int(g.n), int(g.n), 0]))
         try:
             for a in a_shapes:
