@@ -12,25 +12,13 @@ it (above 1: ComFuse is faster). Without a GPU: prints "skipped: no GPU" and exi
 import argparse
 import csv
 import os
-import re
 import statistics
-import subprocess
 import sys
 
 SKIP = 77
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 PROGRAMS = ("llama_block", "bert_layer")
-
-
-def comfuse_us(cli, cf, defer):
-    """`comfuse bench` of the program: its median in µs."""
-    r = subprocess.run([cli, "bench", cf, "--defer-norms", defer], capture_output=True, text=True,
-                       env=dict(os.environ, COMFUSE_KERNEL_DIR=os.environ.get("COMFUSE_KERNEL_DIR", f"{ROOT}/kernels")))
-    m = re.search(r": median ([0-9.]+) us over", r.stdout)
-    if r.returncode != 0 or not m:
-        raise RuntimeError(f"comfuse bench {cf} --defer-norms {defer} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
-    return float(m.group(1))
 
 
 def main(argv):
@@ -48,34 +36,23 @@ def main(argv):
     if not torch.cuda.is_available():
         print("skipped: no GPU")
         return SKIP
-    from triton.testing import do_bench
+    from programs import comfuse_us, torch_us   # (bench/programs.py: the same timing of both sides)
     rows = []
     for name in programs:
         cf = f"{ROOT}/examples/{name}.cf"
-        from comfuse import _core as C
-        from comfuse import to_torch
-        with open(cf) as f:
-            g = C.parse_cf(f.read(), cf)
-        fn = to_torch.function(g)
-        t = to_torch.random_inputs(g, "cuda")
-        us = {"eager": do_bench(lambda: fn(t), warmup=25, rep=100)}
-        for mode in ("default", "max-autotune-no-cudagraphs"):
-            torch._dynamo.reset()
-            c = torch.compile(fn, mode=None if mode == "default" else mode)
-            c(t)
-            us[mode] = do_bench(lambda: c(t), warmup=25, rep=100)
+        us = torch_us(cf)
         best = min(us["default"], us["max-autotune-no-cudagraphs"])
         runs = {"off": [], "on": []}
         for _ in range(a.rounds):   # the two forms alternate
             for defer in ("off", "on"):
-                runs[defer].append(comfuse_us(a.cli, cf, defer))
+                runs[defer].append(comfuse_us(a.cli, cf, ["--defer-norms", defer]))
         for defer, xs in runs.items():
             med = statistics.median(xs)
             rows.append(dict(program=name, defer_norms=defer, comfuse_us=round(med, 1),
-                             spread_us=round(max(xs) - min(xs), 1), eager_us=round(us["eager"] * 1e3, 1),
-                             compile_default_us=round(us["default"] * 1e3, 1),
-                             compile_max_autotune_us=round(us["max-autotune-no-cudagraphs"] * 1e3, 1),
-                             best_compile_div_comfuse=round(best * 1e3 / med, 3)))
+                             spread_us=round(max(xs) - min(xs), 1), eager_us=round(us["eager"], 1),
+                             compile_default_us=round(us["default"], 1),
+                             compile_max_autotune_us=round(us["max-autotune-no-cudagraphs"], 1),
+                             best_compile_div_comfuse=round(best / med, 3)))
     if a.out:
         with open(a.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

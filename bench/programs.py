@@ -33,23 +33,23 @@ NAMED = ("postnorm", "rmsnorm", "softmax", "ln_softmax", "bias_gelu", "bert_laye
 FORMS = ("planner", "fused", "library")
 
 
-def comfuse_us(cli, cf, form):
-    """`comfuse bench` of the program in `form` ("planner": no --form): its median in µs; None where a region cannot
-    run in the form asked for (the planner's choice must run)."""
-    args = [cli, "bench", cf, "--iters", "50"] + ([] if form == "planner" else ["--form", form])
+def comfuse_us(cli, cf, options=(), optional=False):
+    """`comfuse bench FILE.cf OPTIONS...`: its median in µs. optional: None where it fails (e.g. a region no pass
+    serves under --form library: that variant has no time), else the failure is raised."""
+    args = [cli, "bench", cf, "--iters", "50", *options]
     r = subprocess.run(args, capture_output=True, text=True,
                        env=dict(os.environ, COMFUSE_KERNEL_DIR=os.environ.get("COMFUSE_KERNEL_DIR", f"{ROOT}/kernels")))
     m = re.search(r": median ([0-9.]+) us over", r.stdout)
     if r.returncode != 0 or not m:
-        if form != "planner":   # e.g. a region no pass serves (--form library): that form has no time
-            print(f"{' '.join(args)}: exit {r.returncode}, no time for this form:\n{r.stdout[-400:]}", file=sys.stderr)
+        if optional:
+            print(f"{' '.join(args)}: exit {r.returncode}, no time for this variant:\n{r.stdout[-400:]}", file=sys.stderr)
             return None
         raise RuntimeError(f"{' '.join(args)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
     return float(m.group(1))
 
 
 def torch_us(cf, device="cuda"):
-    """eager, torch.compile default and max-autotune-no-cudagraphs of the program's translation: median ms each."""
+    """eager, torch.compile default and max-autotune-no-cudagraphs of the program's translation: median µs each."""
     import torch
     from triton.testing import do_bench
     from comfuse import _core as C
@@ -97,7 +97,8 @@ def main(argv):
         runs = {f: [] for f in FORMS}
         for _ in range(a.rounds):   # the forms alternate
             for form in FORMS:
-                runs[form].append(comfuse_us(a.cli, cf, form))
+                runs[form].append(comfuse_us(a.cli, cf, [] if form == "planner" else ["--form", form],
+                                             optional=form != "planner"))
         med = {f: statistics.median(xs) if None not in xs else math.nan for f, xs in runs.items()}
         fastest = min(x for x in (med["fused"], med["library"], med["planner"]) if not math.isnan(x))
         rows.append(dict(program=name, named=int(is_named),
