@@ -74,6 +74,43 @@ cudaError_t set_max_dynamic_smem(int bytes, int dev = -1) {
   return cudaSuccess;
 }
 
+// A per-device int: compute(dev) once per device, then the cached value (devices past kMaxDevices: computed every
+// time). Tag: one cache per tag type (a kernel's resident clusters, ...).
+template <class Tag, class F>
+int once_per_device(int dev, F&& compute) {
+  static int cached[kMaxDevices];
+  static bool known[kMaxDevices] = {};
+  if (dev < 0) dev = current_device();
+  if (dev < kMaxDevices && known[dev]) return cached[dev];
+  const int v = compute(dev);
+  if (dev < kMaxDevices) {   // (a race stores the same value twice: harmless)
+    cached[dev] = v;
+    known[dev] = true;
+  }
+  return v;
+}
+
+// How many clusters of `cluster` CTAs of Kernel (threads, dynamic SMEM bytes) can be resident at once on the current
+// device (the runtime's occupancy query for a launch of `grid`), or `fallback` where the runtime cannot say.
+template <auto Kernel>
+int max_active_clusters(dim3 grid, dim3 cluster, unsigned threads, int smem, int fallback) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim = {cluster.x, cluster.y, cluster.z};
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, Kernel, &cfg) != cudaSuccess || n <= 0) {
+    (void)cudaGetLastError();
+    n = fallback;
+  }
+  return n;
+}
+
 struct Shape {
   dim3 grid, block;
   unsigned smem = 0;

@@ -706,12 +706,8 @@ struct Gemm {
       if constexpr (!kReduces) {
         return "the DSMEM transport is for epilogues with row reductions";
       } else {
-        if (Cfg::kClusterM != 1 || Cfg::kClusterN < 2)
-          return "the DSMEM transport needs a 1 x C cluster (C >= 2) whose CTAs hold one row block";
-        if (Cfg::kClusterN > Tree::kDsmemCols)
-          return "the DSMEM transport: the cluster is wider than the epilogue's DSMEM buffers (kDsmemCols)";
-        if (column_blocks(a.N) > Cfg::kClusterN)
-          return "the DSMEM transport needs the row block in one cluster: N / TileN exceeds the cluster width (use L2)";
+        if (char const* why = reduce::dsmem_refusal(Cfg::kClusterM, Cfg::kClusterN, Tree::kDsmemCols, column_blocks(a.N)))
+          return why;
       }
     } else if constexpr (kReduces) {
       if (a.reduce_counters == nullptr && column_blocks(a.N) > 1)
@@ -734,7 +730,6 @@ struct Gemm {
 
   // Function attributes and occupancy belong to a device: both are cached per device (the current one; devices
   // past driver::kMaxDevices are asked every time).
-  static constexpr int kMaxDevices = driver::kMaxDevices;
   static int current_device() { return driver::current_device(); }
 
   // Once per device (retried until it succeeds). Clusters here are at most 8 CTAs, the portable size, so no
@@ -745,42 +740,20 @@ struct Gemm {
 
   // Resident clusters of this kernel on the current device (cached per device).
   static int max_resident_clusters(int dev = -1) {
-    static int cached[kMaxDevices];
-    static bool known[kMaxDevices] = {};
-    if (dev < 0) dev = current_device();
-    if (dev < kMaxDevices && known[dev]) return cached[dev];
-    const int n = count_resident_clusters(dev);
-    if (dev < kMaxDevices) {
-      cached[dev] = n;
-      known[dev] = true;
-    }
-    return n;
+    return driver::once_per_device<Gemm>(dev, [](int d) { return count_resident_clusters(d); });
   }
 
   static int count_resident_clusters(int dev) {
     set_smem_limit(dev);
-    auto kernel = &gemm_kernel_entry<Kernel>;
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     constexpr int cs = Cfg::kClusterM * Cfg::kClusterN;
     if constexpr (cs == 1) {
       return sms;
     } else {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(Cfg::kClusterM * (sms / cs), Cfg::kClusterN, 1);
-      cfg.blockDim = dim3(Kernel::kThreads);
-      cfg.dynamicSmemBytes = Kernel::kSmemBytes;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim = {unsigned(Cfg::kClusterM), unsigned(Cfg::kClusterN), 1};
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n <= 0) {
-        (void)cudaGetLastError();
-        n = sms / cs;
-      }
-      return n;
+      return driver::max_active_clusters<&gemm_kernel_entry<Kernel>>(
+          dim3(Cfg::kClusterM * (sms / cs), Cfg::kClusterN, 1), dim3(Cfg::kClusterM, Cfg::kClusterN, 1), Kernel::kThreads,
+          Kernel::kSmemBytes, sms / cs);
     }
   }
 

@@ -292,11 +292,7 @@ struct Pass {
       if constexpr (!kReduces) {
         return "the DSMEM transport is for epilogues with row reductions";
       } else {
-        if (Cfg::kClusterN < 2) return "the DSMEM transport needs a 1 x C pass cluster (C >= 2) that holds the row block";
-        if (Cfg::kClusterN > Tree::kDsmemCols)
-          return "the DSMEM transport: the cluster is wider than the epilogue's DSMEM buffers (kDsmemCols)";
-        if (column_blocks(a.N) > Cfg::kClusterN)
-          return "the DSMEM transport needs the row block in one cluster: N / TileN exceeds the cluster width (use L2)";
+        if (char const* why = reduce::dsmem_refusal(1, Cfg::kClusterN, Tree::kDsmemCols, column_blocks(a.N))) return why;
       }
     } else if constexpr (kReduces) {
       if (Cfg::kClusterN > 1) return "the L2 transport runs without a cluster (cooperative launch): use a 1-wide pass";
@@ -308,50 +304,27 @@ struct Pass {
     return nullptr;
   }
 
-  static constexpr int kMaxDevices = driver::kMaxDevices;
-
   static cudaError_t set_smem_limit(int dev = -1) {
     return driver::set_max_dynamic_smem<&pass_kernel_entry<Kernel>>(Kernel::kSmemBytes, dev);
   }
 
   // Resident CTAs (clusters: CTAs of resident clusters) of the pass on the current device, cached per device.
   static int max_resident_ctas(int dev = -1) {
-    static int cached[kMaxDevices];
-    static bool known[kMaxDevices] = {};
-    if (dev < 0) dev = driver::current_device();
-    if (dev < kMaxDevices && known[dev]) return cached[dev];
-    set_smem_limit(dev);
-    auto kernel = &pass_kernel_entry<Kernel>;
-    int sms = 0, per_sm = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Kernel::kThreads, Kernel::kSmemBytes) != cudaSuccess ||
-        per_sm <= 0) {
-      (void)cudaGetLastError();
-      per_sm = 1;
-    }
-    int n = sms * per_sm;
-    if constexpr (Cfg::kClusterN > 1) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(unsigned(n / Cfg::kClusterN), Cfg::kClusterN, 1);
-      cfg.blockDim = dim3(Kernel::kThreads);
-      cfg.dynamicSmemBytes = Kernel::kSmemBytes;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim = {1u, unsigned(Cfg::kClusterN), 1u};
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters <= 0) {
+    return driver::once_per_device<Pass>(dev, [](int d) {
+      set_smem_limit(d);
+      int sms = 0, per_sm = 0;
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d);
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, &pass_kernel_entry<Kernel>, Kernel::kThreads,
+                                                        Kernel::kSmemBytes) != cudaSuccess || per_sm <= 0) {
         (void)cudaGetLastError();
-        clusters = n / Cfg::kClusterN;
+        per_sm = 1;
       }
-      n = clusters * Cfg::kClusterN;
-    }
-    if (dev < kMaxDevices) {
-      cached[dev] = n;
-      known[dev] = true;
-    }
-    return n;
+      const int n = sms * per_sm;
+      if constexpr (Cfg::kClusterN == 1) return n;
+      return Cfg::kClusterN * driver::max_active_clusters<&pass_kernel_entry<Kernel>>(
+                                  dim3(unsigned(n / Cfg::kClusterN), Cfg::kClusterN, 1), dim3(1, Cfg::kClusterN, 1),
+                                  Kernel::kThreads, Kernel::kSmemBytes, n / Cfg::kClusterN);
+    });
   }
 
   static typename Kernel::Params make_params(Arguments const& a) {

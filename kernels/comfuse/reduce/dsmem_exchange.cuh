@@ -64,6 +64,17 @@ CUTE_DEVICE void st_async_peer(float4 const* local, uint64_t const* bar, uint32_
 
 }  // namespace detail
 
+// Why the DSMEM transport cannot serve a launch (nullptr: it can): a kernel whose cluster is cluster_m x cluster_n,
+// whose epilogue's buffers serve max_cols CTAs, on rows of `column_blocks` tiles. The row block must be one 1 x C
+// cluster (C >= 2). For the host's argument checks (Gemm and Pass can_implement).
+inline char const* dsmem_refusal(int cluster_m, int cluster_n, int max_cols, int column_blocks) {
+  if (cluster_m != 1 || cluster_n < 2) return "the DSMEM transport needs a 1 x C cluster (C >= 2) whose CTAs hold one row block";
+  if (cluster_n > max_cols) return "the DSMEM transport: the cluster is wider than the epilogue's DSMEM buffers (kDsmemCols)";
+  if (column_blocks > cluster_n)
+    return "the DSMEM transport needs the row block in one cluster: N / TileN exceeds the cluster width (use L2)";
+  return nullptr;
+}
+
 // Initializes a group's buffers (one thread, before the cluster-wide barrier that starts the kernel).
 template <int MaxCols>
 CUTE_DEVICE void dsmem_init(DsmemBuffers<MaxCols>& b) {
