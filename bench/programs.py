@@ -18,6 +18,7 @@ programs (not the random ones) and the programs under 0.97. Without a GPU: print
 """
 import argparse
 import csv
+import glob
 import math
 import os
 import re
@@ -28,14 +29,19 @@ import tempfile
 
 SKIP = 77
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+# The source tree's package where its extension was built for this Python (scripts/setup.sh), else the installed one
+# (on the device: `pip install --no-build-isolation --no-deps .` with the image's own Python).
+if glob.glob(os.path.join(ROOT, "python", "comfuse", f"_core.cpython-{sys.version_info[0]}{sys.version_info[1]}*")):
+    sys.path.insert(0, os.path.join(ROOT, "python"))
 NAMED = ("postnorm", "rmsnorm", "softmax", "ln_softmax", "bias_gelu", "bert_layer", "llama_block")
 FORMS = ("planner", "fused", "library")
 
 
-def comfuse_us(cli, cf, options=(), optional=False):
-    """`comfuse bench FILE.cf OPTIONS...`: its median in µs. optional: None where it fails (e.g. a region no pass
-    serves under --form library: that variant has no time), else the failure is raised."""
+def comfuse_bench(cli, cf, options=(), optional=False):
+    """`comfuse bench FILE.cf OPTIONS...`: {"us": its median in µs, "pass_us", "copy_us" (where every region runs a
+    library pass: the passes' time, the graph less its cuBLASLt GEMMs, and a device copy of the bytes they move),
+    "forms": the form each region ran}. optional: None where it fails (e.g. a region no pass serves under
+    --form library: that variant has no time), else the failure is raised."""
     args = [cli, "bench", cf, "--iters", "50", *options]
     r = subprocess.run(args, capture_output=True, text=True,
                        env=dict(os.environ, COMFUSE_KERNEL_DIR=os.environ.get("COMFUSE_KERNEL_DIR", f"{ROOT}/kernels")))
@@ -45,7 +51,35 @@ def comfuse_us(cli, cf, options=(), optional=False):
             print(f"{' '.join(args)}: exit {r.returncode}, no time for this variant:\n{r.stdout[-400:]}", file=sys.stderr)
             return None
         raise RuntimeError(f"{' '.join(args)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
-    return float(m.group(1))
+    out = {"us": float(m.group(1)), "pass_us": math.nan, "copy_us": math.nan}
+    p = re.search(r"the passes take ~(-?[0-9.]+) us .* take ([0-9.]+) us as a device copy", r.stdout)
+    if p:
+        out["pass_us"], out["copy_us"] = float(p.group(1)), float(p.group(2))
+    return out
+
+
+def comfuse_us(cli, cf, options=(), optional=False):
+    """comfuse_bench's median alone (None where an optional variant failed)."""
+    b = comfuse_bench(cli, cf, options, optional)
+    return None if b is None else b["us"]
+
+
+def inductor_epilogue_us(cf, device="cuda"):
+    """The program's epilogue alone under torch.compile (default mode): every matmul's output given as an input
+    (comfuse.to_torch.function(.., given=matmul names)), so Inductor fuses the rest into its own pass(es). Median µs
+    of do_bench; the pass the library form's generated pass is held to."""
+    import torch
+    from triton.testing import do_bench
+    from comfuse import _core as C
+    from comfuse import to_torch
+    with open(cf) as f:
+        g = C.parse_cf(f.read(), cf)
+    mm = to_torch.matmul_names(g)
+    t = {**to_torch.random_inputs(g, device), **to_torch.given_inputs(g, mm, device)}
+    torch._dynamo.reset()
+    c = torch.compile(to_torch.function(g, given=mm))
+    c(t)
+    return do_bench(lambda: c(t), warmup=25, rep=100) * 1e3
 
 
 def torch_us(cf, device="cuda"):
@@ -75,6 +109,9 @@ def main(argv):
     p.add_argument("--seed", type=int, default=20261205)
     p.add_argument("--out", default=None, help="CSV file to write")
     p.add_argument("--programs", default=",".join(NAMED))
+    p.add_argument("--passes", action="store_true",
+                   help="also the library form's generated pass alone against a device copy and Inductor's pass for "
+                        "the same epilogue (the named programs)")
     a = p.parse_args(argv)
     named = [x for x in a.programs.split(",") if x]
     for x in named:
@@ -91,15 +128,24 @@ def main(argv):
         subprocess.run([gen, "--count", str(a.random), "--bench", "--seed", str(a.seed), "-o", tmp], check=True)
         programs += [(f"random/{f[:-3]}", os.path.join(tmp, f), False) for f in sorted(os.listdir(tmp)) if f.endswith(".cf")]
     rows = []
+    writer = None
+    if a.out:   # a row per program as it is measured: a run cut short keeps what it measured
+        out_file = open(a.out, "w", newline="")
     for name, cf, is_named in programs:
         tu = torch_us(cf)
         best = min(tu["default"], tu["max-autotune-no-cudagraphs"])
         runs = {f: [] for f in FORMS}
+        passes = []   # (pass µs, copy µs) of the library form's invocations
         for _ in range(a.rounds):   # the forms alternate
             for form in FORMS:
-                runs[form].append(comfuse_us(a.cli, cf, [] if form == "planner" else ["--form", form],
-                                             optional=form != "planner"))
+                b = comfuse_bench(a.cli, cf, [] if form == "planner" else ["--form", form], optional=form != "planner")
+                runs[form].append(None if b is None else b["us"])
+                if form == "library" and b is not None:
+                    passes.append((b["pass_us"], b["copy_us"]))
         med = {f: statistics.median(xs) if None not in xs else math.nan for f, xs in runs.items()}
+        pass_us = statistics.median(x for x, _ in passes) if passes else math.nan
+        copy_us = statistics.median(y for _, y in passes) if passes else math.nan
+        ind_us = inductor_epilogue_us(cf) if a.passes and is_named and not math.isnan(pass_us) else math.nan
         fastest = min(x for x in (med["fused"], med["library"], med["planner"]) if not math.isnan(x))
         rows.append(dict(program=name, named=int(is_named),
                          comfuse_us=round(med["planner"], 1), spread_us=round(max(runs["planner"]) - min(runs["planner"]), 1),
@@ -107,18 +153,31 @@ def main(argv):
                          eager_us=round(tu["eager"], 1), compile_default_us=round(tu["default"], 1),
                          compile_max_autotune_us=round(tu["max-autotune-no-cudagraphs"], 1),
                          best_compile_div_comfuse=round(best / med["planner"], 3),
-                         form_within_3pct=int(med["planner"] <= 1.03 * fastest)))
-    if a.out:
-        with open(a.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+                         form_within_3pct=int(med["planner"] <= 1.03 * fastest),
+                         pass_us=round(pass_us, 1), copy_us=round(copy_us, 1),
+                         pass_div_copy=round(pass_us / copy_us, 3) if copy_us == copy_us else math.nan,
+                         inductor_pass_us=round(ind_us, 1)))
+        print(f"measured {name}: {rows[-1]}", flush=True)
+        if a.out:
+            if writer is None:
+                writer = csv.DictWriter(out_file, fieldnames=list(rows[0]))
+                writer.writeheader()
+            writer.writerow(rows[-1])
+            out_file.flush()
     print(f"{'program':16} {'ComFuse':>8} {'spread':>7} {'fused':>8} {'library':>8} {'eager':>8} {'compile':>8} "
           f"{'max-at':>8} {'best÷CF':>8} {'form ok':>7}")
     for r in rows:
         print(f"{r['program']:16} {r['comfuse_us']:8.1f} {r['spread_us']:7.1f} {r['fused_us']:8.1f} {r['library_us']:8.1f} "
               f"{r['eager_us']:8.1f} {r['compile_default_us']:8.1f} {r['compile_max_autotune_us']:8.1f} "
               f"{r['best_compile_div_comfuse']:8.3f} {'yes' if r['form_within_3pct'] else 'NO':>7}")
+    if a.passes:
+        print(f"\n{'program':16} {'pass':>8} {'copy':>8} {'pass÷copy':>9} {'Inductor':>9} {'ok':>4}   "
+              f"(the library form's generated pass alone; target: ÷ copy <= 1.15 and <= Inductor's pass)")
+        for r in rows:
+            if r["named"] and r["pass_us"] == r["pass_us"]:
+                ok = r["pass_div_copy"] <= 1.15 and r["pass_us"] <= r["inductor_pass_us"]
+                print(f"{r['program']:16} {r['pass_us']:8.1f} {r['copy_us']:8.1f} {r['pass_div_copy']:9.3f} "
+                      f"{r['inductor_pass_us']:9.1f} {'yes' if ok else 'NO':>4}")
     ratios = [r["best_compile_div_comfuse"] for r in rows if r["named"]]
     if ratios:
         print(f"geometric mean over the named programs: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} "

@@ -135,20 +135,27 @@ def _node_fn(n, f32: bool = False) -> Callable:
     raise UnsupportedNode(f"node '{n.name}': no PyTorch form for {C.op_name(op)}")
 
 
-def function(graph, intermediates: str = "declared") -> Callable[[dict], dict]:
+def function(graph, intermediates: str = "declared", given=()) -> Callable[[dict], dict]:
     """The program as a function of its inputs by name, returning its outputs by name, each in its declared dtype.
     intermediates: "declared" (each op in its node's dtype, as eager PyTorch) or "f32" (fp32 between ops, as the
-    interpreters). Raises UnsupportedNode for a node without a PyTorch form (before any tensor work)."""
+    interpreters). given: names of computed nodes whose values the caller passes in as inputs instead (e.g. every
+    matmul's output: the function is then the program's epilogue alone; see matmul_names / given_inputs).
+    Raises UnsupportedNode for a node without a PyTorch form (before any tensor work)."""
     if intermediates not in ("declared", "f32"):
         raise ValueError(f"intermediates must be 'declared' or 'f32', got {intermediates!r}")
     f32 = intermediates == "f32"
     nodes = list(graph.nodes)
+    given = set(given)
+    unknown = given - {n.name for n in nodes if n.op not in (C.OpKind.Input, C.OpKind.Constant)}
+    if unknown:
+        raise ValueError(f"given names no computed node of the program: {', '.join(sorted(unknown))}")
     steps = []   # (node id, fn, operand ids, dtype kept) in the graph's (topological) order
     for n in nodes:
-        if n.op in (C.OpKind.Input, C.OpKind.Constant):
+        if n.op in (C.OpKind.Input, C.OpKind.Constant) or n.name in given:
             continue
         steps.append((n.id, _node_fn(n, f32), list(n.inputs), torch.float32 if f32 else _DTYPES[n.dtype]))
     inputs = [(i, nodes[i].name, _DTYPES[nodes[i].dtype]) for i in graph.inputs]
+    inputs += [(n.id, n.name, _DTYPES[n.dtype]) for n in nodes if n.name in given]
     constants = {n.id: float(n.value) for n in nodes if n.op == C.OpKind.Constant}
     outputs = [(name, i, _DTYPES[nodes[i].dtype]) for name, i in graph.outputs]
 
@@ -164,6 +171,19 @@ def function(graph, intermediates: str = "declared") -> Callable[[dict], dict]:
         return {name: env[i] if env[i].dtype == dt else env[i].to(dt) for name, i, dt in outputs}
 
     return run
+
+
+def matmul_names(graph) -> list:
+    """The names of the program's matmul nodes (for function(graph, given=...): the epilogue alone)."""
+    return [n.name for n in graph.nodes if n.op == C.OpKind.MatMul]
+
+
+def given_inputs(graph, names, device="cpu", seed: int = 1) -> dict:
+    """Uniform [-1, 1) values for the given nodes, in their declared dtypes and shapes (on `device`)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    by_name = {n.name: n for n in graph.nodes}
+    return {x: (torch.rand(list(by_name[x].shape), generator=gen) * 2 - 1).to(_DTYPES[by_name[x].dtype]).to(device)
+            for x in names}
 
 
 def random_inputs(graph, device="cpu", seed: int = 0) -> dict:

@@ -74,3 +74,24 @@ def test_a_node_without_a_torch_form_is_refused_by_name(monkeypatch):
     monkeypatch.delitem(to_torch._UNARY, C.OpKind.Exp)
     with pytest.raises(to_torch.UnsupportedNode, match="no PyTorch form for exp"):
         to_torch.function(g)
+
+
+def test_the_epilogue_alone_given_the_matmul_outputs():
+    # The epilogue alone (bench/programs.py's Inductor pass) fed the GEMM's own output is the whole program.
+    g = graph_of(os.path.join(ROOT, "examples", "small", "postnorm.cf"))
+    mm = to_torch.matmul_names(g)
+    assert len(mm) == 1
+    ins = to_torch.random_inputs(g, seed=5)
+    env = dict(ins)
+    full = to_torch.function(g)
+    epilogue = to_torch.function(g, given=mm)
+    node = g.node(g.find(mm[0]))
+    a, b = (ins[g.node(i).name] for i in node.inputs)
+    env[mm[0]] = a @ (b.t() if node.transpose_b else b)
+    for name, t in full(ins).items():
+        assert torch.equal(epilogue(env)[name], t), name
+    fresh = to_torch.given_inputs(g, mm, seed=2)
+    assert fresh[mm[0]].shape == tuple(node.shape) and fresh[mm[0]].dtype == torch.bfloat16
+    assert epilogue({**ins, **fresh}).keys() == full(ins).keys()
+    with pytest.raises(ValueError, match="no computed node of the program: nope"):
+        to_torch.function(g, given=["nope"])
