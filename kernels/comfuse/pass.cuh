@@ -79,6 +79,20 @@ struct PassKernel {
   using Element = typename Cfg::Element;
   static constexpr bool kDualB = Cfg::kDualB;
   static constexpr int kThreads = 128;
+  // At most 128 registers a thread, so that four CTAs share an SM (136 registers left three: 12 warps to keep an
+  // SM's loads in flight through a tile's exchanges). A 64 x 256 fragment (two GEMMs on one A) takes more.
+  // (COMFUSE_PASS_MIN_BLOCKS overrides it, 0: no bound; COMFUSE_PASS_PREFETCH_NEXT=0 turns prefetch_next off: for
+  // measuring the choices, scripts/gpu-pass-ab.sh.)
+#ifdef COMFUSE_PASS_PREFETCH_NEXT
+  static constexpr bool kPrefetchNext = COMFUSE_PASS_PREFETCH_NEXT != 0;
+#else
+  static constexpr bool kPrefetchNext = true;
+#endif
+#ifdef COMFUSE_PASS_MIN_BLOCKS
+  static constexpr int kMinBlocks = COMFUSE_PASS_MIN_BLOCKS;
+#else
+  static constexpr int kMinBlocks = Cfg::kMmaTileN > 128 ? 0 : 4;
+#endif
   // The accumulator layout of a 64 x kMmaTileN tile of one warp group: the fused kernel's (PingPong, 64-row tiles).
   // Only its layouts are used; no MMA runs.
   using TiledMma = decltype(cute::make_tiled_mma(
@@ -165,6 +179,26 @@ struct PassKernel {
         }
   }
 
+  // The CTA's next tile asked of L2 (cp.async.bulk.prefetch.L2) while this one is loaded, reduced and stored: its
+  // D rows (and D2's) here, its tile inputs' rows by a tree built for it (TileLoad's constructor prefetches them;
+  // no other node's constructor touches memory). HBM then streams the next tile during this tile's exchanges and
+  // arithmetic, without registers or SMEM held for it, and the next tile's loads are L2 hits.
+  template <class NextTile>
+  static CUTE_DEVICE void prefetch_next(Params const& p, typename Tree::SharedStorage& smem, epi::TileCtx const& c,
+                                        NextTile next) {
+    epi::TileCtx n = c;
+    n.m0 = next.m * Cfg::kTileM;
+    n.n0 = next.n * Cfg::kTileN;
+    if (n.thread < Cfg::kTileM && n.m0 + n.thread < n.M && n.n0 < n.N) {
+      const int cols = n.N - n.n0 < Cfg::kTileN ? n.N - n.n0 : Cfg::kTileN;
+      const int64_t row = n.m0 + n.thread;
+      epi::prefetch_l2(p.D + row * p.ldd + n.n0, uint32_t(cols * int(sizeof(Element))));
+      if constexpr (kDualB) epi::prefetch_l2(p.D2 + row * p.ldd2 + n.n0, uint32_t(cols * int(sizeof(Element))));
+    }
+    Tree ahead(p.epi, smem, n);
+    (void)ahead;
+  }
+
   static CUTE_DEVICE void run(Params const& p, char* smem_raw) {
     using namespace cute;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -204,6 +238,7 @@ struct PassKernel {
         ctx.dsmem_data = &ss.dsmem.data[0][0][0];
         ctx.dsmem_full = ss.dsmem.full;
       }
+      if (kPrefetchNext && u + sched.stride < sched.total) prefetch_next(p, ss.epi, ctx, sched.tile(u + sched.stride, 0, ry));
       Tree tree(p.epi, ss.epi, ctx);
       tree.prefetch();   // row vectors staged in SMEM while the tile's loads are in flight
       Loaded loaded;
@@ -235,10 +270,24 @@ struct PassKernel {
 };
 
 template <class Kernel>
-__global__ void __launch_bounds__(Kernel::kThreads) pass_kernel_entry(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
+__global__ void __launch_bounds__(Kernel::kThreads) pass_kernel_free(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
   extern __shared__ __align__(128) char comfuse_smem[];
   Kernel::run(params, comfuse_smem);
 }
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, Kernel::kMinBlocks)
+    pass_kernel_bounded(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
+  extern __shared__ __align__(128) char comfuse_smem[];
+  Kernel::run(params, comfuse_smem);
+}
+// The pass's entry: bounded to kMinBlocks CTAs an SM, or (0) ptxas's own choice. (An explicit bound of 1 is not
+// the same: ptxas then took 167 registers where it takes 134 unbounded.)
+template <class Kernel>
+constexpr auto pass_entry() {
+  if constexpr (Kernel::kMinBlocks > 0) return &pass_kernel_bounded<Kernel>;
+  else return &pass_kernel_free<Kernel>;
+}
+template <class Kernel> inline constexpr auto pass_kernel_entry = pass_entry<Kernel>();
 
 // Host side, with the GEMM's interface (Gemm in gemm.cuh) so that the ABI entry (abi_entry.cuh) serves both: A, B
 // and B2 are the GEMM's X, W and W2 (DualB), lda / ldb / ldb2 their row strides; the launch runs the library GEMM
@@ -305,7 +354,7 @@ struct Pass {
   }
 
   static cudaError_t set_smem_limit(int dev = -1) {
-    return driver::set_max_dynamic_smem<&pass_kernel_entry<Kernel>>(Kernel::kSmemBytes, dev);
+    return driver::set_max_dynamic_smem<pass_kernel_entry<Kernel>>(Kernel::kSmemBytes, dev);
   }
 
   // Resident CTAs (clusters: CTAs of resident clusters) of the pass on the current device, cached per device.
@@ -314,14 +363,14 @@ struct Pass {
       set_smem_limit(d);
       int sms = 0, per_sm = 0;
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d);
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, &pass_kernel_entry<Kernel>, Kernel::kThreads,
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, pass_kernel_entry<Kernel>, Kernel::kThreads,
                                                         Kernel::kSmemBytes) != cudaSuccess || per_sm <= 0) {
         (void)cudaGetLastError();
         per_sm = 1;
       }
       const int n = sms * per_sm;
       if constexpr (Cfg::kClusterN == 1) return n;
-      return Cfg::kClusterN * driver::max_active_clusters<&pass_kernel_entry<Kernel>>(
+      return Cfg::kClusterN * driver::max_active_clusters<pass_kernel_entry<Kernel>>(
                                   dim3(unsigned(n / Cfg::kClusterN), Cfg::kClusterN, 1), dim3(1, Cfg::kClusterN, 1),
                                   Kernel::kThreads, Kernel::kSmemBytes, n / Cfg::kClusterN);
     });
@@ -386,7 +435,7 @@ struct Pass {
   static void describe_launch(typename Kernel::Params const& p, int max_clusters, char* out, size_t len) {
     Launch l = launch_shape(p, max_clusters);
     cudaFuncAttributes fa{};
-    cudaError_t ga = cudaFuncGetAttributes(&fa, &pass_kernel_entry<Kernel>);
+    cudaError_t ga = cudaFuncGetAttributes(&fa, pass_kernel_entry<Kernel>);
     std::snprintf(out, len,
                   "library GEMM %lldx%lldx%lld (last cuBLASLt status %d); pass: grid %ux%u, block %u, dynamic smem %d, "
                   "%d regs (%s), cluster 1x%d, %d tiles",
@@ -422,7 +471,7 @@ struct Pass {
     shape.smem = unsigned(l.smem);
     if constexpr (Cfg::kClusterN > 1) shape.cluster_y = unsigned(Cfg::kClusterN);
     shape.cooperative = kReduces && !reduce::is_dsmem(p.transport);
-    return driver::launch<&pass_kernel_entry<Kernel>>(shape, stream, p, dev);
+    return driver::launch<pass_kernel_entry<Kernel>>(shape, stream, p, dev);
   }
 };
 

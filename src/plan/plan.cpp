@@ -642,6 +642,7 @@ void choose_form(PlanDecision& d, const FusionSpec& fs, const PlanOptions& opts)
     return;
   }
   d.library = library_config_for(fs, &d.library_reason);
+  if (d.library && opts.merge) d.library->merged = *opts.merge && psi_merges(fs);   // the caller's word, as above
   if (d.library && opts.transport && exchanges(fs)) {
     d.library->transport = *opts.transport;
     if (std::string why = fit_transport(*d.library, fs); !why.empty()) throw PlanError("library form: " + why);
