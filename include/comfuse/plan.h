@@ -22,6 +22,11 @@ struct MeasuredRow {
   std::string epilogue;  // identity, bias_gelu, bias_res_2out, postnorm, rmsnorm, softmax, ln_softmax
   double us = 0;
   Transport transport = Transport::None;   // the row reductions' exchange the row measured (l2, dsmem_p2p, ...)
+  // A row of the library form (variant "library"): us is cuBLASLt's GEMM and the generated pass together, and
+  // ratio_cublas that time ÷ the cuBLASLt GEMM alone in the same run, so the pass's own time is us - us / ratio.
+  // The fused plan never reads these rows; the library form's estimate does (PlanDecision::library_us).
+  bool library = false;
+  double ratio_cublas = 0;
 };
 
 const std::vector<MeasuredRow>& measured_table();             // the compiled-in src/plan/measured.csv
@@ -85,7 +90,9 @@ struct PlanDecision {
   std::vector<KernelConfig> candidates;
   std::string candidates_reason;   // why these, and why the prior is first (comfuse plan --explain)
   double fused_us = -1;        // estimates for this region's shape (-1: unknown)
-  double unfused_us = -1;
+  double unfused_us = -1;      // the GEMM and Inductor's pass (what a PyTorch program runs where fusion does not pay)
+  double library_us = -1;      // the library form: the GEMM and ComFuse's generated pass, as measured (library_pass_us)
+  std::string library_basis;   // where library_us's pass time comes from (for the explanation)
   double epilogue_us = 0;      // of fused_us: the epilogue's work beyond the measured class's, not hidden by
                                // the mainloop
   EpilogueCost epilogue;
@@ -94,12 +101,12 @@ struct PlanDecision {
   double pass_us = 0;          // else the memory-bound pass over the GEMM output, tile inputs and outputs
   double copy_us = 0;          // of pass_us: the copies of parts that outputs stored in parts save
   // The library form: its config where Psi renders this Spec as a pass (else nullopt, and library_reason says
-  // why), and the form a C++ program's region runs in: Fused where the verdict is Fuse, Library where fusion does
-  // not pay and the library form serves (or PlanOptions::form asks for it). Its estimate is unfused_us: the same
-  // GEMM and pass the fused kernel is weighed against.
+  // why), and the form a C++ program's region runs in: the one of the two estimated faster (library_us against
+  // fused_us) where the library form serves, or the one PlanOptions::form asks for; form_reason says which and why.
   std::optional<KernelConfig> library;
   std::string library_reason;
   RegionForm form = RegionForm::Fused;
+  std::string form_reason;
   // The config a C++ program's region runs first: config (fused), or *library. Throws std::logic_error for a
   // region that can run in neither.
   const KernelConfig& running_config() const;

@@ -190,24 +190,16 @@ int cmd_plan(const Args& a) {
   for (size_t i = 0; i < p.regions.size(); ++i) {
     PlanDecision d = plan_region(p.regions[i].spec, po);
     std::cout << "  region " << i << ": ";
-    if (d.form == RegionForm::Library)
-      std::cout << (d.fuse ? "library form (as asked; the planner would fuse it), " : "declined, runs in the library form, ")
-                << "cuBLASLt GEMM + generated pass " << config_name(*d.library)
-                << (d.unfused_us >= 0 ? " [fused ~" + std::to_string(int(d.fused_us + 0.5)) + " us, library form ~" +
-                                            std::to_string(int(d.unfused_us + 0.5)) + " us]"
-                                      : std::string())
-                << ": " << d.reason << "\n";
-    else if (d.fuse)
-      std::cout << "fuse, " << d.config.tile_m << "x" << d.config.tile_n << "x" << d.config.tile_k << " cluster "
-                << d.config.cluster_m << "x" << d.config.cluster_n << (d.config.cooperative ? " cooperative" : "")
-                << (d.config.merged ? ", reduction pairs merged" : "")
-                << ", transport " << transport_name(d.config.transport) << ": " << d.reason
-                << "\n";
-    else if (d.verdict == Verdict::Slower)
-      std::cout << "declined, runs fused (" << (d.library ? "--form fused" : "no library form: " + d.library_reason)
+    if (d.verdict == Verdict::CannotServe)
+      std::cout << "declined (runs on the plain path): " << d.reason << "\n";
+    else if (d.form == RegionForm::Library)
+      std::cout << "library form, cuBLASLt GEMM + generated pass " << config_name(*d.library) << " (" << d.form_reason
                 << "): " << d.reason << "\n";
     else
-      std::cout << "declined (runs on the plain path): " << d.reason << "\n";
+      std::cout << "fused, " << d.config.tile_m << "x" << d.config.tile_n << "x" << d.config.tile_k << " cluster "
+                << d.config.cluster_m << "x" << d.config.cluster_n << (d.config.cooperative ? " cooperative" : "")
+                << (d.config.merged ? ", reduction pairs merged" : "") << ", transport "
+                << transport_name(d.config.transport) << " (" << d.form_reason << "): " << d.reason << "\n";
     if (a.flag("explain") && !d.candidates.empty()) {   // the config search (CompiledGraph::run times them)
       std::cout << "    candidates:";
       for (const auto& c : d.candidates) std::cout << " " << config_name(c);

@@ -106,8 +106,8 @@ void add_form_candidates(PlanDecision& d, const FusionSpec& spec, const PlanOpti
     d.candidates = {*d.library};
     d.candidates_reason = "the library form: one pass config";
   }
-  if (opts.form || !d.library || spec.num_stages() != 1 || d.fused_us < 0 || d.unfused_us < 0) return;
-  const double mine = library ? d.unfused_us : d.fused_us, other = library ? d.fused_us : d.unfused_us;
+  if (opts.form || !d.library || spec.num_stages() != 1 || d.fused_us < 0 || d.library_us < 0) return;
+  const double mine = library ? d.library_us : d.fused_us, other = library ? d.fused_us : d.library_us;
   if (other > mine * kCandidateSlack) return;
   if (d.candidates.size() >= static_cast<size_t>(kMaxCandidates)) d.candidates.resize(kMaxCandidates - 1);
   d.candidates.push_back(library ? d.config : *d.library);

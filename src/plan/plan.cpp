@@ -124,7 +124,7 @@ bool exchanges(const FusionSpec& fs) { return fs.num_stages() > 1 && !psi_row_ou
 // `fs`: Psi can read fs's tile inputs in that form (a Spec without any: rows measured with TileLoad only).
 bool eligible(const MeasuredRow& f, const FusionSpec& fs, const std::string& cls, KernelConfig& c) {
   const bool reduces = exchanges(fs);
-  if (f.epilogue != cls || !row_config(f, fs, c)) return false;
+  if (f.library || f.epilogue != cls || !row_config(f, fs, c)) return false;
   if (c.tile_input && !psi_can_read_tiles(fs, c, *c.tile_input)) return false;
   if (c.merged && !psi_merges(fs)) return false;   // measured merged; this Spec has no pair to merge
   if (has_tile_param(fs) && c.tile_n > 128 && !c.cooperative) return false;  // PingPong 128x192 + a residual tile spills (docs/PERF.md)
@@ -340,6 +340,8 @@ std::vector<MeasuredRow> parse_measured_table(const std::string& csv) {
     r.config = f[3] == "cublas" ? "cublas" : f[4];
     r.epilogue = f[5];
     r.us = std::stod(f[6]);
+    r.library = f[3] == "library";
+    if (f.size() > 9) r.ratio_cublas = std::stod(f[9]);
     if (f.size() > 13 && f[13] != "-") {
       const auto t = parse_transport(f[13]);
       if (!t) throw std::invalid_argument("measured table: unknown transport '" + f[13] + "' in '" + line + "'");
@@ -433,6 +435,37 @@ Nearest nearest_measurement(const FusionSpec& fs, const std::string& cls, const 
   return out;
 }
 
+// The library form's pass at this shape (PlanDecision::library_basis says whence): the pass of the library-form
+// measurement of this epilogue class nearest in M and N (its time less its GEMM's, as measured in one run), scaled by
+// the elements of the region's [M, N] output; without one, the unfused model's pass (d.pass_us, Inductor's measured
+// bandwidth). A region cuBLASLt's own epilogue computes has no pass.
+double library_pass_us(PlanDecision& d, const FusionSpec& fs, const std::string& cls, const std::vector<MeasuredRow>& table) {
+  const GemmDesc& g = fs.gemm;
+  if (d.cublas_alone) {
+    d.library_basis = "cuBLASLt's own epilogue computes the region: no pass";
+    return 0;
+  }
+  const MeasuredRow* best = nullptr;
+  double best_dist = std::numeric_limits<double>::infinity();
+  for (const auto& r : table) {
+    if (!r.library || r.epilogue != cls || r.ratio_cublas <= 0 || r.m <= 0 || r.n <= 0) continue;
+    const double dist = std::fabs(std::log(double(g.rows) / r.m)) + std::fabs(std::log(double(g.n) / r.n));
+    if (dist < best_dist) {
+      best_dist = dist;
+      best = &r;
+    }
+  }
+  if (!best) {
+    d.library_basis = "no library-form measurement of '" + cls + "': its pass priced as Inductor's";
+    return d.pass_us;
+  }
+  const double pass_at = std::max(0.0, best->us - best->us / best->ratio_cublas);
+  d.library_basis = "its pass as the library form of '" + cls + "' measured at " + std::to_string(best->m) +
+                    "x" + std::to_string(best->k) + "x" + std::to_string(best->n) +
+                    fmt(" (%.1f us of %.1f), scaled by the elements", pass_at, best->us);
+  return pass_at * double(g.rows) * double(g.n) / (double(best->m) * double(best->n));
+}
+
 // What the fused estimate adds to the measured ratio (for the explanation).
 struct FusedEstimate {
   double ratio = 0;        // fused ÷ cuBLAS at the nearest measured shape
@@ -443,7 +476,7 @@ struct FusedEstimate {
 };
 // The fused and unfused times at this shape (PlanDecision::fused_us, unfused_us, epilogue, epilogue_us).
 FusedEstimate fused_estimate(PlanDecision& d, const FusionSpec& fs, const std::string& cls, const Nearest& near,
-                             bool reduces) {
+                             bool reduces, const std::vector<MeasuredRow>& table) {
   const GemmDesc& g = fs.gemm;
   const int64_t mma_n = g.paired() ? 2 * g.n : g.n;
   // Fused: the measured ratio to cuBLAS at the nearest shape, applied to this shape's GEMM time (scaled by FLOPs).
@@ -485,10 +518,15 @@ FusedEstimate fused_estimate(PlanDecision& d, const FusionSpec& fs, const std::s
   // ramp, the unfused pair two of them. HF BERT at 1 x 128 tokens: the 128 x 768 LayerNorm regions (6 tiles) ran 24
   // us per call fused against 9 us for split-K cuBLAS + LayerNorm (docs/log/2026-12-02.md).
   d.unfused_us = gemm_us + d.pass_us;
+  const double lib_pass_us = library_pass_us(d, fs, cls, table);
+  d.library_us = gemm_us + lib_pass_us;
   // Two GEMMs on one A against two cuBLAS launches: the second launch's floor (kKernelFloorUs, as for a small grid)
   // is what the pair saves where the FLOP-scaled estimate sees a tie (attention's Q and K); the measuring backend
   // times both forms before it keeps the pair.
-  if (g.paired()) d.unfused_us += kKernelFloorUs;
+  if (g.paired()) {
+    d.unfused_us += kKernelFloorUs;
+    d.library_us += kKernelFloorUs;
+  }
   if (tiles < kSms) {
     const double sm_rate = 2.0 * near.cublas->m * near.cublas->n * near.cublas->k / (near.cublas->us * 1e-6) / kSms;   // FLOP/s per SM
     const double tile_mainloop_us = 2.0 * d.config.tile_m * d.config.tile_n * g.k / sm_rate * 1e6;
@@ -502,6 +540,7 @@ FusedEstimate fused_estimate(PlanDecision& d, const FusionSpec& fs, const std::s
     if (!d.cublas_alone) {   // two kernels against one (a GEMM with at most a bias is cuBLAS's single kernel)
       d.fused_us = std::max(d.fused_us, kKernelFloorUs);
       d.unfused_us = std::max(gemm_us, kKernelFloorUs) + std::max(d.pass_us, kKernelFloorUs);
+      d.library_us = std::max(gemm_us, kKernelFloorUs) + (lib_pass_us > 0 ? std::max(lib_pass_us, kKernelFloorUs) : 0.0);
     }
   }
   return e;
@@ -561,7 +600,7 @@ PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>&
     if (cols > 132)
       return decline("a row spans " + std::to_string(cols) + " tiles: more than the 132 CTAs that can be resident to exchange");
   }
-  return decide(d, fused_estimate(d, fs, cls, near, reduces), fs, cls, near, reduces);
+  return decide(d, fused_estimate(d, fs, cls, near, reduces, table), fs, cls, near, reduces);
 }
 
 // The cluster the transport needs: DSMEM puts the row block in one 1 x C cluster, C the next power of two at or
@@ -647,10 +686,29 @@ void choose_form(PlanDecision& d, const FusionSpec& fs, const PlanOptions& opts)
     d.library->transport = *opts.transport;
     if (std::string why = fit_transport(*d.library, fs); !why.empty()) throw PlanError("library form: " + why);
   }
-  const bool wanted = opts.form ? *opts.form == RegionForm::Library : d.verdict == Verdict::Slower;
-  if (wanted && d.library) d.form = RegionForm::Library;
-  else if (opts.form && *opts.form == RegionForm::Library)
-    throw PlanError("the library form was asked for, but it cannot serve this region: " + d.library_reason);
+  const bool estimated = d.library && d.library_us >= 0 && d.fused_us >= 0;
+  const std::string estimates =
+      estimated ? fmt(" [fused ~%.0f us, library form ~%.0f us", d.fused_us, d.library_us) + "; " + d.library_basis + "]" : "";
+  bool wanted = false;
+  if (opts.form) {
+    wanted = *opts.form == RegionForm::Library;
+    if (wanted && !d.library)
+      throw PlanError("the library form was asked for, but it cannot serve this region: " + d.library_reason);
+    d.form_reason = std::string("as asked (--form ") + form_name(*opts.form) + ")" +
+                    (wanted && d.fuse ? ", though the planner would fuse it" : !wanted && d.library && !d.fuse ? ", though fusion does not pay" : "") +
+                    estimates;
+  } else if (!d.library) {
+    d.form_reason = "no library form: " + d.library_reason;
+  } else if (estimated) {
+    // C++ programs run the faster form by the two estimates; the verdict (fused against Inductor's pass) is what
+    // the PyTorch path follows.
+    wanted = d.library_us < d.fused_us;
+    d.form_reason = std::string(wanted ? "the library form" : "the fused kernel") + " is estimated faster" + estimates;
+  } else {
+    wanted = d.verdict == Verdict::Slower;
+    d.form_reason = wanted ? "fusion does not pay" : "the fused kernel pays";
+  }
+  if (wanted) d.form = RegionForm::Library;
 }
 }  // namespace
 

@@ -133,17 +133,11 @@ size_t CompiledGraph::bytes_of(const std::string& name, int64_t rows) const {
 }
 
 namespace {
-// What runs and why, in one line: the verdict's reason, with the form where it is not the verdict's own.
+// What runs and why, in one line: the form and why (PlanDecision::form_reason), then the verdict's reason.
 std::string plan_line(const PlanDecision& d) {
-  const bool library = d.form == RegionForm::Library;
-  std::string estimates = d.unfused_us >= 0 && d.fused_us >= 0
-                              ? " [fused ~" + fixed(d.fused_us, 0) + " us, library form ~" + fixed(d.unfused_us, 0) + " us]"
-                              : std::string();
-  if (d.fuse && !library) return "fuse: " + d.reason;
-  if (d.fuse) return "runs in the library form, as asked (form=library), though the planner would fuse it" + estimates + ": " + d.reason;
-  if (library) return "declined for speed, runs in the library form (cuBLASLt GEMM + generated pass)" + estimates + ": " + d.reason;
-  return "declined for speed, runs fused (" +
-         (d.library ? std::string("form=fused asked for it") : "no library form: " + d.library_reason) + ")" + estimates + ": " + d.reason;
+  const std::string form = d.form == RegionForm::Library ? "runs in the library form (cuBLASLt GEMM + generated pass), "
+                                                         : "runs fused, ";
+  return (d.fuse ? "fuse pays; " : "declined for speed; ") + form + d.form_reason + ": " + d.reason;
 }
 }  // namespace
 

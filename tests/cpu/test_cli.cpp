@@ -187,13 +187,16 @@ TEST(Cli, FormSaysWhatRunsAndEmitsThePass) {
   const std::string ex = std::string(COMFUSE_SOURCE_DIR) + "/examples/postnorm.cf";
   CliRun plan = run("plan " + ex);   // 16384 x 1024 x 1024: fusion does not pay
   EXPECT_EQ(plan.code, 0) << plan.out;
-  EXPECT_NE(plan.out.find("declined, runs in the library form, cuBLASLt GEMM + generated pass lib128_c1x8_p2p"),
-            std::string::npos) << plan.out;
+  EXPECT_NE(plan.out.find(" is estimated faster [fused ~"), std::string::npos) << plan.out;
   CliRun fused = run("plan " + ex + " --form fused");
-  EXPECT_NE(fused.out.find("declined, runs fused (--form fused)"), std::string::npos) << fused.out;
+  EXPECT_NE(fused.out.find("region 0: fused, 128x128x64"), std::string::npos) << fused.out;
+  EXPECT_NE(fused.out.find("(as asked (--form fused)"), std::string::npos) << fused.out;
+  CliRun lib = run("plan " + ex + " --form library");
+  EXPECT_NE(lib.out.find("region 0: library form, cuBLASLt GEMM + generated pass lib128_c1x8_p2p (as asked (--form library)"),
+            std::string::npos) << lib.out;
   const std::string gelu = std::string(COMFUSE_SOURCE_DIR) + "/examples/bias_gelu.cf";
   CliRun asked = run("plan " + gelu + " --form library");
-  EXPECT_NE(asked.out.find("library form (as asked; the planner would fuse it)"), std::string::npos) << asked.out;
+  EXPECT_NE(asked.out.find("as asked (--form library), though the planner would fuse it"), std::string::npos) << asked.out;
   fs::path d = temp_dir("form");
   CliRun emit = run("emit " + ex + " -o " + (d / "o").string() + " --form library");
   EXPECT_EQ(emit.code, 0) << emit.out;

@@ -57,6 +57,42 @@ TEST(Plan, AResidualEpiloguePlansFromTheResidualRows) {
   EXPECT_NE(two.reason.find("'bias_res_2out'"), std::string::npos) << two.reason;
 }
 
+// A C++ program's region runs the faster of its two forms by the estimates: the library form's pass is priced from
+// the table's library rows (its time less the GEMM's, scaled by the elements), never the fused plan from them.
+TEST(Plan, TheFormFollowsTheLibraryRowsWhereTheTableHasThem) {
+  const std::string rows =
+      "M,K,N,variant,config,epilogue,us,spread,tflops,ratio_cublas\n"
+      "16384,1024,1024,cublas,x,identity,50.0,0,0,1.0\n"
+      "16384,1024,1024,a,128x128x64_c1x1,postnorm,80.0,0,0,1.6\n";
+  const FusionSpec ln = spec_of(gemm(16384, 1024, 1024, "y = layer_norm(add(h, b), g, beta)\noutput y\n"));
+  const FusionSpec half = spec_of(gemm(8192, 1024, 1024, "y = layer_norm(add(h, b), g, beta)\noutput y\n"));
+  // no library row: the pass is priced as Inductor's
+  PlanDecision d = plan_region(ln, parse_measured_table(rows));
+  EXPECT_NE(d.library_basis.find("no library-form measurement of 'postnorm'"), std::string::npos) << d.library_basis;
+  EXPECT_DOUBLE_EQ(d.library_us, d.unfused_us);
+  // a slow measured pass (100 us: 50 of pass): the fused kernel runs, though fusion does not pay against Inductor
+  const auto slow = parse_measured_table(rows + "16384,1024,1024,library,lib128_c1x8_p2p,postnorm,100.0,0,0,2.0\n");
+  d = plan_region(ln, slow);
+  EXPECT_NEAR(d.library_us, 100.0, 0.5);
+  EXPECT_EQ(d.form, RegionForm::Fused) << d.form_reason;
+  EXPECT_NE(d.form_reason.find("the fused kernel is estimated faster"), std::string::npos) << d.form_reason;
+  EXPECT_NE(d.form_reason.find("measured at 16384x1024x1024 (50.0 us of 100.0)"), std::string::npos) << d.form_reason;
+  EXPECT_EQ(config_name(d.config), "128x128x64_c1x1_l2") << "a library row is never a fused config";
+  // half the rows: half the pass
+  PlanDecision h = plan_region(half, slow);
+  EXPECT_NEAR(h.library_us, 25.0 + 25.0, 0.5);
+  // a fast measured pass (60 us: 10 of pass): the library form runs
+  d = plan_region(ln, parse_measured_table(rows + "16384,1024,1024,library,lib128_c1x8_p2p,postnorm,60.0,0,0,1.2\n"));
+  EXPECT_EQ(d.form, RegionForm::Library) << d.form_reason;
+  EXPECT_NE(d.form_reason.find("the library form is estimated faster"), std::string::npos) << d.form_reason;
+  // the caller's word over the estimates
+  PlanOptions fused;
+  fused.form = RegionForm::Fused;
+  d = plan_region(ln, fused, parse_measured_table(rows + "16384,1024,1024,library,lib128_c1x8_p2p,postnorm,60.0,0,0,1.2\n"));
+  EXPECT_EQ(d.form, RegionForm::Fused);
+  EXPECT_NE(d.form_reason.find("as asked (--form fused)"), std::string::npos) << d.form_reason;
+}
+
 TEST(Plan, BenchVariantsThatPsiCannotEmitAreNotConfigs) {
   // the table holds split-phase (_sp) instances and fixed tile orders (_r8): the planner must not pick one of
   // them, even where it is the fastest row; nor a merged (_mg) row for a Spec without a pair of reductions to merge
