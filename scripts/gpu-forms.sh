@@ -8,6 +8,7 @@
 # Logs under $OUT; a table last.
 #
 #   scripts/gpu-forms.sh [CLI] [ROUNDS]     (CLI: the comfuse binary, default build/bin/comfuse; ROUNDS default 2)
+# FORMS_PROGRAMS="a b ..." replaces the programs benched; FORMS_CHECKS=0 leaves out step 1.
 # Needs the CUTLASS headers at .carry/cutlass/include (scripts/gpu-check.sh --prepare) and cuBLASLt.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,7 +20,8 @@ mkdir -p "$OUT/aot" "$OUT/cf"
 lt="$(find /usr/local /usr/lib /opt -name 'libcublasLt.so.13' 2>/dev/null | head -1)"
 [ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include" COMFUSE_CACHE_DIR="$OUT/cache"
-programs="postnorm softmax ln_softmax rmsnorm bias_gelu gemm bert_layer llama_block"
+programs="${FORMS_PROGRAMS:-postnorm softmax ln_softmax rmsnorm bias_gelu gemm bert_layer llama_block}"
+checks="${FORMS_CHECKS:-1}"
 
 # Odd shapes for the checks (the library form's exchange paths and partial tiles).
 cat > "$OUT/cf/ln2048.cf" <<'E'
@@ -57,9 +59,11 @@ E
 
 # Everything compiled ahead of time, in parallel: the checks (library form) and the programs in each form.
 {
-  for f in "$OUT"/cf/*.cf; do echo "check_$(basename "$f" .cf) $f --form library"; done
-  for p in postnorm softmax swiglu gemm; do echo "check_$p examples/$p.cf --form library"; done
-  echo "check_postnorm_l2 examples/postnorm.cf --form library --transport l2"
+  if [ "$checks" = 1 ]; then
+    for f in "$OUT"/cf/*.cf; do echo "check_$(basename "$f" .cf) $f --form library"; done
+    for p in postnorm softmax swiglu gemm; do echo "check_$p examples/$p.cf --form library"; done
+    echo "check_postnorm_l2 examples/postnorm.cf --form library --transport l2"
+  fi
   for p in $programs; do
     echo "${p}_planner examples/$p.cf"
     echo "${p}_fused examples/$p.cf --form fused"
@@ -70,7 +74,7 @@ E
 echo "compiled: $(ls "$OUT"/aot/*/manifest.txt 2>/dev/null | wc -l) kernel sets"
 
 declare -A status
-for d in "$OUT"/aot/check_*/; do
+for d in $(ls -d "$OUT"/aot/check_*/ 2>/dev/null); do
   name="$(basename "$d")"
   ex="$(sed -n 's/^check_//p' <<< "$name")"
   case "$ex" in

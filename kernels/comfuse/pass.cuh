@@ -79,15 +79,11 @@ struct PassKernel {
   using Element = typename Cfg::Element;
   static constexpr bool kDualB = Cfg::kDualB;
   static constexpr int kThreads = 128;
-  // At most 128 registers a thread, so that four CTAs share an SM (136 registers left three: 12 warps to keep an
-  // SM's loads in flight through a tile's exchanges). A 64 x 256 fragment (two GEMMs on one A) takes more.
-  // (COMFUSE_PASS_MIN_BLOCKS overrides it, 0: no bound; COMFUSE_PASS_PREFETCH_NEXT=0 turns prefetch_next off: for
-  // measuring the choices, scripts/gpu-pass-ab.sh.)
-#ifdef COMFUSE_PASS_PREFETCH_NEXT
-  static constexpr bool kPrefetchNext = COMFUSE_PASS_PREFETCH_NEXT != 0;
-#else
-  static constexpr bool kPrefetchNext = true;
-#endif
+  // At most 128 registers a thread, so that four CTAs share an SM (unbounded, ptxas took 136 for postnorm: three).
+  // Measured on the H200 (docs/data/pass_variants_2026-12-05.md): 11-20% less pass time on postnorm, softmax and
+  // ln_softmax, in spite of 28-164 bytes of spills. A 64 x 256 fragment (two GEMMs on one A) is left unbounded.
+  // Asking L2 for the next tile while one runs (cp.async.bulk.prefetch.L2 of its D and tile inputs) was measured
+  // too, and made every pass slower. (COMFUSE_PASS_MIN_BLOCKS overrides the bound, 0: none; scripts/gpu-pass-ab.sh.)
 #ifdef COMFUSE_PASS_MIN_BLOCKS
   static constexpr int kMinBlocks = COMFUSE_PASS_MIN_BLOCKS;
 #else
@@ -179,26 +175,6 @@ struct PassKernel {
         }
   }
 
-  // The CTA's next tile asked of L2 (cp.async.bulk.prefetch.L2) while this one is loaded, reduced and stored: its
-  // D rows (and D2's) here, its tile inputs' rows by a tree built for it (TileLoad's constructor prefetches them;
-  // no other node's constructor touches memory). HBM then streams the next tile during this tile's exchanges and
-  // arithmetic, without registers or SMEM held for it, and the next tile's loads are L2 hits.
-  template <class NextTile>
-  static CUTE_DEVICE void prefetch_next(Params const& p, typename Tree::SharedStorage& smem, epi::TileCtx const& c,
-                                        NextTile next) {
-    epi::TileCtx n = c;
-    n.m0 = next.m * Cfg::kTileM;
-    n.n0 = next.n * Cfg::kTileN;
-    if (n.thread < Cfg::kTileM && n.m0 + n.thread < n.M && n.n0 < n.N) {
-      const int cols = n.N - n.n0 < Cfg::kTileN ? n.N - n.n0 : Cfg::kTileN;
-      const int64_t row = n.m0 + n.thread;
-      epi::prefetch_l2(p.D + row * p.ldd + n.n0, uint32_t(cols * int(sizeof(Element))));
-      if constexpr (kDualB) epi::prefetch_l2(p.D2 + row * p.ldd2 + n.n0, uint32_t(cols * int(sizeof(Element))));
-    }
-    Tree ahead(p.epi, smem, n);
-    (void)ahead;
-  }
-
   static CUTE_DEVICE void run(Params const& p, char* smem_raw) {
     using namespace cute;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -238,7 +214,6 @@ struct PassKernel {
         ctx.dsmem_data = &ss.dsmem.data[0][0][0];
         ctx.dsmem_full = ss.dsmem.full;
       }
-      if (kPrefetchNext && u + sched.stride < sched.total) prefetch_next(p, ss.epi, ctx, sched.tile(u + sched.stride, 0, ry));
       Tree tree(p.epi, ss.epi, ctx);
       tree.prefetch();   // row vectors staged in SMEM while the tile's loads are in flight
       Loaded loaded;
