@@ -16,10 +16,11 @@ cd "$root"
 cli="$(realpath "${1:-build/bin/comfuse}")"
 rounds="${2:-2}"
 OUT="${OUT:-$root/build/gpu-forms}"
-mkdir -p "$OUT/aot" "$OUT/cf"
+AOT=/tmp/gpu-forms-aot   # (kernel libraries: kept off $OUT, which comes back)
+mkdir -p "$AOT" "$OUT/cf" "$OUT/aot-logs"
 lt="$(find /usr/local /usr/lib /opt -name 'libcublasLt.so.13' 2>/dev/null | head -1)"
 [ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include" COMFUSE_CACHE_DIR="$OUT/cache"
+export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include" COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/gpu-forms-cache}"
 programs="${FORMS_PROGRAMS:-postnorm softmax ln_softmax rmsnorm bias_gelu gemm bert_layer llama_block}"
 checks="${FORMS_CHECKS:-1}"
 
@@ -57,8 +58,23 @@ y = relu(add(matmul(X, W), b))
 output y
 E
 
+cat > "$OUT/cf/postnorm512.cf" <<'E'
+input X : bf16[512, 256]
+input W : bf16[256, 1024]
+input b : bf16[1024]
+input R : bf16[512, 1024]
+input g : bf16[1024]
+input be : bf16[1024]
+y = layer_norm(add(add(matmul(X, W), b), R), g, be, eps=1e-5)
+output y
+E
+
 # Everything compiled ahead of time, in parallel: the checks (library form) and the programs in each form.
 {
+  # (what the capture and memcheck steps run, compiled here too)
+  for f in "$OUT/cf/postnorm512.cf" "$OUT/cf/ln2048.cf" "$OUT/cf/ln_f16_odd.cf" examples/gemm.cf; do
+    echo "pre_$(basename "$f" .cf) $f --form library"
+  done
   if [ "$checks" = 1 ]; then
     for f in "$OUT"/cf/*.cf; do echo "check_$(basename "$f" .cf) $f --form library"; done
     for p in postnorm softmax swiglu gemm; do echo "check_$p examples/$p.cf --form library"; done
@@ -69,12 +85,12 @@ E
     echo "${p}_fused examples/$p.cf --form fused"
     echo "${p}_library examples/$p.cf --form library"
   done
-} | xargs -P 16 -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "'"$OUT"'/aot/$name" > "'"$OUT"'/aot/$name.log" 2>&1 ||
+} | xargs -P 16 -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "'"$AOT"'/$name" > "'"$OUT"'/aot-logs/$name.log" 2>&1 ||
       echo "aot failed: $name"' "$cli"
-echo "compiled: $(ls "$OUT"/aot/*/manifest.txt 2>/dev/null | wc -l) kernel sets"
+echo "compiled: $(ls "$AOT"/*/manifest.txt 2>/dev/null | wc -l) kernel sets"
 
 declare -A status
-for d in $(ls -d "$OUT"/aot/check_*/ 2>/dev/null); do
+for d in $(ls -d "$AOT"/check_*/ 2>/dev/null); do
   name="$(basename "$d")"
   ex="$(sed -n 's/^check_//p' <<< "$name")"
   case "$ex" in
@@ -87,10 +103,35 @@ for d in $(ls -d "$OUT"/aot/check_*/ 2>/dev/null); do
   echo "$name rc=${status[$name]}: $(grep -E '^[a-z_0-9]+ +\[' "$OUT/$name.log" | awk '{print $1" rel "$4}' | tr '\n' ' ')"
 done
 
+# CUDA-graph capture and replay of both forms (tests/forms/capture_forms.cpp, built here by
+#   g++ -std=c++20 -O2 -I include -I kernels -I $CUDA/include tests/forms/capture_forms.cpp build/libcomfuse.a \
+#       $CUDA/lib64/libcudart_static.a -ldl -lrt -lpthread -o build/forms/capture_forms
+# and carried), then compute-sanitizer memcheck of the library form on small shapes: a 1 x 8 DSMEM cluster, the
+# L2 exchange, f16 with partial tiles.
+if [ -x build/forms/capture_forms ]; then
+  for c in "examples/postnorm.cf library" "examples/postnorm.cf fused" "examples/bias_gelu.cf library" \
+           "examples/gemm.cf library" "examples/bert_layer.cf library" "$OUT/cf/ln2048.cf library"; do
+    set -- $c
+    name="capture_$(basename "$1" .cf)_$2"
+    timeout 120 build/forms/capture_forms "$1" "$2" > "$OUT/$name.log" 2>&1
+    status[$name]=$?
+    echo "$name rc=${status[$name]}: $(grep -cE '^ok  ' "$OUT/$name.log") ok, $(grep -cE '^FAIL' "$OUT/$name.log") failed"
+  done
+fi
+sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+if [ -n "$sanitizer" ] && [ "${FORMS_MEMCHECK:-1}" = 1 ]; then
+  for f in "$OUT/cf/postnorm512.cf" "$OUT/cf/ln2048.cf" "$OUT/cf/ln_f16_odd.cf"; do
+    name="memcheck_$(basename "$f" .cf)"
+    timeout 150 "$sanitizer" --tool memcheck --error-exitcode 9 "$cli" run "$f" --form library --check > "$OUT/$name.log" 2>&1
+    status[$name]=$?
+    echo "$name rc=${status[$name]}: $(grep -E 'ERROR SUMMARY' "$OUT/$name.log" | tail -1)"
+  done
+fi
+
 for r in $(seq 1 "$rounds"); do
   for p in $programs; do
     for form in planner fused library; do
-      d="$OUT/aot/${p}_$form"
+      d="$AOT/${p}_$form"
       [ -f "$d/manifest.txt" ] || continue
       timeout 120 "$cli" bench "examples/$p.cf" --aot "$d" --iters 30 > "$OUT/bench_${p}_${form}_$r.log" 2>&1
       status[bench_${p}_$form]=$?
