@@ -17,66 +17,22 @@ cli="$(realpath "${1:-build/bin/comfuse}")"
 rounds="${2:-2}"
 OUT="${OUT:-$root/build/gpu-forms}"
 AOT=/tmp/gpu-forms-aot   # (kernel libraries: kept off $OUT, which comes back)
-mkdir -p "$AOT" "$OUT/cf" "$OUT/aot-logs"
+mkdir -p "$AOT" "$OUT/aot-logs"
 lt="$(find /usr/local /usr/lib /opt -name 'libcublasLt.so.13' 2>/dev/null | head -1)"
 [ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include" COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/gpu-forms-cache}"
 programs="${FORMS_PROGRAMS:-postnorm softmax ln_softmax rmsnorm bias_gelu gemm bert_layer llama_block}"
 checks="${FORMS_CHECKS:-1}"
 
-# Odd shapes for the checks (the library form's exchange paths and partial tiles).
-cat > "$OUT/cf/ln2048.cf" <<'E'
-input X : bf16[1000, 256]
-input W : bf16[2048, 256]
-input b : bf16[2048]
-input g : bf16[2048]
-input be : bf16[2048]
-y = layer_norm(add(matmul(X, W, transpose_b=true), b), g, be, eps=1e-5)
-output y
-E
-cat > "$OUT/cf/softmax2000.cf" <<'E'
-input X : bf16[999, 128]
-input W : bf16[128, 2000]
-y = softmax(matmul(X, W), dim=-1)
-output y
-E
-cat > "$OUT/cf/ln_f16_odd.cf" <<'E'
-input X : f16[777, 136]
-input W : f16[1000, 136]
-input b : f16[1000]
-input R : f16[777, 1000]
-input g : f16[1000]
-input be : f16[1000]
-y = layer_norm(add(add(matmul(X, W, transpose_b=true), b), R), g, be, eps=1e-5)
-output y
-E
-cat > "$OUT/cf/bias_relu.cf" <<'E'
-input X : bf16[300, 96]
-input W : bf16[96, 168]
-input b : bf16[168]
-y = relu(add(matmul(X, W), b))
-output y
-E
-
-cat > "$OUT/cf/postnorm512.cf" <<'E'
-input X : bf16[512, 256]
-input W : bf16[256, 1024]
-input b : bf16[1024]
-input R : bf16[512, 1024]
-input g : bf16[1024]
-input be : bf16[1024]
-y = layer_norm(add(add(matmul(X, W), b), R), g, be, eps=1e-5)
-output y
-E
-
+# Odd shapes for the checks (the library form's exchange paths and partial tiles): tests/forms/cf/*.cf.
 # Everything compiled ahead of time, in parallel: the checks (library form) and the programs in each form.
 {
   # (what the capture and memcheck steps run, compiled here too)
-  for f in "$OUT/cf/postnorm512.cf" "$OUT/cf/ln2048.cf" "$OUT/cf/ln_f16_odd.cf" examples/gemm.cf; do
+  for f in "tests/forms/cf/postnorm512.cf" "tests/forms/cf/ln2048.cf" "tests/forms/cf/ln_f16_odd.cf" examples/gemm.cf; do
     echo "pre_$(basename "$f" .cf) $f --form library"
   done
   if [ "$checks" = 1 ]; then
-    for f in "$OUT"/cf/*.cf; do echo "check_$(basename "$f" .cf) $f --form library"; done
+    for f in tests/forms/cf/*.cf; do echo "check_$(basename "$f" .cf) $f --form library"; done
     for p in postnorm softmax swiglu gemm; do echo "check_$p examples/$p.cf --form library"; done
     echo "check_postnorm_l2 examples/postnorm.cf --form library --transport l2"
   fi
@@ -96,7 +52,7 @@ for d in $(ls -d "$AOT"/check_*/ 2>/dev/null); do
   case "$ex" in
     postnorm_l2) f=examples/postnorm.cf ;;
     postnorm|softmax|swiglu|gemm) f="examples/$ex.cf" ;;
-    *) f="$OUT/cf/$ex.cf" ;;
+    *) f="tests/forms/cf/$ex.cf" ;;
   esac
   timeout 120 "$cli" run "$f" --aot "$d" --check --launches 3 > "$OUT/$name.log" 2>&1
   status[$name]=$?
@@ -110,7 +66,7 @@ done
 # L2 exchange, f16 with partial tiles.
 if [ -x build/forms/capture_forms ]; then
   for c in "examples/postnorm.cf library" "examples/postnorm.cf fused" "examples/bias_gelu.cf library" \
-           "examples/gemm.cf library" "examples/bert_layer.cf library" "$OUT/cf/ln2048.cf library"; do
+           "examples/gemm.cf library" "examples/bert_layer.cf library" "tests/forms/cf/ln2048.cf library"; do
     set -- $c
     name="capture_$(basename "$1" .cf)_$2"
     timeout 120 build/forms/capture_forms "$1" "$2" > "$OUT/$name.log" 2>&1
@@ -120,7 +76,7 @@ if [ -x build/forms/capture_forms ]; then
 fi
 sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
 if [ -n "$sanitizer" ] && [ "${FORMS_MEMCHECK:-1}" = 1 ]; then
-  for f in "$OUT/cf/postnorm512.cf" "$OUT/cf/ln2048.cf" "$OUT/cf/ln_f16_odd.cf"; do
+  for f in "tests/forms/cf/postnorm512.cf" "tests/forms/cf/ln2048.cf" "tests/forms/cf/ln_f16_odd.cf"; do
     name="memcheck_$(basename "$f" .cf)"
     timeout 150 "$sanitizer" --tool memcheck --error-exitcode 9 "$cli" run "$f" --form library --check > "$OUT/$name.log" 2>&1
     status[$name]=$?

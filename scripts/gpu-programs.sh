@@ -50,42 +50,8 @@ if [ "$random" -gt 0 ]; then   # the same files bench/programs.py generates (sam
   "$(dirname "$cli")/comfuse_random_graphs" --count "$random" --bench --seed "$seed" -o "$OUT/cf/random" > /dev/null
   files+=("$OUT"/cf/random/*.cf)
 fi
-odd=()
-if [ $checks = 1 ]; then
-  cat > "$OUT/cf/ln2048.cf" <<'E'
-input X : bf16[1000, 256]
-input W : bf16[2048, 256]
-input b : bf16[2048]
-input g : bf16[2048]
-input be : bf16[2048]
-y = layer_norm(add(matmul(X, W, transpose_b=true), b), g, be, eps=1e-5)
-output y
-E
-  cat > "$OUT/cf/softmax2000.cf" <<'E'
-input X : bf16[999, 128]
-input W : bf16[128, 2000]
-y = softmax(matmul(X, W), dim=-1)
-output y
-E
-  cat > "$OUT/cf/ln_f16_odd.cf" <<'E'
-input X : f16[777, 136]
-input W : f16[1000, 136]
-input b : f16[1000]
-input R : f16[777, 1000]
-input g : f16[1000]
-input be : f16[1000]
-y = layer_norm(add(add(matmul(X, W, transpose_b=true), b), R), g, be, eps=1e-5)
-output y
-E
-  cat > "$OUT/cf/bias_relu.cf" <<'E'
-input X : bf16[300, 96]
-input W : bf16[96, 168]
-input b : bf16[168]
-y = relu(add(matmul(X, W), b))
-output y
-E
-  odd=("$OUT"/cf/*.cf)
-fi
+odd=()   # odd shapes (tests/forms/cf: the exchange paths, partial tiles, cuBLASLt's own epilogue)
+[ $checks = 1 ] && odd=(tests/forms/cf/*.cf)
 
 # Every kernel, in parallel: each program in the planner's choice (both forms' candidates), fused, and library form.
 {

@@ -19,25 +19,15 @@
 
 #include "comfuse/compiler.h"
 #include "comfuse/text.h"
+#include "../common/cuda_host.h"
 
 using namespace comfuse;
 
 namespace {
 
-#define CUDA_OK(x)                                                                            \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                           \
-    }                                                                                         \
-  } while (0)
-
-int failures = 0;
-void expect(bool ok, const std::string& what) {
-  std::printf("%s: %s\n", ok ? "ok  " : "FAIL", what.c_str());
-  failures += !ok;
-}
+#define CUDA_OK(x) CUDA_OK_OR_EXIT(x, 2)
+using testing::expect;
+using testing::failures;
 
 // Uniform [-1, 1) values in the dtype's bytes (xorshift; the seed picks the stream).
 std::vector<char> random_bytes(size_t count, DType dt, uint64_t seed) {

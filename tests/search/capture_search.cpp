@@ -18,25 +18,15 @@
 
 #include "comfuse/compiler.h"
 #include "comfuse/text.h"
+#include "../common/cuda_host.h"
 
 using namespace comfuse;
 
 namespace {
 
-#define CUDA_OK(x)                                                                            \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-
-int failures = 0;
-void expect(bool ok, const std::string& what) {
-  std::printf("%s: %s\n", ok ? "ok  " : "FAIL", what.c_str());
-  failures += !ok;
-}
+#define CUDA_OK(x) CUDA_OK_OR_EXIT(x, 1)
+using testing::expect;
+using testing::failures;
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
