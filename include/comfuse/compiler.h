@@ -325,6 +325,9 @@ class ChainKernel {
   void launch(const void* x, const void* w1, const void* b1, const void* w2, const void* b2, void* out, int64_t rows,
               int64_t batch, CUstream stream) const;
   const CompiledChain& info() const { return chain_; }
+  // Plans, generates and JIT-compiles the chain's kernel into the cache without loading it (no GPU needed): what the
+  // constructor does before it loads the library.
+  static CompiledChain compile(const B2BSpec& spec, CompilerOptions o = {});
   // The kernel library's C launch entry (abi.h comfuse_b2b_launch), for a caller that launches without this object.
   ComfuseB2bLaunchFn launch_entry() const { return lib_->launch_entry(); }
 

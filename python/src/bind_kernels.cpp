@@ -39,6 +39,17 @@ void bind_kernels(nb::module_& m) {
       "spec"_a, "kernel_dir"_a = "", "cutlass_dir"_a = "", "cache_dir"_a = "", "transport"_a = "",
       "Plans, generates and JIT-compiles a region's kernel into the cache without loading it (any thread, no "
       "GPU): returns (kernel name, cache hit, nvcc seconds).");
+  m.def(
+      "compile_chain",
+      [](const B2BSpec& b, const std::string& kernel_dir, const std::string& cutlass_dir, const std::string& cache_dir) {
+        CompilerOptions o = region_options(kernel_dir, cutlass_dir, cache_dir, "");
+        nb::gil_scoped_release release;  // nvcc runs here
+        CompiledChain c = ChainKernel::compile(b, o);
+        return std::make_tuple(c.kernel.name, c.cache_hit, c.compile_seconds);
+      },
+      "spec"_a, "kernel_dir"_a = "", "cutlass_dir"_a = "", "cache_dir"_a = "",
+      "Plans, generates and JIT-compiles a back-to-back chain's kernel into the cache without loading it (any "
+      "thread, no GPU): returns (kernel name, cache hit, nvcc seconds).");
   nb::class_<RegionKernel>(m, "RegionKernel")
       .def(
           "__init__",

@@ -156,19 +156,24 @@ RegionKernel::Recipe RegionKernel::recipe() const {
   return r;
 }
 
-ChainKernel::ChainKernel(const B2BSpec& spec, CompilerOptions o)
-    : k_(spec.first.gemm.k), n1_(spec.n1()), n2_(spec.n2()) {
+CompiledChain ChainKernel::compile(const B2BSpec& spec, CompilerOptions o) {
   check_header_dirs(o);
-  chain_.plan = plan_b2b(spec);
+  CompiledChain chain;
+  chain.plan = plan_b2b(spec);
   try {
-    set_chain_kernel(chain_, spec);
+    set_chain_kernel(chain, spec);
   } catch (const CodegenError& e) {
     throw CompileError(std::string("back-to-back chain: ") + e.what());
   }
-  const jit::CompileResult res = jit::compile(chain_.kernel.source, chain_.kernel.name, kernel_jit_options(o));
-  chain_.library_path = res.cubin_path;
-  chain_.cache_hit = res.cache_hit;
-  chain_.compile_seconds = res.seconds;
+  const jit::CompileResult res = jit::compile(chain.kernel.source, chain.kernel.name, kernel_jit_options(o));
+  chain.library_path = res.cubin_path;
+  chain.cache_hit = res.cache_hit;
+  chain.compile_seconds = res.seconds;
+  return chain;
+}
+
+ChainKernel::ChainKernel(const B2BSpec& spec, CompilerOptions o)
+    : k_(spec.first.gemm.k), n1_(spec.n1()), n2_(spec.n2()), chain_(compile(spec, std::move(o))) {
   lib_ = std::make_unique<rt::B2bLibrary>(chain_.library_path);
 }
 

@@ -614,14 +614,18 @@ TEST(Plan, BackToBackMeasurementsAreCompiledIn) {
 }
 
 
-// The form a C++ program's region runs in (PlanDecision::form): the library form where fusion does not pay, fused
-// where it does, either where asked, with the pass's exchange fitted to the row.
-TEST(PlanForms, DeclinedRegionsRunInTheLibraryForm) {
+// The form a C++ program's region runs in (PlanDecision::form): the one estimated faster (a declined region too:
+// the verdict weighs Inductor's pass, the form ComFuse's), either where asked, with the pass's exchange fitted to the
+// row.
+TEST(PlanForms, ARegionRunsTheFormEstimatedFaster) {
   const FusionSpec ln = spec_of(gemm(8192, 768, 3072, "y = layer_norm(add(h, b), g, beta)\noutput y\n"));
   PlanDecision d = plan_region(ln);
   ASSERT_EQ(d.verdict, Verdict::Slower) << d.reason;
-  ASSERT_EQ(d.form, RegionForm::Library) << d.library_reason;
-  const KernelConfig& c = d.running_config();
+  ASSERT_TRUE(d.library.has_value()) << d.library_reason;
+  ASSERT_GT(d.library_us, 0);
+  EXPECT_EQ(d.form, d.library_us < d.fused_us ? RegionForm::Library : RegionForm::Fused) << d.form_reason;
+  EXPECT_NE(d.form_reason.find("is estimated faster [fused ~"), std::string::npos) << d.form_reason;
+  const KernelConfig& c = *d.library;
   EXPECT_TRUE(c.library);
   EXPECT_EQ(c.tile_n, 128);
   EXPECT_EQ(c.transport, Transport::L2) << "24 column blocks: more than a cluster holds";
