@@ -341,7 +341,10 @@ std::vector<MeasuredRow> parse_measured_table(const std::string& csv) {
     r.epilogue = f[5];
     r.us = std::stod(f[6]);
     r.library = f[3] == "library";
-    if (f.size() > 9) r.ratio_cublas = std::stod(f[9]);
+    if (r.library) {
+      if (f.size() <= 9) throw std::invalid_argument("measured table: a library row needs its ratio_cublas: '" + line + "'");
+      r.ratio_cublas = std::stod(f[9]);
+    }
     if (f.size() > 13 && f[13] != "-") {
       const auto t = parse_transport(f[13]);
       if (!t) throw std::invalid_argument("measured table: unknown transport '" + f[13] + "' in '" + line + "'");
