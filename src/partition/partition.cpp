@@ -75,6 +75,54 @@ void absorb_transpose(const Graph& g, GemmDesc& d) {
 
 Shape leading(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
 
+// What keeps a chain's intermediate s from staying on chip ("" if nothing): a value F computes, or s itself, that
+// is a graph output or is read by another node than the chain's (GEMM2 `m2` alone may read s).
+std::string intermediate_escapes(const Graph& g, const B2BGrown& r1, int s, int m2,
+                                 const std::vector<std::vector<int>>& users, const std::vector<char>& is_output) {
+  for (int v : r1.stored) {
+    if (v == s) continue;
+    if (is_output[v]) return q(g, v) + " is a graph output";
+    for (int w : users[v])
+      if (!std::binary_search(r1.nodes.begin() + 1, r1.nodes.end(), w))  // ids ascend
+        return q(g, v) + " is also read by " + q(g, w) + " (" + op_name(g.node(w).op) + ")";
+  }
+  if (is_output[s]) return q(g, s) + " is a graph output";
+  for (int w : users[s])
+    if (w != m2) return q(g, s) + " is also read by " + q(g, w) + " (" + op_name(g.node(w).op) + ")";
+  return "";
+}
+
+// The chain's B2BSpec from its two regions (GEMM1 m1's r1 storing the intermediate s, GEMM2 m2's r2) into b, or why it
+// cannot be one: F reshapes the rows, the batch dims differ, or the Spec does not verify.
+std::string assemble_b2b(const Graph& g, const Node& m1, const Node& m2, const B2BGrown& r1, const B2BGrown& r2, int s,
+                         B2BForm form, B2BSpec& b) {
+  b.first = r1.spec;
+  b.second = r2.spec;
+  absorb_transpose(g, b.first.gemm);
+  absorb_transpose(g, b.second.gemm);
+  b.first.outputs[0].dtype = m2.dtype;  // S is GEMM2's A operand: rounded to the tensor cores' dtype
+  b.form = form;
+  // Batch: X's leading dims; a weight either shares them (batched) or has none (shared by every batch).
+  const Shape lx = leading(g.node(m1.inputs[0]).shape);
+  const Shape lw1 = leading(g.node(b.first.gemm.b).shape), lw2 = leading(g.node(b.second.gemm.b).shape);
+  if (g.node(s).shape != m1.shape)
+    return "F reshapes the intermediate " + shape_str(m1.shape) + " -> " + shape_str(g.node(s).shape) +
+           ": GEMM2's rows would not be GEMM1's";
+  if ((!lw1.empty() && lw1 != lx) || (!lw2.empty() && lw2 != lx))
+    return "batch dims differ: X " + shape_str(g.node(m1.inputs[0]).shape) + ", W1 " +
+           shape_str(g.node(b.first.gemm.b).shape) + ", W2 " + shape_str(g.node(b.second.gemm.b).shape) +
+           " (a weight either has X's batch dims or none)";
+  b.w1_batched = !lw1.empty();
+  b.w2_batched = !lw2.empty();
+  b.batch = b.w1_batched || b.w2_batched ? numel(lx) : 1;
+  try {   // recognition is optional: a chain whose Spec does not verify stays two regions, never an error
+    verify_b2b(b);
+  } catch (const std::exception& e) {
+    return std::string("its B2B Spec does not verify (") + e.what() + "): it stays two regions";
+  }
+  return "";
+}
+
 std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::map<int, B2BGrown>& grown,
                                       const std::vector<std::vector<int>>& users, const std::vector<char>& is_output,
                                       std::vector<int>& seen, int& stamp) {
@@ -111,24 +159,7 @@ std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::map<int, B2BGro
           reject("GEMM2 " + q(g, m2.id) + " is already part of chain " + std::to_string(chain_of[m2.id]));
           continue;
         }
-        // Closure: the intermediate (and everything F computes) is read by GEMM2 alone.
-        std::string escapes;
-        for (int v : r1.stored) {
-          if (v == s) continue;
-          if (is_output[v]) escapes = q(g, v) + " is a graph output";
-          for (int w : users[v])
-            if (escapes.empty() && !std::binary_search(r1.nodes.begin() + 1, r1.nodes.end(), w))  // ids ascend
-              escapes = q(g, v) + " is also read by " + q(g, w) + " (" + op_name(g.node(w).op) + ")";
-          if (!escapes.empty()) break;
-        }
-        if (escapes.empty() && is_output[s]) escapes = sq + " is a graph output";
-        if (escapes.empty() && users[s].size() > 1)
-          for (int w : users[s])
-            if (w != m2.id) {
-              escapes = sq + " is also read by " + q(g, w) + " (" + op_name(g.node(w).op) + ")";
-              break;
-            }
-        if (!escapes.empty()) {
+        if (std::string escapes = intermediate_escapes(g, r1, s, m2.id, users, is_output); !escapes.empty()) {
           reject("the intermediate must stay on chip, but " + escapes + ": it stays two regions");
           continue;
         }
@@ -151,33 +182,8 @@ std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::map<int, B2BGro
           continue;
         }
         B2BSpec b;
-        b.first = r1.spec;
-        b.second = r2.spec;
-        absorb_transpose(g, b.first.gemm);
-        absorb_transpose(g, b.second.gemm);
-        b.first.outputs[0].dtype = m2.dtype;  // S is GEMM2's A operand: rounded to the tensor cores' dtype
-        b.form = form.form;
-        // Batch: X's leading dims; a weight either shares them (batched) or has none (shared by every batch).
-        const Shape lx = leading(g.node(m1.inputs[0]).shape);
-        const Shape lw1 = leading(g.node(b.first.gemm.b).shape), lw2 = leading(g.node(b.second.gemm.b).shape);
-        if (g.node(s).shape != m1.shape) {
-          reject("F reshapes the intermediate " + shape_str(m1.shape) + " -> " + shape_str(g.node(s).shape) +
-                 ": GEMM2's rows would not be GEMM1's");
-          continue;
-        }
-        if ((!lw1.empty() && lw1 != lx) || (!lw2.empty() && lw2 != lx)) {
-          reject("batch dims differ: X " + shape_str(g.node(m1.inputs[0]).shape) + ", W1 " +
-                 shape_str(g.node(b.first.gemm.b).shape) + ", W2 " + shape_str(g.node(b.second.gemm.b).shape) +
-                 " (a weight either has X's batch dims or none)");
-          continue;
-        }
-        b.w1_batched = !lw1.empty();
-        b.w2_batched = !lw2.empty();
-        b.batch = b.w1_batched || b.w2_batched ? numel(lx) : 1;
-        try {   // recognition is optional: a chain whose Spec does not verify stays two regions, never an error
-          verify_b2b(b);
-        } catch (const std::exception& e) {
-          reject(std::string("its B2B Spec does not verify (") + e.what() + "): it stays two regions");
+        if (std::string why = assemble_b2b(g, m1, m2, r1, r2, s, form.form, b); !why.empty()) {
+          reject(why);
           continue;
         }
         c.recognised = true;
