@@ -672,11 +672,11 @@ class Parser {
     std::vector<Value> vals;
     for (int i = 0; i < n; ++i)
       if (!(o == "pow" && i == 1)) vals.push_back(materialize(args[i], op));
-    const Call c{op, args, attrs, vals, given_name.empty() ? fresh_name("_", fresh_) : given_name};
-    if (auto v = build_elementwise(c)) return *v;
-    if (auto v = build_reduction(c)) return *v;
-    if (auto v = build_layout(c)) return *v;
-    if (auto v = build_normalization(c)) return *v;
+    const Call call{op, args, attrs, vals, given_name.empty() ? fresh_name("_", fresh_) : given_name};
+    if (auto v = build_elementwise(call)) return *v;
+    if (auto v = build_reduction(call)) return *v;
+    if (auto v = build_layout(call)) return *v;
+    if (auto v = build_normalization(call)) return *v;
     fail(op, "internal: op '" + op.text + "' has no builder");  // the table and these functions disagree
   }
 
