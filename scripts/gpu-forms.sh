@@ -13,13 +13,13 @@
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+source scripts/gpu-lib.sh
 cli="$(realpath "${1:-build/bin/comfuse}")"
 rounds="${2:-2}"
 OUT="${OUT:-$root/build/gpu-forms}"
 AOT=/tmp/gpu-forms-aot   # (kernel libraries: kept off $OUT, which comes back)
 mkdir -p "$AOT" "$OUT/aot-logs"
-lt="$(find /usr/local /usr/lib /opt -name 'libcublasLt.so.13' 2>/dev/null | head -1)"
-[ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+gpu_cublaslt_env
 export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include" COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/gpu-forms-cache}"
 programs="${FORMS_PROGRAMS:-postnorm softmax ln_softmax rmsnorm bias_gelu gemm bert_layer llama_block}"
 checks="${FORMS_CHECKS:-1}"

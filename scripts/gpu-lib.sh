@@ -12,6 +12,15 @@ gpu_cutlass_dir() {
   echo "$dir"
 }
 
+# gpu_cublaslt_env: the folder of the image's libcublasLt.so.13 on LD_LIBRARY_PATH (the library form's GEMM and the
+# benches' baseline open it at run time); nothing where the image has none (the library form then refuses to run).
+gpu_cublaslt_env() {
+  local lt
+  lt="$(find /usr/local /usr/lib /opt -name 'libcublasLt.so.13' 2>/dev/null | head -1)"
+  [ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  return 0
+}
+
 # gpu_package_env: the environment of the scripts that run the installed package (gpu-python, gpu-hf-models,
 # gpu-host-time): the carried CUTLASS headers unless COMFUSE_CUTLASS_DIR is set, a JIT cache under /tmp unless
 # COMFUSE_CACHE_DIR is set, and no COMFUSE_KERNEL_DIR (the package's own copy of the kernel headers must be found).

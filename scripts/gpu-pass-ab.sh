@@ -29,8 +29,7 @@ t0=$(date +%s)
 OUT="${OUT:-$root/build/gpu-pass-ab}"
 mkdir -p "$OUT/logs" /tmp/gpu-pass-ab
 cli="$root/build/bin/comfuse"
-lt="$(find /usr/local /usr/lib /opt -name 'libcublasLt.so.13' 2>/dev/null | head -1)"
-[ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+gpu_cublaslt_env
 export COMFUSE_CUTLASS_DIR="$(gpu_cutlass_dir gpu-pass-ab)"
 nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 

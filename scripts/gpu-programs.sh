@@ -35,8 +35,7 @@ t0=$(date +%s)
 OUT="${OUT:-$root/build/gpu-programs}"
 mkdir -p "$OUT/cf" "$OUT/checks"
 cli="$root/build/bin/comfuse"
-lt="$(find /usr/local /usr/lib /opt -name 'libcublasLt.so.13' 2>/dev/null | head -1)"
-[ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+gpu_cublaslt_env
 cutlass="$(gpu_cutlass_dir gpu-programs)"
 export COMFUSE_CUTLASS_DIR="$cutlass" COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
 declare -A status

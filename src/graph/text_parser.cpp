@@ -672,7 +672,7 @@ class Parser {
     std::vector<Value> vals;
     for (int i = 0; i < n; ++i)
       if (!(o == "pow" && i == 1)) vals.push_back(materialize(args[i], op));
-    const Call call{op, args, attrs, vals, given_name.empty() ? fresh_name("_", fresh_) : given_name};
+    const Call call{op, args, attrs, vals, given_name.empty() ? fresh_name("_", fresh_) : given_name, o, n};
     if (auto v = build_elementwise(call)) return *v;
     if (auto v = build_reduction(call)) return *v;
     if (auto v = build_layout(call)) return *v;
@@ -681,23 +681,22 @@ class Parser {
   }
 
   // One op's call as build_op has checked it: its token, operands (literals made constant nodes in vals, but pow's
-  // exponent), attributes and the new node's name. Each build_* returns nullopt for an op not its own.
+  // exponent), attributes, the new node's name, the op's name and its operand count. Each build_* takes it apart
+  // with one structured binding and returns nullopt for an op not its own.
   struct Call {
     const Token& op;
     const std::vector<Operand>& args;
     const std::vector<Attr>& attrs;
     const std::vector<Value>& vals;
     std::string name;
+    const std::string& o;
+    int n;
   };
 
   // neg ... reciprocal, add / sub / mul / div, gelu, cast, pow, and max / min of two operands.
   std::optional<Value> build_elementwise(const Call& c) {
-    const Token& op = c.op;
-    const std::string& o = op.text;
-    const std::string& name = c.name;
-    const std::vector<Attr>& attrs = c.attrs;
-    const int n = static_cast<int>(c.args.size());
-    auto operand_value = [&](int i) { return c.vals.at(i); };
+    const auto& [op, args, attrs, vals, name, o, n] = c;
+    auto operand_value = [&c](int i) { return c.vals.at(i); };
     static const std::pair<const char*, OpKind> unary[] = {
         {"neg", OpKind::Neg},   {"abs", OpKind::Abs},         {"exp", OpKind::Exp},         {"log", OpKind::Log},
         {"sqrt", OpKind::Sqrt}, {"rsqrt", OpKind::Rsqrt},     {"tanh", OpKind::Tanh},       {"sigmoid", OpKind::Sigmoid},
@@ -738,8 +737,8 @@ class Parser {
       double e = 0;
       if (n == 2) {
         if (a) fail(a->key, "pow: the exponent is given twice (positionally and as exponent=)");
-        if (!c.args[1].literal) fail(c.args[1].tok, "pow: the exponent must be a number literal, e.g. pow(x, 2.0)");
-        e = c.args[1].number;
+        if (!args[1].literal) fail(args[1].tok, "pow: the exponent must be a number literal, e.g. pow(x, 2.0)");
+        e = args[1].number;
       } else {
         if (!a) fail(op, "pow needs an exponent: pow(x, 2.0)");
         e = attr_double(a, 0);
@@ -758,12 +757,8 @@ class Parser {
 
   // The reductions along a dim: max / min of one operand, sum, mean, var.
   std::optional<Value> build_reduction(const Call& c) {
-    const Token& op = c.op;
-    const std::string& o = op.text;
-    const std::string& name = c.name;
-    const std::vector<Attr>& attrs = c.attrs;
-    const int n = static_cast<int>(c.args.size());
-    auto operand_value = [&](int i) { return c.vals.at(i); };
+    const auto& [op, args, attrs, vals, name, o, n] = c;
+    auto operand_value = [&c](int i) { return c.vals.at(i); };
     if (o == "max" || o == "min") {
       int dim = attr_dim(find_attr(attrs, "dim"), -1);
       bool keep = attr_bool(find_attr(attrs, "keepdim"), true);
@@ -784,18 +779,13 @@ class Parser {
       Value x = operand_value(0);
       return build(op, [&] { return g_.var(x, dim, corr, keep, name); });
     }
-    (void)n;
     return std::nullopt;
   }
 
   // matmul, transpose, reshape, rotate_half.
   std::optional<Value> build_layout(const Call& c) {
-    const Token& op = c.op;
-    const std::string& o = op.text;
-    const std::string& name = c.name;
-    const std::vector<Attr>& attrs = c.attrs;
-    const int n = static_cast<int>(c.args.size());
-    auto operand_value = [&](int i) { return c.vals.at(i); };
+    const auto& [op, args, attrs, vals, name, o, n] = c;
+    auto operand_value = [&c](int i) { return c.vals.at(i); };
     if (o == "matmul") {
       bool ta = attr_bool(find_attr(attrs, "transpose_a"), false);
       bool tb = attr_bool(find_attr(attrs, "transpose_b"), false);
@@ -827,18 +817,13 @@ class Parser {
       Value x = operand_value(0);
       return build(op, [&] { return g_.rotate_half(x, name); });
     }
-    (void)n;
     return std::nullopt;
   }
 
   // layer_norm, rms_norm, softmax, log_softmax.
   std::optional<Value> build_normalization(const Call& c) {
-    const Token& op = c.op;
-    const std::string& o = op.text;
-    const std::string& name = c.name;
-    const std::vector<Attr>& attrs = c.attrs;
-    const int n = static_cast<int>(c.args.size());
-    auto operand_value = [&](int i) { return c.vals.at(i); };
+    const auto& [op, args, attrs, vals, name, o, n] = c;
+    auto operand_value = [&c](int i) { return c.vals.at(i); };
     if (o == "layer_norm") {
       double eps = attr_double(find_attr(attrs, "eps"), 1e-5);
       Value x = operand_value(0);
@@ -857,7 +842,6 @@ class Parser {
       Value x = operand_value(0);
       return build(op, [&] { return o == "softmax" ? g_.softmax(x, dim, name) : g_.log_softmax(x, dim, name); });
     }
-    (void)n;
     return std::nullopt;
   }
 
