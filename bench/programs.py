@@ -39,8 +39,8 @@ FORMS = ("planner", "fused", "library")
 
 def comfuse_bench(cli, cf, options=(), optional=False):
     """`comfuse bench FILE.cf OPTIONS...`: {"us": its median in µs, "pass_us", "copy_us" (where every region runs a
-    library pass: the passes' time, the graph less its cuBLASLt GEMMs, and a device copy of the bytes they move),
-    "forms": the form each region ran}. optional: None where it fails (e.g. a region no pass serves under
+    library pass: the passes' time, the graph less its cuBLASLt GEMMs, and a device copy of the bytes they move; else
+    nan)}. optional: None where it fails (e.g. a region no pass serves under
     --form library: that variant has no time), else the failure is raised."""
     args = [cli, "bench", cf, "--iters", "50", *options]
     r = subprocess.run(args, capture_output=True, text=True,
@@ -164,6 +164,8 @@ def main(argv):
                 writer.writeheader()
             writer.writerow(rows[-1])
             out_file.flush()
+    if a.out:
+        out_file.close()
     print(f"{'program':16} {'ComFuse':>8} {'spread':>7} {'fused':>8} {'library':>8} {'eager':>8} {'compile':>8} "
           f"{'max-at':>8} {'best÷CF':>8} {'form ok':>7}")
     for r in rows:

@@ -56,7 +56,7 @@ for d in $(ls -d "$AOT"/check_*/ 2>/dev/null); do
   esac
   timeout 120 "$cli" run "$f" --aot "$d" --check --launches 3 > "$OUT/$name.log" 2>&1
   status[$name]=$?
-  echo "$name rc=${status[$name]}: $(grep -E '^[a-z_0-9]+ +\[' "$OUT/$name.log" | awk '{print $1" rel "$4}' | tr '\n' ' ')"
+  echo "$name rc=${status[$name]}: $(grep -E '^[a-z_0-9]+ +\[' "$OUT/$name.log" | awk '{print $1" rel "$(NF-4)}' | tr '\n' ' ')"
 done
 
 # CUDA-graph capture and replay of both forms (tests/forms/capture_forms.cpp, built here by

@@ -74,7 +74,7 @@ if [ $checks = 1 ]; then
   status[checks]=$(grep -vc 'rc=0$' "$OUT/checks.txt")
   for l in "$OUT"/checks/*.log; do   # each check's outputs and their errors
     case "$l" in */aot_*) continue ;; esac
-    echo "$(basename "$l" .log): $(grep -E '^[A-Za-z_0-9]+ +\[' "$l" | awk '{print $1" rel "$4}' | tr '\n' ' ')"
+    echo "$(basename "$l" .log): $(grep -E '^[A-Za-z_0-9]+ +\[' "$l" | awk '{print $1" rel "$(NF-4)}' | tr '\n' ' ')"
   done > "$OUT/check_errors.txt"
   echo "gpu-programs: checks done at $(( $(date +%s) - t0 )) s, $(wc -l < "$OUT/checks.txt") runs, failed: ${status[checks]}"
   grep -v 'rc=0$' "$OUT/checks.txt"

@@ -64,7 +64,6 @@ FAMILIES = {
 
 def _kernels(name):
     """(what, compile thunk) for every region the backend may fuse and every chain it may run as one kernel."""
-    model, inputs = None, None
     with torch.device("meta"):
         model, inputs = FAMILIES[name]()
         model = model.to(torch.bfloat16).eval()
