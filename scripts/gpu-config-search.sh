@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device machine: the per-shape config search (the per-shape config search). Builds the CLI with the top-level CMake and the
+# On the device machine: the per-shape config search. Builds the CLI with the top-level CMake and the
 # machine's own tools, then, for a plain GEMM and a bias+GELU graph (symbolic rows), with a fresh JIT cache:
 #   1. bench   - compiles every candidate config (in parallel: the cold compile time of the candidate set), times
 #                them in the warm-up (the search) and records the choice under $CACHE/choices/
@@ -8,7 +8,12 @@
 #   4. run --check, the record removed: the search and the real launch in one process, outputs checked
 #   5. run --check at another row count (another M bucket): searched again, nothing compiled
 # and then tests/search/capture_search.cpp: runs under CUDA-graph capture (the prior, untimed), the search on the
-# next uncaptured run, a second capture reusing the choice; outputs compared.
+# next uncaptured run, a second capture reusing the choice; outputs compared. Then, for the plain GEMM:
+#   6. bench   - the record removed, while another process keeps the GPU busy: the search must find its timings
+#                unsteady and record nothing for the bucket (or, should the load leave them steady, record a time
+#                that the next step's check then measures)
+#   7. bench   - idle again, the record's time doubled by hand (a record made on a loaded GPU): the check on first
+#                use must find it off and search again, recording the new time
 # Logs under $OUT (and the records in $OUT/choices); a table last; exits non-zero when a step fails or the record
 # is not used. The issue's targets (cold compile of the set <= 60 s, a cache hit <= 5 ms) are reported, not enforced.
 #
@@ -118,6 +123,44 @@ if [ -f "$lib" ]; then
     grep -E "^(ok  |FAIL|capture_search)" "$OUT/capture.log"
   fi
 fi
+# 6-7: a search on a busy GPU, and the check of a recorded choice (config_search.h, "Timings are judged")
+f="$OUT/graphs/plain.cf"
+rm -f "$cache"/choices/comfuse_*
+python3 - > "$OUT/load.log" 2>&1 <<'PY' &
+import time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+t = time.time()
+while time.time() - t < 90:
+    for _ in range(20):
+        a @ a
+    torch.cuda.synchronize()
+PY
+load=$!
+sleep 15   # torch's start and the first matmuls
+"$cli" bench "$f" --rows $rows --iters 5 > "$OUT/bench_busy.log" 2>&1; status[busy_bench]=$?
+kill $load 2>/dev/null; wait $load 2>/dev/null
+rec=$(ls "$cache"/choices/comfuse_* 2>/dev/null | head -1)
+if grep -q "config search: .*not recorded: a candidate that could win varied" "$OUT/bench_busy.log" &&
+   ! grep -q "^$rows " "${rec:-/nonexistent}"; then status[busy_not_recorded]=0; busy="unsteady, not recorded"
+elif grep -q "config search: .*recorded in" "$OUT/bench_busy.log"; then status[busy_not_recorded]=0; busy="recorded (steady under load)"
+else status[busy_not_recorded]=1; busy="?"; fi
+grep -h "config search:" "$OUT/bench_busy.log" | sed "s/^/  [busy] /"
+# 7: a record whose time is twice what was measured (or a plausible one, when step 6 recorded nothing)
+"$cli" bench "$f" --rows $rows --iters 5 > "$OUT/bench_idle.log" 2>&1   # a steady record on the idle GPU
+rec=$(ls "$cache"/choices/comfuse_* 2>/dev/null | head -1)
+if [ -n "$rec" ] && grep -q "^$rows " "$rec"; then
+  cp "$rec" "$OUT/record_before_doctoring.txt"
+  awk -v b=$rows '$1 == b { $3 = sprintf("%.2f", 2 * $3) } { print }' "$OUT/record_before_doctoring.txt" > "$rec"
+  "$cli" bench "$f" --rows $rows --iters 5 > "$OUT/bench_reuse.log" 2>&1; status[reuse_bench]=$?
+  if grep -q "config search: .*now: searched again.*recorded in" "$OUT/bench_reuse.log"; then status[reuse_check]=0
+  else status[reuse_check]=1; fi
+  grep -h "config search:" "$OUT/bench_idle.log" "$OUT/bench_reuse.log" | sed "s/^/  [reuse] /"
+  cp "$rec" "$OUT/record_after_check.txt"
+else
+  status[reuse_check]=1; echo "  [reuse] no record was made on the idle GPU"
+fi
+echo "busy GPU: $busy; reuse check: $([ "${status[reuse_check]}" = 0 ] && echo "a doubled time searched again" || echo FAILED)"
+
 echo "records:"; for f in "$OUT"/choices/*; do [ -f "$f" ] && { echo "  $(basename "$f"):"; grep -v '^#' "$f" | sed 's/^/    /'; }; done
 echo "total $(( $(date +%s) - t0 )) s"
 
