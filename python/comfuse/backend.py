@@ -125,6 +125,16 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
 
     # fallback="eager", or the fp32 "ir" rewrite the CPU reference checks use: analyze the Dynamo graph here
     # and hand the rewritten graph to eager or to Inductor.
+    subclasses = _subclass_inputs(example_inputs)
+    if subclasses:   # AOTAutograd's export takes no tensor subclass; Inductor's own trace unwraps them
+        log.warning("comfuse: graph %d: inputs of tensor subclass %s (a tensor-parallel model?): ComFuse fuses such "
+                    "graphs inside Inductor's pass only (fallback='inductor', rewrite='keep', the defaults); "
+                    "running it with %s", next(_GRAPH_IDS), ", ".join(subclasses), runner)
+        if runner == "eager":
+            return gm.forward
+        patches = inductor_config(mode=mode, options=inductor_opts)
+        patches.pop("post_grad_custom_post_pass")
+        return inductor_compile.compile_fx(gm, example_inputs, config_patches=patches)
     rep = analyze_graph(gm, example_inputs, fuse_all=fuse == "all")
     if rep.fallback and rep.fallback.startswith("graph needs gradients"):
         log.warning("comfuse: graph %d: %s; running it with %s", rep.index, rep.fallback, runner)
@@ -149,6 +159,14 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
     patches = inductor_config(mode=mode, options=inductor_opts)
     patches.pop("post_grad_custom_post_pass")
     return inductor_compile.compile_fx(target, example_inputs, config_patches=patches)
+
+
+def _subclass_inputs(example_inputs) -> list[str]:
+    """The type names of the inputs that are tensor subclasses AOTAutograd unwraps (DTensor, ...), sorted."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return sorted({type(x).__name__ for x in example_inputs if isinstance(x, torch.Tensor) and
+                   is_traceable_wrapper_subclass(x)})
 
 
 def _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor_opts):
