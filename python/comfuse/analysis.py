@@ -156,8 +156,10 @@ def dtype_reason(aten_gm) -> str | None:
     return None
 
 
-def analyze_graph(gm, example_inputs, index: int | None = None, fuse_all: bool = False) -> GraphReport:
-    """Capture + convert + partition one Dynamo graph, and the reason it falls back (if it does)."""
+def analyze_graph(gm, example_inputs, index: int | None = None, fuse_all: bool = False,
+                  defer: bool = False) -> GraphReport:
+    """Capture + convert + partition one Dynamo graph, and the reason it falls back (if it does). `defer`: norms
+    finished in the GEMMs that read them, where the weights are the model's parameters."""
 
     rep = GraphReport(next(_GRAPH_IDS) if index is None else index)
     rep.fallback = precheck(gm, example_inputs)
@@ -168,19 +170,31 @@ def analyze_graph(gm, example_inputs, index: int | None = None, fuse_all: bool =
         rep.error = f"{type(e).__name__}: {e}"
         rep.fallback = rep.fallback or f"ComFuse could not analyze the graph ({rep.error})"
         return rep
-    return analyze_aten(rep, aten_gm, example_inputs, fuse_all, _symbolic_inputs(gm, example_inputs))
+    return analyze_aten(rep, aten_gm, example_inputs, fuse_all, _symbolic_inputs(gm, example_inputs), defer,
+                        parameter_positions(example_inputs))
 
 
-def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = False, sym=()) -> GraphReport:
+def parameter_positions(example_inputs) -> tuple:
+    """The positions of the graph inputs that are the model's parameters (nn.Parameter): with Dynamo's inlined
+    modules a parameter is a graph input, and the exported and the post-grad ATen graphs keep the inputs' order."""
+    return tuple(i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter))
+
+
+def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = False, sym=(), defer: bool = False,
+                 constant_positions=()) -> GraphReport:
     """The analysis of one inference ATen graph (from `tracing.aten_graph`, or Inductor's post-grad graph):
-    regions, the planner's decision per region, and the reason the whole graph falls back, if it does."""
+    regions, the planner's decision per region, and the reason the whole graph falls back, if it does. With
+    `defer`, norms are finished in their GEMM readers whose weights are graph inputs at `constant_positions`."""
 
     try:
         bad, good = gemm_dtypes(aten_gm)
         # Per region: an fp32 GEMM among bf16/f16 ones stays in torch in its own dtype. A graph whose GEMMs are
         # all fp32 is converted as it is (rounding its GEMM operands, for the CPU reference checks) and falls
         # back as a whole below.
-        rep.analysis = program.analyze(aten_gm, keep_in_torch=bad if good else None)
+        placeholders = [n.name for n in aten_gm.graph.nodes if n.op == "placeholder"]
+        constant = [placeholders[i] for i in constant_positions if i < len(placeholders)]
+        rep.analysis = program.analyze(aten_gm, keep_in_torch=bad if good else None, defer=defer,
+                                       constant_inputs=constant)
     except NothingToConvert as e:  # not a failure: the graph has nothing ComFuse handles
         rep.fallback = rep.fallback or str(e)
         return rep
@@ -225,6 +239,9 @@ def log_report(rep: GraphReport) -> None:
                  rep.index, len(a.part.regions), len(a.part.fallback), len(a.conv.torch_nodes))
         for line in rep.chain_lines():
             log.info("comfuse: graph %d back-to-back %s", rep.index, line)
+        if a.deferred is not None:
+            for line in a.deferred.explain().splitlines() or ["no LayerNorm / RMSNorm site"]:
+                log.info("comfuse: graph %d norm deferral: %s", rep.index, line)
         if a.conv.dynamic:
             log.info("comfuse: graph %d has a dynamic batch dim%s: analyzed at its example sizes; the kernels take "
                      "the rows M at launch, so other sizes reuse them", rep.index,

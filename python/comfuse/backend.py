@@ -39,6 +39,7 @@ from .analysis import (GraphReport, _GRAPH_IDS, _gemm_targets, _rewrite, _tensor
                        analyze_graph, chain_regions, device_reason, dtype_reason, fused_chains, fused_set,
                        is_near_tie, keep_rewrite, log_plans, log_report, near_ties, planned, precheck,
                        prepare_kernels, shapeable, NEAR_TIE)
+from .analysis import parameter_positions as analysis_parameter_positions
 from .fuse import count_chains, fuse_graph
 from .inductor import inductor_config
 from .measure import (HOST_US_PER_CALL, HOST_US_PER_CALL_FAST, MEASURE_MARGIN, drop_measured_losers,  # noqa: F401
@@ -67,7 +68,7 @@ def _with_kernels(rep: GraphReport, gm, ctas: int, fuse_all: bool = False, how: 
     return done.target
 
 
-_COMFUSE_OPTIONS = ("fallback", "reference", "ctas", "fuse", "rewrite", "mode", "inductor", "attention")
+_COMFUSE_OPTIONS = ("fallback", "reference", "ctas", "fuse", "rewrite", "mode", "inductor", "attention", "defer_norms")
 
 
 def default_attention(version: str | None = None) -> str:
@@ -109,6 +110,10 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
     if runner == "eager" and (mode not in (None, "default") or inductor_opts):
         raise ValueError("comfuse backend: mode and Inductor options need fallback='inductor'")
 
+    defer = opts.pop("defer_norms", False)
+    if defer not in (True, False, "on", "off"):
+        raise ValueError(f"comfuse backend: defer_norms must be True / False ('on' / 'off'), got {defer!r}")
+    defer = defer in (True, "on")
     attention = opts.pop("attention", "auto")
     if attention not in ("auto", "eager", "inductor"):
         raise ValueError(f"comfuse backend: attention must be 'auto', 'eager' or 'inductor', got {attention!r}")
@@ -121,7 +126,7 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
                      "picks)", n)
 
     if runner == "inductor" and how == "keep":
-        return _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor_opts)
+        return _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor_opts, defer)
 
     # fallback="eager", or the fp32 "ir" rewrite the CPU reference checks use: analyze the Dynamo graph here
     # and hand the rewritten graph to eager or to Inductor.
@@ -135,7 +140,7 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
         patches = inductor_config(mode=mode, options=inductor_opts)
         patches.pop("post_grad_custom_post_pass")
         return inductor_compile.compile_fx(gm, example_inputs, config_patches=patches)
-    rep = analyze_graph(gm, example_inputs, fuse_all=fuse == "all")
+    rep = analyze_graph(gm, example_inputs, fuse_all=fuse == "all", defer=defer)
     if rep.fallback and rep.fallback.startswith("graph needs gradients"):
         log.warning("comfuse: graph %d: %s; running it with %s", rep.index, rep.fallback, runner)
     log_report(rep)
@@ -169,13 +174,14 @@ def _subclass_inputs(example_inputs) -> list[str]:
                    is_traceable_wrapper_subclass(x)})
 
 
-def _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor_opts):
+def _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor_opts, defer=False):
     """Inductor compiles the Dynamo graph with the user's mode and options; ComFusePass replaces the fused
     regions in its post-grad graph (one AOT trace). A graph that needs gradients skips the pass; on a device
     ComFuse kernels cannot run on (CPU tensors without `reference`, a GPU other than sm_90), the pass only
     analyzes and logs."""
     why = precheck(gm, example_inputs)
-    patches = inductor_config(fuse=fuse, reference=reference, ctas=ctas, mode=mode, options=inductor_opts)
+    patches = inductor_config(fuse=fuse, reference=reference, ctas=ctas, mode=mode, options=inductor_opts,
+                              defer_norms=defer, parameters=analysis_parameter_positions(example_inputs))
     if why:
         log.warning("comfuse: graph %d: %s; running it with Inductor", next(_GRAPH_IDS), why)
         patches.pop("post_grad_custom_post_pass")

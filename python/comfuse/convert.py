@@ -226,8 +226,10 @@ def find_softmax_fold(out: fx.Node) -> SoftmaxFold | None:
 
 
 class Converter:
-    def __init__(self, gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = None):
+    def __init__(self, gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = None,
+                 constant_inputs=()):
         self.gm = gm
+        self.constant_inputs = frozenset(constant_inputs)   # placeholder names whose values are the same every call
         self.g = C.Graph()
         self.gemm_dtype = gemm_dtype
         self.value: dict = {}
@@ -286,7 +288,7 @@ class Converter:
         if dt == DT.F32 and _only_gemm_operand(a):
             dt = self.gemm_dtype  # a weight: rounded once where it enters, as a tensor-core input
         shape, dyn = self.shape(m, a.name)
-        i = self.g.input(a.name, dt, shape)
+        i = self.g.input(a.name, dt, shape, a.name in self.constant_inputs)
         if dyn:
             self.dyn[i] = dyn
         self.inputs[a] = i
@@ -654,11 +656,14 @@ def drop_metadata_checks(gm: fx.GraphModule) -> int:
     return dropped
 
 
-def convert(gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = None) -> Conversion:
-    """Converts what the Graph IR covers; marks as outputs the values the rest of the program reads."""
+def convert(gm: fx.GraphModule, gemm_dtype=DT.BF16, force_torch: dict | None = None,
+            constant_inputs=()) -> Conversion:
+    """Converts what the Graph IR covers; marks as outputs the values the rest of the program reads.
+    `constant_inputs`: the names of placeholders whose values are the same on every call (the model's
+    parameters), which become constant Graph IR inputs (a norm deferral folds only those)."""
     drop_metadata_checks(gm)
     rotary.gemm_layout_rotary(gm)
-    conv = Converter(gm, gemm_dtype, force_torch)
+    conv = Converter(gm, gemm_dtype, force_torch, constant_inputs)
     g = conv.g
     # rotate_half as HF writes it (slices, a negation, a cat): one Graph IR op at the cat; its parts are not
     # converted (a slice is not in the Graph IR), and nothing else reads them

@@ -221,6 +221,8 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
             absorbed[f] = rs.pop()
     for gi, nodes in groups.items():
         for gid in nodes:
+            if prog.nodes[gid].name in prog.made:   # a value the norm deferral made: no ATen node holds it
+                continue
             f = prog.fx_of(prog.nodes[gid].name)
             if f is None or absorbed.get(f) != gi:
                 raise NotKeepable(f"{label(gi)} holds part of ATen node "

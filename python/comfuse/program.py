@@ -51,9 +51,13 @@ class Step:
 
 
 class Program:
-    def __init__(self, conv: Conversion, part):
+    def __init__(self, conv: Conversion, part, deferred=None):
         self.conv = conv
-        self.part = part                  # _core.Partition of conv.graph
+        self.part = part                  # _core.Partition of conv.graph (or of its norm-deferred rewrite)
+        self.deferred = deferred          # _core.DeferredProgram when norms were deferred (analyze(defer=True))
+        # Graph IR values the rewrite made (folded weights, per-row factors, rebuilt values): no ATen node holds them
+        self.made: frozenset = frozenset() if deferred is None else frozenset(
+            n.name for n in deferred.graph.nodes) - frozenset(n.name for n in conv.graph.nodes)
         self.pg = part.graph              # decomposed, dead-code-free Graph IR (names kept)
         self.regions = list(part.regions)
         self.gm = conv.gm
@@ -222,19 +226,23 @@ class Analysis:
     part: Any
     program: Program
     demoted: dict            # fx.Node -> reason (region nodes left in torch to break a cycle)
+    deferred: Any = None     # _core.DeferredProgram: the norm sites, when norms were deferred
 
 
 def analyze(aten_gm: fx.GraphModule, gemm_dtype=C.DType.BF16, max_rounds: int = 64,
-            keep_in_torch: dict | None = None) -> Analysis:
+            keep_in_torch: dict | None = None, defer: bool = False, constant_inputs=()) -> Analysis:
     """`keep_in_torch`: ATen nodes to leave in torch from the start, with the reason (e.g. fp32 GEMMs of a bf16
-    graph: they keep their own dtype, and every other region still fuses)."""
+    graph: they keep their own dtype, and every other region still fuses). `defer`: every LayerNorm / RMSNorm
+    whose readers are GEMMs with a weight among `constant_inputs` (placeholder names: the model's parameters) is
+    finished in those GEMMs (_core.defer_norms; docs/pytorch.md, "Norms finished in the GEMMs that read them")."""
     force: dict = dict(keep_in_torch or {})
     for _ in range(max_rounds):
-        conv = convert(aten_gm, gemm_dtype, force)
-        part = C.partition(conv.graph)
-        prog = Program(conv, part)
+        conv = convert(aten_gm, gemm_dtype, force, constant_inputs)
+        deferred = C.defer_norms(conv.graph, True) if defer else None
+        part = C.partition(conv.graph) if deferred is None else C.partition_deferred(deferred)
+        prog = Program(conv, part, deferred)
         if prog.build():
-            return Analysis(conv, part, prog, {n: r for n, r in force.items()})
+            return Analysis(conv, part, prog, {n: r for n, r in force.items()}, deferred)
         t, ri, readers = prog.cycle
         root = prog.nodes[prog.regions[ri].root].name
         for gid in readers:

@@ -90,8 +90,12 @@ void bind_graph(nb::module_& m) {
   // The builder: every method returns the new node's id and raises GraphError (a ValueError) on bad operands.
   nb::class_<Graph>(m, "Graph")
       .def(nb::init<>())
-      .def("input", [](Graph& g, const std::string& name, DType dt, const Shape& s) { return g.input(name, dt, s).id; },
-           "name"_a, "dtype"_a, "shape"_a)
+      .def("input",
+           [](Graph& g, const std::string& name, DType dt, const Shape& s, bool constant) {
+             return g.input(name, dt, s, constant).id;
+           },
+           "name"_a, "dtype"_a, "shape"_a, "constant"_a = false,
+           "constant: the same values on every run (a weight), which a norm deferral may fold")
       .def("constant", [](Graph& g, double v, const std::string& name) { return g.constant(v, name).id; },
            "value"_a, "name"_a = "")
       .def("matmul",

@@ -123,6 +123,35 @@ void bind_partition(nb::module_& m) {
   m.def("partition",
         [](const Graph& g) { return partition(g); },
         "graph"_a);
+
+  // Norm deferral (rewrite.h): the rewrite, what it found, and the partition of the rewritten program.
+  nb::class_<NormSite>(m, "NormSite")
+      .def_ro("norm", &NormSite::norm)
+      .def_ro("source", &NormSite::source)
+      .def_ro("statistics", &NormSite::statistics)
+      .def_ro("centered", &NormSite::centered)
+      .def_ro("deferred", &NormSite::deferred)
+      .def_ro("folded", &NormSite::folded)
+      .def_ro("rebuilt", &NormSite::rebuilt)
+      .def_ro("kept", &NormSite::kept)
+      .def_ro("why", &NormSite::why);
+  nb::class_<DeferredProgram>(m, "DeferredProgram")
+      .def_ro("graph", &DeferredProgram::graph)
+      .def_ro("sites", &DeferredProgram::sites)
+      .def_ro("folds", &DeferredProgram::folds)
+      .def_ro("row_side", &DeferredProgram::row_side)
+      .def("explain", [](const DeferredProgram& d) { return explain_deferral(d); });
+  m.def("defer_norms",
+        [](const Graph& g, bool enabled) {
+          DeferOptions o;
+          o.enabled = enabled;
+          return defer_norms(g, o);
+        },
+        "graph"_a, "enabled"_a = true,
+        "Every LayerNorm / RMSNorm (recognised on the primitives) with a GEMM reader whose weight is a constant input, "
+        "finished in that reader: the rewritten program and what was found (include/comfuse/rewrite.h)");
+  m.def("partition_deferred", [](const DeferredProgram& d) { return partition(d); }, "deferred"_a,
+        "partition() of a rewritten program, with the hints its rewrite gives");
   m.def("print_partition", &print_partition, "partition"_a, "explain"_a = false);
 }
 

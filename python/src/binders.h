@@ -8,6 +8,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/set.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -18,6 +19,7 @@
 #include "comfuse/lower.h"
 #include "comfuse/partition.h"
 #include "comfuse/plan.h"
+#include "comfuse/rewrite.h"
 #include "comfuse/runtime.h"
 #include "comfuse/spec.h"
 #include "comfuse/text.h"

@@ -88,8 +88,18 @@ class Site {
     const int64_t N = g_.node(y_).shape.back();
     return n.shape.back() == N && numel(n.shape) == N;
   }
+  // id is h, or the same cast of the same value (a traced graph casts h to f32 once per reader: RMSNorm's
+  // x.float() in the variance and again in the product)
+  bool is_h(int id) const { return id == h_ || same_value(id, h_); }
+  bool same_value(int a, int b) const {
+    if (a == b) return true;
+    const Node& x = g_.node(a);
+    const Node& z = g_.node(b);
+    return x.op == OpKind::Cast && z.op == OpKind::Cast && x.cast_to == z.cast_to && x.shape == z.shape &&
+           same_value(x.inputs[0], z.inputs[0]);
+  }
   bool depends_on_h(int id) {
-    if (id == h_) return true;
+    if (is_h(id)) return true;
     if (auto it = dep_.find(id); it != dep_.end()) return it->second;
     bool d = false;
     if (id > h_)
@@ -159,7 +169,7 @@ class Site {
     return t;
   }
   std::optional<LinForm> lin(int id) {
-    if (id == h_) return LinForm{};
+    if (is_h(id)) return LinForm{};
     const Node& n = g_.node(id);
     nodes_.insert(id);
     if (kind(id) != Kind::Tile) return std::nullopt;
@@ -233,7 +243,7 @@ class Site {
   }
   bool stat_input(int id) {
     const Node& n = g_.node(id);
-    if (id == h_ || n.op == OpKind::Constant) return true;
+    if (is_h(id) || n.op == OpKind::Constant) return true;
     nodes_.insert(id);
     if (is_rows1(n)) return row_stat(id);
     if (n.shape != g_.node(y_).shape || !is_elementwise(n.op)) return false;

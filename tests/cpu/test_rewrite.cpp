@@ -135,6 +135,30 @@ TEST(DeferNorms, AModelsRmsNormWithCastsIsFoldedIntoBothGemms) {
   }
 }
 
+// The same RMSNorm as PyTorch's trace of it arrives (tracing keeps one cast of h to f32 per reader: the variance's
+// x.float() and the product's): the two casts are one value, and the site is found through either.
+TEST(DeferNorms, ATracedRmsNormWithOneCastPerReaderIsFolded) {
+  std::string text = kLlamaSite;
+  const std::string two_casts = "hf = cast(h, dtype=f32)\nhf2 = cast(h, dtype=f32)\n";
+  text.replace(text.find("hf = cast(h, dtype=f32)\n"), std::string("hf = cast(h, dtype=f32)\n").size(), two_casts);
+  text.replace(text.find("mul(hf, r)"), std::string("mul(hf, r)").size(), "mul(hf2, r)");
+  Graph g = parse_cf(text);
+  DeferredProgram d = defer_norms(g);
+  ASSERT_EQ(d.sites.size(), 1u) << explain_deferral(d) << text;
+  EXPECT_TRUE(d.sites[0].deferred) << explain_deferral(d);
+  EXPECT_EQ(d.sites[0].folded.size(), 2u) << explain_deferral(d);
+  std::mt19937 rng(std::random_device{}());
+  for (int rep = 0; rep < 3; ++rep) {
+    Errors e = compare(g, d, random_inputs(g, rng));
+    EXPECT_LT(e.rewritten, kBound) << "original " << e.original;
+  }
+  // casts to different dtypes are different values: no site
+  std::string other = text;
+  other.replace(other.find("hf2 = cast(h, dtype=f32)"), std::string("hf2 = cast(h, dtype=f32)").size(),
+                "hf2 = cast(cast(h, dtype=f16), dtype=f32)");
+  EXPECT_FALSE(defer_norms(parse_cf(other)).sites.size() == 1 && defer_norms(parse_cf(other)).sites[0].deferred);
+}
+
 TEST(DeferNorms, OtherReadersKeepTheNormalizedValue) {
   // y is also an output and a residual: those read y as before; the GEMM is folded
   Graph g = parse_cf(R"(
