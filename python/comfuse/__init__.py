@@ -22,6 +22,22 @@ def explain(model, *example_inputs, **kwargs):
     return _explain(model, *example_inputs, **kwargs)
 
 
+def refold() -> int:
+    """Computes every folded weight of the deferred norms again, in place, from the parameters it was folded from:
+    after a write through `.data`, or after changing parameters in place under CUDA graphs (docs/pytorch.md,
+    "Norms finished in the GEMMs that read them"). Returns how many were computed."""
+    from .folds import refold as _refold
+
+    return _refold()
+
+
+def fold_stats() -> dict:
+    """The folded weights this process holds: {"folds": count, "bytes": their memory, "ms": their computation}."""
+    from .folds import stats as _stats
+
+    return _stats()
+
+
 def enable_inductor_pass(fuse: str = "planner"):
     """Opt in from backend="inductor": every later torch.compile(model, ...) runs ComFuse's post-grad pass
     (see comfuse.inductor.enable_inductor_pass). Returns the pass."""
@@ -67,5 +83,5 @@ def capture(model, *example_inputs, dynamic: bool | None = None) -> list:
 
 
 __all__ = ["DType", "Graph", "OpKind", "capture", "compile_backend", "disable_inductor_pass", "enable_inductor_pass",
-           "explain", "interpret_graph", "interpret_partitioned",
+           "explain", "fold_stats", "interpret_graph", "interpret_partitioned", "refold",
            "interpret_spec", "parse_cf", "partition"]

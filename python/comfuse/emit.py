@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 
 from . import _core as C
-from . import ops, parts
+from . import folds, ops, parts
 from .rotary import rotate_half_nodes
 from .convert import DT_TO_TORCH, OK, TORCH_TO_DT, size_hints
 
@@ -303,6 +303,8 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
                 env_g[n.name] = _cast(g, env_fx[prog.conv.input_source[n.name]], DT_TO_TORCH[n.dtype])
             elif n.op == OK.Constant:
                 env_g[n.name] = n.value
+            elif prog.deferred is not None and n.name in prog.deferred.folds:
+                env_g[n.name] = fold_call(prog, g, gid, value_of)
             else:   # a helper value (a cast, a view) between ATen nodes and a fused call
                 env_g[n.name] = emit_aten_node(g, n, prog.node_spec(n), [value_of(i) for i in n.inputs])
         return env_g[n.name]
@@ -411,6 +413,16 @@ def fused_call(prog, g: fx.Graph, ri: int, fs, ctas: int, value) -> list:
     ins = _on_device(g, [value(fs.gemm.a), value(fs.gemm.b)] + [value(p.node) for p in fs.params])
     call = g.call_function(torch.ops.comfuse.fused_region.default, (key, ins))
     return [g.call_function(operator.getitem, (call, j)) for j in range(len(fs.outputs))]
+
+
+def fold_call(prog, g: fx.Graph, gid: int, value) -> fx.Node:
+    """A value of a deferred norm that depends on the model's parameters alone (a folded weight, its column sums,
+    a shift) as one comfuse::fold call in `g`, which computes it once and keeps it (folds.py); its sources are
+    read through `value(graph IR id)`."""
+    n = prog.nodes[gid]
+    steps, sources, consts = folds.subgraph(prog, gid)
+    key = folds.register(n.name, steps, sources, consts, gid, DT_TO_TORCH[n.dtype], [int(d) for d in n.shape])
+    return g.call_function(torch.ops.comfuse.fold.default, (key, [value(i) for i in sources]))
 
 
 def chain_feeds(prog, ci: int) -> list:

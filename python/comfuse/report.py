@@ -85,6 +85,7 @@ def report_text(rep: GraphReport) -> str:
         o.append("  (no region)")
     if len(rep.b2b_plans) != len(rep.chains):   # a report made without analyze_aten's plans
         rep.b2b_plans = [C.plan_b2b(c.spec) if c.recognised else None for c in rep.chains]
+    o.extend(_norm_lines(rep))
     chains = rep.chain_lines()
     if chains:   # only graphs with a matmul reading another GEMM's epilogue as its A operand
         o.append("back-to-back chains (GEMM1 -> F -> GEMM2 -> epilogue2; the B2BSpecs are in the partition below):")
@@ -92,6 +93,18 @@ def report_text(rep: GraphReport) -> str:
     o.append("partition (Fusion Specs):")
     o.extend("  " + line if line else "" for line in part.text(False).rstrip("\n").split("\n"))
     return "\n".join(o) + "\n"
+
+
+def _norm_lines(rep: GraphReport) -> list[str]:
+    """The LayerNorm / RMSNorm sites: as deferred (options={"defer_norms": True}), or what deferral would do."""
+    a = rep.analysis
+    d = a.deferred if a.deferred is not None else C.defer_norms(a.conv.graph, True)
+    lines = d.explain().rstrip("\n").splitlines()
+    if not lines:
+        return []
+    head = ("norms (deferred: finished in the GEMMs that read them):" if a.deferred is not None else
+            "norms (not deferred; with options={'defer_norms': True} they would be):")
+    return [head] + ["  " + line for line in lines]
 
 
 class Explanation:
@@ -109,14 +122,15 @@ class Explanation:
     __repr__ = __str__
 
 
-def explain(model, *example_inputs, file=sys.stdout, **kwargs) -> Explanation:
+def explain(model, *example_inputs, file=sys.stdout, defer_norms: bool = False, **kwargs) -> Explanation:
     """Captures `model` with Dynamo (as torch.compile does), runs it once on `example_inputs` under
     torch.no_grad(), and returns (and prints to `file`, unless None) every GEMM found, whether its epilogue is
-    fused, the Fusion Specs and the reason for each node left outside. kwargs go to the model."""
+    fused, the norm sites, the Fusion Specs and the reason for each node left outside. `defer_norms`: analyze as
+    the backend's option of that name does. kwargs go to the model."""
     reports: list[GraphReport] = []
 
     def collect(gm, ex):
-        reports.append(analyze_graph(gm, ex, index=len(reports)))
+        reports.append(analyze_graph(gm, ex, index=len(reports), defer=defer_norms))
         return gm.forward
 
     compiled = torch.compile(model, backend=collect)
