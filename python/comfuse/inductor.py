@@ -26,7 +26,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import _core as C
-from . import analysis, fuse, inductor_options, ops
+from . import analysis, folds, fuse, inductor_options, ops
 from .program import NotKeepable
 
 log = logging.getLogger("comfuse")
@@ -317,8 +317,12 @@ def disable_inductor_pass() -> None:
 # (torch 2.11: codegen/custom_extern_kernel_codegen.py) lets the Python wrapper call the op's direct entry
 # instead, ops.fused_region_direct (the same C++ kernel, without the dispatcher; it hands any call the dispatcher
 # would treat specially back to the op), reached as extern_kernels.comfuse_fused_region like Inductor's own
-# extern kernels. The C++ and FX wrappers keep the op. Where the registry is absent, nothing changes.
-_DIRECT_NAMES = {"fused_region": "comfuse_fused_region", "fused_chain": "comfuse_fused_chain"}
+# extern kernels. The C++ and FX wrappers keep the op. Where the registry is absent, nothing changes. A folded
+# weight's op (folds.py) has a Python direct entry: its cached value without the dispatcher (~2.7 us a call against
+# ~5.6 on the build machine).
+_DIRECT_NAMES = {"fused_region": ("comfuse_fused_region", ops.fused_region_direct),
+                 "fused_chain": ("comfuse_fused_chain", ops.fused_chain_direct),
+                 "fold": ("comfuse_fold", folds.fold_direct)}
 
 
 def _direct_codegen(name: str):
@@ -347,8 +351,8 @@ def _route_to_direct_entries() -> bool:
     except ImportError as e:
         log.info("comfuse: Inductor's code calls the ops through the dispatcher (%s)", e)
         return False
-    for op_name, name in _DIRECT_NAMES.items():
-        setattr(extern_kernels, name, getattr(ops, f"{op_name}_direct"))
+    for op_name, (name, entry) in _DIRECT_NAMES.items():
+        setattr(extern_kernels, name, entry)
         codegen = CustomCodegen(python=_direct_codegen(name))
         CUSTOM_EXTERN_KERNEL_CODEGEN[f"torch.ops.comfuse.{op_name}.default"] = codegen
     return True

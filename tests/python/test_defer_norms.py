@@ -254,3 +254,24 @@ def test_hugging_face_models_defer_their_norm_sites_on_cpu(name, sites, caplog):
     deferred = [s for s in _messages(caplog) if "norm deferral: norm" in s and "finished in" in s]
     assert len(deferred) == sites, _messages(caplog)
     assert errs[True] <= max(1.25 * errs[False], 1e-2), errs
+
+
+def test_inductor_code_reads_folded_weights_through_the_direct_entry():
+    """A folded weight in Inductor's code is a call of the fold's direct entry (extern_kernels.comfuse_fold: the
+    cached value without the dispatcher's trip), not of the op."""
+    import importlib.util
+
+    from torch._inductor.utils import run_and_get_code
+
+    from comfuse import inductor
+
+    if importlib.util.find_spec("torch._inductor.codegen.custom_extern_kernel_codegen") is None:
+        pytest.skip(f"torch {torch.__version__} has no registry of custom fallback codegen")
+    assert inductor.DIRECT_CALLS
+    m, xs = _model(LlamaMLPBlock, seed=5), _inputs()
+    with torch.no_grad():
+        got, codes = run_and_get_code(_compiled(m, defer_norms=True), *xs)
+        ref = _fp32(m, xs)
+    code = "\n".join(codes)
+    assert code.count("extern_kernels.comfuse_fold(") == 2 and "torch.ops.comfuse.fold.default(" not in code, code
+    assert _err(got, ref) <= max(1.25 * _err(m(*xs), ref), 4e-3)
