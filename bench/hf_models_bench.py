@@ -9,7 +9,9 @@ layers, 1024) at 32 x 512; llama = a 4-layer LlamaModel (hidden 1024, SwiGLU 281
 16 x 512; gpt2 = a 6-layer GPT2Model at 16 x 512. "small" = BERT-base at 1 x 128 (the small-batch latency case).
 
 Per model: eager; then per mode, Inductor and ComFuse (per --comfuse variant: "planner" is what a user gets,
-"all" also fuses the regions the planner declines for speed only). Every compiled output is checked against
+"all" also fuses the regions the planner declines for speed only; "+defer" after either, e.g. "planner+defer",
+finishes each LayerNorm / RMSNorm in the GEMMs that read it, options={"defer_norms": True}, and notes the folded
+weights' count, memory and folding time). Every compiled output is checked against
 eager (normwise relative error <= 2e-2 in bf16). ComFuse's fused regions are counted from the post-grad pass's
 reports (comfuse.inductor.reports()) and classified: "norm" (a row reduction: LayerNorm / RMSNorm) and "act"
 (an activation: GELU, gelu_new's tanh, SiLU); with fuse="all" each model must reach the per-layer counts of
@@ -165,6 +167,16 @@ def timed(fn, iters: int, cuda: bool, fastest: list | None = None) -> float:
     if fastest is not None:
         fastest.append(ts[0])
     return ts[len(ts) // 2]
+
+
+def fuse_of(variant: str) -> str:
+    """A --comfuse variant's fuse option: "planner" / "all" (before a "+defer")."""
+    return variant.split("+")[0]
+
+
+def defers(variant: str) -> bool:
+    """Whether a --comfuse variant finishes norms in their GEMMs ("planner+defer", "all+defer")."""
+    return variant.endswith("+defer")
 
 
 def backend_label(row) -> str:
@@ -348,6 +360,9 @@ def main() -> int:
     models = ["gpt2"] if a.cpu_smoke else [m for m in a.models.split(",") if m]
     modes = ["default"] if a.cpu_smoke else [m for m in a.modes.split(",") if m]
     variants = [v for v in a.comfuse.split(",") if v]
+    bad = [v for v in variants if v not in ("planner", "all", "planner+defer", "all+defer")]
+    if bad:
+        raise SystemExit(f"unknown --comfuse variants {bad} (planner, all, planner+defer, all+defer)")
     import transformers
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, comfuse {comfuse.__version__}, "
@@ -379,12 +394,18 @@ def main() -> int:
                         f = torch.compile(model, mode=m)
                     elif a.cpu_smoke:
                         f = torch.compile(model, backend="comfuse",
-                                          options={"reference": True, "rewrite": "keep", "fuse": fuse})
+                                          options={"reference": True, "rewrite": "keep", "fuse": fuse_of(fuse),
+                                                   "defer_norms": defers(fuse)})
                     else:
-                        f = torch.compile(model, backend=comfuse.compile_backend(mode=m, fuse=fuse))
+                        f = torch.compile(model, backend=comfuse.compile_backend(mode=m, fuse=fuse_of(fuse),
+                                                                                 defer_norms=defers(fuse)))
                     tc = time.time()
+                    folds0 = comfuse.fold_stats()
                     out = run(f, kwargs)
                     row["note"] = f"compile {time.time() - tc:.0f} s"
+                    if defers(fuse):
+                        st = {k: v - folds0[k] for k, v in comfuse.fold_stats().items()}   # this compile's
+                        row["note"] += f"; {st['folds']} folded weights, {st['bytes'] / 2**20:.1f} MB, {st['ms']:.0f} ms"
                     row["rel_err"] = rel_err(out, ref)
                     fastest: list = []
                     row["us"] = timed(lambda: run(f, kwargs), a.iters, cuda, fastest)
@@ -405,7 +426,7 @@ def main() -> int:
                         need = REQUIRED.get(name, {})
                         layers = 1 if a.cpu_smoke else LAYERS[name]
                         missing = {kk: (k[kk], n * layers) for kk, n in need.items() if k[kk] < n * layers}
-                        if fuse == "all" and missing and not a.cpu_smoke:
+                        if fuse == "all" and missing and not a.cpu_smoke:   # (not "+defer": its norms are in GEMMs)
                             row["note"] += f"; MISSING regions {missing}"
                             failures.append(f"{name} {mode} fuse=all: regions missing {missing}")
                     if not row["rel_err"] <= 2e-2:
