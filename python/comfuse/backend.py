@@ -22,6 +22,8 @@ Options (torch.compile(..., options={...})):
   ctas       column blocks per row in the reference implementation (default 1)
   fuse       "planner" (default): the regions the planner expects to be faster fused; "all": also those it
              declines for speed only (to measure them; regions no kernel can serve still run unfused)
+  defer_norms  True: each LayerNorm / RMSNorm finished in the GEMMs that read it, the norm's weights folded into
+             theirs (the model's parameters only; comfuse.refold() after changing them through .data)
   rewrite    how the nodes outside fused regions are written: "keep" (default on the GPU) copies the ATen
              nodes as they were, so a bf16 model stays bf16 there (falls back to "ir" where a region does
              not line up with whole ATen nodes, logged); "ir" (default with `reference`) re-emits the Graph
@@ -37,9 +39,8 @@ import torch._inductor.compile_fx as inductor_compile   # (looked up at each cal
 from . import ops, tracing
 from .analysis import (GraphReport, _GRAPH_IDS, _gemm_targets, _rewrite, _tensors, analyze_aten,  # noqa: F401
                        analyze_graph, chain_regions, device_reason, dtype_reason, fused_chains, fused_set,
-                       is_near_tie, keep_rewrite, log_plans, log_report, near_ties, planned, precheck,
-                       prepare_kernels, shapeable, NEAR_TIE)
-from .analysis import parameter_positions as analysis_parameter_positions
+                       is_near_tie, keep_rewrite, log_plans, log_report, near_ties, parameter_positions, planned,
+                       precheck, prepare_kernels, shapeable, NEAR_TIE)
 from .fuse import count_chains, fuse_graph
 from .inductor import inductor_config
 from .measure import (HOST_US_PER_CALL, HOST_US_PER_CALL_FAST, MEASURE_MARGIN, drop_measured_losers,  # noqa: F401
@@ -181,7 +182,7 @@ def _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor
     analyzes and logs."""
     why = precheck(gm, example_inputs)
     patches = inductor_config(fuse=fuse, reference=reference, ctas=ctas, mode=mode, options=inductor_opts,
-                              defer_norms=defer, parameters=analysis_parameter_positions(example_inputs))
+                              defer_norms=defer, parameters=parameter_positions(example_inputs))
     if why:
         log.warning("comfuse: graph %d: %s; running it with Inductor", next(_GRAPH_IDS), why)
         patches.pop("post_grad_custom_post_pass")

@@ -311,7 +311,8 @@ int CompiledGraph::choose_candidate(const Search& s) {
     }
     if (rt::stream_capturing(s.stream)) {   // nothing may synchronize a capturing stream: nothing timed or checked
       rt_->choices[key] = recorded >= 0
-          ? Runtime::Choice{recorded, "recorded in " + path + " (not yet checked: the stream was being captured)", false}
+          ? Runtime::Choice{recorded, "recorded in " + path + " (not yet checked: the stream was being captured)",
+                            false}
           : Runtime::Choice{0, "prior (the stream was being captured: not timed)", false};
       return rt_->choices[key].index;
     }
@@ -349,15 +350,18 @@ int CompiledGraph::choose_candidate(const Search& s) {
     if (v.best < 0 || v.steady) break;
   }
   std::lock_guard<std::mutex> lock(rt_->search_mu);
-  if (v.best < 0) {
-    rt_->choices[key] = recorded >= 0 ? Runtime::Choice{recorded, "recorded in " + path + " (" + checked + ", but no candidate could be timed)", true}
-                                      : Runtime::Choice{0, "prior (no candidate could be timed)", true};
+  if (v.best < 0) {   // (not final: the next launch tries again)
+    rt_->choices[key] = recorded >= 0
+        ? Runtime::Choice{recorded, "recorded in " + path + " (" + checked + ", but no candidate could be timed)",
+                          false}
+        : Runtime::Choice{0, "prior (no candidate could be timed)", false};
     return rt_->choices[key].index;
   }
   std::string how = (checked.empty() ? "" : checked + "; ") + "timed at " + std::to_string(s.rows) + " rows:";
   for (int i = 0; i < n; ++i) {
     const auto& st = v.stats[i];
-    how += " " + name_of(i) + " " + (st.timed ? fixed(st.median_us, 1) + " us (spread " + fixed(100 * st.spread, 1) + "%)" : "-");
+    how += " " + name_of(i) + " " +
+           (st.timed ? fixed(st.median_us, 1) + " us (spread " + fixed(100 * st.spread, 1) + "%)" : "-");
   }
   if (attempts > 1) how += ", timing " + std::to_string(attempts) + " of " + std::to_string(kTimingAttempts);
   if (!v.steady) {

@@ -78,7 +78,8 @@ TEST(ConfigSearch, ARecordKeepsTheWinnersTimeAndOlderLinesHaveNone) {
   EXPECT_DOUBLE_EQ(c.at(4096).us, 355.6);
   EXPECT_EQ(c.at(2048).us, 0.0);
   // written and read back: the time with two decimals, a line without one stays without
-  const std::string text = search::format_choices({{8192, {"128x192x64_c2x1", 1234.567}}, {16, {"128x128x64_c1x1", 0}}}, "x");
+  const std::string text =
+      search::format_choices({{8192, {"128x192x64_c2x1", 1234.567}}, {16, {"128x128x64_c1x1", 0}}}, "x");
   EXPECT_EQ(text, "# x\n16 128x128x64_c1x1\n8192 128x192x64_c2x1 1234.57\n");
   EXPECT_DOUBLE_EQ(search::parse_choices(text).at(8192).us, 1234.57);
 }

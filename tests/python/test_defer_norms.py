@@ -113,6 +113,20 @@ def test_a_models_norm_is_finished_in_its_gemms_and_matches_eager(cls, folded, r
     assert any("folded " in s for s in _messages(caplog)), "the folds ran"
 
 
+@pytest.mark.parametrize("cls", [LlamaMLPBlock, BertOutput])
+def test_the_graph_ir_rewrite_defers_too(cls, caplog):
+    """rewrite="ir" (ComFuse's own trace; the folds are standard-path nodes, computed per call in fp32)."""
+    caplog.set_level(logging.INFO, logger="comfuse")
+    m, xs = _model(cls), _inputs()
+    ref = _fp32(m, xs)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(m, backend="comfuse", options={"reference": True, "defer_norms": True})(*xs)
+        eager = m(*xs)
+    assert any("norm deferral: norm" in s and "finished in" in s for s in _messages(caplog)), _messages(caplog)
+    assert _err(got, ref) <= max(1.25 * _err(eager, ref), 4e-3), (_err(got, ref), _err(eager, ref))
+
+
 def test_folded_weights_are_computed_once_and_again_when_a_parameter_changes(caplog):
     caplog.set_level(logging.INFO, logger="comfuse")
     m, xs = _model(LlamaMLPBlock), _inputs()
