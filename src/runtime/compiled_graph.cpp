@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iomanip>
 #include <limits>
 #include <mutex>
 #include <set>
@@ -133,6 +134,48 @@ size_t CompiledGraph::bytes_of(const std::string& name, int64_t rows) const {
 }
 
 namespace {
+// Per node of g: computed from constant inputs and constants only (the folded weights of deferred norms), which the
+// plain path computes once per binding of the constant inputs.
+std::vector<char> fold_nodes(const Graph& g) {
+  std::vector<char> folds(g.nodes.size(), 0);
+  for (const Node& n : g.nodes) {
+    if (n.op == OpKind::Input || n.op == OpKind::Constant) continue;
+    bool f = true;
+    for (int in : n.inputs) {
+      const Node& x = g.node(in);
+      f = f && (x.op == OpKind::Constant || (x.op == OpKind::Input && x.constant) || folds[in]);
+    }
+    folds[n.id] = f;
+  }
+  return folds;
+}
+
+// The folded weights' line of explain(): how many values, the memory they hold, and how much of it the GEMMs read.
+std::string fold_summary(const Partition& p) {
+  const std::vector<char> folds = fold_nodes(p.graph);
+  size_t all = 0, read = 0;
+  int count = 0;
+  for (const Node& n : p.graph.nodes)
+    if (folds[n.id]) {
+      all += static_cast<size_t>(numel(n.shape)) * dtype_bytes(n.dtype);
+      ++count;
+    }
+  std::set<int> seen;
+  for (const Region& r : p.regions) {
+    std::vector<int> feeds{r.spec.gemm.b};
+    for (const auto& q : r.spec.params) feeds.push_back(q.node);
+    for (int id : feeds)
+      if (id >= 0 && folds[id] && seen.insert(id).second)
+        read += static_cast<size_t>(numel(p.graph.node(id).shape)) * dtype_bytes(p.graph.node(id).dtype);
+  }
+  if (count == 0) return "";
+  std::ostringstream o;
+  o << "folded weights: " << count << " values on the plain path, " << std::fixed << std::setprecision(1)
+    << all / 1048576.0 << " MB held (the GEMMs read " << read / 1048576.0
+    << " MB of them), computed once per binding of the constant inputs and after refold()\n";
+  return o.str();
+}
+
 // What runs and why, in one line: the form and why (PlanDecision::form_reason), then the verdict's reason.
 std::string plan_line(const PlanDecision& d) {
   const std::string form = d.form == RegionForm::Library ? "runs in the library form (cuBLASLt GEMM + generated pass), "
@@ -143,7 +186,7 @@ std::string plan_line(const PlanDecision& d) {
 
 std::string CompiledGraph::explain() const {
   std::ostringstream o;
-  if (!norm_sites_.empty()) o << explain_deferral(norm_sites_);
+  if (!norm_sites_.empty()) o << explain_deferral(norm_sites_) << fold_summary(partition_);
   for (const auto& r : regions_) {
     if (r.plain) {
       o << "region " << r.region << ": plain GPU path, one kernel per node (" << r.plan.reason << ")\n";
@@ -465,19 +508,8 @@ struct CompiledGraph::Launch {
   std::vector<uint64_t> fold_key;
   bool folds_valid = false;
   void key_folds() {
-    folds.assign(g.nodes.size(), 0);
-    bool any = false;
-    for (const Node& n : g.nodes) {
-      if (n.op == OpKind::Input || n.op == OpKind::Constant) continue;
-      bool f = true;
-      for (int in : n.inputs) {
-        const Node& x = g.node(in);
-        f = f && (x.op == OpKind::Constant || (x.op == OpKind::Input && x.constant) || folds[in]);
-      }
-      folds[n.id] = f;
-      any = any || f;
-    }
-    if (!any) return;
+    folds = fold_nodes(g);
+    if (std::find(folds.begin(), folds.end(), 1) == folds.end()) return;
     fold_key = {cg.rt_->refold_epoch.load()};
     for (int id : g.inputs)
       if (g.node(id).constant) fold_key.push_back(value(id));

@@ -356,6 +356,25 @@ TEST(CompilerSearch, RowReductionsCompileOneConfig) {
   EXPECT_EQ(nvcc.runs(), 1);
 }
 
+// A program with its norms deferred says what its folded weights hold: the values the plain path computes once per
+// binding (the fp32 steps included) and the part the GEMMs read (here gate's and up's W*, 2 x 2816 x 1024 bf16).
+TEST(Compiler, ExplainSaysWhatTheFoldedWeightsHold) {
+  FakeNvcc nvcc("folds");
+  CompilerOptions o = nvcc.options();
+  o.defer_norms = "on";
+  CompiledGraph cg = Compiler(o).compile(parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/examples/llama_block.cf"));
+  const std::string ex = cg.explain();
+  const size_t at = ex.find("folded weights: ");
+  ASSERT_NE(at, std::string::npos) << ex;
+  const std::string line = ex.substr(at, ex.find('\n', at) - at);
+  EXPECT_NE(line.find("MB held (the GEMMs read 11.0 MB of them)"), std::string::npos) << line;
+  o.defer_norms = "off";
+  EXPECT_EQ(Compiler(o).compile(parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/examples/llama_block.cf"))
+                .explain()
+                .find("folded weights"),
+            std::string::npos);
+}
+
 // The forms of a region (plan.h RegionForm) in a whole program: a region declined for speed compiles its library form
 // (cuBLASLt + the generated pass) as the prior, and where the other form's estimate is close and the region has one
 // stage, the search times that form too.
