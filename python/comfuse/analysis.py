@@ -171,7 +171,7 @@ def analyze_graph(gm, example_inputs, index: int | None = None, fuse_all: bool =
         rep.fallback = rep.fallback or f"ComFuse could not analyze the graph ({rep.error})"
         return rep
     return analyze_aten(rep, aten_gm, example_inputs, fuse_all, _symbolic_inputs(gm, example_inputs), defer,
-                        parameter_positions(example_inputs))
+                        parameter_positions(example_inputs), len(example_inputs))
 
 
 def parameter_positions(example_inputs) -> tuple:
@@ -181,10 +181,12 @@ def parameter_positions(example_inputs) -> tuple:
 
 
 def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = False, sym=(), defer: bool = False,
-                 constant_positions=()) -> GraphReport:
+                 constant_positions=(), inputs: int | None = None) -> GraphReport:
     """The analysis of one inference ATen graph (from `tracing.aten_graph`, or Inductor's post-grad graph):
     regions, the planner's decision per region, and the reason the whole graph falls back, if it does. With
-    `defer`, norms are finished in their GEMM readers whose weights are graph inputs at `constant_positions`."""
+    `defer`, norms are finished in their GEMM readers whose weights are graph inputs at `constant_positions` of
+    the `inputs` inputs the positions were taken from: where the graph has another number of placeholders (an
+    input deduplicated or lifted on the way), no position is trusted and nothing is folded."""
 
     try:
         bad, good = gemm_dtypes(aten_gm)
@@ -193,6 +195,10 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
         # back as a whole below.
         placeholders = [n.name for n in aten_gm.graph.nodes if n.op == "placeholder"]
         constant = [placeholders[i] for i in constant_positions if i < len(placeholders)]
+        if defer and inputs is not None and inputs != len(placeholders):
+            log.info("comfuse: graph %d norm deferral: the graph has %d inputs where the model gave %d; which are "
+                     "parameters is not known, so no weight is folded", rep.index, len(placeholders), inputs)
+            constant = []
         rep.analysis = program.analyze(aten_gm, keep_in_torch=bad if good else None, defer=defer,
                                        constant_inputs=constant)
     except NothingToConvert as e:  # not a failure: the graph has nothing ComFuse handles

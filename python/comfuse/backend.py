@@ -182,7 +182,8 @@ def _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor
     analyzes and logs."""
     why = precheck(gm, example_inputs)
     patches = inductor_config(fuse=fuse, reference=reference, ctas=ctas, mode=mode, options=inductor_opts,
-                              defer_norms=defer, parameters=parameter_positions(example_inputs))
+                              defer_norms=defer, parameters=parameter_positions(example_inputs),
+                              inputs=len(example_inputs))
     if why:
         log.warning("comfuse: graph %d: %s; running it with Inductor", next(_GRAPH_IDS), why)
         patches.pop("post_grad_custom_post_pass")

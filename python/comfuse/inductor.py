@@ -68,18 +68,20 @@ class ComFusePass(CustomGraphPass):
     that became ComFuse calls)."""
 
     def __init__(self, fuse: str = "planner", reference: bool = False, ctas: int = 1, defer_norms: bool = False,
-                 parameters=()):
+                 parameters=(), inputs: int | None = None):
         if fuse not in ("planner", "all"):
             raise ValueError(f"comfuse: fuse must be 'planner' or 'all', got {fuse!r}")
         self.fuse, self.reference, self.ctas = fuse, bool(reference), int(ctas)
         # Norms finished in their GEMM readers (`defer_norms`), whose weights are the graph inputs at `parameters`
-        # (the positions of the model's parameters among the inputs: the backend knows them, the opt-in does not)
+        # (the positions of the model's parameters among its `inputs` inputs: the backend knows them, the opt-in
+        # does not)
         self.defer_norms, self.parameters = bool(defer_norms), tuple(int(i) for i in parameters)
+        self.inputs = inputs
         self.reports: list = []
 
     def uuid(self):
-        return hashlib.sha256(f"{_library_fingerprint()}|{self.fuse}|{self.reference}|{self.ctas}|"
-                              f"{self.defer_norms}|{self.parameters}|{_PROCESS_TOKEN}".encode()).hexdigest()
+        return hashlib.sha256(f"{_library_fingerprint()}|{self.fuse}|{self.reference}|{self.ctas}|{self.defer_norms}|"
+                              f"{self.parameters}|{self.inputs}|{_PROCESS_TOKEN}".encode()).hexdigest()
 
     def __call__(self, graph: fx.Graph) -> None:
         try:
@@ -106,7 +108,7 @@ class ComFusePass(CustomGraphPass):
         vals = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
         sym = [f"input {i}" for i, v in enumerate(vals) if isinstance(v, torch.SymInt) or (
             isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape))]
-        analysis.analyze_aten(rep, gm, vals, self.fuse == "all", sym, self.defer_norms, self.parameters)
+        analysis.analyze_aten(rep, gm, vals, self.fuse == "all", sym, self.defer_norms, self.parameters, self.inputs)
         cpu_reference = (self.reference and (rep.regions or analysis.fused_chains(rep, self.fuse == "all"))
                          and rep.fallback is not None and rep.fallback.startswith("CPU tensors"))
         if cpu_reference:
@@ -287,11 +289,13 @@ class _nullcontext:
 
 
 def inductor_config(fuse: str = "planner", reference: bool = False, ctas: int = 1, mode: str | None = None,
-                    options: dict | None = None, defer_norms: bool = False, parameters=()) -> dict:
+                    options: dict | None = None, defer_norms: bool = False, parameters=(),
+                    inputs: int | None = None) -> dict:
     """The Inductor config patches for one compile with ComFuse: the mode's options (torch._inductor's
     list_mode_options), the user's Inductor options, and ComFusePass as the post-grad custom pass."""
     return inductor_options.patches(mode, options, ComFusePass(fuse=fuse, reference=reference, ctas=ctas,
-                                                               defer_norms=defer_norms, parameters=parameters))
+                                                               defer_norms=defer_norms, parameters=parameters,
+                                                               inputs=inputs))
 
 
 def enable_inductor_pass(fuse: str = "planner") -> ComFusePass:

@@ -289,3 +289,24 @@ def test_inductor_code_reads_folded_weights_through_the_direct_entry():
     code = "\n".join(codes)
     assert code.count("extern_kernels.comfuse_fold(") == 2 and "torch.ops.comfuse.fold.default(" not in code, code
     assert _err(got, ref) <= max(1.25 * _err(m(*xs), ref), 4e-3)
+
+
+def test_positions_that_do_not_line_up_fold_nothing(caplog):
+    """The parameters are found by their positions among the model's inputs; where the graph has another number of
+    placeholders, no position is trusted: every site is left as it was (nothing stale can be folded)."""
+    from comfuse import analysis, tracing
+
+    caplog.set_level(logging.INFO, logger="comfuse")
+    m, xs = _model(LlamaMLPBlock), _inputs()
+    (rep,) = comfuse.capture(m, *xs)
+    ex = rep.example_inputs
+    aten = tracing.aten_graph(rep.gm, ex)
+    params = analysis.parameter_positions(ex)
+    assert len(params) == 5   # o, norm, gate, up, down
+    ok = analysis.analyze_aten(analysis.GraphReport(901), aten, ex, defer=True, constant_positions=params,
+                               inputs=len(ex))
+    assert any(s.deferred for s in ok.analysis.deferred.sites)
+    off = analysis.analyze_aten(analysis.GraphReport(902), aten, ex, defer=True, constant_positions=params,
+                                inputs=len(ex) + 1)
+    assert not any(s.deferred for s in off.analysis.deferred.sites)
+    assert any("graph 902 norm deferral: the graph has" in s for s in _messages(caplog)), _messages(caplog)
