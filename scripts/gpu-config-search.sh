@@ -140,10 +140,16 @@ sleep 15   # torch's start and the first matmuls
 "$cli" bench "$f" --rows $rows --iters 5 > "$OUT/bench_busy.log" 2>&1; status[busy_bench]=$?
 kill $load 2>/dev/null; wait $load 2>/dev/null
 rec=$(ls "$cache"/choices/comfuse_* 2>/dev/null | head -1)
+# recorded under load only if steady: the chosen config's spread at most 5% (search::kMaxSpread)
+chosen=$(grep -m1 "config search:" "$OUT/bench_busy.log" | sed -E 's/.*M bucket [0-9]+ on [^:]*: ([^,]+),.*/\1/')
+spread=$(grep -m1 "config search:" "$OUT/bench_busy.log" | grep -oE "$chosen [0-9.]+ us \(spread [0-9.]+%" |
+         sed -E 's/.*spread ([0-9.]+)%/\1/')
 if grep -q "config search: .*not recorded: a candidate that could win varied" "$OUT/bench_busy.log" &&
    ! grep -q "^$rows " "${rec:-/nonexistent}"; then status[busy_not_recorded]=0; busy="unsteady, not recorded"
-elif grep -q "config search: .*recorded in" "$OUT/bench_busy.log"; then status[busy_not_recorded]=0; busy="recorded (steady under load)"
-else status[busy_not_recorded]=1; busy="?"; fi
+elif grep -q "config search: .*recorded in" "$OUT/bench_busy.log" &&
+     awk -v s="${spread:-100}" 'BEGIN { exit !(s <= 5.0) }'; then
+  status[busy_not_recorded]=0; busy="recorded (steady under load: spread ${spread}%)"
+else status[busy_not_recorded]=1; busy="FAILED (chosen ${chosen:-?}, spread ${spread:-?}%)"; fi
 grep -h "config search:" "$OUT/bench_busy.log" | sed "s/^/  [busy] /"
 # 7: a record whose time is twice what was measured (or a plausible one, when step 6 recorded nothing)
 "$cli" bench "$f" --rows $rows --iters 5 > "$OUT/bench_idle.log" 2>&1   # a steady record on the idle GPU

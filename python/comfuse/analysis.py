@@ -175,9 +175,17 @@ def analyze_graph(gm, example_inputs, index: int | None = None, fuse_all: bool =
 
 
 def parameter_positions(example_inputs) -> tuple:
-    """The positions of the graph inputs that are the model's parameters (nn.Parameter): with Dynamo's inlined
-    modules a parameter is a graph input, and the exported and the post-grad ATen graphs keep the inputs' order."""
-    return tuple(i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter))
+    """The graph inputs that are the model's parameters (nn.Parameter), as (position, shape, dtype name): with
+    Dynamo's inlined modules a parameter is a graph input, and the exported and the post-grad ATen graphs keep the
+    inputs' order (analyze_aten checks each placeholder's shape and dtype against it)."""
+    return tuple((i, tuple(int(d) for d in x.shape), str(x.dtype)) for i, x in enumerate(example_inputs)
+                 if isinstance(x, torch.nn.Parameter))
+
+
+def _has(placeholder, shape: tuple, dtype: str) -> bool:
+    """Placeholder's value has this shape and dtype (a parameter's, parameter_positions)."""
+    v = placeholder.meta.get("val")
+    return isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(shape) and str(v.dtype) == dtype
 
 
 def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = False, sym=(), defer: bool = False,
@@ -193,12 +201,17 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
         # Per region: an fp32 GEMM among bf16/f16 ones stays in torch in its own dtype. A graph whose GEMMs are
         # all fp32 is converted as it is (rounding its GEMM operands, for the CPU reference checks) and falls
         # back as a whole below.
-        placeholders = [n.name for n in aten_gm.graph.nodes if n.op == "placeholder"]
-        constant = [placeholders[i] for i in constant_positions if i < len(placeholders)]
+        placeholders = [n for n in aten_gm.graph.nodes if n.op == "placeholder"]
+        constant = [placeholders[i].name for i, shape, dtype in constant_positions
+                    if i < len(placeholders) and _has(placeholders[i], shape, dtype)]
         if defer and inputs is not None and inputs != len(placeholders):
             log.info("comfuse: graph %d norm deferral: the graph has %d inputs where the model gave %d; which are "
                      "parameters is not known, so no weight is folded", rep.index, len(placeholders), inputs)
             constant = []
+        elif defer and len(constant) != len(constant_positions):
+            log.info("comfuse: graph %d norm deferral: %d of the model's %d parameters are not where the graph's "
+                     "inputs say (another shape or dtype there); those are not folded", rep.index,
+                     len(constant_positions) - len(constant), len(constant_positions))
         rep.analysis = program.analyze(aten_gm, keep_in_torch=bad if good else None, defer=defer,
                                        constant_inputs=constant)
     except NothingToConvert as e:  # not a failure: the graph has nothing ComFuse handles

@@ -401,8 +401,21 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
     g.output(fx.node.map_arg(out.args[0], lambda a: env_fx[a]))
     gm = fx.GraphModule(prog.gm, g)
     gm.graph.eliminate_dead_code()
+    _check_fold_readers(gm)
     gm.recompile()
     return gm
+
+
+def _check_fold_readers(gm: fx.GraphModule) -> None:
+    """A folded weight is one cached tensor (folds.py): only ComFuse's fused calls may read it. Inductor's own code
+    could write into an input it reads last (an in-place reuse), which would corrupt the cache."""
+    fused = (torch.ops.comfuse.fused_region.default, torch.ops.comfuse.fused_chain.default)
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.comfuse.fold.default:
+            other = [u.name for u in n.users if u.target not in fused]
+            if other:
+                raise NotKeepable(f"the folded weight of '{n.args[0]}' would be read by '{other[0]}', not by a fused "
+                                  f"call only")
 
 
 def fused_call(prog, g: fx.Graph, ri: int, fs, ctas: int, value) -> list:

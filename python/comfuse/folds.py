@@ -9,11 +9,14 @@ otherwise it computes it again, into the same memory (so a CUDA graph that captu
 values after the next eager call, or after `refold()`). One compiled graph may serve several sets of parameters
 (the layers of a model whose layer Dynamo compiles once; a graph from Inductor's cache): each set has its own value.
 
-Not seen: a write through `.data` (it bypasses the version counter) - call `comfuse.refold()` after one, and after
-changing parameters in place under CUDA graphs (mode="reduce-overhead"), whose replays do not run the op.
+Not seen: a write through `.data` (it bypasses the version counter), and any write to an inference tensor (made
+under torch.inference_mode(): it has no version counter) - call `comfuse.refold()` after one, and after changing
+parameters in place under CUDA graphs (mode="reduce-overhead"), whose replays do not run the op. A fold that misses
+while a CUDA graph is being captured raises (its computation would be captured and replayed): refold before capturing.
 
-The values are read only by `comfuse::fused_region` calls (extern kernels to Inductor), so Inductor never writes into
-them in place or reuses their memory.
+The values are read only by `comfuse::fused_region` calls (extern kernels to Inductor, which writes into none of
+their inputs; emit.rewrite_keeping_torch checks that nothing else reads a fold). A value whose sources are all gone
+is dropped at the next miss of any fold.
 """
 from __future__ import annotations
 
@@ -52,9 +55,10 @@ class _Cached:
 
 
 _FOLDS: dict = {}
-_CACHE: dict = {}             # key -> {the sources' (address, shape, dtype, device): _Cached}
+_CACHE: dict = {}             # key -> {the sources' (address, shape, strides, dtype, device): _Cached}
 _LOCK = threading.Lock()
 _COUNTER = itertools.count()
+_direct_calls = 0             # calls the direct entry served (stats())
 
 
 def register(label: str, steps: list, sources: list, consts: dict, out: int, dtype, shape) -> str:
@@ -66,7 +70,19 @@ def register(label: str, steps: list, sources: list, consts: dict, out: int, dty
 
 
 def _where(xs) -> tuple:
-    return tuple((x.data_ptr(), tuple(x.shape), x.dtype, x.device) for x in xs)
+    return tuple((x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device) for x in xs)
+
+
+def _version(x: torch.Tensor) -> int:
+    """x's version counter; -1 for an inference tensor, which has none (its in-place writes are not seen)."""
+    return -1 if x.is_inference() else x._version
+
+
+def _prune() -> None:
+    """Drops the values whose sources are all gone (a deleted model's). Under _LOCK."""
+    for d in _CACHE.values():
+        for where in [w for w, c in d.items() if all(r() is None for r in c.sources)]:
+            del d[where]
 
 
 def _compute(f: _Fold, xs) -> torch.Tensor:
@@ -80,11 +96,16 @@ def _compute(f: _Fold, xs) -> torch.Tensor:
 def _fill(key: str, xs) -> torch.Tensor:
     """The fold's value for sources xs: the cached one, or computed (into the cached memory where it fits)."""
     f = _FOLDS[key]
-    where, versions = _where(xs), tuple(x._version for x in xs)
+    where, versions = _where(xs), tuple(_version(x) for x in xs)
     with _LOCK:
         c = _CACHE.setdefault(key, {}).get(where)
         if c is not None and c.versions == versions and all(r() is x for r, x in zip(c.sources, xs)):
             return c.value
+        _prune()
+    if any(x.is_cuda for x in xs) and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"comfuse: the folded weight {f.label} must be computed again (a parameter it is folded "
+                           f"from changed, or is new) while a CUDA graph is being captured; call comfuse.refold() "
+                           f"before capturing")
     t0 = time.perf_counter()
     with torch.no_grad():
         v = _compute(f, xs)
@@ -107,8 +128,10 @@ def _run_fold(key: str, sources: list[torch.Tensor]) -> torch.Tensor:
 
 def fold_direct(key: str, sources: list) -> torch.Tensor:
     """What Inductor's Python wrapper calls for the op (inductor.py): the value itself where every source is a plain
-    tensor, else the op (a fake tensor, a subclass: the dispatcher's business)."""
-    if all(type(x) is torch.Tensor for x in sources):
+    tensor or parameter, else the op (a fake tensor, a subclass: the dispatcher's business)."""
+    if all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in sources):
+        global _direct_calls
+        _direct_calls += 1
         return _fill(key, sources)
     return torch.ops.comfuse.fold.default(key, sources)
 
@@ -146,11 +169,13 @@ def refold() -> int:
 
 
 def stats() -> dict:
-    """The folded weights this process holds: how many, their bytes, and the time their last computations took."""
+    """The folded weights this process holds: how many, their bytes, the time their last computations took, and the
+    calls the direct entry served so far."""
     with _LOCK:
+        _prune()
         cs = [c for d in _CACHE.values() for c in d.values()]
     return {"folds": len(cs), "bytes": sum(c.value.numel() * c.value.element_size() for c in cs),
-            "ms": sum(c.ms for c in cs)}
+            "ms": sum(c.ms for c in cs), "direct_calls": _direct_calls}
 
 
 def subgraph(prog, gid: int) -> tuple[list, list, dict]:

@@ -75,7 +75,7 @@ class ComFusePass(CustomGraphPass):
         # Norms finished in their GEMM readers (`defer_norms`), whose weights are the graph inputs at `parameters`
         # (the positions of the model's parameters among its `inputs` inputs: the backend knows them, the opt-in
         # does not)
-        self.defer_norms, self.parameters = bool(defer_norms), tuple(int(i) for i in parameters)
+        self.defer_norms, self.parameters = bool(defer_norms), tuple(parameters)
         self.inputs = inputs
         self.reports: list = []
 

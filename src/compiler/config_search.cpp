@@ -64,17 +64,22 @@ std::map<int64_t, Recorded> parse_choices(const std::string& text) {
   for (std::string line; std::getline(in, line);) {
     if (auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
     std::istringstream ls(line);
-    std::string b, config, time, extra;
-    if (!(ls >> b >> config) || (ls >> time && ls >> extra)) continue;
-    int64_t bucket = 0;
+    std::string b, config, time, rows_s, extra;
+    if (!(ls >> b >> config)) continue;
+    const bool timed = static_cast<bool>(ls >> time);
+    if (timed && !(ls >> rows_s)) continue;   // a time goes with its rows
+    if (ls >> extra) continue;
+    int64_t bucket = 0, rows = 0;
     double us = 0;
     try {
       size_t used = 0;
       bucket = std::stoll(b, &used);
       if (used != b.size()) continue;
-      if (!time.empty()) {
+      if (timed) {
         us = std::stod(time, &used);
         if (used != time.size() || !(us > 0) || !std::isfinite(us)) continue;
+        rows = std::stoll(rows_s, &used);
+        if (used != rows_s.size() || rows < 1 || rows > bucket) continue;
       }
     } catch (const std::exception&) {
       continue;
@@ -82,7 +87,7 @@ std::map<int64_t, Recorded> parse_choices(const std::string& text) {
     if (bucket < 1 || bucket_of(bucket) != bucket) continue;
     KernelConfig c;
     if (!parse_config(config, c) || config_name(c) != config) continue;   // exactly a config name, nothing more
-    out[bucket] = {config, us};
+    out[bucket] = {config, us, rows};
   }
   return out;
 }
@@ -101,7 +106,7 @@ std::string format_choices(const std::map<int64_t, Recorded>& choices, const std
   o << "# " << comment << "\n";
   for (const auto& [b, c] : choices) {
     o << b << " " << c.config;
-    if (c.us > 0) o << " " << detail::fixed(c.us, 2);
+    if (c.us > 0 && c.rows > 0) o << " " << detail::fixed(c.us, 2) << " " << c.rows;
     o << "\n";
   }
   return o.str();
@@ -153,6 +158,10 @@ Verdict judge(const std::vector<std::vector<double>>& samples) {
 
 bool still_holds(double recorded_us, double now_us) {
   return recorded_us > 0 && now_us > 0 && std::abs(now_us - recorded_us) <= kReuseTolerance * recorded_us;
+}
+
+bool rows_comparable(int64_t recorded_rows, int64_t rows) {
+  return recorded_rows > 0 && std::abs(double(rows - recorded_rows)) <= kCheckRows * double(recorded_rows);
 }
 
 }  // namespace comfuse::search
@@ -295,6 +304,7 @@ int CompiledGraph::choose_candidate(const Search& s) {
   std::string path;
   int recorded = -1;          // this bucket's recorded choice, checked below before it is used
   double recorded_us = 0;
+  int64_t recorded_rows = 0;
   {
     std::lock_guard<std::mutex> lock(rt_->search_mu);
     if (auto it = rt_->choices.find(key); it != rt_->choices.end() && it->second.final) return it->second.index;
@@ -308,6 +318,7 @@ int CompiledGraph::choose_candidate(const Search& s) {
     if (auto it = record.find(bucket); it != record.end() && index_of(it->second.config) >= 0) {   // one of ours
       recorded = index_of(it->second.config);
       recorded_us = it->second.us;
+      recorded_rows = it->second.rows;
     }
     if (rt::stream_capturing(s.stream)) {   // nothing may synchronize a capturing stream: nothing timed or checked
       rt_->choices[key] = recorded >= 0
@@ -319,6 +330,12 @@ int CompiledGraph::choose_candidate(const Search& s) {
   }
   CandidateTimer timer(rt_->mu, rt_->libs[s.region], r, *s.args, s.stream);
   std::string checked;   // what the check of the record found, when it did not hold
+  if (recorded >= 0 && recorded_us > 0 && !search::rows_comparable(recorded_rows, s.rows) && timer.usable(recorded)) {
+    std::lock_guard<std::mutex> lock(rt_->search_mu);   // (timed at other rows of the bucket: no comparison)
+    rt_->choices[key] = {recorded, "recorded in " + path + " (timed at " + std::to_string(recorded_rows) +
+                                       " rows; not checked at " + std::to_string(s.rows) + ")", true};
+    return recorded;
+  }
   if (recorded >= 0 && recorded_us > 0 && timer.usable(recorded)) {
     timer.preheat(recorded, kCheckPreheatUs);
     std::vector<double> now;
@@ -376,9 +393,9 @@ int CompiledGraph::choose_candidate(const Search& s) {
     rt_->choices[key] = {v.best, how + noisy + "; used by this process only", true};
     return v.best;
   }
-  const std::string why = search::record_choice(path, bucket, {name_of(v.best), v.stats[v.best].median_us},
-                                                "comfuse config search: <M bucket> <config> <us> for " + r.kernel.name +
-                                                    " on " + s.device);
+  const std::string why = search::record_choice(path, bucket, {name_of(v.best), v.stats[v.best].median_us, s.rows},
+                                                "comfuse config search: <M bucket> <config> <us> <rows> for " +
+                                                    r.kernel.name + " on " + s.device);
   how += why.empty() ? "; recorded in " + path : "; not recorded: " + why;
   rt_->choices[key] = {v.best, how, true};
   return v.best;

@@ -2,8 +2,9 @@
 // run of each M bucket and keeps the winner): buckets, the on-disk record of choices, the switch. The timing
 // itself is CompiledGraph::choose_candidate, at the end of config_search.cpp.
 //
-// The record: <cache dir>/choices/<set id>.<device>.txt, one line per bucket, "<bucket> <config name> <us>"
-// ("4096 128x256x64_c2x1_coop 355.6": the winner's median time when it was chosen), '#' comments. The set id names
+// The record: <cache dir>/choices/<set id>.<device>.txt, one line per bucket, "<bucket> <config name> <us> <rows>"
+// ("4096 128x256x64_c2x1_coop 355.6 4000": the winner's median time when it was chosen, at that many rows), '#'
+// comments. The set id names
 // the region's kernel and its candidate set (the JIT keys of every candidate: new kernel headers, flags or nvcc make
 // a new file, so a stale choice is never read). Writers replace the file atomically (a private temporary file, then
 // rename): readers see an old or a new file, never a torn one; two processes recording at once may lose one line,
@@ -12,9 +13,10 @@
 // Timings are judged before they are recorded (judge): when a candidate that could win varied between the search's
 // rounds by more than kMaxSpread (another process on the GPU, a clock change), the candidates are timed again, and
 // a choice that stays unsteady is used by this process only, never recorded. A recorded choice is checked when a
-// process first uses it: its config is timed again, and a time off the recorded one by more than kReuseTolerance
-// (the record was made on a loaded GPU, or the GPU has changed) searches again. A line without a time (written
-// before times were kept) is searched again too.
+// process first uses it at rows near those it was timed at (kCheckRows): its config is timed again, and a time off
+// the recorded one by more than kReuseTolerance (the record was made on a loaded GPU, or the GPU has changed)
+// searches again. At rows farther off in the bucket it is used unchecked (a bucket spans 2x in rows: the times do
+// not compare). A line without a time and rows (written before they were kept) is searched again.
 #pragma once
 
 #include <cstdint>
@@ -47,10 +49,11 @@ std::string choice_path(const std::string& cache_dir, const std::string& set_id,
 struct Recorded {
   std::string config;   // the config's name
   double us = 0;        // its median time when it was chosen; 0: not known (a record written before times were kept)
+  int64_t rows = 0;     // the rows it was timed at (in the bucket); 0: not known
 };
 
-// The choices in a record's text, by bucket. Lines that are not "<power of two> <config name> [<us>]" (an optional
-// '#' comment after them; us a positive number) are skipped.
+// The choices in a record's text, by bucket. Lines that are not "<power of two> <config name> [<us> <rows>]" (an
+// optional '#' comment after them; us a positive number, rows a whole number in the bucket) are skipped.
 std::map<int64_t, Recorded> parse_choices(const std::string& text);
 // The same from a file; a missing or unreadable file is an empty record.
 std::map<int64_t, Recorded> read_choices(const std::string& path);
@@ -96,5 +99,9 @@ Verdict judge(const std::vector<std::vector<double>>& samples);
 
 // Whether a recorded choice still holds: its time now within kReuseTolerance of the recorded time (us > 0).
 bool still_holds(double recorded_us, double now_us);
+
+// The rows a check compares at: within this fraction of the rows the record was timed at.
+constexpr double kCheckRows = 0.125;
+bool rows_comparable(int64_t recorded_rows, int64_t rows);
 
 }  // namespace comfuse::search

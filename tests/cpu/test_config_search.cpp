@@ -63,25 +63,39 @@ TEST(ConfigSearch, ParsesARecordAndSkipsWhatIsNotAChoice) {
   EXPECT_EQ(c.at(8192).config, "128x192x64_c2x1");
 }
 
-TEST(ConfigSearch, ARecordKeepsTheWinnersTimeAndOlderLinesHaveNone) {
+TEST(ConfigSearch, ARecordKeepsTheWinnersTimeAndRowsAndOlderLinesHaveNone) {
   auto c = search::parse_choices(
-      "4096 128x256x64_c2x1_coop 355.60\n"
+      "4096 128x256x64_c2x1_coop 355.60 4000\n"
       "2048 128x128x64_c1x2\n"                  // written before times were kept: no time (searched again)
-      "1024 128x128x64_c1x1 0\n"                // a time that is not positive
-      "512 128x128x64_c1x1 -3\n"
-      "256 128x128x64_c1x1 nan\n"
-      "128 128x128x64_c1x1 inf\n"
-      "64 128x128x64_c1x1 12us\n"               // not exactly a number
-      "32 128x128x64_c1x1 1.5 2.5\n");          // a fourth field
+      "1024 128x128x64_c1x1 0 1000\n"           // a time that is not positive
+      "512 128x128x64_c1x1 -3 500\n"
+      "256 128x128x64_c1x1 nan 200\n"
+      "128 128x128x64_c1x1 inf 100\n"
+      "64 128x128x64_c1x1 12us 60\n"            // not exactly a number
+      "32 128x128x64_c1x1 1.5\n"                 // a time without its rows
+      "16 128x128x64_c1x1 1.5 17\n"              // rows past the bucket
+      "8 128x128x64_c1x1 1.5 0\n"
+      "4 128x128x64_c1x1 1.5 3.5\n"
+      "2 128x128x64_c1x1 1.5 2 9\n");            // a fifth field
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(c.at(4096).config, "128x256x64_c2x1_coop");
   EXPECT_DOUBLE_EQ(c.at(4096).us, 355.6);
+  EXPECT_EQ(c.at(4096).rows, 4000);
   EXPECT_EQ(c.at(2048).us, 0.0);
-  // written and read back: the time with two decimals, a line without one stays without
+  EXPECT_EQ(c.at(2048).rows, 0);
+  // written and read back: the time with two decimals and the rows; a line without them stays without
   const std::string text =
-      search::format_choices({{8192, {"128x192x64_c2x1", 1234.567}}, {16, {"128x128x64_c1x1", 0}}}, "x");
-  EXPECT_EQ(text, "# x\n16 128x128x64_c1x1\n8192 128x192x64_c2x1 1234.57\n");
+      search::format_choices({{8192, {"128x192x64_c2x1", 1234.567, 8000}}, {16, {"128x128x64_c1x1", 0, 0}}}, "x");
+  EXPECT_EQ(text, "# x\n16 128x128x64_c1x1\n8192 128x192x64_c2x1 1234.57 8000\n");
   EXPECT_DOUBLE_EQ(search::parse_choices(text).at(8192).us, 1234.57);
+}
+
+TEST(ConfigSearch, ARecordIsCheckedOnlyAtRowsNearThoseItWasTimedAt) {
+  EXPECT_TRUE(search::rows_comparable(8192, 8192));
+  EXPECT_TRUE(search::rows_comparable(8000, 7200));    // 10% fewer
+  EXPECT_TRUE(search::rows_comparable(8000, 9000));
+  EXPECT_FALSE(search::rows_comparable(8000, 5000));   // the same bucket, 8192, but 1.6x fewer rows
+  EXPECT_FALSE(search::rows_comparable(0, 8192));      // rows not known
 }
 
 TEST(ConfigSearch, SampleStatsDropOneOutlierEachWayFromFiveSamples) {
@@ -148,7 +162,7 @@ TEST(ConfigSearch, AMissingOrCorruptFileIsAnEmptyRecordAndIsReplacedWhole) {
   fs::create_directories(f.parent_path());
   std::ofstream(f, std::ios::binary) << std::string("\0\0\xfe\xff binary junk 17 18\n", 24);
   EXPECT_TRUE(search::read_choices(f.string()).empty());
-  EXPECT_EQ(search::record_choice(f.string(), 2048, {"128x128x64_c1x2", 12.5}, "test"), "");
+  EXPECT_EQ(search::record_choice(f.string(), 2048, {"128x128x64_c1x2", 12.5, 1}, "test"), "");
   auto c = search::read_choices(f.string());
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c.at(2048).config, "128x128x64_c1x2");
@@ -160,9 +174,9 @@ TEST(ConfigSearch, RecordMergesBucketsCreatesTheFolderAndLeavesNoTemporaryFiles)
   fs::path d = temp_dir("record");
   const std::string path = search::choice_path(d.string(), "comfuse_00ff-0123456789abcdef", "NVIDIA H200");
   EXPECT_EQ(path, (d / "choices" / "comfuse_00ff-0123456789abcdef.NVIDIA_H200.txt").string());
-  EXPECT_EQ(search::record_choice(path, 4096, {"128x256x64_c2x1_coop", 12.5}, "test"), "");
-  EXPECT_EQ(search::record_choice(path, 1024, {"128x128x64_c1x2", 12.5}, "test"), "");
-  EXPECT_EQ(search::record_choice(path, 4096, {"128x192x64_c2x1", 12.5}, "test"), "");   // replaces its bucket
+  EXPECT_EQ(search::record_choice(path, 4096, {"128x256x64_c2x1_coop", 12.5, 1}, "test"), "");
+  EXPECT_EQ(search::record_choice(path, 1024, {"128x128x64_c1x2", 12.5, 1}, "test"), "");
+  EXPECT_EQ(search::record_choice(path, 4096, {"128x192x64_c2x1", 12.5, 1}, "test"), "");   // replaces its bucket
   auto c = search::read_choices(path);
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(c.at(4096).config, "128x192x64_c2x1");
@@ -173,7 +187,7 @@ TEST(ConfigSearch, RecordMergesBucketsCreatesTheFolderAndLeavesNoTemporaryFiles)
   EXPECT_EQ(files, 1) << "temporary files left behind";
   // a folder that cannot be made: an error message, no exception (the run goes on)
   std::ofstream(d / "plainfile") << "x";
-  EXPECT_NE(search::record_choice((d / "plainfile" / "choices" / "a.txt").string(), 1, {"128x128x64_c1x1", 12.5}, "t"), "");
+  EXPECT_NE(search::record_choice((d / "plainfile" / "choices" / "a.txt").string(), 1, {"128x128x64_c1x1", 12.5, 1}, "t"), "");
   fs::remove_all(d);
 }
 
@@ -187,7 +201,7 @@ TEST(ConfigSearch, ConcurrentWritersNeverLeaveATornRecord) {
   for (int p = 0; p < 3; ++p) {
     pid_t pid = fork();
     if (pid == 0) {
-      for (int i = 0; i < 100; ++i) search::record_choice(path, int64_t(1) << (i % 12), {configs[(i + p) % 3], 12.5}, "p");
+      for (int i = 0; i < 100; ++i) search::record_choice(path, int64_t(1) << (i % 12), {configs[(i + p) % 3], 12.5, 1}, "p");
       _exit(0);
     }
     kids.push_back(pid);
@@ -197,7 +211,7 @@ TEST(ConfigSearch, ConcurrentWritersNeverLeaveATornRecord) {
   for (int t = 0; t < 3; ++t)
     threads.emplace_back([&, t] {
       for (int i = 0; i < 100; ++i) {
-        search::record_choice(path, int64_t(1) << (i % 12), {configs[(i + t) % 3], 12.5}, "t");
+        search::record_choice(path, int64_t(1) << (i % 12), {configs[(i + t) % 3], 12.5, 1}, "t");
         // a whole file every time: a comment line, then lines that all parse (a torn write would end mid-line)
         const std::string text = slurp(path);
         size_t lines = 0;
@@ -213,7 +227,7 @@ TEST(ConfigSearch, ConcurrentWritersNeverLeaveATornRecord) {
   size_t lines = 0;
   for (char ch : text) lines += ch == '\n';
   EXPECT_EQ(search::parse_choices(text).size() + 1, lines) << text;   // + the comment line
-  EXPECT_EQ(search::record_choice(path, 4096, {configs[1], 12.5}, "last"), "");
+  EXPECT_EQ(search::record_choice(path, 4096, {configs[1], 12.5, 1}, "last"), "");
   EXPECT_EQ(search::read_choices(path).at(4096).config, configs[1]);
   for (const auto& e : fs::directory_iterator(fs::path(path).parent_path()))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();

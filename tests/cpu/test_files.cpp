@@ -80,10 +80,10 @@ TEST_F(Files, TheCfParserRefusesWhatIsNotAProgramFile) {
 TEST_F(Files, AChoiceRecordThatIsNoFileIsNoRecord) {
   EXPECT_TRUE(search::read_choices(fifo("r.NVIDIA.txt")).empty());   // returns at once: the search runs instead
   EXPECT_TRUE(search::read_choices("/dev/zero").empty());
-  EXPECT_EQ(search::record_choice(path("choices/r.txt"), 1024, {"128x128x64_c1x1", 12.5}, "test"), "");
+  EXPECT_EQ(search::record_choice(path("choices/r.txt"), 1024, {"128x128x64_c1x1", 12.5, 1}, "test"), "");
   EXPECT_EQ(search::read_choices(path("choices/r.txt")).at(1024).config, "128x128x64_c1x1");
   fs::create_directories(path("choices/d.txt"));   // a record path that is a directory: reported, not thrown
-  EXPECT_NE(search::record_choice(path("choices/d.txt"), 1024, {"128x128x64_c1x1", 12.5}, "test"), "");
+  EXPECT_NE(search::record_choice(path("choices/d.txt"), 1024, {"128x128x64_c1x1", 12.5, 1}, "test"), "");
 }
 
 TEST_F(Files, WritesAreCheckedAndAtomic) {

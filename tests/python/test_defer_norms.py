@@ -289,6 +289,11 @@ def test_inductor_code_reads_folded_weights_through_the_direct_entry():
     code = "\n".join(codes)
     assert code.count("extern_kernels.comfuse_fold(") == 2 and "torch.ops.comfuse.fold.default(" not in code, code
     assert _err(got, ref) <= max(1.25 * _err(m(*xs), ref), 4e-3)
+    # the entry serves the calls itself (the sources are parameters), without the dispatcher
+    before = folds.stats()["direct_calls"]
+    with torch.no_grad():
+        _compiled(m, defer_norms=True)(*xs)
+    assert folds.stats()["direct_calls"] >= before + 2
 
 
 def test_positions_that_do_not_line_up_fold_nothing(caplog):
@@ -310,3 +315,38 @@ def test_positions_that_do_not_line_up_fold_nothing(caplog):
                                 inputs=len(ex) + 1)
     assert not any(s.deferred for s in off.analysis.deferred.sites)
     assert any("graph 902 norm deferral: the graph has" in s for s in _messages(caplog)), _messages(caplog)
+    # a position whose placeholder has another shape than the parameter recorded there is not trusted either
+    moved = tuple((i, (7,) + shape, dtype) for i, shape, dtype in params)
+    off = analysis.analyze_aten(analysis.GraphReport(903), aten, ex, defer=True, constant_positions=moved,
+                                inputs=len(ex))
+    assert not any(s.deferred for s in off.analysis.deferred.sites)
+    assert any("graph 903 norm deferral: 5 of the model's 5 parameters are not where" in s
+               for s in _messages(caplog)), _messages(caplog)
+
+
+def test_inference_tensors_fold_and_refold_on_request(caplog):
+    """Parameters made under torch.inference_mode() have no version counter: they fold (once), an in-place change is
+    not seen, and comfuse.refold() picks it up (docs/pytorch.md)."""
+    caplog.set_level(logging.INFO, logger="comfuse")
+    with torch.inference_mode():
+        m, xs = _model(LlamaMLPBlock, seed=6), _inputs()
+        c = _compiled(m, defer_norms=True)
+        first = c(*xs)
+        assert _err(first, _fp32(m, xs)) <= max(1.25 * _err(m(*xs), _fp32(m, xs)), 4e-3)
+        m.norm.weight.mul_(-1.0)
+        assert _err(c(*xs), _fp32(m, xs)) > 0.05   # not seen
+        assert comfuse.refold() >= 2
+        assert _err(c(*xs), _fp32(m, xs)) <= max(1.25 * _err(m(*xs), _fp32(m, xs)), 4e-3)
+
+
+def test_a_deleted_models_folds_are_dropped():
+    import gc
+
+    m, xs = _model(LlamaMLPBlock, seed=7), _inputs()
+    with torch.no_grad():
+        _compiled(m, defer_norms=True)(*xs)
+    held = folds.stats()["folds"]
+    del m
+    torch._dynamo.reset()   # (Dynamo's cache holds the compiled graph, which holds the parameters)
+    gc.collect()
+    assert folds.stats()["folds"] <= held - 2
