@@ -110,7 +110,8 @@ def _fill(key: str, xs) -> torch.Tensor:
     with torch.no_grad():
         v = _compute(f, xs)
         if c is not None and c.value.shape == v.shape and c.value.dtype == v.dtype and c.value.device == v.device:
-            c.value.copy_(v)
+            with torch.inference_mode(c.value.is_inference()):   # (one made under inference mode is written there)
+                c.value.copy_(v)
             v = c.value
         if v.is_cuda:
             torch.cuda.synchronize(v.device)

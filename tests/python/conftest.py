@@ -83,6 +83,26 @@ def reference(model, *xs):
     return list(y) if isinstance(y, (tuple, list)) else [y]
 
 
+def hopper_reason(devices: int = 1) -> str | None:
+    """Why the GPU tests cannot run here (None: they can): `devices` GPUs of compute capability 9.0 that ComFuse
+    kernels run on."""
+    from comfuse import _core
+
+    if not torch.cuda.is_available():
+        return "no GPU"
+    if torch.cuda.device_count() < devices:
+        return (f"{torch.cuda.device_count()} GPU here: this needs a machine with {devices} "
+                f"(the nvidia-h200-x{devices} kind)")
+    for d in range(devices):
+        if torch.cuda.get_device_capability(d) != (9, 0):
+            return f"{'no GPU' if d == 0 else f'cuda:{d} is not a GPU'} of compute capability 9.0 " \
+                   f"({torch.cuda.get_device_name(d)})"
+        why = _core.unsupported_device_reason(d)
+        if why:
+            return why
+    return None
+
+
 def messages(caplog) -> list[str]:
     """What the "comfuse" logger said during the test."""
     return [r.getMessage() for r in caplog.records if r.name == "comfuse"]

@@ -9,6 +9,7 @@ import torch
 
 import comfuse
 from comfuse import folds
+from conftest import hopper_reason
 
 BF16 = torch.bfloat16
 
@@ -217,17 +218,7 @@ def test_the_option_is_checked():
         torch.compile(torch.nn.Linear(4, 4), backend="comfuse", options={"defer_norms": "yes"})(torch.randn(2, 4))
 
 
-def _gpu_reason():
-    from comfuse import _core as C
-
-    if not torch.cuda.is_available():
-        return "no GPU"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return f"no GPU of compute capability 9.0 ({torch.cuda.get_device_name()})"
-    return C.unsupported_device_reason(0) or None
-
-
-@pytest.mark.skipif(_gpu_reason() is not None, reason=f"skipped: {_gpu_reason()}")
+@pytest.mark.skipif(hopper_reason() is not None, reason=f"skipped: {hopper_reason()}")
 @pytest.mark.parametrize("cls", [LlamaMLPBlock, BertOutput])
 def test_deferred_norms_run_on_the_gpu_and_match_eager(cls, caplog):
     caplog.set_level(logging.INFO, logger="comfuse")

@@ -13,7 +13,7 @@ import comfuse
 import comfuse._core as C
 import models
 from comfuse import inductor, ops
-from conftest import messages, rel_err
+from conftest import hopper_reason, messages, rel_err
 
 GRAPHS = {
     "bias_gelu": "y = gelu(add(matmul(X, W), b), approximate=\"tanh\")\noutput y\n",
@@ -25,11 +25,7 @@ GRAPHS = {
 
 
 def _gpu_reason():
-    if not torch.cuda.is_available():
-        return "no GPU"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return f"no GPU of compute capability 9.0 ({torch.cuda.get_device_name()})"
-    return C.unsupported_device_reason(0) or None
+    return hopper_reason(1)
 
 
 requires_hopper = pytest.mark.skipif(_gpu_reason() is not None, reason=f"skipped: {_gpu_reason()}")

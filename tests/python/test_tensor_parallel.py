@@ -15,6 +15,7 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import hopper_reason
 
 HIDDEN, FFN = 128, 512            # the CPU model: each of two ranks holds FFN / 2 columns of `up`, rows of `down`
 GPU_HIDDEN, GPU_FFN = 1024, 4096  # the GPU model, large enough for the planner to fuse its GEMMs
@@ -129,20 +130,7 @@ def test_two_ranks_on_the_cpu_fuse_their_shards_and_match_eager(tmp_path):
 
 
 def _gpu_reason(count):
-    from comfuse import _core as C
-
-    if not torch.cuda.is_available():
-        return "no GPU"
-    if torch.cuda.device_count() < count:
-        return (f"{torch.cuda.device_count()} GPU here: {count} ranks need a machine with {count} "
-                f"(the nvidia-h200-x{count} kind)")
-    for d in range(count):
-        if torch.cuda.get_device_capability(d) != (9, 0):
-            return f"cuda:{d} is not of compute capability 9.0 ({torch.cuda.get_device_name(d)})"
-        why = C.unsupported_device_reason(d)
-        if why:
-            return why
-    return _distributed_reason("nccl")
+    return hopper_reason(count) or _distributed_reason("nccl")
 
 
 @pytest.mark.skipif(_gpu_reason(1) is not None, reason=f"skipped: {_gpu_reason(1)}")
