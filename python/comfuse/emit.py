@@ -303,8 +303,8 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
                 env_g[n.name] = _cast(g, env_fx[prog.conv.input_source[n.name]], DT_TO_TORCH[n.dtype])
             elif n.op == OK.Constant:
                 env_g[n.name] = n.value
-            elif prog.deferred is not None and n.name in prog.deferred.folds:
-                env_g[n.name] = fold_call(prog, g, gid, value_of)
+            elif is_fold(n):   # (a region's folds are emitted together first: emit_region)
+                env_g[n.name] = fold_call(prog, g, [gid], value_of)[0]
             else:   # a helper value (a cast, a view) between ATen nodes and a fused call
                 env_g[n.name] = emit_aten_node(g, n, prog.node_spec(n), [value_of(i) for i in n.inputs])
         return env_g[n.name]
@@ -333,8 +333,17 @@ def rewrite_keeping_torch(prog, fuse, ctas: int = 1, chains=()) -> fx.GraphModul
             out.append(next(iter(taken)) if fused_reader and same and o.dtype == C.DType.F32 else o.dtype)
         return out
 
+    def is_fold(n) -> bool:
+        return prog.deferred is not None and n.name in prog.deferred.folds
+
     def emit_region(ri):
         fs = prog.regions[ri].spec
+        # the folded weights the region reads, from one comfuse::fold call (one host call, not one per value)
+        feeds = list(dict.fromkeys([fs.gemm.b] + [p.node for p in fs.params]))
+        todo_folds = [i for i in feeds if is_fold(prog.nodes[i]) and prog.nodes[i].name not in env_g]
+        if todo_folds:
+            for i, v in zip(todo_folds, fold_call(prog, g, todo_folds, value_of)):
+                env_g[prog.nodes[i].name] = v
         dts = stored_dtypes(ri)
         if dts != [o.dtype for o in fs.outputs]:
             fs = fs.with_output_dtypes(dts)
@@ -412,7 +421,9 @@ def _check_fold_readers(gm: fx.GraphModule) -> None:
     fused = (torch.ops.comfuse.fused_region.default, torch.ops.comfuse.fused_chain.default)
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is torch.ops.comfuse.fold.default:
-            other = [u.name for u in n.users if u.target not in fused]
+            values = list(n.users)   # the getitems of its values
+            other = [u.name for u in values if u.target is not operator.getitem]
+            other += [r.name for u in values if u.target is operator.getitem for r in u.users if r.target not in fused]
             if other:
                 raise NotKeepable(f"the folded weight of '{n.args[0]}' would be read by '{other[0]}', not by a fused "
                                   f"call only")
@@ -428,14 +439,16 @@ def fused_call(prog, g: fx.Graph, ri: int, fs, ctas: int, value) -> list:
     return [g.call_function(operator.getitem, (call, j)) for j in range(len(fs.outputs))]
 
 
-def fold_call(prog, g: fx.Graph, gid: int, value) -> fx.Node:
-    """A value of a deferred norm that depends on the model's parameters alone (a folded weight, its column sums,
-    a shift) as one comfuse::fold call in `g`, which computes it once and keeps it (folds.py); its sources are
-    read through `value(graph IR id)`."""
-    n = prog.nodes[gid]
-    steps, sources, consts = folds.subgraph(prog, gid)
-    key = folds.register(n.name, steps, sources, consts, gid, DT_TO_TORCH[n.dtype], [int(d) for d in n.shape])
-    return g.call_function(torch.ops.comfuse.fold.default, (key, [value(i) for i in sources]))
+def fold_call(prog, g: fx.Graph, gids: list, value) -> list:
+    """Values of a deferred norm that depend on the model's parameters alone (a folded weight, its column sums, a
+    shift) as one comfuse::fold call in `g`, which computes them once and keeps them (folds.py); its sources are
+    read through `value(graph IR id)`. The values' nodes, in the order of `gids`."""
+    ns = [prog.nodes[i] for i in gids]
+    steps, sources, consts = folds.subgraph(prog, gids)
+    key = folds.register([n.name for n in ns], steps, sources, consts,
+                         [(i, DT_TO_TORCH[n.dtype], [int(d) for d in n.shape]) for i, n in zip(gids, ns)])
+    call = g.call_function(torch.ops.comfuse.fold.default, (key, [value(i) for i in sources]))
+    return [g.call_function(operator.getitem, (call, j)) for j in range(len(gids))]
 
 
 def chain_feeds(prog, ci: int) -> list:

@@ -135,14 +135,15 @@ def test_folded_weights_are_computed_once_and_again_when_a_parameter_changes(cap
     with torch.no_grad():
         c(*xs)
         n_first = sum("folded " in s for s in _messages(caplog))
-        assert n_first == 2, _messages(caplog)   # gate's and up's W* (RMSNorm: no column sums, no shift)
+        # gate's and up's W* (RMSNorm: no column sums, no shift), in one call: the two GEMMs are one region
+        assert n_first == 1 and "mm_1%w_folded, mm_2%w_folded" in _messages(caplog)[-1], _messages(caplog)
         c(*xs)
         assert sum("folded " in s for s in _messages(caplog)) == n_first, "a second call folds nothing"
         # an in-place change of the norm's weight bumps its version: both folds are computed again
         m.norm.weight.mul_(1.5)
         got = c(*xs)
         again = [s for s in _messages(caplog) if "again: a source changed" in s]
-        assert len(again) == 2, _messages(caplog)
+        assert len(again) == 1, _messages(caplog)
         assert _err(got, _fp32(m, xs)) <= max(1.25 * _err(m(*xs), _fp32(m, xs)), 4e-3)
         # a write through .data is not seen (it bypasses the version counter): stale until comfuse.refold()
         m.gate.weight.data.mul_(-1.0)
@@ -170,7 +171,7 @@ def test_one_compiled_graph_serving_two_models_keeps_a_fold_for_each(caplog):
                 ref = _fp32(m, xs)
                 assert _err(got, ref) <= max(1.25 * _err(m(*xs), ref), 4e-3)
     msgs = _messages(caplog)
-    assert sum("folded " in s for s in msgs) == 4, msgs
+    assert sum("folded " in s for s in msgs) == 2, msgs   # one fold call per model, each computing both W*
     assert not any("again" in s for s in msgs), msgs
 
 
@@ -278,13 +279,13 @@ def test_inductor_code_reads_folded_weights_through_the_direct_entry():
         got, codes = run_and_get_code(_compiled(m, defer_norms=True), *xs)
         ref = _fp32(m, xs)
     code = "\n".join(codes)
-    assert code.count("extern_kernels.comfuse_fold(") == 2 and "torch.ops.comfuse.fold.default(" not in code, code
+    assert code.count("extern_kernels.comfuse_fold(") == 1 and "torch.ops.comfuse.fold.default(" not in code, code
     assert _err(got, ref) <= max(1.25 * _err(m(*xs), ref), 4e-3)
     # the entry serves the calls itself (the sources are parameters), without the dispatcher
     before = folds.stats()["direct_calls"]
     with torch.no_grad():
         _compiled(m, defer_norms=True)(*xs)
-    assert folds.stats()["direct_calls"] >= before + 2
+    assert folds.stats()["direct_calls"] >= before + 1
 
 
 def test_positions_that_do_not_line_up_fold_nothing(caplog):
