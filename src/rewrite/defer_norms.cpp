@@ -49,13 +49,34 @@ class Site {
  public:
   Site(const Graph& g, int y) : g_(g), y_(y) {}
 
-  // Why y is not a row-affine normalization of one h, or "" (then h(), form(), statistics() are set).
+  // Why y is not a row-affine normalization of one h, or "" (then h(), form(), statistics() are set). Each row
+  // reduction y depends on is tried as the first statistic of h, the earliest first: a LayerNorm's mean comes before
+  // its variance (which, tried first, would make the centered value h), and in a post-norm stack y also depends,
+  // through the residual stream, on the reductions of every norm before it, which do not make y a function of
+  // their h's statistics alone.
   std::string recognise() {
     const Node& y = g_.node(y_);
     if (y.shape.size() < 2) return "not a [rows, N] value";
-    const int first = first_reduction(y_);
-    if (first < 0) return "no row reduction over its last dim";
-    h_ = base_of(g_.node(first).inputs[0]);
+    const std::vector<int> reductions = row_reductions(y_);
+    if (reductions.empty()) return "no row reduction over its last dim";
+    std::string first_why;
+    for (int r : reductions) {
+      h_ = base_of(g_.node(r).inputs[0]);
+      form_ = {};
+      stats_.clear();
+      nodes_.clear();
+      dep_.clear();
+      const std::string why = recognise_of_h();
+      if (why.empty()) return why;
+      if (first_why.empty()) first_why = why;
+    }
+    return first_why;   // (as the earliest reduction's h)
+  }
+
+ private:
+  // recognise() with h_ chosen.
+  std::string recognise_of_h() {
+    const Node& y = g_.node(y_);
     if (g_.node(h_).shape != y.shape) return "the statistics are of a value of another shape";
     std::optional<LinForm> f = lin(y_);
     if (!f) return "not a linear function of '" + g_.node(h_).name + "' with per-row and per-column factors";
@@ -69,6 +90,7 @@ class Site {
     return "";
   }
 
+ public:
   int h() const { return h_; }
   // The nodes between h and y or the statistics (y's expression, the statistics' inputs; h excluded).
   const std::set<int>& nodes() const { return nodes_; }
@@ -107,11 +129,10 @@ class Site {
     return dep_[id] = d;
   }
 
-  // The reduction over the last dim with the smallest id among those y depends on (through up to 256 nodes).
-  int first_reduction(int from) const {
+  // The mean / sum reductions over the last dim that y depends on (through up to 256 nodes), by increasing id.
+  std::vector<int> row_reductions(int from) const {
     std::vector<int> stack{from};
-    std::set<int> seen;
-    int best = -1;
+    std::set<int> seen, found;
     while (!stack.empty() && seen.size() < 256) {
       int id = stack.back();
       stack.pop_back();
@@ -119,11 +140,11 @@ class Site {
       const Node& n = g_.node(id);
       if (is_reduction(n.op) && (n.op == OpKind::Mean || n.op == OpKind::Sum) && n.keepdim &&
           n.dim == static_cast<int>(n.shape.size()) - 1 && is_rows1(n))
-        best = best < 0 ? id : std::min(best, id);
+        found.insert(id);
       if (n.op == OpKind::MatMul) continue;   // another GEMM's operands are not y's row
       for (int in : n.inputs) stack.push_back(in);
     }
-    return best;
+    return {found.begin(), found.end()};
   }
   // The x of mean(x), mean(x^2), mean(x*x), mean(pow(x, 2)).
   int base_of(int id) const {

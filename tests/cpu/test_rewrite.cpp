@@ -159,6 +159,36 @@ TEST(DeferNorms, ATracedRmsNormWithOneCastPerReaderIsFolded) {
   EXPECT_FALSE(defer_norms(parse_cf(other)).sites.size() == 1 && defer_norms(parse_cf(other)).sites[0].deferred);
 }
 
+// A post-norm stack (BERT's): the second norm's input holds the first norm's output through the residual, so the
+// second norm depends on the first one's statistics too; it is still found, by its own, and both are deferred.
+TEST(DeferNorms, EveryNormOfAPostNormStackIsFound) {
+  Graph g = parse_cf(R"(
+input X : bf16[96, 64]
+input W1 : bf16[64, 64] const
+input R : bf16[96, 64]
+input g1 : bf16[64] const
+input b1 : bf16[64] const
+input W2 : bf16[64, 64] const
+input g2 : bf16[64] const
+input b2 : bf16[64] const
+input W3 : bf16[80, 64] const
+h1 = cast(add(matmul(X, W1), R), dtype=bf16)
+y1 = cast(layer_norm(h1, g1, b1, eps=1e-5), dtype=bf16)
+h2 = cast(add(matmul(y1, W2, transpose_b=true), y1), dtype=bf16)
+y2 = cast(layer_norm(h2, g2, b2, eps=1e-5), dtype=bf16)
+z = matmul(y2, W3, transpose_b=true)
+output z
+)");
+  DeferredProgram d = defer_norms(g);
+  ASSERT_EQ(d.sites.size(), 2u) << explain_deferral(d);
+  EXPECT_TRUE(d.sites[0].deferred && d.sites[1].deferred) << explain_deferral(d);
+  std::mt19937 rng(std::random_device{}());
+  for (int rep = 0; rep < 3; ++rep) {
+    Errors e = compare(g, d, random_inputs(g, rng));
+    EXPECT_LT(e.rewritten, kBound) << "original " << e.original;
+  }
+}
+
 TEST(DeferNorms, OtherReadersKeepTheNormalizedValue) {
   // y is also an output and a residual: those read y as before; the GEMM is folded
   Graph g = parse_cf(R"(
