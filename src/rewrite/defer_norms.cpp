@@ -2,7 +2,8 @@
 // that read them.
 //
 // Recognition, for a GEMM operand y:
-//   1. h: the input of the first row reduction y depends on (mean(h), or mean of h^2 / h*h / pow(h, 2));
+//   1. h: the input of a row reduction y depends on (mean(h), or mean of h^2 / h*h / pow(h, 2)), tried from the
+//      earliest until 2 and 3 hold;
 //   2. y as a linear function of h: y = h * P + sum_t Q_t, where P and every Q_t are products of per-row factors
 //      ([rows, 1] values), per-column factors ([N] values that do not depend on h) and a constant;
 //   3. every per-row factor depends on h only through reductions over the last dim (the statistics).
