@@ -17,8 +17,8 @@ parameters in place under CUDA graphs (mode="reduce-overhead"), whose replays do
 while a CUDA graph is being captured raises (its computation would be captured and replayed): refold before capturing.
 
 The values are read only by `comfuse::fused_region` calls (extern kernels to Inductor, which writes into none of
-their inputs; emit.rewrite_keeping_torch checks that nothing else reads a fold). A value whose sources are all gone
-is dropped at the next miss of any fold.
+their inputs; emit.rewrite_keeping_torch checks that nothing else reads a fold). A value with a source gone, or
+computed from the same tensors at another address, is dropped at the next miss of a fold.
 """
 from __future__ import annotations
 
@@ -80,10 +80,13 @@ def _version(x: torch.Tensor) -> int:
     return -1 if x.is_inference() else x._version
 
 
-def _prune() -> None:
-    """Drops the values whose sources are all gone (a deleted model's). Under _LOCK."""
-    for d in _CACHE.values():
-        for where in [w for w, c in d.items() if all(r() is None for r in c.sources)]:
+def _prune(key: str | None = None, xs=()) -> None:
+    """Drops the values that cannot be read again: those with a source gone (a deleted model's), and those of fold
+    `key` computed from the very tensors xs at another address or shape (`p.data = new` moved a parameter). Under
+    _LOCK."""
+    for k, d in _CACHE.items():
+        for where in [w for w, c in d.items() if any(r() is None for r in c.sources) or
+                      (k == key and all(r() is x for r, x in zip(c.sources, xs)))]:
             del d[where]
 
 
@@ -103,7 +106,8 @@ def _fill(key: str, xs) -> list:
         c = _CACHE.setdefault(key, {}).get(where)
         if c is not None and c.versions == versions and all(r() is x for r, x in zip(c.sources, xs)):
             return c.values
-        _prune()
+        if c is None:
+            _prune(key, xs)
     if any(x.is_cuda for x in xs) and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"comfuse: the folded weights {', '.join(f.labels)} must be computed again (a parameter "
                            f"they are folded from changed, or is new) while a CUDA graph is being captured; call "

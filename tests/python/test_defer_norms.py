@@ -152,6 +152,12 @@ def test_folded_weights_are_computed_once_and_again_when_a_parameter_changes(cap
         assert comfuse.refold() >= 2
         fresh = c(*xs)
         assert _err(fresh, _fp32(m, xs)) <= max(1.25 * _err(m(*xs), _fp32(m, xs)), 4e-3)
+        # a parameter moved to a new address (`.data =`): folded anew there, and the value at the old address dropped
+        held = folds.stats()["folds"]
+        m.up.weight.data = m.up.weight.data.clone()
+        moved = c(*xs)
+        assert _err(moved, _fp32(m, xs)) <= max(1.25 * _err(m(*xs), _fp32(m, xs)), 4e-3)
+        assert folds.stats()["folds"] == held
     st = comfuse.fold_stats()
     assert st["folds"] >= 2 and st["bytes"] >= 2 * 512 * 256 * 2 and st["ms"] > 0, st
 
