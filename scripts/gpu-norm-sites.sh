@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# On the device machine: the norm sites (examples/llama_block.cf, examples/bert_layer.cf) with their norms finished in
+# the GEMMs that read them (--defer-norms on) and as before (off), in one run:
+#   1. the package installed with the image's own python3 (the torch side of the bench parses the .cf programs with
+#      it), in the background while
+#   2. every kernel of both programs, deferral off and on, is compiled in parallel (`comfuse aot` fills the JIT cache),
+#   3. `comfuse run --check --launches 3` of both programs off and on, and of the examples whose epilogues publish row
+#      outputs (prenorm_row_stats, prenorm_two_outputs);
+#   4. bench/norm_sites.py: `comfuse bench` with --defer-norms off and on alternating, ROUNDS invocations each, and
+#      torch.compile's best on the same math;
+#   5. with --pytest: the GPU tests of norm deferral and tensor parallelism through torch.compile (installed package).
+# Logs and norm_sites.csv under $OUT; a table last.
+#
+#   scripts/gpu-norm-sites.sh [--rounds R] [--budget S] [--pytest-only]
+# Needs build/bin/comfuse (carried), the CUTLASS headers at .carry/cutlass/include and cuBLASLt.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+source scripts/gpu-lib.sh
+rounds=3 budget=560 pytest_only=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) rounds="$2"; shift ;;
+    --budget) budget="$2"; shift ;;
+    --pytest-only) pytest_only=1 ;;
+    *) echo "gpu-norm-sites: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+t0=$(date +%s)
+OUT="${OUT:-$root/build/gpu-norm-sites}"
+mkdir -p "$OUT/checks"
+cli="$root/build/bin/comfuse"
+gpu_cublaslt_env
+cutlass="$(gpu_cutlass_dir gpu-norm-sites)"
+export COMFUSE_CUTLASS_DIR="$cutlass" COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+declare -A status
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+
+(gpu_pip_install "$cutlass" "$OUT/pip.log"; echo $? > "$OUT/pip.rc") &
+pip_pid=$!
+
+if [ $pytest_only = 0 ]; then
+  runs() {
+    for p in llama_block bert_layer; do
+      for d in off on; do echo "${p}_defer_$d examples/$p.cf --defer-norms $d"; done
+    done
+    for p in prenorm_row_stats prenorm_two_outputs; do echo "$p examples/$p.cf"; done
+  }
+  runs | xargs -P 8 -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "/tmp/gpu-norm-sites-aot/$name" \
+      > "'"$OUT"'/checks/aot_$name.log" 2>&1 || echo "aot failed: $name"' "$cli"
+  echo "gpu-norm-sites: compiled in $(( $(date +%s) - t0 )) s"
+  runs | xargs -P 3 -L 1 sh -c 'name="$1"; shift; timeout 200 "$0" run "$@" --check --launches 3 \
+      > "'"$OUT"'/checks/$name.log" 2>&1; echo "check $name rc=$?"' "$cli" | sort > "$OUT/checks.txt"
+  status[checks]=$(grep -vc 'rc=0$' "$OUT/checks.txt")
+  cat "$OUT/checks.txt"
+  for l in "$OUT"/checks/*.log; do   # each check's outputs and their errors
+    case "$l" in */aot_*) continue ;; esac
+    echo "  $(basename "$l" .log): $(grep -E '^[A-Za-z_0-9%]+ +\[' "$l" | awk '{print $1" rel "$(NF-4)}' | tr '\n' ' ')"
+  done
+  grep -h "folded weights\|norm '" "$OUT"/checks/*_on.log 2>/dev/null | sort -u | head -6
+fi
+
+wait $pip_pid
+status[install]="$(cat "$OUT/pip.rc" 2>/dev/null || echo 1)"
+echo "gpu-norm-sites: package installed (rc ${status[install]}) at $(( $(date +%s) - t0 )) s"
+[ "${status[install]}" = 0 ] || tail -20 "$OUT/pip.log"
+
+if [ $pytest_only = 0 ]; then
+  left=$(( budget - ($(date +%s) - t0) ))
+  [ $left -ge 60 ] || left=60
+  (cd /tmp && PYTHONUNBUFFERED=1 timeout "$left" python3 "$root/bench/norm_sites.py" --cli "$cli" --rounds "$rounds" \
+    --out "$OUT/norm_sites.csv") > "$OUT/norm_sites.log" 2>&1
+  status[bench]=$?
+  grep -vE "Warning|warn|^\s*$" "$OUT/norm_sites.log" | tail -14
+else
+  left=$(( budget - ($(date +%s) - t0) ))
+  (gpu_package_env; cd "$root" && COMFUSE_TEST_INSTALLED=1 timeout "$left" python3 -m pytest -q -rs -x \
+     tests/python/test_defer_norms.py tests/python/test_tensor_parallel.py -k "gpu or world_size" \
+     > "$OUT/pytest.log" 2>&1)
+  status[pytest]=$?
+  grep -E "passed|failed|SKIPPED|^E |Error" "$OUT/pytest.log" | head -20
+  grep -E "comfuse: folded|norm deferral: norm" "$OUT/pytest.log" | head -6
+fi
+echo
+echo "gpu-norm-sites summary ($(( $(date +%s) - t0 )) s; logs in $OUT)"
+gpu_status_table
