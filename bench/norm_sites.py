@@ -53,6 +53,7 @@ def main(argv):
                              compile_default_us=round(us["default"], 1),
                              compile_max_autotune_us=round(us["max-autotune-no-cudagraphs"], 1),
                              best_compile_div_comfuse=round(best / med, 3)))
+            print(f"measured {rows[-1]}", flush=True)   # (as it goes: a run cut short still tells)
     if a.out:
         with open(a.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
