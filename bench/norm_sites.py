@@ -3,9 +3,11 @@ examples/llama_block.cf (o_proj + residual, RMSNorm, gate/up, SiLU·mul) and exa
 residual, LayerNorm, FFN1 + GELU, FFN2 + bias + the rebuilt residual, LayerNorm), both at 8192 tokens, bf16.
 
   python3 bench/norm_sites.py [--cli build/bin/comfuse] [--rounds 3] [--out FILE.csv] [--programs llama_block,bert_layer]
+      [--variants off,on,on/fused] [--logs DIR]
 
 Per program: eager PyTorch, torch.compile default and max-autotune-no-cudagraphs of the package's translation of the
-program (comfuse.to_torch; triton.testing.do_bench of the call, median), then `comfuse bench FILE.cf` with --defer-norms off and on, alternating, `--rounds` invocations each (the
+program (comfuse.to_torch; triton.testing.do_bench of the call, median), then `comfuse bench FILE.cf` in each variant (--defer-norms off and on; with /fused or /library every region forced
+to that form), alternating, `--rounds` invocations each (the
 median of each invocation's median; the spread is printed). The table last: ComFuse's time and torch.compile's best ÷
 it (above 1: ComFuse is faster). Without a GPU: prints "skipped: no GPU" and exits 77.
 """
@@ -17,7 +19,6 @@ import sys
 
 SKIP = 77
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
 PROGRAMS = ("llama_block", "bert_layer")
 
 
@@ -27,7 +28,17 @@ def main(argv):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=None, help="CSV file to write")
     p.add_argument("--programs", default=",".join(PROGRAMS))
+    p.add_argument("--variants", default="off,on",
+                   help="--defer-norms off|on, each optionally /fused or /library (every region forced to that form)")
+    p.add_argument("--logs", default=None, help="folder for each `comfuse bench` output (plan, chosen configs)")
     a = p.parse_args(argv)
+    variants = [v for v in a.variants.split(",") if v]
+    for v in variants:
+        defer, _, form = v.partition("/")
+        if defer not in ("off", "on") or form not in ("", "fused", "library"):
+            p.error(f"unknown variant {v!r}: off or on, optionally followed by /fused or /library")
+    if a.logs:
+        os.makedirs(a.logs, exist_ok=True)
     programs = [x for x in a.programs.split(",") if x]
     for x in programs:
         if x not in PROGRAMS:
@@ -42,13 +53,19 @@ def main(argv):
         cf = f"{ROOT}/examples/{name}.cf"
         us = torch_us(cf)
         best = min(us["default"], us["max-autotune-no-cudagraphs"])
-        runs = {"off": [], "on": []}
-        for _ in range(a.rounds):   # the two forms alternate
-            for defer in ("off", "on"):
-                runs[defer].append(comfuse_us(a.cli, cf, ["--defer-norms", defer]))
-        for defer, xs in runs.items():
+        runs = {v: [] for v in variants}
+        for _ in range(a.rounds):   # the variants alternate
+            for v in variants:
+                defer, _, form = v.partition("/")
+                opts = ["--defer-norms", defer] + (["--form", form] if form else [])
+                log = os.path.join(a.logs, f"{name}_{v.replace('/', '_')}.log") if a.logs else None
+                runs[v].append(comfuse_us(a.cli, cf, opts, optional=bool(form), log=log))
+        for v, xs in runs.items():
+            xs = [x for x in xs if x is not None]
+            if not xs:
+                continue
             med = statistics.median(xs)
-            rows.append(dict(program=name, defer_norms=defer, comfuse_us=round(med, 1),
+            rows.append(dict(program=name, defer_norms=v, comfuse_us=round(med, 1),
                              spread_us=round(max(xs) - min(xs), 1), eager_us=round(us["eager"], 1),
                              compile_default_us=round(us["default"], 1),
                              compile_max_autotune_us=round(us["max-autotune-no-cudagraphs"], 1),
@@ -59,9 +76,9 @@ def main(argv):
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    print(f"{'program':12} {'defer':5} {'ComFuse us':>11} {'spread':>7} {'eager':>8} {'compile':>8} {'max-at':>8} {'best ÷ ComFuse':>15}")
+    print(f"{'program':12} {'variant':11} {'ComFuse us':>11} {'spread':>7} {'eager':>8} {'compile':>8} {'max-at':>8} {'best ÷ ComFuse':>15}")
     for r in rows:
-        print(f"{r['program']:12} {r['defer_norms']:5} {r['comfuse_us']:11.1f} {r['spread_us']:7.1f} {r['eager_us']:8.1f} "
+        print(f"{r['program']:12} {r['defer_norms']:11} {r['comfuse_us']:11.1f} {r['spread_us']:7.1f} {r['eager_us']:8.1f} "
               f"{r['compile_default_us']:8.1f} {r['compile_max_autotune_us']:8.1f} {r['best_compile_div_comfuse']:15.3f}")
     return 0
 

@@ -37,14 +37,17 @@ NAMED = ("postnorm", "rmsnorm", "softmax", "ln_softmax", "bias_gelu", "bert_laye
 FORMS = ("planner", "fused", "library")
 
 
-def comfuse_bench(cli, cf, options=(), optional=False):
+def comfuse_bench(cli, cf, options=(), optional=False, log=None):
     """`comfuse bench FILE.cf OPTIONS...`: {"us": its median in µs, "pass_us", "copy_us" (where every region runs a
     library pass: the passes' time, the graph less its cuBLASLt GEMMs, and a device copy of the bytes they move; else
     nan)}. optional: None where it fails (e.g. a region no pass serves under
-    --form library: that variant has no time), else the failure is raised."""
+    --form library: that variant has no time), else the failure is raised. log: a file the output is appended to."""
     args = [cli, "bench", cf, "--iters", "50", *options]
     r = subprocess.run(args, capture_output=True, text=True,
                        env=dict(os.environ, COMFUSE_KERNEL_DIR=os.environ.get("COMFUSE_KERNEL_DIR", f"{ROOT}/kernels")))
+    if log:   # the whole output: the plan, the configs the search chose, every kernel's median
+        with open(log, "a") as f:
+            f.write(f"$ {' '.join(args)}\n{r.stdout}{r.stderr}\n")
     m = re.search(r": median ([0-9.]+) us over", r.stdout)
     if r.returncode != 0 or not m:
         if optional:
@@ -58,9 +61,9 @@ def comfuse_bench(cli, cf, options=(), optional=False):
     return out
 
 
-def comfuse_us(cli, cf, options=(), optional=False):
+def comfuse_us(cli, cf, options=(), optional=False, log=None):
     """comfuse_bench's median alone (None where an optional variant failed)."""
-    b = comfuse_bench(cli, cf, options, optional)
+    b = comfuse_bench(cli, cf, options, optional, log)
     return None if b is None else b["us"]
 
 

@@ -8,21 +8,27 @@
 #      outputs (prenorm_row_stats, prenorm_two_outputs);
 #   4. bench/norm_sites.py: `comfuse bench` with --defer-norms off and on alternating, ROUNDS invocations each, and
 #      torch.compile's best on the same math;
-#   5. with --pytest: the GPU tests of norm deferral and tensor parallelism through torch.compile (installed package).
-# Logs and norm_sites.csv under $OUT; a table last.
+#   5. with --pytest (before 4, at most PYTEST_S = 150 s), or --pytest-only (instead of 2-4): the GPU tests of norm
+#      deferral and tensor parallelism through torch.compile (installed package).
+# With --profile, after 3: each kernel's GPU time in one launch of each program, off and on (ncu), in
+# $OUT/profile_<program>.txt. --variants goes to bench/norm_sites.py (e.g. off,on,on/fused).
+# Logs and norm_sites.csv under $OUT (each `comfuse bench` output under $OUT/bench/); a table last.
 #
-#   scripts/gpu-norm-sites.sh [--rounds R] [--budget S] [--pytest-only]
+#   scripts/gpu-norm-sites.sh [--rounds R] [--budget S] [--variants V] [--profile] [--pytest | --pytest-only]
 # Needs build/bin/comfuse (carried), the CUTLASS headers at .carry/cutlass/include and cuBLASLt.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/gpu-lib.sh
-rounds=3 budget=560 pytest_only=0
+rounds=3 budget=560 pytest_only=0 pytest=0 variants=off,on profile=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds="$2"; shift ;;
     --budget) budget="$2"; shift ;;
-    --pytest-only) pytest_only=1 ;;
+    --pytest-only) pytest_only=1 pytest=1 ;;
+    --pytest) pytest=1 ;;
+    --variants) variants="$2"; shift ;;
+    --profile) profile=1 ;;
     *) echo "gpu-norm-sites: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -59,6 +65,16 @@ if [ $pytest_only = 0 ]; then
     echo "  $(basename "$l" .log): $(grep -E '^[A-Za-z_0-9%]+ +\[' "$l" | awk '{print $1" rel "$(NF-4)}' | tr '\n' ' ')"
   done
   grep -h "folded weights\|norm '" "$OUT"/checks/*_on.log 2>/dev/null | sort -u | head -6
+  if [ $profile = 1 ]; then   # the kernels of the last of three launches (the first runs the config search)
+    for p in llama_block bert_layer; do
+      for d in off on; do
+        timeout 120 ncu --csv --metrics gpu__time_duration.sum "$cli" run "examples/$p.cf" --defer-norms $d \
+          --launches 3 > "$OUT/ncu_${p}_$d.csv" 2> "$OUT/ncu_${p}_$d.err"
+        python3 "$root/bench/ncu_kernels.py" "$OUT/ncu_${p}_$d.csv" > "$OUT/profile_${p}_$d.txt" 2>&1
+        echo "== $p defer $d (ncu, GPU time of the last launch's kernels)"; cat "$OUT/profile_${p}_$d.txt"
+      done
+    done
+  fi
 fi
 
 wait $pip_pid
@@ -66,21 +82,23 @@ status[install]="$(cat "$OUT/pip.rc" 2>/dev/null || echo 1)"
 echo "gpu-norm-sites: package installed (rc ${status[install]}) at $(( $(date +%s) - t0 )) s"
 [ "${status[install]}" = 0 ] || tail -20 "$OUT/pip.log"
 
-if [ $pytest_only = 0 ]; then
+if [ $pytest = 1 ]; then   # before the bench, at most PYTEST_S seconds of the budget (all of it with --pytest-only)
   left=$(( budget - ($(date +%s) - t0) ))
-  [ $left -ge 60 ] || left=60
-  (cd /tmp && PYTHONUNBUFFERED=1 timeout "$left" python3 "$root/bench/norm_sites.py" --cli "$cli" --rounds "$rounds" \
-    --out "$OUT/norm_sites.csv") > "$OUT/norm_sites.log" 2>&1
-  status[bench]=$?
-  grep -vE "Warning|warn|^\s*$" "$OUT/norm_sites.log" | tail -14
-else
-  left=$(( budget - ($(date +%s) - t0) ))
+  [ $pytest_only = 1 ] || [ $left -le "${PYTEST_S:-150}" ] || left="${PYTEST_S:-150}"
   (gpu_package_env; cd "$root" && COMFUSE_TEST_INSTALLED=1 timeout "$left" python3 -m pytest -q -rs -x \
      tests/python/test_defer_norms.py tests/python/test_tensor_parallel.py -k "gpu or world_size" \
      > "$OUT/pytest.log" 2>&1)
   status[pytest]=$?
   grep -E "passed|failed|SKIPPED|^E |Error" "$OUT/pytest.log" | head -20
   grep -E "comfuse: folded|norm deferral: norm" "$OUT/pytest.log" | head -6
+fi
+if [ $pytest_only = 0 ]; then
+  left=$(( budget - ($(date +%s) - t0) ))
+  [ $left -ge 60 ] || left=60
+  (cd /tmp && PYTHONUNBUFFERED=1 timeout "$left" python3 "$root/bench/norm_sites.py" --cli "$cli" --rounds "$rounds" \
+    --variants "$variants" --logs "$OUT/bench" --out "$OUT/norm_sites.csv") > "$OUT/norm_sites.log" 2>&1
+  status[bench]=$?
+  grep -vE "Warning|warn|^\s*$" "$OUT/norm_sites.log" | grep -v "^measured" | tail -14
 fi
 echo
 echo "gpu-norm-sites summary ($(( $(date +%s) - t0 )) s; logs in $OUT)"

@@ -257,6 +257,20 @@ class Partitioner {
     }
   }
 
+  // A region reads a value another region hands on in fp32 (widen_handed_on) as fp32: converting it to the value's
+  // own 16-bit dtype first would add a rounding the program does not have, and a conversion launch. (Deferred norms'
+  // row statistics are such values.) The epilogue widens every parameter to f32 as it loads it anyway.
+  void read_handed_on_as_stored() {
+    std::map<int, DType> stored;
+    for (const Region& r : p.regions)
+      for (const SpecOutput& o : r.spec.outputs) stored[o.node] = o.dtype;
+    for (Region& r : p.regions)
+      for (RuntimeParam& prm : r.spec.params)
+        if (auto it = stored.find(prm.node);
+            it != stored.end() && it->second == DType::F32 && prm.kind != BroadcastKind::Scalar)
+          prm.dtype = DType::F32;
+  }
+
   // Leaves, and the nodes no region took (with every region's reason for refusing them).
   void record_fallback() {
     for (const Node& nd : g.nodes) {
@@ -504,6 +518,7 @@ Partition partition(const Graph& input, const PartitionHints& hints) {
   p.graph.verify();
   Partitioner pt(p, hints);
   pt.grow_regions();
+  pt.read_handed_on_as_stored();
   pt.record_fallback();
   pt.schedule();
   pt.recognise_chains();

@@ -633,13 +633,18 @@ void build(const Graph& g, Decisions& dec, DeferredProgram& out) {
       else if (rr != dec.reads_rounded.end() && in == rr->second) ins.push_back(b.rounded.at(in));
       else ins.push_back(b.at(in));
     }
-    b.at(n.id) = copy_node(d, n, ins, n.name);
-    if (dec.round_source.count(n.id))
-      b.rounded[n.id] = d.cast(b.at(n.id), n.dtype, n.name + kInternalSep + dtype_name(n.dtype));
+    // A rounded h that is also an output under its own name is that output: storing h in its dtype rounds it just
+    // as the cast does, so the region stores one tile, not the same bits twice.
+    const bool rounded_out = dec.round_source.count(n.id) && std::any_of(g.outputs.begin(), g.outputs.end(),
+        [&](const auto& o) { return o.node == n.id && o.name == n.name; });
+    const std::string rounded_name = n.name + kInternalSep + dtype_name(n.dtype);
+    b.at(n.id) = copy_node(d, n, ins, rounded_out ? n.name + kInternalSep + "unrounded" : n.name);
+    if (dec.round_source.count(n.id)) b.rounded[n.id] = d.cast(b.at(n.id), n.dtype, rounded_out ? n.name : rounded_name);
   }
   // Outputs keep their names: a folded reader's value is renamed to the reader's name where it is an output.
   for (const auto& o : g.outputs) {
-    Value v = b.at(o.node);
+    Value v = dec.round_source.count(o.node) && b.rounded.count(o.node) && d.node(b.rounded.at(o.node)).name == o.name
+                  ? b.rounded.at(o.node) : b.at(o.node);
     if (d.node(v).name != o.name) v = d.cast(v, d.node(v).dtype, o.name);   // (a cast to its own dtype: a copy)
     d.output(v, o.name);
   }
