@@ -253,7 +253,13 @@ struct CostWalk {
         if (n.bcast == BroadcastKind::Scalar) return 0;
         ++c.loads;
         return n.bcast == BroadcastKind::Tile ? 2 : n.bcast == BroadcastKind::Row || n.bcast == BroadcastKind::Periodic ? 1 : 0.25;
-      case SpecKind::Compute: return s + op_slots(n, c);
+      // A per-row value is computed once per row of the thread and kept in a register (epilogue/compute.cuh), so
+      // it costs nothing per element; e.g. a norm's rsqrt of the row statistics.
+      // A division by a per-row value keeps the row's reciprocal: one multiply per element.
+      case SpecKind::Compute:
+        if (n.per_row) return 0;
+        if (n.op == OpKind::Div && st[k]->nodes.at(n.args.at(1)).per_row) return s + 1;
+        return s + op_slots(n, c);
       case SpecKind::Reduction: return s + 2;
       case SpecKind::Store: return s + 2;
     }
@@ -291,8 +297,8 @@ EpilogueCost measured_class_cost(const std::string& cls) {
   };
   static const Class kClasses[] = {
       {"identity", {2, 0, 0, 0}},   {"bias_gelu", {14, 1, 1, 0}}, {"bias_res_2out", {16, 0, 5, 0}},
-      {"residual", {5, 0, 1, 0}},   {"postnorm", {24, 1, 4, 0}},  {"rmsnorm", {19, 1, 3, 0}},
-      {"softmax", {21, 2, 1, 0}},   {"ln_softmax", {41, 3, 4, 0}},
+      {"residual", {5, 0, 1, 0}},   {"postnorm", {18, 0, 4, 0}},  {"rmsnorm", {13, 0, 3, 0}},
+      {"softmax", {15, 1, 1, 0}},   {"ln_softmax", {29, 1, 4, 0}},
   };
   for (const Class& c : kClasses)
     if (cls == c.name) return c.cost;
