@@ -579,6 +579,22 @@ TEST(Plan, EveryDecisionCarriesItsVerdict) {
   EXPECT_STREQ(verdict_name(Verdict::Slower), "slower");
 }
 
+// A per-row value is computed once per row and kept in a register (epilogue/compute.cuh): its arithmetic costs
+// nothing per element, and a division by it is one multiply.
+TEST(Plan, PerRowValuesCostNothingPerElement) {
+  const std::string head = "input X : bf16[256, 256]\ninput W : bf16[256, 256]\ninput c : bf16[256, 1]\n"
+                           "h = matmul(X, W)\n";
+  auto cost = [&](const std::string& body) {
+    return epilogue_cost(partition(parse_cf(head + body)).regions.at(0).spec);
+  };
+  const EpilogueCost plain = cost("y = mul(h, c)\noutput y\n");
+  const EpilogueCost row = cost("y = mul(h, rsqrt(add(mul(c, c), 1e-6)))\noutput y\n");
+  EXPECT_EQ(row.slots, plain.slots);
+  EXPECT_EQ(row.transcendentals, 0);
+  EXPECT_EQ(cost("y = div(h, exp(c))\noutput y\n").slots, plain.slots);
+  EXPECT_GT(cost("y = div(h, exp(h))\noutput y\n").slots, plain.slots + 4);   // per element: exp and the division
+}
+
 TEST(Plan, MeasuredClassCostsAreTheirGraphs) {
   // The measured classes' epilogues as graphs (bench/bench_gemm.cu's instances, tests/gpu/epilogues*.cuh): the
   // planner's table of their costs (measured_class_cost) must be what epilogue_cost gives for each.

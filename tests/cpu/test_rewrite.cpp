@@ -286,6 +286,52 @@ TEST(DeferNorms, TheReaderComputesTheRowFactorsAndTheProducerOnlyTheStatistics) 
   }
 }
 
+// The examples' form: h an output the program leaves unrounded (the fused kernel rounds it as it stores it). The
+// rewrite rounds h for the statistics and the GEMMs; the producer then stores that one tile as the output h, not a
+// second copy of the same bits, and the reader takes the fp32 statistics as fp32 (no rounding, no conversion).
+TEST(DeferNorms, AnOutputHIsStoredOnceAndItsStatisticsAreReadInFp32) {
+  const char* text = R"(
+input X : bf16[80, 64]
+input Wo : bf16[64, 64] const
+input R : bf16[80, 64]
+input g : bf16[64] const
+input Wg : bf16[96, 64] const
+input Wu : bf16[96, 64] const
+h = add(matmul(X, Wo, transpose_b=true), R)
+y = rms_norm(h, g, eps=1e-6)
+z = mul(silu(matmul(y, Wg, transpose_b=true)), matmul(y, Wu, transpose_b=true))
+output h, z
+)";
+  Graph g = parse_cf(text);
+  DeferredProgram d = defer_norms(g);
+  ASSERT_EQ(d.sites.size(), 1u);
+  ASSERT_TRUE(d.sites[0].deferred) << explain_deferral(d);
+  Partition p = partition(d);
+  ASSERT_EQ(p.regions.size(), 2u) << print_partition(p, true);
+  const FusionSpec& producer = p.regions[0].spec;
+  int tiles = 0;
+  for (const SpecOutput& o : producer.outputs) tiles += !o.per_row;
+  EXPECT_EQ(tiles, 1) << print_partition(p, true);   // h, once
+  EXPECT_EQ(producer.outputs.size(), 2u) << print_partition(p, true);
+  int stats = 0;
+  for (const RuntimeParam& prm : p.regions[1].spec.params)
+    if (prm.kind == BroadcastKind::Col) {
+      ++stats;
+      EXPECT_EQ(prm.dtype, DType::F32) << prm.name;
+    }
+  EXPECT_EQ(stats, 1) << print_partition(p, true);
+  std::mt19937 rng(std::random_device{}());
+  for (int rep = 0; rep < 3; ++rep) {
+    const TensorMap in = random_inputs(g, rng);
+    Errors e = compare(g, d, in);
+    EXPECT_LT(e.rewritten, kBound) << "original " << e.original;
+    const TensorMap want = interpret_graph(d.graph, in);
+    const TensorMap got = interpret_partitioned(p, in, 3);
+    for (const auto& o : g.outputs) EXPECT_LT(test::rel_err(got.at(o.name), want.at(o.name)), 1e-3) << o.name;
+    EXPECT_EQ(test::rel_err(got.at("h"), want.at("h")), 0.0);   // the stored h is the program's h, bit for bit
+  }
+}
+
 TEST(DeferNorms, NotANormalizationIsLeftAlone) {
   // a row scale that is not computed from the row (a per-row input), and a GEMM reading a plain value
   Graph g = parse_cf(R"(
