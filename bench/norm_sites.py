@@ -31,6 +31,7 @@ def main(argv):
     p.add_argument("--variants", default="off,on",
                    help="--defer-norms off|on, each optionally /fused or /library (every region forced to that form)")
     p.add_argument("--logs", default=None, help="folder for each `comfuse bench` output (plan, chosen configs)")
+    p.add_argument("--no-torch", action="store_true", help="ComFuse's variants only (no eager or torch.compile times)")
     a = p.parse_args(argv)
     variants = [v for v in a.variants.split(",") if v]
     for v in variants:
@@ -51,7 +52,8 @@ def main(argv):
     rows = []
     for name in programs:
         cf = f"{ROOT}/examples/{name}.cf"
-        us = torch_us(cf)
+        nan = float("nan")
+        us = {"eager": nan, "default": nan, "max-autotune-no-cudagraphs": nan} if a.no_torch else torch_us(cf)
         best = min(us["default"], us["max-autotune-no-cudagraphs"])
         runs = {v: [] for v in variants}
         for _ in range(a.rounds):   # the variants alternate

@@ -11,16 +11,18 @@
 #   5. with --pytest (before 4, at most PYTEST_S = 150 s), or --pytest-only (instead of 2-4): the GPU tests of norm
 #      deferral and tensor parallelism through torch.compile (installed package).
 # With --profile, after 3: each kernel's GPU time in one launch of each program, off and on (ncu), in
-# $OUT/profile_<program>.txt. --variants goes to bench/norm_sites.py (e.g. off,on,on/fused).
+# $OUT/profile_<program>.txt. --variants goes to bench/norm_sites.py (e.g. off,on,on/fused); --no-torch times
+# ComFuse's variants only (no package install, no torch.compile).
 # Logs and norm_sites.csv under $OUT (each `comfuse bench` output under $OUT/bench/); a table last.
 #
-#   scripts/gpu-norm-sites.sh [--rounds R] [--budget S] [--variants V] [--profile] [--pytest | --pytest-only]
+#   scripts/gpu-norm-sites.sh [--rounds R] [--budget S] [--variants V] [--profile] [--no-torch]
+#                             [--pytest | --pytest-only]
 # Needs build/bin/comfuse (carried), the CUTLASS headers at .carry/cutlass/include and cuBLASLt.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/gpu-lib.sh
-rounds=3 budget=560 pytest_only=0 pytest=0 variants=off,on profile=0
+rounds=3 budget=560 pytest_only=0 pytest=0 variants=off,on profile=0 torch=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds="$2"; shift ;;
@@ -29,6 +31,7 @@ while [ $# -gt 0 ]; do
     --pytest) pytest=1 ;;
     --variants) variants="$2"; shift ;;
     --profile) profile=1 ;;
+    --no-torch) torch=0 ;;
     *) echo "gpu-norm-sites: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -43,8 +46,11 @@ export COMFUSE_CUTLASS_DIR="$cutlass" COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE
 declare -A status
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 
-(gpu_pip_install "$cutlass" "$OUT/pip.log"; echo $? > "$OUT/pip.rc") &
-pip_pid=$!
+pip_pid=
+if [ $torch = 1 ] || [ $pytest = 1 ]; then
+  (gpu_pip_install "$cutlass" "$OUT/pip.log"; echo $? > "$OUT/pip.rc") &
+  pip_pid=$!
+fi
 
 if [ $pytest_only = 0 ]; then
   runs() {
@@ -77,10 +83,12 @@ if [ $pytest_only = 0 ]; then
   fi
 fi
 
-wait $pip_pid
-status[install]="$(cat "$OUT/pip.rc" 2>/dev/null || echo 1)"
-echo "gpu-norm-sites: package installed (rc ${status[install]}) at $(( $(date +%s) - t0 )) s"
-[ "${status[install]}" = 0 ] || tail -20 "$OUT/pip.log"
+if [ -n "$pip_pid" ]; then
+  wait $pip_pid
+  status[install]="$(cat "$OUT/pip.rc" 2>/dev/null || echo 1)"
+  echo "gpu-norm-sites: package installed (rc ${status[install]}) at $(( $(date +%s) - t0 )) s"
+  [ "${status[install]}" = 0 ] || tail -20 "$OUT/pip.log"
+fi
 
 if [ $pytest = 1 ]; then   # before the bench, at most PYTEST_S seconds of the budget (all of it with --pytest-only)
   left=$(( budget - ($(date +%s) - t0) ))
@@ -96,7 +104,8 @@ if [ $pytest_only = 0 ]; then
   left=$(( budget - ($(date +%s) - t0) ))
   [ $left -ge 60 ] || left=60
   (cd /tmp && PYTHONUNBUFFERED=1 timeout "$left" python3 "$root/bench/norm_sites.py" --cli "$cli" --rounds "$rounds" \
-    --variants "$variants" --logs "$OUT/bench" --out "$OUT/norm_sites.csv") > "$OUT/norm_sites.log" 2>&1
+    --variants "$variants" --logs "$OUT/bench" --out "$OUT/norm_sites.csv" $([ $torch = 1 ] || echo --no-torch)) \
+    > "$OUT/norm_sites.log" 2>&1
   status[bench]=$?
   grep -vE "Warning|warn|^\s*$" "$OUT/norm_sites.log" | grep -v "^measured" | tail -14
 fi
