@@ -254,12 +254,17 @@ std::string CompiledGraph::explain() const {
 
 // The dtype each value is kept in between steps: inputs their own; region outputs the Spec's (f32 when handed to
 // non-matmul nodes outside the region: partitioning never adds a rounding step); values the plain path computes
-// f32 (the IR's values between ops are fp32, as in the interpreter); constants f32. A consumer that needs another
-// dtype (a GEMM operand, a region's parameter, a graph output's buffer) gets a converted copy.
+// f32 (the IR's values between ops are fp32, as in the interpreter), except a cast to a 16-bit dtype, which is
+// exact in that dtype (a folded weight a GEMM reads as its operand: no conversion per run); constants f32. A
+// consumer that needs another dtype (a GEMM operand, a region's parameter, a graph output's buffer) gets a
+// converted copy, once per run.
 std::vector<DType> CompiledGraph::storage_dtypes() const {
   const Graph& g = partition_.graph;
   std::vector<DType> st(g.nodes.size());
-  for (const Node& n : g.nodes) st[n.id] = n.op == OpKind::Input ? n.dtype : DType::F32;
+  for (const Node& n : g.nodes) {
+    const bool cast16 = n.op == OpKind::Cast && (n.cast_to == DType::BF16 || n.cast_to == DType::F16);
+    st[n.id] = n.op == OpKind::Input ? n.dtype : cast16 ? n.cast_to : DType::F32;
+  }
   for (size_t r = 0; r < regions_.size(); ++r)
     if (!regions_[r].plain)
       for (const SpecOutput& o : partition_.regions[r].spec.outputs) st[o.node] = o.dtype;
@@ -411,13 +416,21 @@ struct CompiledGraph::Launch {
     if (auto it = buffers.find(n.name); it != buffers.end() && cg.storage_[node] == n.dtype) return it->second;
     return ensure(st->values[node], static_cast<size_t>(numel(n.shape)) * dtype_bytes(cg.storage_[node]));
   }
-  // The value of `node` as `dt` (converted now, after its producer ran, when the storage dtype differs).
+  // The value of `node` as `dt` (converted after its producer ran, when the storage dtype differs): once per run
+  // however many steps read it, and not at all while a folded weight's converted copy stands.
+  std::set<std::pair<int, int>> converted_now;
   CUdeviceptr as(int node, DType dt) {
     if (cg.storage_[node] == dt) return value(node);
     const Node& n = g.node(node);
-    CUdeviceptr slot = ensure(st->converted[{node, static_cast<int>(dt)}], static_cast<size_t>(numel(n.shape)) * dtype_bytes(dt));
+    const std::pair<int, int> key{node, static_cast<int>(dt)};
+    DeviceBuffer& b = st->converted[key];
+    const CUdeviceptr before = b.ptr;   // a copy made by an earlier run, unless reallocated now
+    CUdeviceptr slot = ensure(b, static_cast<size_t>(numel(n.shape)) * dtype_bytes(dt));
+    const bool standing = before != 0 && slot == before && folds_valid && size_t(node) < folds.size() && folds[node];
+    if (converted_now.count(key) || standing) return slot;
     if (!plain) throw std::logic_error("a dtype conversion needs the plain GPU path library");
     plain->convert(value(node), cg.storage_[node], slot, dt, numel(n.shape), stream);
+    converted_now.insert(key);
     return slot;
   }
 

@@ -34,13 +34,16 @@ __device__ __forceinline__ void store(void* p, int dtype, int64_t i, float v) {
   else static_cast<float*>(p)[i] = v;
 }
 
-// Element i of the output (row-major over d.shape) -> the offset of operand k.
-__device__ __forceinline__ int64_t offset(const Dims& d, int k, int64_t i) {
-  int64_t off = 0;
+// Element i of the output (row-major over d.shape) -> the offset of operand k. Index: int32_t where every offset
+// fits (a 64-bit division costs several times a 32-bit one, and the divisions, not the memory, bound these kernels).
+template <class Index>
+__device__ __forceinline__ Index offset(const Dims& d, int k, Index i) {
+  Index off = 0;
   for (int r = d.rank - 1; r >= 0; --r) {
-    int64_t c = i % d.shape[r];
-    i /= d.shape[r];
-    off += c * d.stride[k][r];
+    const Index s = Index(d.shape[r]);
+    const Index c = i % s;
+    i /= s;
+    off += c * Index(d.stride[k][r]);
   }
   return off;
 }
@@ -79,12 +82,15 @@ __device__ float binary(int op, float a, float b) {
   }
 }
 
-__global__ void elementwise_kernel(int op, int nary, Dims d, int64_t n, void* out, int out_t, const void* a, int a_t,
-                                   const void* b, int b_t, float param) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float x = load(a, a_t, offset(d, 1, i));
-    float v = nary == 1 ? unary(op, x, param) : binary(op, x, load(b, b_t, offset(d, 2, i)));
-    store(out, out_t, offset(d, 0, i), v);
+// dense: bit k set where operand k (0: out) is laid out as the output is, row-major and packed, so that its element
+// i is at offset i and needs no index arithmetic (a dtype conversion, most of a fold's steps).
+template <class Index>
+__global__ void elementwise_kernel(int op, int nary, Dims d, Index n, unsigned dense, void* out, int out_t,
+                                   const void* a, int a_t, const void* b, int b_t, float param) {
+  for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < n; i += Index(gridDim.x) * blockDim.x) {
+    float x = load(a, a_t, (dense & 2u) ? i : offset(d, 1, i));
+    float v = nary == 1 ? unary(op, x, param) : binary(op, x, load(b, b_t, (dense & 4u) ? i : offset(d, 2, i)));
+    store(out, out_t, (dense & 1u) ? i : offset(d, 0, i), v);
   }
 }
 
@@ -165,8 +171,28 @@ __attribute__((visibility("default"))) int comfuse_plain_elementwise(int op, con
     n *= out->shape[r];
   }
   if (n == 0) return 0;
-  elementwise_kernel<<<blocks_for(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      op, b ? 2 : 1, d, n, out->ptr, out->dtype, a->ptr, a->dtype, b ? b->ptr : nullptr, b ? b->dtype : 0, param);
+  unsigned dense = 0;
+  bool fits32 = n < (int64_t(1) << 30);   // (and i plus the grid stride stays under 2^31)
+  for (int k = 0; k < (b ? 3 : 2); ++k) {
+    bool packed = true;
+    int64_t want = 1, last = 0;   // the packed row-major stride of each dim; the operand's largest offset
+    for (int r = d.rank - 1; r >= 0; --r) {
+      packed = packed && (d.shape[r] == 1 || d.stride[k][r] == want);
+      want *= d.shape[r];
+      last += (d.shape[r] - 1) * (d.stride[k][r] < 0 ? -d.stride[k][r] : d.stride[k][r]);
+    }
+    if (packed) dense |= 1u << k;
+    fits32 = fits32 && last < (int64_t(1) << 31);
+  }
+  const int nary = b ? 2 : 1, bt = b ? b->dtype : 0;
+  const void* bp = b ? b->ptr : nullptr;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (fits32)
+    elementwise_kernel<int32_t><<<blocks_for(n), 256, 0, st>>>(op, nary, d, int32_t(n), dense, out->ptr, out->dtype,
+                                                               a->ptr, a->dtype, bp, bt, param);
+  else
+    elementwise_kernel<int64_t><<<blocks_for(n), 256, 0, st>>>(op, nary, d, n, dense, out->ptr, out->dtype, a->ptr,
+                                                               a->dtype, bp, bt, param);
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? 0 : fail(why, len, e);
 }
