@@ -257,17 +257,19 @@ class Partitioner {
     }
   }
 
-  // A region reads a value another region hands on in fp32 (widen_handed_on) as fp32: converting it to the value's
-  // own 16-bit dtype first would add a rounding the program does not have, and a conversion launch. (Deferred norms'
-  // row statistics are such values.) The epilogue widens every parameter to f32 as it loads it anyway.
+  // A region reads a per-row or per-column vector another region hands on in fp32 (widen_handed_on) as fp32:
+  // converting it to the value's own 16-bit dtype first would add a rounding the program does not have, and a
+  // conversion launch. (Deferred norms' row statistics are such values.) The epilogue widens every parameter to f32
+  // as it loads it anyway. Tile inputs keep their 16-bit dtype: the staged and ring tile loads take 16-bit tiles,
+  // and an fp32 tile doubles the epilogue's bytes.
   void read_handed_on_as_stored() {
     std::map<int, DType> stored;
     for (const Region& r : p.regions)
       for (const SpecOutput& o : r.spec.outputs) stored[o.node] = o.dtype;
     for (Region& r : p.regions)
       for (RuntimeParam& prm : r.spec.params)
-        if (auto it = stored.find(prm.node);
-            it != stored.end() && it->second == DType::F32 && prm.kind != BroadcastKind::Scalar)
+        if (auto it = stored.find(prm.node); it != stored.end() && it->second == DType::F32 &&
+                                             (prm.kind == BroadcastKind::Col || prm.kind == BroadcastKind::Row))
           prm.dtype = DType::F32;
   }
 
