@@ -6,10 +6,10 @@ residual, LayerNorm, FFN1 + GELU, FFN2 + bias + the rebuilt residual, LayerNorm)
       [--variants off,on,on/fused] [--logs DIR]
 
 Per program: eager PyTorch, torch.compile default and max-autotune-no-cudagraphs of the package's translation of the
-program (comfuse.to_torch; triton.testing.do_bench of the call, median), then `comfuse bench FILE.cf` in each variant (--defer-norms off and on; with /fused or /library every region forced
-to that form), alternating, `--rounds` invocations each (the
-median of each invocation's median; the spread is printed). The table last: ComFuse's time and torch.compile's best ÷
-it (above 1: ComFuse is faster). Without a GPU: prints "skipped: no GPU" and exits 77.
+program (comfuse.to_torch; triton.testing.do_bench of the call, median), then `comfuse bench FILE.cf` in each variant
+(--defer-norms off and on; with /fused or /library every region forced to that form), alternating, `--rounds`
+invocations each (the median of each invocation's median; the spread is printed). The table last: ComFuse's time and
+torch.compile's best ÷ it (above 1: ComFuse is faster). Without a GPU: prints "skipped: no GPU" and exits 77.
 """
 import argparse
 import csv
@@ -67,7 +67,7 @@ def main(argv):
             if not xs:
                 continue
             med = statistics.median(xs)
-            rows.append(dict(program=name, defer_norms=v, comfuse_us=round(med, 1),
+            rows.append(dict(program=name, variant=v, comfuse_us=round(med, 1),
                              spread_us=round(max(xs) - min(xs), 1), eager_us=round(us["eager"], 1),
                              compile_default_us=round(us["default"], 1),
                              compile_max_autotune_us=round(us["max-autotune-no-cudagraphs"], 1),
@@ -80,7 +80,7 @@ def main(argv):
             w.writerows(rows)
     print(f"{'program':12} {'variant':11} {'ComFuse us':>11} {'spread':>7} {'eager':>8} {'compile':>8} {'max-at':>8} {'best ÷ ComFuse':>15}")
     for r in rows:
-        print(f"{r['program']:12} {r['defer_norms']:11} {r['comfuse_us']:11.1f} {r['spread_us']:7.1f} {r['eager_us']:8.1f} "
+        print(f"{r['program']:12} {r['variant']:11} {r['comfuse_us']:11.1f} {r['spread_us']:7.1f} {r['eager_us']:8.1f} "
               f"{r['compile_default_us']:8.1f} {r['compile_max_autotune_us']:8.1f} {r['best_compile_div_comfuse']:15.3f}")
     return 0
 

@@ -11,7 +11,7 @@
 #   5. with --pytest (before 4, at most PYTEST_S = 150 s), or --pytest-only (instead of 2-4): the GPU tests of norm
 #      deferral and tensor parallelism through torch.compile (installed package).
 # With --profile, after 3: each kernel's GPU time in one launch of each program, off and on (ncu), in
-# $OUT/profile_<program>.txt. --variants goes to bench/norm_sites.py (e.g. off,on,on/fused); --no-torch times
+# $OUT/profile_<program>_<off|on>.txt. --variants goes to bench/norm_sites.py (e.g. off,on,on/fused); --no-torch times
 # ComFuse's variants only (no package install, no torch.compile).
 # Logs and norm_sites.csv under $OUT (each `comfuse bench` output under $OUT/bench/); a table last.
 #
