@@ -257,12 +257,41 @@ class Partitioner {
     }
   }
 
-  // A region reads a per-row or per-column vector another region hands on in fp32 (widen_handed_on) as fp32:
-  // converting it to the value's own 16-bit dtype first would add a rounding the program does not have, and a
-  // conversion launch. (Deferred norms' row statistics are such values.) The epilogue widens every parameter to f32
-  // as it loads it anyway. Tile inputs keep their 16-bit dtype: the staged and ring tile loads take 16-bit tiles,
-  // and an fp32 tile doubles the epilogue's bytes.
-  void read_handed_on_as_stored() {
+  // Once every region is grown, the dtypes values handed from region to region are stored and read in:
+  // 1. A tile widened to fp32 (widen_handed_on) because another region's epilogue reads it is stored in its own
+  //    16-bit dtype D after all where a matmul of D (or a cast to D) outside the region reads it too, and every
+  //    other reader is another region's tile input of dtype D. The matmul needs the value rounded to D anyway, and
+  //    tile inputs keep their 16-bit dtype (below): the runtime rounded the fp32 tile to D for all of them in one
+  //    conversion launch. Stored in D, the readers take the same values with no launch between (BERT's first
+  //    LayerNorm output: 29 us of a 229 us layer on an H100, docs/log/2026-12-05.md run g).
+  // 2. A region reads a per-row or per-column vector another region hands on in fp32 as fp32: converting it to the
+  //    value's own 16-bit dtype first would add a rounding the program does not have, and a conversion launch.
+  //    (Deferred norms' row statistics are such values.) The epilogue widens every parameter to f32 as it loads it
+  //    anyway. Tile inputs keep their 16-bit dtype: the staged and ring tile loads take 16-bit tiles, and an fp32
+  //    tile doubles the epilogue's bytes.
+  void settle_handed_on_dtypes() {
+    const int regions = static_cast<int>(p.regions.size());
+    for (int ri = 0; ri < regions; ++ri)
+      for (SpecOutput& o : p.regions[ri].spec.outputs) {
+        const DType d = g.node(o.node).dtype;
+        if (o.dtype != DType::F32 || o.per_row || (d != DType::BF16 && d != DType::F16)) continue;
+        auto reads_at_d = [&](int u) {
+          const Node& r = g.node(u);
+          if ((r.op == OpKind::MatMul && r.dtype == d) || (r.op == OpKind::Cast && r.cast_to == d)) return true;
+          if (claimed[u] == ri) return true;   // (not a reader outside the region: widen_handed_on kept it)
+          if (claimed[u] < 0 || claimed[u] >= regions) return false;
+          for (const RuntimeParam& prm : p.regions[claimed[u]].spec.params)
+            if (prm.node == o.node) return prm.kind == BroadcastKind::Tile && prm.dtype == d;
+          return false;
+        };
+        auto rounds_to_d = [&](int u) {
+          const Node& r = g.node(u);
+          return claimed[u] != ri && ((r.op == OpKind::MatMul && r.dtype == d) || (r.op == OpKind::Cast && r.cast_to == d));
+        };
+        if (std::any_of(users[o.node].begin(), users[o.node].end(), rounds_to_d) &&
+            std::all_of(users[o.node].begin(), users[o.node].end(), reads_at_d))
+          o.dtype = d;
+      }
     std::map<int, DType> stored;
     for (const Region& r : p.regions)
       for (const SpecOutput& o : r.spec.outputs) stored[o.node] = o.dtype;
@@ -520,7 +549,7 @@ Partition partition(const Graph& input, const PartitionHints& hints) {
   p.graph.verify();
   Partitioner pt(p, hints);
   pt.grow_regions();
-  pt.read_handed_on_as_stored();
+  pt.settle_handed_on_dtypes();
   pt.record_fallback();
   pt.schedule();
   pt.recognise_chains();

@@ -347,6 +347,18 @@ TEST(Partition, IntermediatesAreStoredIn16BitsOnlyWhereThatIsExact) {
   EXPECT_EQ(stored("z = matmul(h, V)\nc = cast(h, dtype=bf16)\nt = mul(transpose(c), 2.0)\noutput z, t\n"), DType::BF16);
   // read by an op that does not round (a transpose on the standard path): fp32
   EXPECT_EQ(stored("z = matmul(h, V)\nt = transpose(h)\noutput z, t\n"), DType::F32);
+  // read by a later region's GEMM and as another region's tile input (BERT's LayerNorm output: FFN1's A and FFN2's
+  // residual): the tile input is read in bf16 either way, so h is stored in bf16 and no conversion runs between
+  const std::string both = "z = matmul(h, V)\nu = add(matmul(X, W), h)\noutput z, u\n";
+  EXPECT_EQ(stored(both), DType::BF16);
+  Partition p = partition(parse_cf("input X : bf16[64, 32]\ninput W : bf16[32, 32]\ninput V : bf16[32, 32]\n"
+                                   "h = gelu(matmul(X, W))\n" + both));
+  ASSERT_EQ(p.regions.size(), 3u);
+  EXPECT_TRUE(p.fallback.empty());
+  for (const auto& prm : p.regions[2].spec.params)
+    if (prm.name == "h") EXPECT_EQ(prm.dtype, DType::BF16);
+  // read as another region's tile input alone (nothing needs it in bf16): fp32, as before
+  EXPECT_EQ(stored("u = add(matmul(X, W), h)\noutput u\n"), DType::F32);
 }
 
 }  // namespace
