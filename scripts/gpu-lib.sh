@@ -51,3 +51,23 @@ gpu_status_table() {
   done
   return $rc
 }
+
+# On the device machine only $OUT's first 8 files come back: when the device tool set OUT (it is set before any
+# script runs) and a script leaves more files there, they are packed at exit into $OUT/logs.tgz (unpack with
+# `tar xzf logs.tgz`), the files the script names in GPU_KEEP (paths under $OUT, at most 7) left beside it. Only
+# the outermost device script packs (scripts that run others share its $OUT).
+gpu_pack_out() {
+  [ "${GPU_PACK_OWNER:-}" = "$$" ] && [ -n "${GPU_OUT_GIVEN:-}" ] && [ -d "$GPU_OUT_GIVEN" ] || return 0
+  local n tmp
+  n=$(find "$GPU_OUT_GIVEN" -type f | wc -l)
+  [ "$n" -le 8 ] && return 0
+  tmp="$(mktemp -d)"
+  tar czf "$tmp/logs.tgz" -C "$GPU_OUT_GIVEN" . || return 0
+  for f in ${GPU_KEEP:-}; do [ -f "$GPU_OUT_GIVEN/$f" ] && cp "$GPU_OUT_GIVEN/$f" "$tmp/"; done
+  rm -rf "${GPU_OUT_GIVEN:?}"/* && mv "$tmp"/* "$GPU_OUT_GIVEN/" && rmdir "$tmp"
+  echo "gpu-lib: $n files under \$OUT packed into logs.tgz${GPU_KEEP:+ (kept beside it: $GPU_KEEP)}"
+}
+if [ -z "${GPU_PACK_OWNER:-}" ]; then
+  export GPU_PACK_OWNER=$$ GPU_OUT_GIVEN="${OUT:-}"
+  trap gpu_pack_out EXIT
+fi

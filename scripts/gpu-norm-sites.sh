@@ -22,6 +22,7 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/gpu-lib.sh
+GPU_KEEP="norm_sites.csv"
 rounds=3 budget=560 pytest_only=0 pytest=0 variants=off,on profile=0 torch=1
 while [ $# -gt 0 ]; do
   case "$1" in
