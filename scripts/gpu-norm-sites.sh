@@ -10,8 +10,8 @@
 #      torch.compile's best on the same math;
 #   5. with --pytest (before 4, at most PYTEST_S = 150 s), or --pytest-only (instead of 2-4): the GPU tests of norm
 #      deferral and tensor parallelism through torch.compile (installed package).
-# With --profile, after 3: each kernel's GPU time in one launch of each program, off and on (ncu), in
-# $OUT/profile_<program>_<off|on>.txt. --variants goes to bench/norm_sites.py (e.g. off,on,on/fused); --no-torch times
+# With --profile, after 3: each kernel's GPU time in one launch of each program in each variant (ncu), in
+# $OUT/profile_<program>_<variant>.txt. --variants goes to bench/norm_sites.py (e.g. off,on,on/fused); --no-torch times
 # ComFuse's variants only (no package install, no torch.compile).
 # Logs and norm_sites.csv under $OUT (each `comfuse bench` output under $OUT/bench/); a table last.
 #
@@ -74,11 +74,13 @@ if [ $pytest_only = 0 ]; then
   grep -h "folded weights\|norm '" "$OUT"/checks/*_on.log 2>/dev/null | sort -u | head -6
   if [ $profile = 1 ]; then   # the kernels of the last of three launches (the first runs the config search)
     for p in llama_block bert_layer; do
-      for d in off on; do
-        timeout 120 ncu --csv --metrics gpu__time_duration.sum "$cli" run "examples/$p.cf" --defer-norms $d \
-          --launches 3 > "$OUT/ncu_${p}_$d.csv" 2> "$OUT/ncu_${p}_$d.err"
-        python3 "$root/bench/ncu_kernels.py" "$OUT/ncu_${p}_$d.csv" > "$OUT/profile_${p}_$d.txt" 2>&1
-        echo "== $p defer $d (ncu, GPU time of the last launch's kernels)"; cat "$OUT/profile_${p}_$d.txt"
+      for v in ${variants//,/ }; do   # off, on, on/fused: --defer-norms off|on [--form fused]
+        d="${v%%/*}" form=; [ "$v" = "${v#*/}" ] || form="--form ${v#*/}"
+        tag="${p}_${v//\//_}"
+        timeout 120 ncu --csv --metrics gpu__time_duration.sum "$cli" run "examples/$p.cf" --defer-norms $d $form \
+          --launches 3 > "$OUT/ncu_$tag.csv" 2> "$OUT/ncu_$tag.err"
+        python3 "$root/bench/ncu_kernels.py" "$OUT/ncu_$tag.csv" > "$OUT/profile_$tag.txt" 2>&1
+        echo "== $p $v (ncu, GPU time of the last launch's kernels)"; cat "$OUT/profile_$tag.txt"
       done
     done
   fi
@@ -109,6 +111,10 @@ if [ $pytest_only = 0 ]; then
     > "$OUT/norm_sites.log" 2>&1
   status[bench]=$?
   grep -vE "Warning|warn|^\s*$" "$OUT/norm_sites.log" | grep -v "^measured" | tail -14
+  for l in "$OUT"/bench/*.log; do   # the form and config each region ran, as the search chose it
+    echo "== $(basename "$l" .log)"
+    grep -E "^config search: " "$l" | sort -u | cut -c1-260 | head -8
+  done
 fi
 echo
 echo "gpu-norm-sites summary ($(( $(date +%s) - t0 )) s; logs in $OUT)"
