@@ -41,6 +41,11 @@ struct EpilogueCost {
   int transcendentals = 0;  // MUFU ops per element (exp, log, tanh, rsqrt, rcp, ...)
   int loads = 0;            // parameter reads per element (row / column broadcasts, tiles)
   int slow_paths = 0;       // ops that take a general library path (powf by a non-integral exponent)
+  // What the library form's pass over the region moves and does (library_pass_us prices a pass of a class with no
+  // library-form measurement from them): bytes per output element - the GEMM output read back, tile inputs, tile
+  // outputs, each at its dtype's size - and the row reductions.
+  int pass_bytes = 0;
+  int row_reductions = 0;
   std::string summary() const;   // "~18 slots/element: 1 transcendental, 3 loads"
 };
 

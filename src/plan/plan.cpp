@@ -280,10 +280,16 @@ EpilogueCost epilogue_cost(const FusionSpec& fs) {
   CostWalk w{fs, fs.stages(), {}};
   for (size_t k = 0; k < w.st.size(); ++k) {
     const Spec& s = *w.st[k];
-    for (size_t i = 0; i < s.nodes.size(); ++i)
+    for (size_t i = 0; i < s.nodes.size(); ++i) {
       if (s.nodes[i].kind == SpecKind::Store || (int(i) == s.terminal && s.nodes[i].kind == SpecKind::Reduction))
         w.c.slots += w.visit(k, static_cast<int>(i));
+      w.c.row_reductions += s.nodes[i].kind == SpecKind::Reduction;
+    }
   }
+  auto size = [](DType d) { return d == DType::F32 ? 4 : 2; };
+  w.c.pass_bytes = size(fs.gemm.dtype) * (fs.gemm.paired() ? 2 : 1);
+  for (const auto& p : fs.params) w.c.pass_bytes += p.kind == BroadcastKind::Tile ? size(p.dtype) : 0;
+  for (const auto& o : fs.outputs) w.c.pass_bytes += o.per_row ? 0 : size(o.dtype);
   return w.c;
 }
 
@@ -293,12 +299,12 @@ EpilogueCost measured_class_cost(const std::string& cls) {
   // tests/cpu/test_plan.cpp (Plan.MeasuredClassCostsAreTheirGraphs) keeps it equal to those graphs' costs.
   struct Class {
     const char* name;
-    EpilogueCost cost;   // slots, transcendentals, loads, slow paths per element
+    EpilogueCost cost;   // slots, transcendentals, loads, slow paths, pass bytes and row reductions per element
   };
   static const Class kClasses[] = {
-      {"identity", {2, 0, 0, 0}},   {"bias_gelu", {14, 1, 1, 0}}, {"bias_res_2out", {16, 0, 5, 0}},
-      {"residual", {5, 0, 1, 0}},   {"postnorm", {18, 0, 4, 0}},  {"rmsnorm", {13, 0, 3, 0}},
-      {"softmax", {15, 1, 1, 0}},   {"ln_softmax", {29, 1, 4, 0}},
+      {"identity", {2, 0, 0, 0, 4, 0}},   {"bias_gelu", {14, 1, 1, 0, 4, 0}}, {"bias_res_2out", {16, 0, 5, 0, 8, 0}},
+      {"residual", {5, 0, 1, 0, 6, 0}},   {"postnorm", {18, 0, 4, 0, 6, 2}},  {"rmsnorm", {13, 0, 3, 0, 6, 1}},
+      {"softmax", {15, 1, 1, 0, 4, 2}},   {"ln_softmax", {29, 1, 4, 0, 6, 4}},
   };
   for (const Class& c : kClasses)
     if (cls == c.name) return c.cost;
@@ -448,6 +454,39 @@ Nearest nearest_measurement(const FusionSpec& fs, const std::string& cls, const 
 // measurement of this epilogue class nearest in M and N (its time less its GEMM's, as measured in one run), scaled by
 // the elements of the region's [M, N] output; without one, the unfused model's pass (d.pass_us, Inductor's measured
 // bandwidth). A region cuBLASLt's own epilogue computes has no pass.
+// A pass of a class with no library-form measurement: its bytes at the time per byte of the measured library passes
+// of its kind, with row reductions or without (the fastest of them per byte). Passes that reduce rows ran at 1.6-2.4x
+// a copy of their bytes on the H200, those that do not at a copy's speed (docs/data/pass_variants_2026-12-05.md), and
+// so did the norm sites' producers, whose row statistics no CTA waits for: 1.5-2.4x on an H100 (docs/log/2026-12-05.md
+// run g). Inductor's pass, the price before, put BERT's out-proj producer's pass at 7 us; on the H100 it took 26.8.
+double unmeasured_library_pass_us(PlanDecision& d, const FusionSpec& fs, const std::string& cls,
+                                  const std::vector<MeasuredRow>& table) {
+  const EpilogueCost mine = epilogue_cost(fs);
+  const bool reduces = mine.row_reductions > 0;
+  const MeasuredRow* ref = nullptr;
+  double ref_us = 0, ref_bytes = 0;
+  for (const auto& r : table) {
+    if (!r.library || r.ratio_cublas <= 0 || r.m <= 0 || r.n <= 0) continue;
+    const EpilogueCost c = measured_class_cost(r.epilogue);
+    if (c.pass_bytes <= 0 || (c.row_reductions > 0) != reduces) continue;
+    const double us = std::max(0.0, r.us - r.us / r.ratio_cublas), bytes = double(c.pass_bytes) * r.m * r.n;
+    if (!ref || us / bytes < ref_us / ref_bytes) {
+      ref = &r;
+      ref_us = us;
+      ref_bytes = bytes;
+    }
+  }
+  if (!ref) {
+    d.library_basis = "no library-form measurement of '" + cls + "' or of a pass of its kind: its pass priced as Inductor's";
+    return d.pass_us;
+  }
+  const double bytes = double(mine.pass_bytes) * fs.gemm.rows * fs.gemm.n;
+  d.library_basis = "no library-form measurement of '" + cls + fmt("': its %.0f MB priced as the library form of '", bytes / 1e6) +
+                    ref->epilogue + fmt("' moved its bytes (%.1f us for %.0f MB at ", ref_us, ref_bytes / 1e6) +
+                    std::to_string(ref->m) + "x" + std::to_string(ref->k) + "x" + std::to_string(ref->n) + ")";
+  return ref_us * bytes / ref_bytes;
+}
+
 double library_pass_us(PlanDecision& d, const FusionSpec& fs, const std::string& cls, const std::vector<MeasuredRow>& table) {
   const GemmDesc& g = fs.gemm;
   if (d.cublas_alone) {
@@ -464,10 +503,7 @@ double library_pass_us(PlanDecision& d, const FusionSpec& fs, const std::string&
       best = &r;
     }
   }
-  if (!best) {
-    d.library_basis = "no library-form measurement of '" + cls + "': its pass priced as Inductor's";
-    return d.pass_us;
-  }
+  if (!best) return unmeasured_library_pass_us(d, fs, cls, table);
   const double pass_at = std::max(0.0, best->us - best->us / best->ratio_cublas);
   d.library_basis = "its pass as the library form of '" + cls + "' measured at " + std::to_string(best->m) +
                     "x" + std::to_string(best->k) + "x" + std::to_string(best->n) +

@@ -617,6 +617,8 @@ TEST(Plan, MeasuredClassCostsAreTheirGraphs) {
     EXPECT_EQ(got.transcendentals, want.transcendentals) << cls;
     EXPECT_EQ(got.loads, want.loads) << cls;
     EXPECT_EQ(got.slow_paths, want.slow_paths) << cls;
+    EXPECT_EQ(got.pass_bytes, want.pass_bytes) << cls;
+    EXPECT_EQ(got.row_reductions, want.row_reductions) << cls;
   }
   EXPECT_EQ(measured_class_cost("no such class").slots, 0);
 }
