@@ -377,7 +377,7 @@ TEST(Compiler, ExplainSaysWhatTheFoldedWeightsHold) {
 
 // The forms of a region (plan.h RegionForm) in a whole program: a region declined for speed compiles its library form
 // (cuBLASLt + the generated pass) as the prior, and where the other form's estimate is close and the region has one
-// stage, the search times that form too.
+// stage, the search times that form too: the fused configs the planner picked, as many as the search takes.
 TEST(CompilerSearch, TheFormsOfARegionAreCandidates) {
   unsetenv("COMFUSE_CONFIG_SEARCH");
   FakeNvcc nvcc("forms");
@@ -387,12 +387,15 @@ TEST(CompilerSearch, TheFormsOfARegionAreCandidates) {
   const CompiledRegion& r = cg.regions()[0];
   ASSERT_EQ(r.plan.verdict, Verdict::Slower) << r.plan.reason;
   ASSERT_EQ(r.plan.form, RegionForm::Library);
-  ASSERT_EQ(r.candidates.size(), 2u) << r.plan.candidates_reason;
+  ASSERT_EQ(r.candidates.size(), static_cast<size_t>(kMaxCandidates)) << r.plan.candidates_reason;
   EXPECT_TRUE(r.candidates[0].config.library) << "the library form first: it runs unless the fused form times faster";
   EXPECT_TRUE(r.candidates[1].config == r.plan.config) << "then the fused prior";
+  for (size_t c = 1; c < r.candidates.size(); ++c) EXPECT_FALSE(r.candidates[c].config.library) << "then fused configs";
+  EXPECT_FALSE(r.candidates[2].config == r.plan.config);
   EXPECT_NE(r.kernel.name.find("_lib"), std::string::npos);
   EXPECT_NE(r.plan.candidates_reason.find("the fused form estimated within 25%"), std::string::npos)
       << r.plan.candidates_reason;
+  EXPECT_NE(r.plan.candidates_reason.find("its 2 config(s) timed too"), std::string::npos) << r.plan.candidates_reason;
   const std::string ex = cg.explain();
   EXPECT_NE(ex.find("library form: cuBLASLt GEMM"), std::string::npos) << ex;
   EXPECT_NE(ex.find("declined for speed; runs in the library form (cuBLASLt GEMM + generated pass), the library form is "
