@@ -4,8 +4,8 @@
 #   1. the package installed with the image's own python3 (the torch side of the bench parses the .cf programs with
 #      it), in the background while
 #   2. every kernel of both programs, deferral off and on, is compiled in parallel (`comfuse aot` fills the JIT cache),
-#   3. `comfuse run --check --launches 3` of both programs off and on, and of the examples whose epilogues publish row
-#      outputs (prenorm_row_stats, prenorm_two_outputs);
+#   3. `comfuse run --check --launches 3` of both programs off and on (and on in the library form), and of the
+#      programs whose epilogues publish row outputs (examples/prenorm_*.cf, tests/data/row_stats_*.cf);
 #   4. bench/norm_sites.py: `comfuse bench` with --defer-norms off and on alternating, ROUNDS invocations each, and
 #      torch.compile's best on the same math;
 #   5. with --pytest (before 4, at most PYTEST_S = 150 s), or --pytest-only (instead of 2-4): the GPU tests of norm
@@ -58,7 +58,9 @@ if [ $pytest_only = 0 ]; then
     for p in llama_block bert_layer; do
       for d in off on; do echo "${p}_defer_$d examples/$p.cf --defer-norms $d"; done
     done
+    for p in llama_block bert_layer; do echo "${p}_defer_on_library examples/$p.cf --defer-norms on --form library"; done
     for p in prenorm_row_stats prenorm_two_outputs; do echo "$p examples/$p.cf"; done
+    for p in row_stats_odd_sum row_stats_odd_max row_stats_cluster; do echo "$p tests/data/$p.cf"; done
   }
   runs | xargs -P 8 -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "/tmp/gpu-norm-sites-aot/$name" \
       > "'"$OUT"'/checks/aot_$name.log" 2>&1 || echo "aot failed: $name"' "$cli"

@@ -2,21 +2,26 @@
 // [M, 1] of type T, and that no later part of the tile reads (RMSNorm's mean(h^2) when the normalization itself
 // runs in the GEMMs that consume h; see docs/kernel-reduce.md "Reductions that only leave the kernel").
 //
-// No CTA waits for another. A tile folds Map(child) per row as Reduce does (levels 1 and 2: thread, quad) and
-// returns the child's value unchanged; then, per warp (a warp owns 16 rows of each 64-row atom of the group's tile,
-// so its rows are disjoint from every other warp's):
-//   1. the quad leaders write the tile's partial of each row to partial[rb][cb][row]          (no tag, no wait)
-//   2. they fence (release), the warp syncs, and lane 0 adds one to the warp's arrival counter of the row block
-//   3. the warp whose add saw C - 1 (the last of the row block's C column blocks to arrive for these rows) fences
-//      (acquire), and each of its lanes combines one row's C partials in column-block order - so the result is
-//      the same whichever CTA finishes last - and writes it (times 1/N for Mean) to the output; lane 0 then sets
-//      the counter back to 0 for the next launch (all C arrivals of this launch are in).
-// So there is no co-residency requirement, no cooperative launch and no tile order: the epilogue costs one L2
-// write per row and tile, plus one read of C partials per row for the last arriver.
+// No CTA waits for another, and no thread fences. A tile folds Map(child) per row as Reduce does (levels 1 and 2:
+// thread, quad) and returns the child's value unchanged; then, per warp (a warp owns 16 rows of each 64-row atom of
+// the group's tile, so its rows are disjoint from every other warp's):
+//   1. lane 0 adds one to the warp's arrival count of the row block (64-bit, never reset). The count before the
+//      add says which launch this is (its quotient by C, the row block's column blocks: each launch adds C) and
+//      whether this warp is the last of the C to arrive for these rows (remainder C - 1);
+//   2. the quad leaders write the tile's partial of each row to partial[rb][cb][row] as one 64-bit word with the
+//      launch's tag (quotient + 1) beside the value (no fence, no wait);
+//   3. the last arriver's lanes each read one row's C words in column-block order, reading a word again until it
+//      carries this launch's tag (its writer has arrived, so it is being written), and write the combination
+//      (times 1/N for Mean) to the output - the same result whichever CTA finishes last.
+// So there is no co-residency requirement, no cooperative launch and no tile order, and the tile's own stores never
+// wait: a fence (the protocol before 2026-12-05) made each publishing lane wait for all its writes, the tile's output
+// stores among them, to reach L2. The epilogue costs one atomic per warp and one L2 write per row and tile, plus one
+// read of C words per row for the last arriver.
 //
 // Workspace (the reductions' reduce::L2Workspace pointers, zeroed at allocation; sized by row_output::partial_bytes
-// and counter_bytes below): partials [row blocks][C][tile_m] floats, counters [row blocks][kWarps] ints. A row block past M does nothing (all its CTAs alike), columns past N
-// are not folded, Mean divides by the true N. After a failed launch the runtime zeroes the workspace again.
+// and counter_bytes below): partials [row blocks][C][Words][tile_m] 64-bit words, counters [row blocks][kWarps]
+// 64-bit counts. A row block past M does nothing (all its CTAs alike), columns past N are not folded, Mean divides
+// by the true N. After a failed launch the runtime zeroes the workspace again (counts and tags restart together).
 #pragma once
 #include "comfuse/epilogue/core.cuh"
 #include "comfuse/epilogue/reduce.cuh"
@@ -24,48 +29,53 @@
 namespace comfuse::epi {
 
 namespace row_output {
-// Bytes of the workspace a kernel with a ReduceToRow needs (abi_entry.cuh sizes it from these).
+// Bytes of the workspace a kernel with a ReduceToRow needs, per word a row publishes (abi_entry.cuh sizes it from
+// these).
 CUTE_HOST_DEVICE size_t partial_bytes(int row_blocks, int cols, int tile_m) {
-  return size_t(row_blocks) * cols * tile_m * sizeof(float);
+  return size_t(row_blocks) * cols * tile_m * sizeof(uint64_t);
 }
 CUTE_HOST_DEVICE size_t counter_bytes(int row_blocks) {
-  return size_t(row_blocks) * reduce::L2Workspace::kWarps * sizeof(int);
+  return size_t(row_blocks) * reduce::L2Workspace::kWarps * sizeof(unsigned long long);
 }
 
-// The protocol of both row-output nodes at the end of a stage, without any wait: the quad leaders write the tile's
-// Words per row (state(k, row, w) for row slot k) to partials[rb][cb][Words][tile_m] and fence; lane 0 of each
-// warp adds one to the warp's arrival counter of the row block; the warp whose add saw C - 1 (the last of the row
-// block's C column blocks to arrive for these rows) fences and calls finish(row, word) for each of its rows, with
-// word(b, w) column block b's word w, then sets the counter back to 0 for the next launch.
+// The protocol of both row-output nodes at the end of a stage (above): this tile's Words per row (state(k, row, w)
+// for row slot k) published tagged, and where this warp arrived last for its rows, finish(row, word) for each of
+// them, with word(b, w) column block b's word w.
 template <int Words, class State, class Finish>
 CUTE_DEVICE void publish_and_finish(TileCtx const& c, reduce::L2Workspace const& ws, State state, Finish finish) {
   const int t = c.thread, lane = t % 32, warp = t / 32, slots = detail::row_slots(c);
   const int cols = detail::col_blocks(c), cb = c.n0 / c.tile_n, rb = c.m0 / c.tile_m;
-  float* partials = ws.partials + size_t(rb) * cols * Words * c.tile_m;
-  // 1. this tile's words of the warp's rows, then the release fence of each writing lane
+  uint64_t* words = reinterpret_cast<uint64_t*>(ws.partials) + size_t(rb) * cols * Words * c.tile_m;
+  // 1. the warp's arrival: the launch and whether it is the last of the row block's column blocks
+  unsigned long long* count =
+      reinterpret_cast<unsigned long long*>(ws.counters) + size_t(rb) * reduce::L2Workspace::kWarps + warp;
+  unsigned long long arrival = 0;
+  if (lane == 0) arrival = atomicAdd(count, 1ull);
+  arrival = __shfl_sync(0xffffffffu, arrival, 0);
+  const unsigned long long launch = arrival / (unsigned long long)(cols);
+  const uint32_t tag = uint32_t(launch % 0xffffffffull) + 1u;   // never 0, the tag of zeroed memory
+  // 2. this tile's words of the warp's rows, tagged
   if (lane % 4 == 0) {
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < kMaxRowSlots; ++k)
       if (k < slots) {
         const int row = detail::wgmma_row(t, k);
         CUTLASS_PRAGMA_UNROLL
-        for (int w = 0; w < Words; ++w) __stcg(partials + (size_t(cb) * Words + w) * c.tile_m + row, state(k, row, w));
+        for (int w = 0; w < Words; ++w)
+          reduce::detail::st_relaxed_gpu(words + (size_t(cb) * Words + w) * c.tile_m + row,
+                                         (uint64_t(tag) << 32) | __float_as_uint(state(k, row, w)));
       }
-    __threadfence();
   }
-  __syncwarp();
-  // 2. the warp's arrival
-  int* counter = ws.counters + rb * reduce::L2Workspace::kWarps + warp;
-  int arrived = 0;
-  if (lane == 0) arrived = atomicAdd(counter, 1);
-  arrived = __shfl_sync(0xffffffffu, arrived, 0);
-  if (arrived != cols - 1) return;
+  if (arrival - launch * (unsigned long long)(cols) != (unsigned long long)(cols - 1)) return;
   // 3. the last arrival finishes: lane l owns row (l / 16) * 64 + 16 * warp + l % 16 (its atom's rows)
-  __threadfence();
   const int row = (lane / 16) * 64 + 16 * warp + lane % 16;
   if (lane / 16 < c.tile_m / 64 && c.m0 + row < c.M)
-    finish(row, [&](int b, int w) { return __ldcg(partials + (size_t(b) * Words + w) * c.tile_m + row); });
-  if (lane == 0) *counter = 0;   // every arrival of this launch is in: ready for the next launch
+    finish(row, [&](int b, int w) {
+      uint64_t const* p = words + (size_t(b) * Words + w) * c.tile_m + row;
+      uint64_t v = reduce::detail::ld_relaxed_gpu(p);
+      while (uint32_t(v >> 32) != tag) v = reduce::detail::ld_relaxed_gpu(p);   // its writer has arrived
+      return __uint_as_float(uint32_t(v));
+    });
 }
 }  // namespace row_output
 
