@@ -9,7 +9,7 @@
 #   4. bench/norm_sites.py: `comfuse bench` with --defer-norms off and on alternating, ROUNDS invocations each, and
 #      torch.compile's best on the same math;
 #   5. with --pytest (before 4, at most PYTEST_S = 150 s), or --pytest-only (instead of 2-4): the GPU tests of norm
-#      deferral and tensor parallelism through torch.compile (installed package).
+#      deferral and tensor parallelism through torch.compile, and of the row outputs' launches (installed package).
 # With --profile, after 3: each kernel's GPU time in one launch of each program in each variant (ncu), in
 # $OUT/profile_<program>_<variant>.txt. --variants goes to bench/norm_sites.py (e.g. off,on,on/fused); --no-torch times
 # ComFuse's variants only (no package install, no torch.compile).
@@ -99,7 +99,9 @@ if [ $pytest = 1 ]; then   # before the bench, at most PYTEST_S seconds of the b
   left=$(( budget - ($(date +%s) - t0) ))
   [ $pytest_only = 1 ] || [ $left -le "${PYTEST_S:-150}" ] || left="${PYTEST_S:-150}"
   (gpu_package_env; cd "$root" && COMFUSE_TEST_INSTALLED=1 timeout "$left" python3 -m pytest -q -rs -x \
-     tests/python/test_defer_norms.py tests/python/test_tensor_parallel.py -k "gpu or world_size" \
+     tests/python/test_defer_norms.py tests/python/test_tensor_parallel.py \
+     tests/python/test_gpu_ops.py::test_a_per_row_output_is_right_call_after_call_on_gpu \
+     tests/python/test_gpu_ops.py::test_a_per_row_output_is_right_as_the_rows_shrink_and_grow_on_gpu -k "gpu or world_size" \
      > "$OUT/pytest.log" 2>&1)
   status[pytest]=$?
   grep -E "passed|failed|SKIPPED|^E |Error" "$OUT/pytest.log" | head -20

@@ -57,6 +57,30 @@ TEST(Plan, AResidualEpiloguePlansFromTheResidualRows) {
   EXPECT_NE(two.reason.find("'bias_res_2out'"), std::string::npos) << two.reason;
 }
 
+// A pass of a class with no library row is priced from its bytes at the time per byte of the fastest measured
+// library pass of its kind: with row reductions (here rmsnorm's: 40 us for 6 bytes x 16.8 M elements) or without
+// (bias_gelu's: 10 us for 4 bytes x 16.8 M); never as Inductor's where such a row exists.
+TEST(Plan, AnUnmeasuredPassIsPricedByItsBytesAsAMeasuredPassOfItsKind) {
+  const auto table = parse_measured_table(
+      "M,K,N,variant,config,epilogue,us,spread,tflops,ratio_cublas\n"
+      "16384,1024,1024,cublas,x,identity,50.0,0,0,1.0\n"
+      "16384,1024,1024,a,128x128x64_c1x1,postnorm,80.0,0,0,1.6\n"
+      "16384,1024,1024,a,128x128x64_c1x2,residual,55.0,0,0,1.1\n"
+      "16384,1024,1024,library,lib128_c1x8_p2p,rmsnorm,90.0,0,0,1.8\n"
+      "16384,1024,1024,library,lib128_c1x1,bias_gelu,60.0,0,0,1.2\n");
+  // a LayerNorm of h + b: it reduces rows, and its pass reads h and writes y (4 bytes an element)
+  PlanDecision ln = plan_region(spec_of(gemm(16384, 1024, 1024, "y = layer_norm(add(h, b), g, beta)\noutput y\n")), table);
+  EXPECT_NE(ln.library_basis.find("no library-form measurement of 'postnorm': its 67 MB priced as the library form of "
+                                  "'rmsnorm' moved its bytes (40.0 us for 101 MB"), std::string::npos)
+      << ln.library_basis;
+  EXPECT_NEAR(ln.library_us, 50.0 + 40.0 * 4 / 6, 0.5);
+  // a residual add: no reduction; its pass reads h and R and writes y (6 bytes)
+  PlanDecision res = plan_region(spec_of(gemm(16384, 1024, 1024, "input R : bf16[16384, 1024]\ny = add(h, R)\noutput y\n")), table);
+  EXPECT_NE(res.library_basis.find("priced as the library form of 'bias_gelu' moved its bytes"), std::string::npos)
+      << res.library_basis;
+  EXPECT_NEAR(res.library_us, 50.0 + 10.0 * 6 / 4, 0.5);
+}
+
 // A C++ program's region runs the faster of its two forms by the estimates: the library form's pass is priced from
 // the table's library rows (its time less the GEMM's, scaled by the elements), never the fused plan from them.
 TEST(Plan, TheFormFollowsTheLibraryRowsWhereTheTableHasThem) {

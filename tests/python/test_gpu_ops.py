@@ -73,8 +73,8 @@ def test_fused_region_on_gpu_matches_the_cpu_reference(name):
 
 @requires_hopper
 def test_a_per_row_output_is_right_call_after_call_on_gpu():
-    """ReduceToRow's last arrival resets the row block's counters: three calls with fresh inputs (a counter left
-    behind would leave rows unwritten, i.e. the previous call's values) all match the CPU reference."""
+    """ReduceToRow's words carry the launch's tag (row_output.cuh): three calls with fresh inputs (a stale word taken
+    for this launch's would give a row the previous call's partials) all match the CPU reference."""
     m, k, n = 1000, 520, 264
     spec = _region("row_stats", m, k, n)
     assert C.plan_region(spec).transport == "none"   # no exchange: ReduceToRow
@@ -82,6 +82,25 @@ def test_a_per_row_output_is_right_call_after_call_on_gpu():
     gen = torch.Generator().manual_seed(4321)
     for call in range(3):
         _gpu_matches_cpu(key, _inputs(spec, m, k, n, gen), f"row_stats call {call}")
+
+
+@requires_hopper
+def test_a_per_row_output_is_right_as_the_rows_shrink_and_grow_on_gpu():
+    """One kernel and one workspace at 2048, 1000, 300 and 2048 rows again: the launches of fewer rows leave the
+    arrival counts of the row blocks they do not reach behind, and the row blocks they reach must still agree on
+    the launch (each launch adds C to each count it touches). Every call matches the CPU reference."""
+    k, n = 520, 264
+    key = ops.register_region(_region("row_stats", 2048, k, n))
+    gen = torch.Generator().manual_seed(2468)
+    for m in (2048, 1000, 300, 2048, 1000):
+        spec = _region("row_stats", m, k, n)
+        cpu = _inputs(spec, m, k, n, gen)
+        ref = torch.ops.comfuse.fused_region(ops.register_region(spec), cpu)
+        got = torch.ops.comfuse.fused_region(key, [t.cuda() for t in cpu])
+        torch.cuda.synchronize()
+        for g, r in zip(got, ref):
+            assert g.shape == r.shape and torch.isfinite(g.float()).all(), (m, g.shape)
+            assert rel_err(g, r) <= 1e-2, (m, rel_err(g, r))
 
 
 # Two GEMMs on one A, one kernel (GemmConfig<.., DualB>): SwiGLU combines them; attention's Q and K store both.
