@@ -215,7 +215,8 @@ int main(int argc, char** argv) {
                                    cb::ours_kernel_4(),  cb::ours_kernel_5(),  cb::ours_kernel_6(),  cb::ours_kernel_7(),
                                    cb::ours_kernel_8(),  cb::ours_kernel_9(),  cb::ours_kernel_10(), cb::ours_kernel_11(),
                                    cb::ours_kernel_12(), cb::ours_kernel_13(), cb::ours_kernel_14(), cb::ours_kernel_15(),
-                                   cb::ours_kernel_16(), cb::ours_kernel_17(), cb::ours_kernel_18(), cb::ours_kernel_19()};
+                                   cb::ours_kernel_16(), cb::ours_kernel_17(), cb::ours_kernel_18(), cb::ours_kernel_19(),
+                                   cb::ours_kernel_20(), cb::ours_kernel_21(), cb::ours_kernel_22(), cb::ours_kernel_23()};
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);

@@ -20,14 +20,22 @@
 //   17  h = X·W + R                 Store, TileLoad       c1x2, the two groups' epilogues unordered
 //   18  h = X·W + R                 Store, TileLoad       c1x1, tiles row-block-major
 //   19  h = X·W                     Store                 c1x2, tiles row-block-major
+//   20-23: built with COMFUSE_RING_BOXES (epilogue/tile_load_ring.cuh): the ring filled by 64 x 64 TMA boxes
+//   20  h = X·W + R                 Store, ring (boxes)   c1x1
+//   21  h = X·W + R                 Store, ring (boxes)   c1x2
+//   22  h = X·W + b + R             Store, ring (boxes)   c1x2
+//   23  h = X·W + R, y = h ⊙ γ      Store x2, ring (boxes) c1x2
 
+#if defined(OURS_CFG) && OURS_CFG >= 20
+#define COMFUSE_RING_BOXES 1
+#endif
 #include "variants.h"
 
 #include "comfuse/gemm.cuh"
 #include "comfuse/epilogue/all.cuh"
 
 #ifndef OURS_CFG
-#error "compile with -DOURS_CFG=<0..19>"
+#error "compile with -DOURS_CFG=<0..23>"
 #endif
 
 namespace comfuse::bench {
@@ -76,6 +84,10 @@ OURS_V(16, 1, 2, PP, 128, "ours_res_reg_store_c1x2_rowmajor", true, false, 1, S<
 OURS_V(17, 1, 2, PP, 128, "ours_res_reg_store_c1x2_unordered", true, false, 1, S<Res<Reg>>)
 OURS_V(18, 1, 1, PP, 128, "ours_res_reg_store_c1x1_rowmajor", true, false, 1, S<Res<Reg>>)
 OURS_V(19, 1, 2, PP, 128, "ours_plain_store_c1x2_rowmajor", false, false, 1, S<AccEntry>)
+OURS_V(20, 1, 1, PP, 128, "ours_res_ringbox_store_c1x1", true, false, 1, S<Res<Ring>>)
+OURS_V(21, 1, 2, PP, 128, "ours_res_ringbox_store_c1x2", true, false, 1, S<Res<Ring>>)
+OURS_V(22, 1, 2, PP, 128, "ours_biasres_ringbox_store_c1x2", true, true, 1, S<BiasRes<Ring>>)
+OURS_V(23, 1, 2, PP, 128, "ours_res2out_ringbox_store_c1x2", true, false, 2, S<Compute<Mul, S<Res<Ring>>, RowBroadcast<bf16>>>)
 #undef OURS_V
 
 using Var = V<OURS_CFG>;
@@ -86,7 +98,16 @@ using G = Gemm<Cfg, typename Var::Tree>;
 template <class N> struct ArgsOf;
 template <> struct ArgsOf<AccEntry> { static AccEntry::Arguments make(Problem const&) { return {}; } };
 template <> struct ArgsOf<Reg> { static Reg::Arguments make(Problem const& p) { return {static_cast<bf16 const*>(p.R), p.N}; } };
-template <> struct ArgsOf<Ring> { static Ring::Arguments make(Problem const& p) { return {static_cast<bf16 const*>(p.R), p.N}; } };
+bool map_failed = false;   // a ring input's tensor map could not be encoded (boxes)
+template <> struct ArgsOf<Ring> {
+  static Ring::Arguments make(Problem const& p) {
+    Ring::Arguments a{static_cast<bf16 const*>(p.R), p.N};
+#ifdef COMFUSE_RING_BOXES
+    if (encode_ring_map(&a.map, p.R, p.N, p.M, p.N) != CUDA_SUCCESS) map_failed = true;   // (run() refuses it)
+#endif
+    return a;
+  }
+};
 template <> struct ArgsOf<RowBroadcast<bf16>> {   // the bias, or γ (the row vector of a second output)
   static RowBroadcast<bf16>::Arguments make(Problem const& p, bool gamma = false) {
     return {static_cast<bf16 const*>(gamma ? p.gamma : p.bias)};
@@ -137,6 +158,10 @@ cudaError_t run(Problem const& p, cudaStream_t s) {
   a.lda = p.K;
   a.ldb = p.N;
   a.epi = ArgsOf<typename Var::Tree>::make(p);
+  if (map_failed) {
+    map_failed = false;
+    return cudaErrorInvalidValue;
+  }
   a.raster_group = Var::raster;
   if (Var::order >= 0) a.order_epilogues = Var::order == 1;
   if (G::can_implement(a) != nullptr) return cudaErrorInvalidValue;

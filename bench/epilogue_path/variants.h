@@ -32,7 +32,7 @@ struct Variant {
   cudaError_t (*run)(Problem const&, cudaStream_t);
 };
 
-constexpr int kOursKernels = 20;
+constexpr int kOursKernels = 24;
 Variant ours_kernel_0();
 Variant ours_kernel_1();
 Variant ours_kernel_2();
@@ -53,5 +53,9 @@ Variant ours_kernel_16();
 Variant ours_kernel_17();
 Variant ours_kernel_18();
 Variant ours_kernel_19();
+Variant ours_kernel_20();
+Variant ours_kernel_21();
+Variant ours_kernel_22();
+Variant ours_kernel_23();
 
 }  // namespace comfuse::bench

@@ -27,9 +27,22 @@
 //
 // Layout: rows of 2 * TileN + 16 bytes (16-bit elements), so the 8 rows an ldmatrix reads fall in distinct banks.
 // The tensor must be 16-byte aligned, pointer and row stride (the ABI entry refuses a launch otherwise).
+//
+// Boxes (COMFUSE_RING_BOXES, an experiment: the epilogue data-path bench builds it, Psi does not render it). The
+// ring's consumers waited on their first part's copies for 27-31% of their samples at 8192 x 1024 x 1024 (ncu,
+// docs/kernel-gemm.md), with one bulk copy per row and input: 128 copies per 128 x 128 tile, where the mainloop
+// issues 32 TMA loads per tile at K = 1024 and CUTLASS's epilogue loads C in 8 boxes. Built with the macro, each
+// part arrives as 2-D boxes of 64 rows x 64 columns through a tensor map (4 per 128 x 128 tile and input), 128-byte
+// swizzled (row rr of a box: its 16-byte chunk c at chunk c ^ (rr % 8), so an ldmatrix's 8 rows fall in distinct
+// banks with no padding). The tensor map is encoded on the host (encode_ring_map) and lives in the kernel's
+// parameters, where the loader reads it by address. Out-of-range rows and columns arrive as zeros, and every box
+// counts its full bytes on the `full` barrier.
 #pragma once
 #include "comfuse/epilogue/core.cuh"
 #include "comfuse/mbarrier.cuh"
+#ifdef COMFUSE_RING_BOXES
+#include <cuda.h>
+#endif
 
 namespace comfuse::epi {
 
@@ -49,7 +62,35 @@ CUTE_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t& a, uint32_t& b, uint32_t& 
                : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
                : "r"(addr));
 }
+#ifdef COMFUSE_RING_BOXES
+constexpr int kBoxRows = 64, kBoxCols = 64, kBoxBytes = kBoxRows * kBoxCols * 2;   // 128-byte box rows
+// One box of the tensor map at (column c0, row r0) into SMEM, completing on `bar`.
+CUTE_DEVICE void load_box(uint32_t dst, void const* map, int c0, int r0, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(r0), "r"(bar)
+      : "memory");
+}
+// The SMEM offset of row rp (of the part), 16-byte chunk `chunk` of a slot's part: 64-row bands of TileN / 64 boxes.
+CUTE_HOST_DEVICE constexpr uint32_t box_offset(int rp, int chunk, int band_bytes) {
+  return uint32_t((rp >> 6) * band_bytes + (chunk >> 3) * kBoxBytes + (rp & 63) * 128 + (((chunk & 7) ^ (rp & 7)) << 4));
+}
+#endif
 }  // namespace ring_detail
+
+#ifdef COMFUSE_RING_BOXES
+// The tensor map of a ring input [rows, cols] of 16-bit elements, row stride ld elements (a multiple of 8, 16-byte
+// aligned): boxes of 64 x 64, 128-byte swizzle, out-of-range elements read as zeros. Host only.
+inline CUresult encode_ring_map(CUtensorMap* map, void const* ptr, int64_t ld, int64_t rows, int64_t cols) {
+  cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  cuuint64_t strides[1] = {cuuint64_t(ld) * 2};
+  cuuint32_t box[2] = {cuuint32_t(ring_detail::kBoxCols), cuuint32_t(ring_detail::kBoxRows)};
+  cuuint32_t elem[2] = {1, 1};
+  return cuTensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(ptr), dims, strides, box,
+                                elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+#endif
 
 // The CTA's ring: Buffers buffers, each holding one part (TileM / Parts rows) of the CTA tile of every input slot
 // (Slots inputs of 16-bit elements), their mbarriers and the published arguments. Tile j's part p is the ring's
@@ -63,9 +104,17 @@ struct TileRing {
   static_assert(Buffers >= Parts, "a tile's parts are in SMEM together");
   static constexpr int kParts = Parts;
   static constexpr int kPartRows = TileM / Parts;
+#ifdef COMFUSE_RING_BOXES
+  static_assert(TileN % ring_detail::kBoxCols == 0 && kPartRows % ring_detail::kBoxRows == 0, "whole boxes");
+  static constexpr int kBoxesPerBand = TileN / ring_detail::kBoxCols;
+  static constexpr int kPitch = kBoxesPerBand * ring_detail::kBoxBytes;   // bytes per 64-row band (TileCtx::ring_pitch)
+  static constexpr int kSlotBytes = kPartRows * TileN * 2;                  // one input's part, dense
+  alignas(1024) uint8_t buf[Buffers][Slots][kSlotBytes];                    // (the 128-byte swizzle's alignment)
+#else
   static constexpr int kPitch = 2 * TileN + 16;           // bytes per row
   static constexpr int kSlotBytes = kPartRows * kPitch;   // one input's part
   alignas(128) uint8_t buf[Buffers][Slots][kSlotBytes];
+#endif
   // Use u's copies complete on full[u % (2 Buffers)]: with one barrier per buffer, a PingPong group at tile j + 1
   // could pass its wait on the phase of use u - Buffers (same parity) while u was still loading (the groups'
   // epilogues overlap). A barrier's phases then are uses u, u + 2 Buffers, ..., and the load of u + 2 Buffers waits
@@ -86,7 +135,11 @@ struct TileRing {
     for (int p = 0; p < Parts; ++p) {
       const int u = Parts * j + p;
       const int b = u % Buffers;
+#ifdef COMFUSE_RING_BOXES
+      c.ring_tile[p] = cute::cast_smem_ptr_to_uint(&buf[b][0][0]);   // (the node subtracts the part's first row)
+#else
       c.ring_tile[p] = cute::cast_smem_ptr_to_uint(&buf[b][0][0]) - uint32_t(p * kPartRows * kPitch);
+#endif
       c.ring_full[p] = cute::cast_smem_ptr_to_uint(&full[u % (2 * Buffers)]);
       c.ring_empty[p] = cute::cast_smem_ptr_to_uint(&empty[b]);
       c.ring_parity |= (uint32_t(u / (2 * Buffers)) & 1u) << p;
@@ -134,10 +187,30 @@ struct TileRing {
         // on it (the node's visit says why). No generic-proxy stores into the ring at all: an
         // earlier version zero-filled them, and a part with nothing to copy then raced with its readers under
         // compute-sanitizer racecheck and in a 1x2 cluster (2026-12-02).
+#ifdef COMFUSE_RING_BOXES
+        (void)rows;
+        (void)bytes;
+        __syncwarp();
+        if (lane == 0) {   // every box counts its full bytes, out-of-range parts (zeros) included
+          mbar::arrive_expect_tx(full_bar, uint32_t(Slots * kSlotBytes));
+          CUTLASS_PRAGMA_UNROLL
+          for (int s = 0; s < Slots; ++s)
+            CUTLASS_PRAGMA_UNROLL
+            for (int band = 0; band < kPartRows / ring_detail::kBoxRows; ++band)
+              CUTLASS_PRAGMA_UNROLL
+              for (int x = 0; x < kBoxesPerBand; ++x)
+                ring_detail::load_box(
+                    cute::cast_smem_ptr_to_uint(&buf[b][s][band * kPitch + x * ring_detail::kBoxBytes]), ptr[s],
+                    n0 + x * ring_detail::kBoxCols, r0 + band * ring_detail::kBoxRows, full_bar);
+        }
+        __syncwarp();
+        if (false) {
+#else
         __syncwarp();
         if (lane == 0) mbar::arrive_expect_tx(full_bar, uint32_t(Slots * rows * bytes));
         __syncwarp();
         if (bytes > 0) {
+#endif
           CUTLASS_PRAGMA_UNROLL
           for (int s = 0; s < Slots; ++s)
             for (int r = lane; r < rows; r += 32) {
@@ -163,6 +236,9 @@ struct TileLoadRing {
   struct Arguments {
     T const* ptr = nullptr;   // 16-byte aligned
     int64_t ld = 0;           // row stride in elements, a multiple of 8
+#ifdef COMFUSE_RING_BOXES
+    CUtensorMap map{};        // encode_ring_map(&map, ptr, ld, M, N) on the host; the loader reads it in the parameters
+#endif
   };
   struct SharedStorage {};
   static constexpr int kStage = 0;
@@ -176,6 +252,9 @@ struct TileLoadRing {
   bool split;          // two parts: row slots 0, 1 (rows 0-63) and 2, 3 (rows 64-127) come in separate buffers
   uint32_t raw[kMaxRowSlots][kMaxTileN / 8];
   uint32_t rowp[kMaxRowSlots];   // this lane's ldmatrix row address for each row slot (set at column slot 0)
+#ifdef COMFUSE_RING_BOXES
+  uint32_t swz[kMaxRowSlots];    // the lane's part of the row's swizzled chunk offset, in bytes
+#endif
   bool preloaded = false;
 
   CUTE_DEVICE TileLoadRing(Arguments const& a, SharedStorage&, TileCtx const& c)
@@ -183,7 +262,11 @@ struct TileLoadRing {
         pitch(uint32_t(c.ring_pitch)), full{c.ring_full[0], c.ring_full[1]}, empty{c.ring_empty[0], c.ring_empty[1]},
         parity(c.ring_parity), row0(c.ring_row0), split(c.ring_split) {
     if (c.ring_publish && c.thread == 0) {   // group 0's first tile: the loader reads these at kRingArgsBarrier
+#ifdef COMFUSE_RING_BOXES
+      c.ring_args->ptr[Slot] = &a.map;   // (a is in the kernel's __grid_constant__ parameters)
+#else
       c.ring_args->ptr[Slot] = a.ptr;
+#endif
       c.ring_args->ld[Slot] = a.ld;
     }
     // Before the tile's mainloop, as TileLoad does: each thread asks L2 for one row of the tile, so the loader's bulk
@@ -211,12 +294,25 @@ struct TileLoadRing {
       // ldmatrix: lane l gives the address of row l % 8 of matrix l / 8 (column block col_slot + l / 8) of the
       // row slot's 8 rows; f.row_l is this lane's row (its quad's), so the 8 rows start at f.row_l - lane / 4.
       const int r = row0 + f.row_l - lane / 4 + lane % 8;
+#ifdef COMFUSE_RING_BOXES
+      // chunk col_slot + l / 8 of part row rp: with col_slot % 4 == 0 the chunk's bits do not carry, so its swizzle
+      // is (col_slot % 8) ^ (l / 8 ^ rp % 8): the lane's part (l / 8 ^ rp % 8) is kept beside the row's address
+      const int rp = r - (split && p ? 64 : 0);
+      rowp[f.row_slot] = (p ? tile[1] : tile[0]) + ring_detail::box_offset(rp, 0, int(pitch)) - uint32_t((rp & 7) << 4);
+      swz[f.row_slot] = uint32_t(((lane / 8) ^ (rp & 7)) << 4);
+#else
       rowp[f.row_slot] = (p ? tile[1] : tile[0]) + uint32_t(r) * pitch + uint32_t(lane / 8) * 16u;
+#endif
     }
     if (f.col_slot % 4 == 0) {
       auto& w = raw[f.row_slot];
-      ring_detail::ldmatrix_x4(rowp[f.row_slot] + uint32_t(f.col_slot) * 16u, w[f.col_slot], w[f.col_slot + 1],
-                               w[f.col_slot + 2], w[f.col_slot + 3]);
+#ifdef COMFUSE_RING_BOXES
+      const uint32_t at = rowp[f.row_slot] + uint32_t((f.col_slot >> 3) * ring_detail::kBoxBytes) +
+                          (uint32_t((f.col_slot & 7) << 4) ^ swz[f.row_slot]);
+#else
+      const uint32_t at = rowp[f.row_slot] + uint32_t(f.col_slot) * 16u;
+#endif
+      ring_detail::ldmatrix_x4(at, w[f.col_slot], w[f.col_slot + 1], w[f.col_slot + 2], w[f.col_slot + 3]);
     }
     preloaded = true;
   }
@@ -228,7 +324,13 @@ struct TileLoadRing {
     // A parent that does not forward preload(): read the fragment's word directly.
     const int p = part_of(f);
     wait_for_part(f, p);
+#ifdef COMFUSE_RING_BOXES
+    const int rp = row0 + f.row_l - (split && p ? 64 : 0);
+    return Elem<T>::from_word(lds_b32((p ? tile[1] : tile[0]) + ring_detail::box_offset(rp, f.col_l / 8, int(pitch)) +
+                                      uint32_t(f.col_l % 8) * 2u));
+#else
     return Elem<T>::from_word(lds_b32((p ? tile[1] : tile[0]) + uint32_t(row0 + f.row_l) * pitch + uint32_t(f.col_l) * 2u));
+#endif
   }
   // The stage that reads the input is over for this thread: every value it read has been used, so its reads are
   // complete, and the loader may refill the buffers once every reader has arrived. (An earlier version arrived on
