@@ -450,15 +450,12 @@ Nearest nearest_measurement(const FusionSpec& fs, const std::string& cls, const 
   return out;
 }
 
-// The library form's pass at this shape (PlanDecision::library_basis says whence): the pass of the library-form
-// measurement of this epilogue class nearest in M and N (its time less its GEMM's, as measured in one run), scaled by
-// the elements of the region's [M, N] output; without one, the unfused model's pass (d.pass_us, Inductor's measured
-// bandwidth). A region cuBLASLt's own epilogue computes has no pass.
 // A pass of a class with no library-form measurement: its bytes at the time per byte of the measured library passes
 // of its kind, with row reductions or without (the fastest of them per byte). Passes that reduce rows ran at 1.6-2.4x
-// a copy of their bytes on the H200, those that do not at a copy's speed (docs/data/pass_variants_2026-12-05.md), and
-// so did the norm sites' producers, whose row statistics no CTA waits for: 1.5-2.4x on an H100 (docs/log/2026-12-05.md
-// run g). Inductor's pass, the price before, put BERT's out-proj producer's pass at 7 us; on the H100 it took 26.8.
+// a copy of their bytes on the H200 (docs/data/pass_variants_2026-12-05.md), and the norm sites' producers, whose row
+// statistics no CTA waits for, at 1.5-2.4x on an H100 (docs/log/2026-12-05.md run g); passes that do not reduce, at
+// a copy's speed. Inductor's pass, the price before, put BERT's out-proj producer's pass at 7 us; on the H100 it took
+// 26.8.
 double unmeasured_library_pass_us(PlanDecision& d, const FusionSpec& fs, const std::string& cls,
                                   const std::vector<MeasuredRow>& table) {
   const EpilogueCost mine = epilogue_cost(fs);
@@ -487,6 +484,10 @@ double unmeasured_library_pass_us(PlanDecision& d, const FusionSpec& fs, const s
   return ref_us * bytes / ref_bytes;
 }
 
+// The library form's pass at this shape (PlanDecision::library_basis says whence): the pass of the library-form
+// measurement of this epilogue class nearest in M and N (its time less its GEMM's, as measured in one run), scaled by
+// the elements of the region's [M, N] output; without one, unmeasured_library_pass_us. A region cuBLASLt's own
+// epilogue computes has no pass.
 double library_pass_us(PlanDecision& d, const FusionSpec& fs, const std::string& cls, const std::vector<MeasuredRow>& table) {
   const GemmDesc& g = fs.gemm;
   if (d.cublas_alone) {

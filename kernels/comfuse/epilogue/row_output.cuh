@@ -22,6 +22,10 @@
 // and counter_bytes below): partials [row blocks][C][Words][tile_m] 64-bit words, counters [row blocks][kWarps]
 // 64-bit counts. A row block past M does nothing (all its CTAs alike), columns past N are not folded, Mean divides
 // by the true N. After a failed launch the runtime zeroes the workspace again (counts and tags restart together).
+// The counts rely on every launch that reaches a row block adding exactly C to each of its counts, so a workspace
+// with row outputs serves one kernel (the runtime's is per region and stream, and a region with row outputs has one
+// candidate: the config search times single-stage regions only). A kernel of another C or tile shape sharing it
+// would leave a count off a multiple of C, and a later last arrival polling forever.
 #pragma once
 #include "comfuse/epilogue/core.cuh"
 #include "comfuse/epilogue/reduce.cuh"

@@ -56,6 +56,13 @@ struct RingArgs {
   int64_t ld[kMaxRingSlots];   // row stride in elements
 };
 
+// With boxes the ring's types live in an inline namespace of their own: a kernel of the same config and tree built
+// with and without the macro (the bench links both) must not share a symbol. (RingArgs, which core.cuh's TileCtx
+// names, is the same in both.)
+#ifdef COMFUSE_RING_BOXES
+inline namespace ring_boxes {
+#endif
+
 namespace ring_detail {
 CUTE_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -344,4 +351,7 @@ struct TileLoadRing {
   }
 };
 
+#ifdef COMFUSE_RING_BOXES
+}  // inline namespace ring_boxes
+#endif
 }  // namespace comfuse::epi
