@@ -31,7 +31,7 @@
 // Boxes (COMFUSE_RING_BOXES, an experiment: the epilogue data-path bench builds it, Psi does not render it). The
 // ring's consumers waited on their first part's copies for 27-31% of their samples at 8192 x 1024 x 1024 (ncu,
 // docs/kernel-gemm.md), with one bulk copy per row and input: 128 copies per 128 x 128 tile, where the mainloop
-// issues 32 TMA loads per tile at K = 1024 and CUTLASS's epilogue loads C in 8 boxes. Built with the macro, each
+// has 32 TMA loads per tile at K = 1024 and CUTLASS's epilogue loads C in 8 boxes. Built with the macro, each
 // part arrives as 2-D boxes of 64 rows x 64 columns through a tensor map (4 per 128 x 128 tile and input), 128-byte
 // swizzled (row rr of a box: its 16-byte chunk c at chunk c ^ (rr % 8), so an ldmatrix's 8 rows fall in distinct
 // banks with no padding). The tensor map is encoded on the host (encode_ring_map) and lives in the kernel's
