@@ -20,15 +20,12 @@
 //   17  h = X·W + R                 Store, TileLoad       c1x2, the two groups' epilogues unordered
 //   18  h = X·W + R                 Store, TileLoad       c1x1, tiles row-block-major
 //   19  h = X·W                     Store                 c1x2, tiles row-block-major
-//   20-23: built with COMFUSE_RING_BOXES (epilogue/tile_load_ring.cuh): the ring filled by 64 x 64 TMA boxes
+//   20-23: the ring filled by 64 x 64 TMA boxes (TileLoadRing<.., Boxes = true>, epilogue/tile_load_ring.cuh)
 //   20  h = X·W + R                 Store, ring (boxes)   c1x1
 //   21  h = X·W + R                 Store, ring (boxes)   c1x2
 //   22  h = X·W + b + R             Store, ring (boxes)   c1x2
 //   23  h = X·W + R, y = h ⊙ γ      Store x2, ring (boxes) c1x2
 
-#if defined(OURS_CFG) && OURS_CFG >= 20
-#define COMFUSE_RING_BOXES 1
-#endif
 #include "variants.h"
 
 #include "comfuse/gemm.cuh"
@@ -45,6 +42,7 @@ using bf16 = cutlass::bfloat16_t;
 using Add = ops::Add;
 using Mul = ops::Mul;
 using Ring = TileLoadRing<bf16, 0>;
+using RingBox = TileLoadRing<bf16, 0, true>;
 using Reg = TileLoad<bf16>;
 template <class C> using S = Store<bf16, C>;
 template <class C, int Box = 64> using SA = StoreAsync<bf16, C, Box>;
@@ -84,10 +82,10 @@ OURS_V(16, 1, 2, PP, 128, "ours_res_reg_store_c1x2_rowmajor", true, false, 1, S<
 OURS_V(17, 1, 2, PP, 128, "ours_res_reg_store_c1x2_unordered", true, false, 1, S<Res<Reg>>)
 OURS_V(18, 1, 1, PP, 128, "ours_res_reg_store_c1x1_rowmajor", true, false, 1, S<Res<Reg>>)
 OURS_V(19, 1, 2, PP, 128, "ours_plain_store_c1x2_rowmajor", false, false, 1, S<AccEntry>)
-OURS_V(20, 1, 1, PP, 128, "ours_res_ringbox_store_c1x1", true, false, 1, S<Res<Ring>>)
-OURS_V(21, 1, 2, PP, 128, "ours_res_ringbox_store_c1x2", true, false, 1, S<Res<Ring>>)
-OURS_V(22, 1, 2, PP, 128, "ours_biasres_ringbox_store_c1x2", true, true, 1, S<BiasRes<Ring>>)
-OURS_V(23, 1, 2, PP, 128, "ours_res2out_ringbox_store_c1x2", true, false, 2, S<Compute<Mul, S<Res<Ring>>, RowBroadcast<bf16>>>)
+OURS_V(20, 1, 1, PP, 128, "ours_res_ringbox_store_c1x1", true, false, 1, S<Res<RingBox>>)
+OURS_V(21, 1, 2, PP, 128, "ours_res_ringbox_store_c1x2", true, false, 1, S<Res<RingBox>>)
+OURS_V(22, 1, 2, PP, 128, "ours_biasres_ringbox_store_c1x2", true, true, 1, S<BiasRes<RingBox>>)
+OURS_V(23, 1, 2, PP, 128, "ours_res2out_ringbox_store_c1x2", true, false, 2, S<Compute<Mul, S<Res<RingBox>>, RowBroadcast<bf16>>>)
 #undef OURS_V
 
 using Var = V<OURS_CFG>;
@@ -98,13 +96,12 @@ using G = Gemm<Cfg, typename Var::Tree>;
 template <class N> struct ArgsOf;
 template <> struct ArgsOf<AccEntry> { static AccEntry::Arguments make(Problem const&) { return {}; } };
 template <> struct ArgsOf<Reg> { static Reg::Arguments make(Problem const& p) { return {static_cast<bf16 const*>(p.R), p.N}; } };
+template <> struct ArgsOf<Ring> { static Ring::Arguments make(Problem const& p) { return {static_cast<bf16 const*>(p.R), p.N}; } };
 bool map_failed = false;   // a ring input's tensor map could not be encoded (boxes)
-template <> struct ArgsOf<Ring> {
-  static Ring::Arguments make(Problem const& p) {
-    Ring::Arguments a{static_cast<bf16 const*>(p.R), p.N};
-#ifdef COMFUSE_RING_BOXES
+template <> struct ArgsOf<RingBox> {
+  static RingBox::Arguments make(Problem const& p) {
+    RingBox::Arguments a{static_cast<bf16 const*>(p.R), p.N};
     if (encode_ring_map(&a.map, p.R, p.N, p.M, p.N) != CUDA_SUCCESS) map_failed = true;   // (run() refuses it)
-#endif
     return a;
   }
 };

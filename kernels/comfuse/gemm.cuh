@@ -166,8 +166,8 @@ struct GemmKernel {
   // (PingPong, 128-row tiles: the next tile's first half is loaded before its epilogue starts, which one buffer
   // could not do at K = 1024); else one buffer of the whole tile.
   static constexpr int kRingIn = kRingSlots > 0 ? kRingSlots : 1;
-  using RingWhole = epi::TileRing<kRingIn, Cfg::kTileM, Cfg::kTileN>;
-  using RingHalves = epi::TileRing<kRingIn, Cfg::kTileM, Cfg::kTileN, 2, 3>;   // (named only; sized where it applies)
+  using RingWhole = epi::TileRing<kRingIn, Cfg::kTileM, Cfg::kTileN, 1, 1, epi::RingBoxes<Tree>::value>;
+  using RingHalves = epi::TileRing<kRingIn, Cfg::kTileM, Cfg::kTileN, 2, 3, epi::RingBoxes<Tree>::value>;   // (named only; sized where it applies)
   static constexpr bool kRingHalves = [] {
     if constexpr (kRingSlots > 0 && !kCooperative && Cfg::kTileM == 128)
       return kStagesFor<kCarveoutBase + int(sizeof(RingHalves))> >= kStagesFor<kCarveoutBase + int(sizeof(RingWhole))>;

@@ -292,6 +292,10 @@ template <class Node> struct DsmemStorageOf<Node, std::void_t<typename Node::Dsm
 template <class Node, class = void> struct RingSlots : std::integral_constant<int, 0> {};
 template <class Node>
 struct RingSlots<Node, std::void_t<decltype(Node::kRingSlots)>> : std::integral_constant<int, Node::kRingSlots> {};
+// Whether the tree's ring inputs arrive as 2-D boxes (TileLoadRing<.., Boxes = true>, tile_load_ring.cuh): the ring's
+// layout and loader follow.
+template <class Node, class = void> struct RingBoxes : std::false_type {};
+template <class Node> struct RingBoxes<Node, std::void_t<decltype(Node::kRingBoxes)>> : std::bool_constant<Node::kRingBoxes> {};
 // The block of columns a tree's RotateHalf nodes swap halves in (rotate.cuh; 0: none): the driver then hands each
 // fragment its partner's accumulators (FragCtx::acc_rot).
 template <class Node, class = void> struct RotatePeriod : std::integral_constant<int, 0> {};
@@ -382,6 +386,7 @@ struct Children<C, Rest...> {
   static constexpr bool kUsesSmem = C::kUsesSmem || Tail::kUsesSmem;
   static constexpr bool kNeedsCoResidency = NeedsCoResidency<C>::value || Tail::kNeedsCoResidency;
   static constexpr int kRingSlots = RingSlots<C>::value > Tail::kRingSlots ? RingSlots<C>::value : Tail::kRingSlots;
+  static constexpr bool kRingBoxes = RingBoxes<C>::value || Tail::kRingBoxes;
   static constexpr int kRotatePeriod = RotatePeriod<C>::value > Tail::kRotatePeriod ? RotatePeriod<C>::value : Tail::kRotatePeriod;
   template <int S> static constexpr int kAsyncStoresAt = AsyncStoresAt<C, S>::value + AsyncStoresAt<Tail, S>::value;
 
@@ -434,6 +439,7 @@ struct Children<C> {
   static constexpr bool kUsesSmem = C::kUsesSmem;
   static constexpr bool kNeedsCoResidency = NeedsCoResidency<C>::value;
   static constexpr int kRingSlots = RingSlots<C>::value;
+  static constexpr bool kRingBoxes = RingBoxes<C>::value;
   static constexpr int kRotatePeriod = RotatePeriod<C>::value;
   template <int S> static constexpr int kAsyncStoresAt = AsyncStoresAt<C, S>::value;
 

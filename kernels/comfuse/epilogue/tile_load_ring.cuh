@@ -28,21 +28,20 @@
 // Layout: rows of 2 * TileN + 16 bytes (16-bit elements), so the 8 rows an ldmatrix reads fall in distinct banks.
 // The tensor must be 16-byte aligned, pointer and row stride (the ABI entry refuses a launch otherwise).
 //
-// Boxes (COMFUSE_RING_BOXES, an experiment: the epilogue data-path bench builds it, Psi does not render it). The
+// Boxes (TileLoadRing<.., Boxes = true>; the epilogue data-path bench builds it, Psi does not render it yet). The
 // ring's consumers waited on their first part's copies for 27-31% of their samples at 8192 x 1024 x 1024 (ncu,
-// docs/kernel-gemm.md), with one bulk copy per row and input: 128 copies per 128 x 128 tile, where the mainloop
-// has 32 TMA loads per tile at K = 1024 and CUTLASS's epilogue loads C in 8 boxes. Built with the macro, each
-// part arrives as 2-D boxes of 64 rows x 64 columns through a tensor map (4 per 128 x 128 tile and input), 128-byte
-// swizzled (row rr of a box: its 16-byte chunk c at chunk c ^ (rr % 8), so an ldmatrix's 8 rows fall in distinct
-// banks with no padding). The tensor map is encoded on the host (encode_ring_map) and lives in the kernel's
-// parameters, where the loader reads it by address. Out-of-range rows and columns arrive as zeros, and every box
-// counts its full bytes on the `full` barrier.
+// docs/kernel-gemm.md), with one bulk copy per row and input: 128 copies per 128 x 128 tile, where the mainloop has
+// 32 TMA loads per tile at K = 1024 and CUTLASS's epilogue loads C in 8 boxes. With boxes, each part arrives as 2-D
+// boxes of 64 rows x 64 columns through a tensor map (4 per 128 x 128 tile and input), 128-byte swizzled (row rr of
+// a box: its 16-byte chunk c at chunk c ^ (rr % 8), so an ldmatrix's 8 rows fall in distinct banks with no
+// padding). The tensor map is encoded on the host (encode_ring_map) and lives in the kernel's parameters, where the
+// loader reads it by address. Out-of-range rows and columns arrive as zeros, and every box counts its full bytes on
+// the `full` barrier. Measured on an H100 (docs/log/2026-12-05.md run j): 13-18% less time than the row copies for
+// h = X·W + R at K <= 1024, the fastest residual form there.
 #pragma once
 #include "comfuse/epilogue/core.cuh"
 #include "comfuse/mbarrier.cuh"
-#ifdef COMFUSE_RING_BOXES
 #include <cuda.h>
-#endif
 
 namespace comfuse::epi {
 
@@ -56,20 +55,12 @@ struct RingArgs {
   int64_t ld[kMaxRingSlots];   // row stride in elements
 };
 
-// With boxes the ring's types live in an inline namespace of their own: a kernel of the same config and tree built
-// with and without the macro (the bench links both) must not share a symbol. (RingArgs, which core.cuh's TileCtx
-// names, is the same in both.)
-#ifdef COMFUSE_RING_BOXES
-inline namespace ring_boxes {
-#endif
-
 namespace ring_detail {
 CUTE_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
                : "r"(addr));
 }
-#ifdef COMFUSE_RING_BOXES
 constexpr int kBoxRows = 64, kBoxCols = 64, kBoxBytes = kBoxRows * kBoxCols * 2;   // 128-byte box rows
 // One box of the tensor map at (column c0, row r0) into SMEM, completing on `bar`.
 CUTE_DEVICE void load_box(uint32_t dst, void const* map, int c0, int r0, uint32_t bar) {
@@ -82,10 +73,8 @@ CUTE_DEVICE void load_box(uint32_t dst, void const* map, int c0, int r0, uint32_
 CUTE_HOST_DEVICE constexpr uint32_t box_offset(int rp, int chunk, int band_bytes) {
   return uint32_t((rp >> 6) * band_bytes + (chunk >> 3) * kBoxBytes + (rp & 63) * 128 + (((chunk & 7) ^ (rp & 7)) << 4));
 }
-#endif
 }  // namespace ring_detail
 
-#ifdef COMFUSE_RING_BOXES
 // The tensor map of a ring input [rows, cols] of 16-bit elements, row stride ld elements (a multiple of 8, 16-byte
 // aligned): boxes of 64 x 64, 128-byte swizzle, out-of-range elements read as zeros. Host only.
 inline CUresult encode_ring_map(CUtensorMap* map, void const* ptr, int64_t ld, int64_t rows, int64_t cols) {
@@ -97,31 +86,25 @@ inline CUresult encode_ring_map(CUtensorMap* map, void const* ptr, int64_t ld, i
                                 elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
-#endif
 
 // The CTA's ring: Buffers buffers, each holding one part (TileM / Parts rows) of the CTA tile of every input slot
 // (Slots inputs of 16-bit elements), their mbarriers and the published arguments. Tile j's part p is the ring's
 // use u = Parts * j + p, in buffer u % Buffers. With one part and one buffer (35 KB for 128x128) the loader can
 // refill only after the tile's last read; with two parts in three buffers (52 KB) the next tile's first half is
 // in SMEM before this tile's epilogue starts, and its second half can load once this tile's reading stage is over.
-template <int Slots, int TileM, int TileN, int Parts = 1, int Buffers = 1>
+template <int Slots, int TileM, int TileN, int Parts = 1, int Buffers = 1, bool Boxes = false>
 struct TileRing {
   static_assert(Slots >= 1 && Slots <= kMaxRingSlots, "ring inputs");
   static_assert(Parts == 1 || (Parts == 2 && TileM == 128), "two parts: the two 64-row atoms of a 128-row tile");
   static_assert(Buffers >= Parts, "a tile's parts are in SMEM together");
   static constexpr int kParts = Parts;
   static constexpr int kPartRows = TileM / Parts;
-#ifdef COMFUSE_RING_BOXES
-  static_assert(TileN % ring_detail::kBoxCols == 0 && kPartRows % ring_detail::kBoxRows == 0, "whole boxes");
+  static_assert(!Boxes || (TileN % ring_detail::kBoxCols == 0 && kPartRows % ring_detail::kBoxRows == 0), "whole boxes");
   static constexpr int kBoxesPerBand = TileN / ring_detail::kBoxCols;
-  static constexpr int kPitch = kBoxesPerBand * ring_detail::kBoxBytes;   // bytes per 64-row band (TileCtx::ring_pitch)
-  static constexpr int kSlotBytes = kPartRows * TileN * 2;                  // one input's part, dense
-  alignas(1024) uint8_t buf[Buffers][Slots][kSlotBytes];                    // (the 128-byte swizzle's alignment)
-#else
-  static constexpr int kPitch = 2 * TileN + 16;           // bytes per row
-  static constexpr int kSlotBytes = kPartRows * kPitch;   // one input's part
-  alignas(128) uint8_t buf[Buffers][Slots][kSlotBytes];
-#endif
+  // Rows: bytes per row (2 TileN + 16, padded). Boxes: bytes per 64-row band of TileN / 64 boxes, dense.
+  static constexpr int kPitch = Boxes ? kBoxesPerBand * ring_detail::kBoxBytes : 2 * TileN + 16;
+  static constexpr int kSlotBytes = Boxes ? kPartRows * TileN * 2 : kPartRows * kPitch;   // one input's part
+  alignas(Boxes ? 1024 : 128) uint8_t buf[Buffers][Slots][kSlotBytes];   // (1024: the 128-byte swizzle's alignment)
   // Use u's copies complete on full[u % (2 Buffers)]: with one barrier per buffer, a PingPong group at tile j + 1
   // could pass its wait on the phase of use u - Buffers (same parity) while u was still loading (the groups'
   // epilogues overlap). A barrier's phases then are uses u, u + 2 Buffers, ..., and the load of u + 2 Buffers waits
@@ -142,11 +125,8 @@ struct TileRing {
     for (int p = 0; p < Parts; ++p) {
       const int u = Parts * j + p;
       const int b = u % Buffers;
-#ifdef COMFUSE_RING_BOXES
-      c.ring_tile[p] = cute::cast_smem_ptr_to_uint(&buf[b][0][0]);   // (the node subtracts the part's first row)
-#else
-      c.ring_tile[p] = cute::cast_smem_ptr_to_uint(&buf[b][0][0]) - uint32_t(p * kPartRows * kPitch);
-#endif
+      // (boxes: the node subtracts the part's first row itself)
+      c.ring_tile[p] = cute::cast_smem_ptr_to_uint(&buf[b][0][0]) - (Boxes ? 0u : uint32_t(p * kPartRows * kPitch));
       c.ring_full[p] = cute::cast_smem_ptr_to_uint(&full[u % (2 * Buffers)]);
       c.ring_empty[p] = cute::cast_smem_ptr_to_uint(&empty[b]);
       c.ring_parity |= (uint32_t(u / (2 * Buffers)) & 1u) << p;
@@ -194,63 +174,68 @@ struct TileRing {
         // on it (the node's visit says why). No generic-proxy stores into the ring at all: an
         // earlier version zero-filled them, and a part with nothing to copy then raced with its readers under
         // compute-sanitizer racecheck and in a 1x2 cluster (2026-12-02).
-#ifdef COMFUSE_RING_BOXES
-        (void)rows;
-        (void)bytes;
-        __syncwarp();
-        if (lane == 0) {   // every box counts its full bytes, out-of-range parts (zeros) included
-          mbar::arrive_expect_tx(full_bar, uint32_t(Slots * kSlotBytes));
-          CUTLASS_PRAGMA_UNROLL
-          for (int s = 0; s < Slots; ++s)
+        if constexpr (Boxes) {
+          __syncwarp();
+          if (lane == 0) {   // every box counts its full bytes, out-of-range parts (zeros) included
+            mbar::arrive_expect_tx(full_bar, uint32_t(Slots * kSlotBytes));
             CUTLASS_PRAGMA_UNROLL
-            for (int band = 0; band < kPartRows / ring_detail::kBoxRows; ++band)
+            for (int s = 0; s < Slots; ++s)
               CUTLASS_PRAGMA_UNROLL
-              for (int x = 0; x < kBoxesPerBand; ++x)
-                ring_detail::load_box(
-                    cute::cast_smem_ptr_to_uint(&buf[b][s][band * kPitch + x * ring_detail::kBoxBytes]), ptr[s],
-                    n0 + x * ring_detail::kBoxCols, r0 + band * ring_detail::kBoxRows, full_bar);
-        }
-        __syncwarp();
-        if (false) {
-#else
-        __syncwarp();
-        if (lane == 0) mbar::arrive_expect_tx(full_bar, uint32_t(Slots * rows * bytes));
-        __syncwarp();
-        if (bytes > 0) {
-#endif
-          CUTLASS_PRAGMA_UNROLL
-          for (int s = 0; s < Slots; ++s)
-            for (int r = lane; r < rows; r += 32) {
-              char const* src = static_cast<char const*>(ptr[s]) + (int64_t(r0 + r) * ld[s] + n0) * 2;
-              asm volatile(
-                  "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                      cute::cast_smem_ptr_to_uint(&buf[b][s][r * kPitch])),
-                  "l"(src), "r"(bytes), "r"(full_bar)
-                  : "memory");
-            }
+              for (int band = 0; band < kPartRows / ring_detail::kBoxRows; ++band)
+                CUTLASS_PRAGMA_UNROLL
+                for (int x = 0; x < kBoxesPerBand; ++x)
+                  ring_detail::load_box(
+                      cute::cast_smem_ptr_to_uint(&buf[b][s][band * kPitch + x * ring_detail::kBoxBytes]), ptr[s],
+                      n0 + x * ring_detail::kBoxCols, r0 + band * ring_detail::kBoxRows, full_bar);
+          }
+          __syncwarp();
+        } else {
+          __syncwarp();
+          if (lane == 0) mbar::arrive_expect_tx(full_bar, uint32_t(Slots * rows * bytes));
+          __syncwarp();
+          if (bytes > 0) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int s = 0; s < Slots; ++s)
+              for (int r = lane; r < rows; r += 32) {
+                char const* src = static_cast<char const*>(ptr[s]) + (int64_t(r0 + r) * ld[s] + n0) * 2;
+                asm volatile(
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                        cute::cast_smem_ptr_to_uint(&buf[b][s][r * kPitch])),
+                    "l"(src), "r"(bytes), "r"(full_bar)
+                    : "memory");
+              }
+          }
         }
       }
     }
   }
 };
 
+// A ring input's arguments; with boxes also its tensor map (encode_ring_map(&map, ptr, ld, M, N) on the host), which
+// the loader reads where it lies, in the kernel's __grid_constant__ parameters.
+template <class T, bool Boxes> struct RingInputArguments {
+  T const* ptr = nullptr;   // 16-byte aligned
+  int64_t ld = 0;           // row stride in elements, a multiple of 8
+};
+template <class T> struct RingInputArguments<T, true> {
+  T const* ptr = nullptr;
+  int64_t ld = 0;
+  CUtensorMap map{};
+};
+
 // The node. Slot: this input's place in the ring (Psi numbers the TileLoadRing nodes of a tree 0, 1, ...; a tree
-// never holds two nodes of one slot).
-template <class T, int Slot>
+// never holds two nodes of one slot). Boxes: the ring is filled by 2-D boxes (above); every ring node of a tree
+// agrees (the kernel's ring takes RingBoxes of the tree).
+template <class T, int Slot, bool Boxes = false>
 struct TileLoadRing {
   static_assert(sizeof(T) == 2, "the ring holds 16-bit tiles (bf16, f16)");
   static_assert(Slot >= 0 && Slot < kMaxRingSlots, "ring slot");
-  struct Arguments {
-    T const* ptr = nullptr;   // 16-byte aligned
-    int64_t ld = 0;           // row stride in elements, a multiple of 8
-#ifdef COMFUSE_RING_BOXES
-    CUtensorMap map{};        // encode_ring_map(&map, ptr, ld, M, N) on the host; the loader reads it in the parameters
-#endif
-  };
+  using Arguments = RingInputArguments<T, Boxes>;
   struct SharedStorage {};
   static constexpr int kStage = 0;
   static constexpr bool kUsesSmem = false;   // synchronized by its own mbarriers
   static constexpr int kRingSlots = Slot + 1;
+  static constexpr bool kRingBoxes = Boxes;
 
   uint32_t tile[2];   // SMEM address of this input's slot, per part, as tile row 0 would have it (TileRing::bind)
   uint32_t pitch;
@@ -259,9 +244,7 @@ struct TileLoadRing {
   bool split;          // two parts: row slots 0, 1 (rows 0-63) and 2, 3 (rows 64-127) come in separate buffers
   uint32_t raw[kMaxRowSlots][kMaxTileN / 8];
   uint32_t rowp[kMaxRowSlots];   // this lane's ldmatrix row address for each row slot (set at column slot 0)
-#ifdef COMFUSE_RING_BOXES
-  uint32_t swz[kMaxRowSlots];    // the lane's part of the row's swizzled chunk offset, in bytes
-#endif
+  uint32_t swz[kMaxRowSlots];    // boxes: the lane's part of the row's swizzled chunk offset, in bytes
   bool preloaded = false;
 
   CUTE_DEVICE TileLoadRing(Arguments const& a, SharedStorage&, TileCtx const& c)
@@ -269,11 +252,8 @@ struct TileLoadRing {
         pitch(uint32_t(c.ring_pitch)), full{c.ring_full[0], c.ring_full[1]}, empty{c.ring_empty[0], c.ring_empty[1]},
         parity(c.ring_parity), row0(c.ring_row0), split(c.ring_split) {
     if (c.ring_publish && c.thread == 0) {   // group 0's first tile: the loader reads these at kRingArgsBarrier
-#ifdef COMFUSE_RING_BOXES
-      c.ring_args->ptr[Slot] = &a.map;   // (a is in the kernel's __grid_constant__ parameters)
-#else
-      c.ring_args->ptr[Slot] = a.ptr;
-#endif
+      if constexpr (Boxes) c.ring_args->ptr[Slot] = &a.map;   // (a is in the kernel's __grid_constant__ parameters)
+      else c.ring_args->ptr[Slot] = a.ptr;
       c.ring_args->ld[Slot] = a.ld;
     }
     // Before the tile's mainloop, as TileLoad does: each thread asks L2 for one row of the tile, so the loader's bulk
@@ -301,24 +281,25 @@ struct TileLoadRing {
       // ldmatrix: lane l gives the address of row l % 8 of matrix l / 8 (column block col_slot + l / 8) of the
       // row slot's 8 rows; f.row_l is this lane's row (its quad's), so the 8 rows start at f.row_l - lane / 4.
       const int r = row0 + f.row_l - lane / 4 + lane % 8;
-#ifdef COMFUSE_RING_BOXES
-      // chunk col_slot + l / 8 of part row rp: with col_slot % 4 == 0 the chunk's bits do not carry, so its swizzle
-      // is (col_slot % 8) ^ (l / 8 ^ rp % 8): the lane's part (l / 8 ^ rp % 8) is kept beside the row's address
-      const int rp = r - (split && p ? 64 : 0);
-      rowp[f.row_slot] = (p ? tile[1] : tile[0]) + ring_detail::box_offset(rp, 0, int(pitch)) - uint32_t((rp & 7) << 4);
-      swz[f.row_slot] = uint32_t(((lane / 8) ^ (rp & 7)) << 4);
-#else
-      rowp[f.row_slot] = (p ? tile[1] : tile[0]) + uint32_t(r) * pitch + uint32_t(lane / 8) * 16u;
-#endif
+      if constexpr (Boxes) {
+        // chunk col_slot + l / 8 of part row rp: with col_slot % 4 == 0 the chunk's bits do not carry, so its
+        // swizzle is (col_slot % 8) ^ (l / 8 ^ rp % 8): the lane's part (l / 8 ^ rp % 8) is kept beside the row's
+        // address
+        const int rp = r - (split && p ? 64 : 0);
+        rowp[f.row_slot] = (p ? tile[1] : tile[0]) + ring_detail::box_offset(rp, 0, int(pitch)) - uint32_t((rp & 7) << 4);
+        swz[f.row_slot] = uint32_t(((lane / 8) ^ (rp & 7)) << 4);
+      } else {
+        rowp[f.row_slot] = (p ? tile[1] : tile[0]) + uint32_t(r) * pitch + uint32_t(lane / 8) * 16u;
+      }
     }
     if (f.col_slot % 4 == 0) {
       auto& w = raw[f.row_slot];
-#ifdef COMFUSE_RING_BOXES
-      const uint32_t at = rowp[f.row_slot] + uint32_t((f.col_slot >> 3) * ring_detail::kBoxBytes) +
-                          (uint32_t((f.col_slot & 7) << 4) ^ swz[f.row_slot]);
-#else
-      const uint32_t at = rowp[f.row_slot] + uint32_t(f.col_slot) * 16u;
-#endif
+      uint32_t at;
+      if constexpr (Boxes)
+        at = rowp[f.row_slot] + uint32_t((f.col_slot >> 3) * ring_detail::kBoxBytes) +
+             (uint32_t((f.col_slot & 7) << 4) ^ swz[f.row_slot]);
+      else
+        at = rowp[f.row_slot] + uint32_t(f.col_slot) * 16u;
       ring_detail::ldmatrix_x4(at, w[f.col_slot], w[f.col_slot + 1], w[f.col_slot + 2], w[f.col_slot + 3]);
     }
     preloaded = true;
@@ -331,13 +312,13 @@ struct TileLoadRing {
     // A parent that does not forward preload(): read the fragment's word directly.
     const int p = part_of(f);
     wait_for_part(f, p);
-#ifdef COMFUSE_RING_BOXES
-    const int rp = row0 + f.row_l - (split && p ? 64 : 0);
-    return Elem<T>::from_word(lds_b32((p ? tile[1] : tile[0]) + ring_detail::box_offset(rp, f.col_l / 8, int(pitch)) +
-                                      uint32_t(f.col_l % 8) * 2u));
-#else
-    return Elem<T>::from_word(lds_b32((p ? tile[1] : tile[0]) + uint32_t(row0 + f.row_l) * pitch + uint32_t(f.col_l) * 2u));
-#endif
+    if constexpr (Boxes) {
+      const int rp = row0 + f.row_l - (split && p ? 64 : 0);
+      return Elem<T>::from_word(lds_b32((p ? tile[1] : tile[0]) + ring_detail::box_offset(rp, f.col_l / 8, int(pitch)) +
+                                        uint32_t(f.col_l % 8) * 2u));
+    } else {
+      return Elem<T>::from_word(lds_b32((p ? tile[1] : tile[0]) + uint32_t(row0 + f.row_l) * pitch + uint32_t(f.col_l) * 2u));
+    }
   }
   // The stage that reads the input is over for this thread: every value it read has been used, so its reads are
   // complete, and the loader may refill the buffers once every reader has arrived. (An earlier version arrived on
@@ -351,7 +332,4 @@ struct TileLoadRing {
   }
 };
 
-#ifdef COMFUSE_RING_BOXES
-}  // inline namespace ring_boxes
-#endif
 }  // namespace comfuse::epi
