@@ -27,6 +27,11 @@ bool is_leaf(const Node& n) { return n.op == OpKind::Input || n.op == OpKind::Co
 // A value its own dtype holds exactly: the result of a cast to that dtype (stored in it, nothing is rounded).
 bool exact_in_own_dtype(const Node& n) { return n.op == OpKind::Cast && n.cast_to == n.dtype; }
 
+// A reader that rounds its operand to dtype d before anything else: a matmul of d, a cast to d.
+bool rounds_to(const Node& reader, DType d) {
+  return (reader.op == OpKind::MatMul && reader.dtype == d) || (reader.op == OpKind::Cast && reader.cast_to == d);
+}
+
 // `seen` is scratch (all entries != stamp, which is unique per call): no O(nodes) clearing per query.
 bool depends_on(const Graph& g, int id, int target, std::vector<int>& seen, int stamp) {
   std::vector<int> stack{id};
@@ -276,18 +281,14 @@ class Partitioner {
         const DType d = g.node(o.node).dtype;
         if (o.dtype != DType::F32 || o.per_row || (d != DType::BF16 && d != DType::F16)) continue;
         auto reads_at_d = [&](int u) {
-          const Node& r = g.node(u);
-          if ((r.op == OpKind::MatMul && r.dtype == d) || (r.op == OpKind::Cast && r.cast_to == d)) return true;
+          if (rounds_to(g.node(u), d)) return true;
           if (claimed[u] == ri) return true;   // (not a reader outside the region: widen_handed_on kept it)
           if (claimed[u] < 0 || claimed[u] >= regions) return false;
           for (const RuntimeParam& prm : p.regions[claimed[u]].spec.params)
             if (prm.node == o.node) return prm.kind == BroadcastKind::Tile && prm.dtype == d;
           return false;
         };
-        auto rounds_to_d = [&](int u) {
-          const Node& r = g.node(u);
-          return claimed[u] != ri && ((r.op == OpKind::MatMul && r.dtype == d) || (r.op == OpKind::Cast && r.cast_to == d));
-        };
+        auto rounds_to_d = [&](int u) { return claimed[u] != ri && rounds_to(g.node(u), d); };
         if (std::any_of(users[o.node].begin(), users[o.node].end(), rounds_to_d) &&
             std::all_of(users[o.node].begin(), users[o.node].end(), reads_at_d))
           o.dtype = d;
@@ -515,11 +516,7 @@ class Partitioner {
   void widen_handed_on(FusionSpec& spec) {
     for (auto& o : spec.outputs) {
       if (exact_in_own_dtype(g.node(o.node))) continue;
-      auto rounds_first = [&](int u) {
-        const Node& r = g.node(u);
-        return in_region[u] || (r.op == OpKind::MatMul && r.dtype == o.dtype) ||
-               (r.op == OpKind::Cast && r.cast_to == o.dtype);
-      };
+      auto rounds_first = [&](int u) { return in_region[u] || rounds_to(g.node(u), o.dtype); };
       if (!std::all_of(users[o.node].begin(), users[o.node].end(), rounds_first)) o.dtype = DType::F32;
     }
   }

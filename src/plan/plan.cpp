@@ -458,7 +458,7 @@ Nearest nearest_measurement(const FusionSpec& fs, const std::string& cls, const 
 // 26.8.
 double unmeasured_library_pass_us(PlanDecision& d, const FusionSpec& fs, const std::string& cls,
                                   const std::vector<MeasuredRow>& table) {
-  const EpilogueCost mine = epilogue_cost(fs);
+  const EpilogueCost& mine = d.epilogue;   // (fused_estimate's epilogue_cost(fs))
   const bool reduces = mine.row_reductions > 0;
   const MeasuredRow* ref = nullptr;
   double ref_us = 0, ref_bytes = 0;
