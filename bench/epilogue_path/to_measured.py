@@ -10,9 +10,11 @@ import csv
 import re
 import sys
 
-# ours_res_<reg|ring>_<store|async>_<c1x1|c1x2|coop128x256_c2x1>: the planner config it measured (names with a
-# suffix after the cluster - a fixed tile order, unordered epilogues - or 32-column boxes are bench variants only)
-NAME = re.compile(r"^ours_res_(reg|ring)_(store|async)_(c\dx\d|coop128x256_c\dx\d)$")
+# ours_res_<reg|ringbox>_<store|async>_<c1x1|c1x2|coop128x256_c2x1>: the planner config it measured (names with a
+# suffix after the cluster - a fixed tile order, unordered epilogues - or 32-column boxes are bench variants only).
+# The ring form '_rr' is the ring filled by 64 x 64 boxes, as Psi renders it; the row-by-row ring ('ring') is not a
+# planner config any more.
+NAME = re.compile(r"^ours_res_(reg|ringbox)_(store|async)_(c\dx\d|coop128x256_c\dx\d)$")
 
 
 def config_of(name: str):
@@ -21,7 +23,7 @@ def config_of(name: str):
         return None
     form, store, cl = m.groups()
     cfg = "128x256x64_" + cl.split("_")[1] + "_coop" if cl.startswith("coop") else "128x128x64_" + cl
-    return cfg + ("_rr" if form == "ring" else "") + ("_as" if store == "async" else "")
+    return cfg + ("_rr" if form == "ringbox" else "") + ("_as" if store == "async" else "")
 
 
 def main() -> None:

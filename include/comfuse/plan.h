@@ -128,6 +128,11 @@ struct PlanOptions {
   std::optional<Transport> transport;   // the row reductions' exchange; the cluster follows it
   std::optional<bool> merge;            // merged reduction pairs where the Spec has them (psi_merges)
   std::optional<RegionForm> form;       // the form every region runs in where it can (run --check of either form)
+  // Every fused region in this config (a config name, `--config`; A/B benchmarks, run --check of one form): its
+  // tile-input form, merged pairs and transport where the region has tile inputs, pairs and an exchange (the
+  // planner's transport where the name has none), the cluster the transport needs. The fused form, no config search.
+  // PlanError where Psi cannot render a region in it.
+  std::optional<KernelConfig> config;
 };
 
 // The library form's config for fs: a pass of 64 x 128 tiles (64 x 256 fragments for two GEMMs on one A: an output

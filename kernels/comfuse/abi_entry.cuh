@@ -41,8 +41,11 @@ struct EntryPoints {
   // The library form (pass.cuh): the library GEMM and the pass, whose scratch is part of the workspace.
   static constexpr bool kLibraryForm = IsLibraryForm<Kernel>::value;
 
-  static typename Kernel::Arguments arguments(ComfuseKernelArgs const& a) {
+  // The kernel's arguments; `refused` (where given) gets why they cannot be made, or nullptr.
+  static typename Kernel::Arguments arguments(ComfuseKernelArgs const& a, char const** refused = nullptr) {
     typename T::Pointers p{};
+    p.m = a.m;
+    p.n = a.n;
     for (int i = 0; i < T::kOutputs; ++i) p.out[i] = a.out[i];
     for (int i = 0; i < T::kParams; ++i) p.param[i] = a.param[i];
     p.ws.partials = a.ws_partials;
@@ -63,6 +66,7 @@ struct EntryPoints {
       k.ldb2 = a.ldb;
     }
     k.epi = T::make_args(p, a.ld);
+    if (refused) *refused = p.refused;
     k.transport = reduce::Transport(a.transport);
     k.reduce_counters = a.ws_counters;
     if constexpr (kLibraryForm) {
@@ -128,7 +132,10 @@ struct EntryPoints {
     for (int i = 0; i < T::kParams; ++i)
       if (reinterpret_cast<uintptr_t>(a->param[i]) % 16 != 0)
         return fail(why, len, "every parameter tensor must be 16-byte aligned (the epilogue loads 16 bytes at a time)", 1);
-    if (char const* r = Kernel::can_implement(arguments(*a))) return fail(why, len, r, 1);
+    char const* refused = nullptr;
+    const typename Kernel::Arguments args = arguments(*a, &refused);
+    if (refused) return fail(why, len, refused, 1);
+    if (char const* r = Kernel::can_implement(args)) return fail(why, len, r, 1);
     return 0;
   }
 

@@ -36,9 +36,23 @@ struct Pointers {
   void* out[Outputs > 0 ? Outputs : 1];
   void const* param[Params > 0 ? Params : 1];
   reduce::L2Workspace ws;  // the reductions' cross-CTA workspace (unused without reductions)
+  int64_t m = 0, n = 0;    // the launch's rows and columns (a tile input is [m, n])
+  // Why the arguments cannot be made (a tensor map the driver refused), or nullptr; the ABI entry's check refuses
+  // the launch with it before any GPU work.
+  mutable char const* refused = nullptr;
 
   template <class T> T* output(int i) const { return static_cast<T*>(out[i]); }
   template <class T> T const* input(int i) const { return static_cast<T const*>(param[i]); }
+  // Tile input i read through the CTA's ring in 64 x 64 boxes (TileLoadRing<T, Slot, true>): its pointer, row
+  // stride and tensor map, encoded here on the host once per argument set (the entry points cache the parameters).
+  template <class T> epi::RingInputArguments<T, true> ring_box_input(int i, int64_t ld) const {
+    epi::RingInputArguments<T, true> a;
+    a.ptr = input<T>(i);
+    a.ld = ld;
+    if (m > 0 && n > 0 && epi::encode_ring_map(&a.map, a.ptr, ld, m, n) != CUDA_SUCCESS)
+      refused = "the driver refused the tensor map of a tile input read in boxes (cuTensorMapEncodeTiled)";
+    return a;
+  }
 };
 
 // Row reductions of an epilogue: StageStream's count, 0 for a single-stage tree.

@@ -63,6 +63,9 @@ const char* kUsage =
     "  --form fused|library (plan, emit, run, bench, aot): every region in that form where it can be: the fused\n"
     "  kernel, or the library form (cuBLASLt's GEMM, then the epilogue as one generated pass); default: the\n"
     "  form the planner estimates faster, from its measurements (docs/codegen.md)\n"
+    "  --config NAME (plan, emit, run, bench, aot): every fused region in that kernel config, e.g.\n"
+    "  128x128x64_c1x2_rr (tile, cluster, then _coop _mg _rg|_sr|_rr _as _l2|_p2p|_leader; each suffix where the\n"
+    "  region has what it applies to); an error where a region cannot run in it; default: the planner's choice\n"
     "  --merge on|off (emit, run, bench, aot): a LayerNorm's or softmax's two chained reductions in one cross-CTA\n"
     "  exchange wherever the kernels can, or never; default: the planner's choice, from its measurements\n"
     "  --defer-norms on|off (plan, emit, run, bench, aot): a LayerNorm / RMSNorm whose readers are GEMMs with\n"
@@ -142,6 +145,17 @@ std::string form_arg(const Args& a) {
   return f;
 }
 
+// --config NAME: every fused region in that config (PlanOptions::config); nullopt where not given.
+std::optional<KernelConfig> config_arg(const Args& a) {
+  const std::string c = a.get("config");
+  if (c.empty()) return std::nullopt;
+  KernelConfig k;
+  if (!parse_config(c, k) || k.library)
+    throw UsageError("--config must be a fused kernel config such as 128x128x64_c1x2_rr, got '" + c + "'");
+  if (form_arg(a) == "library") throw UsageError("--config names a fused kernel: not with --form library");
+  return k;
+}
+
 // --defer-norms on|off: LayerNorm / RMSNorm finished in the GEMMs that read them (default off).
 std::string defer_arg(const Args& a) {
   const std::string d = a.get("defer-norms");
@@ -168,6 +182,7 @@ int cmd_plan(const Args& a) {
   std::cout << "\nplan (from src/plan/measured.csv):\n";
   PlanOptions po;
   if (const std::string f = form_arg(a); !f.empty()) po.form = f == "library" ? RegionForm::Library : RegionForm::Fused;
+  po.config = config_arg(a);
   for (size_t i = 0; i < p.regions.size(); ++i) {
     PlanDecision d = plan_region(p.regions[i].spec, po);
     std::cout << "  region " << i << ": ";
@@ -232,17 +247,26 @@ int cmd_emit(const Args& a) {
   Partition p = program_partition(a, kDefaultRows);  // the source does not depend on rows
   make_output_dir(dir);
   const bool library = form_arg(a) == "library";
+  PlanOptions asked;
+  asked.config = config_arg(a);
   for (size_t i = 0; i < p.regions.size(); ++i) {
     try {
       KernelConfig cfg;   // the default config: the source for reading, not the planner's choice
+      if (asked.config) {   // the asked config, as the planner fits it to the region
+        try {
+          cfg = plan_region(p.regions[i].spec, asked).config;
+        } catch (const PlanError& e) {
+          throw CodegenError(e.what());
+        }
+      }
       if (library) {      // the library form's pass, in the config the planner gives it
         std::string why;
         auto lib = library_config_for(p.regions[i].spec, &why);
         if (!lib) throw CodegenError(why);
         cfg = *lib;
       }
-      cfg.merged = merge && psi_merges(p.regions[i].spec);
-      cfg.parts = parts == "on";
+      if (!asked.config || !merge_arg(a).empty()) cfg.merged = merge && psi_merges(p.regions[i].spec);
+      if (!asked.config || !parts.empty()) cfg.parts = parts == "on";
       GeneratedKernel k = generate_kernel(p.regions[i].spec, cfg);
       fs::path out = fs::path(dir) / (k.name + ".cu");
       write_text_file(out, k.source);
@@ -401,6 +425,8 @@ CompilerOptions compiler_options(const Args& a) {
   o.transport = a.get("transport");
   o.merge = merge_arg(a);
   o.form = form_arg(a);
+  config_arg(a);   // (checked here, before any GPU work)
+  o.config = a.get("config");
   o.defer_norms = defer_arg(a);
   o.b2b = b2b_arg(a);
   if (int64_t r = rows_arg(a)) o.rows = r;   // the planner tunes for the rows this command runs
@@ -486,6 +512,7 @@ void check_compile_flags(const Args& a) {
   b2b_arg(a);
   if (a.get("aot").empty()) return;
   if (!a.get("form").empty()) throw UsageError("--form is fixed when the kernels were compiled: not with --aot");
+  if (!a.get("config").empty()) throw UsageError("--config is fixed when the kernels were compiled: not with --aot");
   if (!a.get("transport").empty())
     throw UsageError("--transport is fixed when the kernels were compiled: not with --aot");
   if (!a.get("merge").empty()) throw UsageError("--merge is fixed when the kernels were compiled: not with --aot");
@@ -627,18 +654,18 @@ int main(int argc, char** argv) {
   }
   std::string cmd = argv[1];
   try {
-    if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms", "form"}));
+    if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms", "form", "config"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
-    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts", "defer-norms", "form"}));
+    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts", "defer-norms", "form", "config"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
       return cmd_run(
           parse_args(argc, argv, {"check"},
-                     {"inputs", "outputs", "transport", "merge", "b2b", "aot", "seed", "rows", "launches", "defer-norms", "form"}));
+                     {"inputs", "outputs", "transport", "merge", "b2b", "aot", "seed", "rows", "launches", "defer-norms", "form", "config"}));
     if (cmd == "bench")
       return cmd_bench(
-          parse_args(argc, argv, {}, {"iters", "transport", "merge", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms", "form"}));
-    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "b2b", "rows", "defer-norms", "form"}));
+          parse_args(argc, argv, {}, {"iters", "transport", "merge", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms", "form", "config"}));
+    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "b2b", "rows", "defer-norms", "form", "config"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const ParseError& e) {

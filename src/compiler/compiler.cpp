@@ -52,6 +52,13 @@ PlanOptions plan_options(const CompilerOptions& o) {
       throw CompileError("unknown form '" + o.form + "' (fused, library, or empty for the planner's choice)");
     p.form = o.form == "library" ? RegionForm::Library : RegionForm::Fused;
   }
+  if (!o.config.empty()) {
+    KernelConfig c;
+    if (!parse_config(o.config, c) || c.library)
+      throw CompileError("unknown config '" + o.config + "' (a fused config name such as 128x128x64_c1x2_rr)");
+    if (p.form == RegionForm::Library) throw CompileError("a config (" + o.config + ") is a fused kernel's: not with the library form");
+    p.config = c;
+  }
   return p;
 }
 
@@ -109,7 +116,7 @@ void add_form_candidates(PlanDecision& d, const FusionSpec& spec, const PlanOpti
     d.candidates = {*d.library};
     d.candidates_reason = "the library form: one pass config";
   }
-  if (opts.form || !d.library || spec.num_stages() != 1 || d.fused_us < 0 || d.library_us < 0) return;
+  if (opts.form || opts.config || !d.library || spec.num_stages() != 1 || d.fused_us < 0 || d.library_us < 0) return;
   const double mine = library ? d.library_us : d.fused_us, other = library ? d.fused_us : d.library_us;
   if (other > mine * kCandidateSlack) return;
   const std::string within = " form estimated within " + fixed(100 * (kCandidateSlack - 1), 0) + "% (" +

@@ -711,6 +711,22 @@ PlanDecision plan_fitted(const FusionSpec& fs, const PlanOptions& opts, const st
       d.reason += std::string("; reduction pairs ") + (was ? "not merged" : "merged") + " (merge=" +
                   (*opts.merge ? "on" : "off") + ": the estimate above is for the planner's form)";
   }
+  if (opts.config) {   // the caller's config (PlanOptions::config): the parts of it that apply to this region
+    KernelConfig c = *opts.config;
+    if (c.library) throw PlanError("config " + config_name(c) + " is the library form's: give a fused config (or --form library)");
+    if (!c.tile_input) c.tile_input = TileInputForm::Registers;   // (a name without a form: as a measured row's)
+    if (!has_tile_param(fs)) c.tile_input.reset();
+    c.merged = c.merged && psi_merges(fs);
+    if (!exchanges(fs)) c.transport = Transport::None;
+    else if (c.transport == Transport::None) c.transport = d.config.transport;
+    if (std::string why = fit_transport(c, fs); !why.empty()) throw PlanError("config " + config_name(c) + ": " + why);
+    if (auto why = psi_rejects(fs, c)) throw PlanError("the asked config cannot serve this region: " + *why);
+    d.reason += "; runs in config " + config_name(c) + " as asked (--config), the estimate above is the planner's config's";
+    d.config = c;
+    d.candidates = {c};
+    d.candidates_reason = "as asked (--config): no config search";
+    return d;
+  }
   if (d.candidates.empty() || fs.num_stages() > 1) d.candidates = {d.config};
   d.candidates[0] = d.config;
   return d;
@@ -739,7 +755,9 @@ void choose_form(PlanDecision& d, const FusionSpec& fs, const PlanOptions& opts)
   const std::string estimates =
       estimated ? fmt(" [fused ~%.0f us, library form ~%.0f us", d.fused_us, d.library_us) + "; " + d.library_basis + "]" : "";
   bool wanted = false;
-  if (opts.form) {
+  if (opts.config) {
+    d.form_reason = "as asked (--config " + config_name(*opts.config) + ")" + estimates;
+  } else if (opts.form) {
     wanted = *opts.form == RegionForm::Library;
     if (wanted && !d.library)
       throw PlanError("the library form was asked for, but it cannot serve this region: " + d.library_reason);

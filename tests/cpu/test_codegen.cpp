@@ -164,8 +164,9 @@ TEST(Codegen, MergedPairsRenderTheHandComposedTrees) {
             "StageStream<Stage<LocalReduce<RowReduce::Max, 0, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>>, "
             "Stage<Outputs<AccEntry, MergedReduce<Merge::ShiftedExp, RowReduce::Sum, 1, " + shifted0 + ">>, "
             "Stage<Store<bf16, Compute<ops::Div, " + shifted0 + ", RowResult<1>>>>>>>");
-  // K > 1024: the residual comes through the CTA's tile ring (TileLoadRing), as in PostNormMergedRing
-  const std::string x = "Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoadRing<bf16, 0>>";
+  // K > 1024: the residual comes through the CTA's tile ring (TileLoadRing, filled by 64 x 64 boxes), as in
+  // PostNormMergedRing
+  const std::string x = "Compute<ops::Add, Compute<ops::Add, AccEntry, RowBroadcast<bf16>>, TileLoadRing<bf16, 0, true>>";
   const std::string centered = "Compute<ops::Sub, AccEntry, RowResult<0>>";
   auto affine = [&](const std::string& r) {
     return "Compute<ops::Add, Compute<ops::Mul, Compute<ops::Mul, " + centered + ", Compute<ops::Rsqrt, "
@@ -371,7 +372,7 @@ TEST(Codegen, StagesTileInputsAtShortKWhereTheyFit) {
   EXPECT_EQ(psi_tile_input_form(fs, pingpong), TileInputForm::Staged);
   fs.gemm.k = 4096;                                         // long K: the stages are worth more; one CTA-wide buffer
   EXPECT_EQ(type(fs, pingpong).find("TileLoadStaged"), std::string::npos);
-  EXPECT_NE(type(fs, pingpong).find("TileLoadRing<bf16, 0>"), std::string::npos);
+  EXPECT_NE(type(fs, pingpong).find("TileLoadRing<bf16, 0, true>"), std::string::npos);   // in 64 x 64 boxes
   EXPECT_EQ(psi_tile_input_form(fs, pingpong), TileInputForm::Ring);
   EXPECT_STREQ(tile_input_suffix(psi_tile_input_form(fs, pingpong)), "_rr");
   EXPECT_EQ(type(fs, coop).find("TileLoadRing"), std::string::npos);   // 128 x 256 CTA tile: over the budget
@@ -475,7 +476,7 @@ TEST(Codegen, HfRmsNormSharesTheStoredResidualStream) {
     return n;
   };
   EXPECT_EQ(count("TileLoad"), 1) << type;
-  EXPECT_EQ(count("Store<bf16, Compute<ops::Add, TileLoadRing<bf16, 0>, AccEntry>>"), 1) << type;
+  EXPECT_EQ(count("Store<bf16, Compute<ops::Add, TileLoadRing<bf16, 0, true>, AccEntry>>"), 1) << type;
   EXPECT_NE(type.find("Reduce<RowReduce::Mean, 0, Store<bf16, "), std::string::npos) << type;
   EXPECT_NE(type.find(", ops::PowInt<2>>"), std::string::npos) << type;
   EXPECT_EQ(psi_tile_input_form(fs, KernelConfig{}), TileInputForm::Ring);

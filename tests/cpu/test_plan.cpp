@@ -505,7 +505,10 @@ TEST(Plan, AResidualIsReadInTheFormMeasuredFastest) {
   // the Spec's kernel is rendered in the form planned
   const std::string ring_src = generate_kernel(spec_of(gemm(16384, 1024, 1024, rms)), short_k.config).source;
   EXPECT_NE(ring_src.find("TileLoadRing<"), std::string::npos);
-  EXPECT_NE(ring_src.find("tile inputs through the tile ring (the planner's measured choice)"), std::string::npos);
+  EXPECT_NE(ring_src.find("tile inputs through the tile ring, filled by 64x64 TMA boxes (the planner's measured choice)"),
+            std::string::npos);
+  // the boxes' tensor map is encoded on the host, from the launch's rows and columns, once per argument set
+  EXPECT_NE(ring_src.find("{p.ring_box_input<bf16>("), std::string::npos) << ring_src;
   EXPECT_EQ(generate_kernel(spec_of(gemm(8192, 4096, 4096, rms_long)), long_k.config).source.find("TileLoadRing<"),
             std::string::npos);
   // a form Psi cannot render for the Spec is refused with the reason (no residual to stage)
@@ -711,4 +714,47 @@ TEST(PlanForms, WhatNoKernelServesIsNotOfferedALibraryForm) {
   EXPECT_FALSE(d.library.has_value());
   EXPECT_EQ(d.form, RegionForm::Fused) << "(the plain path runs it: CompiledRegion::plain)";
   EXPECT_NE(d.library_reason.find("plain path"), std::string::npos) << d.library_reason;
+}
+
+// A config the caller names (--config) runs every fused region, fitted to each: the tile-input form where the region
+// has a tile input, the planner's transport and the cluster it needs where it exchanges rows; no config search; and
+// a config Psi cannot render is an error that says why.
+TEST(PlanForms, AnAskedConfigIsFittedToEachRegionOrRefusedWithTheReason) {
+  KernelConfig ring;
+  ASSERT_TRUE(parse_config("128x128x64_c1x2_rr", ring));
+  PlanOptions asked;
+  asked.config = ring;
+  const FusionSpec res = spec_of(gemm(8192, 1024, 1024, "input R : bf16[8192, 1024]\ny = add(h, R)\noutput y\n"));
+  PlanDecision r = plan_region(res, asked);
+  EXPECT_EQ(config_name(r.config), "128x128x64_c1x2_rr");
+  EXPECT_EQ(r.form, RegionForm::Fused);
+  ASSERT_EQ(r.candidates.size(), 1u);
+  EXPECT_EQ(r.candidates[0], r.config);
+  EXPECT_NE(r.form_reason.find("as asked (--config 128x128x64_c1x2_rr)"), std::string::npos) << r.form_reason;
+  EXPECT_NE(generate_kernel(res, r.config).source.find("TileLoadRing<bf16, 0, true>"), std::string::npos);
+  // no tile input: the ring suffix does not apply
+  const FusionSpec gelu = spec_of(gemm(8192, 1024, 1024, "y = gelu(add(h, b))\noutput y\n"));
+  EXPECT_EQ(config_name(plan_region(gelu, asked).config), "128x128x64_c1x2");
+  // a row exchange: the planner's transport, and the cluster it needs (L2: none)
+  const FusionSpec ln = spec_of(gemm(8192, 1024, 8192, "input R : bf16[8192, 8192]\ny = layer_norm(add(h, R), g, beta)\noutput y\n"));
+  const PlanDecision planned = plan_region(ln);
+  const PlanDecision fitted = plan_region(ln, asked);
+  EXPECT_EQ(fitted.config.transport, planned.config.transport);
+  EXPECT_EQ(fitted.config.tile_input, TileInputForm::Ring);
+  if (fitted.config.transport == Transport::L2) EXPECT_EQ(fitted.config.cluster_n, 1);
+  // what Psi cannot render is refused with its reason
+  KernelConfig tall;
+  ASSERT_TRUE(parse_config("128x256x64_c1x1_rr", tall));
+  asked.config = tall;
+  try {
+    plan_region(res, asked);
+    ADD_FAILURE() << "a PingPong 128x256 tile was accepted";
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("the asked config cannot serve this region: "), std::string::npos) << e.what();
+  }
+  // the library form's names are not fused configs
+  KernelConfig lib;
+  ASSERT_TRUE(parse_config("lib128_c1x1", lib));
+  asked.config = lib;
+  EXPECT_THROW(plan_region(res, asked), PlanError);
 }
