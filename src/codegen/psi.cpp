@@ -21,6 +21,7 @@
 #include <iomanip>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <sstream>
 
@@ -227,12 +228,16 @@ class Psi {
 
   // How many TileLoadStaged / TileLoadRing nodes the epilogue type holds with its aliases expanded. Each has its own
   // SMEM, and a value read twice is instantiated twice (the type is a tree, not a DAG): min(R, ...) squared holds two.
+  // A ring node under Shared<> counts once: its instances share the slot.
   int smem_tile_nodes() const {
-    return count_nodes(form_ == TileInputForm::Ring ? "TileLoadRing<" : "TileLoadStaged<", epilogue_type(0));
+    return form_ == TileInputForm::Ring ? count_nodes("TileLoadRing<", epilogue_type(0), true)
+                                        : count_nodes("TileLoadStaged<", epilogue_type(0));
   }
-  // How many `node` instances (a template name with its '<') the type `t` holds, its aliases expanded.
-  int count_nodes(const std::string& node, const std::string& t) const {
+  // How many `node` instances (a template name with its '<') the type `t` holds, its aliases expanded; with
+  // `shared_once`, a Shared<> alias's nodes count at its first instance only.
+  int count_nodes(const std::string& node, const std::string& t, bool shared_once = false) const {
     std::map<std::string, int> memo;
+    std::set<std::string> seen_shared;
     std::function<int(const std::string&)> count = [&](const std::string& t) {
       int c = 0;
       for (size_t at = t.find(node); at != std::string::npos; at = t.find(node, at + 1)) ++c;
@@ -245,8 +250,9 @@ class Psi {
         while (j < t.size() && (std::isalnum(static_cast<unsigned char>(t[j])) || t[j] == '_')) ++j;
         const std::string w = t.substr(i, j - i);
         if (auto a = alias_types_.find(w); a != alias_types_.end()) {
+          const bool again = shared_once && a->second.rfind("Shared<", 0) == 0 && !seen_shared.insert(w).second;
           auto m = memo.find(w);
-          c += m != memo.end() ? m->second : (memo[w] = count(a->second));
+          if (!again) c += m != memo.end() ? m->second : (memo[w] = count(a->second));
         }
         i = j;
       }
@@ -548,8 +554,9 @@ class Psi {
       const std::string math = infix(n.op) ? a + infix(n.op) + b : std::string(op_name(n.op)) + "(" + a + ", " + b + ")";
       Rendered r{std::string("Compute<") + f + ", " + a + ", " + b + ">", "{" + ai + ", " + operand_args(k, n, 1) + "}", math};
       // a loaded value read from two places (h = acc + R, stored and also scaled or reduced): computed, and R
-      // loaded, once per fragment (in the tile-input forms each instance has its own SMEM copy anyway)
-      return form_ == TileInputForm::Registers && loads_tile(k, n) ? shared(k, n, r) : r;
+      // loaded, once per fragment (the staged form gives each instance its own SMEM copy anyway; the ring holds one
+      // copy per slot, which the first instance reads and both release once)
+      return form_ != TileInputForm::Staged && loads_tile(k, n) ? shared(k, n, r) : r;
     }
     if (n.op == OpKind::Neg) return unary(f, "-" + a);
     if (n.op == OpKind::GeluTanh) return unary(f, "gelu_tanh(" + a + ")");   // op_name says "gelu" for both

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "comfuse/codegen.h"
@@ -390,10 +391,13 @@ TEST(Codegen, StagesTileInputsAtShortKWhereTheyFit) {
   EXPECT_EQ(psi_tile_input_form(t, pingpong), TileInputForm::Registers);
   EXPECT_EQ(type(t, pingpong).find("TileLoadStaged"), std::string::npos);
   EXPECT_NE(type(t, pingpong).find("TileLoad<bf16>"), std::string::npos);
-  FusionSpec t_long = t;                                    // the ring holds one input tile: the same there
+  // The ring holds one copy of the tile per slot: min(h, R) is one node under Shared<>, whose instances read slot 0
+  // once per fragment and release it once (TileCtx::ring_released).
+  FusionSpec t_long = t;
   t_long.gemm.k = 4096;
-  EXPECT_EQ(psi_tile_input_form(t_long, pingpong), TileInputForm::Registers);
-  EXPECT_EQ(type(t_long, pingpong).find("TileLoadRing"), std::string::npos);
+  EXPECT_EQ(psi_tile_input_form(t_long, pingpong), TileInputForm::Ring);
+  EXPECT_NE(type(t_long, pingpong).find("Shared<0, Compute<ops::Min, AccEntry, TileLoadRing<bf16, 0, true>>>"),
+            std::string::npos) << type(t_long, pingpong);
 }
 
 // Every staged residual tile takes its own SMEM, and a value read twice instantiates its subtree twice: over random
@@ -476,7 +480,7 @@ TEST(Codegen, HfRmsNormSharesTheStoredResidualStream) {
     return n;
   };
   EXPECT_EQ(count("TileLoad"), 1) << type;
-  EXPECT_EQ(count("Store<bf16, Compute<ops::Add, TileLoadRing<bf16, 0, true>, AccEntry>>"), 1) << type;
+  EXPECT_EQ(count("Store<bf16, Shared<0, Compute<ops::Add, TileLoadRing<bf16, 0, true>, AccEntry>>>"), 1) << type;
   EXPECT_NE(type.find("Reduce<RowReduce::Mean, 0, Store<bf16, "), std::string::npos) << type;
   EXPECT_NE(type.find(", ops::PowInt<2>>"), std::string::npos) << type;
   EXPECT_EQ(psi_tile_input_form(fs, KernelConfig{}), TileInputForm::Ring);
@@ -517,7 +521,15 @@ TEST(Codegen, StagedTilesStayWithinTheirSmemBudget) {
           for (size_t at = type.find(w); at != std::string::npos; at = type.find(w, at + 1)) ++n;
           return n;
         };
-        const int n = count("TileLoadStaged<"), ring = count("TileLoadRing<");
+        const int n = count("TileLoadStaged<");
+        // the ring's slots (its instances beyond one per slot are a Shared<> node's)
+        std::set<std::string> slots;
+        for (size_t at = type.find("TileLoadRing<"); at != std::string::npos; at = type.find("TileLoadRing<", at + 1)) {
+          const size_t comma = type.find(", ", at);
+          slots.insert(type.substr(comma + 2, type.find_first_of(",>", comma + 2) - comma - 2));
+        }
+        const int ring = static_cast<int>(slots.size());
+        if (count("TileLoadRing<") > ring) EXPECT_NE(type.find("Shared<"), std::string::npos) << src;
         const TileInputForm form = psi_tile_input_form(*fs, c);
         EXPECT_EQ(n > 0, form == TileInputForm::Staged) << src;
         EXPECT_EQ(ring > 0, form == TileInputForm::Ring) << src;

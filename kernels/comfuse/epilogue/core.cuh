@@ -83,6 +83,9 @@ struct TileCtx {
   int ring_row0 = 0;               // this group's first row in the ring's CTA tile (Cooperative group 1: 64)
   RingArgs* ring_args = nullptr;   // where the nodes publish their inputs for the loader (once)
   bool ring_publish = false;       // this tree publishes them (group 0's first tile)
+  // Bit s: this thread has released ring slot s of this tile (TileLoadRing::end_stage). A slot read from two places
+  // is one node instantiated twice under Shared<> (h = acc + R stored and scaled): its buffer is released once.
+  mutable uint32_t ring_released = 0;
 };
 
 // Where a fragment lives. Element j of the fragment is output (row, col + j).

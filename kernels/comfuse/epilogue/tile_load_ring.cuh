@@ -125,6 +125,7 @@ struct TileRing {
   // The tile context of tile j (the CTA's j-th tile): where its parts' buffers and barriers are.
   CUTE_DEVICE void bind(TileCtx& c, int j, int row0) {
     c.ring_parity = 0;
+    c.ring_released = 0;
     CUTLASS_PRAGMA_UNROLL
     for (int p = 0; p < Parts; ++p) {
       const int u = Parts * j + p;
@@ -328,7 +329,10 @@ struct TileLoadRing {
   // complete, and the loader may refill the buffers once every reader has arrived. (An earlier version arrived on
   // a buffer's `empty` right after issuing its last ldmatrix, before the values were used: in 1x2 and 2x1 clusters
   // the loader's next bulk copy then overwrote data still being read, 2026-12-02; the arrive must follow the use.)
-  template <int S> CUTE_DEVICE void end_stage(TileCtx const&) {
+  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
+    // (a second instance of this slot, under Shared<>: released by the first; the test folds once unrolled)
+    if (c.ring_released & (1u << Slot)) return;
+    c.ring_released |= 1u << Slot;
     // The loader refills the buffer with bulk copies (the async proxy): order this thread's reads before them.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     mbar::arrive(empty[0]);

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# On the device machine: the epilogue's data path as Psi renders it, through the CLI a C++ user runs:
+#   1. every kernel below compiled in parallel (`comfuse aot` fills the JIT cache; 16 at a time);
+#   2. `comfuse run --check --launches 3` of the residual programs of bench/data_path.py (h = X·W + R, with a bias,
+#      with a second output y = h * g, with a per-row output mean(h²)) at the odd shape 1000 x 520 x 264 and at
+#      8192 x 1024 x 1024, in each CONFIGS config (the ring in boxes: 1 x 2 and 2 x 1 clusters, 64-row tiles), and of
+#      the examples that read a residual (the planner's configs);
+#   3. compute-sanitizer memcheck and racecheck of the ring in boxes at the odd shape (two outputs: one ring slot
+#      read by two instances);
+#   4. bench/data_path.py: `comfuse bench` of the programs in BENCH_CONFIGS, alternating, ROUNDS invocations each, at
+#      the five shapes of WORKLOADS.md §1 (res, biasres) and two (res2out, resrow).
+# Logs and data_path.csv under $OUT; a table last.
+#
+#   scripts/gpu-data-path.sh [--rounds R] [--no-bench] [--no-sanitize]
+# Needs build/bin/comfuse (carried), the CUTLASS headers at .carry/cutlass/include and cuBLASLt.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+source scripts/gpu-lib.sh
+GPU_KEEP="data_path.csv"
+rounds=3 bench=1 sanitize=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) rounds="$2"; shift ;;
+    --no-bench) bench=0 ;;
+    --no-sanitize) sanitize=0 ;;
+    *) echo "gpu-data-path: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+t0=$(date +%s)
+OUT="${OUT:-$root/build/gpu-data-path}"
+mkdir -p "$OUT/checks" "$OUT/programs"
+cli="$root/build/bin/comfuse"
+gpu_cublaslt_env
+cutlass="$(gpu_cutlass_dir gpu-data-path)"
+export COMFUSE_CUTLASS_DIR="$cutlass" COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+declare -A status
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+CONFIGS="${CONFIGS:-128x128x64_c1x2_rr 128x128x64_c2x1_rr 64x128x64_c1x1_rr}"
+BENCH_CONFIGS="${BENCH_CONFIGS:-128x128x64_c1x2_rr,128x128x64_c1x2_rg}"
+
+# the programs: bench/data_path.py's, at the odd shape and one WORKLOADS shape
+python3 - "$OUT/programs" <<'EOF'
+import sys
+sys.path.insert(0, "bench")
+import data_path
+for name in data_path.PROGRAMS:
+    for (m, k, n) in ((1000, 520, 264), (8192, 1024, 1024)):
+        open(f"{sys.argv[1]}/{name}_{m}x{k}x{n}.cf", "w").write(data_path.program(name, m, k, n))
+EOF
+runs() {
+  for f in "$OUT"/programs/*.cf; do
+    for c in $CONFIGS; do echo "$(basename "$f" .cf)_$c $f --config $c"; done
+  done
+  for p in residual bias_residual prenorm_row_stats prenorm_two_outputs; do echo "$p examples/$p.cf"; done
+  echo "hf_rmsnorm_ring tests/data/hf_rmsnorm_ring.cf"
+}
+bench_kernels() {   # (the bench's programs and configs, compiled with the rest)
+  python3 - "$OUT/programs/bench" "$BENCH_CONFIGS" <<'EOF'
+import os, sys
+sys.path.insert(0, "bench")
+import data_path
+os.makedirs(sys.argv[1], exist_ok=True)
+for s in data_path.SHAPES:
+    m, k, n = (int(v) for v in s.split("x"))
+    for name in data_path.PROGRAMS:
+        if name in ("res2out", "resrow") and s not in data_path.SHAPES[:1] + data_path.SHAPES[2:3]:
+            continue
+        cf = f"{sys.argv[1]}/{name}_{s}.cf"
+        open(cf, "w").write(data_path.program(name, m, k, n))
+        for c in sys.argv[2].split(","):
+            print(f"bench_{name}_{s}_{c} {cf} --config {c}")
+EOF
+}
+{ runs; [ $bench = 1 ] && bench_kernels; } | xargs -P 16 -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "/tmp/gpu-data-path-aot/$name" \
+    > "'"$OUT"'/checks/aot_$name.log" 2>&1 || echo "aot failed: $name"' "$cli"
+echo "gpu-data-path: compiled in $(( $(date +%s) - t0 )) s"
+
+runs | xargs -P 3 -L 1 sh -c 'name="$1"; shift; timeout 200 "$0" run "$@" --check --launches 3 \
+    > "'"$OUT"'/checks/$name.log" 2>&1; echo "check $name rc=$?"' "$cli" | sort > "$OUT/checks.txt"
+status[checks]=$(grep -vc 'rc=0$' "$OUT/checks.txt")
+cat "$OUT/checks.txt"
+echo "checks: $(grep -c 'rc=0$' "$OUT/checks.txt") passed, ${status[checks]} failed ($(( $(date +%s) - t0 )) s)"
+
+if [ $sanitize = 1 ]; then
+  odd="$OUT/programs/res2out_1000x520x264.cf"
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$cli" run "$odd" --config 128x128x64_c1x2_rr \
+    --check > "$OUT/memcheck.log" 2>&1
+  status[memcheck]=$?
+  timeout 240 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$cli" run "$odd" \
+    --config 128x128x64_c1x2_rr --check > "$OUT/racecheck.log" 2>&1
+  status[racecheck]=$?
+  tail -3 "$OUT/memcheck.log" "$OUT/racecheck.log"
+fi
+
+if [ $bench = 1 ]; then
+  left=$(( ${BUDGET_S:-560} - ($(date +%s) - t0) ))
+  [ $left -ge 60 ] || left=60
+  (PYTHONUNBUFFERED=1 timeout "$left" python3 bench/data_path.py --cli "$cli" --rounds "$rounds" \
+    --shapes 16384x1024x1024,8192x1024x1024,8192x768x768,8192x3072x768,8192x4096x4096 --programs res,biasres \
+    --variants "$BENCH_CONFIGS" --logs "$OUT/bench" --out "$OUT/data_path.csv" \
+    && PYTHONUNBUFFERED=1 timeout "$left" python3 bench/data_path.py --cli "$cli" --rounds "$rounds" \
+    --shapes 16384x1024x1024,8192x768x768 --programs res2out,resrow --variants "$BENCH_CONFIGS" --logs "$OUT/bench" \
+    --out "$OUT/data_path_outputs.csv") > "$OUT/data_path.log" 2>&1
+  status[bench]=$?
+  grep "^|" "$OUT/data_path.log"
+fi
+echo
+echo "gpu-data-path summary ($(( $(date +%s) - t0 )) s; logs in $OUT)"
+gpu_status_table
