@@ -91,7 +91,7 @@ if [ $sanitize = 1 ]; then
   timeout 240 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$cli" run "$odd" \
     --config 128x128x64_c1x2_rr --check > "$OUT/racecheck.log" 2>&1
   status[racecheck]=$?
-  tail -3 "$OUT/memcheck.log" "$OUT/racecheck.log"
+  tail -n 3 "$OUT/memcheck.log" "$OUT/racecheck.log"
 fi
 
 if [ $bench = 1 ]; then

@@ -5,13 +5,13 @@
 // No CTA waits for another, and no thread fences. A tile folds Map(child) per row as Reduce does (levels 1 and 2:
 // thread, quad) and returns the child's value unchanged; then, per warp (a warp owns 16 rows of each 64-row atom of
 // the group's tile, so its rows are disjoint from every other warp's):
-//   1. lane 0 adds one to the warp's arrival count of the row block (64-bit, never reset). The count before the
-//      add says which launch this is (its quotient by C, the row block's column blocks: each launch adds C) and
+//   1. lane 0 adds one to the warp's arrival count of the row block (64-bit, never reset), at the stage's first
+//      fragment (its round trip overlaps the visit; Arrival). The count before the add says which launch this is (its quotient by C, the row block's column blocks: each launch adds C) and
 //      whether this warp is the last of the C to arrive for these rows (remainder C - 1);
 //   2. the quad leaders write the tile's partial of each row to partial[rb][cb][row] as one 64-bit word with the
 //      launch's tag (quotient + 1) beside the value (no fence, no wait);
-//   3. the last arriver's lanes each read one row's C words in column-block order, reading a word again until it
-//      carries this launch's tag (its writer has arrived, so it is being written), and write the combination
+//   3. the last arriver's lanes each read one row's C words (kBatch column blocks' loads in flight at once), reading
+//      a word again until it carries this launch's tag (its writer has arrived, so it is being written), and write the combination
 //      (times 1/N for Mean) to the output - the same result whichever CTA finishes last.
 // So there is no co-residency requirement, no cooperative launch and no tile order, and the tile's own stores never
 // wait: a fence (the protocol before 2026-12-05) made each publishing lane wait for all its writes, the tile's output
@@ -42,20 +42,36 @@ CUTE_HOST_DEVICE size_t counter_bytes(int row_blocks) {
   return size_t(row_blocks) * reduce::L2Workspace::kWarps * sizeof(unsigned long long);
 }
 
-// The protocol of both row-output nodes at the end of a stage (above): this tile's Words per row (state(k, row, w)
-// for row slot k) published tagged, and where this warp arrived last for its rows, finish(row, word) for each of
-// them, with word(b, w) column block b's word w.
-template <int Words, class State, class Finish>
-CUTE_DEVICE void publish_and_finish(TileCtx const& c, reduce::L2Workspace const& ws, State state, Finish finish) {
+// Step 1 of the protocol (above), issued at the stage's first fragment so that the atomic's round trip to L2 runs
+// while the tile's fragments are visited: lane 0 adds one to the warp's arrival count of the tile's row block, and
+// the count before the add is read only at the end of the stage (publish_and_finish). Tiles outside [M, N] do not
+// arrive (nor publish).
+struct Arrival {
+  unsigned long long before = 0;   // lane 0's count before its add
+  CUTE_DEVICE void arrive(TileCtx const& c, reduce::L2Workspace const& ws) {
+    if (c.m0 >= c.M || c.n0 >= c.N || c.thread % 32 != 0) return;
+    const int rb = c.m0 / c.tile_m, warp = c.thread / 32;
+    before = atomicAdd(reinterpret_cast<unsigned long long*>(ws.counters) + size_t(rb) * reduce::L2Workspace::kWarps + warp, 1ull);
+  }
+};
+
+// The last arrival reads the C column blocks' words of its row kBatch blocks at a time: every load of a batch is in
+// flight at once (a word read again only where its tag is not yet this launch's), instead of one L2 round trip per
+// column block in turn.
+constexpr int kBatch = 8;
+
+// Steps 2 and 3 of the protocol at the end of a stage: this tile's Words per row (state(k, row, w) for row slot k)
+// published tagged, and where this warp arrived last for its rows, for each of them take(row, b, v) with column
+// block b's Words values v, in column-block order, then done(row).
+template <int Words, class State, class Take, class Done>
+CUTE_DEVICE void publish_and_finish(TileCtx const& c, reduce::L2Workspace const& ws, Arrival const& a, State state,
+                                    Take take, Done done) {
   const int t = c.thread, lane = t % 32, warp = t / 32, slots = detail::row_slots(c);
   const int cols = detail::col_blocks(c), cb = c.n0 / c.tile_n, rb = c.m0 / c.tile_m;
   uint64_t* words = reinterpret_cast<uint64_t*>(ws.partials) + size_t(rb) * cols * Words * c.tile_m;
-  // 1. the warp's arrival: the launch and whether it is the last of the row block's column blocks
-  unsigned long long* count =
-      reinterpret_cast<unsigned long long*>(ws.counters) + size_t(rb) * reduce::L2Workspace::kWarps + warp;
-  unsigned long long arrival = 0;
-  if (lane == 0) arrival = atomicAdd(count, 1ull);
-  arrival = __shfl_sync(0xffffffffu, arrival, 0);
+  // 1. the warp's arrival (issued at the first fragment): the launch and whether it is the last of the row block's
+  //    column blocks
+  const unsigned long long arrival = __shfl_sync(0xffffffffu, a.before, 0);
   const unsigned long long launch = arrival / (unsigned long long)(cols);
   const uint32_t tag = uint32_t(launch % 0xffffffffull) + 1u;   // never 0, the tag of zeroed memory
   // 2. this tile's words of the warp's rows, tagged
@@ -73,13 +89,31 @@ CUTE_DEVICE void publish_and_finish(TileCtx const& c, reduce::L2Workspace const&
   if (arrival - launch * (unsigned long long)(cols) != (unsigned long long)(cols - 1)) return;
   // 3. the last arrival finishes: lane l owns row (l / 16) * 64 + 16 * warp + l % 16 (its atom's rows)
   const int row = (lane / 16) * 64 + 16 * warp + lane % 16;
-  if (lane / 16 < c.tile_m / 64 && c.m0 + row < c.M)
-    finish(row, [&](int b, int w) {
-      uint64_t const* p = words + (size_t(b) * Words + w) * c.tile_m + row;
-      uint64_t v = reduce::detail::ld_relaxed_gpu(p);
-      while (uint32_t(v >> 32) != tag) v = reduce::detail::ld_relaxed_gpu(p);   // its writer has arrived
-      return __uint_as_float(uint32_t(v));
-    });
+  if (lane / 16 >= c.tile_m / 64 || c.m0 + row >= c.M) return;
+  for (int b0 = 0; b0 < cols; b0 += kBatch) {
+    uint64_t v[kBatch][Words];
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kBatch; ++j)
+      CUTLASS_PRAGMA_UNROLL
+      for (int w = 0; w < Words; ++w)
+        v[j][w] = b0 + j < cols ? reduce::detail::ld_relaxed_gpu(words + (size_t(b0 + j) * Words + w) * c.tile_m + row)
+                                : uint64_t(tag) << 32;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kBatch; ++j)
+      CUTLASS_PRAGMA_UNROLL
+      for (int w = 0; w < Words; ++w)   // its writer has arrived, so it is being written
+        while (uint32_t(v[j][w] >> 32) != tag)
+          v[j][w] = reduce::detail::ld_relaxed_gpu(words + (size_t(b0 + j) * Words + w) * c.tile_m + row);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kBatch; ++j)
+      if (b0 + j < cols) {
+        float f[Words];
+        CUTLASS_PRAGMA_UNROLL
+        for (int w = 0; w < Words; ++w) f[w] = __uint_as_float(uint32_t(v[j][w]));
+        take(b0 + j, f);
+      }
+  }
+  done(row);
 }
 }  // namespace row_output
 
@@ -97,13 +131,17 @@ struct ReduceToRow : Children<Child> {
   reduce::L2Workspace ws;
   T* out;
   float part[kMaxRowSlots];
+  row_output::Arrival arrival;
+  TileCtx const& ctx;
 
-  CUTE_DEVICE ReduceToRow(Arguments const& a, SharedStorage& s, TileCtx const& c) : Base(s, c, a.child), ws(a.ws), out(a.out) {
+  CUTE_DEVICE ReduceToRow(Arguments const& a, SharedStorage& s, TileCtx const& c)
+      : Base(s, c, a.child), ws(a.ws), out(a.out), ctx(c) {
     detail::clear_parts<Combine>(part);
   }
 
-  // Level 1, as Reduce's.
+  // Level 1, as Reduce's; the warp's arrival at the first fragment.
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
+    if (f.index == 0) arrival.arrive(ctx, ws);
     Frag v = this->template visit_child<0, S>(f, acc);
     detail::fold_fragment<Combine, Map>(part, f, v);
     return v;
@@ -113,12 +151,14 @@ struct ReduceToRow : Children<Child> {
     Base::template end_stage<S>(c);
     if (c.m0 >= c.M || c.n0 >= c.N) return;   // nothing of this tile is in the output
     detail::quad_reduce(part, Combine{});
-    row_output::publish_and_finish<1>(c, ws, [&](int k, int, int) { return part[k]; }, [&](int row, auto word) {
-      float r = Combine::identity();
-      for (int b = 0; b < detail::col_blocks(c); ++b) r = Combine{}(r, word(b, 0));
-      if constexpr (Kind == RowReduce::Mean) r *= 1.f / float(c.N);
-      out[c.m0 + row] = T(r);
-    });
+    float r = Combine::identity();
+    row_output::publish_and_finish<1>(
+        c, ws, arrival, [&](int k, int, int) { return part[k]; },
+        [&](int, float const (&v)[1]) { r = Combine{}(r, v[0]); },
+        [&](int row) {
+          if constexpr (Kind == RowReduce::Mean) r *= 1.f / float(c.N);
+          out[c.m0 + row] = T(r);
+        });
   }
 };
 
@@ -147,12 +187,15 @@ struct MergedToRows : Children<Child> {
   T1* mean;
   T2* var;
   float part[kMaxRowSlots];
+  row_output::Arrival arrival;
+  TileCtx const& ctx;
 
   CUTE_DEVICE MergedToRows(Arguments const& a, SharedStorage& s, TileCtx const& c)
-      : Base(s, c, a.child), ws(a.ws), mean(a.mean), var(a.var) {
+      : Base(s, c, a.child), ws(a.ws), mean(a.mean), var(a.var), ctx(c) {
     detail::clear_parts<Sum>(part);
   }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
+    if (f.index == 0) arrival.arrive(ctx, ws);
     Frag v = this->template visit_child<0, S>(f, acc);
     detail::fold_fragment<Sum, Identity>(part, f, v);
     return v;
@@ -163,10 +206,14 @@ struct MergedToRows : Children<Child> {
     if (c.m0 >= c.M || c.n0 >= c.N) return;   // nothing of this tile is in the outputs
     detail::quad_reduce(part, Sum{});
     const float* first = detail::row_results(c, 0);   // the CTA's own mean per row (LocalReduce)
+    float a0 = 0.f, a1 = 0.f;
     row_output::publish_and_finish<2>(
-        c, ws, [&](int k, int row, int w) { return w == 0 ? first[row] : part[k]; }, [&](int row, auto word) {
-          float a0 = word(0, 0), a1 = word(0, 1);
-          for (int b = 1; b < detail::col_blocks(c); ++b) Merged::fold(a0, a1, word(b, 0), word(b, 1), b, c);
+        c, ws, arrival, [&](int k, int row, int w) { return w == 0 ? first[row] : part[k]; },
+        [&](int b, float const (&v)[2]) {
+          if (b == 0) a0 = v[0], a1 = v[1];
+          else Merged::fold(a0, a1, v[0], v[1], b, c);
+        },
+        [&](int row) {
           mean[c.m0 + row] = T1(a0);
           var[c.m0 + row] = T2(a1 * (1.f / float(c.N)));
         });
