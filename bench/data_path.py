@@ -127,7 +127,7 @@ def main(argv):
         with open(a.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields, restval="")
             w.writeheader()
-            w.writerows(rows)
+            w.writerows({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows)
     print("\n| shape | program | variant | config | µs | ÷ cuBLASLt (spread) | ÷ cuBLASLt β=1 | cuBLASLt β=1 ÷ plain |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
