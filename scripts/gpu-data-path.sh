@@ -11,16 +11,22 @@
 #      the five shapes of WORKLOADS.md §1 (res, biasres) and two (res2out, resrow).
 # Logs and data_path.csv under $OUT; a table last.
 #
-#   scripts/gpu-data-path.sh [--rounds R] [--no-bench] [--no-sanitize]
+# With --ncu-only PROGRAMS (e.g. res,res2out,resrow): instead, Nsight Compute (speed of light, warp states, memory,
+# source counters) of one launch of each program's fused kernel at NCU_SHAPE (default 16384x1024x1024) in
+# NCU_CONFIG (default 128x128x64_c1x2_rr): $OUT/ncu/<program>.details.txt and the hottest SASS with their stall
+# reasons (bench/ncu_stalls.py).
+#
+#   scripts/gpu-data-path.sh [--rounds R] [--no-bench] [--no-sanitize] [--ncu-only PROGRAMS]
 # Needs build/bin/comfuse (carried), the CUTLASS headers at .carry/cutlass/include and cuBLASLt.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/gpu-lib.sh
 GPU_KEEP="data_path.csv"
-rounds=3 bench=1 sanitize=1
+rounds=3 bench=1 sanitize=1 ncu_only=
 while [ $# -gt 0 ]; do
   case "$1" in
+    --ncu-only) ncu_only="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
     --no-bench) bench=0 ;;
     --no-sanitize) sanitize=0 ;;
@@ -39,6 +45,32 @@ declare -A status
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 CONFIGS="${CONFIGS:-128x128x64_c1x2_rr 128x128x64_c2x1_rr 64x128x64_c1x1_rr}"
 BENCH_CONFIGS="${BENCH_CONFIGS:-128x128x64_c1x2_rr,128x128x64_c1x2_rg}"
+
+if [ -n "$ncu_only" ]; then
+  shape="${NCU_SHAPE:-16384x1024x1024}" cfg="${NCU_CONFIG:-128x128x64_c1x2_rr}"
+  mkdir -p "$OUT/ncu"
+  for prog in ${ncu_only//,/ }; do
+    python3 -c "import sys; sys.path.insert(0, 'bench'); import data_path as d; m, k, n = map(int, '$shape'.split('x')); open('$OUT/programs/$prog.cf', 'w').write(d.program('$prog', m, k, n))" || exit 2
+  done
+  ls "$OUT"/programs/*.cf | xargs -P 8 -I{} sh -c "'$cli' aot {} --config $cfg -o /tmp/gpu-data-path-aot/\$(basename {}) > /dev/null 2>&1"
+  echo "gpu-data-path: compiled in $(( $(date +%s) - t0 )) s"
+  for prog in ${ncu_only//,/ }; do
+    timeout 150 ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis --section LaunchStats --section SourceCounters --import-source no \
+      -k regex:gemm_kernel --launch-count 1 -f -o "$OUT/ncu/$prog" \
+      "$cli" run "$OUT/programs/$prog.cf" --config "$cfg" > "$OUT/ncu/$prog.run.log" 2>&1
+    status[ncu_$prog]=$?
+    ncu -i "$OUT/ncu/$prog.ncu-rep" --page details > "$OUT/ncu/$prog.details.txt" 2>&1
+    ncu -i "$OUT/ncu/$prog.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/$prog.sass.csv" 2>&1
+    echo "== $prog ($shape, $cfg)"
+    grep -E "Duration|Registers Per|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L2 Cache Throughput|Executed Ipc A|Dynamic Shared" "$OUT/ncu/$prog.details.txt" | head -14
+    python3 bench/ncu_stalls.py "$OUT/ncu/$prog.sass.csv" 14 2>&1 | head -26
+  done
+  echo
+  echo "gpu-data-path summary ($(( $(date +%s) - t0 )) s; logs in $OUT)"
+  gpu_status_table
+  exit $?
+fi
 
 # the programs: bench/data_path.py's, at the odd shape and one WORKLOADS shape
 python3 - "$OUT/programs" <<'EOF'
