@@ -741,7 +741,9 @@ TEST(PlanForms, AnAskedConfigIsFittedToEachRegionOrRefusedWithTheReason) {
   const PlanDecision fitted = plan_region(ln, asked);
   EXPECT_EQ(fitted.config.transport, planned.config.transport);
   EXPECT_EQ(fitted.config.tile_input, TileInputForm::Ring);
-  if (fitted.config.transport == Transport::L2) EXPECT_EQ(fitted.config.cluster_n, 1);
+  if (fitted.config.transport == Transport::L2) {
+    EXPECT_EQ(fitted.config.cluster_n, 1);
+  }
   // what Psi cannot render is refused with its reason
   KernelConfig tall;
   ASSERT_TRUE(parse_config("128x256x64_c1x1_rr", tall));
