@@ -7,7 +7,8 @@
 #
 #   scripts/sass-diff.sh [--base REV] [--jobs N] [--no-goldens] [INSTANCE ...]
 #     REV       the revision to compare with (default HEAD)
-#     INSTANCE  tests/gpu instance names, e.g. gemm_128x128x64_c1x1_kn_e3 (build-gpu/instances/ lists them);
+#     INSTANCE  tests/gpu instance names, e.g. gemm_128x128x64_c1x1_kn_e3 (build-gpu/instances/ lists them) or
+#               b2b_128x64x256_k64_kn_a10_rk256_s1_c1_w2 (back-to-back GEMM instances, build-gpu/b2b_instances/);
 #               default: one per epilogue kind and transport (12, about 25 s of nvcc each, per tree)
 # Logs, SASS dumps and diffs under build/sass-diff/.
 set -uo pipefail
@@ -41,6 +42,14 @@ out="$root/build/sass-diff"
 rm -rf "$out" && mkdir -p "$out/base-tree"
 git archive "$base" | tar -x -C "$out/base-tree" || { echo "sass-diff: cannot export $base" >&2; exit 1; }
 
+# object_of <instance>: its object file in the tests/gpu build (the GEMM instances' library, or the B2B one's)
+object_of() {
+  case "$1" in
+    b2b_*) echo "CMakeFiles/comfuse_gpu_b2b_instances.dir/b2b_instances/$1.cu.o" ;;
+    *) echo "CMakeFiles/comfuse_gpu_instances.dir/instances/$1.cu.o" ;;
+  esac
+}
+
 # compile <tree> <name>: the instances' objects and the goldens' SASS of one tree into $out/<name>/
 compile() {
   local tree="$1" name="$2" bdir="$out/build-$2"
@@ -48,11 +57,11 @@ compile() {
   cmake -S "$tree/tests/gpu" -B "$bdir" -G Ninja -DCOMFUSE_BUILD_GPU_TESTS=ON -DCOMFUSE_CUTLASS_INCLUDE="$cutlass" \
     > "$out/$name/configure.log" 2>&1 || { echo "sass-diff: configure of $name failed ($out/$name/configure.log)" >&2; return 1; }
   local targets=()
-  for i in "${insts[@]}"; do targets+=("CMakeFiles/comfuse_gpu_instances.dir/instances/$i.cu.o"); done
+  for i in "${insts[@]}"; do targets+=("$(object_of "$i")"); done
   ninja -C "$bdir" -j "$jobs" "${targets[@]}" > "$out/$name/build.log" 2>&1 ||
     { echo "sass-diff: build of $name failed ($out/$name/build.log)" >&2; return 1; }
   for i in "${insts[@]}"; do
-    "$cuobjdump" --dump-sass "$bdir/CMakeFiles/comfuse_gpu_instances.dir/instances/$i.cu.o" > "$out/$name/$i.sass"
+    "$cuobjdump" --dump-sass "$bdir/$(object_of "$i")" > "$out/$name/$i.sass"
   done
   if [ "$goldens" = 1 ]; then
     for f in "$tree"/tests/cpu/golden/*.cu; do
