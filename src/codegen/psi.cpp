@@ -266,8 +266,8 @@ class Psi {
 
   size_t stages() const { return st_.size(); }
   TileInputForm form() const { return form_; }
-  bool parts() const { return parts_; }
-  bool ring_boxes() const { return ring_boxes_; }   // StageStream<.., InParts> (renders_parts)
+  bool parts() const { return parts_; }   // StageStream<.., InParts> (renders_parts)
+  bool ring_boxes() const { return ring_boxes_; }
   int row_output() const { return row_output_; }   // the per-row output of a ReduceToRow, or -1 (row_output_of)
   bool pair_rows() const { return pair_rows_.first >= 0; }   // LocalReduce + MergedToRows (pair_rows_of)
   // The store of the first result in stage 1 of a pair_rows_of Spec: MergedToRows writes that output itself.

@@ -6,13 +6,14 @@
 // thread, quad) and returns the child's value unchanged; then, per warp (a warp owns 16 rows of each 64-row atom of
 // the group's tile, so its rows are disjoint from every other warp's):
 //   1. lane 0 adds one to the warp's arrival count of the row block (64-bit, never reset), at the stage's first
-//      fragment (its round trip overlaps the visit; Arrival). The count before the add says which launch this is (its quotient by C, the row block's column blocks: each launch adds C) and
-//      whether this warp is the last of the C to arrive for these rows (remainder C - 1);
+//      fragment (its round trip overlaps the visit; Arrival). The count before the add says which launch this is
+//      (its quotient by C, the row block's column blocks: each launch adds C) and whether this warp is the last of
+//      the C to arrive for these rows (remainder C - 1);
 //   2. the quad leaders write the tile's partial of each row to partial[rb][cb][row] as one 64-bit word with the
 //      launch's tag (quotient + 1) beside the value (no fence, no wait);
-//   3. the last arriver's lanes each read one row's C words (kBatch column blocks' loads in flight at once), reading
-//      a word again until it carries this launch's tag (its writer has arrived, so it is being written), and write the combination
-//      (times 1/N for Mean) to the output - the same result whichever CTA finishes last.
+//   3. the last arriver's lanes each read one row's C words (kBatch column blocks' loads in flight at once),
+//      reading a word again until it carries this launch's tag (its writer has arrived, so it is being written),
+//      and write the combination (times 1/N for Mean) to the output - the same result whichever CTA finishes last.
 // So there is no co-residency requirement, no cooperative launch and no tile order, and the tile's own stores never
 // wait: a fence (the protocol before 2026-12-05) made each publishing lane wait for all its writes, the tile's output
 // stores among them, to reach L2. The epilogue costs one atomic per warp and one L2 write per row and tile, plus one
@@ -51,7 +52,8 @@ struct Arrival {
   CUTE_DEVICE void arrive(TileCtx const& c, reduce::L2Workspace const& ws) {
     if (c.m0 >= c.M || c.n0 >= c.N || c.thread % 32 != 0) return;
     const int rb = c.m0 / c.tile_m, warp = c.thread / 32;
-    before = atomicAdd(reinterpret_cast<unsigned long long*>(ws.counters) + size_t(rb) * reduce::L2Workspace::kWarps + warp, 1ull);
+    unsigned long long* count = reinterpret_cast<unsigned long long*>(ws.counters);
+    before = atomicAdd(count + size_t(rb) * reduce::L2Workspace::kWarps + warp, 1ull);
   }
 };
 
@@ -61,8 +63,8 @@ struct Arrival {
 constexpr int kBatch = 8;
 
 // Steps 2 and 3 of the protocol at the end of a stage: this tile's Words per row (state(k, row, w) for row slot k)
-// published tagged, and where this warp arrived last for its rows, for each of them take(row, b, v) with column
-// block b's Words values v, in column-block order, then done(row).
+// published tagged, and where this warp arrived last for its rows, for each of them take(b, v) with column block
+// b's Words values v, in column-block order, then done(row).
 template <int Words, class State, class Take, class Done>
 CUTE_DEVICE void publish_and_finish(TileCtx const& c, reduce::L2Workspace const& ws, Arrival const& a, State state,
                                     Take take, Done done) {

@@ -28,8 +28,8 @@
 // Layout: rows of 2 * TileN + 16 bytes (16-bit elements), so the 8 rows an ldmatrix reads fall in distinct banks.
 // The tensor must be 16-byte aligned, pointer and row stride (the ABI entry refuses a launch otherwise).
 //
-// Boxes (TileLoadRing<.., Boxes = true>; Psi renders the ring form so wherever the tile's rows and columns are
-// whole boxes, and the generated unit encodes the map: generated_unit.cuh Pointers::ring_box_input). The
+// Boxes (TileLoadRing<.., Boxes = true>; Psi renders the ring form this way wherever the tile's rows and columns
+// are whole boxes, and the generated unit encodes the map: generated_unit.cuh Pointers::ring_box_input). The
 // ring's consumers waited on their first part's copies for 27-31% of their samples at 8192 x 1024 x 1024 (ncu,
 // docs/kernel-gemm.md), with one bulk copy per row and input: 128 copies per 128 x 128 tile, where the mainloop has
 // 32 TMA loads per tile at K = 1024 and CUTLASS's epilogue loads C in 8 boxes. With boxes, each part arrives as 2-D
@@ -86,9 +86,10 @@ inline CUresult encode_ring_map(CUtensorMap* map, void const* ptr, int64_t ld, i
   cuuint32_t elem[2] = {1, 1};
   // (through the runtime's driver entry point, as CUTLASS's own TMA descriptors are: a generated kernel library is
   // not linked against libcuda)
-  return CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(ptr), dims, strides, box,
-                                elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+      map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(ptr), dims, strides, box, elem,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 // The CTA's ring: Buffers buffers, each holding one part (TileM / Parts rows) of the CTA tile of every input slot
