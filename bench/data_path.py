@@ -5,6 +5,9 @@ with C (beta = 1, in place), which `comfuse bench` times in the same process.
   python3 bench/data_path.py [--cli build/bin/comfuse] [--rounds 3] [--shapes 16384x1024x1024,...]
                              [--programs res,biasres,res2out,resrow] [--variants planner,128x128x64_c1x2_rr,...]
                              [--out FILE.csv] [--logs DIR]
+  python3 bench/data_path.py --emit DIR [--shapes ...] [--programs ...]
+      writes each program at each shape to DIR/<program>_<MxKxN>.cf and prints "<program>_<MxKxN> <path>" a line
+      (what a device script compiles before it checks or times them); no GPU needed
 
 Programs (M x K x N, bf16, X·W with W [K, N]):
   res      h = X·W + R
@@ -71,6 +74,7 @@ def main(argv):
     p.add_argument("--variants", default="planner,128x128x64_c1x2_rr,128x128x64_c1x2_rg")
     p.add_argument("--out", default=None)
     p.add_argument("--logs", default=None)
+    p.add_argument("--emit", default=None, metavar="DIR", help="write the programs' .cf files to DIR and list them")
     a = p.parse_args(argv)
     programs = [x for x in a.programs.split(",") if x]
     for x in programs:
@@ -84,6 +88,15 @@ def main(argv):
             p.error(f"a shape is MxKxN, got {s!r}")
         shapes.append((m, k, n))
     variants = [v for v in a.variants.split(",") if v]
+    if a.emit:
+        os.makedirs(a.emit, exist_ok=True)
+        for (m, k, n) in shapes:
+            for name in programs:
+                cf = os.path.join(a.emit, f"{name}_{m}x{k}x{n}.cf")
+                with open(cf, "w") as f:
+                    f.write(program(name, m, k, n))
+                print(f"{name}_{m}x{k}x{n} {cf}")
+        return 0
     try:
         gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
     except OSError:   # no driver tools at all

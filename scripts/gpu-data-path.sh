@@ -9,7 +9,7 @@
 #      read by two instances);
 #   4. bench/data_path.py: `comfuse bench` of the programs in BENCH_CONFIGS, alternating, ROUNDS invocations each, at
 #      the five shapes of WORKLOADS.md §1 (res, biasres) and two (res2out, resrow).
-# Logs and data_path.csv under $OUT; a table last.
+# Logs and data_path_<set>.csv under $OUT; a table last.
 #
 # With --ncu-only PROGRAMS (e.g. res,res2out,resrow): instead, Nsight Compute (speed of light, warp states, memory,
 # source counters) of one launch of each program's fused kernel at NCU_SHAPE (default 16384x1024x1024) in
@@ -22,7 +22,7 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/gpu-lib.sh
-GPU_KEEP="data_path.csv"
+GPU_KEEP="data_path_0.csv data_path_1.csv"
 rounds=3 bench=1 sanitize=1 ncu_only=
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,16 +49,15 @@ BENCH_CONFIGS="${BENCH_CONFIGS:-128x128x64_c1x2_rr,128x128x64_c1x2_rg}"
 if [ -n "$ncu_only" ]; then
   shape="${NCU_SHAPE:-16384x1024x1024}" cfg="${NCU_CONFIG:-128x128x64_c1x2_rr}"
   mkdir -p "$OUT/ncu"
-  for prog in ${ncu_only//,/ }; do
-    python3 -c "import sys; sys.path.insert(0, 'bench'); import data_path as d; m, k, n = map(int, '$shape'.split('x')); open('$OUT/programs/$prog.cf', 'w').write(d.program('$prog', m, k, n))" || exit 2
-  done
-  ls "$OUT"/programs/*.cf | xargs -P 8 -I{} sh -c "'$cli' aot {} --config $cfg -o /tmp/gpu-data-path-aot/\$(basename {}) > /dev/null 2>&1"
+  python3 bench/data_path.py --emit "$OUT/programs" --shapes "$shape" --programs "$ncu_only" > "$OUT/programs.txt" || exit 2
+  sed "s/\$/ --config $cfg/" "$OUT/programs.txt" | xargs -P 8 -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" \
+      -o "/tmp/gpu-data-path-aot/$name" > /dev/null 2>&1' "$cli"
   echo "gpu-data-path: compiled in $(( $(date +%s) - t0 )) s"
   for prog in ${ncu_only//,/ }; do
     timeout 150 ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
       --section MemoryWorkloadAnalysis --section LaunchStats --section SourceCounters --import-source no \
       -k regex:gemm_kernel --launch-count 1 -f -o "$OUT/ncu/$prog" \
-      "$cli" run "$OUT/programs/$prog.cf" --config "$cfg" > "$OUT/ncu/$prog.run.log" 2>&1
+      "$cli" run "$OUT/programs/${prog}_$shape.cf" --config "$cfg" > "$OUT/ncu/$prog.run.log" 2>&1
     status[ncu_$prog]=$?
     ncu -i "$OUT/ncu/$prog.ncu-rep" --page details > "$OUT/ncu/$prog.details.txt" 2>&1
     ncu -i "$OUT/ncu/$prog.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/$prog.sass.csv" 2>&1
@@ -73,37 +72,24 @@ if [ -n "$ncu_only" ]; then
 fi
 
 # the programs: bench/data_path.py's, at the odd shape and one WORKLOADS shape
-python3 - "$OUT/programs" <<'EOF'
-import sys
-sys.path.insert(0, "bench")
-import data_path
-for name in data_path.PROGRAMS:
-    for (m, k, n) in ((1000, 520, 264), (8192, 1024, 1024)):
-        open(f"{sys.argv[1]}/{name}_{m}x{k}x{n}.cf", "w").write(data_path.program(name, m, k, n))
-EOF
+python3 bench/data_path.py --emit "$OUT/programs" --shapes 1000x520x264,8192x1024x1024 > "$OUT/programs.txt" || exit 2
 runs() {
-  for f in "$OUT"/programs/*.cf; do
-    for c in $CONFIGS; do echo "$(basename "$f" .cf)_$c $f --config $c"; done
-  done
+  while read -r name cf; do
+    for c in $CONFIGS; do echo "${name}_$c $cf --config $c"; done
+  done < "$OUT/programs.txt"
   for p in residual bias_residual prenorm_row_stats prenorm_two_outputs; do echo "$p examples/$p.cf"; done
   echo "hf_rmsnorm_ring tests/data/hf_rmsnorm_ring.cf"
 }
-bench_kernels() {   # (the bench's programs and configs, compiled with the rest)
-  python3 - "$OUT/programs/bench" "$BENCH_CONFIGS" <<'EOF'
-import os, sys
-sys.path.insert(0, "bench")
-import data_path
-os.makedirs(sys.argv[1], exist_ok=True)
-for s in data_path.SHAPES:
-    m, k, n = (int(v) for v in s.split("x"))
-    for name in data_path.PROGRAMS:
-        if name in ("res2out", "resrow") and s not in data_path.SHAPES[:1] + data_path.SHAPES[2:3]:
-            continue
-        cf = f"{sys.argv[1]}/{name}_{s}.cf"
-        open(cf, "w").write(data_path.program(name, m, k, n))
-        for c in sys.argv[2].split(","):
-            print(f"bench_{name}_{s}_{c} {cf} --config {c}")
-EOF
+# What the bench times: the residual programs at the five shapes of WORKLOADS.md §1, the two- and row-output ones at
+# two; the same sets give the kernels compiled with the rest (bench_kernels) and the bench's invocations.
+BENCH_SETS=("--shapes 16384x1024x1024,8192x1024x1024,8192x768x768,8192x3072x768,8192x4096x4096 --programs res,biasres"
+            "--shapes 16384x1024x1024,8192x768x768 --programs res2out,resrow")
+bench_kernels() {
+  for set in "${BENCH_SETS[@]}"; do
+    python3 bench/data_path.py --emit "$OUT/programs/bench" $set | while read -r name cf; do
+      for c in ${BENCH_CONFIGS//,/ }; do echo "bench_${name}_$c $cf --config $c"; done
+    done
+  done
 }
 { runs; [ $bench = 1 ] && bench_kernels; } | xargs -P 16 -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "/tmp/gpu-data-path-aot/$name" \
     > "'"$OUT"'/checks/aot_$name.log" 2>&1 || echo "aot failed: $name"' "$cli"
@@ -129,13 +115,13 @@ fi
 if [ $bench = 1 ]; then
   left=$(( ${BUDGET_S:-560} - ($(date +%s) - t0) ))
   [ $left -ge 60 ] || left=60
-  (PYTHONUNBUFFERED=1 timeout "$left" python3 bench/data_path.py --cli "$cli" --rounds "$rounds" \
-    --shapes 16384x1024x1024,8192x1024x1024,8192x768x768,8192x3072x768,8192x4096x4096 --programs res,biasres \
-    --variants "$BENCH_CONFIGS" --logs "$OUT/bench" --out "$OUT/data_path.csv" \
-    && PYTHONUNBUFFERED=1 timeout "$left" python3 bench/data_path.py --cli "$cli" --rounds "$rounds" \
-    --shapes 16384x1024x1024,8192x768x768 --programs res2out,resrow --variants "$BENCH_CONFIGS" --logs "$OUT/bench" \
-    --out "$OUT/data_path_outputs.csv") > "$OUT/data_path.log" 2>&1
-  status[bench]=$?
+  i=0 rc=0
+  for set in "${BENCH_SETS[@]}"; do
+    PYTHONUNBUFFERED=1 timeout "$left" python3 bench/data_path.py --cli "$cli" --rounds "$rounds" $set \
+      --variants "$BENCH_CONFIGS" --logs "$OUT/bench" --out "$OUT/data_path_$i.csv" >> "$OUT/data_path.log" 2>&1 || rc=$?
+    i=$((i + 1))
+  done
+  status[bench]=$rc
   grep "^|" "$OUT/data_path.log"
 fi
 echo
