@@ -59,11 +59,8 @@ if [ -n "$ncu_only" ]; then
       -k regex:gemm_kernel --launch-count 1 -f -o "$OUT/ncu/$prog" \
       "$cli" run "$OUT/programs/${prog}_$shape.cf" --config "$cfg" > "$OUT/ncu/$prog.run.log" 2>&1
     status[ncu_$prog]=$?
-    ncu -i "$OUT/ncu/$prog.ncu-rep" --page details > "$OUT/ncu/$prog.details.txt" 2>&1
-    ncu -i "$OUT/ncu/$prog.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/$prog.sass.csv" 2>&1
     echo "== $prog ($shape, $cfg)"
-    grep -E "Duration|Registers Per|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L2 Cache Throughput|Executed Ipc A|Dynamic Shared" "$OUT/ncu/$prog.details.txt" | head -14
-    python3 bench/ncu_stalls.py "$OUT/ncu/$prog.sass.csv" 14 2>&1 | head -26
+    gpu_ncu_summary "$OUT/ncu/$prog" 14
   done
   echo
   echo "gpu-data-path summary ($(( $(date +%s) - t0 )) s; logs in $OUT)"

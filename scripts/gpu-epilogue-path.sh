@@ -63,12 +63,9 @@ if [ -n "${NCU_VARIANTS:-}" ]; then
     timeout 200 ncu --clock-control none --set full --import-source no -k "$k" --launch-count 1 -f -o "$OUT/ncu/$v" \
       "$bin" --check-only --shape "${NCU_SHAPE:-8192,1024,1024}" --only "$v" > "$OUT/ncu/$v.run.log" 2>&1
     status[ncu_$v]=$?
-    ncu -i "$OUT/ncu/$v.ncu-rep" --page details > "$OUT/ncu/$v.details.txt" 2>&1
-    ncu -i "$OUT/ncu/$v.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/$v.sass.csv" 2>&1
     {
       echo "==== $v"
-      grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L1/TEX Hit|L2 Hit|L1/TEX Cache Throughput|L2 Cache Throughput|Executed Ipc A|Shared Memory Configuration Size|Dynamic Shared" "$OUT/ncu/$v.details.txt" | head -24
-      python3 bench/ncu_stalls.py "$OUT/ncu/$v.sass.csv" 25 2>&1 | head -40
+      gpu_ncu_summary "$OUT/ncu/$v" 25
     } >> "$OUT/ncu_summary.txt"
     rm -f "$OUT/ncu/$v.ncu-rep"
   done

@@ -52,6 +52,16 @@ gpu_status_table() {
   return $rc
 }
 
+# gpu_ncu_summary STEM HOT: from the Nsight Compute report STEM.ncu-rep, STEM.details.txt and STEM.sass.csv (the source
+# page with SASS), then the details' headline metrics and the HOT hottest SASS instructions with their stall reasons
+# (bench/ncu_stalls.py) on stdout.
+gpu_ncu_summary() {
+  ncu -i "$1.ncu-rep" --page details > "$1.details.txt" 2>&1
+  ncu -i "$1.ncu-rep" --page source --csv --print-source sass > "$1.sass.csv" 2>&1
+  grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L1/TEX Hit|L2 Hit|L1/TEX Cache Throughput|L2 Cache Throughput|Executed Ipc A|Shared Memory Configuration Size|Dynamic Shared" "$1.details.txt" | head -24
+  python3 bench/ncu_stalls.py "$1.sass.csv" "$2" 2>&1 | head -$(( $2 + 15 ))
+}
+
 # On the device machine only $OUT's first 8 files come back: when the device tool set OUT (it is set before any
 # script runs) and a script leaves more files there, they are packed at exit into $OUT/logs.tgz (unpack with
 # `tar xzf logs.tgz`), the files the script names in GPU_KEEP (paths under $OUT, at most 7) left beside it. Only
