@@ -37,10 +37,7 @@ done
 t0=$(date +%s)
 OUT="${OUT:-$root/build/gpu-data-path}"
 mkdir -p "$OUT/checks" "$OUT/programs"
-cli="$root/build/bin/comfuse"
-gpu_cublaslt_env
-cutlass="$(gpu_cutlass_dir gpu-data-path)"
-export COMFUSE_CUTLASS_DIR="$cutlass" COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+gpu_cli_env gpu-data-path || exit 1
 declare -A status
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 CONFIGS="${CONFIGS:-128x128x64_c1x2_rr 128x128x64_c2x1_rr 64x128x64_c1x1_rr}"

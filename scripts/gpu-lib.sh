@@ -21,6 +21,17 @@ gpu_cublaslt_env() {
   return 0
 }
 
+# gpu_cli_env NAME: the environment of the scripts that run the CLI built here and carried (build/bin/comfuse, from
+# the repository root): `cli`, `cutlass` (the CUTLASS headers, as COMFUSE_CUTLASS_DIR), this tree's kernel headers, a
+# JIT cache under /tmp unless COMFUSE_CACHE_DIR is set, and cuBLASLt on the library path. Returns 1 without CUTLASS
+# (gpu_cutlass_dir has said why, as NAME).
+gpu_cli_env() {
+  cli="$PWD/build/bin/comfuse"
+  gpu_cublaslt_env
+  cutlass="$(gpu_cutlass_dir "$1")" || return 1
+  export COMFUSE_CUTLASS_DIR="$cutlass" COMFUSE_KERNEL_DIR="$PWD/kernels" COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+}
+
 # gpu_package_env: the environment of the scripts that run the installed package (gpu-python, gpu-hf-models,
 # gpu-host-time): the carried CUTLASS headers unless COMFUSE_CUTLASS_DIR is set, a JIT cache under /tmp unless
 # COMFUSE_CACHE_DIR is set, and no COMFUSE_KERNEL_DIR (the package's own copy of the kernel headers must be found).

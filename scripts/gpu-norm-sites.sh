@@ -40,10 +40,7 @@ done
 t0=$(date +%s)
 OUT="${OUT:-$root/build/gpu-norm-sites}"
 mkdir -p "$OUT/checks"
-cli="$root/build/bin/comfuse"
-gpu_cublaslt_env
-cutlass="$(gpu_cutlass_dir gpu-norm-sites)"
-export COMFUSE_CUTLASS_DIR="$cutlass" COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+gpu_cli_env gpu-norm-sites || exit 1
 declare -A status
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 

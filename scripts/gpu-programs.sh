@@ -34,10 +34,7 @@ done
 t0=$(date +%s)
 OUT="${OUT:-$root/build/gpu-programs}"
 mkdir -p "$OUT/cf" "$OUT/checks"
-cli="$root/build/bin/comfuse"
-gpu_cublaslt_env
-cutlass="$(gpu_cutlass_dir gpu-programs)"
-export COMFUSE_CUTLASS_DIR="$cutlass" COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+gpu_cli_env gpu-programs || exit 1
 declare -A status
 
 (gpu_pip_install "$cutlass" "$OUT/pip.log"; echo $? > "$OUT/pip.rc") &
