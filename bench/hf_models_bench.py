@@ -6,7 +6,9 @@ Inductor mode, and eager; bf16 inference; models built from configs with random 
 
 Models (the real-model test bed): bert = BertModel(BertConfig()) at 32 x 256 with a padding mask; bert-large (24
 layers, 1024) at 32 x 512; llama = a 4-layer LlamaModel (hidden 1024, SwiGLU 2816, 16 heads, RMSNorm, rotary) at
-16 x 512; gpt2 = a 6-layer GPT2Model at 16 x 512. "small" = BERT-base at 1 x 128 (the small-batch latency case).
+16 x 512; gpt2 = a 6-layer GPT2Model at 16 x 512; vit = ViTModel(ViTConfig()) (ViT-base, patch 16) on 64 images of
+224 x 224; qwen2 = a 4-layer Qwen2Model (hidden 1024, SwiGLU 2816, 16 heads, 4 key/value heads: grouped-query
+attention, biased Q/K/V) at 16 x 512. "small" = BERT-base at 1 x 128 (the small-batch latency case).
 
 Per model: eager; then per mode, Inductor and ComFuse (per --comfuse variant: "planner" is what a user gets,
 "all" also fuses the regions the planner declines for speed only; "+defer" after either, e.g. "planner+defer",
@@ -34,8 +36,8 @@ against eager, counting the ComFuse graphs and kernels the later sizes added (ex
 size against Inductor's own dynamic=True compile.
 
 Prints a table last; exit status 1 if an output is wrong, a required region is missing or a run failed.
-Without a GPU: "skipped: no GPU", exit 77. --cpu-smoke runs a tiny GPT-2 on the CPU through the pass (reference
-implementation) to check this script's code path.
+Without a GPU: "skipped: no GPU", exit 77. --cpu-smoke runs a tiny GPT-2 (or the tiny configs of --models) on the
+CPU through the pass (reference implementation) to check this script's code path.
 """
 import argparse
 import csv
@@ -48,8 +50,8 @@ import traceback
 
 import torch
 
-MODELS = ("bert", "bert-large", "llama", "gpt2", "small")
-LAYERS = {"bert": 12, "bert-large": 24, "llama": 4, "gpt2": 6, "small": 12}
+MODELS = ("bert", "bert-large", "llama", "gpt2", "vit", "qwen2", "small")
+LAYERS = {"bert": 12, "bert-large": 24, "llama": 4, "gpt2": 6, "vit": 12, "qwen2": 4, "small": 12}
 # fused regions required per layer with fuse="all" (the real-model targets)
 REQUIRED = {"bert": {"norm": 2, "act": 1}, "bert-large": {"norm": 2, "act": 1}, "small": {"norm": 2, "act": 1},
             "llama": {"norm": 2}, "gpt2": {"norm": 2, "act": 1}}
@@ -73,6 +75,22 @@ def build(name: str, device: str, tiny: bool = False):
                              num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)
         batch, seq = 16, 512
         model = tf.LlamaModel(cfg)
+    elif name == "qwen2":
+        cfg = (tf.Qwen2Config(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+                              num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048) if not tiny else
+               tf.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                              num_key_value_heads=2, vocab_size=128, max_position_embeddings=64))
+        batch, seq = (16, 512) if not tiny else (2, 16)
+        model = tf.Qwen2Model(cfg)
+    elif name == "vit":   # images, not tokens: pixel_values
+        cfg = tf.ViTConfig() if not tiny else tf.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                                           intermediate_size=128, image_size=32, patch_size=8)
+        model = tf.ViTModel(cfg, add_pooling_layer=False)
+        model = model.to(device=device, dtype=torch.bfloat16).eval()
+        g = torch.Generator().manual_seed(1)
+        n = 64 if not tiny else 2
+        px = torch.randn(n, cfg.num_channels, cfg.image_size, cfg.image_size, generator=g)
+        return model, {"pixel_values": px.to(device=device, dtype=torch.bfloat16)}
     else:
         cfg = tf.GPT2Config(n_layer=6) if not tiny else tf.GPT2Config(n_embd=64, n_layer=1, n_head=2,
                                                                       vocab_size=128, n_positions=64)
@@ -334,7 +352,7 @@ def _noop_op():
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="bert,llama,gpt2")
+    ap.add_argument("--models", default=None, help="default: bert,llama,gpt2 (with --cpu-smoke: gpt2)")
     ap.add_argument("--modes", default="default,max-autotune-no-cudagraphs,reduce-overhead")
     ap.add_argument("--comfuse", default="planner,all")
     ap.add_argument("--iters", type=int, default=50)
@@ -357,7 +375,7 @@ def main() -> int:
     device = "cuda" if cuda else "cpu"
     t0 = time.time()
     rows, failures = [], []
-    models = ["gpt2"] if a.cpu_smoke else [m for m in a.models.split(",") if m]
+    models = [m for m in (a.models or ("gpt2" if a.cpu_smoke else "bert,llama,gpt2")).split(",") if m]
     modes = ["default"] if a.cpu_smoke else [m for m in a.modes.split(",") if m]
     variants = [v for v in a.comfuse.split(",") if v]
     bad = [v for v in variants if v not in ("planner", "all", "planner+defer", "all+defer")]
@@ -447,7 +465,7 @@ def main() -> int:
                               f"{row.get('vs_inductor_interleaved', '')}", flush=True)
                 except Exception as e:   # the back-to-back numbers stand; say why there are no others
                     print(f"{name} {mode}: interleaved rounds failed ({type(e).__name__}: {e})", flush=True)
-        if a.dynamic and (cuda or a.cpu_smoke) and time.time() - t0 <= a.budget_s:
+        if a.dynamic and "input_ids" in kwargs and (cuda or a.cpu_smoke) and time.time() - t0 <= a.budget_s:
             row = dict(model=name, mode="dynamic", backend="comfuse", fuse="planner", us=float("nan"),
                        vs_inductor="-", rel_err=float("nan"), fused="-", attention="-", f32_gemm="-", note="")
             try:

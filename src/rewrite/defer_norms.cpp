@@ -408,8 +408,26 @@ bool contains_all(const Factors& big, const Factors& small, Factors& rest) {
   return true;
 }
 
-// Emits the folded form of GEMM reader u of site s into b; returns the value that replaces u.
-Value fold_reader(const Graph& g, const Node& u, const Site& s, Builder& b, DeferredProgram& out) {
+// The constant [N] vector that the only reader of GEMM u adds to it (nn.Linear's bias, `add(matmul(y, W), c)`), or
+// -1: the fold can add it to the reader's per-column shift c = β·W once per binding, so that the consumer's
+// epilogue reads one per-column vector fewer (at 128 x 192, BERT's FFN1 spilled with three of them).
+int constant_bias_of(const Graph& g, const std::vector<std::vector<int>>& users, const Node& u) {
+  if (users[u.id].size() != 1) return -1;
+  const Node& a = g.node(users[u.id][0]);
+  if (a.op != OpKind::Add || a.inputs.size() != 2 || a.shape != u.shape) return -1;
+  const int v = a.inputs[0] == u.id ? a.inputs[1] : a.inputs[0];
+  const Node& vn = g.node(v);
+  // (built before u, so that u's fold can read it)
+  if (v >= u.id || vn.shape != Shape{u.shape.back()} || !constant_only(g, v)) return -1;
+  return v;
+}
+
+// Emits the folded form of GEMM reader u of site s into b; returns the value that replaces u. With `bias` >= 0 (the
+// constant [N] vector u's only reader adds, constant_bias_of) and a shift without a row factor to carry it, the
+// value returned is u + bias, in the add's dtype `bias_dtype`, and `bias_folded` says so.
+Value fold_reader(const Graph& g, const Node& u, const Site& s, Builder& b, DeferredProgram& out, int bias,
+                  DType bias_dtype, bool& bias_folded) {
+  bias_folded = false;
   Graph& d = b.dst();
   const LinForm& f = s.form();
   const std::string p = u.name + kInternalSep;
@@ -512,11 +530,16 @@ Value fold_reader(const Graph& g, const Node& u, const Site& s, Builder& b, Defe
   }
   for (size_t i = 0; i < outer.size(); ++i) {
     auto [q, sv] = outer[i];
+    if (bias >= 0 && !bias_folded && !q.valid()) {   // c + bias, in fp32, once per binding
+      sv = b.add(OpKind::Add, sv, b.at(bias), p + "c_bias", out.folds);
+      bias_folded = true;
+    }
     Value term = q.valid() ? b.add(OpKind::Mul, q, sv, p + "o" + std::to_string(i), out.row_side) : sv;
     z = b.add(OpKind::Add, z, term, p + "out" + std::to_string(i), out.row_side);
   }
-  // the reader's dtype, as its value was (a matmul's: its operands')
-  if (d.node(z).dtype != u.dtype) z = d.cast(z, u.dtype, p + "z");
+  // the reader's dtype, as its value was (a matmul's: its operands'); with the bias, the add's
+  const DType dt = bias_folded ? bias_dtype : u.dtype;
+  if (d.node(z).dtype != dt) z = d.cast(z, dt, p + "z");
   return z;
 }
 
@@ -619,9 +642,19 @@ void build(const Graph& g, Decisions& dec, DeferredProgram& out) {
   Graph& d = out.graph;
   Builder b(g, out);
   std::vector<Value> ins;
+  const auto users = g.users();
+  std::map<int, Value> bias_added;   // the add of a folded reader and its bias -> the folded value, which includes it
   for (const Node& n : g.nodes) {
     if (auto it = dec.folded_reader.find(n.id); it != dec.folded_reader.end()) {
-      b.at(n.id) = fold_reader(g, n, *dec.sites.at(it->second), b, out);
+      bool folded = false;
+      const int bias = constant_bias_of(g, users, n);
+      b.at(n.id) = fold_reader(g, n, *dec.sites.at(it->second), b, out, bias,
+                               bias >= 0 ? g.node(users[n.id][0]).dtype : n.dtype, folded);
+      if (folded) bias_added[users[n.id][0]] = b.at(n.id);
+      continue;
+    }
+    if (auto it = bias_added.find(n.id); it != bias_added.end()) {
+      b.at(n.id) = it->second;
       continue;
     }
     ins.clear();

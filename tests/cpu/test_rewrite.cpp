@@ -118,6 +118,28 @@ TEST(DeferNorms, ALayerNormReadByAGemmIsFinishedInIt) {
   }
 }
 
+// A constant bias that the folded GEMM's only reader adds joins the per-column shift c = beta W in the fold, so the
+// consumer's epilogue reads two per-column vectors (s and c + b), not three; a bias that is not constant stays an add.
+TEST(DeferNorms, AConstantBiasAfterTheFoldedGemmJoinsItsShift) {
+  for (bool constant : {true, false}) {
+    std::string text = kBertSite;
+    if (constant) text.replace(text.find("b2 : bf16[160]"), 14, "b2 : bf16[160] const");
+    Graph g = parse_cf(text);
+    DeferredProgram d = defer_norms(g);
+    ASSERT_TRUE(d.sites.at(0).deferred) << explain_deferral(d);
+    const int b2 = *d.graph.find("b2");
+    int read_outside_folds = 0;
+    for (const Node& n : d.graph.nodes)
+      if (std::count(n.inputs.begin(), n.inputs.end(), b2) && !d.folds.count(n.name)) ++read_outside_folds;
+    EXPECT_EQ(read_outside_folds, constant ? 0 : 1) << (constant ? "constant" : "not constant");
+    std::mt19937 rng(std::random_device{}());
+    for (int rep = 0; rep < 3; ++rep) {
+      Errors e = compare(g, d, random_inputs(g, rng));
+      EXPECT_LT(e.rewritten, kBound) << "original " << e.original;
+    }
+  }
+}
+
 TEST(DeferNorms, AModelsRmsNormWithCastsIsFoldedIntoBothGemms) {
   Graph g = parse_cf(kLlamaSite);
   DeferredProgram d = defer_norms(g);
