@@ -3,7 +3,7 @@
 // ComFuse's kernels with the residual read and the outputs written each way (ours.cu), all in one process, at the
 // WORKLOADS shapes.
 //
-//   comfuse_epilogue_path [--shape M,K,N]... [--rounds R] [--reps N] [--only SUBSTR] [--csv FILE] [--check-only]
+//   comfuse_epilogue_path [--shape M,K,N]... [--rounds R] [--reps N] [--only SUBSTR[,SUBSTR...]] [--csv FILE] [--check-only]
 //
 // Correctness first: every variant's outputs are poisoned (NaN), computed once on fresh random inputs and compared
 // with an fp32 reference GEMM (normwise relative error; a NaN left means an element was never written). Timing:
@@ -216,7 +216,9 @@ int main(int argc, char** argv) {
                                    cb::ours_kernel_8(),  cb::ours_kernel_9(),  cb::ours_kernel_10(), cb::ours_kernel_11(),
                                    cb::ours_kernel_12(), cb::ours_kernel_13(), cb::ours_kernel_14(), cb::ours_kernel_15(),
                                    cb::ours_kernel_16(), cb::ours_kernel_17(), cb::ours_kernel_18(), cb::ours_kernel_19(),
-                                   cb::ours_kernel_20(), cb::ours_kernel_21(), cb::ours_kernel_22(), cb::ours_kernel_23()};
+                                   cb::ours_kernel_20(), cb::ours_kernel_21(), cb::ours_kernel_22(), cb::ours_kernel_23(),
+                                   cb::ours_kernel_24(), cb::ours_kernel_25(), cb::ours_kernel_26(), cb::ours_kernel_27(),
+                                   cb::ours_kernel_28(), cb::ours_kernel_29(), cb::ours_kernel_30(), cb::ours_kernel_31()};
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -297,7 +299,12 @@ int main(int argc, char** argv) {
     if (!only.empty())
       ts.erase(std::remove_if(ts.begin(), ts.end(), [&](Timed const& t) {
                  // (the cuBLAS baselines stay for the ratios, except in a correctness-only run)
-                 return (check_only || t.name.rfind("cublas", 0) != 0) && t.name.find(only) == std::string::npos;
+                 bool named = false;   // one of the comma-separated substrings
+                 for (size_t b = 0, e; b <= only.size(); b = e + 1) {
+                   e = std::min(only.find(',', b), only.size());
+                   named = named || (e > b && t.name.find(only.substr(b, e - b)) != std::string::npos);
+                 }
+                 return (check_only || t.name.rfind("cublas", 0) != 0) && !named;
                }), ts.end());
 
     // ---- correctness: set 0, outputs poisoned, against the fp32 reference (with bias where cuBLAS's bias is the

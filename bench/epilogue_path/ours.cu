@@ -25,6 +25,17 @@
 //   21  h = X·W + R                 Store, ring (boxes)   c1x2
 //   22  h = X·W + b + R             Store, ring (boxes)   c1x2
 //   23  h = X·W + R, y = h ⊙ γ      Store x2, ring (boxes) c1x2
+//   24-28: outputs leaving by 16 x 64 tensor boxes (StoreAsync<.., Boxes = true>, epilogue/store_async.cuh)
+//   24  h = X·W + R                 StoreAsync (tensor boxes, 2 per warp), ring (boxes)   c1x2
+//   25  h = X·W + R                 StoreAsync (tensor boxes, 1 per warp), ring (boxes)   c1x2
+//   26  h = X·W + R                 StoreAsync (tensor boxes, 1 per warp), TileLoad       c1x2
+//   27  h = X·W                     StoreAsync (tensor boxes, 1 per warp)                 c1x2
+//   28  h = X·W + R, y = h ⊙ γ      StoreAsync (tensor boxes, 1 per warp) x2, ring (boxes) c1x2
+//   29-31: the output written back into the ring buffer its residual came from and stored from there by tensor boxes
+//          (StoreInRing, epilogue/store_in_ring.cuh): no SMEM of its own, as CUTLASS's source-C epilogue
+//   29  h = X·W + R                 StoreInRing, ring (boxes)             c1x2
+//   30  h = X·W + b + R             StoreInRing, ring (boxes)             c1x2
+//   31  h = X·W + R, y = h ⊙ γ      StoreInRing (h), Store (y), ring (boxes) c1x2
 
 #include "variants.h"
 
@@ -32,7 +43,7 @@
 #include "comfuse/epilogue/all.cuh"
 
 #ifndef OURS_CFG
-#error "compile with -DOURS_CFG=<0..23>"
+#error "compile with -DOURS_CFG=<0..31>"
 #endif
 
 namespace comfuse::bench {
@@ -46,6 +57,8 @@ using RingBox = TileLoadRing<bf16, 0, true>;
 using Reg = TileLoad<bf16>;
 template <class C> using S = Store<bf16, C>;
 template <class C, int Box = 64> using SA = StoreAsync<bf16, C, Box>;
+template <class C, int Buf> using SB = StoreAsync<bf16, C, 64, Buf, true>;   // tensor boxes
+template <class C> using SR = StoreInRing<bf16, C, 0>;
 template <class R> using Res = Compute<Add, AccEntry, R>;
 template <class R> using BiasRes = Compute<Add, Compute<Add, AccEntry, RowBroadcast<bf16>>, R>;
 
@@ -86,6 +99,14 @@ OURS_V(20, 1, 1, PP, 128, "ours_res_ringbox_store_c1x1", true, false, 1, S<Res<R
 OURS_V(21, 1, 2, PP, 128, "ours_res_ringbox_store_c1x2", true, false, 1, S<Res<RingBox>>)
 OURS_V(22, 1, 2, PP, 128, "ours_biasres_ringbox_store_c1x2", true, true, 1, S<BiasRes<RingBox>>)
 OURS_V(23, 1, 2, PP, 128, "ours_res2out_ringbox_store_c1x2", true, false, 2, S<Compute<Mul, S<Res<RingBox>>, RowBroadcast<bf16>>>)
+OURS_V(24, 1, 2, PP, 128, "ours_res_ringbox_tmastore2_c1x2", true, false, 1, SB<Res<RingBox>, 2>)
+OURS_V(25, 1, 2, PP, 128, "ours_res_ringbox_tmastore1_c1x2", true, false, 1, SB<Res<RingBox>, 1>)
+OURS_V(26, 1, 2, PP, 128, "ours_res_reg_tmastore1_c1x2", true, false, 1, SB<Res<Reg>, 1>)
+OURS_V(27, 1, 2, PP, 128, "ours_plain_tmastore1_c1x2", false, false, 1, SB<AccEntry, 1>)
+OURS_V(28, 1, 2, PP, 128, "ours_res2out_ringbox_tmastore1_c1x2", true, false, 2, SB<Compute<Mul, SB<Res<RingBox>, 1>, RowBroadcast<bf16>>, 1>)
+OURS_V(29, 1, 2, PP, 128, "ours_res_ringbox_inring_c1x2", true, false, 1, SR<Res<RingBox>>)
+OURS_V(30, 1, 2, PP, 128, "ours_biasres_ringbox_inring_c1x2", true, true, 1, SR<BiasRes<RingBox>>)
+OURS_V(31, 1, 2, PP, 128, "ours_res2out_ringbox_inring_c1x2", true, false, 2, S<Compute<Mul, SR<Res<RingBox>>, RowBroadcast<bf16>>>)
 #undef OURS_V
 
 using Var = V<OURS_CFG>;
@@ -121,6 +142,30 @@ template <class C> struct ArgsOf<S<C>> {   // the inner store of two writes D1 (
 template <class C, int Box> struct ArgsOf<SA<C, Box>> {
   static typename SA<C, Box>::Arguments make(Problem const& p, bool inner = false) {
     return {static_cast<bf16*>(inner ? p.D1 : p.D0), p.N, ArgsOf<C>::make(p)};
+  }
+};
+template <class C, int Buf> struct ArgsOf<SB<C, Buf>> {
+  static typename SB<C, Buf>::Arguments make(Problem const& p, bool inner = false) {
+    typename SB<C, Buf>::Arguments a{static_cast<bf16*>(inner ? p.D1 : p.D0), p.N, ArgsOf<C>::make(p)};
+    if (encode_store_map(&a.map, a.ptr, p.N, p.M, p.N) != CUDA_SUCCESS) map_failed = true;   // (run() refuses it)
+    return a;
+  }
+};
+template <class C, int Buf> struct ArgsOf<Compute<Mul, SB<C, Buf>, RowBroadcast<bf16>>> {
+  static typename Compute<Mul, SB<C, Buf>, RowBroadcast<bf16>>::Arguments make(Problem const& p) {
+    return {ArgsOf<SB<C, Buf>>::make(p, true), ArgsOf<RowBroadcast<bf16>>::make(p, true)};
+  }
+};
+template <class C> struct ArgsOf<SR<C>> {
+  static typename SR<C>::Arguments make(Problem const& p, bool inner = false) {
+    typename SR<C>::Arguments a{static_cast<bf16*>(inner ? p.D1 : p.D0), p.N, ArgsOf<C>::make(p)};
+    if (encode_store_map(&a.map, a.ptr, p.N, p.M, p.N) != CUDA_SUCCESS) map_failed = true;   // (run() refuses it)
+    return a;
+  }
+};
+template <class C> struct ArgsOf<Compute<Mul, SR<C>, RowBroadcast<bf16>>> {
+  static typename Compute<Mul, SR<C>, RowBroadcast<bf16>>::Arguments make(Problem const& p) {
+    return {ArgsOf<SR<C>>::make(p, true), ArgsOf<RowBroadcast<bf16>>::make(p, true)};
   }
 };
 // Two outputs: y = h ⊙ γ over the stored h (the inner store)

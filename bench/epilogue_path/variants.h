@@ -32,7 +32,7 @@ struct Variant {
   cudaError_t (*run)(Problem const&, cudaStream_t);
 };
 
-constexpr int kOursKernels = 24;
+constexpr int kOursKernels = 32;
 Variant ours_kernel_0();
 Variant ours_kernel_1();
 Variant ours_kernel_2();
@@ -57,5 +57,13 @@ Variant ours_kernel_20();
 Variant ours_kernel_21();
 Variant ours_kernel_22();
 Variant ours_kernel_23();
+Variant ours_kernel_24();
+Variant ours_kernel_25();
+Variant ours_kernel_26();
+Variant ours_kernel_27();
+Variant ours_kernel_28();
+Variant ours_kernel_29();
+Variant ours_kernel_30();
+Variant ours_kernel_31();
 
 }  // namespace comfuse::bench

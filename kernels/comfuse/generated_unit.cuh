@@ -53,6 +53,14 @@ struct Pointers {
       refused = "the driver refused the tensor map of a tile input read in boxes (cuTensorMapEncodeTiled)";
     return a;
   }
+  // The tensor map of output o written back into the ring and stored from there by tensor boxes (StoreInRing),
+  // encoded here as ring_box_input's.
+  CUtensorMap store_box_map(int o, int64_t ld) const {
+    CUtensorMap map{};
+    if (m > 0 && n > 0 && epi::encode_store_map(&map, out[o], ld, m, n) != CUDA_SUCCESS)
+      refused = "the driver refused the tensor map of an output stored in boxes (cuTensorMapEncodeTiled)";
+    return map;
+  }
 };
 
 // Row reductions of an epilogue: StageStream's count, 0 for a single-stage tree.

@@ -621,10 +621,41 @@ class Psi {
     if (so.split())
       return {std::string("Store<") + t + ", " + a + ", PartMajor<" + std::to_string(so.part_cols) + ">>", args,
               a + "; out[" + o + "][t, row, c] = " + t + "(" + a + "), col = (t, c)"};
+    if (stores_in_ring(k, n, so)) {   // into the ring buffer its residual came from, out by tensor boxes
+      in_ring_store_ = true;
+      return {std::string("StoreInRing<") + t + ", " + a + ", 0>",
+              std::string("{p.output<") + t + ">(" + o + "), ld, " + operand_args(k, n, 0) + ", p.store_box_map(" + o + ", ld)}",
+              a + "; out[" + o + "][row, col] = " + t + "(" + a + "), written into the ring and stored from there"};
+    }
     if (async_box_ > 0 && so.dtype != DType::F32)   // through SMEM by bulk copies, box by box
       return {std::string("StoreAsync<") + t + ", " + a + ", " + std::to_string(async_box_) + ">", args,
               a + "; out[" + o + "][row, col] = " + t + "(" + a + "), by the copy engine"};
     return {std::string("Store<") + t + ", " + a + ">", args, a + "; out[" + o + "][row, col] = " + t + "(" + a + ")"};
+  }
+
+  // Whether output store n writes its value back into the ring buffer its tile input came from and leaves from there
+  // by tensor boxes (StoreInRing, kernels/comfuse/epilogue/store_in_ring.cuh): the ring in boxes, a one-pass
+  // epilogue (the ring is read in the store's stage), the value computed from the ring's input, an [M, N] output of
+  // that input's 16-bit dtype, and the first such store of the tree (the buffer holds one output).
+  bool stores_in_ring(size_t k, const SpecNode& n, const SpecOutput& so) const {
+    if (form_ != TileInputForm::Ring || !ring_boxes_ || in_ring_store_ || st_.size() != 1 || so.split()) return false;
+    const SpecNode& v = st_[k]->nodes.at(n.args.at(0));
+    int ring = -1;
+    if (!reads_ring(k, v, ring) || ring < 0) return false;
+    const DType dt = fs_.params[ring].dtype;
+    return so.dtype == dt && (dt == DType::BF16 || dt == DType::F16);
+  }
+  // Whether n reads the ring's tile input (a [rows, N] Tile broadcast), directly or through its operands; `param` gets
+  // that input's parameter.
+  bool reads_ring(size_t k, const SpecNode& n, int& param) const {
+    if (n.kind == SpecKind::Broadcast && n.bcast == BroadcastKind::Tile) {
+      param = n.param;
+      return true;
+    }
+    if (n.kind != SpecKind::Compute) return false;
+    for (int a : n.args)
+      if (reads_ring(k, st_[k]->nodes.at(a), param)) return true;
+    return false;
   }
 
   // Whether n reads a [rows, N] or periodic input, directly or through its operands.
@@ -645,7 +676,9 @@ class Psi {
     for (const SpecNode& o : s.nodes)
       for (int a : o.args) readers += &s.nodes[a] == self;
     // (only the first instance of a Shared<> visits its subtree: a StoreAsync there would skip its boxes)
-    if (readers < 2 || shared_slots_ >= 4 || count_nodes("StoreAsync<", r.type) > 0) return r;
+    if (readers < 2 || shared_slots_ >= 4 || count_nodes("StoreAsync<", r.type) > 0 ||
+        count_nodes("StoreInRing<", r.type) > 0)
+      return r;
     r.type = "Shared<" + std::to_string(shared_slots_++) + ", " + r.type + ">";
     r.math += ", loaded once for its " + std::to_string(readers) + " readers";
     return r;
@@ -653,6 +686,7 @@ class Psi {
 
   const FusionSpec& fs_;
   int shared_slots_ = 0;
+  bool in_ring_store_ = false;   // a StoreInRing is rendered (one per tree: the ring buffer holds one output)
   std::vector<const Spec*> st_;
   std::vector<int> carried_;
   std::vector<MergeHow> merge_;   // per stage: the pair (k, k+1) merges, and how

@@ -13,3 +13,4 @@
 #include "comfuse/epilogue/rotate.cuh"
 #include "comfuse/epilogue/store.cuh"
 #include "comfuse/epilogue/store_async.cuh"
+#include "comfuse/epilogue/store_in_ring.cuh"
