@@ -10,8 +10,9 @@
 #   environment: EP_ARGS      extra arguments of the timing run (e.g. "--shape 8192,1024,1024")
 #                NCU_VARIANTS space-separated variant names to profile (ncu, full set, one launch each)
 #                NCU_SHAPE    their shape (default 8192,1024,1024)
-#                SAN_MEMCHECK, SAN_RACECHECK  the variants (a name's substring) under each tool (default: the
-#                             copy-engine stores; racecheck: the two-output one)
+#                SAN_MEMCHECK, SAN_RACECHECK  the variants (names' substrings, comma-separated) under each tool
+#                             (default: the copy-engine stores and the output stored through the ring; racecheck: the
+#                             two-output async one and the ring's own output)
 #                CLI_AOT      a folder of `comfuse aot` outputs, one per example name: build/bin/comfuse bench runs
 #                             each (examples/<name>.cf --aot CLI_AOT/<name>)
 #   scripts/gpu-epilogue-path.sh --prepare   here: build it into build-ep/ (nvcc, ~8 minutes on 2 cores)
@@ -42,10 +43,11 @@ status[check_odd]=$?
 "$bin" --csv "$OUT/epilogue_path.csv" ${EP_ARGS:-} > "$OUT/epilogue_path.log" 2>&1
 status[bench]=$?
 # sanitizers on the copy-engine stores at the odd shape: memcheck over every such variant, racecheck (slow) on the
-# two-output one (two StoreAsync nodes: the copy groups of both counted)
+# two-output one (two StoreAsync nodes: the copy groups of both counted) and on the output written back into the ring
+# (its buffer is refilled only after the copies read it)
 san="$OUT/sanitizers.log"
 : > "$san"
-for run in "memcheck ${SAN_MEMCHECK:-async}" "racecheck ${SAN_RACECHECK:-res2out_ring_async}"; do
+for run in "memcheck ${SAN_MEMCHECK:-async,tmastore,inring}" "racecheck ${SAN_RACECHECK:-res2out_ring_async,res_ringbox_inring}"; do
   set -- $run
   echo "== compute-sanitizer --tool $1, variants matching '$2'" >> "$san"
   timeout 240 compute-sanitizer --tool "$1" --error-exitcode 9 "$bin" --check-only --shape 1000,520,264 --only "$2" \

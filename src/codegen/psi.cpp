@@ -135,7 +135,8 @@ class Psi {
   Psi(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form)
       : fs_(fs), st_(fs.stages()), form_(form), staged_(form == TileInputForm::Staged ? staged_tile_args(cfg) : ""),
         parts_(renders_parts(fs, cfg)), row_output_(row_output_of(fs)), pair_rows_(pair_rows_of(fs)),
-        async_box_(async_store_box(fs, cfg)), ring_boxes_(form == TileInputForm::Ring && ring_in_boxes(fs, cfg)) {
+        async_box_(async_store_box(fs, cfg)), ring_boxes_(form == TileInputForm::Ring && ring_in_boxes(fs, cfg)),
+        store_in_ring_(cfg.store_in_ring) {
     if (row_output_ >= 0) {   // the reduction only leaves the kernel: stage 0 alone, its reduction a ReduceToRow
       st_.resize(1);
       parts_ = false;
@@ -186,6 +187,10 @@ class Psi {
         if (!pair_rows_store(k, static_cast<int>(i))) define(k, static_cast<int>(i));
       define_tree(k);
     }
+    if (store_in_ring_ && !in_ring_store_)
+      throw CodegenError("config " + config_name(cfg) +
+                         ": no output is stored through the ring (_ir needs the ring in 64 x 64 boxes, a one-pass "
+                         "epilogue and a 16-bit [M, N] output computed from the ring's input, in its dtype)");
   }
 
   // The epilogue is one C++ type whose template nesting follows the longest operand chain, and every node is a
@@ -638,7 +643,8 @@ class Psi {
   // epilogue (the ring is read in the store's stage), the value computed from the ring's input, an [M, N] output of
   // that input's 16-bit dtype, and the first such store of the tree (the buffer holds one output).
   bool stores_in_ring(size_t k, const SpecNode& n, const SpecOutput& so) const {
-    if (form_ != TileInputForm::Ring || !ring_boxes_ || in_ring_store_ || st_.size() != 1 || so.split()) return false;
+    if (!store_in_ring_ || form_ != TileInputForm::Ring || !ring_boxes_ || in_ring_store_ || st_.size() != 1 || so.split())
+      return false;
     const SpecNode& v = st_[k]->nodes.at(n.args.at(0));
     int ring = -1;
     if (!reads_ring(k, v, ring) || ring < 0) return false;
@@ -697,6 +703,7 @@ class Psi {
   std::pair<int, int> pair_rows_;   // pair_rows_of(fs_): the outputs of MergedToRows (st_ holds stages 0, 1), or -1s
   int async_box_;        // async_store_box: StoreAsync's box width, or 0 (Store)
   bool ring_boxes_;      // the ring filled by 64 x 64 TMA boxes (ring_in_boxes), not row by row
+  bool store_in_ring_;   // cfg.store_in_ring: the first eligible output through the ring (stores_in_ring)
   std::map<std::string, std::string> alias_types_;   // every alias the unit defines -> its type
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
   std::vector<std::string> tree_types_, tree_args_;      // per stage: its tree's type and Arguments expression
@@ -844,6 +851,9 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     o << "// tile inputs " << (psi.form() == TileInputForm::Staged ? "staged in SMEM" : "through the tile ring")
       << (psi.ring_boxes() ? ", filled by 64x64 TMA boxes" : "")
       << (cfg.tile_input ? " (the planner's measured choice)" : " (Psi's K rule)") << "\n";
+  if (cfg.store_in_ring)
+    o << "// outputs: the first computed from the ring's input written back into the ring and stored from there by "
+         "16x64 tensor boxes (StoreInRing)\n";
   if (cfg.async_stores)
     o << "// outputs: " << (psi.async_stores() > 0 ? std::to_string(psi.async_stores()) + " through SMEM by the copy engine (StoreAsync)"
                                                    : std::string("stored directly (no 16-bit row-major output, or more than ") +

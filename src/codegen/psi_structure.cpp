@@ -239,7 +239,8 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
       throw CodegenError("config " + name + ": a library-form pass is one warp group on 64-row tiles");
     if (c.cluster_m != 1 || c.cluster_n < 1 || c.cluster_n > 8)
       throw CodegenError("config " + name + ": a library-form pass has a 1 x C cluster, C <= 8");
-    if (c.async_stores) throw CodegenError("config " + name + ": a library-form pass stores from registers (no StoreAsync)");
+    if (c.async_stores || c.store_in_ring)
+      throw CodegenError("config " + name + ": a library-form pass stores from registers (no StoreAsync, no StoreInRing)");
     if (c.tile_input && *c.tile_input != TileInputForm::Registers)
       throw CodegenError("config " + name + ": a library-form pass reads its tile inputs in the epilogue (TileLoad)");
   } else if (c.tile_k <= 0 || c.tile_k % 16 != 0) throw CodegenError("config " + name + ": tile K must be a multiple of 16");

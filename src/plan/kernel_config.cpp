@@ -83,6 +83,7 @@ bool parse_config(const std::string& s, KernelConfig& c) {
     if (take(tile_input_suffix(t))) c.tile_input = t;
   c.parts = take("_pt");
   c.async_stores = take("_as");
+  c.store_in_ring = take("_ir");
   for (Transport t : {Transport::L2, Transport::DsmemPeerToPeer, Transport::DsmemLeaderFollower})
     if (take(transport_suffix(t))) c.transport = t;
   return rest.empty();
@@ -92,6 +93,7 @@ bool operator==(const KernelConfig& a, const KernelConfig& b) {
   return a.tile_m == b.tile_m && a.tile_n == b.tile_n && a.tile_k == b.tile_k && a.cluster_m == b.cluster_m &&
          a.cluster_n == b.cluster_n && a.cooperative == b.cooperative && a.merged == b.merged &&
          a.tile_input == b.tile_input && a.parts == b.parts && a.async_stores == b.async_stores &&
+         a.store_in_ring == b.store_in_ring &&
          a.transport == b.transport && a.library == b.library;
 }
 
@@ -102,7 +104,7 @@ std::string config_name(const KernelConfig& c) {
                                      : std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k);
   return tile + "_c" + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + (c.cooperative ? "_coop" : "") +
          (c.merged ? "_mg" : "") + form + (c.parts ? "_pt" : "") + (c.async_stores ? "_as" : "") +
-         transport_suffix(c.transport);
+         (c.store_in_ring ? "_ir" : "") + transport_suffix(c.transport);
 }
 
 std::string b2b_config_name(const B2BKernelConfig& c) {

@@ -664,6 +664,60 @@ TEST(Codegen, AsyncStoresWhereTheConfigAndTheOutputsAllowThem) {
 }
 
 
+// An output written back into the ring and stored from there (StoreInRing, "_ir"): asked for by name only; the first
+// 16-bit [M, N] output computed from the ring's input, in that input's dtype, of a one-pass epilogue with the ring in
+// boxes. Any other store keeps its own form (Store, or StoreAsync with "_as"); where no output qualifies the config
+// is refused with the reason.
+TEST(Codegen, StoreInRingOnlyWhereAskedAndTheRingServesTheOutput) {
+  KernelConfig ir;
+  ASSERT_TRUE(parse_config("128x128x64_c1x2_rr_ir", ir));
+  EXPECT_TRUE(ir.store_in_ring);
+  EXPECT_EQ(ir.tile_input, TileInputForm::Ring);
+  EXPECT_EQ(config_name(ir), "128x128x64_c1x2_rr_ir");
+  KernelConfig rr, ir_as;
+  ASSERT_TRUE(parse_config("128x128x64_c1x2_rr", rr));
+  ASSERT_TRUE(parse_config("128x128x64_c1x2_rr_as_ir", ir_as));
+  EXPECT_FALSE(rr.store_in_ring);
+  EXPECT_FALSE(rr == ir);
+  EXPECT_EQ(config_name(ir_as), "128x128x64_c1x2_rr_as_ir");
+
+  const std::string head =
+      "input X : bf16[64, 128]\ninput W : bf16[128, 256]\ninput R : bf16[64, 256]\ninput g : bf16[256]\n"
+      "h = add(matmul(X, W), R)\n";
+  auto spec = [&](const std::string& body) { return partition(parse_cf(head + body, "i.cf")).regions.at(0).spec; };
+  auto count = [](const std::string& s, const std::string& w) {
+    int c = 0;
+    for (size_t at = s.find(w); at != std::string::npos; at = s.find(w, at + 1)) ++c;
+    return c;
+  };
+  // one output: into the ring, its tensor map encoded with the unit's arguments; without "_ir": Store
+  std::string src = generate_kernel(spec("output h\n"), ir).source;
+  EXPECT_EQ(expanded_epilogue(src).rfind("StoreInRing<bf16, ", 0), 0u) << src;
+  EXPECT_NE(src.find("p.store_box_map(0, ld)"), std::string::npos) << src;
+  EXPECT_EQ(count(generate_kernel(spec("output h\n"), rr).source, "StoreInRing<"), 0);
+  // two outputs: h into the ring, y = h * g stored as the config says (directly; by the copy engine with "_as")
+  std::string t = expanded_epilogue(generate_kernel(spec("y = mul(h, g)\noutput h, y\n"), ir).source);
+  EXPECT_EQ(count(t, "StoreInRing<"), 1) << t;
+  EXPECT_EQ(count(t, "Store<bf16, "), 1) << t;
+  t = expanded_epilogue(generate_kernel(spec("y = mul(h, g)\noutput h, y\n"), ir_as).source);
+  EXPECT_EQ(count(t, "StoreInRing<"), 1) << t;
+  EXPECT_EQ(count(t, "StoreAsync<"), 1) << t;
+  // a per-row output beside it (one pass): h still goes through the ring
+  t = expanded_epilogue(generate_kernel(
+      spec("hf = cast(h, dtype=f32)\ns = mean(pow(hf, 2.0), dim=-1)\noutput h, s\n"), ir).source);
+  EXPECT_EQ(count(t, "StoreInRing<"), 1) << t;
+  // refused, with the reason: an f32 output, and an exchange form (a later stage reads the row's mean)
+  for (const char* body : {"y = cast(h, dtype=f32)\noutput y\n",
+                           "m = mean(h, dim=-1)\ny = sub(h, m)\noutput y\n"}) {
+    try {
+      generate_kernel(spec(body), ir);
+      ADD_FAILURE() << "accepted _ir for " << body;
+    } catch (const CodegenError& e) {
+      EXPECT_NE(std::string(e.what()).find("no output is stored through the ring"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // The library form (KernelConfig::library): every region of every example that the fused kernel serves renders as
 // a pass too, as written and with its norms finished in their readers (the deferred producers' row outputs, the
 // readers' row scale and shift), and the pass runs the very epilogue tree the fused kernel does (the tile inputs
