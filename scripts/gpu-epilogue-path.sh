@@ -7,7 +7,8 @@
 #   scripts/gpu-epilogue-path.sh [BIN]
 #     BIN  the bench binary (default build-ep/comfuse_epilogue_path, built here by bench/epilogue_path/build.sh and
 #          carried); without it, it is built there from the carried CUTLASS headers (.carry/cutlass)
-#   environment: EP_ARGS      extra arguments of the timing run (e.g. "--shape 8192,1024,1024")
+#   environment: EP_ARGS      extra arguments of the timing run (e.g. "--shape 8192,1024,1024"); EP_TIMEOUT_S its
+#                             time limit (default 300 s)
 #                NCU_VARIANTS space-separated variant names to profile (ncu, full set, one launch each)
 #                NCU_SHAPE    their shape (default 8192,1024,1024)
 #                SAN_MEMCHECK, SAN_RACECHECK  the variants (names' substrings, comma-separated) under each tool
@@ -37,10 +38,11 @@ if ! "$bin" --shape 256,64,128 --check-only --only cublas_plain >> "$misc" 2>&1;
   bin=build-ep/comfuse_epilogue_path
 fi
 # correctness at odd shapes (partial tiles and boxes: M = 1000, N = 264 / 200), every variant
-"$bin" --check-only --shape 1000,520,264 --shape 1000,520,200 --shape 2000,1024,1024 > "$OUT/check_odd.log" 2>&1
+# (time limits: a variant that hangs costs its step, not the device command)
+timeout 150 "$bin" --check-only --shape 1000,520,264 --shape 1000,520,200 --shape 2000,1024,1024 > "$OUT/check_odd.log" 2>&1
 status[check_odd]=$?
 # timing at the WORKLOADS shapes, all variants interleaved
-"$bin" --csv "$OUT/epilogue_path.csv" ${EP_ARGS:-} > "$OUT/epilogue_path.log" 2>&1
+timeout "${EP_TIMEOUT_S:-300}" "$bin" --csv "$OUT/epilogue_path.csv" ${EP_ARGS:-} > "$OUT/epilogue_path.log" 2>&1
 status[bench]=$?
 # sanitizers on the copy-engine stores at the odd shape: memcheck over every such variant, racecheck (slow) on the
 # two-output one (two StoreAsync nodes: the copy groups of both counted) and on the output written back into the ring

@@ -36,6 +36,10 @@
 //   29  h = X·W + R                 StoreInRing, ring (boxes)             c1x2
 //   30  h = X·W + b + R             StoreInRing, ring (boxes)             c1x2
 //   31  h = X·W + R, y = h ⊙ γ      StoreInRing (h), Store (y), ring (boxes) c1x2
+//   32-34: a 2 x 2 cluster (A multicast along N, B along M: a third less operand traffic from L2 than 1 x 2)
+//   32  h = X·W                     Store                                 c2x2
+//   33  h = X·W + R                 Store, ring (boxes)                   c2x2
+//   34  h = X·W + R                 StoreInRing, ring (boxes)             c2x2
 
 #include "variants.h"
 
@@ -43,7 +47,7 @@
 #include "comfuse/epilogue/all.cuh"
 
 #ifndef OURS_CFG
-#error "compile with -DOURS_CFG=<0..31>"
+#error "compile with -DOURS_CFG=<0..34>"
 #endif
 
 namespace comfuse::bench {
@@ -107,6 +111,9 @@ OURS_V(28, 1, 2, PP, 128, "ours_res2out_ringbox_tmastore1_c1x2", true, false, 2,
 OURS_V(29, 1, 2, PP, 128, "ours_res_ringbox_inring_c1x2", true, false, 1, SR<Res<RingBox>>)
 OURS_V(30, 1, 2, PP, 128, "ours_biasres_ringbox_inring_c1x2", true, true, 1, SR<BiasRes<RingBox>>)
 OURS_V(31, 1, 2, PP, 128, "ours_res2out_ringbox_inring_c1x2", true, false, 2, S<Compute<Mul, SR<Res<RingBox>>, RowBroadcast<bf16>>>)
+OURS_V(32, 2, 2, PP, 128, "ours_plain_store_c2x2", false, false, 1, S<AccEntry>)
+OURS_V(33, 2, 2, PP, 128, "ours_res_ringbox_store_c2x2", true, false, 1, S<Res<RingBox>>)
+OURS_V(34, 2, 2, PP, 128, "ours_res_ringbox_inring_c2x2", true, false, 1, SR<Res<RingBox>>)
 #undef OURS_V
 
 using Var = V<OURS_CFG>;

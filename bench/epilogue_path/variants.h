@@ -32,7 +32,7 @@ struct Variant {
   cudaError_t (*run)(Problem const&, cudaStream_t);
 };
 
-constexpr int kOursKernels = 32;
+constexpr int kOursKernels = 35;
 Variant ours_kernel_0();
 Variant ours_kernel_1();
 Variant ours_kernel_2();
@@ -65,5 +65,8 @@ Variant ours_kernel_28();
 Variant ours_kernel_29();
 Variant ours_kernel_30();
 Variant ours_kernel_31();
+Variant ours_kernel_32();
+Variant ours_kernel_33();
+Variant ours_kernel_34();
 
 }  // namespace comfuse::bench

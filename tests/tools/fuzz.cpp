@@ -267,7 +267,7 @@ std::string mutate_npy(std::string t, std::mt19937_64& rng) {
 // ---- running one case ----
 
 struct Stats {
-  int cases = 0, accepted = 0, user_errors = 0, declined_regions = 0, interpreted = 0, deferred = 0;
+  int cases = 0, accepted = 0, user_errors = 0, declined_regions = 0, interpreted = 0, deferred = 0, stores_in_ring = 0;
   std::vector<std::string> failures;
   std::map<std::string, int> error_kinds;  // first words of the error messages, for the summary
 };
@@ -322,6 +322,17 @@ std::string run_cf(const std::string& text, Stats& st) {
         if (k.source.empty()) return "Psi generated an empty kernel";
       } catch (const CodegenError&) {
         ++st.declined_regions;
+      }
+      // an output stored through the ring (StoreInRing, a config "_ir"): exactly one such store, or refused
+      KernelConfig ir;
+      if (!parse_config("128x128x64_c1x2_rr_ir", ir)) return "the _ir config does not parse";
+      try {
+        const std::string src = generate_kernel(r.spec, ir).source;
+        size_t n = 0;
+        for (size_t at = src.find("= StoreInRing<"); at != std::string::npos; at = src.find("= StoreInRing<", at + 1)) ++n;
+        if (n != 1) return "an _ir kernel with " + std::to_string(n) + " StoreInRing nodes";
+        ++st.stores_in_ring;
+      } catch (const CodegenError&) {
       }
     }
     // Norm deferral (rewrite.h): the rewritten program verifies, partitions with its hints, and renders
@@ -490,9 +501,10 @@ int main(int argc, char** argv) {
   fs::remove(tmp, ec);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("comfuse_fuzz: %d cases in %.1f s: %d accepted (%d interpreted), %d refused with a located error, "
-              "%d regions declined by Psi, %d norm sites deferred, %zu FAILED\n",
+              "%d regions declined by Psi, %d norm sites deferred, %d regions with an output through the ring (_ir), "
+              "%zu FAILED\n",
               st.cases, secs, st.accepted, st.interpreted, st.user_errors, st.declined_regions, st.deferred,
-              st.failures.size());
+              st.stores_in_ring, st.failures.size());
   std::vector<std::pair<int, std::string>> kinds;
   for (const auto& [k, n] : st.error_kinds) kinds.push_back({n, k});
   std::sort(kinds.rbegin(), kinds.rend());
