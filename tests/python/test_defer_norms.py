@@ -243,14 +243,15 @@ def test_deferred_norms_run_on_the_gpu_and_match_eager(cls, caplog):
     assert folds.stats()["folds"] >= 1
 
 
-@pytest.mark.parametrize("name, sites", [("bert", 2), ("llama", 2), ("gpt2", 2)])
+@pytest.mark.parametrize("name, sites", [("bert", 2), ("llama", 2), ("gpt2", 2), ("qwen2", 2), ("vit", 2)])
 def test_hugging_face_models_defer_their_norm_sites_on_cpu(name, sites, caplog):
     """Each LayerNorm / RMSNorm site whose readers are GEMMs is finished in them: BERT's embedding LayerNorm (into Q,
     K and V) and its layer's attention-output LayerNorm (into FFN1; a post-norm, whose input holds the embedding
-    LayerNorm's output through the residual), Llama's and GPT-2's pre-norms. The model matches eager as closely as
-    without deferral."""
+    LayerNorm's output through the residual), the pre-norms of Llama, GPT-2, Qwen2 (into biased Q, K and V of
+    grouped-query attention, and gate / up) and ViT (layernorm_before into Q, K and V, layernorm_after into the
+    MLP). The model matches eager as closely as without deferral."""
     transformers = pytest.importorskip("transformers")   # noqa: F841  (test_hf_models builds the tiny configs)
-    from test_hf_models import _tiny
+    from test_hf_models import _tiny, _tiny_inputs
 
     caplog.set_level(logging.INFO, logger="comfuse")
     torch.manual_seed(0)
@@ -258,12 +259,12 @@ def test_hugging_face_models_defer_their_norm_sites_on_cpu(name, sites, caplog):
     with torch.no_grad():
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    ids = torch.randint(0, 128, (2, 16))
+    kwargs = {k: v.to(BF16) if v.is_floating_point() else v for k, v in _tiny_inputs(name).items()}
     errs = {}
     with torch.no_grad():
-        ref = m(ids).last_hidden_state.float()
+        ref = m(**kwargs).last_hidden_state.float()
         for defer in (False, True):
-            got = _compiled(m, defer_norms=defer)(ids).last_hidden_state
+            got = _compiled(m, defer_norms=defer)(**kwargs).last_hidden_state
             errs[defer] = ((got.float() - ref).norm() / ref.norm()).item()
     deferred = [s for s in _messages(caplog) if "norm deferral: norm" in s and "finished in" in s]
     assert len(deferred) == sites, _messages(caplog)

@@ -261,9 +261,24 @@ def _tiny(name: str):
         cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=1, num_attention_heads=2,
                                        num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
         return transformers.LlamaModel(cfg)
+    if name == "qwen2":   # grouped-query attention, biased Q/K/V projections
+        cfg = transformers.Qwen2Config(hidden_size=64, intermediate_size=176, num_hidden_layers=1, num_attention_heads=4,
+                                       num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+        return transformers.Qwen2Model(cfg)
+    if name == "vit":   # images: pixel_values [B, 3, 32, 32], patches of 8
+        cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=256,
+                                     image_size=32, patch_size=8)
+        return transformers.ViTModel(cfg, add_pooling_layer=False)
     cfg = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=128, n_positions=64,
                                   bos_token_id=0, eos_token_id=0)
     return transformers.GPT2Model(cfg)
+
+
+def _tiny_inputs(name: str, batch: int = 2, seq: int = 16) -> dict:
+    """A tiny model's inputs: token ids, or for ViT images of its 32 x 32 size."""
+    if name == "vit":
+        return {"pixel_values": torch.randn(batch, 3, 32, 32)}
+    return {"input_ids": torch.randint(0, 128, (batch, seq))}
 
 
 @pytest.mark.parametrize("name", ["bert", "llama", "gpt2"])
