@@ -591,11 +591,13 @@ class Psi {
   }
 
   // Whether output store n writes its value back into the ring buffer its tile input came from and leaves from there
-  // by tensor boxes (StoreInRing, kernels/comfuse/epilogue/store_in_ring.cuh): the ring in boxes, a one-pass
-  // epilogue (the ring is read in the store's stage), the value computed from the ring's input, an [M, N] output of
-  // that input's 16-bit dtype, and the first such store of the tree (the buffer holds one output).
+  // by tensor boxes (StoreInRing, kernels/comfuse/epilogue/store_in_ring.cuh): the config asks (_ir), the ring in
+  // boxes, one GEMM, a one-pass epilogue (the ring is read in the store's stage), the value computed from the ring's
+  // input, a row-major [M, N] output of that input's 16-bit dtype, and the first such store of the tree (the buffer
+  // holds one output).
   bool stores_in_ring(size_t k, const SpecNode& n, const SpecOutput& so) const {
-    if (!store_in_ring_ || form_ != TileInputForm::Ring || !ring_boxes_ || in_ring_store_ || st_.size() != 1 || so.split())
+    if (!store_in_ring_ || form_ != TileInputForm::Ring || !ring_boxes_ || in_ring_store_ || st_.size() != 1 ||
+        so.split() || fs_.gemm.paired())   // (two GEMMs on one A: the fragment's columns are X·B's, then X·B2's)
       return false;
     const SpecNode& v = st_[k]->nodes.at(n.args.at(0));
     int ring = -1;
