@@ -18,10 +18,11 @@
 // stage each warp waits for its copies' reads (cp.async.bulk.wait_group.read), and only then does the ring node
 // below release the buffer (TileLoadRing::end_stage, which this node's end_stage calls after the wait).
 //
-// Limits (Psi checks): the tree's ring holds boxes (TileLoadRing<.., Boxes = true>) and input slot Slot is a 16-bit
-// [M, N] tile of the output's dtype; PingPong 128-row tiles (64-row atoms); one node per slot (the buffer holds one
-// output); a one-pass epilogue whose ring is read in this node's stage. The output's tensor map (encode_store_map,
-// store_async.cuh) is encoded on the host; the output must be 16-byte aligned, pointer and row stride.
+// Limits (Psi checks, psi.cpp stores_in_ring): the tree's ring holds boxes (TileLoadRing<.., Boxes = true>) and input
+// slot Slot is a 16-bit [M, N] tile of the output's dtype; PingPong tiles of 64 or 128 rows (64-row atoms); one GEMM
+// (not two on one A); one node per slot (the buffer holds one output); a one-pass epilogue whose ring is read in this
+// node's stage. The output's tensor map (encode_store_map, store_async.cuh) is encoded on the host; the output must be
+// 16-byte aligned, pointer and row stride.
 #pragma once
 #include "comfuse/epilogue/core.cuh"
 #include "comfuse/epilogue/store_async.cuh"
