@@ -596,6 +596,13 @@ TEST(Codegen, SquaresFoldAndLoadedValuesAreComputedOnce) {
   EXPECT_NE(src.find("loaded once for its 2 readers"), std::string::npos) << src;
 }
 
+// How many times w occurs in s.
+int occurrences(const std::string& s, const std::string& w) {
+  int c = 0;
+  for (size_t at = s.find(w); at != std::string::npos; at = s.find(w, at + 1)) ++c;
+  return c;
+}
+
 // Outputs through SMEM by the copy engine (StoreAsync, "_as"): every 16-bit row-major output where the config asks,
 // in boxes of 64 columns (32 where the output tile is not a multiple of 64); f32 and part-major outputs, and a
 // value loaded once for two readers (Shared<>, whose second instance visits nothing), keep Store; past two such
@@ -617,11 +624,6 @@ TEST(Codegen, AsyncStoresWhereTheConfigAndTheOutputsAllowThem) {
       "input X : bf16[64, 128]\ninput W : bf16[128, 256]\ninput b : bf16[256]\ninput R : bf16[64, 256]\n"
       "input g : bf16[256]\nh = add(add(matmul(X, W), b), R)\n";
   auto spec = [&](const std::string& body) { return partition(parse_cf(head + body, "a.cf")).regions.at(0).spec; };
-  auto count = [](const std::string& s, const std::string& w) {
-    int c = 0;
-    for (size_t at = s.find(w); at != std::string::npos; at = s.find(w, at + 1)) ++c;
-    return c;
-  };
   KernelConfig regs_as = as;
   regs_as.tile_input = TileInputForm::Registers;
 
@@ -632,7 +634,7 @@ TEST(Codegen, AsyncStoresWhereTheConfigAndTheOutputsAllowThem) {
   EXPECT_EQ(t.rfind("StoreAsync<bf16, ", 0), 0u) << t;
   EXPECT_NE(t.find(", 64>"), std::string::npos) << t;
   EXPECT_NE(src.find("// outputs: 1 through SMEM by the copy engine"), std::string::npos) << src;
-  EXPECT_EQ(count(expanded_epilogue(generate_kernel(one, plain).source), "StoreAsync<"), 0);
+  EXPECT_EQ(occurrences(expanded_epilogue(generate_kernel(one, plain).source), "StoreAsync<"), 0);
 
   // a 96-column output tile (128x192 paired would be 96 too): 32-column boxes
   KernelConfig as96 = as;
@@ -643,11 +645,11 @@ TEST(Codegen, AsyncStoresWhereTheConfigAndTheOutputsAllowThem) {
 
   // two outputs (h stored, h * g stored), Psi's own tile-input form: two StoreAsync, nested
   t = expanded_epilogue(generate_kernel(spec("y = mul(h, g)\noutput h, y\n"), as).source);
-  EXPECT_EQ(count(t, "StoreAsync<"), 2) << t;
+  EXPECT_EQ(occurrences(t, "StoreAsync<"), 2) << t;
   // the same in the registers form: h is loaded once for its two readers (Shared) only where no StoreAsync is
   // inside the shared value; the stores themselves read it from outside
   t = expanded_epilogue(generate_kernel(spec("y = mul(h, g)\noutput h, y\n"), regs_as).source);
-  EXPECT_EQ(count(t, "StoreAsync<"), 2) << t;
+  EXPECT_EQ(occurrences(t, "StoreAsync<"), 2) << t;
   for (size_t at = t.find("Shared<"); at != std::string::npos; at = t.find("Shared<", at + 1)) {
     int depth = 0;   // the Shared<> argument list holds no StoreAsync
     size_t e = at + 7;
@@ -657,9 +659,9 @@ TEST(Codegen, AsyncStoresWhereTheConfigAndTheOutputsAllowThem) {
 
   // an f32 output stays Store; three 16-bit outputs are more than the copy engine's SMEM takes: all Store
   t = expanded_epilogue(generate_kernel(spec("y = cast(h, dtype=f32)\noutput y\n"), as).source);
-  EXPECT_EQ(count(t, "StoreAsync<"), 0) << t;
+  EXPECT_EQ(occurrences(t, "StoreAsync<"), 0) << t;
   src = generate_kernel(spec("y = mul(h, g)\nz = add(h, g)\noutput h, y, z\n"), as).source;
-  EXPECT_EQ(count(expanded_epilogue(src), "StoreAsync<"), 0) << src;
+  EXPECT_EQ(occurrences(expanded_epilogue(src), "StoreAsync<"), 0) << src;
   EXPECT_NE(src.find("// outputs: stored directly"), std::string::npos) << src;
 }
 
@@ -685,27 +687,22 @@ TEST(Codegen, StoreInRingOnlyWhereAskedAndTheRingServesTheOutput) {
       "input X : bf16[64, 128]\ninput W : bf16[128, 256]\ninput R : bf16[64, 256]\ninput g : bf16[256]\n"
       "h = add(matmul(X, W), R)\n";
   auto spec = [&](const std::string& body) { return partition(parse_cf(head + body, "i.cf")).regions.at(0).spec; };
-  auto count = [](const std::string& s, const std::string& w) {
-    int c = 0;
-    for (size_t at = s.find(w); at != std::string::npos; at = s.find(w, at + 1)) ++c;
-    return c;
-  };
   // one output: into the ring, its tensor map encoded with the unit's arguments; without "_ir": Store
   std::string src = generate_kernel(spec("output h\n"), ir).source;
   EXPECT_EQ(expanded_epilogue(src).rfind("StoreInRing<bf16, ", 0), 0u) << src;
   EXPECT_NE(src.find("p.store_box_map(0, ld)"), std::string::npos) << src;
-  EXPECT_EQ(count(generate_kernel(spec("output h\n"), rr).source, "StoreInRing<"), 0);
+  EXPECT_EQ(occurrences(generate_kernel(spec("output h\n"), rr).source, "StoreInRing<"), 0);
   // two outputs: h into the ring, y = h * g stored as the config says (directly; by the copy engine with "_as")
   std::string t = expanded_epilogue(generate_kernel(spec("y = mul(h, g)\noutput h, y\n"), ir).source);
-  EXPECT_EQ(count(t, "StoreInRing<"), 1) << t;
-  EXPECT_EQ(count(t, "Store<bf16, "), 1) << t;
+  EXPECT_EQ(occurrences(t, "StoreInRing<"), 1) << t;
+  EXPECT_EQ(occurrences(t, "Store<bf16, "), 1) << t;
   t = expanded_epilogue(generate_kernel(spec("y = mul(h, g)\noutput h, y\n"), ir_as).source);
-  EXPECT_EQ(count(t, "StoreInRing<"), 1) << t;
-  EXPECT_EQ(count(t, "StoreAsync<"), 1) << t;
+  EXPECT_EQ(occurrences(t, "StoreInRing<"), 1) << t;
+  EXPECT_EQ(occurrences(t, "StoreAsync<"), 1) << t;
   // a per-row output beside it (one pass): h still goes through the ring
   t = expanded_epilogue(generate_kernel(
       spec("hf = cast(h, dtype=f32)\ns = mean(pow(hf, 2.0), dim=-1)\noutput h, s\n"), ir).source);
-  EXPECT_EQ(count(t, "StoreInRing<"), 1) << t;
+  EXPECT_EQ(occurrences(t, "StoreInRing<"), 1) << t;
   // refused, with the reason: an f32 output, and an exchange form (a later stage reads the row's mean)
   for (const char* body : {"y = cast(h, dtype=f32)\noutput y\n",
                            "m = mean(h, dim=-1)\ny = sub(h, m)\noutput y\n"}) {
