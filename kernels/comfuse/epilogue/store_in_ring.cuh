@@ -69,7 +69,14 @@ struct StoreInRing : Children<Child> {
       const int rp = row0 + f.row_l - (p ? 64 : 0);
       uint32_t w[1];
       Elem<T>::pack(v, w);
-      st_shared_b32(buf + ring_detail::box_offset(rp, f.col_l / 8, int(pitch)) + uint32_t(f.col_l % 8) * 2u, w[0]);
+      // box_offset(rp, col_slot) + the lane's 4 bytes of the 16-byte chunk, with the row's part computed once per row
+      // slot: rp % 8 is lane / 4 (row0, the atom's, the warp's and the half's rows are multiples of 8), so the chunk's
+      // swizzle is col_slot % 8 ^ lane / 4, known to the compiler but for the lane
+      const int lane = int(threadIdx.x) % 32;
+      const uint32_t row_at = buf + uint32_t((rp >> 6) * int(pitch) + (rp & 63) * 128 + (lane % 4) * 4);
+      st_shared_b32(row_at + uint32_t((f.col_slot >> 3) * ring_detail::kBoxBytes) +
+                        ((uint32_t(f.col_slot & 7) << 4) ^ (uint32_t(lane / 4) << 4)),
+                    w[0]);
       const int half = f.row_slot % 2, atom = f.row_slot / 2, jb = f.col_slot % 8, b = f.col_slot / 8;
       if (half == 1 && jb == 7) {   // the sub-box's last fragment: copy it out
         fence_async_shared();
