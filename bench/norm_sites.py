@@ -3,11 +3,12 @@ examples/llama_block.cf (o_proj + residual, RMSNorm, gate/up, SiLU·mul) and exa
 residual, LayerNorm, FFN1 + GELU, FFN2 + bias + the rebuilt residual, LayerNorm), both at 8192 tokens, bf16.
 
   python3 bench/norm_sites.py [--cli build/bin/comfuse] [--rounds 3] [--out FILE.csv] [--programs llama_block,bert_layer]
-      [--variants off,on,on/fused] [--logs DIR]
+      [--variants off,on,on/fused,on/ir] [--logs DIR]
 
 Per program: eager PyTorch, torch.compile default and max-autotune-no-cudagraphs of the package's translation of the
 program (comfuse.to_torch; triton.testing.do_bench of the call, median), then `comfuse bench FILE.cf` in each variant
-(--defer-norms off and on; with /fused or /library every region forced to that form), alternating, `--rounds`
+(--defer-norms off and on; with /fused or /library every region forced to that form; with /ir the ring form's output
+written back into the ring, --store-in-ring on), alternating, `--rounds`
 invocations each (the median of each invocation's median; the spread is printed). The table last: ComFuse's time and
 torch.compile's best ÷ it (above 1: ComFuse is faster). Without a GPU: prints "skipped: no GPU" and exits 77.
 """
@@ -29,15 +30,16 @@ def main(argv):
     p.add_argument("--out", default=None, help="CSV file to write")
     p.add_argument("--programs", default=",".join(PROGRAMS))
     p.add_argument("--variants", default="off,on",
-                   help="--defer-norms off|on, each optionally /fused or /library (every region forced to that form)")
+                   help="--defer-norms off|on, each optionally /fused or /library (every region forced to that form) "
+                        "or /ir (--store-in-ring on: the ring form's output written back into the ring)")
     p.add_argument("--logs", default=None, help="folder for each `comfuse bench` output (plan, chosen configs)")
     p.add_argument("--no-torch", action="store_true", help="ComFuse's variants only (no eager or torch.compile times)")
     a = p.parse_args(argv)
     variants = [v for v in a.variants.split(",") if v]
     for v in variants:
         defer, _, form = v.partition("/")
-        if defer not in ("off", "on") or form not in ("", "fused", "library"):
-            p.error(f"unknown variant {v!r}: off or on, optionally followed by /fused or /library")
+        if defer not in ("off", "on") or form not in ("", "fused", "library", "ir"):
+            p.error(f"unknown variant {v!r}: off or on, optionally followed by /fused, /library or /ir")
     if a.logs:
         os.makedirs(a.logs, exist_ok=True)
     programs = [x for x in a.programs.split(",") if x]
@@ -59,7 +61,8 @@ def main(argv):
         for _ in range(a.rounds):   # the variants alternate
             for v in variants:
                 defer, _, form = v.partition("/")
-                opts = ["--defer-norms", defer] + (["--form", form] if form else [])
+                opts = ["--defer-norms", defer] + (["--store-in-ring", "on"] if form == "ir" else
+                                                    ["--form", form] if form else [])
                 log = os.path.join(a.logs, f"{name}_{v.replace('/', '_')}.log") if a.logs else None
                 runs[v].append(comfuse_us(a.cli, cf, opts, optional=bool(form), log=log))
         for v, xs in runs.items():

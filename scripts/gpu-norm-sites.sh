@@ -4,14 +4,15 @@
 #   1. the package installed with the image's own python3 (the torch side of the bench parses the .cf programs with
 #      it), in the background while
 #   2. every kernel of both programs, deferral off and on, is compiled in parallel (`comfuse aot` fills the JIT cache),
-#   3. `comfuse run --check --launches 3` of both programs off and on (and on in the library form), and of the
+#   3. `comfuse run --check --launches 3` of both programs off and on (and on in the library form, and on with the ring
+#      form's output written back into the ring, --store-in-ring on), and of the
 #      programs whose epilogues publish row outputs (examples/prenorm_*.cf, tests/data/row_stats_*.cf);
 #   4. bench/norm_sites.py: `comfuse bench` with --defer-norms off and on alternating, ROUNDS invocations each, and
 #      torch.compile's best on the same math;
 #   5. with --pytest (before 4, at most PYTEST_S = 150 s), or --pytest-only (instead of 2-4): the GPU tests of norm
 #      deferral and tensor parallelism through torch.compile, and of the row outputs' launches (installed package).
 # With --profile, after 3: each kernel's GPU time in one launch of each program in each variant (ncu), in
-# $OUT/profile_<program>_<variant>.txt. --variants goes to bench/norm_sites.py (e.g. off,on,on/fused); --no-torch times
+# $OUT/profile_<program>_<variant>.txt. --variants goes to bench/norm_sites.py (e.g. off,on,on/fused,on/ir); --no-torch times
 # ComFuse's variants only (no package install, no torch.compile).
 # Logs and norm_sites.csv under $OUT (each `comfuse bench` output under $OUT/bench/); a table last.
 #
@@ -56,6 +57,9 @@ if [ $pytest_only = 0 ]; then
       for d in off on; do echo "${p}_defer_$d examples/$p.cf --defer-norms $d"; done
     done
     for p in llama_block bert_layer; do echo "${p}_defer_on_library examples/$p.cf --defer-norms on --form library"; done
+    for p in llama_block bert_layer; do   # the ring form's output written back into the ring (its /ir variant)
+      echo "${p}_defer_on_ir examples/$p.cf --defer-norms on --store-in-ring on"
+    done
     for p in prenorm_row_stats prenorm_two_outputs; do echo "$p examples/$p.cf"; done
     for p in row_stats_odd_sum row_stats_odd_max row_stats_cluster; do echo "$p tests/data/$p.cf"; done
   }
@@ -75,6 +79,7 @@ if [ $pytest_only = 0 ]; then
     for p in llama_block bert_layer; do
       for v in ${variants//,/ }; do   # off, on, on/fused: --defer-norms off|on [--form fused]
         d="${v%%/*}" form=; [ "$v" = "${v#*/}" ] || form="--form ${v#*/}"
+        [ "$form" = "--form ir" ] && form="--store-in-ring on"
         tag="${p}_${v//\//_}"
         timeout 120 ncu --csv --metrics gpu__time_duration.sum "$cli" run "examples/$p.cf" --defer-norms $d $form \
           --launches 3 > "$OUT/ncu_$tag.csv" 2> "$OUT/ncu_$tag.err"

@@ -50,6 +50,9 @@ struct CompilerOptions {
   // Chained pairs of row reductions merged into one exchange (KernelConfig::merged): "" = the planner's choice;
   // "on" = wherever Psi can (psi_merges); "off" = never. The tile config stays the planner's (A/B benchmarks).
   std::string merge;
+  // The output of a ring-form region written back into the ring and stored from there (KernelConfig::store_in_ring):
+  // "" = the planner's (never yet: no measurements); "on" = wherever Psi can; "off" = never (A/B benchmarks).
+  std::string store_in_ring;
   // The form every region of a whole program runs in (plan.h RegionForm): "" = the planner's (the library form,
   // cuBLASLt + a generated pass, where fusion does not pay); "fused" or "library" where the region can (run --check
   // of either form, A/B benchmarks). Frontends that compile single regions (RegionKernel) always get the fused kernel.

@@ -128,6 +128,10 @@ struct PlanOptions {
   std::optional<Transport> transport;   // the row reductions' exchange; the cluster follows it
   std::optional<bool> merge;            // merged reduction pairs where the Spec has them (psi_merges)
   std::optional<RegionForm> form;       // the form every region runs in where it can (run --check of either form)
+  // The first eligible output of every region in the ring form written back into the ring and stored from there
+  // (KernelConfig::store_in_ring, "_ir") wherever Psi can, or never; the config is otherwise the planner's, with no
+  // config search (it has no measured rows: A/B benchmarks, run --check).
+  std::optional<bool> store_in_ring;
   // Every fused region in this config (a config name, `--config`; A/B benchmarks, run --check of one form): its
   // tile-input form, merged pairs and transport where the region has tile inputs, pairs and an exchange (the
   // planner's transport where the name has none), the cluster the transport needs. The fused form, no config search.

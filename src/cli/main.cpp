@@ -64,10 +64,13 @@ const char* kUsage =
     "  kernel, or the library form (cuBLASLt's GEMM, then the epilogue as one generated pass); default: the\n"
     "  form the planner estimates faster, from its measurements (docs/codegen.md)\n"
     "  --config NAME (plan, emit, run, bench, aot): every fused region in that kernel config, e.g.\n"
-    "  128x128x64_c1x2_rr (tile, cluster, then _coop _mg _rg|_sr|_rr _as _l2|_p2p|_leader; each suffix where the\n"
+    "  128x128x64_c1x2_rr (tile, cluster, then _coop _mg _rg|_sr|_rr _as _ir _l2|_p2p|_leader; each suffix where the\n"
     "  region has what it applies to); an error where a region cannot run in it; default: the planner's choice\n"
     "  --merge on|off (emit, run, bench, aot): a LayerNorm's or softmax's two chained reductions in one cross-CTA\n"
     "  exchange wherever the kernels can, or never; default: the planner's choice, from its measurements\n"
+    "  --store-in-ring on|off (plan, run, bench, aot): the output of a region whose residual comes through the tile\n"
+    "  ring written back into the ring and stored from there (_ir) wherever the kernels can, or never; default: the\n"
+    "  planner's choice (never, until it has measurements)\n"
     "  --defer-norms on|off (plan, emit, run, bench, aot): a LayerNorm / RMSNorm whose readers are GEMMs with\n"
     "  constant weights (input W : ... const) finished in those GEMMs (docs/kernel-reduce.md); default off\n"
     "  --b2b on|off (run, bench, aot): back-to-back GEMM chains the planner fuses run as one kernel (on, the\n"
@@ -174,6 +177,14 @@ Partition program_partition(const Args& a, int64_t fallback, std::string* deferr
   return partition(d);
 }
 
+// --store-in-ring on|off: the output of a ring-form region written back into the ring and stored from there wherever
+// Psi can, or never (default: the planner's choice, which has no measurements of it yet: never).
+std::string store_in_ring_arg(const Args& a) {
+  const std::string m = a.get("store-in-ring");
+  if (!m.empty() && m != "on" && m != "off") throw UsageError("--store-in-ring must be 'on' or 'off', got '" + m + "'");
+  return m;
+}
+
 int cmd_plan(const Args& a) {
   std::string deferral;
   Partition p = program_partition(a, kDefaultRows, &deferral);
@@ -183,6 +194,7 @@ int cmd_plan(const Args& a) {
   PlanOptions po;
   if (const std::string f = form_arg(a); !f.empty()) po.form = f == "library" ? RegionForm::Library : RegionForm::Fused;
   po.config = config_arg(a);
+  if (const std::string s = store_in_ring_arg(a); !s.empty()) po.store_in_ring = s == "on";
   for (size_t i = 0; i < p.regions.size(); ++i) {
     PlanDecision d = plan_region(p.regions[i].spec, po);
     std::cout << "  region " << i << ": ";
@@ -194,7 +206,8 @@ int cmd_plan(const Args& a) {
     else
       std::cout << "fused, " << d.config.tile_m << "x" << d.config.tile_n << "x" << d.config.tile_k << " cluster "
                 << d.config.cluster_m << "x" << d.config.cluster_n << (d.config.cooperative ? " cooperative" : "")
-                << (d.config.merged ? ", reduction pairs merged" : "") << ", transport "
+                << (d.config.merged ? ", reduction pairs merged" : "")
+                << (d.config.store_in_ring ? ", the output through the ring" : "") << ", transport "
                 << transport_name(d.config.transport) << " (" << d.form_reason << "): " << d.reason << "\n";
     if (a.flag("explain") && !d.candidates.empty()) {   // the config search (CompiledGraph::run times them)
       std::cout << "    candidates:";
@@ -424,6 +437,7 @@ CompilerOptions compiler_options(const Args& a) {
   CompilerOptions o;
   o.transport = a.get("transport");
   o.merge = merge_arg(a);
+  o.store_in_ring = store_in_ring_arg(a);
   o.form = form_arg(a);
   config_arg(a);   // (checked here, before any GPU work)
   o.config = a.get("config");
@@ -508,6 +522,7 @@ void print_choices(const CompiledGraph& cg) {
 // were compiled then).
 void check_compile_flags(const Args& a) {
   merge_arg(a);
+  store_in_ring_arg(a);
   form_arg(a);
   b2b_arg(a);
   if (a.get("aot").empty()) return;
@@ -516,6 +531,8 @@ void check_compile_flags(const Args& a) {
   if (!a.get("transport").empty())
     throw UsageError("--transport is fixed when the kernels were compiled: not with --aot");
   if (!a.get("merge").empty()) throw UsageError("--merge is fixed when the kernels were compiled: not with --aot");
+  if (!a.get("store-in-ring").empty())
+    throw UsageError("--store-in-ring is fixed when the kernels were compiled: not with --aot");
   if (!a.get("b2b").empty()) throw UsageError("--b2b is fixed when the kernels were compiled: not with --aot");
   if (!a.get("defer-norms").empty())
     throw UsageError("--defer-norms is fixed when the kernels were compiled (the manifest says): not with --aot");
@@ -654,18 +671,21 @@ int main(int argc, char** argv) {
   }
   std::string cmd = argv[1];
   try {
-    if (cmd == "plan") return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms", "form", "config"}));
+    if (cmd == "plan")
+      return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms", "form", "config", "store-in-ring"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
     if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts", "defer-norms", "form", "config"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
       return cmd_run(
           parse_args(argc, argv, {"check"},
-                     {"inputs", "outputs", "transport", "merge", "b2b", "aot", "seed", "rows", "launches", "defer-norms", "form", "config"}));
+                     {"inputs", "outputs", "transport", "merge", "store-in-ring", "b2b", "aot", "seed", "rows", "launches", "defer-norms", "form",
+                      "config"}));
     if (cmd == "bench")
       return cmd_bench(
-          parse_args(argc, argv, {}, {"iters", "transport", "merge", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms", "form", "config"}));
-    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "b2b", "rows", "defer-norms", "form", "config"}));
+          parse_args(argc, argv, {}, {"iters", "transport", "merge", "store-in-ring", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms", "form",
+                      "config"}));
+    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "store-in-ring", "b2b", "rows", "defer-norms", "form", "config"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const ParseError& e) {

@@ -47,6 +47,11 @@ PlanOptions plan_options(const CompilerOptions& o) {
       throw CompileError("unknown merge setting '" + o.merge + "' (on, off, or empty for the planner's choice)");
     p.merge = o.merge == "on";
   }
+  if (!o.store_in_ring.empty()) {
+    if (o.store_in_ring != "on" && o.store_in_ring != "off")
+      throw CompileError("unknown store-in-ring setting '" + o.store_in_ring + "' (on, off, or empty for the planner's choice)");
+    p.store_in_ring = o.store_in_ring == "on";
+  }
   if (!o.form.empty()) {
     if (o.form != "fused" && o.form != "library")
       throw CompileError("unknown form '" + o.form + "' (fused, library, or empty for the planner's choice)");

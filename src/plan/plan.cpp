@@ -711,6 +711,18 @@ PlanDecision plan_fitted(const FusionSpec& fs, const PlanOptions& opts, const st
       d.reason += std::string("; reduction pairs ") + (was ? "not merged" : "merged") + " (merge=" +
                   (*opts.merge ? "on" : "off") + ": the estimate above is for the planner's form)";
   }
+  if (opts.store_in_ring && !opts.config) {   // the caller's word on the ring's output store, where Psi can
+    KernelConfig c = d.config;
+    c.store_in_ring = *opts.store_in_ring;
+    if (c.store_in_ring != d.config.store_in_ring && !psi_rejects(fs, c)) {
+      d.config = c;
+      d.candidates = {c};
+      d.candidates_reason = "the output through the ring as asked (store-in-ring): no config search";
+      d.reason += std::string("; the output ") + (c.store_in_ring ? "stored through the ring" : "stored directly") +
+                  " (store-in-ring=" + (c.store_in_ring ? "on" : "off") + ": the estimate above is for the planner's form)";
+      return d;
+    }
+  }
   if (opts.config) {   // the caller's config (PlanOptions::config): the parts of it that apply to this region
     KernelConfig c = *opts.config;
     if (c.library) throw PlanError("config " + config_name(c) + " is the library form's: give a fused config (or --form library)");

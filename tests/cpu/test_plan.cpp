@@ -719,6 +719,30 @@ TEST(PlanForms, WhatNoKernelServesIsNotOfferedALibraryForm) {
 // A config the caller names (--config) runs every fused region, fitted to each: the tile-input form where the region
 // has a tile input, the planner's transport and the cluster it needs where it exchanges rows; no config search; and
 // a config Psi cannot render is an error that says why.
+// --store-in-ring on (PlanOptions::store_in_ring): a region planned in the ring form with an output that qualifies
+// runs with that output through the ring (_ir), its config otherwise the planner's and no config search; any other
+// region keeps its plan. Never by default: the planner has no measurement of it.
+TEST(PlanForms, TheRingsOutputStoreIsAskedForAndAppliedWhereItServes) {
+  const FusionSpec res = spec_of(gemm(16384, 1024, 1024, "input R : bf16[16384, 1024]\ny = add(h, R)\noutput y\n"));
+  const PlanDecision planned = plan_region(res);
+  EXPECT_FALSE(planned.config.store_in_ring);
+  PlanOptions on;
+  on.store_in_ring = true;
+  const PlanDecision d = plan_region(res, on);
+  ASSERT_EQ(planned.config.tile_input, TileInputForm::Ring) << config_name(planned.config);   // (the measured choice)
+  EXPECT_TRUE(d.config.store_in_ring);
+  KernelConfig expect = planned.config;
+  expect.store_in_ring = true;
+  EXPECT_EQ(d.config, expect);
+  ASSERT_EQ(d.candidates.size(), 1u);
+  EXPECT_NE(d.reason.find("store-in-ring=on"), std::string::npos) << d.reason;
+  EXPECT_NE(generate_kernel(res, d.config).source.find("StoreInRing<"), std::string::npos);
+  // no tile input: nothing to store through
+  const FusionSpec gelu = spec_of(gemm(8192, 1024, 1024, "y = gelu(add(h, b))\noutput y\n"));
+  EXPECT_EQ(plan_region(gelu, on).config, plan_region(gelu).config);
+  EXPECT_FALSE(plan_region(gelu, on).config.store_in_ring);
+}
+
 TEST(PlanForms, AnAskedConfigIsFittedToEachRegionOrRefusedWithTheReason) {
   KernelConfig ring;
   ASSERT_TRUE(parse_config("128x128x64_c1x2_rr", ring));
