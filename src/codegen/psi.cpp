@@ -599,33 +599,24 @@ class Psi {
     if (!store_in_ring_ || form_ != TileInputForm::Ring || !ring_boxes_ || in_ring_store_ || st_.size() != 1 ||
         so.split() || fs_.gemm.paired())   // (two GEMMs on one A: the fragment's columns are X·B's, then X·B2's)
       return false;
-    const SpecNode& v = st_[k]->nodes.at(n.args.at(0));
-    int ring = -1;
-    if (!reads_ring(k, v, ring) || ring < 0) return false;
-    const DType dt = fs_.params[ring].dtype;
+    const SpecNode* ring = tile_load_of(k, st_[k]->nodes.at(n.args.at(0)), false);
+    if (!ring) return false;
+    const DType dt = fs_.params[ring->param].dtype;
     return so.dtype == dt && (dt == DType::BF16 || dt == DType::F16);
   }
-  // Whether n reads the ring's tile input (a [rows, N] Tile broadcast), directly or through its operands; `param` gets
-  // that input's parameter.
-  bool reads_ring(size_t k, const SpecNode& n, int& param) const {
-    if (n.kind == SpecKind::Broadcast && n.bcast == BroadcastKind::Tile) {
-      param = n.param;
-      return true;
-    }
-    if (n.kind != SpecKind::Compute) return false;
-    for (int a : n.args)
-      if (reads_ring(k, st_[k]->nodes.at(a), param)) return true;
-    return false;
-  }
 
-  // Whether n reads a [rows, N] or periodic input, directly or through its operands.
-  bool loads_tile(size_t k, const SpecNode& n) const {
-    if (n.kind == SpecKind::Broadcast) return n.bcast == BroadcastKind::Tile || n.bcast == BroadcastKind::Periodic;
-    if (n.kind != SpecKind::Compute) return false;
+  // The first [rows, N] input (and, with `periodic`, periodic input) n reads, directly or through its operands, or
+  // nullptr.
+  const SpecNode* tile_load_of(size_t k, const SpecNode& n, bool periodic) const {
+    if (n.kind == SpecKind::Broadcast)
+      return n.bcast == BroadcastKind::Tile || (periodic && n.bcast == BroadcastKind::Periodic) ? &n : nullptr;
+    if (n.kind != SpecKind::Compute) return nullptr;
     for (int a : n.args)
-      if (loads_tile(k, st_[k]->nodes.at(a))) return true;
-    return false;
+      if (const SpecNode* t = tile_load_of(k, st_[k]->nodes.at(a), periodic)) return t;
+    return nullptr;
   }
+  // Whether n reads a [rows, N] or periodic input, directly or through its operands.
+  bool loads_tile(size_t k, const SpecNode& n) const { return tile_load_of(k, n, true) != nullptr; }
 
   // A tile load (TileLoad) that two nodes of its stage read is instantiated twice in the tree: Shared<slot, ..>
   // loads it once per fragment (epilogue/core.cuh), in the first of up to four slots.

@@ -314,6 +314,8 @@ std::string run_cf(const std::string& text, Stats& st) {
     (void)parse_cf(print_cf(d), "decomposed.cf");  // internal names print as identifiers that parse
     Partition p = partition(g);
     (void)print_partition(p, true);
+    KernelConfig ir;   // an output stored through the ring (StoreInRing)
+    if (!parse_config("128x128x64_c1x2_rr_ir", ir)) return "the _ir config does not parse";
     for (const auto& r : p.regions) {
       PlanDecision pd = plan_region(r.spec);
       if (pd.reason.empty()) return "plan_region gave no reason";
@@ -323,9 +325,7 @@ std::string run_cf(const std::string& text, Stats& st) {
       } catch (const CodegenError&) {
         ++st.declined_regions;
       }
-      // an output stored through the ring (StoreInRing, a config "_ir"): exactly one such store, or refused
-      KernelConfig ir;
-      if (!parse_config("128x128x64_c1x2_rr_ir", ir)) return "the _ir config does not parse";
+      // an output stored through the ring (a config "_ir"): exactly one StoreInRing, or refused
       try {
         const std::string src = generate_kernel(r.spec, ir).source;
         size_t n = 0;

@@ -36,8 +36,7 @@
 // waits for its own previous copy to have read it.
 #pragma once
 #include "comfuse/epilogue/core.cuh"
-#include <cuda.h>
-#include "cutlass/cuda_host_adapter.hpp"
+#include "comfuse/epilogue/tensor_map.cuh"
 
 namespace comfuse::epi {
 
@@ -82,13 +81,7 @@ CUTE_DEVICE void tensor_store(void const* map, uint32_t smem, int c0, int r0) {
 // The tensor map of a StoreAsync output [rows, cols] of 16-bit elements, row stride ld elements (16-byte aligned):
 // boxes of 16 rows x 64 columns, 128-byte swizzle. Host only.
 inline CUresult encode_store_map(CUtensorMap* map, void* ptr, int64_t ld, int64_t rows, int64_t cols) {
-  cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  cuuint64_t strides[1] = {cuuint64_t(ld) * 2};
-  cuuint32_t box[2] = {64, 16};
-  cuuint32_t elem[2] = {1, 1};
-  return CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
-      map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, ptr, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return encode_box_map(map, ptr, ld, rows, cols, 16, CU_TENSOR_MAP_L2_PROMOTION_NONE);
 }
 
 // StoreAsync's arguments; with tensor boxes also the output's tensor map (encode_store_map), read by the copy

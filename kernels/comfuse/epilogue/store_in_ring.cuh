@@ -73,7 +73,7 @@ struct StoreInRing : Children<Child> {
       // slot: rp % 8 is lane / 4 (row0, the atom's, the warp's and the half's rows are multiples of 8), so the chunk's
       // swizzle is col_slot % 8 ^ lane / 4, known to the compiler but for the lane
       const int lane = int(threadIdx.x) % 32;
-      const uint32_t row_at = buf + uint32_t((rp >> 6) * int(pitch) + (rp & 63) * 128 + (lane % 4) * 4);
+      const uint32_t row_at = buf + ring_detail::row_offset(rp, int(pitch)) + uint32_t(lane % 4) * 4u;
       st_shared_b32(row_at + uint32_t((f.col_slot >> 3) * ring_detail::kBoxBytes) +
                         ((uint32_t(f.col_slot & 7) << 4) ^ (uint32_t(lane / 4) << 4)),
                     w[0]);

@@ -41,9 +41,8 @@
 // h = X·W + R at K <= 1024, the fastest residual form there.
 #pragma once
 #include "comfuse/epilogue/core.cuh"
+#include "comfuse/epilogue/tensor_map.cuh"
 #include "comfuse/mbarrier.cuh"
-#include <cuda.h>
-#include "cutlass/cuda_host_adapter.hpp"
 
 namespace comfuse::epi {
 
@@ -71,25 +70,21 @@ CUTE_DEVICE void load_box(uint32_t dst, void const* map, int c0, int r0, uint32_
       "l"(map), "r"(c0), "r"(r0), "r"(bar)
       : "memory");
 }
-// The SMEM offset of row rp (of the part), 16-byte chunk `chunk` of a slot's part: 64-row bands of TileN / 64 boxes.
+// The SMEM offset of row rp (of the part) in a slot's part, unswizzled: 64-row bands of TileN / 64 boxes.
+CUTE_HOST_DEVICE constexpr uint32_t row_offset(int rp, int band_bytes) {
+  return uint32_t((rp >> 6) * band_bytes + (rp & 63) * 128);
+}
+// ... and of its 16-byte chunk `chunk`.
 CUTE_HOST_DEVICE constexpr uint32_t box_offset(int rp, int chunk, int band_bytes) {
-  return uint32_t((rp >> 6) * band_bytes + (chunk >> 3) * kBoxBytes + (rp & 63) * 128 + (((chunk & 7) ^ (rp & 7)) << 4));
+  return row_offset(rp, band_bytes) + uint32_t((chunk >> 3) * kBoxBytes + (((chunk & 7) ^ (rp & 7)) << 4));
 }
 }  // namespace ring_detail
 
 // The tensor map of a ring input [rows, cols] of 16-bit elements, row stride ld elements (a multiple of 8, 16-byte
 // aligned): boxes of 64 x 64, 128-byte swizzle, out-of-range elements read as zeros. Host only.
 inline CUresult encode_ring_map(CUtensorMap* map, void const* ptr, int64_t ld, int64_t rows, int64_t cols) {
-  cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  cuuint64_t strides[1] = {cuuint64_t(ld) * 2};
-  cuuint32_t box[2] = {cuuint32_t(ring_detail::kBoxCols), cuuint32_t(ring_detail::kBoxRows)};
-  cuuint32_t elem[2] = {1, 1};
-  // (through the runtime's driver entry point, as CUTLASS's own TMA descriptors are: a generated kernel library is
-  // not linked against libcuda)
-  return CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
-      map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(ptr), dims, strides, box, elem,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  static_assert(ring_detail::kBoxCols == 64, "tensor_map.cuh's boxes are 64 columns wide");
+  return encode_box_map(map, ptr, ld, rows, cols, ring_detail::kBoxRows, CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
 }
 
 // The CTA's ring: Buffers buffers, each holding one part (TileM / Parts rows) of the CTA tile of every input slot
@@ -292,7 +287,7 @@ struct TileLoadRing {
         // swizzle is (col_slot % 8) ^ (l / 8 ^ rp % 8): the lane's part (l / 8 ^ rp % 8) is kept beside the row's
         // address
         const int rp = r - (split && p ? 64 : 0);
-        rowp[f.row_slot] = (p ? tile[1] : tile[0]) + ring_detail::box_offset(rp, 0, int(pitch)) - uint32_t((rp & 7) << 4);
+        rowp[f.row_slot] = (p ? tile[1] : tile[0]) + ring_detail::row_offset(rp, int(pitch));
         swz[f.row_slot] = uint32_t(((lane / 8) ^ (rp & 7)) << 4);
       } else {
         rowp[f.row_slot] = (p ? tile[1] : tile[0]) + uint32_t(r) * pitch + uint32_t(lane / 8) * 16u;
