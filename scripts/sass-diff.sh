@@ -3,7 +3,9 @@
 # tests/gpu and Psi's golden units (tests/cpu/golden/*.cu) at a base revision and in the working tree with nvcc
 # (sm_90a, the instances' flags), dumps their SASS with cuobjdump and compares the instruction streams with
 # addresses and branch targets' encodings stripped. Kernel names may differ (a template's mangled name); the
-# instructions may not. A table last; exit status 1 when any unit differs.
+# instructions may not. A table last; exit status 1 when any unit differs. Beside the exact count the table gives
+# the lines that still differ with register numbers stripped (R, UR, P, UP): a change that only renames registers,
+# as moving code into an inlined function can (nvcc numbers the values in another order), shows 0 there.
 #
 #   scripts/sass-diff.sh [--base REV] [--jobs N] [--no-goldens] [INSTANCE ...]
 #     REV       the revision to compare with (default HEAD)
@@ -78,16 +80,20 @@ compile "$root" work || exit 1
 
 # The instruction stream of a dump: one instruction a line, without addresses and encodings.
 stream() { grep -E '^\s+/\*[0-9a-f]{4,}\*/' "$1" | sed -E 's@/\*[0-9a-f]{4,}\*/@@; s@/\* 0x[0-9a-f]+ \*/@@g; s@;\s*$@@; s@\s+@ @g'; }
+# The same without register numbers and reuse hints.
+unreg() { stream "$1" | sed -E 's@\.reuse@@g; s@\b(U?R|U?P)[0-9]+\b@\1#@g'; }
 fail=0
-printf '%-44s %8s %8s  %s\n' unit instrs differ "same multiset (reuse hints aside)"
+printf '%-44s %8s %8s %10s  %s\n' unit instrs differ "regs aside" "same multiset (reuse hints aside)"
 for s in "$out"/base/*.sass; do
   u="$(basename "$s" .sass)" w="$out/work/$(basename "$s")"
   [ -f "$w" ] || { printf '%-44s missing in the working tree\n' "$u"; fail=1; continue; }
   diff <(stream "$s") <(stream "$w") > "$out/$u.diff"
   n=$(grep -c '^[<>]' "$out/$u.diff")
+  diff <(unreg "$s") <(unreg "$w") > "$out/$u.unreg.diff"
+  nr=$(grep -c '^[<>]' "$out/$u.unreg.diff")
   ms=no
   cmp -s <(stream "$s" | sed 's/\.reuse//g' | sort) <(stream "$w" | sed 's/\.reuse//g' | sort) && ms=yes
-  printf '%-44s %8d %8d  %s\n' "$u" "$(stream "$s" | wc -l)" "$n" "$ms"
+  printf '%-44s %8d %8d %10d  %s\n' "$u" "$(stream "$s" | wc -l)" "$n" "$nr" "$ms"
   [ "$n" = 0 ] || fail=1
 done
 exit $fail

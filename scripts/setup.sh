@@ -25,6 +25,8 @@ fi
 # shellcheck disable=SC2086
 .venv/bin/python -m pip install -q $COMFUSE_PIP_PACKAGES
 .venv/bin/python -m pip install -q $COMFUSE_PLOT_PIP
+# shellcheck disable=SC2086
+.venv/bin/python -m pip install -q $COMFUSE_SASS_PIP
 .venv/bin/python -m pip install -q --no-deps "$COMFUSE_CUTLASS_PIP"
 # shellcheck disable=SC2086
 .venv/bin/python -m pip install -q --no-deps $COMFUSE_TORCH_PIP $COMFUSE_TORCH_DEPS $COMFUSE_TORCH_CUDA_LIBS

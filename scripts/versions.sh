@@ -17,5 +17,8 @@ COMFUSE_TORCH_CUDA_LIBS="nvidia-cufile==1.15.1.6 nvidia-cusparselt-cu13==0.8.0 n
 COMFUSE_TEST_PIP="transformers==5.23.0"
 # Plots of the benchmark results (bench/plot_perf.py), on the CPU machine
 COMFUSE_PLOT_PIP="matplotlib==3.11.2 contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pillow==13.0.0 pyparsing==3.3.3 python-dateutil==4.0.0 tzdata==2026.6"
+# SASS tools for scripts/sass-diff.sh and reading generated kernels (the toolkit here ships without cuobjdump);
+# 13.2 is the oldest PyPI has and reads sm_90a cubins of nvcc 13.0
+COMFUSE_SASS_PIP="nvidia-cuda-cuobjdump==13.2.51 nvidia-cuda-nvdisasm==13.2.51"
 # CUTLASS C++ headers (installed with --no-deps: we only want cutlass_library/source/include)
 COMFUSE_CUTLASS_PIP="nvidia-cutlass==4.2.0.0"

@@ -297,6 +297,10 @@ struct B2bKernel {
     return pp;
   }
 
+  // The phases below are the kernel's: run sets the rings up and hands warp group 0 to produce and the others to
+  // consume; a consumer group's tile is chunks of GEMM1 (gemm1_chunk), F (softmax_chunk or activate_chunk) and
+  // GEMM2 (gemm2_chunk), then, in the cluster form, the peer's partial (combine_with_peer), and the store
+  // (store_tile). Each is inlined: the split changes no instruction (scripts/sass-diff.sh).
   static CUTE_DEVICE void run(Params const& p, char* smem_raw) {
     using namespace cute;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -312,13 +316,12 @@ struct B2bKernel {
     }
     // Two producer warps: warp 0 loads X and W1 (ring 1, the resident X), warp 1 loads W2 (ring 2), so that a full
     // W2 ring (released only when a chunk's GEMM2 completes) never holds back the next chunk's W1 k-tiles.
-    Pipe1 pipe1(ss.pipe1, ring_params<Pipe1>(warp_group, warp_idx, thread_idx, kStage1Bytes, 0), Shape<_1, _1, _1>{});
-    Pipe2 pipe2(ss.pipe2, ring_params<Pipe2>(warp_group, warp_idx, thread_idx, kStage2Bytes, 1), Shape<_1, _1, _1>{});
-    PipeX pipex(ss.pipex, ring_params<PipeX>(warp_group, warp_idx, thread_idx, TM * TK * 2, 0),   // X k-tiles
-                Shape<_1, _1, _1>{});
+    Rings rings{Pipe1(ss.pipe1, ring_params<Pipe1>(warp_group, warp_idx, thread_idx, kStage1Bytes, 0), Shape<_1, _1, _1>{}),
+                Pipe2(ss.pipe2, ring_params<Pipe2>(warp_group, warp_idx, thread_idx, kStage2Bytes, 1), Shape<_1, _1, _1>{}),
+                PipeX(ss.pipex, ring_params<PipeX>(warp_group, warp_idx, thread_idx, TM * TK * 2, 0),   // X k-tiles
+                      Shape<_1, _1, _1>{})};
     // The cluster form: this CTA's rank, its peer, and the tiles both take (the cluster's index, not the CTA's).
     int const rank = kSplit > 1 ? int(cute::block_rank_in_cluster()) : 0;
-    int const peer = 1 - rank;
     int const first_tile = int(blockIdx.x) / kSplit, tile_step = int(gridDim.x) / kSplit;
     if constexpr (kSplit > 1) {
       if (thread_idx == 0) {
@@ -331,408 +334,487 @@ struct B2bKernel {
       __syncthreads();   // barrier initialization visible to all before first use
     }
 
-    Tensor sX = make_tensor(make_smem_ptr(ss.x.data()), SmemLayoutX{});      // (TM, TK, stages)
-    Tensor sW1 = make_tensor(make_smem_ptr(ss.w1.data()), SmemLayoutW1{});   // (C1, TK, stages)
-    Tensor sW2 = make_tensor(make_smem_ptr(ss.w2.data()), SmemLayoutW2{});   // (N2T, C1, stages)
-
     if (warp_group == 0) {
-      // ---------------- producer ----------------
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if (warp_idx < 2 && cute::elect_one_sync()) {   // lane 0 of warps 0 (X, W1) and 1 (W2)
-        bool const loads_w1 = warp_idx == 0;
-        Tensor mX = p.tma_x.get_tma_tensor(make_shape(p.M, p.K, p.L));
-        Tensor mW1 = p.tma_w1.get_tma_tensor(make_shape(p.N1, p.K, p.L));
-        Tensor mW2 = p.tma_w2.get_tma_tensor(make_shape(p.N2, p.N1, p.L));
-        auto cx = p.tma_x.get_slice(0);
-        auto cw1 = p.tma_w1.get_slice(0);
-        auto cw2 = p.tma_w2.get_slice(0);
-        Tensor tXsX = cx.partition_D(sX);
-        Tensor tWsW1 = cw1.partition_D(sW1);
-        Tensor tVsW2 = cw2.partition_D(sW2);
-        auto w1 = cutlass::make_producer_start_state<Pipe1>();
-        auto w2 = cutlass::make_producer_start_state<Pipe2>();
-        auto wx = cutlass::make_producer_start_state<PipeX>();
-        for (int tile = first_tile; tile < p.total; tile += tile_step) {
-          int const b = tile / (p.tiles_m * p.tiles_n2), mb = tile / p.tiles_n2 % p.tiles_m, nb = tile % p.tiles_n2;
-          // This tile's batch: out-of-range rows and columns are zero-filled, never the next batch's. Tiles
-          // (.., m, k) of X, (.., c, k) of W1, (.., n, c) of W2.
-          Tensor tXgX = cx.partition_S(local_tile(mX(_, _, b), Shape<Int<TM>, Int<TK>>{}, make_coord(_, _)));
-          Tensor tWgW1 = cw1.partition_S(local_tile(mW1(_, _, b), Shape<Int<C1>, Int<TK>>{}, make_coord(_, _)));
-          Tensor tVgW2 = cw2.partition_S(local_tile(mW2(_, _, b), Shape<Int<N2T>, Int<C1>>{}, make_coord(_, _)));
-          if (!loads_w1) {
-            for (int c = rank; c < p.chunks; c += kSplit) {
-              pipe2.producer_acquire(w2);
-              copy(p.tma_w2.with(*pipe2.producer_get_barrier(w2)), tVgW2(_, _, _, nb, c), tVsW2(_, _, _, w2.index()));
-              ++w2;
-            }
-            continue;
-          }
-          if constexpr (kXResident) {   // the X block once per tile, each k-tile as soon as its stage is free
-            for (int k = 0; rank < p.chunks && k < p.k_tiles; ++k) {   // (a CTA without chunks reads no X)
-              pipex.producer_acquire(wx);
-              copy(p.tma_x.with(*pipex.producer_get_barrier(wx)), tXgX(_, _, _, mb, k), tXsX(_, _, _, wx.index()));
-              ++wx;
-            }
-          }
-          for (int c = rank; c < p.chunks; c += kSplit) {
-            for (int k = 0; k < p.k_tiles; ++k) {
-              pipe1.producer_acquire(w1);
-              auto* bar = pipe1.producer_get_barrier(w1);
-              if constexpr (!kXResident) copy(p.tma_x.with(*bar), tXgX(_, _, _, mb, k), tXsX(_, _, _, w1.index()));
-              copy(p.tma_w1.with(*bar), tWgW1(_, _, _, c, k), tWsW1(_, _, _, w1.index()));
-              ++w1;
-            }
-          }
-        }
-        // every stage released: no TMA write outlives the CTA
-        if (loads_w1) {
-          pipe1.producer_tail(w1);
-          if constexpr (kXResident) pipex.producer_tail(wx);
-        } else {
-          pipe2.producer_tail(w2);
-        }
-      }
+      if (warp_idx < 2 && cute::elect_one_sync()) produce(p, ss, rings, rank, first_tile, tile_step, warp_idx == 0);
     } else {
-      // ---------------- consumers ----------------
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-      int const ct = thread_idx - 128;   // 0 .. 128 * kGroups - 1
-      int const group = warp_group - 1;
-      int const wg_thread = thread_idx % 128;
-      TiledMma1 mma1;
-      TiledMma2 mma2;
-      auto thr1 = mma1.get_slice(ct);
-      auto thr2 = mma2.get_slice(ct);
-      Tensor tSrX = thr1.make_fragment_A(thr1.partition_A(sX));     // smem descriptors (MMA, 1, TK/16, stages)
-      Tensor tSrW1 = thr1.make_fragment_B(thr1.partition_B(sW1));   // (MMA, 1, TK/16, stages)
-      Tensor tOrW2 = thr2.make_fragment_B(thr2.partition_B(sW2));   // (MMA, 1, C1/16, stages)
-      Tensor tSrS = partition_fragment_C(mma1, Shape<Int<TM>, Int<C1>>{});    // ((2, 2, C1/8), 1, 1) fp32
-      Tensor tOrO = partition_fragment_C(mma2, Shape<Int<TM>, Int<N2T>>{});   // ((2, 2, N2T/8), 1, 1) fp32
-      Tensor tOrP = make_tensor<Element>(LayoutP{});
-      Tensor tOrP32 = recast<uint32_t>(tOrP);
-      // Tile coordinates (row, col) of every accumulator element, from the MMAs' own partitioning.
-      Tensor tScS = thr1.partition_C(make_identity_tensor(Shape<Int<TM>, Int<C1>>{}));
-      Tensor tOcO = thr2.partition_C(make_identity_tensor(Shape<Int<TM>, Int<N2T>>{}));
-      // Element 4j + 2r + c of an m64nN accumulator fragment sits at (row0 + 8r, col0 + 8j + c) of the tile: the
-      // loops below use that instead of indexing the coordinate tensors (fewer live registers). test_b2b checks it.
-      int const s_col0 = int(get<1>(tScS(0)));
-      static_assert(decltype(size(tSrS))::value == 2 * decltype(size(tOrP32))::value, "P: one bf16 per S element");
-      static_assert(decltype(size<2>(tOrP))::value == decltype(size<2>(tOrW2))::value, "GEMM2 k-blocks");
-
-      Act1 act1;
-      Act2 act2;
-      cutlass::PipelineState<kStagesX> r1;
-      cutlass::PipelineState<Cfg::kStagesW2> r2;
-      cutlass::PipelineState<kXTiles> rx;   // first X stage of this tile (resident X)
-      // Staggered groups: group g issues its GEMM1 after the other group issued its own for the same chunk (group 0
-      // first): barrier kTurn + g holds g's turn; 256 = the 128 threads that wait + the other group's 128 arriving.
-      // A group hands the turn on only after issuing all of its chunk's k-tiles, so it must be able to hold them
-      // all at once: with more k-tiles than ring-1 stages it would wait for stages that only the other group,
-      // still waiting for its turn, can free (a deadlock). Such K runs the groups in step (same for the whole CTA).
-      constexpr int kTurn = 10;
-      bool const stagger = Cfg::kStagger && p.k_tiles <= kStagesX;
-      if (stagger && group == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurn) : "memory");
-      uint32_t iter = 0;   // tiles done by this CTA: the exchange barriers' phase
-#ifdef COMFUSE_TRACE
-      int trace_it = 0;              // chunks of this group, across tiles: the record index
-      trace::Stamp* tr = nullptr;    // the current chunk's record
-#endif
-      for (int tile = first_tile; tile < p.total; tile += tile_step, ++iter) {
-        int const b = tile / (p.tiles_m * p.tiles_n2), mb = tile / p.tiles_n2 % p.tiles_m, nb = tile % p.tiles_n2;
-        // Online softmax state of this thread's two rows (r = 0: row0, r = 1: row0 + 8): the running maximum of
-        // the scaled logits (log2 units) and this thread's share of the running sum of exp (the quad's four shares
-        // are added once, at the end).
-        float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
-        bool w2_pending = false;   // GEMM2 of the previous chunk in flight, its W2 stage not yet released
-        cutlass::PipelineState<Cfg::kStagesW2> r2_prev = r2;
-        // b1 of a chunk, one pair per column group (the same for both rows of a thread), as bf16 pairs (one register
-        // each): loaded one chunk ahead, so that F does not wait for it. With a cheap Act1 (kHoistB1) the pairs are
-        // also unpacked to fp32 while the chunk's GEMM1 runs, where the group only waits for the tensor cores, so
-        // that F is an add, the op and a pack. GELU keeps the unpacking in F: its 16 more live registers through
-        // GEMM1 and F made F slower (measured, docs/kernel-b2b.md "F next to WGMMA").
-        constexpr bool kHoistB1 = !std::is_same_v<Act1, epi::ops::GeluTanh>;
-        __nv_bfloat162 bias[C1 / 8];
-        float2 bias_f[kHoistB1 ? C1 / 8 : 1];
-        auto load_b1 = [&](int c) {
-          if constexpr (!Cfg::kSoftmax) {
-            CUTE_UNROLL
-            for (int j = 0; j < C1 / 8; ++j) bias[j] = load_bf16_pair(p.b1, c * C1 + s_col0 + 8 * j, p.N1);
-          }
-        };
-        auto unpack_b1 = [&] {
-          if constexpr (!Cfg::kSoftmax && kHoistB1) {
-            CUTE_UNROLL
-            for (int j = 0; j < C1 / 8; ++j) bias_f[j] = __bfloat1622float2(bias[j]);
-          }
-        };
-        load_b1(rank);
-        for (int c = rank; c < p.chunks; c += kSplit) {   // this CTA's chunks (all of them without a cluster)
-          int const n1_0 = c * C1;
-          bool const first = c == rank, last = c + kSplit >= p.chunks;
-#ifdef COMFUSE_TRACE
-          tr = trace::slot(int(blockIdx.x), group, trace_it++);
-#endif
-          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bChunkStart);
-
-          // GEMM1: S = X_blk · W1[:, chunk]
-          cutlass::PipelineState<kStagesX> r1_prev = r1;
-          cutlass::PipelineState<kXTiles> rxk = rx;
-          if (stagger) asm volatile("bar.sync %0, 256;\n" ::"r"(kTurn + group) : "memory");
-          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bTurn);
-          for (int k = 0; k < p.k_tiles; ++k) {
-            pipe1.consumer_wait(r1);
-            if (k == 0) COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bW1Ready);
-            int const s = r1.index();
-            int sx = s;
-            if constexpr (kXResident) {
-              if (first) pipex.consumer_wait(rxk);   // later chunks reuse the k-tile the first one waited for
-              sx = rxk.index();
-              ++rxk;
-            }
-            warpgroup_fence_operand(tSrS);
-            warpgroup_arrive();
-            CUTE_UNROLL
-            for (int kb = 0; kb < size<2>(tSrX); ++kb) {
-              mma1.accumulate_ = (k == 0 && kb == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-              cute::gemm(mma1, tSrX(_, _, kb, sx), tSrW1(_, _, kb, s), tSrS);
-            }
-            warpgroup_commit_batch();
-            if (k == 0) unpack_b1();   // while the tensor cores work
-            warpgroup_wait<1>();   // all but the newest batch done: the previous k-tile, and GEMM2 of chunk c-1
-            warpgroup_fence_operand(tSrS);
-            warpgroup_fence_operand(tOrP);
-            if (k > 0) release(pipe1, ss.pipe1, r1_prev);
-            if (w2_pending) {
-              release(pipe2, ss.pipe2, r2_prev);
-              w2_pending = false;
-            }
-            r1_prev = r1;
-            ++r1;
-          }
-          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bGemm1Issued);
-          if (stagger) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurn + 1 - group) : "memory");
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tSrS);
-          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bGemm1Done);
-          release(pipe1, ss.pipe1, r1_prev);
-          if constexpr (kXResident) {
-            if (last) {   // the tile's last GEMM1 is done: its X stages may take the next tile's block
-              cutlass::PipelineState<kXTiles> rel = rx;
-              for (int k = 0; k < p.k_tiles; ++k, ++rel) release(pipex, ss.pipex, rel);
-              rx = rxk;
-            }
-          }
-
-          int const n1_left = p.N1 - n1_0;   // columns of this chunk inside N1
-          if constexpr (Cfg::kSoftmax) {
-            // F, online softmax: logits in log2 units, columns >= N1 at -inf (weight 0); the chunk's row maxima
-            // over the quad; P = bf16(2^(x - m_new)); O and the running sums scaled by 2^(m_old - m_new). Every
-            // chunk has a column inside N1, so m_new is finite (for finite inputs) and 2^(-inf - m_new) = 0 on
-            // the first chunk.
-            // The maximum is taken on the raw logits (scale > 0) and each weight is one FFMA and one MUFU.EX2:
-            // at D = 64 the exponentials cost about as much issue time as the two WGMMAs.
-            float const scale = p.act1.scale * 1.4426950408889634f;
-            float chunk_max[2] = {-INFINITY, -INFINITY};
-            CUTE_UNROLL
-            for (int e = 0; e < size(tSrS); ++e) {
-              if (s_col0 + 8 * (e / 4) >= n1_left) tSrS(e) = -INFINITY;   // N1 % 8 == 0: pairs all in or all out
-              chunk_max[(e >> 1) & 1] = fmaxf(chunk_max[(e >> 1) & 1], tSrS(e));
-            }
-            float alpha[2], neg_max[2];
-            CUTE_UNROLL
-            for (int r = 0; r < 2; ++r) {
-              chunk_max[r] = fmaxf(chunk_max[r], __shfl_xor_sync(0xffffffffu, chunk_max[r], 1));
-              chunk_max[r] = fmaxf(chunk_max[r], __shfl_xor_sync(0xffffffffu, chunk_max[r], 2));
-              float const m_new = fmaxf(row_max[r], chunk_max[r] * scale);
-              alpha[r] = fast_exp2(row_max[r] - m_new);
-              row_max[r] = m_new;
-              neg_max[r] = -m_new;
-              row_sum[r] *= alpha[r];
-            }
-            CUTE_UNROLL
-            for (int t = 0; t < size(tOrP32); ++t) {
-              int const e = 2 * t;   // elements e, e+1: one row, adjacent columns
-              int const r = (e >> 1) & 1;
-              float const y0 = fast_exp2(fmaf(tSrS(e), scale, neg_max[r]));
-              float const y1 = fast_exp2(fmaf(tSrS(e + 1), scale, neg_max[r]));
-              row_sum[r] += y0 + y1;
-              __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
-              tOrP32(t) = reinterpret_cast<uint32_t const&>(h);
-            }
-            if (!first) {   // GEMM2 of chunk c-1 is complete (warpgroup_wait<0> above): rescale its sum
-              warpgroup_fence_operand(tOrO);
-              CUTE_UNROLL
-              for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= alpha[(e >> 1) & 1];
-              warpgroup_fence_operand(tOrO);
-            }
-          } else {
-            // F: P = bf16(Act1(S + b1)), columns >= N1 zeroed (TMA zero-fills them in S, but Act1(0 + b1) need
-            // not be 0); a chunk inside N1 skips the test.
-            auto f_pairs = [&](auto masked) {
-              CUTE_UNROLL
-              for (int t = 0; t < size(tOrP32); ++t) {
-                int const e = 2 * t;   // elements e, e+1: one row, adjacent columns
-                float2 bb;
-                if constexpr (kHoistB1) bb = bias_f[e / 4];
-                else bb = __bfloat1622float2(bias[e / 4]);
-                __nv_bfloat162 h = __floats2bfloat162_rn(act1(p.act1, tSrS(e) + bb.x), act1(p.act1, tSrS(e + 1) + bb.y));
-                if constexpr (decltype(masked)::value) {   // N1 % 8 == 0: a pair is all in or all out
-                  if (s_col0 + 8 * (e / 4) >= n1_left) h = __floats2bfloat162_rn(0.f, 0.f);
-                }
-                tOrP32(t) = reinterpret_cast<uint32_t const&>(h);
-              }
-            };
-            if (n1_left >= C1) f_pairs(std::false_type{});
-            else f_pairs(std::true_type{});
-            if (!last) load_b1(c + kSplit);
-          }
-
-          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bFDone);
-          // GEMM2: O += P · W2[chunk, :], A from registers
-          pipe2.consumer_wait(r2);
-          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bW2Ready);
-          warpgroup_fence_operand(tOrP);
-          warpgroup_fence_operand(tOrO);
-          warpgroup_arrive();
-          CUTE_UNROLL
-          for (int kb = 0; kb < size<2>(tOrP); ++kb) {
-            mma2.accumulate_ = (first && kb == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-            cute::gemm(mma2, tOrP(_, _, kb), tOrW2(_, _, kb, r2.index()), tOrO);
-          }
-          warpgroup_commit_batch();
-          warpgroup_fence_operand(tOrO);
-          COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bGemm2Issued);
-          r2_prev = r2;
-          ++r2;
-          w2_pending = true;
-          if constexpr (!Cfg::kOverlap) {
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(tOrP);
-            release(pipe2, ss.pipe2, r2_prev);
-            w2_pending = false;
-          }
-        }
-        // b2 of this tile's columns, loaded while the last GEMM2 completes (in the epilogue each 64-column subtile
-        // would wait for its own loads)
-        __nv_bfloat162 b2v[N2T / 8];
-        CUTE_UNROLL
-        for (int j = 0; j < N2T / 8; ++j) b2v[j] = load_bf16_pair(p.b2, nb * N2T + int(get<1>(tOcO(0))) + 8 * j, p.N2);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bLastGemm2Done);
-        if (w2_pending) release(pipe2, ss.pipe2, r2_prev);
-        // Softmax: the row sums l, each the quad's four shares, and O / l (the cluster form divides after adding the
-        // peer's partial, below).
-        auto normalize = [&] {
-          float const inv[2] = {1.f / row_sum[0], 1.f / row_sum[1]};
-          CUTE_UNROLL
-          for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= inv[(e >> 1) & 1];
-        };
-        if constexpr (Cfg::kSoftmax) {
-          CUTE_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-            row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-          }
-          if constexpr (kSplit == 1) normalize();
-        }
-
-        if constexpr (kSplit > 1) {
-          // No chunk for this CTA (N1 <= Chunk): its partial is zero (softmax: maxima -inf and sums 0, as initialized).
-          if (rank >= p.chunks) {
-            CUTE_UNROLL
-            for (int e = 0; e < size(tOrO); ++e) tOrO(e) = 0.f;
-          }
-          // The cluster form: group `peer` holds a partial O of the peer's rows: it sends it (once the peer has read
-          // the previous tile's) and has no epilogue. Group `rank` adds the peer's partial for its rows to its own.
-          if (group == peer) {
-            wait_cluster(&ss.xchg_empty, (iter & 1) ^ 1);
-            uint32_t const dst = peer_addr(smem_u32(ss.xchg), peer) + uint32_t(wg_thread) * 16;
-            CUTE_UNROLL
-            for (int q = 0; q < size(tOrO) / 4; ++q)
-              peer_store(dst + uint32_t(q) * 128 * 16, tOrO(4 * q), tOrO(4 * q + 1), tOrO(4 * q + 2), tOrO(4 * q + 3));
-            if constexpr (Cfg::kSoftmax)
-              peer_store(dst + uint32_t(size(tOrO) / 4) * 128 * 16, row_max[0], row_max[1], row_sum[0], row_sum[1]);
-            peer_arrive(peer_addr(smem_u32(&ss.xchg_full), peer));
-            continue;
-          }
-          wait_cluster(&ss.xchg_full, iter & 1);
-          float4 const* in = reinterpret_cast<float4 const*>(ss.xchg) + wg_thread;
-          // O = O_self a_self + O_peer a_peer, a = 1 for an elementwise F. Softmax: both partials to the larger of the
-          // two maxima m (log2 units; a CTA without chunks has -inf, weight 2^-inf = 0), a = 2^(m_x - m), l likewise.
-          float a_self[2] = {1.f, 1.f}, a_peer[2] = {1.f, 1.f};
-          if constexpr (Cfg::kSoftmax) {
-            float4 const st = in[(size(tOrO) / 4) * 128];
-            float const m_peer[2] = {st.x, st.y}, l_peer[2] = {st.z, st.w};
-            CUTE_UNROLL
-            for (int r = 0; r < 2; ++r) {
-              float const m = fmaxf(row_max[r], m_peer[r]);
-              a_self[r] = fast_exp2(row_max[r] - m);
-              a_peer[r] = fast_exp2(m_peer[r] - m);
-              row_sum[r] = row_sum[r] * a_self[r] + l_peer[r] * a_peer[r];
-            }
-          }
-          CUTE_UNROLL
-          for (int q = 0; q < size(tOrO) / 4; ++q) {
-            float4 const v = in[q * 128];
-            float const vv[4] = {v.x, v.y, v.z, v.w};
-            CUTE_UNROLL
-            for (int i = 0; i < 4; ++i) {
-              int const r = ((4 * q + i) >> 1) & 1;   // the element's row (element e: row (e >> 1) & 1)
-              tOrO(4 * q + i) = tOrO(4 * q + i) * a_self[r] + vv[i] * a_peer[r];
-            }
-          }
-          peer_arrive(peer_addr(smem_u32(&ss.xchg_empty), peer));   // the peer may send the next tile's
-          if constexpr (Cfg::kSoftmax) normalize();
-        }
-
-        // Epilogue: O = Act2(O + b2) -> bf16, staged per 64-column subtile, then 16-byte stores of whole rows.
-        // Staging: 64 rows x 8 chunks of 16 bytes, chunk index XOR (row & 7): the fragment writes (8 rows x 4
-        // column pairs per warp) and the row-wise 16-byte reads are both free of bank conflicts.
-        Element* stage = ss.epi[group];
-        int const o_row0 = int(get<0>(tOcO(0))) - group * 64;   // this thread's rows o_row0, o_row0 + 8 (0 .. 63)
-        int const o_col0 = int(get<1>(tOcO(0)));                // its columns o_col0 + 8j (+1), o_col0 < 8
-        Element* st_w = stage + o_row0 * 64 + o_col0;
-        int const sw_w = o_row0 & 7;                            // the same for both rows
-        int const st_row = wg_thread / 8, st_ch = wg_thread % 8;   // reads: rows st_row + 16 it, chunk st_ch
-        Element const* st_r = stage + st_row * 64 + ((st_ch ^ (st_row & 7)) * 8);
-        int const row_base = mb * TM + group * 64 + st_row;
-        int const n2_base = nb * N2T;
-        Element* const out = p.O + int64_t(b) * p.bso;
-        CUTE_UNROLL
-        for (int sub = 0; sub < N2T / 64; ++sub) {
-          CUTE_UNROLL
-          for (int j = 8 * sub; j < 8 * sub + 8; ++j) {   // column group j: elements 4j .. 4j+3 (2 rows x 2 cols)
-            float2 const bb = __bfloat1622float2(b2v[j]);
-            CUTE_UNROLL
-            for (int r = 0; r < 2; ++r) {
-              int const e = 4 * j + 2 * r;
-              float y0 = act2(p.act2, tOrO(e) + bb.x);
-              float y1 = act2(p.act2, tOrO(e + 1) + bb.y);
-              __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
-              *reinterpret_cast<__nv_bfloat162*>(st_w + r * 8 * 64 + (((j - 8 * sub) ^ sw_w) * 8)) = h;
-            }
-          }
-          asm volatile("bar.sync %0, 128;\n" ::"r"(8 + group) : "memory");
-          int const col = n2_base + sub * 64 + st_ch * 8;
-          CUTE_UNROLL
-          for (int it = 0; it < 4; ++it) {
-            int const row = row_base + 16 * it;
-            uint4 v = *reinterpret_cast<uint4 const*>(st_r + it * 16 * 64);
-            if (row < p.M && col < p.N2) *reinterpret_cast<uint4*>(out + int64_t(row) * p.ldo + col) = v;
-          }
-          asm volatile("bar.sync %0, 128;\n" ::"r"(8 + group) : "memory");   // staging free for the next subtile
-        }
-        COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bTileEnd);
-      }
-      // Group 1 arrived once more than group 0 waited (its head start): take that arrival, so that no named
-      // barrier is left half-complete when the CTA exits.
-      if (stagger && group == 0) asm volatile("bar.sync %0, 256;\n" ::"r"(kTurn) : "memory");
+      consume(p, ss, rings, rank, first_tile, tile_step, thread_idx, warp_group);
     }
     // The cluster form: neither CTA exits while the other may still store into its SMEM or arrive on its barriers.
     if constexpr (kSplit > 1) cluster_sync_all();
 #else
     if (threadIdx.x == 0) printf("comfuse::b2b needs sm_90a (-gencode=arch=compute_90a,code=sm_90a)\n");
 #endif
+  }
+
+  struct Rings {
+    Pipe1 pipe1;   // X (unless resident) and W1 k-tiles, per chunk
+    Pipe2 pipe2;   // W2 chunks
+    PipeX pipex;   // the resident X block's k-tiles
+  };
+  static CUTE_DEVICE auto smem_x(SharedStorage& ss) {   // (TM, TK, stages)
+    return cute::make_tensor(cute::make_smem_ptr(ss.x.data()), SmemLayoutX{});
+  }
+  static CUTE_DEVICE auto smem_w1(SharedStorage& ss) {   // (C1, TK, stages)
+    return cute::make_tensor(cute::make_smem_ptr(ss.w1.data()), SmemLayoutW1{});
+  }
+  static CUTE_DEVICE auto smem_w2(SharedStorage& ss) {   // (N2T, C1, stages)
+    return cute::make_tensor(cute::make_smem_ptr(ss.w2.data()), SmemLayoutW2{});
+  }
+
+  // ---------------- producer: lane 0 of warp 0 (X, W1; loads_w1) or of warp 1 (W2) ----------------
+  static CUTE_DEVICE void produce(Params const& p, SharedStorage& ss, Rings& rings, int rank, int first_tile,
+                                  int tile_step, bool loads_w1) {
+    using namespace cute;
+    Tensor mX = p.tma_x.get_tma_tensor(make_shape(p.M, p.K, p.L));
+    Tensor mW1 = p.tma_w1.get_tma_tensor(make_shape(p.N1, p.K, p.L));
+    Tensor mW2 = p.tma_w2.get_tma_tensor(make_shape(p.N2, p.N1, p.L));
+    auto cx = p.tma_x.get_slice(0);
+    auto cw1 = p.tma_w1.get_slice(0);
+    auto cw2 = p.tma_w2.get_slice(0);
+    Tensor tXsX = cx.partition_D(smem_x(ss));
+    Tensor tWsW1 = cw1.partition_D(smem_w1(ss));
+    Tensor tVsW2 = cw2.partition_D(smem_w2(ss));
+    auto w1 = cutlass::make_producer_start_state<Pipe1>();
+    auto w2 = cutlass::make_producer_start_state<Pipe2>();
+    auto wx = cutlass::make_producer_start_state<PipeX>();
+    for (int tile = first_tile; tile < p.total; tile += tile_step) {
+      int const b = tile / (p.tiles_m * p.tiles_n2), mb = tile / p.tiles_n2 % p.tiles_m, nb = tile % p.tiles_n2;
+      // This tile's batch: out-of-range rows and columns are zero-filled, never the next batch's. Tiles
+      // (.., m, k) of X, (.., c, k) of W1, (.., n, c) of W2.
+      Tensor tXgX = cx.partition_S(local_tile(mX(_, _, b), Shape<Int<TM>, Int<TK>>{}, make_coord(_, _)));
+      Tensor tWgW1 = cw1.partition_S(local_tile(mW1(_, _, b), Shape<Int<C1>, Int<TK>>{}, make_coord(_, _)));
+      Tensor tVgW2 = cw2.partition_S(local_tile(mW2(_, _, b), Shape<Int<N2T>, Int<C1>>{}, make_coord(_, _)));
+      if (!loads_w1) {
+        for (int c = rank; c < p.chunks; c += kSplit) {
+          rings.pipe2.producer_acquire(w2);
+          copy(p.tma_w2.with(*rings.pipe2.producer_get_barrier(w2)), tVgW2(_, _, _, nb, c), tVsW2(_, _, _, w2.index()));
+          ++w2;
+        }
+        continue;
+      }
+      if constexpr (kXResident) {   // the X block once per tile, each k-tile as soon as its stage is free
+        for (int k = 0; rank < p.chunks && k < p.k_tiles; ++k) {   // (a CTA without chunks reads no X)
+          rings.pipex.producer_acquire(wx);
+          copy(p.tma_x.with(*rings.pipex.producer_get_barrier(wx)), tXgX(_, _, _, mb, k), tXsX(_, _, _, wx.index()));
+          ++wx;
+        }
+      }
+      for (int c = rank; c < p.chunks; c += kSplit) {
+        for (int k = 0; k < p.k_tiles; ++k) {
+          rings.pipe1.producer_acquire(w1);
+          auto* bar = rings.pipe1.producer_get_barrier(w1);
+          if constexpr (!kXResident) copy(p.tma_x.with(*bar), tXgX(_, _, _, mb, k), tXsX(_, _, _, w1.index()));
+          copy(p.tma_w1.with(*bar), tWgW1(_, _, _, c, k), tWsW1(_, _, _, w1.index()));
+          ++w1;
+        }
+      }
+    }
+    // every stage released: no TMA write outlives the CTA
+    if (loads_w1) {
+      rings.pipe1.producer_tail(w1);
+      if constexpr (kXResident) rings.pipex.producer_tail(wx);
+    } else {
+      rings.pipe2.producer_tail(w2);
+    }
+  }
+
+  // ---------------- consumers: warp groups 1 .. kGroups, 64 rows of each tile apiece ----------------
+  // The read positions of the three rings (r1: ring 1; r2: ring 2; rx: the first X stage of this tile, resident X).
+  struct ReadState {
+    cutlass::PipelineState<kStagesX> r1;
+    cutlass::PipelineState<Cfg::kStagesW2> r2;
+    cutlass::PipelineState<kXTiles> rx;
+    cutlass::PipelineState<Cfg::kStagesW2> r2_prev;   // the stage of the GEMM2 in flight
+    bool w2_pending = false;   // GEMM2 of the previous chunk in flight, its W2 stage not yet released
+  };
+  // Online softmax state of this thread's two rows (r = 0: row0, r = 1: row0 + 8): the running maximum of the scaled
+  // logits (log2 units) and this thread's share of the running sum of exp (the quad's four shares are added once, at
+  // the end).
+  struct RowStats {
+    float max[2] = {-INFINITY, -INFINITY};
+    float sum[2] = {0.f, 0.f};
+  };
+
+  static CUTE_DEVICE void consume(Params const& p, SharedStorage& ss, Rings& rings, int rank, int first_tile,
+                                  int tile_step, int thread_idx, int warp_group) {
+    using namespace cute;
+    int const ct = thread_idx - 128;   // 0 .. 128 * kGroups - 1
+    int const group = warp_group - 1;
+    int const wg_thread = thread_idx % 128;
+    TiledMma1 mma1;
+    TiledMma2 mma2;
+    auto thr1 = mma1.get_slice(ct);
+    auto thr2 = mma2.get_slice(ct);
+    Tensor tSrX = thr1.make_fragment_A(thr1.partition_A(smem_x(ss)));     // smem descriptors (MMA, 1, TK/16, stages)
+    Tensor tSrW1 = thr1.make_fragment_B(thr1.partition_B(smem_w1(ss)));   // (MMA, 1, TK/16, stages)
+    Tensor tOrW2 = thr2.make_fragment_B(thr2.partition_B(smem_w2(ss)));   // (MMA, 1, C1/16, stages)
+    Tensor tSrS = partition_fragment_C(mma1, Shape<Int<TM>, Int<C1>>{});    // ((2, 2, C1/8), 1, 1) fp32
+    Tensor tOrO = partition_fragment_C(mma2, Shape<Int<TM>, Int<N2T>>{});   // ((2, 2, N2T/8), 1, 1) fp32
+    Tensor tOrP = make_tensor<Element>(LayoutP{});
+    // Tile coordinates (row, col) of every accumulator element, from the MMAs' own partitioning.
+    Tensor tScS = thr1.partition_C(make_identity_tensor(Shape<Int<TM>, Int<C1>>{}));
+    Tensor tOcO = thr2.partition_C(make_identity_tensor(Shape<Int<TM>, Int<N2T>>{}));
+    // Element 4j + 2r + c of an m64nN accumulator fragment sits at (row0 + 8r, col0 + 8j + c) of the tile: the
+    // loops below use that instead of indexing the coordinate tensors (fewer live registers). test_b2b checks it.
+    int const s_col0 = int(get<1>(tScS(0)));
+    static_assert(decltype(size(tSrS))::value == 2 * decltype(size(recast<uint32_t>(tOrP)))::value,
+                  "P: one bf16 per S element");
+    static_assert(decltype(size<2>(tOrP))::value == decltype(size<2>(tOrW2))::value, "GEMM2 k-blocks");
+
+    ReadState rs;
+    // Staggered groups: group g issues its GEMM1 after the other group issued its own for the same chunk (group 0
+    // first): barrier kTurn + g holds g's turn; 256 = the 128 threads that wait + the other group's 128 arriving.
+    // A group hands the turn on only after issuing all of its chunk's k-tiles, so it must be able to hold them
+    // all at once: with more k-tiles than ring-1 stages it would wait for stages that only the other group,
+    // still waiting for its turn, can free (a deadlock). Such K runs the groups in step (same for the whole CTA).
+    bool const stagger = Cfg::kStagger && p.k_tiles <= kStagesX;
+    if (stagger && group == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurn) : "memory");
+    uint32_t iter = 0;   // tiles done by this CTA: the exchange barriers' phase
+#ifdef COMFUSE_TRACE
+    int trace_it = 0;   // chunks of this group, across tiles: the record index
+#endif
+    trace::Stamp* tr = nullptr;   // the current chunk's record (COMFUSE_TRACE)
+    for (int tile = first_tile; tile < p.total; tile += tile_step, ++iter) {
+      int const b = tile / (p.tiles_m * p.tiles_n2), mb = tile / p.tiles_n2 % p.tiles_m, nb = tile % p.tiles_n2;
+      RowStats stats;
+      rs.w2_pending = false;
+      rs.r2_prev = rs.r2;
+      // b1 of a chunk, one pair per column group (the same for both rows of a thread), as bf16 pairs (one register
+      // each): loaded one chunk ahead, so that F does not wait for it. With a cheap Act1 (kHoistB1) the pairs are
+      // also unpacked to fp32 while the chunk's GEMM1 runs, where the group only waits for the tensor cores, so
+      // that F is an add, the op and a pack. GELU keeps the unpacking in F: its 16 more live registers through
+      // GEMM1 and F made F slower (measured, docs/kernel-b2b.md "F next to WGMMA").
+      __nv_bfloat162 bias[C1 / 8];
+      float2 bias_f[kHoistB1 ? C1 / 8 : 1];
+      auto load_b1 = [&](int c) {
+        if constexpr (!Cfg::kSoftmax) {
+          CUTE_UNROLL
+          for (int j = 0; j < C1 / 8; ++j) bias[j] = load_bf16_pair(p.b1, c * C1 + s_col0 + 8 * j, p.N1);
+        }
+      };
+      auto unpack_b1 = [&] {
+        if constexpr (!Cfg::kSoftmax && kHoistB1) {
+          CUTE_UNROLL
+          for (int j = 0; j < C1 / 8; ++j) bias_f[j] = __bfloat1622float2(bias[j]);
+        }
+      };
+      load_b1(rank);
+      for (int c = rank; c < p.chunks; c += kSplit) {   // this CTA's chunks (all of them without a cluster)
+        bool const first = c == rank, last = c + kSplit >= p.chunks;
+#ifdef COMFUSE_TRACE
+        tr = trace::slot(int(blockIdx.x), group, trace_it++);
+#endif
+        COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bChunkStart);
+        gemm1_chunk(p, ss, rings, rs, mma1, tSrX, tSrW1, tSrS, tOrP, first, last, stagger, group, wg_thread, tr,
+                    unpack_b1);
+        int const n1_left = p.N1 - c * C1;   // columns of this chunk inside N1
+        if constexpr (Cfg::kSoftmax) {
+          softmax_chunk(p, tSrS, tOrP, tOrO, stats, s_col0, n1_left, first);
+        } else {
+          activate_chunk(p, tSrS, tOrP, bias, bias_f, s_col0, n1_left);
+          if (!last) load_b1(c + kSplit);
+        }
+        COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bFDone);
+        gemm2_chunk(ss, rings, rs, mma2, tOrP, tOrW2, tOrO, first, wg_thread, tr);
+      }
+      // b2 of this tile's columns, loaded while the last GEMM2 completes (in the epilogue each 64-column subtile
+      // would wait for its own loads)
+      __nv_bfloat162 b2v[N2T / 8];
+      CUTE_UNROLL
+      for (int j = 0; j < N2T / 8; ++j) b2v[j] = load_bf16_pair(p.b2, nb * N2T + int(get<1>(tOcO(0))) + 8 * j, p.N2);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bLastGemm2Done);
+      if (rs.w2_pending) release(rings.pipe2, ss.pipe2, rs.r2_prev);
+      // Softmax: the row sums l, each the quad's four shares, and O / l (the cluster form divides after adding the
+      // peer's partial, in combine_with_peer).
+      if constexpr (Cfg::kSoftmax) {
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          stats.sum[r] += __shfl_xor_sync(0xffffffffu, stats.sum[r], 1);
+          stats.sum[r] += __shfl_xor_sync(0xffffffffu, stats.sum[r], 2);
+        }
+        if constexpr (kSplit == 1) normalize(tOrO, stats);
+      }
+      if constexpr (kSplit > 1) {
+        if (!combine_with_peer(p, ss, tOrO, stats, rank, group, wg_thread, iter)) continue;   // sent: no epilogue
+      }
+      store_tile(p, ss, tOrO, tOcO, b2v, b, mb, nb, group, wg_thread);
+      COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bTileEnd);
+    }
+    // Group 1 arrived once more than group 0 waited (its head start): take that arrival, so that no named
+    // barrier is left half-complete when the CTA exits.
+    if (stagger && group == 0) asm volatile("bar.sync %0, 256;\n" ::"r"(kTurn) : "memory");
+  }
+
+  static constexpr int kTurn = 10;   // the staggered groups' named barriers: kTurn + group
+  // With a cheap Act1 the chunk's b1 pairs are unpacked to fp32 during its GEMM1 (consume, load_b1).
+  static constexpr bool kHoistB1 = !std::is_same_v<Act1, epi::ops::GeluTanh>;
+
+  // GEMM1 of one chunk: S = X_blk · W1[:, chunk], each k-tile issued as its stage arrives; the previous chunk's GEMM2
+  // (and its W2 stage) completes behind the first of them. Returns with S complete and ring 1's stages released.
+  template <class FragX, class FragW1, class AccS, class FragP, class Unpack>
+  static CUTE_DEVICE void gemm1_chunk(Params const& p, SharedStorage& ss, Rings& rings, ReadState& rs, TiledMma1& mma1,
+                                      FragX& tSrX, FragW1& tSrW1, AccS& tSrS, FragP& tOrP, bool first, bool last,
+                                      bool stagger, int group, int wg_thread, trace::Stamp* tr, Unpack const& unpack_b1) {
+    using namespace cute;
+    cutlass::PipelineState<kStagesX> r1_prev = rs.r1;
+    cutlass::PipelineState<kXTiles> rxk = rs.rx;
+    if (stagger) asm volatile("bar.sync %0, 256;\n" ::"r"(kTurn + group) : "memory");
+    COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bTurn);
+    for (int k = 0; k < p.k_tiles; ++k) {
+      rings.pipe1.consumer_wait(rs.r1);
+      if (k == 0) COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bW1Ready);
+      int const s = rs.r1.index();
+      int sx = s;
+      if constexpr (kXResident) {
+        if (first) rings.pipex.consumer_wait(rxk);   // later chunks reuse the k-tile the first one waited for
+        sx = rxk.index();
+        ++rxk;
+      }
+      warpgroup_fence_operand(tSrS);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tSrX); ++kb) {
+        mma1.accumulate_ = (k == 0 && kb == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+        cute::gemm(mma1, tSrX(_, _, kb, sx), tSrW1(_, _, kb, s), tSrS);
+      }
+      warpgroup_commit_batch();
+      if (k == 0) unpack_b1();   // while the tensor cores work
+      warpgroup_wait<1>();   // all but the newest batch done: the previous k-tile, and GEMM2 of chunk c-1
+      warpgroup_fence_operand(tSrS);
+      warpgroup_fence_operand(tOrP);
+      if (k > 0) release(rings.pipe1, ss.pipe1, r1_prev);
+      if (rs.w2_pending) {
+        release(rings.pipe2, ss.pipe2, rs.r2_prev);
+        rs.w2_pending = false;
+      }
+      r1_prev = rs.r1;
+      ++rs.r1;
+    }
+    COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bGemm1Issued);
+    if (stagger) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurn + 1 - group) : "memory");
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bGemm1Done);
+    release(rings.pipe1, ss.pipe1, r1_prev);
+    if constexpr (kXResident) {
+      if (last) {   // the tile's last GEMM1 is done: its X stages may take the next tile's block
+        cutlass::PipelineState<kXTiles> rel = rs.rx;
+        for (int k = 0; k < p.k_tiles; ++k, ++rel) release(rings.pipex, ss.pipex, rel);
+        rs.rx = rxk;
+      }
+    }
+  }
+
+  // F, online softmax: logits in log2 units, columns >= N1 at -inf (weight 0); the chunk's row maxima over the
+  // quad; P = bf16(2^(x - m_new)); O and the running sums scaled by 2^(m_old - m_new). Every chunk has a column
+  // inside N1, so m_new is finite (for finite inputs) and 2^(-inf - m_new) = 0 on the first chunk.
+  // The maximum is taken on the raw logits (scale > 0) and each weight is one FFMA and one MUFU.EX2: at D = 64 the
+  // exponentials cost about as much issue time as the two WGMMAs.
+  template <class AccS, class FragP, class AccO>
+  static CUTE_DEVICE void softmax_chunk(Params const& p, AccS& tSrS, FragP& tOrP, AccO& tOrO, RowStats& stats,
+                                        int s_col0, int n1_left, bool first) {
+    using namespace cute;
+    Tensor tOrP32 = recast<uint32_t>(tOrP);
+    float const scale = p.act1.scale * 1.4426950408889634f;
+    float chunk_max[2] = {-INFINITY, -INFINITY};
+    CUTE_UNROLL
+    for (int e = 0; e < size(tSrS); ++e) {
+      if (s_col0 + 8 * (e / 4) >= n1_left) tSrS(e) = -INFINITY;   // N1 % 8 == 0: pairs all in or all out
+      chunk_max[(e >> 1) & 1] = fmaxf(chunk_max[(e >> 1) & 1], tSrS(e));
+    }
+    float alpha[2], neg_max[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      chunk_max[r] = fmaxf(chunk_max[r], __shfl_xor_sync(0xffffffffu, chunk_max[r], 1));
+      chunk_max[r] = fmaxf(chunk_max[r], __shfl_xor_sync(0xffffffffu, chunk_max[r], 2));
+      float const m_new = fmaxf(stats.max[r], chunk_max[r] * scale);
+      alpha[r] = fast_exp2(stats.max[r] - m_new);
+      stats.max[r] = m_new;
+      neg_max[r] = -m_new;
+      stats.sum[r] *= alpha[r];
+    }
+    CUTE_UNROLL
+    for (int t = 0; t < size(tOrP32); ++t) {
+      int const e = 2 * t;   // elements e, e+1: one row, adjacent columns
+      int const r = (e >> 1) & 1;
+      float const y0 = fast_exp2(fmaf(tSrS(e), scale, neg_max[r]));
+      float const y1 = fast_exp2(fmaf(tSrS(e + 1), scale, neg_max[r]));
+      stats.sum[r] += y0 + y1;
+      __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
+      tOrP32(t) = reinterpret_cast<uint32_t const&>(h);
+    }
+    if (!first) {   // GEMM2 of chunk c-1 is complete (warpgroup_wait<0> in gemm1_chunk): rescale its sum
+      warpgroup_fence_operand(tOrO);
+      CUTE_UNROLL
+      for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= alpha[(e >> 1) & 1];
+      warpgroup_fence_operand(tOrO);
+    }
+  }
+
+  // F: P = bf16(Act1(S + b1)), columns >= N1 zeroed (TMA zero-fills them in S, but Act1(0 + b1) need not be 0); a
+  // chunk inside N1 skips the test.
+  template <class AccS, class FragP>
+  static CUTE_DEVICE void activate_chunk(Params const& p, AccS& tSrS, FragP& tOrP, __nv_bfloat162 const (&bias)[C1 / 8],
+                                         float2 const (&bias_f)[kHoistB1 ? C1 / 8 : 1], int s_col0, int n1_left) {
+    using namespace cute;
+    Tensor tOrP32 = recast<uint32_t>(tOrP);
+    Act1 act1;
+    auto f_pairs = [&](auto masked) {
+      CUTE_UNROLL
+      for (int t = 0; t < size(tOrP32); ++t) {
+        int const e = 2 * t;   // elements e, e+1: one row, adjacent columns
+        float2 bb;
+        if constexpr (kHoistB1) bb = bias_f[e / 4];
+        else bb = __bfloat1622float2(bias[e / 4]);
+        __nv_bfloat162 h = __floats2bfloat162_rn(act1(p.act1, tSrS(e) + bb.x), act1(p.act1, tSrS(e + 1) + bb.y));
+        if constexpr (decltype(masked)::value) {   // N1 % 8 == 0: a pair is all in or all out
+          if (s_col0 + 8 * (e / 4) >= n1_left) h = __floats2bfloat162_rn(0.f, 0.f);
+        }
+        tOrP32(t) = reinterpret_cast<uint32_t const&>(h);
+      }
+    };
+    if (n1_left >= C1) f_pairs(std::false_type{});
+    else f_pairs(std::true_type{});
+  }
+
+  // GEMM2: O += P · W2[chunk, :], A from registers. With kOverlap it stays in flight behind the next chunk's GEMM1.
+  template <class FragP, class FragW2, class AccO>
+  static CUTE_DEVICE void gemm2_chunk(SharedStorage& ss, Rings& rings, ReadState& rs, TiledMma2& mma2, FragP& tOrP,
+                                      FragW2& tOrW2, AccO& tOrO, bool first, int wg_thread, trace::Stamp* tr) {
+    using namespace cute;
+    rings.pipe2.consumer_wait(rs.r2);
+    COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bW2Ready);
+    warpgroup_fence_operand(tOrP);
+    warpgroup_fence_operand(tOrO);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int kb = 0; kb < size<2>(tOrP); ++kb) {
+      mma2.accumulate_ = (first && kb == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+      cute::gemm(mma2, tOrP(_, _, kb), tOrW2(_, _, kb, rs.r2.index()), tOrO);
+    }
+    warpgroup_commit_batch();
+    warpgroup_fence_operand(tOrO);
+    COMFUSE_TRACE_MARK(tr, wg_thread, trace::B2bGemm2Issued);
+    rs.r2_prev = rs.r2;
+    ++rs.r2;
+    rs.w2_pending = true;
+    if constexpr (!Cfg::kOverlap) {
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrP);
+      release(rings.pipe2, ss.pipe2, rs.r2_prev);
+      rs.w2_pending = false;
+    }
+  }
+
+  // Softmax: O / l, per row.
+  template <class AccO>
+  static CUTE_DEVICE void normalize(AccO& tOrO, RowStats const& stats) {
+    float const inv[2] = {1.f / stats.sum[0], 1.f / stats.sum[1]};
+    CUTE_UNROLL
+    for (int e = 0; e < cute::size(tOrO); ++e) tOrO(e) *= inv[(e >> 1) & 1];
+  }
+
+  // The cluster form: group `peer` holds a partial O of the peer's rows: it sends it (once the peer has read the
+  // previous tile's), has no epilogue and returns false. Group `rank` adds the peer's partial for its rows to its own
+  // (softmax: and normalizes) and returns true.
+  template <class AccO>
+  static CUTE_DEVICE bool combine_with_peer(Params const& p, SharedStorage& ss, AccO& tOrO, RowStats& stats, int rank,
+                                            int group, int wg_thread, uint32_t iter) {
+    using namespace cute;
+    int const peer = 1 - rank;
+    // No chunk for this CTA (N1 <= Chunk): its partial is zero (softmax: maxima -inf and sums 0, as initialized).
+    if (rank >= p.chunks) {
+      CUTE_UNROLL
+      for (int e = 0; e < size(tOrO); ++e) tOrO(e) = 0.f;
+    }
+    if (group == peer) {
+      wait_cluster(&ss.xchg_empty, (iter & 1) ^ 1);
+      uint32_t const dst = peer_addr(smem_u32(ss.xchg), peer) + uint32_t(wg_thread) * 16;
+      CUTE_UNROLL
+      for (int q = 0; q < size(tOrO) / 4; ++q)
+        peer_store(dst + uint32_t(q) * 128 * 16, tOrO(4 * q), tOrO(4 * q + 1), tOrO(4 * q + 2), tOrO(4 * q + 3));
+      if constexpr (Cfg::kSoftmax)
+        peer_store(dst + uint32_t(size(tOrO) / 4) * 128 * 16, stats.max[0], stats.max[1], stats.sum[0], stats.sum[1]);
+      peer_arrive(peer_addr(smem_u32(&ss.xchg_full), peer));
+      return false;
+    }
+    wait_cluster(&ss.xchg_full, iter & 1);
+    float4 const* in = reinterpret_cast<float4 const*>(ss.xchg) + wg_thread;
+    // O = O_self a_self + O_peer a_peer, a = 1 for an elementwise F. Softmax: both partials to the larger of the
+    // two maxima m (log2 units; a CTA without chunks has -inf, weight 2^-inf = 0), a = 2^(m_x - m), l likewise.
+    float a_self[2] = {1.f, 1.f}, a_peer[2] = {1.f, 1.f};
+    if constexpr (Cfg::kSoftmax) {
+      float4 const st = in[(size(tOrO) / 4) * 128];
+      float const m_peer[2] = {st.x, st.y}, l_peer[2] = {st.z, st.w};
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        float const m = fmaxf(stats.max[r], m_peer[r]);
+        a_self[r] = fast_exp2(stats.max[r] - m);
+        a_peer[r] = fast_exp2(m_peer[r] - m);
+        stats.sum[r] = stats.sum[r] * a_self[r] + l_peer[r] * a_peer[r];
+      }
+    }
+    CUTE_UNROLL
+    for (int q = 0; q < size(tOrO) / 4; ++q) {
+      float4 const v = in[q * 128];
+      float const vv[4] = {v.x, v.y, v.z, v.w};
+      CUTE_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        int const r = ((4 * q + i) >> 1) & 1;   // the element's row (element e: row (e >> 1) & 1)
+        tOrO(4 * q + i) = tOrO(4 * q + i) * a_self[r] + vv[i] * a_peer[r];
+      }
+    }
+    peer_arrive(peer_addr(smem_u32(&ss.xchg_empty), peer));   // the peer may send the next tile's
+    if constexpr (Cfg::kSoftmax) normalize(tOrO, stats);
+    return true;
+  }
+
+  // Epilogue: O = Act2(O + b2) -> bf16, staged per 64-column subtile, then 16-byte stores of whole rows.
+  // Staging: 64 rows x 8 chunks of 16 bytes, chunk index XOR (row & 7): the fragment writes (8 rows x 4 column pairs
+  // per warp) and the row-wise 16-byte reads are both free of bank conflicts.
+  template <class AccO, class CoordO>
+  static CUTE_DEVICE void store_tile(Params const& p, SharedStorage& ss, AccO& tOrO, CoordO const& tOcO,
+                                     __nv_bfloat162 const (&b2v)[N2T / 8], int b, int mb, int nb, int group,
+                                     int wg_thread) {
+    Act2 act2;
+    Element* stage = ss.epi[group];
+    int const o_row0 = int(cute::get<0>(tOcO(0))) - group * 64;   // this thread's rows o_row0, o_row0 + 8 (0 .. 63)
+    int const o_col0 = int(cute::get<1>(tOcO(0)));                // its columns o_col0 + 8j (+1), o_col0 < 8
+    Element* st_w = stage + o_row0 * 64 + o_col0;
+    int const sw_w = o_row0 & 7;                                  // the same for both rows
+    int const st_row = wg_thread / 8, st_ch = wg_thread % 8;      // reads: rows st_row + 16 it, chunk st_ch
+    Element const* st_r = stage + st_row * 64 + ((st_ch ^ (st_row & 7)) * 8);
+    int const row_base = mb * TM + group * 64 + st_row;
+    int const n2_base = nb * N2T;
+    Element* const out = p.O + int64_t(b) * p.bso;
+    CUTE_UNROLL
+    for (int sub = 0; sub < N2T / 64; ++sub) {
+      CUTE_UNROLL
+      for (int j = 8 * sub; j < 8 * sub + 8; ++j) {   // column group j: elements 4j .. 4j+3 (2 rows x 2 cols)
+        float2 const bb = __bfloat1622float2(b2v[j]);
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          int const e = 4 * j + 2 * r;
+          float y0 = act2(p.act2, tOrO(e) + bb.x);
+          float y1 = act2(p.act2, tOrO(e + 1) + bb.y);
+          __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
+          *reinterpret_cast<__nv_bfloat162*>(st_w + r * 8 * 64 + (((j - 8 * sub) ^ sw_w) * 8)) = h;
+        }
+      }
+      asm volatile("bar.sync %0, 128;\n" ::"r"(8 + group) : "memory");
+      int const col = n2_base + sub * 64 + st_ch * 8;
+      CUTE_UNROLL
+      for (int it = 0; it < 4; ++it) {
+        int const row = row_base + 16 * it;
+        uint4 v = *reinterpret_cast<uint4 const*>(st_r + it * 16 * 64);
+        if (row < p.M && col < p.N2) *reinterpret_cast<uint4*>(out + int64_t(row) * p.ldo + col) = v;
+      }
+      asm volatile("bar.sync %0, 128;\n" ::"r"(8 + group) : "memory");   // staging free for the next subtile
+    }
   }
 };
 

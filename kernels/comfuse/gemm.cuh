@@ -294,155 +294,171 @@ struct GemmKernel {
     RowBlockScheduler<Cfg::kClusterM, Cfg::kClusterN> sched{
         p.cl_tiles_n, p.total, int(blockIdx.x) / Cfg::kClusterM, int(gridDim.x) / Cfg::kClusterM,
         kReduces ? 1 : p.group_m};   // a compile-time 1 drops the grouped order's arithmetic (and its registers)
-    auto problem = make_shape(p.M, p.N, p.K, 1);
 
     if (warp_group == 0) {
-      // ---------------- producer ----------------
-      cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if (warp_idx == 0) {
-        Mainloop mainloop;
-        auto load_inputs = mainloop.load_init(problem, p.mainloop);
-        PipelineState state = cutlass::make_producer_start_state<Pipeline>();
-        for (int u = sched.first; u < sched.total; u += sched.stride) {
-          auto t = sched.tile(u, rx, ry);
-          if constexpr (kDualB) {
-            load_pair(p, pipeline, state, t.m, t.n, block_rank_in_cluster, ss);
-          } else {
-            auto blk = make_coord(t.m, t.n, _, 0);
-            auto k_iter = cute::make_coord_iterator(shape<3>(get<0>(load_inputs)));
-            mainloop.load(p.mainloop, pipeline, state, load_inputs, blk, k_iter, p.k_tiles,
-                          cutlass::canonical_lane_idx(), block_rank_in_cluster, ss.mainloop);
-          }
-          state.advance(p.k_tiles);
-        }
-        mainloop.load_tail(pipeline, state);   // keep the CTA alive until peers stop signalling it
-      } else if (warp_idx == 1) {
-        if constexpr (kRingSlots > 0) {   // the tile-input loader: the CTA's tiles in order, as the consumers take them
-          auto origin = [&](int u, int& m0, int& n0) {
-            auto t = sched.tile(u, rx, ry);
-            m0 = t.m * Cfg::kTileM;
-            n0 = t.n * Cfg::kTileN;
-          };
-          ss.ring.load(origin, sched.first, sched.stride, sched.total, p.M, p.N);
-        }
-      }
+      run_producer(p, ss, sched, pipeline, rx, ry, warp_idx, block_rank_in_cluster);
     } else if constexpr (kEpiWarps) {
       run_epilogue_warps(p, ss, sched, pipeline, order, rx, ry, warp_group, wg_thread);   // (below)
     } else {
-      // ---------------- consumers ----------------
-      cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-      int const group = warp_group - 1;
-      Mainloop mainloop;
-      TiledMma tiled_mma;
-      // The epilogue sees a group's accumulators as a tile of its own (kGroupTileM rows). In the cooperative
-      // TiledMma the two groups' fragments have the same layout, rows 64 apart, so the coordinates of the
-      // first group's threads serve both (the second group's tile origin is 64 rows lower).
-      auto thr_mma = tiled_mma.get_thread_slice(wg_thread);
-      Tensor tCcD = epilogue_view(thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{}))));
-      PipelineState state;   // consumer: stage 0, phase 0
-      if (!kCooperative && group == 1) state.advance(p.k_tiles);   // PingPong: group 1 starts at the CTA's second tile
-      // L2 exchanges tag their partials with the launch number (reduce/l2_exchange.cuh)
-      const bool l2_exchanges = kReduces && p.reduce_counters != nullptr && !reduce::is_dsmem(p.transport);
-      const uint32_t exchange_tag = l2_exchanges ? reduce::launch_tag(p.reduce_counters) : 0u;
-
-      // PingPong: the groups take alternate tiles; Cooperative: both take every tile.
-      int const u_first = sched.first + (kCooperative ? 0 : group * sched.stride);
-      int const u_step = (kCooperative ? 1 : 2) * sched.stride;
-      auto tile_ctx = [&](int u) {
-        return tile_context(p, ss, sched, u, u_step, rx, ry, group, wg_thread, exchange_tag);
-      };
-      // This group's epilogue SMEM for its tile iteration `iter` (split phase: alternating copies), bound to the
-      // tile context (the root's per-row results; the DSMEM buffers of this copy where the kernel has them).
-      auto bound_epi_smem = [&](epi::TileCtx& c, int iter) -> EpiStorage& {
-        const int k = group * kEpiCopies + iter % kEpiCopies;
-        epi::bind<Tree>(c, ss.epi[k]);
-        if constexpr (kDsmem) {
-          c.dsmem_data = &ss.dsmem[k].data[0][0][0];
-          c.dsmem_full = ss.dsmem[k].full;
-        }
-        return ss.epi[k];
-      };
-      // Split phase: the group's scratch slot, and the tile it published but has not finished (-1: none).
-      float4* const scratch_slot =
-          kDeferred && !kCarryRegs ? reinterpret_cast<float4*>(p.scratch) +
-                          size_t(int(blockIdx.x + gridDim.x * blockIdx.y) * 2 + group) * (Cfg::kGroupTileM * Cfg::kTileN / 4)
-                    : nullptr;
-      int pending = -1;
-      uint32_t carried[kCarryWords];   // register-carried split phase: the pending tile, bf16 pairs
-      // The finish turn of tile u (split phase): its row block's partials collected, its last stage streamed from
-      // the scratch slot (or the carried registers). Its SMEM copy still holds what its publish turn staged (the next prefetch into it comes
-      // after this turn's closing barrier).
-      auto finish = [&](int u, auto const& acc_layout, trace::Stamp* turn) {
-        epi::TileCtx pc = tile_ctx(u);
-        pc.scratch = scratch_slot;
-        pc.trace = turn;
-        Tree pt(p.epi, bound_epi_smem(pc, pc.iter), pc);
-        if constexpr (kCarryRegs) epi::run_epilogue_finish(pt, acc_layout, tCcD, pc, carried);
-        else epi::run_epilogue_finish(pt, acc_layout, tCcD, pc);
-      };
-
-      for (int u = u_first; u < sched.total; u += u_step) {
-        epi::TileCtx ctx = tile_ctx(u);
-        ctx.scratch = scratch_slot;
-#ifdef COMFUSE_TRACE
-        if (ctx.trace && wg_thread == 0) ctx.trace[trace::TileIndex] = trace::Stamp{(unsigned long long)u, 0ull};
-#endif
-        // StageStream<.., InParts>: a 128-row PingPong tile's stages in two 64-row parts (core.cuh, run_stage_in_parts)
-        ctx.parts = epi::VisitsInParts<Tree>::value && !kCooperative && !kDeferred && Cfg::kGroupTileM == 128;
-        Tree tree(p.epi, bound_epi_smem(ctx, ctx.iter), ctx);
-        if constexpr (kRingSlots > 0) {   // group 0's first tree published the ring's inputs: hand them to the loader
-          if (ctx.ring_publish) asm volatile("bar.sync %0, 160;\n" ::"r"(epi::kRingArgsBarrier) : "memory");
-        }
-        tree.prefetch();   // epilogue inputs staged in SMEM while the MMAs run
-
-        Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-        // PingPong: the order barrier alternates the groups' mainloops and, separately, their epilogues (tile order).
-        // Cooperative: both groups run every tile's mainloop together, and each its own rows' epilogue: no order.
-        if constexpr (!kCooperative) order.wait();   // our turn for the tensor cores
-        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlStart);
-        mainloop.mma(pipeline, state, accum, p.k_tiles, kCooperative ? thread_idx - 128 : wg_thread, ss.mainloop,
-                     p.mainloop);
-        if constexpr (!kCooperative) order.arrive();   // the other group may start its mainloop
-        mainloop.mma_tail(pipeline, state, p.k_tiles);
-        state.advance(p.k_tiles * (kCooperative ? 1 : 2));   // PingPong: skip the other group's tile in the ring
-        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlEnd);
-
-        if constexpr (!kCooperative) {
-          if (p.order_epilogues) epi_order.wait();   // epilogues in tile order
-        }
-        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
-        if constexpr (kDeferred) {
-          // Finish the previous tile first (its peers published during this mainloop), then publish this one.
-          // Progress: a finish waits only for a row block below this tile's (tiles of a row block are consecutive
-          // and the group stride is at least C), whose tiles every peer publishes without waiting on anything
-          // above it; by induction on the row block every publish happens (tile_scheduler.cuh).
-          if (pending >= 0) finish(pending, accum, ctx.trace);
-          if constexpr (kCarryRegs) epi::run_epilogue_publish(tree, accum, tCcD, ctx, carried);
-          else epi::run_epilogue_publish(tree, accum, tCcD, ctx);
-          epi::group_barrier(group);   // this turn's SMEM reads are done before the next prefetch overwrites them
-          pending = u;
-        } else if constexpr (kDualB) {
-          auto view = epilogue_view(accum);
-          Tensor<epi::PairedEngine<kAcc2Offset>, decltype(view.layout())> acc(epi::PairedEngine<kAcc2Offset>{{view.data()}},
-                                                                               view.layout());
-          epi::run_epilogue(tree, acc, tCcD, ctx);
-        } else {
-          epi::run_epilogue(tree, accum, tCcD, ctx);
-        }
-        COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
-        if constexpr (!kCooperative) {
-          if (p.order_epilogues) epi_order.arrive();
-        }
-      }
-      if constexpr (kDeferred) {
-        if (pending >= 0) finish(pending, partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})), nullptr);
-      }
-      if constexpr (epi::kHasAsyncStores<Tree>) epi::drain_async_stores();   // the boxes are read before the CTA exits
-      end_epilogues(p, l2_exchanges, group, wg_thread);
+      run_consumers(p, ss, sched, pipeline, order, epi_order, rx, ry, thread_idx, warp_group, wg_thread);
     }
 #else
     if (threadIdx.x == 0) printf("comfuse::GemmKernel needs sm_90a (-gencode=arch=compute_90a,code=sm_90a)\n");
 #endif
+  }
+
+  // Warp group 0: warp 0 issues the A / B stages of the CTA's tiles (TMA), warp 1 fills the tile-input ring.
+  template <class Sched>
+  static CUTE_DEVICE void run_producer(Params const& p, SharedStorage& ss, Sched const& sched, Pipeline& pipeline,
+                                       int rx, int ry, int warp_idx, uint32_t block_rank_in_cluster) {
+    using namespace cute;
+    auto problem = make_shape(p.M, p.N, p.K, 1);
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    if (warp_idx == 0) {
+      Mainloop mainloop;
+      auto load_inputs = mainloop.load_init(problem, p.mainloop);
+      PipelineState state = cutlass::make_producer_start_state<Pipeline>();
+      for (int u = sched.first; u < sched.total; u += sched.stride) {
+        auto t = sched.tile(u, rx, ry);
+        if constexpr (kDualB) {
+          load_pair(p, pipeline, state, t.m, t.n, block_rank_in_cluster, ss);
+        } else {
+          auto blk = make_coord(t.m, t.n, _, 0);
+          auto k_iter = cute::make_coord_iterator(shape<3>(get<0>(load_inputs)));
+          mainloop.load(p.mainloop, pipeline, state, load_inputs, blk, k_iter, p.k_tiles,
+                        cutlass::canonical_lane_idx(), block_rank_in_cluster, ss.mainloop);
+        }
+        state.advance(p.k_tiles);
+      }
+      mainloop.load_tail(pipeline, state);   // keep the CTA alive until peers stop signalling it
+    } else if (warp_idx == 1) {
+      if constexpr (kRingSlots > 0) {   // the tile-input loader: the CTA's tiles in order, as the consumers take them
+        auto origin = [&](int u, int& m0, int& n0) {
+          auto t = sched.tile(u, rx, ry);
+          m0 = t.m * Cfg::kTileM;
+          n0 = t.n * Cfg::kTileN;
+        };
+        ss.ring.load(origin, sched.first, sched.stride, sched.total, p.M, p.N);
+      }
+    }
+  }
+
+  // Warp groups 1 and 2 (PingPong and Cooperative): each tile's mainloop, then its epilogue from the accumulators
+  // (split phase: the previous tile finished before this one publishes).
+  template <class Sched>
+  static CUTE_DEVICE void run_consumers(Params const& p, SharedStorage& ss, Sched const& sched, Pipeline& pipeline,
+                                        OrderBarrier& order, OrderBarrier& epi_order, int rx, int ry, int thread_idx,
+                                        int warp_group, int wg_thread) {
+    using namespace cute;
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    int const group = warp_group - 1;
+    Mainloop mainloop;
+    TiledMma tiled_mma;
+    // The epilogue sees a group's accumulators as a tile of its own (kGroupTileM rows). In the cooperative
+    // TiledMma the two groups' fragments have the same layout, rows 64 apart, so the coordinates of the
+    // first group's threads serve both (the second group's tile origin is 64 rows lower).
+    auto thr_mma = tiled_mma.get_thread_slice(wg_thread);
+    Tensor tCcD = epilogue_view(thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{}))));
+    PipelineState state;   // consumer: stage 0, phase 0
+    if (!kCooperative && group == 1) state.advance(p.k_tiles);   // PingPong: group 1 starts at the CTA's second tile
+    // L2 exchanges tag their partials with the launch number (reduce/l2_exchange.cuh)
+    const bool l2_exchanges = kReduces && p.reduce_counters != nullptr && !reduce::is_dsmem(p.transport);
+    const uint32_t exchange_tag = l2_exchanges ? reduce::launch_tag(p.reduce_counters) : 0u;
+
+    // PingPong: the groups take alternate tiles; Cooperative: both take every tile.
+    int const u_first = sched.first + (kCooperative ? 0 : group * sched.stride);
+    int const u_step = (kCooperative ? 1 : 2) * sched.stride;
+    auto tile_ctx = [&](int u) {
+      return tile_context(p, ss, sched, u, u_step, rx, ry, group, wg_thread, exchange_tag);
+    };
+    // This group's epilogue SMEM for its tile iteration `iter` (split phase: alternating copies), bound to the
+    // tile context (the root's per-row results; the DSMEM buffers of this copy where the kernel has them).
+    auto bound_epi_smem = [&](epi::TileCtx& c, int iter) -> EpiStorage& {
+      const int k = group * kEpiCopies + iter % kEpiCopies;
+      epi::bind<Tree>(c, ss.epi[k]);
+      if constexpr (kDsmem) {
+        c.dsmem_data = &ss.dsmem[k].data[0][0][0];
+        c.dsmem_full = ss.dsmem[k].full;
+      }
+      return ss.epi[k];
+    };
+    // Split phase: the group's scratch slot, and the tile it published but has not finished (-1: none).
+    float4* const scratch_slot =
+        kDeferred && !kCarryRegs ? reinterpret_cast<float4*>(p.scratch) +
+                        size_t(int(blockIdx.x + gridDim.x * blockIdx.y) * 2 + group) * (Cfg::kGroupTileM * Cfg::kTileN / 4)
+                  : nullptr;
+    int pending = -1;
+    uint32_t carried[kCarryWords];   // register-carried split phase: the pending tile, bf16 pairs
+    // The finish turn of tile u (split phase): its row block's partials collected, its last stage streamed from
+    // the scratch slot (or the carried registers). Its SMEM copy still holds what its publish turn staged (the next prefetch into it comes
+    // after this turn's closing barrier).
+    auto finish = [&](int u, auto const& acc_layout, trace::Stamp* turn) {
+      epi::TileCtx pc = tile_ctx(u);
+      pc.scratch = scratch_slot;
+      pc.trace = turn;
+      Tree pt(p.epi, bound_epi_smem(pc, pc.iter), pc);
+      if constexpr (kCarryRegs) epi::run_epilogue_finish(pt, acc_layout, tCcD, pc, carried);
+      else epi::run_epilogue_finish(pt, acc_layout, tCcD, pc);
+    };
+
+    for (int u = u_first; u < sched.total; u += u_step) {
+      epi::TileCtx ctx = tile_ctx(u);
+      ctx.scratch = scratch_slot;
+#ifdef COMFUSE_TRACE
+      if (ctx.trace && wg_thread == 0) ctx.trace[trace::TileIndex] = trace::Stamp{(unsigned long long)u, 0ull};
+#endif
+      // StageStream<.., InParts>: a 128-row PingPong tile's stages in two 64-row parts (core.cuh, run_stage_in_parts)
+      ctx.parts = epi::VisitsInParts<Tree>::value && !kCooperative && !kDeferred && Cfg::kGroupTileM == 128;
+      Tree tree(p.epi, bound_epi_smem(ctx, ctx.iter), ctx);
+      if constexpr (kRingSlots > 0) {   // group 0's first tree published the ring's inputs: hand them to the loader
+        if (ctx.ring_publish) asm volatile("bar.sync %0, 160;\n" ::"r"(epi::kRingArgsBarrier) : "memory");
+      }
+      tree.prefetch();   // epilogue inputs staged in SMEM while the MMAs run
+
+      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+      // PingPong: the order barrier alternates the groups' mainloops and, separately, their epilogues (tile order).
+      // Cooperative: both groups run every tile's mainloop together, and each its own rows' epilogue: no order.
+      if constexpr (!kCooperative) order.wait();   // our turn for the tensor cores
+      COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlStart);
+      mainloop.mma(pipeline, state, accum, p.k_tiles, kCooperative ? thread_idx - 128 : wg_thread, ss.mainloop,
+                   p.mainloop);
+      if constexpr (!kCooperative) order.arrive();   // the other group may start its mainloop
+      mainloop.mma_tail(pipeline, state, p.k_tiles);
+      state.advance(p.k_tiles * (kCooperative ? 1 : 2));   // PingPong: skip the other group's tile in the ring
+      COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlEnd);
+
+      if constexpr (!kCooperative) {
+        if (p.order_epilogues) epi_order.wait();   // epilogues in tile order
+      }
+      COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
+      if constexpr (kDeferred) {
+        // Finish the previous tile first (its peers published during this mainloop), then publish this one.
+        // Progress: a finish waits only for a row block below this tile's (tiles of a row block are consecutive
+        // and the group stride is at least C), whose tiles every peer publishes without waiting on anything
+        // above it; by induction on the row block every publish happens (tile_scheduler.cuh).
+        if (pending >= 0) finish(pending, accum, ctx.trace);
+        if constexpr (kCarryRegs) epi::run_epilogue_publish(tree, accum, tCcD, ctx, carried);
+        else epi::run_epilogue_publish(tree, accum, tCcD, ctx);
+        epi::group_barrier(group);   // this turn's SMEM reads are done before the next prefetch overwrites them
+        pending = u;
+      } else if constexpr (kDualB) {
+        auto view = epilogue_view(accum);
+        Tensor<epi::PairedEngine<kAcc2Offset>, decltype(view.layout())> acc(epi::PairedEngine<kAcc2Offset>{{view.data()}},
+                                                                             view.layout());
+        epi::run_epilogue(tree, acc, tCcD, ctx);
+      } else {
+        epi::run_epilogue(tree, accum, tCcD, ctx);
+      }
+      COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
+      if constexpr (!kCooperative) {
+        if (p.order_epilogues) epi_order.arrive();
+      }
+    }
+    if constexpr (kDeferred) {
+      if (pending >= 0) finish(pending, partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})), nullptr);
+    }
+    if constexpr (epi::kHasAsyncStores<Tree>) epi::drain_async_stores();   // the boxes are read before the CTA exits
+    end_epilogues(p, l2_exchanges, group, wg_thread);
   }
 
   // Schedule::EpilogueWarps, warp groups 1-4. Groups 1 and 2 multiply: PingPong mainloops on alternate tiles of the
