@@ -4,10 +4,9 @@
 #   2. `comfuse run --check --launches 3` of the residual programs of bench/data_path.py (h = X·W + R, with a bias,
 #      with a second output y = h * g, with a per-row output mean(h²)) at the odd shape 1000 x 520 x 264 and at
 #      8192 x 1024 x 1024, in each CONFIGS config (the ring in boxes: 1 x 2 and 2 x 1 clusters, 64-row tiles; each
-#      with its output stored through the ring, _ir; the ring's input in the mainloop's own stages, _ms), and of the
-#      examples that read a residual (the planner's configs);
+#      with its output stored through the ring, _ir), and of the examples that read a residual (the planner's configs);
 #   3. compute-sanitizer memcheck and racecheck of the ring in boxes at the odd shape (two outputs: one ring slot
-#      read by two instances), with and without the output stored through the ring, and in the mainloop's stages;
+#      read by two instances), with and without the output stored through the ring;
 #   4. bench/data_path.py: `comfuse bench` of the programs in BENCH_CONFIGS, alternating, ROUNDS invocations each, at
 #      the five shapes of WORKLOADS.md §1 (res, biasres) and two (res2out, resrow).
 # Logs and data_path_<set>.csv under $OUT; a table last.
@@ -43,10 +42,10 @@ mkdir -p "$OUT/checks" "$OUT/programs"
 gpu_cli_env gpu-data-path || exit 1
 declare -A status
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
-# (_ir: the output written back into the ring and stored from there, StoreInRing; _ms: the ring's input in a stage of
-# the mainloop's own A / B ring; both asked for by name only until checked and measured here)
-CONFIGS="${CONFIGS:-128x128x64_c1x2_rr 128x128x64_c2x1_rr 64x128x64_c1x1_rr 128x128x64_c1x2_rr_ir 128x128x64_c2x1_rr_ir 64x128x64_c1x1_rr_ir 128x128x64_c1x2_rr_ms 128x128x64_c2x1_rr_ms_ir}"
-BENCH_CONFIGS="${BENCH_CONFIGS:-128x128x64_c1x2_rr,128x128x64_c1x2_rr_ir,128x128x64_c1x2_rr_ms,128x128x64_c1x2_rr_ms_ir}"
+# (_ir: the output written back into the ring and stored from there, StoreInRing; asked for by name only until checked
+# and measured here)
+CONFIGS="${CONFIGS:-128x128x64_c1x2_rr 128x128x64_c2x1_rr 64x128x64_c1x1_rr 128x128x64_c1x2_rr_ir 128x128x64_c2x1_rr_ir 64x128x64_c1x1_rr_ir}"
+BENCH_CONFIGS="${BENCH_CONFIGS:-128x128x64_c1x2_rr,128x128x64_c1x2_rr_ir,128x128x64_c1x2_rg}"
 
 if [ -n "$ncu_only" ]; then
   shape="${NCU_SHAPE:-16384x1024x1024}" cfg="${NCU_CONFIG:-128x128x64_c1x2_rr}"
@@ -103,7 +102,7 @@ echo "checks: $(grep -c 'rc=0$' "$OUT/checks.txt") passed, ${status[checks]} fai
 
 if [ $sanitize = 1 ]; then   # the two-output program at the odd shape: the ring read by two instances; with _ir, h
   odd="$OUT/programs/res2out_1000x520x264.cf"   # written back into the ring while y is stored from registers
-  for c in ${SAN_CONFIGS:-128x128x64_c1x2_rr 128x128x64_c1x2_rr_ir 128x128x64_c1x2_rr_ms_ir}; do
+  for c in ${SAN_CONFIGS:-128x128x64_c1x2_rr 128x128x64_c1x2_rr_ir}; do
     timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$cli" run "$odd" --config $c \
       --check > "$OUT/memcheck_$c.log" 2>&1
     status[memcheck_$c]=$?

@@ -49,8 +49,7 @@ status[bench]=$?
 # (its buffer is refilled only after the copies read it)
 san="$OUT/sanitizers.log"
 : > "$san"
-for run in "memcheck ${SAN_MEMCHECK:-async,tmastore,inring,ringstage}" \
-           "racecheck ${SAN_RACECHECK:-res2out_ring_async,res_ringbox_inring,res_ringstage_inring}"; do
+for run in "memcheck ${SAN_MEMCHECK:-async,tmastore,inring}" "racecheck ${SAN_RACECHECK:-res2out_ring_async,res_ringbox_inring}"; do
   set -- $run
   echo "== compute-sanitizer --tool $1, variants matching '$2'" >> "$san"
   timeout 240 compute-sanitizer --tool "$1" --error-exitcode 9 "$bin" --check-only --shape 1000,520,264 --only "$2" \

@@ -219,8 +219,7 @@ int main(int argc, char** argv) {
                                    cb::ours_kernel_20(), cb::ours_kernel_21(), cb::ours_kernel_22(), cb::ours_kernel_23(),
                                    cb::ours_kernel_24(), cb::ours_kernel_25(), cb::ours_kernel_26(), cb::ours_kernel_27(),
                                    cb::ours_kernel_28(), cb::ours_kernel_29(), cb::ours_kernel_30(), cb::ours_kernel_31(),
-                                   cb::ours_kernel_32(), cb::ours_kernel_33(), cb::ours_kernel_34(),
-                                   cb::ours_kernel_35(), cb::ours_kernel_36(), cb::ours_kernel_37()};
+                                   cb::ours_kernel_32(), cb::ours_kernel_33(), cb::ours_kernel_34()};
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);

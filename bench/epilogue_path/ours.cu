@@ -40,11 +40,6 @@
 //   32  h = X·W                     Store                                 c2x2
 //   33  h = X·W + R                 Store, ring (boxes)                   c2x2
 //   34  h = X·W + R                 StoreInRing, ring (boxes)             c2x2
-//   35-37: the input read from the mainloop's own stages (TileLoadRing<.., InStages = true>, gemm.cuh kRingInStages):
-//          no ring of its own, so the mainloop keeps the seven stages of the one-output kernel
-//   35  h = X·W + R                 Store, input in the mainloop's stages         c1x2
-//   36  h = X·W + R                 StoreInRing, input in the mainloop's stages   c1x2
-//   37  h = X·W + b + R             StoreInRing, input in the mainloop's stages   c1x2
 
 #include "variants.h"
 
@@ -52,7 +47,7 @@
 #include "comfuse/epilogue/all.cuh"
 
 #ifndef OURS_CFG
-#error "compile with -DOURS_CFG=<0..37>"
+#error "compile with -DOURS_CFG=<0..34>"
 #endif
 
 namespace comfuse::bench {
@@ -63,7 +58,6 @@ using Add = ops::Add;
 using Mul = ops::Mul;
 using Ring = TileLoadRing<bf16, 0>;
 using RingBox = TileLoadRing<bf16, 0, true>;
-using RingStage = TileLoadRing<bf16, 0, true, true>;
 using Reg = TileLoad<bf16>;
 template <class C> using S = Store<bf16, C>;
 template <class C, int Box = 64> using SA = StoreAsync<bf16, C, Box>;
@@ -120,9 +114,6 @@ OURS_V(31, 1, 2, PP, 128, "ours_res2out_ringbox_inring_c1x2", true, false, 2, S<
 OURS_V(32, 2, 2, PP, 128, "ours_plain_store_c2x2", false, false, 1, S<AccEntry>)
 OURS_V(33, 2, 2, PP, 128, "ours_res_ringbox_store_c2x2", true, false, 1, S<Res<RingBox>>)
 OURS_V(34, 2, 2, PP, 128, "ours_res_ringbox_inring_c2x2", true, false, 1, SR<Res<RingBox>>)
-OURS_V(35, 1, 2, PP, 128, "ours_res_ringstage_store_c1x2", true, false, 1, S<Res<RingStage>>)
-OURS_V(36, 1, 2, PP, 128, "ours_res_ringstage_inring_c1x2", true, false, 1, SR<Res<RingStage>>)
-OURS_V(37, 1, 2, PP, 128, "ours_biasres_ringstage_inring_c1x2", true, true, 1, SR<BiasRes<RingStage>>)
 #undef OURS_V
 
 using Var = V<OURS_CFG>;
@@ -135,15 +126,13 @@ template <> struct ArgsOf<AccEntry> { static AccEntry::Arguments make(Problem co
 template <> struct ArgsOf<Reg> { static Reg::Arguments make(Problem const& p) { return {static_cast<bf16 const*>(p.R), p.N}; } };
 template <> struct ArgsOf<Ring> { static Ring::Arguments make(Problem const& p) { return {static_cast<bf16 const*>(p.R), p.N}; } };
 bool map_failed = false;   // a ring input's tensor map could not be encoded (boxes)
-template <class R> struct BoxArgs {
-  static typename R::Arguments make(Problem const& p) {
-    typename R::Arguments a{static_cast<bf16 const*>(p.R), p.N};
+template <> struct ArgsOf<RingBox> {
+  static RingBox::Arguments make(Problem const& p) {
+    RingBox::Arguments a{static_cast<bf16 const*>(p.R), p.N};
     if (encode_ring_map(&a.map, p.R, p.N, p.M, p.N) != CUDA_SUCCESS) map_failed = true;   // (run() refuses it)
     return a;
   }
 };
-template <> struct ArgsOf<RingBox> : BoxArgs<RingBox> {};
-template <> struct ArgsOf<RingStage> : BoxArgs<RingStage> {};
 template <> struct ArgsOf<RowBroadcast<bf16>> {   // the bias, or γ (the row vector of a second output)
   static RowBroadcast<bf16>::Arguments make(Problem const& p, bool gamma = false) {
     return {static_cast<bf16 const*>(gamma ? p.gamma : p.bias)};

@@ -10,13 +10,12 @@ import csv
 import re
 import sys
 
-# ours_res_<reg|ringbox|ringstage>_<store|async|inring>_<c1x1|c1x2|c2x2|coop128x256_c2x1>: the planner config it measured (names
+# ours_res_<reg|ringbox>_<store|async|inring>_<c1x1|c1x2|c2x2|coop128x256_c2x1>: the planner config it measured (names
 # with a suffix after the cluster - a fixed tile order, unordered epilogues - or 32-column boxes, or the tensor-box
 # stores from their own SMEM ('tmastore'), are bench variants only). The ring form '_rr' is the ring filled by 64 x 64
-# boxes, as Psi renders it; 'ringstage' the same boxes in a stage of the mainloop's own ring ('_rr_ms'); 'inring' is
-# the output written back into the ring and stored from there ('_ir'); the row-by-row ring ('ring') is not a planner
-# config any more.
-NAME = re.compile(r"^ours_res_(reg|ringbox|ringstage)_(store|async|inring)_(c\dx\d|coop128x256_c\dx\d)$")
+# boxes, as Psi renders it; 'inring' is its output written back into the ring and stored from there ('_rr_ir'); the
+# row-by-row ring ('ring') is not a planner config any more.
+NAME = re.compile(r"^ours_res_(reg|ringbox)_(store|async|inring)_(c\dx\d|coop128x256_c\dx\d)$")
 
 
 def config_of(name: str):
@@ -24,11 +23,10 @@ def config_of(name: str):
     if not m:
         return None
     form, store, cl = m.groups()
-    if store == "inring" and form == "reg":
+    if store == "inring" and form != "ringbox":
         return None
     cfg = "128x256x64_" + cl.split("_")[1] + "_coop" if cl.startswith("coop") else "128x128x64_" + cl
-    return cfg + ("_rr" if form != "reg" else "") + ("_ms" if form == "ringstage" else "") + \
-        ("_as" if store == "async" else "") + \
+    return cfg + ("_rr" if form == "ringbox" else "") + ("_as" if store == "async" else "") + \
         ("_ir" if store == "inring" else "")
 
 

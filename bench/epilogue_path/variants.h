@@ -32,7 +32,7 @@ struct Variant {
   cudaError_t (*run)(Problem const&, cudaStream_t);
 };
 
-constexpr int kOursKernels = 38;
+constexpr int kOursKernels = 35;
 Variant ours_kernel_0();
 Variant ours_kernel_1();
 Variant ours_kernel_2();
@@ -68,8 +68,5 @@ Variant ours_kernel_31();
 Variant ours_kernel_32();
 Variant ours_kernel_33();
 Variant ours_kernel_34();
-Variant ours_kernel_35();
-Variant ours_kernel_36();
-Variant ours_kernel_37();
 
 }  // namespace comfuse::bench

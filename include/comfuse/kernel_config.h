@@ -55,12 +55,6 @@ struct KernelConfig {
   // one-pass epilogue. Asked for only (a config name, or PlanOptions::store_in_ring): not yet checked or measured on a
   // GPU, so the planner has no row for it.
   bool store_in_ring = false;
-  // The ring's input read from the mainloop's own A / B stages instead of a ring of its own (TileLoadRing<.., InStages
-  // = true>, kernels/comfuse/gemm.cuh kRingInStages; "_ms" in a config name, after "_rr"): the producer loads the
-  // tile's input as one more stage after its k-tiles, so the mainloop keeps the stages of the one-output kernel
-  // (seven at 128 x 128 x 64, where the ring of boxes leaves six). Only with the ring in boxes, PingPong 128 x 128 x 64
-  // tiles and one GEMM. Asked for by name only: not yet checked or measured on a GPU, so the planner has no row for it.
-  bool ring_in_stages = false;
   // The row reductions' exchange ("_l2", "_p2p", "_leader" in a config name; None: no suffix). Decided by the
   // planner together with the cluster it needs (DSMEM: the row block's 1 x C cluster; L2: no mainloop cluster).
   // A run-time argument of the kernel: it does not change the generated source.
@@ -77,7 +71,7 @@ struct KernelConfig {
 KernelConfig library_config(int tile_n);
 
 // "128x256x64_c2x1_coop_mg_rr_pt_as_l2": tile M x N x K, cluster M x N, then the schedule, merged pairs, the tile
-// inputs' form (and "_ms"), parts, async stores, the output through the ring and the transport, each where set. parse_config(config_name(c)) gives c back.
+// inputs' form, parts, async stores and the transport, each where set. parse_config(config_name(c)) gives c back.
 std::string config_name(const KernelConfig& c);
 // The inverse: false unless `s` is a config name. A suffix that is not a config's (a bench variant's tile order
 // "_r8", split-phase "_sp") makes it false.

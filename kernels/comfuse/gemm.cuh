@@ -121,16 +121,6 @@ struct GemmKernel {
   static constexpr int kEpiCopies = kDeferred ? 2 : 1;
   static constexpr int kRingSlots = epi::RingSlots<Tree>::value;
   static_assert(!(kDeferred && kRingSlots > 0), "split-phase epilogues read tile inputs with TileLoad");
-  // The ring input read from the mainloop's own stages (TileLoadRing<.., InStages = true>): the producer's warp 0
-  // loads the tile's input as one more stage of the A / B ring, after the tile's k-tiles, its four 64 x 64 boxes in the
-  // stage's A buffer (rows 0-63) and B buffer (rows 64-127); the consumers wait on that stage's full barrier as the
-  // node's first read does and release it after the epilogue. So the kernel holds no ring and the mainloop keeps the
-  // stages of the one-output kernel (the ring of boxes costs a 128x128x64 mainloop one of its seven). The tile's
-  // bytes must be a stage's, which at 16-bit elements makes 128 x 128 x 64 tiles; PingPong, one GEMM, one input.
-  static constexpr bool kRingInStages = epi::RingInStages<Tree>::value;
-  static_assert(!kRingInStages || (kRingSlots == 1 && epi::RingBoxes<Tree>::value && !kCooperative && !Cfg::kEpilogueWarps &&
-                                   !kDualB && Cfg::kTileM == 128 && Cfg::kTileN == 128 && Cfg::kTileK == 64),
-                "an input in the mainloop's stages: PingPong 128 x 128 x 64 tiles, one GEMM, one ring input in boxes");
   // DSMEM exchange buffers, one per epilogue copy: only a 1 x C cluster (C >= 2) can exchange through DSMEM
   // (Gemm::can_implement), so an L2-only kernel leaves out their 8 KB per group.
   static constexpr bool kDsmem = Cfg::kClusterM == 1 && Cfg::kClusterN > 1 &&
@@ -185,9 +175,8 @@ struct GemmKernel {
       return false;
   }();
   struct NoRing {};
-  using Ring = std::conditional_t<(kRingSlots > 0 && !kRingInStages),
-                                  std::conditional_t<kRingHalves, RingHalves, RingWhole>, NoRing>;
-  static constexpr int kCarveout = kCarveoutBase + (kRingSlots > 0 && !kRingInStages ? int(sizeof(Ring)) : 0);
+  using Ring = std::conditional_t<(kRingSlots > 0), std::conditional_t<kRingHalves, RingHalves, RingWhole>, NoRing>;
+  static constexpr int kCarveout = kCarveoutBase + (kRingSlots > 0 ? int(sizeof(Ring)) : 0);
   using Mainloop = MainloopFor<kCarveout>;
   // DualB: the mainloop of the output tile (N = kTileN) lends its B half-tile TMA (one for B, one for B2) and that
   // half's SMEM layout of one stage, which is the first kTileN rows of Mainloop's B stage (K-major, swizzle atoms of
@@ -202,15 +191,6 @@ struct GemmKernel {
   using PipelineState = typename Mainloop::PipelineState;
   static_assert(cute::size(TiledMma{}) == (kCooperative ? 256 : 128),
                 "PingPong: one warp group per tile; Cooperative: two, split along M");
-  static_assert(!kRingInStages || int(Mainloop::TmaTransactionBytes) == Cfg::kTileM * Cfg::kTileN * 2,
-                "an input in the mainloop's stages fills exactly one stage's bytes");
-  // Stages a tile takes in the A / B ring: its k-tiles, and its input's stage (kRingInStages).
-  static constexpr int kExtraStages = kRingInStages ? 1 : 0;
-  struct StageRingStore {   // kRingInStages: where the ring node publishes its tensor map for the producer
-    epi::RingArgs args;
-  };
-  struct NoStageRing {};
-  using StageRing = std::conditional_t<kRingInStages, StageRingStore, NoStageRing>;
 
   // Registers per thread after setmaxnreg. An increase is served only from what other warps of the CTA released
   // (a request beyond it waits forever: seen as a hang on the H200), so the launch allocation (168 for 384 threads,
@@ -233,7 +213,6 @@ struct GemmKernel {
     alignas(16) EpiStorage epi[2 * kEpiCopies];                      // per consumer group (two: split phase)
     [[no_unique_address]] DsmemStore dsmem[kDsmem ? 2 * kEpiCopies : 1];   // per epi copy (kDsmem; else no bytes)
     [[no_unique_address]] Ring ring;                                 // tile inputs (kRingSlots > 0; else no bytes)
-    [[no_unique_address]] StageRing stage_ring;                      // kRingInStages (else no bytes)
     [[no_unique_address]] HandoffStore handoff;                      // EpilogueWarps (else no bytes)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
@@ -293,7 +272,7 @@ struct GemmKernel {
       if constexpr (kDsmem) {
         for (int k = 0; k < 2 * kEpiCopies; ++k) reduce::dsmem_init(ss.dsmem[k]);
       }
-      if constexpr (kRingSlots > 0 && !kRingInStages) ss.ring.init(kCooperative ? 256 : 128);
+      if constexpr (kRingSlots > 0) ss.ring.init(kCooperative ? 256 : 128);
       if constexpr (kEpiWarps) {
         for (int g = 0; g < 2; ++g) {
           mbar::init(cute::cast_smem_ptr_to_uint(&ss.handoff.full[g]), 128);
@@ -339,11 +318,6 @@ struct GemmKernel {
       Mainloop mainloop;
       auto load_inputs = mainloop.load_init(problem, p.mainloop);
       PipelineState state = cutlass::make_producer_start_state<Pipeline>();
-      void const* stage_map = nullptr;   // kRingInStages: the input's tensor map, as group 0's first tree published it
-      if constexpr (kRingInStages) {     // (before any load: group 0 publishes it before its first mainloop)
-        asm volatile("bar.sync %0, 160;\n" ::"r"(epi::kRingArgsBarrier) : "memory");
-        stage_map = ss.stage_ring.args.ptr[0];
-      }
       for (int u = sched.first; u < sched.total; u += sched.stride) {
         auto t = sched.tile(u, rx, ry);
         if constexpr (kDualB) {
@@ -355,14 +329,10 @@ struct GemmKernel {
                         cutlass::canonical_lane_idx(), block_rank_in_cluster, ss.mainloop);
         }
         state.advance(p.k_tiles);
-        if constexpr (kRingInStages) {
-          load_input_stage(pipeline, state, ss, stage_map, t.m * Cfg::kTileM, t.n * Cfg::kTileN);
-          ++state;
-        }
       }
       mainloop.load_tail(pipeline, state);   // keep the CTA alive until peers stop signalling it
     } else if (warp_idx == 1) {
-      if constexpr (kRingSlots > 0 && !kRingInStages) {   // the tile-input loader: the CTA's tiles in order, as the consumers take them
+      if constexpr (kRingSlots > 0) {   // the tile-input loader: the CTA's tiles in order, as the consumers take them
         auto origin = [&](int u, int& m0, int& n0) {
           auto t = sched.tile(u, rx, ry);
           m0 = t.m * Cfg::kTileM;
@@ -390,8 +360,7 @@ struct GemmKernel {
     auto thr_mma = tiled_mma.get_thread_slice(wg_thread);
     Tensor tCcD = epilogue_view(thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{}))));
     PipelineState state;   // consumer: stage 0, phase 0
-    // PingPong: group 1 starts at the CTA's second tile
-    if (!kCooperative && group == 1) state.advance(p.k_tiles + kExtraStages);
+    if (!kCooperative && group == 1) state.advance(p.k_tiles);   // PingPong: group 1 starts at the CTA's second tile
     // L2 exchanges tag their partials with the launch number (reduce/l2_exchange.cuh)
     const bool l2_exchanges = kReduces && p.reduce_counters != nullptr && !reduce::is_dsmem(p.transport);
     const uint32_t exchange_tag = l2_exchanges ? reduce::launch_tag(p.reduce_counters) : 0u;
@@ -435,9 +404,6 @@ struct GemmKernel {
     for (int u = u_first; u < sched.total; u += u_step) {
       epi::TileCtx ctx = tile_ctx(u);
       ctx.scratch = scratch_slot;
-      PipelineState input_stage = state;   // kRingInStages: the stage after the tile's k-tiles holds its input
-      input_stage.advance(p.k_tiles);
-      if constexpr (kRingInStages) bind_input_stage(ctx, ss, input_stage, group);
 #ifdef COMFUSE_TRACE
       if (ctx.trace && wg_thread == 0) ctx.trace[trace::TileIndex] = trace::Stamp{(unsigned long long)u, 0ull};
 #endif
@@ -458,8 +424,7 @@ struct GemmKernel {
                    p.mainloop);
       if constexpr (!kCooperative) order.arrive();   // the other group may start its mainloop
       mainloop.mma_tail(pipeline, state, p.k_tiles);
-      // PingPong: skip the other group's tile in the ring (and each tile's input stage)
-      state.advance((p.k_tiles + kExtraStages) * (kCooperative ? 1 : 2));
+      state.advance(p.k_tiles * (kCooperative ? 1 : 2));   // PingPong: skip the other group's tile in the ring
       COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlEnd);
 
       if constexpr (!kCooperative) {
@@ -485,9 +450,6 @@ struct GemmKernel {
         epi::run_epilogue(tree, accum, tCcD, ctx);
       }
       COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);
-      // The input's stage back to the producer: every read of it is over (the node's end_stage fenced them for the
-      // async proxy, and StoreInRing waited for its copies' reads).
-      if constexpr (kRingInStages) pipeline.consumer_release(input_stage);
       if constexpr (!kCooperative) {
         if (p.order_epilogues) epi_order.arrive();
       }
@@ -654,48 +616,6 @@ struct GemmKernel {
     }
   }
 
-  // kRingInStages, the producer: the input tile at (m0, n0) as the stage after the tile's k-tiles, four 64 x 64 boxes
-  // (out-of-range parts arrive as zeros and count their bytes, as the k-tiles' boxes do). The stage's transaction
-  // bytes are the tile's (a static_assert above), so the pipeline's acquire serves.
-  static CUTE_DEVICE void load_input_stage(Pipeline& pipeline, PipelineState state, SharedStorage& ss, void const* map,
-                                           int m0, int n0) {
-    if (cute::elect_one_sync()) {
-      pipeline.producer_acquire(state);
-      const uint32_t bar = cute::cast_smem_ptr_to_uint(pipeline.producer_get_barrier(state));
-      const uint32_t a = input_stage_addr(ss, state.index());
-      const uint32_t pitch = input_stage_pitch(ss);
-      CUTLASS_PRAGMA_UNROLL
-      for (int band = 0; band < 2; ++band)
-        CUTLASS_PRAGMA_UNROLL
-        for (int x = 0; x < 2; ++x)
-          epi::ring_detail::load_box(a + uint32_t(band) * pitch + uint32_t(x * epi::ring_detail::kBoxBytes), map,
-                                     n0 + x * epi::ring_detail::kBoxCols, m0 + band * epi::ring_detail::kBoxRows, bar);
-    }
-    __syncwarp();
-  }
-  // The input's rows 0-63 lie in the stage's A buffer, rows 64-127 in its B buffer: their distance is the ring's band
-  // pitch (the same for every stage: the A and B buffers of a stage are both 16 KB).
-  static CUTE_DEVICE uint32_t input_stage_addr(SharedStorage& ss, int stage) {
-    return cute::cast_smem_ptr_to_uint(ss.mainloop.smem_A.data() + stage * (Cfg::kTileM * Cfg::kTileK));
-  }
-  static CUTE_DEVICE uint32_t input_stage_pitch(SharedStorage& ss) {
-    return cute::cast_smem_ptr_to_uint(ss.mainloop.smem_B.data()) - cute::cast_smem_ptr_to_uint(ss.mainloop.smem_A.data());
-  }
-  // kRingInStages, the consumers: the ring node of this tile reads the input stage, waiting on its full barrier.
-  static CUTE_DEVICE void bind_input_stage(epi::TileCtx& ctx, SharedStorage& ss, PipelineState const& s, int group) {
-    ctx.ring_tile[0] = ctx.ring_tile[1] = input_stage_addr(ss, s.index());
-    ctx.ring_pitch = int(input_stage_pitch(ss));
-    ctx.ring_slot_bytes = 0;
-    ctx.ring_full[0] = ctx.ring_full[1] = cute::cast_smem_ptr_to_uint(&ss.pipeline.full_barrier_[s.index()]);
-    ctx.ring_empty[0] = ctx.ring_empty[1] = 0;   // (released by the kernel)
-    ctx.ring_parity = s.phase() ? 3u : 0u;
-    ctx.ring_split = false;
-    ctx.ring_row0 = 0;
-    ctx.ring_released = 0;
-    ctx.ring_args = &ss.stage_ring.args;
-    ctx.ring_publish = group == 0 && ctx.iter == 0;
-  }
-
   // The epilogue's context of tile u for consumer group `group` (its 64 rows of a Cooperative tile), whose tiles are
   // u_step apart: origin, bounds, iteration, exchange, its tile-ring slot, its trace slot.
   template <class Sched>
@@ -709,7 +629,7 @@ struct GemmKernel {
     ctx.exchange_tag = exchange_tag;
     ctx.exchange_ctas = Cfg::kClusterN;   // DSMEM: the cluster is the row block, its rank the column block
     ctx.exchange_rank = ry;
-    if constexpr (kRingSlots > 0 && !kRingInStages) {   // the CTA's j-th tile: PingPong groups alternate, Cooperative share each
+    if constexpr (kRingSlots > 0) {   // the CTA's j-th tile: PingPong groups alternate, Cooperative share each
       ss.ring.bind(ctx, kCooperative ? ctx.iter : 2 * ctx.iter + group, kCooperative ? group * Cfg::kGroupTileM : 0);
       ctx.ring_publish = group == 0 && ctx.iter == 0;
     }

@@ -88,8 +88,7 @@ class Psi {
       : fs_(fs), st_(fs.stages()), form_(form), staged_(form == TileInputForm::Staged ? staged_tile_args(cfg) : ""),
         parts_(renders_parts(fs, cfg)), row_output_(row_output_of(fs)), pair_rows_(pair_rows_of(fs)),
         async_box_(async_store_box(fs, cfg)), ring_boxes_(form == TileInputForm::Ring && ring_in_boxes(fs, cfg)),
-        store_in_ring_(cfg.store_in_ring), ring_in_stages_(cfg.ring_in_stages) {
-    if (ring_in_stages_) check_ring_in_stages(fs, cfg);
+        store_in_ring_(cfg.store_in_ring) {
     if (row_output_ >= 0) {   // the reduction only leaves the kernel: stage 0 alone, its reduction a ReduceToRow
       st_.resize(1);
       parts_ = false;
@@ -466,10 +465,6 @@ class Psi {
     if (form_ == TileInputForm::Staged)
       return {std::string("TileLoadStaged<") + t + staged_ + ">", "{" + ptr + ", ld}",
               "param[" + i + "][row, col] (staged)"};
-    if (form_ == TileInputForm::Ring && ring_boxes_ && ring_in_stages_)   // (one node: check_ring_in_stages)
-      return {std::string("TileLoadRing<") + t + ", 0, true, true>",
-              std::string("{p.ring_box_input<") + t + ">(" + i + ", ld)}",
-              "param[" + i + "][row, col] (in 64 x 64 boxes, through a stage of the mainloop's own A / B ring)"};
     if (form_ == TileInputForm::Ring && ring_boxes_)   // ring slot 0: the budget admits one such node (smem_tile_psi)
       return {std::string("TileLoadRing<") + t + ", 0, true>", std::string("{p.ring_box_input<") + t + ">(" + i + ", ld)}",
               "param[" + i + "][row, col] (the CTA's tile ring, in 64 x 64 boxes)"};
@@ -654,21 +649,6 @@ class Psi {
   int async_box_;        // async_store_box: StoreAsync's box width, or 0 (Store)
   bool ring_boxes_;      // the ring filled by 64 x 64 TMA boxes (ring_in_boxes), not row by row
   bool store_in_ring_;   // cfg.store_in_ring: the first eligible output through the ring (stores_in_ring)
-  bool ring_in_stages_;  // cfg.ring_in_stages: the ring's input in the mainloop's own stages (check_ring_in_stages)
-
-  // The ring's input read from a stage of the mainloop's A / B ring ("_ms"; gemm.cuh kRingInStages): the tile's 16-bit
-  // input fills exactly one stage of 16-bit operands at 128 x 128 x 64, in the ring of boxes, PingPong, one GEMM.
-  void check_ring_in_stages(const FusionSpec& fs, const KernelConfig& cfg) const {
-    const std::string why =
-        form_ != TileInputForm::Ring || !ring_boxes_ ? "its tile input read through the ring in 64 x 64 boxes (_rr)"
-        : cfg.cooperative || cfg.tile_m != 128 || cfg.tile_n != 128 || cfg.tile_k != 64
-            ? "PingPong 128 x 128 x 64 tiles (the input tile's bytes must be one A / B stage's)"
-        : fs.gemm.paired() ? "one GEMM (two on one A hold two B halves in a stage)"
-        : fs.gemm.dtype != DType::BF16 && fs.gemm.dtype != DType::F16 ? "16-bit GEMM operands"
-                                                                        : "";
-    if (!why.empty())
-      throw CodegenError("config " + config_name(cfg) + ": the tile input in the mainloop's stages (_ms) needs " + why);
-  }
   std::map<std::string, std::string> alias_types_;   // every alias the unit defines -> its type
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
   std::vector<std::string> tree_types_, tree_args_;      // per stage: its tree's type and Arguments expression
@@ -816,9 +796,6 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     o << "// tile inputs " << (psi.form() == TileInputForm::Staged ? "staged in SMEM" : "through the tile ring")
       << (psi.ring_boxes() ? ", filled by 64x64 TMA boxes" : "")
       << (cfg.tile_input ? " (the planner's measured choice)" : " (Psi's K rule)") << "\n";
-  if (cfg.ring_in_stages)
-    o << "// the tile input through a stage of the mainloop's own A / B ring, after each tile's k-tiles (no ring of "
-         "its own)\n";
   if (cfg.store_in_ring)
     o << "// outputs: the first computed from the ring's input written back into the ring and stored from there by "
          "16x64 tensor boxes (StoreInRing)\n";

@@ -241,7 +241,6 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
       throw CodegenError("config " + name + ": a library-form pass has a 1 x C cluster, C <= 8");
     if (c.async_stores || c.store_in_ring)
       throw CodegenError("config " + name + ": a library-form pass stores from registers (no StoreAsync, no StoreInRing)");
-    if (c.ring_in_stages) throw CodegenError("config " + name + ": a library-form pass has no mainloop stages (_ms)");
     if (c.tile_input && *c.tile_input != TileInputForm::Registers)
       throw CodegenError("config " + name + ": a library-form pass reads its tile inputs in the epilogue (TileLoad)");
   } else if (c.tile_k <= 0 || c.tile_k % 16 != 0) throw CodegenError("config " + name + ": tile K must be a multiple of 16");

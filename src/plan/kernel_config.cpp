@@ -81,7 +81,6 @@ bool parse_config(const std::string& s, KernelConfig& c) {
   if (take("_rg")) c.tile_input = TileInputForm::Registers;
   for (TileInputForm t : {TileInputForm::Staged, TileInputForm::Ring})
     if (take(tile_input_suffix(t))) c.tile_input = t;
-  c.ring_in_stages = take("_ms");
   c.parts = take("_pt");
   c.async_stores = take("_as");
   c.store_in_ring = take("_ir");
@@ -94,7 +93,7 @@ bool operator==(const KernelConfig& a, const KernelConfig& b) {
   return a.tile_m == b.tile_m && a.tile_n == b.tile_n && a.tile_k == b.tile_k && a.cluster_m == b.cluster_m &&
          a.cluster_n == b.cluster_n && a.cooperative == b.cooperative && a.merged == b.merged &&
          a.tile_input == b.tile_input && a.parts == b.parts && a.async_stores == b.async_stores &&
-         a.store_in_ring == b.store_in_ring && a.ring_in_stages == b.ring_in_stages &&
+         a.store_in_ring == b.store_in_ring &&
          a.transport == b.transport && a.library == b.library;
 }
 
@@ -104,8 +103,7 @@ std::string config_name(const KernelConfig& c) {
   const std::string tile = c.library ? "lib" + std::to_string(c.tile_n)
                                      : std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k);
   return tile + "_c" + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + (c.cooperative ? "_coop" : "") +
-         (c.merged ? "_mg" : "") + form + (c.ring_in_stages ? "_ms" : "") + (c.parts ? "_pt" : "") +
-         (c.async_stores ? "_as" : "") +
+         (c.merged ? "_mg" : "") + form + (c.parts ? "_pt" : "") + (c.async_stores ? "_as" : "") +
          (c.store_in_ring ? "_ir" : "") + transport_suffix(c.transport);
 }
 

@@ -715,66 +715,6 @@ TEST(Codegen, StoreInRingOnlyWhereAskedAndTheRingServesTheOutput) {
   }
 }
 
-// The ring's input read from a stage of the mainloop's own A / B ring ("_ms", gemm.cuh kRingInStages): asked for by
-// name only, after "_rr"; the ring node is TileLoadRing<.., Boxes = true, InStages = true> and the rest of the tree is
-// as with the ring of boxes (StoreInRing too, with "_ir"). Refused, with the reason, where the input tile is not one
-// A / B stage's bytes (tiles other than PingPong 128 x 128 x 64) or the input is not read through the ring in boxes.
-TEST(Codegen, TheRingsInputInTheMainloopStagesOnlyWhereAskedAndItFillsAStage) {
-  KernelConfig ms, ms_ir, rr;
-  ASSERT_TRUE(parse_config("128x128x64_c1x2_rr_ms", ms));
-  ASSERT_TRUE(parse_config("128x128x64_c1x2_rr_ms_ir", ms_ir));
-  ASSERT_TRUE(parse_config("128x128x64_c1x2_rr", rr));
-  EXPECT_TRUE(ms.ring_in_stages);
-  EXPECT_EQ(ms.tile_input, TileInputForm::Ring);
-  EXPECT_FALSE(rr.ring_in_stages);
-  EXPECT_FALSE(ms == rr);
-  EXPECT_TRUE(ms_ir.ring_in_stages && ms_ir.store_in_ring);
-  EXPECT_EQ(config_name(ms), "128x128x64_c1x2_rr_ms");
-  EXPECT_EQ(config_name(ms_ir), "128x128x64_c1x2_rr_ms_ir");
-  KernelConfig bad;
-  EXPECT_FALSE(parse_config("128x128x64_c1x2_ms_rr", bad));   // (the suffixes' order is fixed)
-
-  const std::string head =
-      "input X : bf16[64, 128]\ninput W : bf16[128, 256]\ninput R : bf16[64, 256]\ninput b : bf16[256]\n"
-      "h = add(matmul(X, W), R)\n";
-  auto spec = [&](const std::string& body) { return partition(parse_cf(head + body, "i.cf")).regions.at(0).spec; };
-  std::string src = generate_kernel(spec("output h\n"), ms).source;
-  std::string t = expanded_epilogue(src);
-  EXPECT_EQ(occurrences(t, "TileLoadRing<bf16, 0, true, true>"), 1) << src;
-  EXPECT_EQ(occurrences(t, "StoreInRing<"), 0) << src;
-  EXPECT_NE(src.find("p.ring_box_input<bf16>("), std::string::npos) << src;   // the input's tensor map, as for the ring
-  EXPECT_NE(src.find("// the tile input through a stage of the mainloop's own A / B ring"), std::string::npos) << src;
-  t = expanded_epilogue(generate_kernel(spec("output h\n"), ms_ir).source);
-  EXPECT_EQ(occurrences(t, "TileLoadRing<bf16, 0, true, true>"), 1) << t;
-  EXPECT_EQ(occurrences(t, "StoreInRing<"), 1) << t;
-  // a bias beside it, and a row output (one pass): the same ring node
-  t = expanded_epilogue(generate_kernel(spec("y = add(h, b)\noutput y\n"), ms).source);
-  EXPECT_EQ(occurrences(t, "TileLoadRing<bf16, 0, true, true>"), 1) << t;
-  t = expanded_epilogue(
-      generate_kernel(spec("hf = cast(h, dtype=f32)\ns = mean(pow(hf, 2.0), dim=-1)\noutput h, s\n"), ms).source);
-  EXPECT_EQ(occurrences(t, "TileLoadRing<bf16, 0, true, true>"), 1) << t;
-  // without "_ms": the ring of its own
-  t = expanded_epilogue(generate_kernel(spec("output h\n"), rr).source);
-  EXPECT_EQ(occurrences(t, "true, true>"), 0) << t;
-  EXPECT_EQ(occurrences(t, "TileLoadRing<bf16, 0, true>"), 1) << t;
-  // refused, with the reason
-  for (const auto& [name, why] : std::vector<std::pair<std::string, std::string>>{
-           {"128x192x64_c1x2_rr_ms", "PingPong 128 x 128 x 64 tiles"},
-           {"64x128x64_c1x1_rr_ms", "PingPong 128 x 128 x 64 tiles"},
-           {"128x128x64_c1x2_rg_ms", "read through the ring in 64 x 64 boxes"},
-           {"128x128x64_c1x2_sr_ms", "read through the ring in 64 x 64 boxes"}}) {
-    KernelConfig c;
-    ASSERT_TRUE(parse_config(name, c)) << name;
-    try {
-      generate_kernel(spec("output h\n"), c);
-      ADD_FAILURE() << "accepted " << name;
-    } catch (const CodegenError& e) {
-      EXPECT_NE(std::string(e.what()).find("(_ms) needs"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << name << ": " << e.what();
-    }
-  }
-}
-
 // The library form (KernelConfig::library): every region of every example that the fused kernel serves renders as
 // a pass too, as written and with its norms finished in their readers (the deferred producers' row outputs, the
 // readers' row scale and shift), and the pass runs the very epilogue tree the fused kernel does (the tile inputs

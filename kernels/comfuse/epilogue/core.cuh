@@ -299,11 +299,6 @@ struct RingSlots<Node, std::void_t<decltype(Node::kRingSlots)>> : std::integral_
 // layout and loader follow.
 template <class Node, class = void> struct RingBoxes : std::false_type {};
 template <class Node> struct RingBoxes<Node, std::void_t<decltype(Node::kRingBoxes)>> : std::bool_constant<Node::kRingBoxes> {};
-// Whether the tree's ring input is read from the mainloop's own A / B stage (TileLoadRing<.., InStages = true>): the
-// kernel then has no ring of its own (gemm.cuh, kRingInStages).
-template <class Node, class = void> struct RingInStages : std::false_type {};
-template <class Node>
-struct RingInStages<Node, std::void_t<decltype(Node::kRingInStages)>> : std::bool_constant<Node::kRingInStages> {};
 // The block of columns a tree's RotateHalf nodes swap halves in (rotate.cuh; 0: none): the driver then hands each
 // fragment its partner's accumulators (FragCtx::acc_rot).
 template <class Node, class = void> struct RotatePeriod : std::integral_constant<int, 0> {};
@@ -395,7 +390,6 @@ struct Children<C, Rest...> {
   static constexpr bool kNeedsCoResidency = NeedsCoResidency<C>::value || Tail::kNeedsCoResidency;
   static constexpr int kRingSlots = RingSlots<C>::value > Tail::kRingSlots ? RingSlots<C>::value : Tail::kRingSlots;
   static constexpr bool kRingBoxes = RingBoxes<C>::value || Tail::kRingBoxes;
-  static constexpr bool kRingInStages = RingInStages<C>::value || Tail::kRingInStages;
   static constexpr int kRotatePeriod = RotatePeriod<C>::value > Tail::kRotatePeriod ? RotatePeriod<C>::value : Tail::kRotatePeriod;
   template <int S> static constexpr int kAsyncStoresAt = AsyncStoresAt<C, S>::value + AsyncStoresAt<Tail, S>::value;
 
@@ -449,7 +443,6 @@ struct Children<C> {
   static constexpr bool kNeedsCoResidency = NeedsCoResidency<C>::value;
   static constexpr int kRingSlots = RingSlots<C>::value;
   static constexpr bool kRingBoxes = RingBoxes<C>::value;
-  static constexpr bool kRingInStages = RingInStages<C>::value;
   static constexpr int kRotatePeriod = RotatePeriod<C>::value;
   template <int S> static constexpr int kAsyncStoresAt = AsyncStoresAt<C, S>::value;
 

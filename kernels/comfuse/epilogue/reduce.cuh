@@ -456,7 +456,6 @@ struct Stage {
   static constexpr bool kUsesSmem = Tree::kUsesSmem || Post::kUsesSmem;
   static constexpr int kRingSlots = std::max(RingSlots<Tree>::value, RingSlots<Post>::value);
   static constexpr bool kRingBoxes = RingBoxes<Tree>::value || RingBoxes<Post>::value;
-  static constexpr bool kRingInStages = RingInStages<Tree>::value || RingInStages<Post>::value;
   template <int S> static constexpr int kAsyncStoresAt = S == 0 ? AsyncStoresAt<Tree, 0>::value : AsyncStoresAt<Post, S - 1>::value;
   Tree tree;
   Post post;
@@ -503,7 +502,6 @@ struct Stage<Tree, void> {
   static constexpr bool kUsesSmem = Tree::kUsesSmem;
   static constexpr int kRingSlots = RingSlots<Tree>::value;
   static constexpr bool kRingBoxes = RingBoxes<Tree>::value;
-  static constexpr bool kRingInStages = RingInStages<Tree>::value;
   template <int S> static constexpr int kAsyncStoresAt = S == 0 ? AsyncStoresAt<Tree, 0>::value : 0;
   Tree tree;
   CUTE_DEVICE Stage(Arguments const& a, SharedStorage& s, TileCtx const& c) : tree(a.tree, s.tree, c) {}
@@ -615,7 +613,6 @@ struct StageStream {
   static constexpr bool kNeedsCoResidency = CountExchanges<Root>::count > 0;
   static constexpr int kRingSlots = RingSlots<Root>::value;
   static constexpr bool kRingBoxes = RingBoxes<Root>::value;
-  static constexpr bool kRingInStages = RingInStages<Root>::value;
   template <int S> static constexpr int kAsyncStoresAt = AsyncStoresAt<Root, S>::value;
   static_assert(!Deferred || AsyncStoresAt<Root, kStage>::value == 0,
                 "a split-phase finish visits the tile in another order: its stores are Store, not StoreAsync");

@@ -227,22 +227,16 @@ template <class T> struct RingInputArguments<T, true> {
 // The node. Slot: this input's place in the ring (Psi numbers the TileLoadRing nodes of a tree 0, 1, ...; a tree
 // never holds two nodes of one slot). Boxes: the ring is filled by 2-D boxes (above); every ring node of a tree
 // agrees (the kernel's ring takes RingBoxes of the tree).
-// InStages: the input's boxes arrive in a stage of the mainloop's own A / B ring instead, the stage after the tile's
-// k-tiles (gemm.cuh, kRingInStages: the producer loads them, the consumers wait on the stage's full barrier as for a
-// k-tile and release it after the epilogue): no ring of its own, so the mainloop keeps the stages of the one-output
-// kernel. Its 64-row bands lie in the stage's A and B buffers (TileCtx::ring_pitch is the distance between them).
-template <class T, int Slot, bool Boxes = false, bool InStages = false>
+template <class T, int Slot, bool Boxes = false>
 struct TileLoadRing {
   static_assert(sizeof(T) == 2, "the ring holds 16-bit tiles (bf16, f16)");
   static_assert(Slot >= 0 && Slot < kMaxRingSlots, "ring slot");
-  static_assert(!InStages || (Boxes && Slot == 0), "an input in the mainloop's stages: one, in boxes");
   using Arguments = RingInputArguments<T, Boxes>;
   struct SharedStorage {};
   static constexpr int kStage = 0;
   static constexpr bool kUsesSmem = false;   // synchronized by its own mbarriers
   static constexpr int kRingSlots = Slot + 1;
   static constexpr bool kRingBoxes = Boxes;
-  static constexpr bool kRingInStages = InStages;
 
   uint32_t tile[2];   // SMEM address of this input's slot, per part, as tile row 0 would have it (TileRing::bind)
   uint32_t pitch;
@@ -337,10 +331,8 @@ struct TileLoadRing {
     c.ring_released |= 1u << Slot;
     // The loader refills the buffer with bulk copies (the async proxy): order this thread's reads before them.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    if constexpr (!InStages) {   // (in the mainloop's stages the kernel releases the stage after the epilogue)
-      mbar::arrive(empty[0]);
-      if (split) mbar::arrive(empty[1]);
-    }
+    mbar::arrive(empty[0]);
+    if (split) mbar::arrive(empty[1]);
   }
 };
 
