@@ -300,7 +300,8 @@ struct B2bKernel {
   // The phases below are the kernel's: run sets the rings up and hands warp group 0 to produce and the others to
   // consume; a consumer group's tile is chunks of GEMM1 (gemm1_chunk), F (softmax_chunk or activate_chunk) and
   // GEMM2 (gemm2_chunk), then, in the cluster form, the peer's partial (combine_with_peer), and the store
-  // (store_tile). Each is inlined: the split changes no instruction (scripts/sass-diff.sh).
+  // (store_tile). Each is inlined: the same instructions as the single function had, with registers renamed and some
+  // blocks placed elsewhere (scripts/sass-diff.sh; docs/log/2026-12-05.md).
   static CUTE_DEVICE void run(Params const& p, char* smem_raw) {
     using namespace cute;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
