@@ -300,8 +300,8 @@ struct B2bKernel {
   // The phases below are the kernel's: run sets the rings up and hands warp group 0 to produce and the others to
   // consume; a consumer group's tile is chunks of GEMM1 (gemm1_chunk), F (softmax_chunk or activate_chunk) and
   // GEMM2 (gemm2_chunk), then, in the cluster form, the peer's partial (combine_with_peer), and the store
-  // (store_tile). Each is inlined: the same instructions as the single function had, with registers renamed and some
-  // blocks placed elsewhere (scripts/sass-diff.sh; docs/log/2026-12-05.md).
+  // (store_tile). Each is inlined: the same instruction count as the single function had, with registers renamed and
+  // some blocks placed elsewhere (scripts/sass-diff.sh; docs/log/2026-12-05.md).
   static CUTE_DEVICE void run(Params const& p, char* smem_raw) {
     using namespace cute;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -321,7 +321,8 @@ struct B2bKernel {
                 Pipe2(ss.pipe2, ring_params<Pipe2>(warp_group, warp_idx, thread_idx, kStage2Bytes, 1), Shape<_1, _1, _1>{}),
                 PipeX(ss.pipex, ring_params<PipeX>(warp_group, warp_idx, thread_idx, TM * TK * 2, 0),   // X k-tiles
                       Shape<_1, _1, _1>{})};
-    // The cluster form: this CTA's rank, its peer, and the tiles both take (the cluster's index, not the CTA's).
+    // The cluster form: this CTA's rank (its peer is 1 - rank, combine_with_peer), and the tiles both take (the
+    // cluster's index, not the CTA's).
     int const rank = kSplit > 1 ? int(cute::block_rank_in_cluster()) : 0;
     int const first_tile = int(blockIdx.x) / kSplit, tile_step = int(gridDim.x) / kSplit;
     if constexpr (kSplit > 1) {
