@@ -13,7 +13,8 @@ attention, biased Q/K/V) at 16 x 512. "small" = BERT-base at 1 x 128 (the small-
 Per model: eager; then per mode, Inductor and ComFuse (per --comfuse variant: "planner" is what a user gets,
 "all" also fuses the regions the planner declines for speed only; "+defer" after either, e.g. "planner+defer",
 finishes each LayerNorm / RMSNorm in the GEMMs that read it, options={"defer_norms": True}, and notes the folded
-weights' count, memory and folding time). Every compiled output is checked against
+weights' count, memory and folding time; "+sdpa" keeps each scaled_dot_product_attention call whole,
+options={"attention": "eager"}, e.g. "planner+sdpa"). Every compiled output is checked against
 eager (normwise relative error <= 2e-2 in bf16). ComFuse's fused regions are counted from the post-grad pass's
 reports (comfuse.inductor.reports()) and classified: "norm" (a row reduction: LayerNorm / RMSNorm) and "act"
 (an activation: GELU, gelu_new's tanh, SiLU); with fuse="all" each model must reach the per-layer counts of
@@ -188,13 +189,24 @@ def timed(fn, iters: int, cuda: bool, fastest: list | None = None) -> float:
 
 
 def fuse_of(variant: str) -> str:
-    """A --comfuse variant's fuse option: "planner" / "all" (before a "+defer")."""
+    """A --comfuse variant's fuse option: "planner" / "all" (before any "+")."""
     return variant.split("+")[0]
 
 
 def defers(variant: str) -> bool:
     """Whether a --comfuse variant finishes norms in their GEMMs ("planner+defer", "all+defer")."""
-    return variant.endswith("+defer")
+    return "defer" in variant.split("+")[1:]
+
+
+def attention_of(variant: str) -> str:
+    """A --comfuse variant's attention option: "eager" with "+sdpa" (each SDPA call kept whole, comfuse::sdpa),
+    else "auto"."""
+    return "eager" if "sdpa" in variant.split("+")[1:] else "auto"
+
+
+def valid_variant(variant: str) -> bool:
+    base, *flags = variant.split("+")
+    return base in ("planner", "all") and all(f in ("defer", "sdpa") for f in flags) and len(set(flags)) == len(flags)
 
 
 def backend_label(row) -> str:
@@ -378,9 +390,9 @@ def main() -> int:
     models = [m for m in (a.models or ("gpt2" if a.cpu_smoke else "bert,llama,gpt2")).split(",") if m]
     modes = ["default"] if a.cpu_smoke else [m for m in a.modes.split(",") if m]
     variants = [v for v in a.comfuse.split(",") if v]
-    bad = [v for v in variants if v not in ("planner", "all", "planner+defer", "all+defer")]
+    bad = [v for v in variants if not valid_variant(v)]
     if bad:
-        raise SystemExit(f"unknown --comfuse variants {bad} (planner, all, planner+defer, all+defer)")
+        raise SystemExit(f"unknown --comfuse variants {bad} (planner or all, then +defer and / or +sdpa)")
     import transformers
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, comfuse {comfuse.__version__}, "
@@ -413,10 +425,11 @@ def main() -> int:
                     elif a.cpu_smoke:
                         f = torch.compile(model, backend="comfuse",
                                           options={"reference": True, "rewrite": "keep", "fuse": fuse_of(fuse),
-                                                   "defer_norms": defers(fuse)})
+                                                   "defer_norms": defers(fuse), "attention": attention_of(fuse)})
                     else:
                         f = torch.compile(model, backend=comfuse.compile_backend(mode=m, fuse=fuse_of(fuse),
-                                                                                 defer_norms=defers(fuse)))
+                                                                                 defer_norms=defers(fuse),
+                                                                                 attention=attention_of(fuse)))
                     tc = time.time()
                     folds0 = comfuse.fold_stats()
                     out = run(f, kwargs)

@@ -10,7 +10,8 @@
 //
 // Per warp, without barriers across warps: in the WGMMA accumulator layout warp w of a consumer group holds rows
 // 16 w .. 16 w + 15 of each 64-row atom, and its ldmatrix reads of the ring were those same rows; so once the warp has
-// read a fragment's residual words (the driver's preload, before the visit) the warp may overwrite them. The driver
+// read a fragment's residual words (the driver's preload, before the visit) and synced (__syncwarp, once per
+// ldmatrix: its lanes' words come from other lanes' rows) the warp may overwrite them. The driver
 // visits a 16 x 64 sub-box's fragments consecutively (column slot by column slot, both row halves); after its last
 // one the warp fences its writes for the async proxy, syncs, and lane 0 stores the sub-box (a 1024-byte aligned
 // 16-row slice of the ring's box, so its swizzle is the box's). Rows and columns outside [M, N] are not written by
@@ -73,6 +74,10 @@ struct StoreInRing : Children<Child> {
       // slot: rp % 8 is lane / 4 (row0, the atom's, the warp's and the half's rows are multiples of 8), so the chunk's
       // swizzle is col_slot % 8 ^ lane / 4, known to the compiler but for the lane
       const int lane = int(threadIdx.x) % 32;
+      // The warp's ldmatrix of these four column slots (in the ring node's preload, before this visit) gave each
+      // lane words that other lanes' stores below overwrite: order the warp's reads before its writes (a converged
+      // warp executes in order anyway, but the programming model, and racecheck, ask for the sync)
+      if (f.col_slot % 4 == 0) __syncwarp();
       const uint32_t row_at = buf + ring_detail::row_offset(rp, int(pitch)) + uint32_t(lane % 4) * 4u;
       st_shared_b32(row_at + uint32_t((f.col_slot >> 3) * ring_detail::kBoxBytes) +
                         ((uint32_t(f.col_slot & 7) << 4) ^ (uint32_t(lane / 4) << 4)),
