@@ -52,6 +52,28 @@ def post_grad_ops(model, kwargs) -> tuple[dict, str]:
     return counts, first[0]
 
 
+def traced_choices(model, kwargs) -> list:
+    """The SDPA kernel tracing picks for each call of the Dynamo graph (comfuse.ops.sdpa_choice on the fake
+    example values: what attention="auto" reads), as (q shape, q stride, choice)."""
+    from comfuse import ops
+
+    found = []
+
+    def backend(gm, example_inputs):
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and n.target in ops._SDPA_TARGETS:
+                q = n.args[0].meta.get("example_value") if isinstance(n.args[0], torch.fx.Node) else None
+                found.append((tuple(q.shape) if q is not None else "?", tuple(q.stride()) if q is not None else "?",
+                              ops.sdpa_choice(n)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(**kwargs)
+    torch._dynamo.reset()
+    return found
+
+
 def sdpa_inputs_seen(model, kwargs) -> list:
     """The (shape, stride, dtype) of each SDPA call of one eager forward, and the backend eager's dispatcher picks."""
     seen = []
@@ -93,6 +115,10 @@ def main() -> int:
                   f"(x{seen.count((shape, stride, dtype, masked, choice))})")
         if not seen:
             print("  eager: no scaled_dot_product_attention call (the model computes attention itself)")
+        traced = traced_choices(model, kwargs)
+        for shape, stride, choice in sorted(set(traced), key=str):
+            print(f"  traced SDPA call (Dynamo's fake tensors): q {shape} stride {stride} backend={choice} "
+                  f"(x{traced.count((shape, stride, choice))})")
         counts, node = post_grad_ops(model, kwargs)
         print("  Inductor post-grad graph, attention ops: " +
               (", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"))

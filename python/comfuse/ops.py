@@ -386,6 +386,31 @@ def _fused_region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tenso
     return [_empty_out(o, _out_shape(spec, o, inputs[0].shape), DT_TO_TORCH[o.dtype], dev) for o in spec.outputs]
 
 
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+          dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+          enable_gqa: bool = False) -> torch.Tensor:
+    """comfuse::sdpa: F.scaled_dot_product_attention as one opaque op: at run time PyTorch picks its kernel as in
+    eager (flash, cuDNN, memory-efficient), where tracing would decompose it into a math path (fp32 bmm + softmax)
+    for some masks. The result has q's memory layout where its last dim matches v's (empty_like(q)): how the
+    flash and cuDNN kernels allocate it, so for q a transposed view of [B, S, H, D] the model's
+    transpose(1, 2).reshape() after it is a view, not a copy. The fake implementation says the same; another
+    kernel's result is copied into that layout. Its CUDA kernel is C++ where _torch_ops.so loads (the same
+    steps, python/src/torch_ops.cpp: sdpa_cuda); this one serves the CPU, and CUDA without that library."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    want = torch.empty_like(q, device="meta").stride() if out.shape == q.shape else None
+    if want is None:
+        return out.contiguous()
+    if out.stride() == want:
+        return out
+    return torch.empty_like(q).copy_(out)
+
+
+def _sdpa_fake(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    shape = list(q.shape[:-1]) + [v.shape[-1]]
+    return torch.empty_like(q) if v.shape[-1] == q.shape[-1] else q.new_empty(shape)
+
+
 def _load_fast_path() -> bool:
     """Loads comfuse/_torch_ops.so, the op's CUDA kernel in C++ (python/src/torch_ops.cpp), built against the
     PyTorch the package was built with. False (the op's CUDA kernel is then _run_gpu) where it is absent, where
@@ -412,7 +437,14 @@ _LIB.define("fused_region(str key, Tensor[] inputs) -> Tensor[]")
 _LIB.define("fused_region_slow(str key, Tensor[] inputs) -> Tensor[]")
 _LIB.define("fused_chain(str key, Tensor[] inputs) -> Tensor")        # (below: back-to-back chains)
 _LIB.define("fused_chain_slow(str key, Tensor[] inputs) -> Tensor")
+_LIB.define("sdpa(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, "
+            "float? scale=None, bool enable_gqa=False) -> Tensor")   # (attention="eager": keep_sdpa_whole below)
 _FAST = _load_fast_path()
+_LIB.impl("sdpa", _sdpa, "CPU")
+if not torch._C._dispatch_has_kernel_for_dispatch_key("comfuse::sdpa", "CUDA"):   # (a library built without it)
+    _LIB.impl("sdpa", _sdpa, "CUDA")
+torch.library.register_fake("comfuse::sdpa", _sdpa_fake, lib=_LIB)
+sdpa = torch.ops.comfuse.sdpa
 _LIB.impl("fused_region_slow" if _FAST else "fused_region", _run_gpu, "CUDA")
 _LIB.impl("fused_region", _run_cpu, "CPU")
 torch.library.register_fake("comfuse::fused_region", _fused_region_fake, lib=_LIB)
@@ -487,41 +519,34 @@ def eval_graph_node(spec: tuple, *xs):
     raise NotImplementedError(f"eval_graph_node: {C.op_name(op)}")
 
 
-@torch.library.custom_op("comfuse::sdpa", mutates_args=())
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
-         dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-         enable_gqa: bool = False) -> torch.Tensor:
-    """F.scaled_dot_product_attention as one opaque op: at run time PyTorch picks its kernel as in eager
-    (flash, cuDNN, memory-efficient), where tracing would decompose it into a math path (fp32 bmm + softmax)
-    for some masks. The result has q's memory layout where its last dim matches v's (empty_like(q)): how the
-    flash and cuDNN kernels allocate it, so for q a transposed view of [B, S, H, D] the model's
-    transpose(1, 2).reshape() after it is a view, not a copy. The fake implementation says the same; another
-    kernel's result is copied into that layout."""
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    want = torch.empty_like(q, device="meta").stride() if out.shape == q.shape else None
-    if want is None:
-        return out.contiguous()
-    if out.stride() == want:
-        return out
-    return torch.empty_like(q).copy_(out)
-
-
-@sdpa.register_fake
-def _sdpa_fake(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    shape = list(q.shape[:-1]) + [v.shape[-1]]
-    return torch.empty_like(q) if v.shape[-1] == q.shape[-1] else q.new_empty(shape)
-
-
 _SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
 
 
-def keep_sdpa_whole(gm: torch.fx.GraphModule) -> int:
+def sdpa_choice(n: torch.fx.Node) -> int | None:
+    """The SDPA kernel tracing picks for one scaled_dot_product_attention call of a Dynamo graph: PyTorch's own
+    choice (torch._fused_sdp_choice, a torch.nn.attention.SDPBackend value; 0 = MATH: the call is decomposed into
+    bmm and softmax, in fp32 for 16-bit inputs) on the call's example values, the fake tensors AOTAutograd traces
+    with. None where the call has no example values, or the choice raises."""
+    def value(a):
+        return a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
+
+    try:
+        args = [value(a) for a in n.args]
+        kwargs = {k: value(a) for k, a in n.kwargs.items()}
+        if any(isinstance(a, torch.fx.Node) for a in args) or any(a is None for a in args[:3]):
+            return None
+        return int(torch._fused_sdp_choice(*args, **kwargs))
+    except Exception:   # (the choice's own argument checks: let the trace report them)
+        return None
+
+
+def keep_sdpa_whole(gm: torch.fx.GraphModule, only_math: bool = False) -> int:
     """Replaces each scaled_dot_product_attention call of a Dynamo graph by comfuse::sdpa (same arguments), so
-    that the attention reaches the GPU as the fused kernel eager uses. Returns how many were replaced."""
+    that the attention reaches the GPU as the fused kernel eager uses; with only_math, only the calls that tracing
+    would decompose into the math path (sdpa_choice 0). Returns how many were replaced."""
     count = 0
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in _SDPA_TARGETS:
+        if n.op == "call_function" and n.target in _SDPA_TARGETS and (not only_math or sdpa_choice(n) == 0):
             n.target = torch.ops.comfuse.sdpa.default
             count += 1
     if count:

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
@@ -451,6 +452,19 @@ std::vector<int64_t> fast_stats() {
   return {g_fast.load(), g_slow.load(), int64_t(g_regions.size() + g_chains.size())};
 }
 
+// comfuse::sdpa's CUDA kernel (its schema, CPU kernel and fake are in ops.py): scaled_dot_product_attention as eager
+// runs it (PyTorch picks flash, cuDNN or memory-efficient at run time), its result in the layout empty_like(q) has,
+// where the last dims agree, as ops.py's Python kernel returns it. In C++ because the Python kernel's host time
+// (the dispatcher into Python, then eager's kernel selection) was paid once per attention call.
+at::Tensor sdpa_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                     std::optional<double> scale, bool enable_gqa) {
+  at::Tensor out = at::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  if (out.sizes() != q.sizes()) return out.contiguous();
+  const at::Tensor like = at::empty_like(q, q.options().device(at::kMeta));   // strides only, no memory
+  if (out.strides() == like.strides()) return out;
+  return at::empty_like(q).copy_(out);
+}
 }  // namespace
 
 // The ops' CUDA kernels, for the dispatcher (below) and the direct entries (torch_ops_direct.cpp).
@@ -477,4 +491,5 @@ TORCH_LIBRARY_IMPL(comfuse, CUDA, m) {
   m.impl("fused_region", TORCH_FN(comfuse::torch_ops::fused_region));
   m.impl("fused_chain", TORCH_FN(comfuse::torch_ops::fused_chain));
   m.impl("_fast_noop", TORCH_FN(fast_noop));
+  m.impl("sdpa", TORCH_FN(sdpa_cuda));   // (defined in ops.py before this library loads)
 }

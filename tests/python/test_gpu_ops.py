@@ -337,6 +337,41 @@ def test_the_cpp_fast_path_serves_repeat_calls():
 
 @requires_hopper
 @pytest.mark.skipif(not ops._FAST, reason="skipped: the C++ fast path (comfuse/_torch_ops.so) is not built")
+@pytest.mark.parametrize("case", ["heads_view", "mask", "causal_gqa", "head_dim_differs"])
+def test_sdpa_runs_in_cpp_as_eager_does(case):
+    # comfuse::sdpa (attention="eager") on CUDA tensors is the C++ kernel: eager's result, in q's layout where the
+    # head dims agree (so the model's transpose + reshape after it stays a view), and the same as the Python kernel
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("comfuse::sdpa", "CUDA")
+    gen = torch.Generator(device="cuda").manual_seed(hash(case) % 1000)
+    b, s, h, d = 4, 197, 12, 64
+
+    def heads(hh, dd):   # [B, S, H, D] seen as [B, H, S, D], as HF's attention does
+        return torch.randn(b, s, hh, dd, device="cuda", generator=gen, dtype=torch.bfloat16).transpose(1, 2)
+
+    q, k, v = heads(h, d), heads(h, d), heads(h, d)
+    kw = {}
+    if case == "mask":
+        kw["attn_mask"] = torch.randn(b, 1, s, s, device="cuda", generator=gen, dtype=torch.bfloat16)
+    if case == "causal_gqa":
+        k, v = heads(4, d), heads(4, d)
+        kw.update(is_causal=True, enable_gqa=True, scale=0.2)
+    if case == "head_dim_differs":
+        v = heads(h, 32)
+    got = torch.ops.comfuse.sdpa(q, k, v, **kw)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+    python = ops._sdpa(q, k, v, **kw)
+    torch.cuda.synchronize()
+    assert got.shape == want.shape and torch.equal(got, python)
+    assert rel_err(got.float(), want.float()) <= 1e-3
+    if case == "head_dim_differs":
+        assert got.is_contiguous()
+    else:
+        assert got.stride() == q.stride()
+        assert got.transpose(1, 2).reshape(b, s, h * d).data_ptr() == got.data_ptr()   # a view
+
+
+@requires_hopper
+@pytest.mark.skipif(not ops._FAST, reason="skipped: the C++ fast path (comfuse/_torch_ops.so) is not built")
 def test_the_direct_entry_serves_calls_in_cpp():
     # ops.fused_region_direct, which Inductor's code calls (inductor.py): the op's C++ kernel without the
     # dispatcher. Its first call of a region reaches the Python kernel through the C++ one, later ones are served
