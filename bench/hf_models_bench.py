@@ -14,7 +14,7 @@ Per model: eager; then per mode, Inductor and ComFuse (per --comfuse variant: "p
 "all" also fuses the regions the planner declines for speed only; "+defer" after either, e.g. "planner+defer",
 finishes each LayerNorm / RMSNorm in the GEMMs that read it, options={"defer_norms": True}, and notes the folded
 weights' count, memory and folding time; "+sdpa" keeps each scaled_dot_product_attention call whole,
-options={"attention": "eager"}, e.g. "planner+sdpa"). Every compiled output is checked against
+options={"attention": "eager"}, e.g. "planner+sdpa"; "+ind" leaves each to Inductor, options={"attention": "inductor"}). Every compiled output is checked against
 eager (normwise relative error <= 2e-2 in bf16). ComFuse's fused regions are counted from the post-grad pass's
 reports (comfuse.inductor.reports()) and classified: "norm" (a row reduction: LayerNorm / RMSNorm) and "act"
 (an activation: GELU, gelu_new's tanh, SiLU); with fuse="all" each model must reach the per-layer counts of
@@ -200,13 +200,15 @@ def defers(variant: str) -> bool:
 
 def attention_of(variant: str) -> str:
     """A --comfuse variant's attention option: "eager" with "+sdpa" (each SDPA call kept whole, comfuse::sdpa),
-    else "auto"."""
-    return "eager" if "sdpa" in variant.split("+")[1:] else "auto"
+    "inductor" with "+ind" (every SDPA call left to Inductor's tracing), else "auto"."""
+    flags = variant.split("+")[1:]
+    return "eager" if "sdpa" in flags else "inductor" if "ind" in flags else "auto"
 
 
 def valid_variant(variant: str) -> bool:
     base, *flags = variant.split("+")
-    return base in ("planner", "all") and all(f in ("defer", "sdpa") for f in flags) and len(set(flags)) == len(flags)
+    return (base in ("planner", "all") and all(f in ("defer", "sdpa", "ind") for f in flags)
+            and len(set(flags)) == len(flags) and not {"sdpa", "ind"} <= set(flags))
 
 
 def backend_label(row) -> str:
@@ -392,7 +394,7 @@ def main() -> int:
     variants = [v for v in a.comfuse.split(",") if v]
     bad = [v for v in variants if not valid_variant(v)]
     if bad:
-        raise SystemExit(f"unknown --comfuse variants {bad} (planner or all, then +defer and / or +sdpa)")
+        raise SystemExit(f"unknown --comfuse variants {bad} (planner or all, then +defer and / or one of +sdpa, +ind)")
     import transformers
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, comfuse {comfuse.__version__}, "

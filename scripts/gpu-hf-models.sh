@@ -8,7 +8,7 @@
 #   scripts/gpu-hf-models.sh [--no-install] [--models bert,llama,gpt2] [--modes default,max-autotune-no-cudagraphs,reduce-overhead]
 #                            [--comfuse planner,all] [--budget-s 480] [--dynamic]
 #   --comfuse takes "planner+defer" / "all+defer" too: norms finished in their GEMMs (options={"defer_norms": True}),
-#   and "+sdpa" (e.g. planner+sdpa): each SDPA call kept whole (options={"attention": "eager"}),
+#   and "+sdpa" / "+ind" (e.g. planner+sdpa): each SDPA call kept whole / left to Inductor (options={"attention": ...}),
 #   timed in the same rounds as the variants without it (e.g. --comfuse planner,planner+defer)
 # Needs the CUTLASS headers at .carry/cutlass/include (scripts/gpu-check.sh --prepare), carried with .carry.
 # One command is limited to 10 minutes on the device: split the models over calls, e.g. --models bert, then
