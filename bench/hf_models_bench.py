@@ -8,7 +8,9 @@ Models (the real-model test bed): bert = BertModel(BertConfig()) at 32 x 256 wit
 layers, 1024) at 32 x 512; llama = a 4-layer LlamaModel (hidden 1024, SwiGLU 2816, 16 heads, RMSNorm, rotary) at
 16 x 512; gpt2 = a 6-layer GPT2Model at 16 x 512; vit = ViTModel(ViTConfig()) (ViT-base, patch 16) on 64 images of
 224 x 224; qwen2 = a 4-layer Qwen2Model (hidden 1024, SwiGLU 2816, 16 heads, 4 key/value heads: grouped-query
-attention, biased Q/K/V) at 16 x 512. "small" = BERT-base at 1 x 128 (the small-batch latency case).
+attention, biased Q/K/V) at 16 x 512; opt = a 6-layer OPTModel at OPT-125m's widths (pre-norm LayerNorm, ReLU FFN)
+at 16 x 512; gemma = a 4-layer GemmaModel (hidden 1024, GeGLU 4096, 8 heads of 128, one key/value head, RMSNorm
+scaled by 1 + w) at 16 x 512. "small" = BERT-base at 1 x 128 (the small-batch latency case).
 
 Per model: eager; then per mode, Inductor and ComFuse (per --comfuse variant: "planner" is what a user gets,
 "all" also fuses the regions the planner declines for speed only; "+defer" after either, e.g. "planner+defer",
@@ -51,8 +53,9 @@ import traceback
 
 import torch
 
-MODELS = ("bert", "bert-large", "llama", "gpt2", "vit", "qwen2", "small")
-LAYERS = {"bert": 12, "bert-large": 24, "llama": 4, "gpt2": 6, "vit": 12, "qwen2": 4, "small": 12}
+MODELS = ("bert", "bert-large", "llama", "gpt2", "vit", "qwen2", "opt", "gemma", "small")
+LAYERS = {"bert": 12, "bert-large": 24, "llama": 4, "gpt2": 6, "vit": 12, "qwen2": 4, "opt": 6, "gemma": 4,
+          "small": 12}
 # fused regions required per layer with fuse="all" (the real-model targets)
 REQUIRED = {"bert": {"norm": 2, "act": 1}, "bert-large": {"norm": 2, "act": 1}, "small": {"norm": 2, "act": 1},
             "llama": {"norm": 2}, "gpt2": {"norm": 2, "act": 1}}
@@ -83,6 +86,21 @@ def build(name: str, device: str, tiny: bool = False):
                               num_key_value_heads=2, vocab_size=128, max_position_embeddings=64))
         batch, seq = (16, 512) if not tiny else (2, 16)
         model = tf.Qwen2Model(cfg)
+    elif name == "opt":   # OPT-125m's widths: pre-norm LayerNorm, a ReLU FFN, learned positions
+        cfg = (tf.OPTConfig(hidden_size=768, num_hidden_layers=6, num_attention_heads=12, ffn_dim=3072,
+                            word_embed_proj_dim=768, vocab_size=50272, max_position_embeddings=2048) if not tiny else
+               tf.OPTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, ffn_dim=128,
+                            word_embed_proj_dim=64, vocab_size=128, max_position_embeddings=64))
+        batch, seq = (16, 512) if not tiny else (2, 16)
+        model = tf.OPTModel(cfg)
+    elif name == "gemma":   # Gemma-style: RMSNorm scaled by (1 + w), GeGLU (tanh GELU gate), one key / value head
+        cfg = (tf.GemmaConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=4, num_attention_heads=8,
+                              num_key_value_heads=1, head_dim=128, vocab_size=32000, max_position_embeddings=2048)
+               if not tiny else
+               tf.GemmaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                              num_key_value_heads=1, head_dim=32, vocab_size=128, max_position_embeddings=64))
+        batch, seq = (16, 512) if not tiny else (2, 16)
+        model = tf.GemmaModel(cfg)
     elif name == "vit":   # images, not tokens: pixel_values
         cfg = tf.ViTConfig() if not tiny else tf.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
                                                            intermediate_size=128, image_size=32, patch_size=8)

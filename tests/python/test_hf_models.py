@@ -195,6 +195,54 @@ def test_gpt2_regions_and_decisions():
     assert all(rep.plans[ri].copy_us > 0 for ri in splits)
 
 
+def test_opt_regions_and_decisions():
+    """OPTModel at OPT-125m's widths (pre-norm LayerNorm, a ReLU FFN; in the model bench for an activation the
+    other families lack): per layer, q_proj and k_proj on one A (q scaled in the epilogue), v_proj (a bias
+    alone: declined for speed), out_proj + residual + the next LayerNorm and fc2 + residual + the next LayerNorm
+    (three-stage norms: declined for speed only), fc1 + bias + ReLU (fused)."""
+    cfg = transformers.OPTConfig(hidden_size=768, num_hidden_layers=2, num_attention_heads=12, ffn_dim=3072,
+                                 word_embed_proj_dim=768, vocab_size=128, max_position_embeddings=64)
+    rep = _capture(transformers.OPTModel(cfg), torch.randint(0, 128, (2, 16)))
+    regions = _regions(rep, 16 * 512)
+    assert len(regions) == 10, [r["root"] for r in regions]
+    for layer in range(2):
+        qk, v, out, fc1, fc2 = regions[5 * layer:5 * layer + 5]
+        assert rep.regions[5 * layer].spec.gemm.paired and qk["ops"] == {"matmul", "add", "mul"} and qk["plan"].fuse
+        assert v["ops"] == {"matmul", "add"} and v["plan"].verdict == C.Verdict.Slower
+        for r in (out, fc2):
+            assert {"add", "mean", "rsqrt", "sub"} <= r["ops"] and r["stages"] == 3, r
+            assert _speed_only(r["plan"]), r["plan"].reason
+        assert fc1["ops"] == {"matmul", "add", "relu"} and fc1["stages"] == 1 and fc1["plan"].fuse, fc1["plan"].reason
+    assert not _gemms_in_torch(rep)
+
+
+def test_gemma_regions_and_decisions():
+    """A Gemma-style model (RMSNorm scaled by 1 + w, GeGLU: a tanh-GELU gate, one key / value head; in the model
+    bench for a norm and an activation the other families lack): per layer, q_proj rotated in its epilogue
+    (fused), k_proj and v_proj on one A (k rotated; the one key / value head makes them narrow: declined for
+    speed), o_proj + residual + the next RMSNorm and down_proj + residual + the next RMSNorm (declined for speed
+    only), gate_proj and up_proj on one A with gelu_tanh(X·Wg) * (X·Wu) in the epilogue (fused)."""
+    cfg = transformers.GemmaConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=1, head_dim=128, vocab_size=128,
+                                   max_position_embeddings=64)
+    rep = _capture(transformers.GemmaModel(cfg), torch.randint(0, 128, (2, 16)))
+    regions = _regions(rep, 16 * 512)
+    assert len(regions) == 10, [r["root"] for r in regions]
+    pg = rep.analysis.part.graph
+    for layer in range(2):
+        q, kv, o, mlp, down = regions[5 * layer:5 * layer + 5]
+        assert "rotate_half" in q["ops"] and q["plan"].fuse, q["plan"].reason
+        assert rep.regions[5 * layer + 1].spec.gemm.paired and "rotate_half" in kv["ops"] and kv["outputs"] == 2
+        assert kv["plan"].verdict == C.Verdict.Slower, kv["plan"].reason
+        for r in (o, down):
+            assert {"add", "mean", "rsqrt", "pow"} <= r["ops"] and r["stages"] == 2, r
+            assert _speed_only(r["plan"]), r["plan"].reason
+        assert mlp["ops"] == {"matmul", "gelu", "mul"} and rep.regions[5 * layer + 3].spec.gemm.paired
+        assert any(pg.node(i).op == C.OpKind.GeluTanh for i in rep.regions[5 * layer + 3].nodes)
+        assert mlp["plan"].fuse, mlp["plan"].reason
+    assert not _gemms_in_torch(rep)
+
+
 def test_hf_models_pass_inside_inductor_on_cpu(caplog):
     """The post-grad pass on a real model: GPT-2 through backend="comfuse" (CPU reference implementation of
     the fused regions, inside Inductor's own compile) matches eager within bf16 rounding."""
