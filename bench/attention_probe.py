@@ -52,26 +52,64 @@ def post_grad_ops(model, kwargs) -> tuple[dict, str]:
     return counts, first[0]
 
 
-def traced_choices(model, kwargs) -> list:
-    """The SDPA kernel tracing picks for each call of the Dynamo graph (comfuse.ops.sdpa_choice on the fake
-    example values: what attention="auto" reads), as (q shape, q stride, choice)."""
-    from comfuse import ops
+def eligibility(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False) -> str:
+    """Which fused SDPA kernels PyTorch would take these tensors to, each with the reason it gives when not
+    (torch.backends.cuda.can_use_*(..., debug=True) warns it), and the choice itself."""
+    import warnings
 
-    found = []
+    out = [f"{tuple(q.shape)} {q.dtype} strides q{tuple(q.stride())} k{tuple(k.stride())} v{tuple(v.stride())} "
+           f"offsets {q.storage_offset()}/{k.storage_offset()}/{v.storage_offset()} "
+           f"ptr%16 {q.data_ptr() % 16}/{k.data_ptr() % 16}/{v.data_ptr() % 16} mask={attn_mask is not None} "
+           f"causal={is_causal} dropout={dropout_p} choice={torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)}"]
+    params = torch.backends.cuda.SDPAParams(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
+    for name in ("flash", "efficient", "cudnn"):
+        fn = getattr(torch.backends.cuda, f"can_use_{name}_attention", None)
+        if fn is None:
+            continue
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            try:
+                ok = fn(params, True)
+            except RuntimeError as e:   # (cuDNN's check needs a GPU)
+                ok = f"? ({str(e)[:80]})"
+        out.append(f"    {name}: {ok}" + ("" if ok else " - " + "; ".join(str(x.message)[:160] for x in w)))
+    return "\n".join(out)
+
+
+def inside_graph(model, kwargs) -> list:
+    """The tensors an opaque SDPA op receives inside Inductor's compiled graph (each SDPA call of the Dynamo graph
+    replaced by probe::sdpa, which records them and runs F.scaled_dot_product_attention), with eligibility()."""
+    seen = []
+
+    @torch.library.custom_op("probe::sdpa", mutates_args=())
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+            dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+            enable_gqa: bool = False) -> torch.Tensor:
+        if len(seen) < 2:
+            seen.append(eligibility(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa))
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+            enable_gqa=enable_gqa).contiguous()
+
+    @spy.register_fake
+    def _(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        return q.new_empty(list(q.shape[:-1]) + [v.shape[-1]])
+
+    from comfuse import ops
+    from torch._inductor.compile_fx import compile_fx
 
     def backend(gm, example_inputs):
         for n in gm.graph.nodes:
             if n.op == "call_function" and n.target in ops._SDPA_TARGETS:
-                q = n.args[0].meta.get("example_value") if isinstance(n.args[0], torch.fx.Node) else None
-                found.append((tuple(q.shape) if q is not None else "?", tuple(q.stride()) if q is not None else "?",
-                              ops.sdpa_choice(n)))
-        return gm.forward
+                n.target = torch.ops.probe.sdpa.default
+        gm.recompile()
+        return compile_fx(gm, example_inputs)
 
     torch._dynamo.reset()
     with torch.no_grad():
         torch.compile(model, backend=backend)(**kwargs)
     torch._dynamo.reset()
-    return found
+    return seen
 
 
 def sdpa_inputs_seen(model, kwargs) -> list:
@@ -80,6 +118,8 @@ def sdpa_inputs_seen(model, kwargs) -> list:
     orig = torch.nn.functional.scaled_dot_product_attention
 
     def spy(q, k, v, *a, **kw):
+        if len(seen) == 0 and q.is_cuda:
+            print("  eager, first call: " + eligibility(q, k, v, *a, **kw))
         try:
             choice = torch._fused_sdp_choice(q, k, v, *a, **kw)
         except Exception as e:  # (an older torch without the probe)
@@ -115,10 +155,9 @@ def main() -> int:
                   f"(x{seen.count((shape, stride, dtype, masked, choice))})")
         if not seen:
             print("  eager: no scaled_dot_product_attention call (the model computes attention itself)")
-        traced = traced_choices(model, kwargs)
-        for shape, stride, choice in sorted(set(traced), key=str):
-            print(f"  traced SDPA call (Dynamo's fake tensors): q {shape} stride {stride} backend={choice} "
-                  f"(x{traced.count((shape, stride, choice))})")
+        if cuda:
+            for text in inside_graph(model, kwargs):
+                print("  inside Inductor's graph (an opaque SDPA op's inputs): " + text)
         counts, node = post_grad_ops(model, kwargs)
         print("  Inductor post-grad graph, attention ops: " +
               (", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"))

@@ -73,13 +73,13 @@ _COMFUSE_OPTIONS = ("fallback", "reference", "ctas", "fuse", "rewrite", "mode", 
 
 
 def default_attention(version: str | None = None) -> str:
-    """attention="auto" before torch 2.11: "eager" (every SDPA call kept whole: that tracing decomposed BERT's masked
-    SDPA into an fp32 math path). From torch 2.11: "math-only": only the calls that tracing would decompose into the
-    math path are kept whole (ops.sdpa_choice; ViT-base's, on an H100 on 2026-12-06), the rest left to Inductor,
-    whose tracing keeps HF BERT's (padding mask), Llama's and GPT-2's attention on cuDNN's fused kernel at ~11 us
-    of host time per call (docs/log/2026-12-02.md)."""
+    """attention="auto": "inductor" from torch 2.11, "eager" before. Tracing picks an SDPA kernel the way eager does;
+    with torch 2.11 on the H200, Inductor ran HF BERT (padding mask), the Llama-style model and GPT-2 on cuDNN's
+    fused attention kernel, while comfuse::sdpa (a Python custom op, then eager's kernel selection) cost ~150 us of
+    host time per call against Inductor's ~11 (docs/log/2026-12-02.md): in default mode, BERT-base ran 0.80x
+    Inductor with it. Earlier torch decomposed BERT's masked SDPA into an fp32 math path, which comfuse::sdpa avoids."""
     major, minor = (int(x) for x in (version or torch.__version__).split("+")[0].split(".")[:2])
-    return "math-only" if (major, minor) >= (2, 11) else "eager"
+    return "inductor" if (major, minor) >= (2, 11) else "eager"
 
 
 def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
@@ -120,12 +120,11 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
         raise ValueError(f"comfuse backend: attention must be 'auto', 'eager' or 'inductor', got {attention!r}")
     if attention == "auto":
         attention = default_attention()
-    if attention != "inductor" and any(t.device.type == "cuda" for t in _tensors(example_inputs)):
-        n = ops.keep_sdpa_whole(gm, only_math=attention == "math-only")
+    if attention == "eager" and any(t.device.type == "cuda" for t in _tensors(example_inputs)):
+        n = ops.keep_sdpa_whole(gm)
         if n:
             log.info("comfuse: %d scaled_dot_product_attention call(s) kept whole (comfuse::sdpa: the kernel eager "
-                     "picks)%s", n, "; tracing would have decomposed them into the math path" if
-                     attention == "math-only" else "")
+                     "picks)", n)
 
     if runner == "inductor" and how == "keep":
         return _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor_opts, defer)

@@ -522,31 +522,12 @@ def eval_graph_node(spec: tuple, *xs):
 _SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
 
 
-def sdpa_choice(n: torch.fx.Node) -> int | None:
-    """The SDPA kernel tracing picks for one scaled_dot_product_attention call of a Dynamo graph: PyTorch's own
-    choice (torch._fused_sdp_choice, a torch.nn.attention.SDPBackend value; 0 = MATH: the call is decomposed into
-    bmm and softmax, in fp32 for 16-bit inputs) on the call's example values, the fake tensors AOTAutograd traces
-    with. None where the call has no example values, or the choice raises."""
-    def value(a):
-        return a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
-
-    try:
-        args = [value(a) for a in n.args]
-        kwargs = {k: value(a) for k, a in n.kwargs.items()}
-        if any(isinstance(a, torch.fx.Node) for a in args) or any(a is None for a in args[:3]):
-            return None
-        return int(torch._fused_sdp_choice(*args, **kwargs))
-    except Exception:   # (the choice's own argument checks: let the trace report them)
-        return None
-
-
-def keep_sdpa_whole(gm: torch.fx.GraphModule, only_math: bool = False) -> int:
+def keep_sdpa_whole(gm: torch.fx.GraphModule) -> int:
     """Replaces each scaled_dot_product_attention call of a Dynamo graph by comfuse::sdpa (same arguments), so
-    that the attention reaches the GPU as the fused kernel eager uses; with only_math, only the calls that tracing
-    would decompose into the math path (sdpa_choice 0). Returns how many were replaced."""
+    that the attention reaches the GPU as the fused kernel eager uses. Returns how many were replaced."""
     count = 0
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in _SDPA_TARGETS and (not only_math or sdpa_choice(n) == 0):
+        if n.op == "call_function" and n.target in _SDPA_TARGETS:
             n.target = torch.ops.comfuse.sdpa.default
             count += 1
     if count:

@@ -70,6 +70,9 @@ def _kernels(name):
     with torch.device("meta"):
         model, inputs = FAMILIES[name]()
         model = model.to(torch.bfloat16).eval()
+    # (Dynamo's per-code-object recompile limit: transformers' forward wrappers are shared by every family, and past
+    # the limit a frame would run eagerly, on meta tensors)
+    torch._dynamo.reset()
     reps = comfuse.capture(model, *inputs)
     assert reps, f"{name}: nothing captured"
     opts = ops._kernel_options()

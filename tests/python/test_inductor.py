@@ -233,14 +233,14 @@ def test_pass_with_a_dynamic_batch(caplog):
     assert sum("region(s) run as ComFuse kernels" in s for s in msgs) == 1, msgs
 
 
-def test_attention_auto_keeps_only_math_path_sdpa_whole_from_torch_2_11():
-    """attention="auto": from torch 2.11 tracing keeps most SDPA calls on a fused kernel (measured for BERT, Llama,
-    GPT-2 on the H200), so only the calls it would decompose into the math path are kept whole; before, all are."""
+def test_attention_auto_leaves_sdpa_to_inductor_from_torch_2_11():
+    """attention="auto": from torch 2.11 tracing keeps SDPA on a fused kernel (measured for BERT, Llama, GPT-2 on
+    the H200) and comfuse::sdpa would only add host time; before, SDPA is kept whole."""
     from comfuse import backend
 
-    assert backend.default_attention("2.11.0+cu130") == "math-only"
-    assert backend.default_attention("2.12.1") == "math-only"
-    assert backend.default_attention("3.0.0") == "math-only"
+    assert backend.default_attention("2.11.0+cu130") == "inductor"
+    assert backend.default_attention("2.12.1") == "inductor"
+    assert backend.default_attention("3.0.0") == "inductor"
     assert backend.default_attention("2.10.0") == "eager"
     assert backend.default_attention("2.9.1+cu128") == "eager"
     with pytest.raises(ValueError, match="attention must be 'auto', 'eager' or 'inductor'"):
@@ -346,38 +346,3 @@ def test_inductor_lowers_the_scalar_copy_the_rewrite_inserts(copy_op, lowered):
             with pytest.raises(Exception, match="both a fallback and a decomp"):
                 g(x, eps)
     torch._dynamo.reset()
-
-
-def test_only_the_sdpa_calls_tracing_decomposes_are_kept_whole(monkeypatch):
-    """keep_sdpa_whole(only_math=True) asks PyTorch's own choice (torch._fused_sdp_choice) on each call's example
-    values, as tracing does, and replaces only the calls it sends to the math path (0); a call whose choice cannot
-    be made is left to Inductor."""
-    from comfuse import ops
-
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    def attend(q, k, kk):
-        a = torch.nn.functional.scaled_dot_product_attention(q, q, q)
-        b = torch.nn.functional.scaled_dot_product_attention(k, k, k, scale=0.5)
-        return a.sum() + b.sum() + kk.sum()
-
-    torch._dynamo.reset()
-    torch.compile(attend, backend=capture)(torch.randn(2, 3, 17, 8), torch.randn(2, 3, 5, 8), torch.randn(3))
-    seen = []
-
-    def choice(q, k, v, *args, **kwargs):   # the math path for sequences of 17, flash (1) otherwise
-        seen.append((tuple(q.shape), kwargs.get("scale")))
-        return 0 if q.shape[-2] == 17 else 1
-
-    monkeypatch.setattr(torch, "_fused_sdp_choice", choice)
-    gm = graphs[0]
-    assert ops.keep_sdpa_whole(gm, only_math=True) == 1
-    kept = [n for n in gm.graph.nodes if n.target is torch.ops.comfuse.sdpa.default]
-    assert len(kept) == 1 and kept[0].args[0].meta["example_value"].shape[-2] == 17
-    assert sorted(seen) == [((2, 3, 5, 8), 0.5), ((2, 3, 17, 8), None)]
-    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
-    assert ops.keep_sdpa_whole(gm, only_math=True) == 0   # the remaining call: no choice, left as it is
