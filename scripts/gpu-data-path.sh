@@ -43,7 +43,7 @@ gpu_cli_env gpu-data-path || exit 1
 declare -A status
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 # (_ir: the output written back into the ring and stored from there, StoreInRing; asked for by name only until the
-# planner has measured rows for it: correct and timed on an H100 on 2026-12-06, racecheck of _ir alone still to run)
+# planner has measured rows for it: correct and timed on an H100, racecheck-clean on the H200, 2026-12-06)
 CONFIGS="${CONFIGS:-128x128x64_c1x2_rr 128x128x64_c2x1_rr 64x128x64_c1x1_rr 128x128x64_c1x2_rr_ir 128x128x64_c2x1_rr_ir 64x128x64_c1x1_rr_ir}"
 BENCH_CONFIGS="${BENCH_CONFIGS:-128x128x64_c1x2_rr,128x128x64_c1x2_rr_ir,128x128x64_c1x2_rg}"
 

@@ -53,8 +53,8 @@ struct KernelConfig {
   // stored from there by the copy engine in 16 x 64 tensor boxes (StoreInRing, epilogue/store_in_ring.cuh; "_ir" in a
   // config name): CUTLASS's source-C data path, no SMEM of its own. Only with the ring in boxes ("_rr") and a
   // one-pass epilogue. Asked for only (a config name, or PlanOptions::store_in_ring): correct and as fast as "_rr" or
-  // faster on an H100 (docs/log/2026-12-06.md), but not yet racechecked alone or run on the H200, so the planner has
-  // no row for it.
+  // faster on an H100, racecheck-clean on the H200 (docs/log/2026-12-06.md), but not yet timed on the H200, so the
+  // planner has no row for it.
   bool store_in_ring = false;
   // The row reductions' exchange ("_l2", "_p2p", "_leader" in a config name; None: no suffix). Decided by the
   // planner together with the cluster it needs (DSMEM: the row block's 1 x C cluster; L2: no mainloop cluster).
