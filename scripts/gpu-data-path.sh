@@ -114,10 +114,10 @@ if [ $sanitize = 1 ]; then   # the two-output program at the odd shape: the ring
 fi
 
 if [ $bench = 1 ]; then
-  left=$(( ${BUDGET_S:-560} - ($(date +%s) - t0) ))
-  [ $left -ge 60 ] || left=60
   i=0 rc=0
-  for set in "${BENCH_SETS[@]}"; do
+  for set in "${BENCH_SETS[@]}"; do   # (the budget is the whole script's: each set gets what is left of it)
+    left=$(( ${BUDGET_S:-560} - ($(date +%s) - t0) ))
+    [ $left -ge 30 ] || { echo "gpu-data-path: budget spent before bench set $i" >> "$OUT/data_path.log"; rc=124; break; }
     PYTHONUNBUFFERED=1 timeout "$left" python3 bench/data_path.py --cli "$cli" --rounds "$rounds" $set \
       --variants "$BENCH_CONFIGS" --logs "$OUT/bench" --out "$OUT/data_path_$i.csv" >> "$OUT/data_path.log" 2>&1 || rc=$?
     i=$((i + 1))
