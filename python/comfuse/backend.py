@@ -36,7 +36,7 @@ import logging
 import torch
 import torch._inductor.compile_fx as inductor_compile   # (looked up at each call: tests and users may wrap it)
 
-from . import ops, tracing
+from . import masks, ops, tracing
 from .analysis import (GraphReport, _GRAPH_IDS, _gemm_targets, _rewrite, _tensors, analyze_aten,  # noqa: F401
                        analyze_graph, chain_regions, device_reason, dtype_reason, fused_chains, fused_set,
                        is_near_tie, keep_rewrite, log_plans, log_report, near_ties, parameter_positions, planned,
@@ -120,6 +120,7 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
         raise ValueError(f"comfuse backend: attention must be 'auto', 'eager' or 'inductor', got {attention!r}")
     if attention == "auto":
         attention = default_attention()
+    masks.drop_trivial_masks(gm)   # (an all-True mask would keep SDPA off its fused kernels: masks.py)
     if attention == "eager" and any(t.device.type == "cuda" for t in _tensors(example_inputs)):
         n = ops.keep_sdpa_whole(gm)
         if n:

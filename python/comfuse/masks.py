@@ -1,0 +1,114 @@
+"""Attention masks that mask nothing, dropped from a Dynamo graph before it is traced.
+
+Under torch.compile, Hugging Face's mask helpers build an explicit all-True boolean mask for a bidirectional
+attention that eager runs with no mask at all: they skip the mask only when not exporting, and
+torch.compiler.is_exporting() is True under Dynamo with torch 2.11, so ViT's graph computes `arange(S) >= 0`
+expanded to [B, 1, S, S] and passes it to scaled_dot_product_attention. With a mask SDPA cannot take the flash
+kernel, and where S is not a multiple of 8 (ViT's 197 patches + 1) neither the memory-efficient nor cuDNN's, so
+the trace decomposes the call into the math path (fp32 bmm and softmax): ViT-base ran 1.8x eager's time on the
+H200 (docs/log/2026-12-06.md, run e).
+
+A mask computed from constants alone (no graph input, no parameter, no random or uninitialized op) is evaluated
+here, once, at compile time. Where it keeps every position (a bool mask all True, a float mask all 0), the call
+gets attn_mask=None: the same attention, which SDPA can then run on its fused kernels as eager does.
+"""
+import logging
+
+import torch
+
+log = logging.getLogger("comfuse")
+
+_SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
+# ops whose value is not a function of their arguments (random, uninitialized memory)
+_NOT_PURE = ("rand", "bernoulli", "dropout", "normal", "uniform", "empty", "multinomial", "poisson", "exponential",
+             "geometric", "cauchy", "random")
+_MAX_NODES = 64   # a mask's computation is a handful of ops; larger ones are left alone
+
+
+def _mask_of(n: torch.fx.Node):
+    """(where, the mask node): where is ("kw", "attn_mask") or ("arg", 3); None without a mask node."""
+    if isinstance(n.kwargs.get("attn_mask"), torch.fx.Node):
+        return ("kw", "attn_mask"), n.kwargs["attn_mask"]
+    if len(n.args) > 3 and isinstance(n.args[3], torch.fx.Node):
+        return ("arg", 3), n.args[3]
+    return None
+
+
+def constant_value(node: torch.fx.Node, memo: dict | None = None):
+    """The value of `node` computed from constants alone, or None where it depends on a graph input, an attribute,
+    a module call or an op that is not a pure function of its arguments, or takes more than _MAX_NODES nodes."""
+    memo = {} if memo is None else memo
+    seen = [0]
+
+    def value(n):
+        if n in memo:
+            return memo[n]
+        seen[0] += 1
+        if seen[0] > _MAX_NODES or n.op not in ("call_function", "call_method"):
+            memo[n] = None
+            return None
+        name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+        if any(w in name.lower() for w in _NOT_PURE):
+            memo[n] = None
+            return None
+        missing = []
+
+        def arg(a):
+            v = value(a)
+            if v is None:
+                missing.append(a)
+            return v
+
+        args = torch.fx.node.map_arg(n.args, arg)
+        kwargs = torch.fx.node.map_arg(n.kwargs, arg)
+        if missing:
+            memo[n] = None
+            return None
+        with torch.no_grad():
+            out = getattr(args[0], n.target)(*args[1:], **kwargs) if n.op == "call_method" else n.target(*args, **kwargs)
+        memo[n] = out
+        return out
+
+    return value(node)
+
+
+def keeps_every_position(mask) -> bool:
+    """Whether an SDPA mask value masks nothing: bool all True, or a float (additive) mask all 0."""
+    if not isinstance(mask, torch.Tensor) or mask.numel() == 0:
+        return False
+    if mask.dtype == torch.bool:
+        return bool(mask.all())
+    if mask.is_floating_point():
+        return bool((mask == 0).all())
+    return False
+
+
+def drop_trivial_masks(gm: torch.fx.GraphModule) -> int:
+    """Sets attn_mask=None on each scaled_dot_product_attention call of a Dynamo graph whose mask is computed from
+    constants alone and keeps every position (see the module's docstring). Returns how many were dropped."""
+    dropped = 0
+    memo: dict = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target not in _SDPA_TARGETS:
+            continue
+        found = _mask_of(n)
+        if found is None:
+            continue
+        (kind, key), mask = found
+        try:
+            v = constant_value(mask, memo)
+        except Exception:   # (an op that does not run outside the trace: leave the mask as it is)
+            continue
+        if not keeps_every_position(v):
+            continue
+        if kind == "kw":
+            n.kwargs = {**n.kwargs, key: None}
+        else:
+            n.args = n.args[:key] + (None,) + n.args[key + 1:]
+        dropped += 1
+    if dropped:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        log.info("comfuse: %d attention mask(s) that mask nothing dropped (computed from constants at compile time), "
+                 "so SDPA can take its fused kernels as in eager", dropped)
+    return dropped

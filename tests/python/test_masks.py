@@ -1,0 +1,92 @@
+"""Attention masks that mask nothing (comfuse/masks.py): a mask computed from constants alone that keeps every
+position is dropped before tracing, so SDPA can take its fused kernels; every other mask stays."""
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import comfuse  # noqa: F401  (registers the backend)
+from comfuse import masks
+from conftest import rel_err
+
+
+def _graph(fn, *inputs):
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=capture)(*inputs)
+    assert len(graphs) == 1
+    return graphs[0]
+
+
+def _masks_left(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in masks._SDPA_TARGETS
+            and masks._mask_of(n) is not None]
+
+
+def _qkv(s=17):
+    return [torch.randn(2, 3, s, 8) for _ in range(3)]
+
+
+def test_an_all_true_mask_from_constants_is_dropped():
+    # what HF's bidirectional mask helper builds under torch.compile: arange(S) >= 0, expanded
+    def attend(q, k, v):
+        s = q.shape[2]
+        keep = (torch.arange(s, device=q.device)[None, None, :, None] >= 0).expand(q.shape[0], -1, s, s)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=0.3)
+
+    q, k, v = _qkv()
+    gm = _graph(attend, q, k, v)
+    assert len(_masks_left(gm)) == 1
+    assert masks.drop_trivial_masks(gm) == 1
+    assert not _masks_left(gm)
+    assert not any("arange" in str(n.target) for n in gm.graph.nodes)   # the mask's computation is gone too
+    got = gm(q, k, v)
+    assert rel_err(got[0] if isinstance(got, tuple) else got, attend(q, k, v)) <= 1e-6
+
+
+def test_a_zero_float_mask_in_the_fourth_argument_is_dropped():
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, torch.zeros(q.shape[2], q.shape[2]))
+
+    gm = _graph(attend, *_qkv())
+    assert masks.drop_trivial_masks(gm) == 1 and not _masks_left(gm)
+
+
+@pytest.mark.parametrize("case", ["causal", "from_an_input", "random", "float_bias"])
+def test_masks_that_mask_something_or_are_not_constant_stay(case):
+    def attend(q, k, v, m):
+        s = q.shape[2]
+        i = torch.arange(s, device=q.device)
+        mask = {"causal": lambda: i[:, None] >= i[None, :],
+                "from_an_input": lambda: m > -10,          # all True here, but an input: not known at compile time
+                "random": lambda: torch.rand(s, s) >= 0,    # all True, but not a function of its arguments
+                "float_bias": lambda: torch.full((s, s), 0.5)}[case]()
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = _qkv()
+    gm = _graph(attend, q, k, v, torch.zeros(17, 17))
+    assert masks.drop_trivial_masks(gm) == 0
+    assert len(_masks_left(gm)) == 1
+
+
+def test_vit_through_the_backend_drops_its_mask_and_matches_eager(caplog):
+    """A tiny ViT (HF): under torch.compile its attention gets an all-True mask (see masks.py); the backend drops
+    it, says so, and the result matches eager."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                                 image_size=32, patch_size=8)
+    model = transformers.ViTModel(cfg, add_pooling_layer=False).to(torch.bfloat16).eval()
+    px = torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="comfuse"), torch.no_grad():
+        got = torch.compile(model, backend="comfuse", options={"reference": True})(pixel_values=px)
+        ref = model(pixel_values=px)
+    assert rel_err(got.last_hidden_state.float(), ref.last_hidden_state.float()) <= 2e-2   # (bf16 regions)
+    assert any("2 attention mask(s) that mask nothing dropped" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]
