@@ -1,7 +1,9 @@
-"""Which attention a model's forward runs, eager and under Inductor: the SDPA backend eager dispatches to, the attention
-ops left in Inductor's post-grad graph (a fused SDPA op, or its decomposition into matmuls and softmax), and the GPU
-kernels of one compiled forward whose names say attention or fp32 GEMM. Finds the node Inductor decomposes (ViT: its
-attention runs as fp32 GEMMs under torch.compile, docs/log/2026-12-06.md).
+"""Which attention a model's forward runs, eager and under Inductor: the SDPA backend eager dispatches to, the tensors
+(layout, mask) an opaque SDPA op receives inside Inductor's compiled graph and which fused kernels accept them (PyTorch's
+own eligibility checks, eager's first call beside), the attention ops left in Inductor's post-grad graph (a fused SDPA
+op, or its decomposition into matmuls and softmax), and the GPU kernels of one compiled forward whose names say
+attention or fp32 GEMM. It found why ViT's attention runs as fp32 GEMMs under torch.compile: a mask eager does not
+have (docs/log/2026-12-06.md, run e).
 
     python3 bench/attention_probe.py [--models vit,gpt2] [--cpu-smoke]
 
