@@ -8,9 +8,15 @@ kernel, and where S is not a multiple of 8 (ViT's 197 patches + 1) neither the m
 the trace decomposes the call into the math path (fp32 bmm and softmax): ViT-base ran 1.8x eager's time on the
 H200 (docs/log/2026-12-06.md, run e).
 
+The same helpers build an explicit causal mask (`kv_index <= q_index`, all constants) for GPT-2's and Llama's
+attention under torch.compile, where eager passes is_causal=True: with it SDPA runs a masked kernel over every
+block instead of skipping the blocks above the diagonal.
+
 A mask computed from constants alone (no graph input, no parameter, no random or uninitialized op) is evaluated
 here, once, at compile time. Where it keeps every position (a bool mask all True, a float mask all 0), the call
-gets attn_mask=None: the same attention, which SDPA can then run on its fused kernels as eager does.
+gets attn_mask=None; where it is a bool mask of a square attention (as many queries as keys) equal to the lower
+triangle, diagonal included, in every batch and head, the call gets attn_mask=None and is_causal=True. Both are the
+same attention, which SDPA can then run on its fused kernels as eager does.
 """
 import logging
 
@@ -83,10 +89,40 @@ def keeps_every_position(mask) -> bool:
     return False
 
 
-def drop_trivial_masks(gm: torch.fx.GraphModule) -> int:
-    """Sets attn_mask=None on each scaled_dot_product_attention call of a Dynamo graph whose mask is computed from
-    constants alone and keeps every position (see the module's docstring). Returns how many were dropped."""
-    dropped = 0
+def is_causal_mask(mask, q_len: int, k_len: int) -> bool:
+    """Whether an SDPA mask value is what is_causal=True means for a square attention: bool, its last two dims
+    [L, L] with L queries and L keys, True exactly on and below the diagonal in every batch and head."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() < 2 or q_len != k_len:
+        return False
+    if tuple(mask.shape[-2:]) != (q_len, k_len):
+        return False
+    tril = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril()
+    return bool(torch.equal(mask, tril.expand_as(mask)))
+
+
+def _seq_lens(n: torch.fx.Node):
+    """The query and key sequence lengths of an SDPA call (its q's and k's example values), or None."""
+    q, k = (a.meta.get("example_value") if isinstance(a, torch.fx.Node) else None for a in n.args[:2])
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)):
+        return None
+    lq, lk = q.shape[-2], k.shape[-2]
+    if not (type(lq) is int and type(lk) is int):   # (a symbolic length: int() on it would add a guard)
+        return None
+    return lq, lk
+
+
+def _set_arg(n: torch.fx.Node, kind: str, key, value) -> None:
+    if kind == "kw":
+        n.kwargs = {**n.kwargs, key: value}
+    else:
+        n.args = n.args[:key] + (value,) + n.args[key + 1:]
+
+
+def drop_trivial_masks(gm: torch.fx.GraphModule) -> dict:
+    """On each scaled_dot_product_attention call of a Dynamo graph whose mask is computed from constants alone: a
+    mask that keeps every position becomes attn_mask=None, and the causal mask of a square attention becomes
+    attn_mask=None with is_causal=True (see the module's docstring). Returns {"dropped": n, "causal": n}."""
+    done = {"dropped": 0, "causal": 0}
     memo: dict = {}
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target not in _SDPA_TARGETS:
@@ -99,16 +135,25 @@ def drop_trivial_masks(gm: torch.fx.GraphModule) -> int:
             v = constant_value(mask, memo)
         except Exception:   # (an op that does not run outside the trace: leave the mask as it is)
             continue
-        if not keeps_every_position(v):
+        if keeps_every_position(v):
+            _set_arg(n, kind, key, None)
+            done["dropped"] += 1
             continue
-        if kind == "kw":
-            n.kwargs = {**n.kwargs, key: None}
-        else:
-            n.args = n.args[:key] + (None,) + n.args[key + 1:]
-        dropped += 1
-    if dropped:
+        if not (isinstance(v, torch.Tensor) and v.dtype == torch.bool):
+            continue
+        lens = _seq_lens(n)
+        already_causal = n.kwargs.get("is_causal", n.args[5] if len(n.args) > 5 else False)
+        if lens and already_causal is False and is_causal_mask(v, *lens):
+            _set_arg(n, kind, key, None)
+            if len(n.args) > 5:
+                n.args = n.args[:5] + (True,) + n.args[6:]
+            else:
+                n.kwargs = {**n.kwargs, "is_causal": True}
+            done["causal"] += 1
+    if done["dropped"] or done["causal"]:
         gm.graph.eliminate_dead_code()
         gm.recompile()
-        log.info("comfuse: %d attention mask(s) that mask nothing dropped (computed from constants at compile time), "
-                 "so SDPA can take its fused kernels as in eager", dropped)
-    return dropped
+        log.info("comfuse: of the attention masks computed from constants at compile time, %d masking nothing dropped "
+                 "and %d causal ones replaced by is_causal=True, so SDPA can take its fused kernels as in eager",
+                 done["dropped"], done["causal"])
+    return done

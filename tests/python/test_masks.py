@@ -1,5 +1,6 @@
-"""Attention masks that mask nothing (comfuse/masks.py): a mask computed from constants alone that keeps every
-position is dropped before tracing, so SDPA can take its fused kernels; every other mask stays."""
+"""Attention masks computed from constants (comfuse/masks.py): one that keeps every position is dropped before
+tracing, and the causal mask of a square attention becomes is_causal=True, so SDPA can take its fused kernels;
+every other mask stays."""
 import logging
 
 import pytest
@@ -43,7 +44,7 @@ def test_an_all_true_mask_from_constants_is_dropped():
     q, k, v = _qkv()
     gm = _graph(attend, q, k, v)
     assert len(_masks_left(gm)) == 1
-    assert masks.drop_trivial_masks(gm) == 1
+    assert masks.drop_trivial_masks(gm) == {"dropped": 1, "causal": 0}
     assert not _masks_left(gm)
     assert not any("arange" in str(n.target) for n in gm.graph.nodes)   # the mask's computation is gone too
     got = gm(q, k, v)
@@ -55,23 +56,44 @@ def test_a_zero_float_mask_in_the_fourth_argument_is_dropped():
         return F.scaled_dot_product_attention(q, k, v, torch.zeros(q.shape[2], q.shape[2]))
 
     gm = _graph(attend, *_qkv())
-    assert masks.drop_trivial_masks(gm) == 1 and not _masks_left(gm)
+    assert masks.drop_trivial_masks(gm) == {"dropped": 1, "causal": 0} and not _masks_left(gm)
 
 
-@pytest.mark.parametrize("case", ["causal", "from_an_input", "random", "float_bias"])
-def test_masks_that_mask_something_or_are_not_constant_stay(case):
-    def attend(q, k, v, m):
+def test_a_constant_causal_mask_becomes_is_causal():
+    # what HF's causal mask helper builds under torch.compile (GPT-2, Llama): kv_index <= q_index, expanded
+    def attend(q, k, v):
         s = q.shape[2]
         i = torch.arange(s, device=q.device)
-        mask = {"causal": lambda: i[:, None] >= i[None, :],
+        causal = (i[None, None, None, :] <= i[None, None, :, None]).expand(q.shape[0], -1, s, s)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+
+    q, k, v = _qkv()
+    gm = _graph(attend, q, k, v)
+    assert masks.drop_trivial_masks(gm) == {"dropped": 0, "causal": 1}
+    assert not _masks_left(gm)
+    sdpa = [n for n in gm.graph.nodes if n.target in masks._SDPA_TARGETS]
+    assert sdpa[0].kwargs["is_causal"] is True
+    got = gm(q, k, v)
+    assert rel_err(got[0] if isinstance(got, tuple) else got, attend(q, k, v)) <= 1e-6
+
+
+@pytest.mark.parametrize("case", ["causal_not_square", "causal_shifted", "from_an_input", "random", "float_bias"])
+def test_masks_that_mask_something_else_or_are_not_constant_stay(case):
+    def attend(q, k, v, m):
+        s, t = q.shape[2], k.shape[2]
+        i, j = torch.arange(s, device=q.device), torch.arange(t, device=q.device)
+        mask = {"causal_not_square": lambda: j[None, :] <= i[:, None],   # 17 queries, 9 keys: not what is_causal means
+                "causal_shifted": lambda: j[None, :] <= i[:, None] + 1,
                 "from_an_input": lambda: m > -10,          # all True here, but an input: not known at compile time
-                "random": lambda: torch.rand(s, s) >= 0,    # all True, but not a function of its arguments
-                "float_bias": lambda: torch.full((s, s), 0.5)}[case]()
+                "random": lambda: torch.rand(s, t) >= 0,    # all True, but not a function of its arguments
+                "float_bias": lambda: torch.full((s, t), 0.5)}[case]()
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     q, k, v = _qkv()
-    gm = _graph(attend, q, k, v, torch.zeros(17, 17))
-    assert masks.drop_trivial_masks(gm) == 0
+    if case == "causal_not_square":
+        k, v = torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8)
+    gm = _graph(attend, q, k, v, torch.zeros(17, k.shape[2]))
+    assert masks.drop_trivial_masks(gm) == {"dropped": 0, "causal": 0}
     assert len(_masks_left(gm)) == 1
 
 
@@ -88,5 +110,22 @@ def test_vit_through_the_backend_drops_its_mask_and_matches_eager(caplog):
         got = torch.compile(model, backend="comfuse", options={"reference": True})(pixel_values=px)
         ref = model(pixel_values=px)
     assert rel_err(got.last_hidden_state.float(), ref.last_hidden_state.float()) <= 2e-2   # (bf16 regions)
-    assert any("2 attention mask(s) that mask nothing dropped" in r.getMessage() for r in caplog.records), \
+    assert any("2 masking nothing dropped and 0 causal" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]
+
+
+def test_gpt2_through_the_backend_gets_is_causal_and_matches_eager(caplog):
+    """A tiny GPT-2 (HF): under torch.compile its attention gets an explicit causal mask where eager passes
+    is_causal=True; the backend turns it back into is_causal=True, says so, and the result matches eager."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=128, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2Model(cfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 128, (2, 16))
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="comfuse"), torch.no_grad():
+        got = torch.compile(model, backend="comfuse", options={"reference": True})(input_ids=ids)
+        ref = model(input_ids=ids)
+    assert rel_err(got.last_hidden_state.float(), ref.last_hidden_state.float()) <= 2e-2   # (bf16 regions)
+    assert any("0 masking nothing dropped and 2 causal" in r.getMessage() for r in caplog.records), \
         [r.getMessage() for r in caplog.records]
