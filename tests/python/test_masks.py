@@ -97,21 +97,29 @@ def test_masks_that_mask_something_else_or_are_not_constant_stay(case):
     assert len(_masks_left(gm)) == 1
 
 
+def _through_the_backend(model, caplog, **inputs) -> str:
+    """Runs a bf16 HF model through backend="comfuse" (CPU reference implementation), checks it against eager and
+    returns what the backend logged about masks."""
+    model = model.to(torch.bfloat16).eval()
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="comfuse"), torch.no_grad():
+        got = torch.compile(model, backend="comfuse", options={"reference": True})(**inputs)
+        ref = model(**inputs)
+    assert rel_err(got.last_hidden_state.float(), ref.last_hidden_state.float()) <= 2e-2   # (bf16 regions)
+    said = [r.getMessage() for r in caplog.records if "attention masks computed from constants" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    return said[0]
+
+
 def test_vit_through_the_backend_drops_its_mask_and_matches_eager(caplog):
     """A tiny ViT (HF): under torch.compile its attention gets an all-True mask (see masks.py); the backend drops
     it, says so, and the result matches eager."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                                  image_size=32, patch_size=8)
-    model = transformers.ViTModel(cfg, add_pooling_layer=False).to(torch.bfloat16).eval()
-    px = torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)
-    torch._dynamo.reset()
-    with caplog.at_level(logging.INFO, logger="comfuse"), torch.no_grad():
-        got = torch.compile(model, backend="comfuse", options={"reference": True})(pixel_values=px)
-        ref = model(pixel_values=px)
-    assert rel_err(got.last_hidden_state.float(), ref.last_hidden_state.float()) <= 2e-2   # (bf16 regions)
-    assert any("2 masking nothing dropped and 0 causal" in r.getMessage() for r in caplog.records), \
-        [r.getMessage() for r in caplog.records]
+    said = _through_the_backend(transformers.ViTModel(cfg, add_pooling_layer=False), caplog,
+                                pixel_values=torch.randn(2, 3, 32, 32, dtype=torch.bfloat16))
+    assert "2 masking nothing dropped and 0 causal" in said, said
 
 
 def test_gpt2_through_the_backend_gets_is_causal_and_matches_eager(caplog):
@@ -120,12 +128,5 @@ def test_gpt2_through_the_backend_gets_is_causal_and_matches_eager(caplog):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=128, n_positions=64,
                                   bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2Model(cfg).to(torch.bfloat16).eval()
-    ids = torch.randint(0, 128, (2, 16))
-    torch._dynamo.reset()
-    with caplog.at_level(logging.INFO, logger="comfuse"), torch.no_grad():
-        got = torch.compile(model, backend="comfuse", options={"reference": True})(input_ids=ids)
-        ref = model(input_ids=ids)
-    assert rel_err(got.last_hidden_state.float(), ref.last_hidden_state.float()) <= 2e-2   # (bf16 regions)
-    assert any("0 masking nothing dropped and 2 causal" in r.getMessage() for r in caplog.records), \
-        [r.getMessage() for r in caplog.records]
+    said = _through_the_backend(transformers.GPT2Model(cfg), caplog, input_ids=torch.randint(0, 128, (2, 16)))
+    assert "0 masking nothing dropped and 2 causal" in said, said
