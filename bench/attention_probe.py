@@ -97,12 +97,12 @@ def inside_graph(model, kwargs) -> list:
     def _(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         return q.new_empty(list(q.shape[:-1]) + [v.shape[-1]])
 
-    from comfuse import ops
+    from comfuse import masks
     from torch._inductor.compile_fx import compile_fx
 
     def backend(gm, example_inputs):
         for n in gm.graph.nodes:
-            if n.op == "call_function" and n.target in ops._SDPA_TARGETS:
+            if n.op == "call_function" and n.target in masks.SDPA_TARGETS:
                 n.target = torch.ops.probe.sdpa.default
         gm.recompile()
         return compile_fx(gm, example_inputs)

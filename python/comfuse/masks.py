@@ -1,4 +1,5 @@
-"""Attention masks that mask nothing, dropped from a Dynamo graph before it is traced.
+"""Attention masks computed from constants, made what eager passes before a Dynamo graph is traced: dropped where
+they mask nothing, turned back into is_causal=True where they are the causal mask.
 
 Under torch.compile, Hugging Face's mask helpers build an explicit all-True boolean mask for a bidirectional
 attention that eager runs with no mask at all: they skip the mask only when not exporting, and
@@ -6,7 +7,7 @@ torch.compiler.is_exporting() is True under Dynamo with torch 2.11, so ViT's gra
 expanded to [B, 1, S, S] and passes it to scaled_dot_product_attention. With a mask SDPA cannot take the flash
 kernel, and where S is not a multiple of 8 (ViT's 197 patches + 1) neither the memory-efficient nor cuDNN's, so
 the trace decomposes the call into the math path (fp32 bmm and softmax): ViT-base ran 1.8x eager's time on the
-H200 (docs/log/2026-12-06.md, run e).
+H200 (docs/log/2026-12-06.md, runs d and e).
 
 The same helpers build an explicit causal mask (`kv_index <= q_index`, all constants) for GPT-2's and Llama's
 attention under torch.compile, where eager passes is_causal=True: with it SDPA runs a masked kernel over every
@@ -24,7 +25,8 @@ import torch
 
 log = logging.getLogger("comfuse")
 
-_SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
+# scaled_dot_product_attention as a Dynamo graph calls it
+SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
 # ops whose value is not a function of their arguments (random, uninitialized memory)
 _NOT_PURE = ("rand", "bernoulli", "dropout", "normal", "uniform", "empty", "multinomial", "poisson", "exponential",
              "geometric", "cauchy", "random")
@@ -125,7 +127,7 @@ def drop_trivial_masks(gm: torch.fx.GraphModule) -> dict:
     done = {"dropped": 0, "causal": 0}
     memo: dict = {}
     for n in gm.graph.nodes:
-        if n.op != "call_function" or n.target not in _SDPA_TARGETS:
+        if n.op != "call_function" or n.target not in SDPA_TARGETS:
             continue
         found = _mask_of(n)
         if found is None:

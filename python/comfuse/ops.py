@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from . import _core as C
+from . import masks
 from .convert import DT_TO_TORCH, OK
 
 log = logging.getLogger("comfuse")
@@ -519,7 +520,7 @@ def eval_graph_node(spec: tuple, *xs):
     raise NotImplementedError(f"eval_graph_node: {C.op_name(op)}")
 
 
-_SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
+_SDPA_TARGETS = masks.SDPA_TARGETS
 
 
 def keep_sdpa_whole(gm: torch.fx.GraphModule) -> int:

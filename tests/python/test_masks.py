@@ -26,7 +26,7 @@ def _graph(fn, *inputs):
 
 
 def _masks_left(gm):
-    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in masks._SDPA_TARGETS
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in masks.SDPA_TARGETS
             and masks._mask_of(n) is not None]
 
 
@@ -71,7 +71,7 @@ def test_a_constant_causal_mask_becomes_is_causal():
     gm = _graph(attend, q, k, v)
     assert masks.drop_trivial_masks(gm) == {"dropped": 0, "causal": 1}
     assert not _masks_left(gm)
-    sdpa = [n for n in gm.graph.nodes if n.target in masks._SDPA_TARGETS]
+    sdpa = [n for n in gm.graph.nodes if n.target in masks.SDPA_TARGETS]
     assert sdpa[0].kwargs["is_causal"] is True
     got = gm(q, k, v)
     assert rel_err(got[0] if isinstance(got, tuple) else got, attend(q, k, v)) <= 1e-6
