@@ -62,7 +62,8 @@ def eligibility(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
     out = [f"{tuple(q.shape)} {q.dtype} strides q{tuple(q.stride())} k{tuple(k.stride())} v{tuple(v.stride())} "
            f"offsets {q.storage_offset()}/{k.storage_offset()}/{v.storage_offset()} "
            f"ptr%16 {q.data_ptr() % 16}/{k.data_ptr() % 16}/{v.data_ptr() % 16} mask={attn_mask is not None} "
-           f"causal={is_causal} dropout={dropout_p} choice={torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)}"]
+           f"causal={is_causal} dropout={dropout_p} "
+           f"choice={torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)}"]
     params = torch.backends.cuda.SDPAParams(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
     for name in ("flash", "efficient", "cudnn"):
         fn = getattr(torch.backends.cuda, f"can_use_{name}_attention", None)

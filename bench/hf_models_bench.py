@@ -16,9 +16,9 @@ Per model: eager; then per mode, Inductor and ComFuse (per --comfuse variant: "p
 "all" also fuses the regions the planner declines for speed only; "+defer" after either, e.g. "planner+defer",
 finishes each LayerNorm / RMSNorm in the GEMMs that read it, options={"defer_norms": True}, and notes the folded
 weights' count, memory and folding time; "+sdpa" keeps each scaled_dot_product_attention call whole,
-options={"attention": "eager"}, e.g. "planner+sdpa"; "+ind" leaves each to Inductor, options={"attention": "inductor"}). Every compiled output is checked against
-eager (normwise relative error <= 2e-2 in bf16). ComFuse's fused regions are counted from the post-grad pass's
-reports (comfuse.inductor.reports()) and classified: "norm" (a row reduction: LayerNorm / RMSNorm) and "act"
+options={"attention": "eager"}, e.g. "planner+sdpa"; "+ind" leaves each to Inductor, options={"attention":
+"inductor"}). Every compiled output is checked against eager (normwise relative error <= 2e-2 in bf16). ComFuse's
+fused regions are counted from the post-grad pass's reports (comfuse.inductor.reports()) and classified: "norm" (a row reduction: LayerNorm / RMSNorm) and "act"
 (an activation: GELU, gelu_new's tanh, SiLU); with fuse="all" each model must reach the per-layer counts of
 the real-model regions (BERT: out-proj + LN, FFN1 + GELU, FFN2 + LN; Llama: o_proj + RMSNorm, down_proj + RMSNorm; GPT-2:
 c_fc + gelu_new, c_proj + LN). The attention kernels of each run are listed from the profiler (flash / cuDNN /
@@ -64,6 +64,25 @@ F32_GEMM = re.compile(r"sgemm|gemm.*f32|f32.*gemm|gemmSN|cutlass_80_simt", re.I)
 GPU_RANGE = re.compile(r"Torch-Compiled Region|## |ProfilerStep")   # ranges the profiler shows on the GPU, not work
 
 
+# Token models with a tiny config for --cpu-smoke: (transformers class prefix, full config, tiny config).
+TOKEN_MODELS = {
+    "qwen2": ("Qwen2", dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+                            num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048),
+              dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)),
+    # OPT-125m's widths: pre-norm LayerNorm, a ReLU FFN, learned positions
+    "opt": ("OPT", dict(hidden_size=768, num_hidden_layers=6, num_attention_heads=12, ffn_dim=3072,
+                        word_embed_proj_dim=768, vocab_size=50272, max_position_embeddings=2048),
+            dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, ffn_dim=128, word_embed_proj_dim=64,
+                 vocab_size=128, max_position_embeddings=64)),
+    # Gemma-style: RMSNorm scaled by (1 + w), GeGLU (tanh GELU gate), one key / value head
+    "gemma": ("Gemma", dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=4, num_attention_heads=8,
+                            num_key_value_heads=1, head_dim=128, vocab_size=32000, max_position_embeddings=2048),
+              dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=32, vocab_size=128, max_position_embeddings=64)),
+}
+
+
 def build(name: str, device: str, tiny: bool = False):
     import transformers as tf
 
@@ -79,28 +98,11 @@ def build(name: str, device: str, tiny: bool = False):
                              num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)
         batch, seq = 16, 512
         model = tf.LlamaModel(cfg)
-    elif name == "qwen2":
-        cfg = (tf.Qwen2Config(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
-                              num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048) if not tiny else
-               tf.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                              num_key_value_heads=2, vocab_size=128, max_position_embeddings=64))
-        batch, seq = (16, 512) if not tiny else (2, 16)
-        model = tf.Qwen2Model(cfg)
-    elif name == "opt":   # OPT-125m's widths: pre-norm LayerNorm, a ReLU FFN, learned positions
-        cfg = (tf.OPTConfig(hidden_size=768, num_hidden_layers=6, num_attention_heads=12, ffn_dim=3072,
-                            word_embed_proj_dim=768, vocab_size=50272, max_position_embeddings=2048) if not tiny else
-               tf.OPTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, ffn_dim=128,
-                            word_embed_proj_dim=64, vocab_size=128, max_position_embeddings=64))
-        batch, seq = (16, 512) if not tiny else (2, 16)
-        model = tf.OPTModel(cfg)
-    elif name == "gemma":   # Gemma-style: RMSNorm scaled by (1 + w), GeGLU (tanh GELU gate), one key / value head
-        cfg = (tf.GemmaConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=4, num_attention_heads=8,
-                              num_key_value_heads=1, head_dim=128, vocab_size=32000, max_position_embeddings=2048)
-               if not tiny else
-               tf.GemmaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
-                              num_key_value_heads=1, head_dim=32, vocab_size=128, max_position_embeddings=64))
-        batch, seq = (16, 512) if not tiny else (2, 16)
-        model = tf.GemmaModel(cfg)
+    elif name in TOKEN_MODELS:   # (the full config at 16 x 512, or the tiny one for --cpu-smoke at 2 x 16)
+        cls, full, small = TOKEN_MODELS[name]
+        cfg = getattr(tf, cls + "Config")(**(small if tiny else full))
+        batch, seq = (2, 16) if tiny else (16, 512)
+        model = getattr(tf, cls + "Model")(cfg)
     elif name == "vit":   # images, not tokens: pixel_values
         cfg = tf.ViTConfig() if not tiny else tf.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
                                                            intermediate_size=128, image_size=32, patch_size=8)

@@ -520,15 +520,12 @@ def eval_graph_node(spec: tuple, *xs):
     raise NotImplementedError(f"eval_graph_node: {C.op_name(op)}")
 
 
-_SDPA_TARGETS = masks.SDPA_TARGETS
-
-
 def keep_sdpa_whole(gm: torch.fx.GraphModule) -> int:
     """Replaces each scaled_dot_product_attention call of a Dynamo graph by comfuse::sdpa (same arguments), so
     that the attention reaches the GPU as the fused kernel eager uses. Returns how many were replaced."""
     count = 0
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in _SDPA_TARGETS:
+        if n.op == "call_function" and n.target in masks.SDPA_TARGETS:
             n.target = torch.ops.comfuse.sdpa.default
             count += 1
     if count:
