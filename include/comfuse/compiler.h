@@ -266,6 +266,8 @@ class RegionKernel {
   // The first half alone: plan, Psi and the JIT, nothing loaded (safe on any thread, no GPU needed). A frontend
   // compiles many regions this way in parallel, then constructs the RegionKernels - cache hits - on one thread.
   static CompiledRegion compile(const FusionSpec& spec, CompilerOptions o = {});
+  // How many of a region's other candidates compile at once when its prior spills registers: half the cores, 1-4.
+  static size_t spill_alternatives_batch();
   ~RegionKernel();
   RegionKernel(const RegionKernel&) = delete;
   RegionKernel& operator=(const RegionKernel&) = delete;

@@ -14,9 +14,11 @@
 #include <future>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 #include <tuple>
 
 #include "../compiler/compile_steps.h"
@@ -25,6 +27,10 @@
 namespace comfuse {
 
 using namespace detail;
+
+size_t RegionKernel::spill_alternatives_batch() {
+  return std::clamp<size_t>(std::thread::hardware_concurrency() / 2, 1, 4);
+}
 
 CompiledRegion RegionKernel::compile(const FusionSpec& spec, CompilerOptions o) {
   Compiler c(std::move(o));
@@ -37,30 +43,43 @@ CompiledRegion RegionKernel::compile(const FusionSpec& spec, CompilerOptions o) 
     throw CompileError("no fused kernel can serve this region: " + region.plan.reason);
   // The prior alone: a frontend's launch has no config search (yet). Unless its kernel spills registers: a long
   // epilogue can make the prior's tile spill where a smaller one does not (gelu_new written out at 128x192: 280
-  // bytes of spills, 79.6 us against 66.2 at 128x128, 2026-12-03), so the next candidate that compiles
-  // without spills serves instead (the planner's order; COMFUSE_CONFIG_SEARCH=0 leaves the prior alone).
+  // bytes of spills, 79.6 us against 66.2 at 128x128, 2026-12-03), so the first candidate in the planner's order
+  // that compiles without spills serves instead (COMFUSE_CONFIG_SEARCH=0 leaves the prior alone).
   const jit::JitOptions jo = kernel_jit_options(opts);
   const std::vector<KernelConfig> others(region.plan.candidates.begin() + 1, region.plan.candidates.end());
   jit::CompileResult res = jit::compile(region.kernel.source, region.kernel.name, jo);
   std::string note;
   if (!res.spills.empty()) {
     note = "the prior " + config_name(region.plan.config) + " spills registers";
-    for (const KernelConfig& c : others) {
-      GeneratedKernel k = generate_kernel(spec, c);
-      jit::CompileResult alt;
-      try {
-        alt = jit::compile(k.source, k.name + " (" + config_name(c) + ")", jo);
-      } catch (const jit::JitError&) {   // an alternative that fails to compile is passed over
-        continue;
+    // The alternatives compile a few at a time, concurrently: one after the other, a region whose next candidate
+    // spills too paid a whole nvcc compile (~35 s) per candidate on its model's first call (Qwen2's QKV, three in a
+    // row, 2026-12-06). The planner's order still decides among those that do not spill.
+    const size_t batch = RegionKernel::spill_alternatives_batch();
+    bool found = false;
+    for (size_t first = 0; first < others.size() && !found; first += batch) {
+      const size_t n = std::min(batch, others.size() - first);
+      std::vector<GeneratedKernel> ks;
+      for (size_t j = 0; j < n; ++j) ks.push_back(generate_kernel(spec, others[first + j]));
+      std::vector<std::future<std::optional<jit::CompileResult>>> jobs;
+      for (size_t j = 0; j < n; ++j)
+        jobs.push_back(std::async(std::launch::async, [&, j]() -> std::optional<jit::CompileResult> {
+          try {
+            return jit::compile(ks[j].source, ks[j].name + " (" + config_name(others[first + j]) + ")", jo);
+          } catch (const jit::JitError&) {   // an alternative that fails to compile is passed over
+            return std::nullopt;
+          }
+        }));
+      for (size_t j = 0; j < n; ++j) {
+        std::optional<jit::CompileResult> alt = jobs[j].get();   // every job is waited for, found or not
+        if (found || !alt || !alt->spills.empty()) continue;
+        found = true;
+        note += ": " + config_name(others[first + j]) + " (no spills) runs instead";
+        region.plan.config = others[first + j];
+        region.kernel = std::move(ks[j]);
+        res = std::move(*alt);
       }
-      if (!alt.spills.empty()) continue;
-      note += ": " + config_name(c) + " (no spills) runs instead";
-      region.plan.config = c;
-      region.kernel = std::move(k);
-      res = std::move(alt);
-      break;
     }
-    if (region.plan.config == region.plan.candidates[0])
+    if (!found)
       note += others.empty() ? " (no other candidate for this region: it runs)"
                              : ", and so does every other candidate: it runs";
   }

@@ -233,11 +233,25 @@ TEST(CompilerSearch, RegionKernelPassesOverAPriorThatSpills) {
     ASSERT_EQ(r.candidates.size(), 1u);
     EXPECT_TRUE(r.candidates[0].config == r.plan.config);
     EXPECT_NE(r.kernel.source.find(", 128, 128, 64,"), std::string::npos);   // the kernel is the one that runs
-    EXPECT_EQ(nvcc.runs(), 2);
+    // the prior, then the alternatives a batch at a time (concurrently): here the first batch has the answer
+    const int runs = 1 + static_cast<int>(std::min(RegionKernel::spill_alternatives_batch(), plan.candidates.size() - 1));
+    EXPECT_EQ(nvcc.runs(), runs);
     // again: cache hits, the same choice (the spill warning is kept with the entry)
     CompiledRegion again = RegionKernel::compile(spec, nvcc.options());
     EXPECT_TRUE(again.plan.config == r.plan.config);
-    EXPECT_EQ(nvcc.runs(), 2);
+    EXPECT_EQ(nvcc.runs(), runs);
+  }
+  {   // the prior and the next candidate spill: the one after them runs, whichever batch it was compiled in
+    ASSERT_GE(plan.candidates.size(), 3u) << plan.candidates_reason;
+    ASSERT_EQ(plan.candidates[1].tile_m, 128);
+    ASSERT_NE(plan.candidates[2].tile_m, 128);
+    FakeNvcc nvcc("spill_two", "GemmConfig<bf16, BLayout::KN, 128, ");   // every 128-row tile spills
+    CompiledRegion r = RegionKernel::compile(spec, nvcc.options());
+    EXPECT_TRUE(r.plan.config == plan.candidates[2]) << r.plan.candidates_reason;
+    EXPECT_NE(r.plan.candidates_reason.find("spills registers: " + config_name(plan.candidates[2]) +
+                                            " (no spills) runs instead"), std::string::npos) << r.plan.candidates_reason;
+    EXPECT_NE(r.kernel.source.find("GemmConfig<bf16, BLayout::KN, 64, 256,"), std::string::npos);
+    EXPECT_EQ(nvcc.runs(), 3);   // each candidate compiled once, batches or not
   }
   {   // every candidate spills: the prior runs, and the plan says why
     FakeNvcc nvcc("spill_all", "GemmConfig<");

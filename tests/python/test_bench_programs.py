@@ -23,3 +23,24 @@ def test_unknown_program_is_a_usage_error():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "programs.py"), "--programs", "resnet"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "unknown program 'resnet'" in r.stderr
+
+
+def test_model_bench_ratios_are_against_the_faster_of_eager_and_inductor(monkeypatch):
+    """bench/hf_models_bench.py's interleaved rounds: eager joins them, and a ComFuse row's ratio is the faster of
+    eager's and Inductor's medians over its own (the target's), with each row's spread over the rounds."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import hf_models_bench as hb
+    finally:
+        sys.path.pop(0)
+    times = {"eager": iter([900, 1000, 1100]), "inductor": iter([2000, 2000, 2000]), "comfuse": iter([800, 850, 810])}
+    monkeypatch.setattr(hb, "timed", lambda fn, iters, cuda: next(times[fn()]))
+    monkeypatch.setattr(hb, "run", lambda f, kwargs: f())
+    rows = [{"backend": b} for b in ("eager", "inductor", "comfuse")]
+    hb.interleave([(r, (lambda b=r["backend"]: b)) for r in rows], {}, rounds=3, iters=1, cuda=False)
+    eager, ind, cf = rows
+    assert (eager["us_interleaved"], ind["us_interleaved"], cf["us_interleaved"]) == (1000, 2000, 810)
+    assert cf["vs_best_interleaved"] == f"{1000 / 810:.3f}x" and cf["vs_inductor_interleaved"] == f"{2000 / 810:.3f}x"
+    assert eager["spread_interleaved"] == 0.2 and ind["spread_interleaved"] == 0.0
+    assert "vs_best_interleaved" not in ind
+    assert hb.iters_for(2000.0, 50) == 51 and hb.iters_for(5000.0, 50) == 50   # a round is >= 100 ms
