@@ -44,3 +44,27 @@ def test_model_bench_ratios_are_against_the_faster_of_eager_and_inductor(monkeyp
     assert eager["spread_interleaved"] == 0.2 and ind["spread_interleaved"] == 0.0
     assert "vs_best_interleaved" not in ind
     assert hb.iters_for(2000.0, 50) == 51 and hb.iters_for(5000.0, 50) == 50   # a round is >= 100 ms
+
+
+def test_model_bench_target_table_has_one_line_per_model_and_mode():
+    """The bench's last table: the interleaved ratio to the faster of eager and Inductor, the spreads, the error
+    ratio, the compile time the first call adds and the host time against torch.mm's, per model and mode."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import hf_models_bench as hb
+    finally:
+        sys.path.pop(0)
+    rows = [dict(model="m", mode="eager", backend="eager", fuse="-", us=1000.0, note=""),
+            dict(model="m", mode="default", backend="inductor", fuse="-", us=900.0, note="compile 5 s",
+                 us_interleaved=900.0, spread_interleaved=0.05),
+            dict(model="m", mode="default", backend="comfuse", fuse="planner", us=700.0, note="compile 25 s",
+                 us_interleaved=720.0, spread_interleaved=0.01, eager_us_interleaved=1000.0,
+                 vs_best_interleaved="1.250x", err_vs_inductor=0.9),
+            dict(model="m", mode="default", backend="eager", fuse="-", us=1000.0, note="interleaved with this mode",
+                 us_interleaved=1000.0, spread_interleaved=0.02),
+            dict(model="m", mode="host time", backend="comfuse", fuse="-", us=8.0,
+                 note="per fused_region call, kernel excluded: ...; for scale: ..., torch.mm 20.0 us")]
+    table = hb.target_table(rows)
+    assert len(table) == 3, table
+    assert table[2] == ("| m | default | planner | 1000 | 900 | 720 | **1.250x** | 2.0% / 5.0% / 1.0% | 0.90x | 20 s "
+                        "| 0.40x |"), table[2]
