@@ -5,7 +5,7 @@
 # scripts/gpu-python.sh does, uses the image's own transformers (no network there). Logs and CSV under $OUT; a
 # table last; exit 1 on a wrong output, a missing required region (fuse="all") or a failed run.
 #
-#   scripts/gpu-hf-models.sh [--no-install] [--models bert,llama,gpt2] [--modes default,max-autotune-no-cudagraphs,reduce-overhead]
+#   scripts/gpu-hf-models.sh [--no-install] [--models bert,llama,gpt2 | testbed] [--modes default,max-autotune-no-cudagraphs,reduce-overhead]
 #                            [--comfuse planner,all] [--budget-s 480] [--dynamic]
 #   --comfuse takes "planner+defer" / "all+defer" too: norms finished in their GEMMs (options={"defer_norms": True}),
 #   and "+sdpa" / "+ind" (e.g. planner+sdpa): each SDPA call kept whole / left to Inductor (options={"attention": ...}),
