@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <condition_variable>
@@ -459,7 +460,12 @@ CompileResult compile(const std::string& source, const std::string& name, const 
   write_file(tmp / "kernel.cu", source);
   // -t 2: nvcc runs the host half (cudafe++, ~8-14 s for a fused kernel) beside the device half (cicc, ~15-19 s)
   // instead of after it: 28 s against 40 s for a gelu_new unit on two cores, the same SASS. Not in the cache key.
-  std::vector<std::string> argv{nvcc, "-t", "2"};
+  std::vector<std::string> argv{nvcc};
+  const bool threads_set = std::any_of(flags.begin(), flags.end(), [](const std::string& f) {
+    return f == "-t" || f.rfind("--threads", 0) == 0 ||
+           (f.size() > 2 && f.rfind("-t", 0) == 0 && std::isdigit(static_cast<unsigned char>(f[2])));
+  });
+  if (!threads_set) argv.insert(argv.end(), {"-t", "2"});   // (JitOptions::flags may set its own)
   argv.insert(argv.end(), flags.begin(), flags.end());
   if (so) argv.insert(argv.end(), {"-shared", "-Xcompiler", "-fPIC"});
   else argv.push_back("-cubin");

@@ -32,6 +32,7 @@ struct FakeNvcc {
     count = dir / "count";
     std::ofstream(nvcc) << "#!/bin/sh\n"
                            "if [ \"$1\" = --version ]; then echo 'fake nvcc 1.0'; exit 0; fi\n"
+                           "echo \"$@\" > " << (dir / "args").string() << "\n"
                            "out=''; src=''\n"
                            "while [ $# -gt 0 ]; do case \"$1\" in -o) out=\"$2\"; shift;; *.cu) src=\"$1\";; esac; shift; done\n"
                            "echo run >> " << count.string() << "\n"
@@ -81,6 +82,32 @@ TEST(Jit, MissThenHitThenNewSourceMisses) {
   o.flags = {"-O0"};
   EXPECT_FALSE(compile("kernel A", "a", o).cache_hit);
   EXPECT_EQ(fake.runs(), 4);
+}
+
+// nvcc runs its host half beside its device half (-t 2: the same output, sooner), unless the caller's flags set the
+// thread count themselves; the count is not part of the cache key.
+TEST(Jit, NvccRunsItsTwoHalvesSideBySideUnlessTheFlagsSayOtherwise) {
+  setenv("COMFUSE_LOG", "quiet", 1);
+  FakeNvcc fake("threads");
+  auto args = [&] {
+    std::ifstream f(fake.dir / "args");
+    std::string l;
+    std::getline(f, l);
+    return " " + l + " ";
+  };
+  auto o = fake.options();
+  CompileResult a = compile("kernel T", "t", o);
+  EXPECT_NE(args().find(" -t 2 "), std::string::npos) << args();
+  o.flags = {"--threads=4", "-O3"};
+  compile("kernel T", "t", o);
+  EXPECT_NE(args().find(" --threads=4 "), std::string::npos) << args();
+  EXPECT_EQ(args().find(" -t 2 "), std::string::npos) << args();
+  o.flags = {"-t3"};
+  compile("kernel T", "t", o);
+  EXPECT_EQ(args().find(" -t 2 "), std::string::npos) << args();
+  o.flags = {};
+  EXPECT_EQ(compile("kernel T", "t", o).key, a.key);   // the same key as before: a hit
+  EXPECT_EQ(fake.runs(), 3);
 }
 
 TEST(Jit, CorruptOrTruncatedEntryIsRebuilt) {
