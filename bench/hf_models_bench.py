@@ -19,10 +19,10 @@ weights' count, memory and folding time; "+sdpa" keeps each scaled_dot_product_a
 options={"attention": "eager"}, e.g. "planner+sdpa"; "+ind" leaves each to Inductor, options={"attention":
 "inductor"}). Every compiled output is checked against eager (normwise relative error <= 2e-2 in bf16), and its
 error against an fp32 copy of the model is printed, ComFuse's also as a multiple of Inductor's (the target: <= 1.1x;
-a note where it is over). ComFuse's
-fused regions are counted from the post-grad pass's reports (comfuse.inductor.reports()) and classified: "norm" (a row reduction: LayerNorm / RMSNorm) and "act"
-(an activation: GELU, gelu_new's tanh, SiLU); with fuse="all" each model must reach the per-layer counts of
-the real-model regions (BERT: out-proj + LN, FFN1 + GELU, FFN2 + LN; Llama: o_proj + RMSNorm, down_proj + RMSNorm; GPT-2:
+a note where it is over). ComFuse's fused regions are counted from the post-grad pass's reports
+(comfuse.inductor.reports()) and classified: "norm" (a row reduction: LayerNorm / RMSNorm) and "act" (an
+activation: GELU, gelu_new's tanh, SiLU); with fuse="all" each model must reach the per-layer counts of the
+real-model regions (BERT: out-proj + LN, FFN1 + GELU, FFN2 + LN; Llama: o_proj + RMSNorm, down_proj + RMSNorm; GPT-2:
 c_fc + gelu_new, c_proj + LN). The attention kernels of each run are listed from the profiler (flash / cuDNN /
 efficient vs an fp32 GEMM), so "attention stays fused" can be read off. After each model, the host time of one
 fused-region call as Inductor's code makes it (the op's direct entry; the kernel excluded, averaged over 1000 calls)
@@ -340,14 +340,14 @@ def region_kinds(reps) -> dict:
     return kinds
 
 
-def host_time_us(calls: int = 1000) -> tuple[str, float]:
+def host_time_us(calls: int = 1000) -> tuple[str, float, float]:
     """Host (CPU) time of one comfuse::fused_region call, the kernel excluded (launches are asynchronous; timed in
     blocks of 100 calls, synchronized in between): the registered region with the most reductions and the largest K
     (BERT-base's FFN2 + residual + LayerNorm after a BERT run), on fresh inputs of its shapes."""
     from comfuse import ops
 
     if not ops._REGIONS:
-        return "-", float("nan")
+        return "-", float("nan"), float("nan")
     key = max(ops._REGIONS, key=lambda k: (ops._REGIONS[k][0].num_stages(), ops._REGIONS[k][0].gemm.k))
     spec = ops._REGIONS[key][0]
     g = spec.gemm
@@ -397,7 +397,8 @@ def host_time_us(calls: int = 1000) -> tuple[str, float]:
             f"through torch.ops {via_op:.1f} us; parts: C++ launch {cpp:.1f} us, "
             f"one output allocation {alloc:.1f} us, the Python kernel alone (no dispatcher) {body:.1f} us; for "
             f"scale: the dispatcher to a Python kernel that does nothing {noop:.1f} us; torch.mm {mm:.1f} us, "
-            f"the fused call ÷ torch.mm over five alternating rounds {ratios[2]:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"), host
+            f"the fused call ÷ torch.mm over five alternating rounds {ratios[2]:.2f} "
+            f"({ratios[0]:.2f}-{ratios[-1]:.2f})"), host, mm
 
 
 _NOOP = None
@@ -420,29 +421,28 @@ def target_table(rows) -> list[str]:
     ComFuse's error against the fp32 run ÷ Inductor's (<= 1.1x), the compile time the first call adds to
     Inductor's (<= 15 s), and the host time of a fused call ÷ torch.mm's (<= 0.5x)."""
     host = {r["model"]: r for r in rows if r["mode"] == "host time"}
+    nan = float("nan")
     out = ["| model | mode | variant | eager µs | Inductor µs | ComFuse µs | faster of eager and Inductor ÷ ComFuse "
            "(target >= 1.10x) | spreads eager / Inductor / ComFuse | error vs fp32 ÷ Inductor's (<= 1.1x) | "
            "first call added (<= 15 s) | host per call ÷ torch.mm (<= 0.5x) |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    seconds = lambda note: float(note.split("compile ")[1].split(" s")[0]) if "compile " in note else float("nan")
     for r in rows:
         if r["backend"] != "comfuse" or r["mode"] in ("host time", "dynamic") or "us_interleaved" not in r:
             continue
         ind = next((x for x in rows if x["model"] == r["model"] and x["mode"] == r["mode"]
                     and x["backend"] == "inductor" and "us_interleaved" in x), None)
-        eager_il = r.get("eager_us_interleaved", float("nan"))
-        eager_sp = next((x.get("spread_interleaved", float("nan")) for x in rows if x["model"] == r["model"]
-                         and x["mode"] == r["mode"] and x["backend"] == "eager"), float("nan"))
+        eager_il = r.get("eager_us_interleaved", nan)
+        eager_sp = next((x.get("spread_interleaved", nan) for x in rows if x["model"] == r["model"]
+                         and x["mode"] == r["mode"] and x["backend"] == "eager"), nan)
         h = host.get(r["model"])
-        mm = float(h["note"].split("torch.mm ")[1].split(" us")[0]) if h and "torch.mm " in h["note"] else float("nan")
         ev = r.get("err_vs_inductor")
         out.append(f"| {r['model']} | {r['mode']} | {r['fuse']} | {eager_il:.0f} | "
-                   f"{ind['us_interleaved'] if ind else float('nan'):.0f} | {r['us_interleaved']:.0f} | "
+                   f"{ind['us_interleaved'] if ind else nan:.0f} | {r['us_interleaved']:.0f} | "
                    f"**{r.get('vs_best_interleaved', '-')}** | {eager_sp:.1%} / "
-                   f"{ind['spread_interleaved'] if ind else float('nan'):.1%} / {r['spread_interleaved']:.1%} | "
+                   f"{ind['spread_interleaved'] if ind else nan:.1%} / {r['spread_interleaved']:.1%} | "
                    f"{'-' if ev is None else f'{ev:.2f}x'} | "
-                   f"{seconds(r['note']) - (seconds(ind['note']) if ind else float('nan')):.0f} s | "
-                   f"{(h['us'] / mm) if h else float('nan'):.2f}x |")
+                   f"{r.get('compile_s', nan) - (ind.get('compile_s', nan) if ind else nan):.0f} s | "
+                   f"{(h['us'] / h['mm_us']) if h else nan:.2f}x |")
     return out
 
 
@@ -526,7 +526,8 @@ def main() -> int:
                     tc = time.time()
                     folds0 = comfuse.fold_stats()
                     out = run(f, kwargs)
-                    row["note"] = f"compile {time.time() - tc:.0f} s"
+                    row["compile_s"] = time.time() - tc
+                    row["note"] = f"compile {row['compile_s']:.0f} s"
                     if defers(fuse):
                         st = {k: v - folds0[k] for k, v in comfuse.fold_stats().items()}   # this compile's
                         row["note"] += f"; {st['folds']} folded weights, {st['bytes'] / 2**20:.1f} MB, {st['ms']:.0f} ms"
@@ -600,9 +601,11 @@ def main() -> int:
             print(f"{name} dynamic: {row['note']} err {row['rel_err']:.2e}", flush=True)
         if cuda and "comfuse" in {r["backend"] for r in rows if r["model"] == name}:
             try:
-                what, us = host_time_us()
-                print(f"{name}: host time per fused-region call {us:.1f} us ({what}; the target: <= 10 us)")
-                rows.append(dict(model=name, mode="host time", backend="comfuse", fuse="-", us=us, vs_inductor="-",
+                what, us, mm_us = host_time_us()
+                print(f"{name}: host time per fused-region call {us:.1f} us, {us / mm_us:.2f}x torch.mm's ({what}; "
+                      f"the target: <= 0.5x)")
+                rows.append(dict(model=name, mode="host time", backend="comfuse", fuse="-", us=us, mm_us=mm_us,
+                                 vs_inductor="-",
                                  rel_err=float("nan"), fused="-", attention="-", f32_gemm="-",
                                  note=f"per fused_region call, kernel excluded: {what}"))
             except Exception as e:

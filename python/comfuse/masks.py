@@ -147,10 +147,7 @@ def drop_trivial_masks(gm: torch.fx.GraphModule) -> dict:
         already_causal = n.kwargs.get("is_causal", n.args[5] if len(n.args) > 5 else False)
         if lens and already_causal is False and is_causal_mask(v, *lens):
             _set_arg(n, kind, key, None)
-            if len(n.args) > 5:
-                n.args = n.args[:5] + (True,) + n.args[6:]
-            else:
-                n.kwargs = {**n.kwargs, "is_causal": True}
+            _set_arg(n, *(("arg", 5) if len(n.args) > 5 else ("kw", "is_causal")), True)
             done["causal"] += 1
     if done["dropped"] or done["causal"]:
         gm.graph.eliminate_dead_code()

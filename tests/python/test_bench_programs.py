@@ -55,14 +55,15 @@ def test_model_bench_target_table_has_one_line_per_model_and_mode():
     finally:
         sys.path.pop(0)
     rows = [dict(model="m", mode="eager", backend="eager", fuse="-", us=1000.0, note=""),
-            dict(model="m", mode="default", backend="inductor", fuse="-", us=900.0, note="compile 5 s",
+            dict(model="m", mode="default", backend="inductor", fuse="-", us=900.0, note="compile 5 s", compile_s=5.0,
                  us_interleaved=900.0, spread_interleaved=0.05),
             dict(model="m", mode="default", backend="comfuse", fuse="planner", us=700.0, note="compile 25 s",
+                 compile_s=25.0,
                  us_interleaved=720.0, spread_interleaved=0.01, eager_us_interleaved=1000.0,
                  vs_best_interleaved="1.250x", err_vs_inductor=0.9),
             dict(model="m", mode="default", backend="eager", fuse="-", us=1000.0, note="interleaved with this mode",
                  us_interleaved=1000.0, spread_interleaved=0.02),
-            dict(model="m", mode="host time", backend="comfuse", fuse="-", us=8.0,
+            dict(model="m", mode="host time", backend="comfuse", fuse="-", us=8.0, mm_us=20.0,
                  note="per fused_region call, kernel excluded: ...; for scale: ..., torch.mm 20.0 us")]
     table = hb.target_table(rows)
     assert len(table) == 3, table
