@@ -5,8 +5,11 @@
 # scripts/gpu-python.sh does, uses the image's own transformers (no network there). Logs and CSV under $OUT; a
 # table last; exit 1 on a wrong output, a missing required region (fuse="all") or a failed run.
 #
-#   scripts/gpu-hf-models.sh [--no-install] [--models bert,llama,gpt2 | testbed] [--modes default,max-autotune-no-cudagraphs,reduce-overhead]
-#                            [--comfuse planner,all] [--budget-s 480] [--dynamic]
+#   scripts/gpu-hf-models.sh [--no-install] [--pack] [--models bert,llama,gpt2 | testbed] [--modes default,max-autotune-no-cudagraphs,reduce-overhead]
+#                            [--comfuse planner,all] [--budget-s 480] [--dynamic] [--cold-cache] [--first-call]
+#   --pack: the install builds the package's kernel pack (comfuse/kernel_pack, ~5 minutes there); --cold-cache: each
+#   ComFuse compile starts from an empty kernel cache (a new user's first call); --first-call: compile times and
+#   errors only, no timing rounds
 #   --comfuse takes "planner+defer" / "all+defer" too: norms finished in their GEMMs (options={"defer_norms": True}),
 #   and "+sdpa" / "+ind" (e.g. planner+sdpa): each SDPA call kept whole / left to Inductor (options={"attention": ...}),
 #   timed in the same rounds as the variants without it (e.g. --comfuse planner,planner+defer)
@@ -18,10 +21,12 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/gpu-lib.sh
 do_install=1 models=bert,llama,gpt2 modes=default,max-autotune-no-cudagraphs,reduce-overhead variants=planner,all budget=480
-dynamic=""
+dynamic="" extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-install) do_install=0 ;;
+    --pack) export GPU_KERNEL_PACK=ON ;;
+    --cold-cache|--first-call) extra+=("$1") ;;
     --models) models="$2"; shift ;;
     --modes) modes="$2"; shift ;;
     --comfuse) variants="$2"; shift ;;
@@ -38,12 +43,17 @@ t0=$(date +%s)
 if [ $do_install = 1 ]; then
   gpu_pip_install "${COMFUSE_CUTLASS_DIR:-}" "$OUT/pip.log" \
     || { tail -30 "$OUT/pip.log"; echo "gpu-hf-models: install failed"; exit 1; }
-  echo "gpu-hf-models: installed in $(( $(date +%s) - t0 )) s"
+  echo "gpu-hf-models: installed in $(( $(date +%s) - t0 )) s (kernel pack: ${GPU_KERNEL_PACK:-OFF})"
+  if [ "${GPU_KERNEL_PACK:-OFF}" = ON ]; then
+    (cd /tmp && python3 -c "import comfuse, os; p = os.path.join(os.path.dirname(comfuse.__file__), 'kernel_pack');
+print('kernel pack:', p, sum(1 for l in open(os.path.join(p, 'pack.txt')) if not l.startswith('#')), 'kernels,',
+      sum(1 for e in os.scandir(p) if e.is_dir()), 'entries')") || echo "gpu-hf-models: no kernel pack installed"
+  fi
 fi
 (cd /tmp && python3 -c "import transformers, torch, comfuse; print('transformers', transformers.__version__, 'torch', torch.__version__, 'comfuse', comfuse.__file__)") \
   2>&1 | tee "$OUT/versions.log" || { echo "gpu-hf-models: transformers is not importable here"; exit 1; }
 PYTHONUNBUFFERED=1 timeout $(( budget + 110 )) python3 bench/hf_models_bench.py --models "$models" --modes "$modes" \
-  --comfuse "$variants" --budget-s "$budget" $dynamic --out "$OUT/hf_models.csv" > "$OUT/bench.log" 2>&1
+  --comfuse "$variants" --budget-s "$budget" $dynamic "${extra[@]}" --out "$OUT/hf_models.csv" > "$OUT/bench.log" 2>&1
 rc=$?
 grep -vE "Warning|warn\(" "$OUT/bench.log" | grep -E "^\||FAILURE|budget|Traceback|Error" | tail -60
 echo "gpu-hf-models: rc=$rc in $(( $(date +%s) - t0 )) s (logs: $OUT/bench.log, comfuse log: $OUT/hf_models.log)"

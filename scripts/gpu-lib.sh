@@ -44,9 +44,11 @@ gpu_package_env() {
 # gpu_pip_install CUTLASS_DIR LOG [TIMEOUT_S]: installs the package from the repository root with the image's own
 # python3 and tools (a module built on another Python will not import there), against the CUTLASS headers in
 # CUTLASS_DIR, 16 build jobs, the output into LOG; returns pip's exit code (124 past TIMEOUT_S; default: no limit).
+# The kernel pack (python/CMakeLists.txt, ~100 kernels: about 4 minutes there) only with GPU_KERNEL_PACK=ON.
 gpu_pip_install() {
   CMAKE_BUILD_PARALLEL_LEVEL=16 timeout "${3:-0}" python3 -m pip install --no-build-isolation --no-deps \
     --config-settings=cmake.define.COMFUSE_CUTLASS_INCLUDE="$1" \
+    --config-settings=cmake.define.COMFUSE_KERNEL_PACK="${GPU_KERNEL_PACK:-OFF}" \
     --config-settings=build-dir=/tmp/comfuse-wheel-build . > "$2" 2>&1
 }
 

@@ -45,7 +45,9 @@ cmake --build build -j "$(nproc)"
 # The Python package (python/comfuse + the nanobind module comfuse._core), built by scikit-build-core in
 # build/python-<tag> (incremental) and installed into .venv (its entry point registers backend="comfuse").
 # The extension is also copied into python/comfuse so the source tree works with PYTHONPATH=python.
-.venv/bin/python -m pip install -q --no-build-isolation --no-deps .
+# (Without the kernel pack, ~100 kernels at ~30 s each: a development build compiles kernels when they are first
+# used; the package's own build, and the device scripts' install, make it.)
+.venv/bin/python -m pip install -q --no-build-isolation --no-deps --config-settings=cmake.define.COMFUSE_KERNEL_PACK=OFF .
 cp "$(.venv/bin/python -c 'import comfuse._core as c; print(c.__file__)')" python/comfuse/
 # and the op's C++ CUDA kernel, where the build made it (python/CMakeLists.txt: needs torch)
 site="$(.venv/bin/python -c 'import comfuse, os; print(os.path.dirname(comfuse.__file__))')"

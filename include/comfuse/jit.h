@@ -1,6 +1,6 @@
 // JIT: CUDA C++ source -> sm_90a cubin through nvcc, with an on-disk cache shared by threads and processes.
 //
-// Cache key = hash(source, flags, nvcc version, kernel-header version). Entries live in
+// Cache key = hash(source, flags other than include folders, nvcc version, kernel-header version). Entries live in
 // $COMFUSE_CACHE_DIR (default ~/.cache/comfuse) as <key>/{kernel.cu, kernel.cubin, meta}; `meta` records the
 // cubin's size and hash, so a truncated or corrupt entry is detected and rebuilt, never trusted. A new entry is
 // built in a private temporary directory and renamed into place (atomic), under a per-key file lock so two
@@ -32,6 +32,10 @@ struct JitOptions {
   std::vector<std::string> include_dirs;  // kernel headers, CUTLASS
   std::vector<std::string> flags;         // empty: default_flags()
   std::string header_version;             // identifies the kernel headers (see hash_tree); part of the key
+  // Read-only folders of entries built ahead of time (`comfuse pack`), looked in before cache_dir: an entry there
+  // with this compile's key is used as a cache hit. The include folders are not part of the key, so a pack built
+  // against a source tree serves an installed copy of the same headers.
+  std::vector<std::string> pack_dirs;
   Artifact artifact = Artifact::Cubin;
   // Seconds nvcc may take before it (and every process it started) is killed and compile() throws; < 0:
   // $COMFUSE_NVCC_TIMEOUT, else 1800; 0: no limit.
@@ -43,6 +47,7 @@ struct CompileResult {
   std::string cubin_path;   // the artifact: kernel.cubin or kernel.so in the cache entry
   std::vector<char> cubin;  // a cubin artifact's bytes (empty for kernel.so: dlopen loads it from cubin_path)
   bool cache_hit = false;
+  bool from_pack = false;   // the hit was in one of JitOptions::pack_dirs
   double seconds = 0;       // compile time (0 on a hit)
   double lookup_ms = 0;     // on a hit: the whole call (key hashing, entry check, read)
   // ptxas's words for each kernel that spills registers to local memory (default_flags() asks for them), one line

@@ -188,8 +188,23 @@ void verify_spec(const FusionSpec& fs);
 std::string print_spec(const FusionSpec& fs);
 
 // A stable hash of the structure (kinds, ops, edges, attributes, dtypes, broadcast kinds, N and K) that ignores
-// names and the row count (a new batch size is the same kernel). Names the kernel.
+// names and the row count (a new batch size is the same problem): what the frontends' timings are kept by.
 uint64_t spec_structural_hash(const FusionSpec& fs);
+
+// The same without N and K, which the kernel takes at run time (a periodic input's block still counts: the source
+// names it): names the kernel, so one kernel serves a structure at every width. Psi's choices that read K (the
+// tile-input form) change the source, and so the JIT's key, not the name.
+uint64_t spec_kernel_hash(const FusionSpec& fs);
+
+// A Spec as text and back, exactly (names, graph node ids and origins are dropped; constants are written in hex
+// floating point): the kernel pack's list of structures (`comfuse pack`). spec_from_text throws
+// std::invalid_argument naming the line that is wrong, and verifies what it read (verify_spec).
+std::string spec_to_text(const FusionSpec& fs);
+FusionSpec spec_from_text(const std::string& text);
+
+// The same Spec for a problem of width n and depth k (every [.., N] param and output, and B2's shape, follow n);
+// std::invalid_argument where n does not hold the Spec's blocks (a periodic input's, an output's parts).
+FusionSpec spec_with_dims(const FusionSpec& fs, int64_t n, int64_t k);
 
 // The same Spec for another batch: `rows` GEMM rows. Per-row values (Col and Tile params, every output) get the
 // 2-D shape [rows, last dim]; Row and Scalar params keep theirs. The structural hash is unchanged (same kernel).

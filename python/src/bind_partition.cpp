@@ -56,6 +56,10 @@ void bind_partition(nb::module_& m) {
       .def("num_stages", &FusionSpec::num_stages)
       .def("verify", [](const FusionSpec& fs) { verify_spec(fs); })
       .def("structural_hash", [](const FusionSpec& fs) { return spec_structural_hash(fs); })
+      .def("kernel_hash", [](const FusionSpec& fs) { return spec_kernel_hash(fs); },
+           "The structural hash without N and K: the kernel's name (one kernel serves the structure at every width).")
+      .def("to_text", [](const FusionSpec& fs) { return spec_to_text(fs); },
+           "The Spec as text (spec_from_text reads it back): the kernel pack's structure list is written in it.")
       .def("with_rows", [](const FusionSpec& fs, int64_t rows) { return spec_with_rows(fs, rows); }, "rows"_a,
            "The same Spec for `rows` GEMM rows (tile params and outputs become [rows, N], column params [rows, 1],\n"
            "periodic params [rows, P]).")
@@ -68,6 +72,9 @@ void bind_partition(nb::module_& m) {
            "The same Spec storing output `out` part by part: a contiguous [N / part, rows, part] buffer, its shape\n"
            "[..., N / part, part] (SpecOutput::part_cols); `copies` parts torch copies. part = N: row-major.")
       .def("__str__", [](const FusionSpec& fs) { return print_spec(fs); });
+
+  m.def("spec_from_text", [](const std::string& t) { return spec_from_text(t); }, "text"_a,
+        "A Spec from FusionSpec.to_text's form (ValueError naming the line that is wrong).");
 
   nb::class_<Region>(m, "Region")
       .def_ro("root", &Region::root)

@@ -76,5 +76,6 @@ CompiledGraph compile_for_run(const Args& a, const Graph& g);
 void print_choices(const CompiledGraph& cg);
 
 int cmd_bench(const Args& a);   // src/cli/bench.cpp
+int cmd_pack(const Args& a);    // src/cli/pack.cpp
 
 }  // namespace comfuse::cli

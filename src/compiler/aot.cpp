@@ -13,6 +13,7 @@
 #include <fstream>
 #include <future>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -91,6 +92,17 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
     cg.plain_library_ = (fs::path(dir) / "comfuse_plain_path.so").string();
     m << "plain comfuse_plain_path comfuse_plain_path.so\n";
   }
+  // A kernel's name leaves out N and K (one kernel serves a structure at every width), so two regions of one
+  // structure can have one name and different libraries (another config, another tile-input form): the second
+  // library of a name gets its JIT key in its file name.
+  std::map<std::string, std::string> written;   // file -> the JIT key of the library copied there
+  auto file_for = [&](const std::string& stem, const CompiledCandidate& k) {
+    std::string file = stem + ".so";
+    if (auto it = written.find(file); it != written.end() && it->second != k.key)
+      file = stem + "_" + (k.key.empty() ? std::to_string(written.size()) : k.key.substr(0, 16)) + ".so";
+    written[file] = k.key;
+    return file;
+  };
   for (auto& r : cg.regions_) {
     if (r.plain) {
       m << r.region << " plain\n";
@@ -100,7 +112,7 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
     for (size_t c = 0; c < r.candidates.size(); ++c) {
       CompiledCandidate& k = r.candidates[c];
       // the prior keeps the name older manifests gave the region's library; the others add their config
-      const std::string file = r.kernel.name + (c == 0 ? "" : "_" + config_name(k.config)) + ".so";
+      const std::string file = file_for(r.kernel.name + (c == 0 ? "" : "_" + config_name(k.config)), k);
       copy_into(k.library_path, fs::path(dir) / file);
       k.library_path = (fs::path(dir) / file).string();
       if (c == 0) {

@@ -175,7 +175,7 @@ using namespace detail;
 namespace detail {
 
 // A region's set id for the choices (config_search.h): "" when there is nothing to choose from.
-std::string set_id_of(const CompiledRegion& r) {
+std::string set_id_of(const CompiledRegion& r, const FusionSpec& spec) {
   if (r.plain || r.candidates.size() < 2) return "";
   std::vector<std::string> keys;
   std::vector<KernelConfig> configs;
@@ -183,7 +183,8 @@ std::string set_id_of(const CompiledRegion& r) {
     keys.push_back(k.key);
     configs.push_back(k.config);
   }
-  return search::set_id(r.kernel.name, keys, configs);
+  return search::set_id(r.kernel.name + "_n" + std::to_string(spec.gemm.n) + "_k" + std::to_string(spec.gemm.k), keys,
+                        configs);
 }
 
 // How the search times candidates. Near peak the H200 is power-bound: a burst of a few launches runs at boost

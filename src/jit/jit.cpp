@@ -418,6 +418,9 @@ CompileResult compile(const std::string& source, const std::string& name, const 
                    " (set COMFUSE_CACHE_DIR to a writable directory)");
   const std::string nvcc = find_nvcc(o);
   std::vector<std::string> flags = o.flags.empty() ? default_flags() : o.flags;
+  // The include folders are not part of the key (where the headers are is not what they are: header_version says
+  // that), so a kernel built from a source tree serves an installed copy of the same headers (the kernel pack).
+  const std::vector<std::string> keyed_flags = flags;
   for (const auto& inc : o.include_dirs) flags.push_back("-I" + inc);
   const bool so = o.artifact == Artifact::SharedObject;
   // Hidden by default (the entry points say visibility("default") themselves): the config search loads several
@@ -431,21 +434,29 @@ CompileResult compile(const std::string& source, const std::string& name, const 
   }
   const std::string artifact = so ? "kernel.so" : "kernel.cubin";
   std::string key_material = source + '\0' + nvcc_version(nvcc, root.string()) + '\0' + o.header_version + '\0' + artifact;
-  for (const auto& f : flags) key_material += '\0' + f;
+  for (const auto& f : keyed_flags) key_material += '\0' + f;
+  if (so) key_material += std::string("\0-fvisibility=hidden", 20);
   CompileResult r;
   r.key = hash_hex(key_material);
   Entry entry{root / r.key, artifact};
   const Log level = log_level();
 
-  auto hit = [&]() {
-    if (!load_entry(entry, r.cubin)) return false;
-    r.spills = spill_warnings(read_file(entry.dir / "nvcc.log"));
+  auto hit_in = [&](const Entry& e) {
+    if (!load_entry(e, r.cubin)) return false;
+    r.spills = spill_warnings(read_file(e.dir / "nvcc.log"));
     r.cache_hit = true;
-    r.cubin_path = entry.cubin().string();
+    r.cubin_path = e.cubin().string();
     r.lookup_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (level == Log::Debug) std::cerr << "comfuse: cache hit " << name << " " << entry.dir.string() << "\n";
+    if (level == Log::Debug) std::cerr << "comfuse: cache hit " << name << " " << e.dir.string() << "\n";
     return true;
   };
+  auto hit = [&]() { return hit_in(entry); };
+  // Kernel packs first: read-only folders of entries built ahead of time with the same keys (comfuse pack).
+  for (const auto& pack : o.pack_dirs)
+    if (!pack.empty() && hit_in(Entry{fs::path(pack) / r.key, artifact})) {
+      r.from_pack = true;
+      return r;
+    }
   if (hit()) return r;  // fast path: no lock
 
   sweep_stale(root, timeout_s > 0 ? std::max(2 * timeout_s, kMinStaleS) : kNoTimeoutStaleS);

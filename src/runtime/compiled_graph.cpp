@@ -213,7 +213,7 @@ std::string CompiledGraph::explain() const {
       o << "\n";
     }
     if (!r.plan.candidates_reason.empty()) o << "  candidates: " << r.plan.candidates_reason << "\n";
-    const std::string id = set_id_of(r);
+    const std::string id = set_id_of(r, partition_.regions.at(r.region).spec);
     if (id.empty()) continue;
     std::lock_guard<std::mutex> lock(rt_->search_mu);
     for (const auto& [key, ch] : rt_->choices) {
@@ -369,7 +369,7 @@ struct CompiledGraph::Launch {
           } catch (const rt::RuntimeError&) {   // it does not load here: the search leaves it out
           }
         }
-        rt.set_ids.push_back(set_id_of(r));
+        rt.set_ids.push_back(set_id_of(r, cg.partition_.regions.at(r.region).spec));
       }
       for (const auto& c : cg.chains_) rt.chain_libs.push_back(std::make_shared<rt::B2bLibrary>(c.library_path));
       if (!cg.plain_library_.empty()) rt.plain = std::make_shared<PlainPath>(cg.plain_library_);

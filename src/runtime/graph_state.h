@@ -93,8 +93,9 @@ struct CompiledGraph::Search {
 };
 
 namespace detail {
-// A region's set id for the choices (config_search.h): "" when there is nothing to choose from.
-std::string set_id_of(const CompiledRegion& r);
+// A region's set id for the choices (config_search.h): "" when there is nothing to choose from. The kernels serve
+// every N and K (the Spec's kernel hash names them), but a choice holds for one problem: the id names N and K.
+std::string set_id_of(const CompiledRegion& r, const FusionSpec& spec);
 }  // namespace detail
 
 }  // namespace comfuse

@@ -343,10 +343,18 @@ void hash_stage(Hasher& h, const Spec& s) {
 
 }  // namespace
 
-uint64_t spec_structural_hash(const FusionSpec& fs) {
+namespace {
+
+uint64_t hash_spec(const FusionSpec& fs, bool with_nk) {
   Hasher h;
-  h.i64(fs.gemm.n);
-  h.i64(fs.gemm.k);
+  if (with_nk) {
+    h.i64(fs.gemm.n);
+    h.i64(fs.gemm.k);
+  } else {
+    h.i64(-1);   // (never equal to a structural hash of the same Spec)
+    for (const auto& p : fs.params)
+      if (p.kind == BroadcastKind::Periodic && !p.shape.empty()) h.i64(p.shape.back());
+  }
   h.i64(fs.gemm.transpose_b);
   h.i64(static_cast<int64_t>(fs.gemm.dtype));
   if (fs.gemm.paired()) h.i64(fs.gemm.b2_param);
@@ -362,6 +370,12 @@ uint64_t spec_structural_hash(const FusionSpec& fs) {
   hash_stage(h, fs.root);
   return h.h;
 }
+
+}  // namespace
+
+uint64_t spec_structural_hash(const FusionSpec& fs) { return hash_spec(fs, true); }
+
+uint64_t spec_kernel_hash(const FusionSpec& fs) { return hash_spec(fs, false); }
 
 bool spec_reads_column_blocks(const FusionSpec& fs) {
   for (const auto& p : fs.params)

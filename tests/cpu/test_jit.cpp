@@ -110,6 +110,44 @@ TEST(Jit, NvccRunsItsTwoHalvesSideBySideUnlessTheFlagsSayOtherwise) {
   EXPECT_EQ(fake.runs(), 3);
 }
 
+// A kernel pack is a folder of entries built ahead of time: an entry there with the compile's key is a hit, before
+// the cache, without nvcc compiling; where the include folders differ (an installed copy of the headers) the key is
+// the same; another header version, or a pack entry that is corrupt, is not used.
+TEST(Jit, KernelPackEntriesAreHitsWhereverTheHeadersAre) {
+  setenv("COMFUSE_LOG", "quiet", 1);
+  FakeNvcc fake("pack");
+  JitOptions build = fake.options();
+  build.cache_dir = (fake.dir / "pack").string();
+  build.include_dirs = {"/src/kernels", "/src/cutlass"};
+  const CompileResult built = compile("kernel P", "p", build);
+  EXPECT_FALSE(built.cache_hit);
+  EXPECT_EQ(fake.runs(), 1);
+
+  JitOptions user = fake.options();   // an empty cache of its own, the headers elsewhere
+  user.include_dirs = {"/site/comfuse/kernels", "/site/cutlass"};
+  user.pack_dirs = {"", (fake.dir / "nowhere").string(), build.cache_dir};
+  const CompileResult hit = compile("kernel P", "p", user);
+  EXPECT_TRUE(hit.cache_hit);
+  EXPECT_TRUE(hit.from_pack);
+  EXPECT_EQ(hit.key, built.key);
+  EXPECT_EQ(hit.cubin, built.cubin);
+  EXPECT_EQ(fs::path(hit.cubin_path).parent_path().parent_path(), fs::path(build.cache_dir));
+  EXPECT_EQ(fake.runs(), 1);
+  EXPECT_FALSE(fs::exists(fs::path(user.cache_dir) / hit.key));   // nothing copied into the user's cache
+
+  JitOptions other = user;   // other headers: another key, compiled into the user's cache
+  other.header_version = "other";
+  EXPECT_FALSE(compile("kernel P", "p", other).from_pack);
+  EXPECT_EQ(fake.runs(), 2);
+
+  std::ofstream(built.cubin_path, std::ios::trunc) << "CUB";   // a corrupt pack entry is passed over
+  const CompileResult again = compile("kernel P", "p", user);
+  EXPECT_FALSE(again.from_pack);
+  EXPECT_FALSE(again.cache_hit);
+  EXPECT_EQ(again.cubin, built.cubin);
+  EXPECT_EQ(fake.runs(), 3);
+}
+
 TEST(Jit, CorruptOrTruncatedEntryIsRebuilt) {
   setenv("COMFUSE_LOG", "quiet", 1);
   FakeNvcc fake("corrupt");
