@@ -69,3 +69,21 @@ def test_model_bench_target_table_has_one_line_per_model_and_mode():
     assert len(table) == 3, table
     assert table[2] == ("| m | default | planner | 1000 | 900 | 720 | **1.250x** | 2.0% / 5.0% / 1.0% | 0.90x | 20 s "
                         "| 0.40x |"), table[2]
+
+
+def test_model_bench_first_call_table_says_what_comfuse_adds():
+    """--first-call --cold-cache: per model, mode and variant, the compile time ComFuse's first call adds to
+    Inductor's, the kernels nvcc compiled for it (none for those the kernel pack held) and the error ratio."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import hf_models_bench as hb
+    finally:
+        sys.path.pop(0)
+    rows = [dict(model="m", mode="eager", backend="eager", fuse="-", us=float("nan"), note=""),
+            dict(model="m", mode="default", backend="inductor", fuse="-", compile_s=8.0, note=""),
+            dict(model="m", mode="default", backend="comfuse", fuse="planner", compile_s=17.5, kernels_compiled=1,
+                 err_vs_inductor=0.95, note=""),
+            dict(model="n", mode="default", backend="comfuse", fuse="planner", note="FAILED")]   # no compile time
+    lines = hb.first_call_table(rows)
+    assert len(lines) == 3, lines
+    assert lines[2] == "| m | default | planner | 8.0 | 17.5 | **9.5 s** | 1 | 0.95x |"
