@@ -1,12 +1,19 @@
-"""Writes kernels/pack/structures.txt: the kernel structures the PyTorch backend generates for the Hugging Face model
-families (bench/hf_families.py, captured on the meta device: no GPU, no weights), one Spec per distinct kernel
-(FusionSpec.kernel_hash: N and K left out), as the backend registers it (stored dtypes and parts applied). The
-package's build compiles them over a grid of sizes into comfuse/kernel_pack (`comfuse pack`), so a model's first
-call finds its kernels built.
+"""Writes the kernel pack's structure list (kernels/pack/structures.txt): the Specs the PyTorch backend registers for
+the Hugging Face model families of bench/hf_families.py (real widths, two layers), one per kernel
+(FusionSpec.kernel_hash: N and K left out). The package's build compiles them over a grid of sizes into
+comfuse/kernel_pack (`comfuse pack`), so a model's first call finds its kernels built.
 
-    PYTHONPATH=python .venv/bin/python scripts/kernel_pack_structures.py [--check]
+    python3 scripts/kernel_pack_structures.py --device cuda [--out FILE]       on the GPU machine: the list
+    python3 scripts/kernel_pack_structures.py --device cuda --models gpt2,phi --out FILE
+    PYTHONPATH=python .venv/bin/python scripts/kernel_pack_structures.py --device meta --models gpt2 --out FILE
 
---check: exit 1 (and say which) when the file is not what the capture gives now (a CPU test runs it)."""
+--device cuda compiles each model with backend="comfuse" (fuse="all", nothing timed, nvcc replaced by a program that
+fails, so no kernel is built) and takes the Specs it registers: those of the regions Inductor's pass finds in the
+graphs Inductor makes for the GPU, which is what a model's first call compiles. --device meta (no GPU) captures the
+Dynamo graphs on the meta device and rewrites them as the backend would: the same structures except where Inductor's
+GPU graphs differ (GPT-2's and Qwen2's Q/K/V projections, 2026-12-06), so a list made there is an estimate, for
+`comfuse pack LIST --covers FILE`. --models: models of bench/hf_models_bench.py (its test bed and the models outside
+it) instead of the families."""
 import argparse
 import os
 import sys
@@ -23,44 +30,31 @@ C = comfuse._core
 OUT = os.path.join(ROOT, "kernels", "pack", "structures.txt")
 
 
-def captured(model, kwargs) -> list:
-    """comfuse.capture with keyword inputs: each graph's report."""
-    from comfuse.backend import analyze_graph
-
-    reports = []
-
-    def collect(gm, ex):
-        reports.append(analyze_graph(gm, ex, index=len(reports)))
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(model, backend=collect)(**kwargs)
-    return reports
-
-
-def family(name: str):
-    with torch.device("meta"):
+def family(name: str, device: str):
+    with torch.device(device):   # (built there: no weights on meta, no copy from the CPU on the GPU)
         model, inputs = FAMILIES[name]()
-        model = model.to(torch.bfloat16).eval()
+    model = model.to(dtype=torch.bfloat16).eval()
+    if getattr(model.config, "use_cache", False):
+        model.config.use_cache = False
     return model, dict(zip(["input_ids"] if name != "vit-base" else ["pixel_values"], inputs))
 
 
-def bench_model(name: str):
-    """A model of bench/hf_models_bench.py (its test bed, and the models outside it), on the meta device."""
+def bench_model(name: str, device: str):
+    """A model of bench/hf_models_bench.py (its test bed, and the models outside it)."""
     import hf_models_bench
 
-    model, kwargs = hf_models_bench.build(name, "meta")
+    model, kwargs = hf_models_bench.build(name, device)
     if getattr(model.config, "use_cache", False):   # (a forward pass, as the benchmark times it: no key / value cache)
         model.config.use_cache = False
     return model, kwargs
 
 
-def registered_specs(model, kwargs, what: str) -> list:
-    """The Specs the backend registers for every region of the model it may fuse (fused, or declined for speed
-    only), in the order it registers them."""
+def specs_on_meta(model, kwargs, what: str) -> list:
+    """The Specs the backend would register for every region of the model it may fuse, from the Dynamo graphs
+    captured on the meta device (an estimate: see the module's docstring)."""
     specs = []
-    for rep in captured(model, kwargs):
+    torch._dynamo.reset()
+    for rep in comfuse.capture(model, drop_masks=True, **kwargs):   # (the masks as the backend has them)
         if rep.analysis is None:
             continue
         fuse = {ri for ri, r in enumerate(rep.regions) if C.plan_region(r.spec).verdict != C.Verdict.CannotServe}
@@ -76,11 +70,27 @@ def registered_specs(model, kwargs, what: str) -> list:
     return specs
 
 
-def structures(models: dict) -> str:
+def specs_on_gpu(model, kwargs, what: str) -> list:
+    """The Specs backend="comfuse" registers compiling the model on the GPU, every region it may fuse (fuse="all"),
+    nothing timed and no kernel built (see main)."""
+    torch._dynamo.reset()
+    before = set(ops._REGIONS)
+    f = torch.compile(model, backend=comfuse.compile_backend(fuse="all"))
+    with torch.no_grad():
+        f(**kwargs)
+    torch.cuda.synchronize()
+    return [ops._REGIONS[k][0] for k in ops._REGIONS if k not in before]
+
+
+def structures(models: dict, device: str) -> str:
     """The list: one Spec per kernel, the first model's (name -> thunk returning (model, kwargs)) first."""
     seen, blocks = {}, []
     for name, make in models.items():
-        for fs in registered_specs(*make(), name):
+        model, kwargs = make()
+        specs = specs_on_gpu(model, kwargs, name) if device == "cuda" else specs_on_meta(model, kwargs, name)
+        del model
+        print(f"{name}: {len(specs)} region Specs", file=sys.stderr, flush=True)
+        for fs in specs:
             h = fs.kernel_hash()
             if h in seen:
                 continue
@@ -88,36 +98,41 @@ def structures(models: dict) -> str:
             g = fs.gemm
             blocks.append(f"# {name}: {len(fs.params)} params, {len(fs.outputs)} outputs, {fs.num_stages()} stage(s); "
                           f"captured at {g.rows}x{g.n}x{g.k}; kernel {h:016x}\n" + fs.to_text())
+    how = ("compiled on the GPU with backend=\"comfuse\"" if device == "cuda"
+           else "captured on the meta device (an estimate)")
     head = ("# The kernel pack's structures (comfuse pack; the package's build compiles them into comfuse/kernel_pack).\n"
-            "# Written by scripts/kernel_pack_structures.py from the regions the PyTorch backend registers for the\n"
-            "# families of bench/hf_families.py; one Spec per kernel (N and K are the grid's). Do not edit.\n")
+            f"# Written by scripts/kernel_pack_structures.py: the Specs of the regions of {', '.join(models)}, {how};\n"
+            "# one Spec per kernel (N and K are the grid's). Do not edit.\n")
     return head + "\n".join(blocks)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="compare with the file instead of writing it")
-    ap.add_argument("--model", help="a model of bench/hf_models_bench.py instead of the families (e.g. bert-large): "
-                                    "its kernels' list, for `comfuse pack ... --covers FILE`")
+    ap.add_argument("--device", choices=("cuda", "meta"), required=True)
+    ap.add_argument("--models", help="models of bench/hf_models_bench.py (comma-separated) instead of the families")
     ap.add_argument("--out", default=OUT, help="where to write the list (default: the pack's)")
     args = ap.parse_args()
-    if args.model:
-        text = structures({args.model: lambda: bench_model(args.model)})
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print("kernel_pack_structures: --device cuda needs a GPU", file=sys.stderr)
+            return 2
+        # nothing timed, and no kernel built: an nvcc that fails at once (the regions fall back, their Specs stay)
+        os.environ["COMFUSE_MEASURE"] = "0"
+        os.environ["COMFUSE_NVCC"] = "/bin/false"
+        import tempfile
+
+        os.environ["COMFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="comfuse-structures-")
+        os.environ.setdefault("COMFUSE_LOG", "quiet")
+    if args.models:
+        models = {m: (lambda m=m: bench_model(m, args.device)) for m in args.models.split(",") if m}
     else:
-        text = structures({name: (lambda n=name: family(n)) for name in FAMILIES})
-    out = args.out if args.model or args.out != OUT else OUT
+        models = {name: (lambda n=name: family(n, args.device)) for name in FAMILIES}
+    text = structures(models, args.device)
     n = sum(1 for line in text.splitlines() if line == "end")
-    if args.check:
-        old = open(out).read() if os.path.exists(out) else ""
-        if old != text:
-            print(f"{out} is not what the capture gives now: run scripts/kernel_pack_structures.py", file=sys.stderr)
-            return 1
-        print(f"{out}: up to date ({n} structures)")
-        return 0
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
         f.write(text)
-    print(f"wrote {out}: {n} structures")
+    print(f"wrote {args.out}: {n} structures")
     return 0
 
 

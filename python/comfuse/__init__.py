@@ -60,25 +60,29 @@ def compile_backend(mode: str | None = None, fuse: str = "planner", inductor: di
     return _cb(mode=mode, fuse=fuse, inductor=inductor, **options)
 
 
-def capture(model, *example_inputs, dynamic: bool | None = None) -> list:
-    """Captures `model` with Dynamo on `example_inputs` (under torch.no_grad()) and analyzes each graph: a list
-    of backend.GraphReport, each with `.analysis` (conversion, partition, program), `.gm` and `.example_inputs`
-    (the Dynamo graph and its inputs, parameters included, in placeholder order). `dynamic` goes to
-    torch.compile."""
+def capture(model, *example_inputs, dynamic: bool | None = None, drop_masks: bool = False, **example_kwargs) -> list:
+    """Captures `model` with Dynamo on `example_inputs` / `example_kwargs` (under torch.no_grad()) and analyzes each
+    graph: a list of backend.GraphReport, each with `.analysis` (conversion, partition, program), `.gm` and
+    `.example_inputs` (the Dynamo graph and its inputs, parameters included, in placeholder order). `dynamic` goes
+    to torch.compile. With `drop_masks`, the attention masks computed from constants are first made what the
+    backend makes them (masks.py; on the meta device too): the graphs, and so the regions, the backend fuses."""
     import torch
 
+    from . import masks
     from .backend import analyze_graph
 
     reports = []
 
     def collect(gm, ex):
+        if drop_masks:
+            masks.drop_trivial_masks(gm)
         rep = analyze_graph(gm, ex, index=len(reports))
         rep.gm, rep.example_inputs = gm, list(ex)
         reports.append(rep)
         return gm.forward
 
     with torch.no_grad():
-        torch.compile(model, backend=collect, dynamic=dynamic)(*example_inputs)
+        torch.compile(model, backend=collect, dynamic=dynamic)(*example_inputs, **example_kwargs)
     return reports
 
 

@@ -67,8 +67,8 @@ def constant_value(node: torch.fx.Node, memo: dict | None = None):
                 missing.append(a)
             return v
 
-        args = torch.fx.node.map_arg(n.args, arg)
-        kwargs = torch.fx.node.map_arg(n.kwargs, arg)
+        args = torch.fx.node.map_aggregate(torch.fx.node.map_arg(n.args, arg), _off_meta)
+        kwargs = torch.fx.node.map_aggregate(torch.fx.node.map_arg(n.kwargs, arg), _off_meta)
         if missing:
             memo[n] = None
             return None
@@ -78,6 +78,14 @@ def constant_value(node: torch.fx.Node, memo: dict | None = None):
         return out
 
     return value(node)
+
+
+def _off_meta(v):
+    """A meta tensor has no values: a constant a graph builds on the meta device (a model captured without weights,
+    comfuse.capture on meta) is computed on the CPU instead, so that its mask is judged as it is on a GPU."""
+    if isinstance(v, torch.device) and v.type == "meta":
+        return torch.device("cpu")
+    return "cpu" if isinstance(v, str) and v == "meta" else v
 
 
 def keeps_every_position(mask) -> bool:
