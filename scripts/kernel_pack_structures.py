@@ -7,8 +7,8 @@ comfuse/kernel_pack (`comfuse pack`), so a model's first call finds its kernels 
     python3 scripts/kernel_pack_structures.py --device cuda --models gpt2,phi --out FILE
     PYTHONPATH=python .venv/bin/python scripts/kernel_pack_structures.py --device meta --models gpt2 --out FILE
 
---device cuda compiles each model with backend="comfuse" (fuse="all", nothing timed, nvcc replaced by a program that
-fails, so no kernel is built) and takes the Specs it registers: those of the regions Inductor's pass finds in the
+--device cuda compiles each model with backend="comfuse" (fuse="all", then fuse="planner"; nothing timed, nvcc replaced
+by a program that fails, so no kernel is built) and takes the Specs it registers: those of the regions Inductor's pass finds in the
 graphs Inductor makes for the GPU, which is what a model's first call compiles. --device meta (no GPU) captures the
 Dynamo graphs on the meta device and rewrites them as the backend would: the same structures except where Inductor's
 GPU graphs differ (GPT-2's and Qwen2's Q/K/V projections, 2026-12-06), so a list made there is an estimate, for
@@ -71,15 +71,20 @@ def specs_on_meta(model, kwargs, what: str) -> list:
 
 
 def specs_on_gpu(model, kwargs, what: str) -> list:
-    """The Specs backend="comfuse" registers compiling the model on the GPU, every region it may fuse (fuse="all"),
-    nothing timed and no kernel built (see main)."""
-    torch._dynamo.reset()
-    before = set(ops._REGIONS)
-    f = torch.compile(model, backend=comfuse.compile_backend(fuse="all"))
-    with torch.no_grad():
-        f(**kwargs)
-    torch.cuda.synchronize()
-    return [ops._REGIONS[k][0] for k in ops._REGIONS if k not in before]
+    """The Specs backend="comfuse" registers compiling the model on the GPU, nothing timed and no kernel built (see
+    main): once with every region it may fuse (fuse="all"), once with the planner's own (the set that is left when
+    the near ties it would time lose: a region's Spec can depend on which others are fused, e.g. GPT-2's Q/K/V
+    projection, 2026-12-06)."""
+    out = []
+    for fuse in ("all", "planner"):
+        torch._dynamo.reset()
+        before = set(ops._REGIONS)
+        f = torch.compile(model, backend=comfuse.compile_backend(fuse=fuse))
+        with torch.no_grad():
+            f(**kwargs)
+        torch.cuda.synchronize()
+        out += [ops._REGIONS[k][0] for k in ops._REGIONS if k not in before]
+    return out
 
 
 def structures(models: dict, device: str) -> str:
