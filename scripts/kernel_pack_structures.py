@@ -7,8 +7,8 @@ comfuse/kernel_pack (`comfuse pack`), so a model's first call finds its kernels 
     python3 scripts/kernel_pack_structures.py --device cuda --models gpt2,phi --out FILE
     PYTHONPATH=python .venv/bin/python scripts/kernel_pack_structures.py --device meta --models gpt2 --out FILE
 
---device cuda compiles each model with backend="comfuse" (fuse="all", then fuse="planner"; nothing timed, nvcc replaced
-by a program that fails, so no kernel is built) and takes the Specs it registers: those of the regions Inductor's pass finds in the
+--device cuda compiles each model with backend="comfuse" (fuse="all"; a decoder with and without its key / value cache;
+nothing timed, nvcc replaced by a program that fails, so no kernel is built) and takes the Specs it registers: those of the regions Inductor's pass finds in the
 graphs Inductor makes for the GPU, which is what a model's first call compiles. --device meta (no GPU) captures the
 Dynamo graphs on the meta device and rewrites them as the backend would: the same structures except where Inductor's
 GPU graphs differ (GPT-2's and Qwen2's Q/K/V projections, 2026-12-06), so a list made there is an estimate, for
@@ -34,8 +34,6 @@ def family(name: str, device: str):
     with torch.device(device):   # (built there: no weights on meta, no copy from the CPU on the GPU)
         model, inputs = FAMILIES[name]()
     model = model.to(dtype=torch.bfloat16).eval()
-    if getattr(model.config, "use_cache", False):
-        model.config.use_cache = False
     return model, dict(zip(["input_ids"] if name != "vit-base" else ["pixel_values"], inputs))
 
 
@@ -43,8 +41,8 @@ def bench_model(name: str, device: str):
     """A model of bench/hf_models_bench.py (its test bed, and the models outside it)."""
     import hf_models_bench
 
-    model, kwargs = hf_models_bench.build(name, device)
-    if getattr(model.config, "use_cache", False):   # (a forward pass, as the benchmark times it: no key / value cache)
+    model, kwargs = hf_models_bench.build(name, device)   # (as the benchmark calls it: a decoder with its cache)
+    if device == "meta" and getattr(model.config, "use_cache", False):   # (a cache update does not trace on meta)
         model.config.use_cache = False
     return model, kwargs
 
@@ -71,15 +69,18 @@ def specs_on_meta(model, kwargs, what: str) -> list:
 
 
 def specs_on_gpu(model, kwargs, what: str) -> list:
-    """The Specs backend="comfuse" registers compiling the model on the GPU, nothing timed and no kernel built (see
-    main): once with every region it may fuse (fuse="all"), once with the planner's own (the set that is left when
-    the near ties it would time lose: a region's Spec can depend on which others are fused, e.g. GPT-2's Q/K/V
+    """The Specs backend="comfuse" registers compiling the model on the GPU (every region it may fuse: fuse="all"),
+    nothing timed and no kernel built (see main); a decoder's twice, with and without its key / value cache (the
+    default, use_cache=True, returns the keys and values: their projection stores other outputs, e.g. GPT-2's Q/K/V
     projection, 2026-12-06)."""
     out = []
-    for fuse in ("all", "planner"):
+    caches = (False, True) if hasattr(model.config, "use_cache") else (None,)
+    for cache in caches:
+        if cache is not None:
+            model.config.use_cache = cache
         torch._dynamo.reset()
         before = set(ops._REGIONS)
-        f = torch.compile(model, backend=comfuse.compile_backend(fuse=fuse))
+        f = torch.compile(model, backend=comfuse.compile_backend(fuse="all"))
         with torch.no_grad():
             f(**kwargs)
         torch.cuda.synchronize()
