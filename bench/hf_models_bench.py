@@ -489,7 +489,7 @@ def main() -> int:
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--cold-cache", action="store_true",
                     help="every ComFuse compile starts from an empty kernel cache of its own (COMFUSE_CACHE_DIR): the "
-                         "first call a new user meets; the package's kernel pack, if it has one, is still used")
+                         "first call of a new user; the package's kernel pack, if it has one, is still used")
     ap.add_argument("--first-call", action="store_true",
                     help="only the first call: compile time and errors of each variant, no timing rounds")
     ap.add_argument("--dynamic", action="store_true",

@@ -41,6 +41,10 @@ int cmd_pack(const Args& a) {
   PackGrid grid;
   grid.rows = int_list(a, "rows", grid.rows);
   grid.dims = int_list(a, "dims", grid.dims);
+  if (a.flag("as-written")) {   // no variants: each structure in its own B layout and head block only
+    grid.periods.clear();
+    grid.both_layouts = false;
+  }
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const int jobs = static_cast<int>(int_list(a, "jobs", {int64_t(hw)}).at(0));
   const std::vector<FusionSpec> structures =
