@@ -60,13 +60,14 @@ const char* kUsage =
     "  comfuse aot FILE.cf -o DIR           compiles every fused region into DIR (kernel libraries + manifest.txt)\n"
     "                                       for 'run --aot DIR' on a machine without nvcc\n"
     "  comfuse pack STRUCTURES.txt -o DIR [--rows R,..] [--dims D,..] [--jobs J] [--as-written] [--dry-run]\n"
-    "               [--covers LIST]\n"
+    "               [--keep-going] [--covers LIST]\n"
     "                                       the kernel pack: the fused kernels of every structure in the list\n"
     "                                       (kernels/pack/structures.txt) at each row count R and each N and K of D\n"
     "                                       (and, unless --as-written, with other head blocks and the other B layout),\n"
     "                                       compiled into DIR, which the JIT looks in before its cache\n"
     "                                       ($COMFUSE_KERNEL_PACK; the package's build makes comfuse/kernel_pack);\n"
-    "                                       --covers LIST: which kernels of LIST (at its own sizes) it holds\n"
+    "                                       --covers LIST: which kernels of LIST (at its own sizes) it holds;\n"
+    "                                       --keep-going: a kernel that fails to compile is left out (exit 0)\n"
     "  (T: l2 | dsmem_p2p | dsmem_leader, the row reductions' cross-CTA transport; default: the planner's)\n"
     "  --form fused|library (plan, emit, run, bench, aot): every region in that form where it can be: the fused\n"
     "  kernel, or the library form (cuBLASLt's GEMM, then the epilogue as one generated pass); default: the\n"
@@ -693,7 +694,7 @@ int main(int argc, char** argv) {
       return cmd_bench(
           parse_args(argc, argv, {}, {"iters", "transport", "merge", "store-in-ring", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms", "form",
                       "config"}));
-    if (cmd == "pack") return cmd_pack(parse_args(argc, argv, {"dry-run", "as-written"}, {"o", "rows", "dims", "jobs", "covers"}));
+    if (cmd == "pack") return cmd_pack(parse_args(argc, argv, {"dry-run", "as-written", "keep-going"}, {"o", "rows", "dims", "jobs", "covers"}));
     if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "store-in-ring", "b2b", "rows", "defer-norms", "form", "config"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;

@@ -281,6 +281,42 @@ TEST(CompilerSearch, RegionKernelPassesOverAPriorThatSpills) {
   unsetenv("COMFUSE_CONFIG_SEARCH");
 }
 
+// Kernels are named without N and K: two regions of one structure at other widths have one kernel name, and the
+// planner gives them other configs. Ahead of time each keeps its own library (the second under its JIT key), and
+// each loads back the library it was compiled to; their config choices are kept apart (the set id names N and K).
+TEST(CompilerSearch, OneStructureAtTwoWidthsKeepsTwoLibrariesAheadOfTime) {
+  setenv("COMFUSE_CONFIG_SEARCH", "0", 1);   // (the priors alone: one library per region)
+  FakeNvcc nvcc("two_widths");
+  const Graph g = parse_cf(
+      "input X : bf16[8192, 768]\ninput W1 : bf16[768, 3072]\ninput b1 : bf16[3072]\n"
+      "input W2 : bf16[768, 768]\ninput b2 : bf16[768]\n"
+      "y1 = gelu(add(matmul(X, W1), b1), approximate=\"tanh\")\ny2 = gelu(add(matmul(X, W2), b2), approximate=\"tanh\")\n"
+      "output y1\noutput y2\n", "two.cf");
+  const CompiledGraph cg = Compiler(nvcc.options()).compile(g);
+  ASSERT_EQ(cg.regions().size(), 2u);
+  const CompiledRegion &a = cg.regions()[0], &b = cg.regions()[1];
+  EXPECT_EQ(a.kernel.name, b.kernel.name);
+  ASSERT_FALSE(a.plan.config == b.plan.config) << config_name(a.plan.config);
+  EXPECT_NE(a.candidates[0].key, b.candidates[0].key);
+  fs::path d = temp_dir("aot_two_widths");
+  Compiler(nvcc.options()).save(g, d.string());
+  EXPECT_EQ(lines_starting(d / "manifest.txt", "0 " + a.kernel.name), 1);
+  EXPECT_EQ(lines_starting(d / "manifest.txt", "1 " + b.kernel.name), 1);
+  const CompiledGraph loaded = Compiler(nvcc.options()).load(g, d.string());
+  for (size_t i = 0; i < 2; ++i) {
+    const CompiledRegion& l = loaded.regions()[i];
+    EXPECT_EQ(l.candidates[0].key, cg.regions()[i].candidates[0].key);
+    std::ifstream so(l.library_path);   // (the stand-in nvcc's "library" is its source: the config is in it)
+    std::string text((std::istreambuf_iterator<char>(so)), {});
+    const KernelConfig& c = cg.regions()[i].plan.config;
+    EXPECT_NE(text.find("tile " + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n)), std::string::npos)
+        << l.library_path;
+  }
+  EXPECT_NE(loaded.regions()[0].library_path, loaded.regions()[1].library_path);
+  fs::remove_all(d);
+  unsetenv("COMFUSE_CONFIG_SEARCH");
+}
+
 TEST(CompilerSearch, EveryCandidateIsCompiledSavedAndLoaded) {
   unsetenv("COMFUSE_CONFIG_SEARCH");
   FakeNvcc nvcc("candidates");

@@ -172,6 +172,18 @@ TEST(KernelPack, CliDryRunCountsAndCoversAndRefusesBadArguments) {
   r = run_cli("pack " + (d / "list.txt").string() + " --dry-run --dims 10x");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("--dims: '10x' is not a positive integer"), std::string::npos) << r.out;
+  // a kernel that does not compile: an error, or with --keep-going (the package's build) left out, exit 0
+  const std::string failing = "COMFUSE_NVCC=/bin/false COMFUSE_LOG=quiet COMFUSE_KERNEL_DIR=" +
+                              std::string(COMFUSE_SOURCE_DIR) + "/kernels ";
+  const std::string build = "pack " + (d / "list.txt").string() + " -o " + (d / "out").string() +
+                            " --as-written --rows 4096 --dims 1024 --jobs 1";
+  r = run_cli(build, failing);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("comfuse pack: failed: structure 0 at 4096x"), std::string::npos) << r.out;
+  r = run_cli(build + " --keep-going", failing);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("left out of the pack (--keep-going)"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(d / "out" / "pack.txt"));
   std::ofstream(d / "bad.txt") << "spec 1 0 1\ngemm 0 0 1\n";
   r = run_cli("pack " + (d / "bad.txt").string() + " --dry-run");
   EXPECT_EQ(r.code, 2);
