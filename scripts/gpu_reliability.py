@@ -64,7 +64,7 @@ def precompile() -> int:
         f, t = job
         t0 = time.time()
         try:
-            name, hit, secs = C.compile_region(spec_of(C, f), transport=t, **opts)
+            name, hit, secs, _ = C.compile_region(spec_of(C, f), transport=t, **opts)
             return f"{f}/{t or 'none'}: {name} ({'cache hit' if hit else f'{secs:.0f} s'})"
         except Exception as e:  # reported; the family's checks then fail with the same error
             return f"{f}/{t or 'none'}: FAILED to compile after {time.time() - t0:.0f} s: {e}"

@@ -79,6 +79,7 @@ struct CompiledCandidate {
   std::string library_path;       // the JIT's shared object (or the ahead-of-time copy)
   std::string key;                // the JIT cache key ("" when unknown: an older ahead-of-time manifest)
   bool cache_hit = false;
+  bool from_pack = false;         // the hit was in a kernel pack (jit.h JitOptions::pack_dirs)
   double compile_seconds = 0;
   double lookup_ms = 0;
 };
@@ -93,6 +94,7 @@ struct CompiledRegion {
   GeneratedKernel kernel;         // Psi's source (the prior's)
   std::string library_path;       // the JIT's shared object (the prior's)
   bool cache_hit = false;
+  bool from_pack = false;         // the hit was in a kernel pack (jit.h JitOptions::pack_dirs)
   double compile_seconds = 0;
   double lookup_ms = 0;           // a cache hit's JIT call
   // RegionKernel: where the prior's kernel spills registers, what runs instead ("the prior X spills registers: Y (no

@@ -409,8 +409,15 @@ def prepare_kernels(rep: GraphReport, target) -> bool:
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             jobs = [pool.submit(ops.compile_kernel, k) for k in distinct] + \
                    [pool.submit(ops.chain_kernel, k) for k in chain_keys]   # (a chain's kernel is loaded, too)
-            for j in jobs:
-                j.result()
+            results = [j.result() for j in jobs]
+        # what the first call cost: kernels found in the package's kernel pack or the user's cache, or compiled
+        got = [r for r in results[:len(distinct)] if r]
+        compiled = [r for r in got if not r[1]]
+        if got:
+            log.info("comfuse: graph %d: %d region kernel(s) prepared: %d from the kernel pack, %d from the cache, "
+                     "%d compiled by nvcc%s", rep.index, len(got), sum(1 for r in got if len(r) > 3 and r[3]),
+                     sum(1 for r in got if r[1] and not (len(r) > 3 and r[3])), len(compiled),
+                     f" ({max(r[2] for r in compiled):.0f} s, in parallel)" if compiled else "")
         kernels = [ops.gpu_kernel(k) for k in keys]
         for k in kernels:
             spills = k.spill_note

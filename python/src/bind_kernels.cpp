@@ -34,11 +34,11 @@ void bind_kernels(nb::module_& m) {
         CompilerOptions o = region_options(kernel_dir, cutlass_dir, cache_dir, transport);
         nb::gil_scoped_release release;  // nvcc runs here: other Python threads (other regions) keep going
         CompiledRegion r = RegionKernel::compile(fs, o);
-        return std::make_tuple(r.kernel.name, r.cache_hit, r.compile_seconds);
+        return std::make_tuple(r.kernel.name, r.cache_hit, r.compile_seconds, r.from_pack);
       },
       "spec"_a, "kernel_dir"_a = "", "cutlass_dir"_a = "", "cache_dir"_a = "", "transport"_a = "",
       "Plans, generates and JIT-compiles a region's kernel into the cache without loading it (any thread, no "
-      "GPU): returns (kernel name, cache hit, nvcc seconds).");
+      "GPU): returns (kernel name, cache hit, nvcc seconds, found in a kernel pack).");
   m.def(
       "compile_chain",
       [](const B2BSpec& b, const std::string& kernel_dir, const std::string& cutlass_dir, const std::string& cache_dir) {

@@ -198,6 +198,7 @@ void set_chain_kernel(CompiledChain& cc, const B2BSpec& b) {
 void take_compile_result(CompiledRegion& r, const jit::CompileResult& res) {
   r.library_path = res.cubin_path;
   r.cache_hit = res.cache_hit;
+  r.from_pack = res.from_pack;
   r.compile_seconds = res.seconds;
   r.lookup_ms = res.lookup_ms;
 }
@@ -209,6 +210,7 @@ CompiledCandidate candidate_of(const KernelConfig& c, const std::string& name, c
   k.library_path = res.cubin_path;
   k.key = res.key;
   k.cache_hit = res.cache_hit;
+  k.from_pack = res.from_pack;
   k.compile_seconds = res.seconds;
   k.lookup_ms = res.lookup_ms;
   return k;

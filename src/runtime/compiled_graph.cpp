@@ -199,7 +199,8 @@ std::string CompiledGraph::explain() const {
       << " cluster " << c.cluster_m << "x" << c.cluster_n << (c.cooperative ? " cooperative" : "")
       << (c.merged ? ", reduction pairs merged" : "") << ", transport "
       << transport_name(c.transport) << ", "
-      << (r.cache_hit ? (r.lookup_ms > 0 ? "cache hit in " + fixed(r.lookup_ms, 2) + " ms" : std::string("ahead of time"))
+      << (r.cache_hit ? (r.lookup_ms > 0 ? std::string(r.from_pack ? "kernel pack" : "cache") + " hit in " + fixed(r.lookup_ms, 2) + " ms"
+                                         : std::string("ahead of time"))
                       : "compiled in " + fixed(r.compile_seconds, 1) + " s")
       << "\n"
       << "  plan: " << plan_line(r.plan) << "\n";
@@ -207,7 +208,8 @@ std::string CompiledGraph::explain() const {
       o << "  config search, candidates (prior first):";
       for (const auto& k : r.candidates)
         o << " " << config_name(k.config) << " ("
-          << (k.cache_hit ? (k.lookup_ms > 0 ? "cache hit " + fixed(k.lookup_ms, 2) + " ms" : std::string("ahead of time"))
+          << (k.cache_hit ? (k.lookup_ms > 0 ? std::string(k.from_pack ? "kernel pack" : "cache") + " hit " + fixed(k.lookup_ms, 2) + " ms"
+                                         : std::string("ahead of time"))
                           : "compiled " + fixed(k.compile_seconds, 1) + " s")
           << ")";
       o << "\n";

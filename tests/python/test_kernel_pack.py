@@ -60,8 +60,8 @@ def test_a_region_finds_its_kernel_in_the_pack(tmp_path, monkeypatch):
     assert spec2.kernel_hash() == spec.kernel_hash() and spec2.structural_hash() != spec.structural_hash()
     opts = dict(ops._kernel_options(), cache_dir=str(tmp_path / "user-cache"))
     t0 = time.time()
-    name, hit, secs = C.compile_region(spec2, **opts)
-    assert hit and secs == 0, (name, hit, secs)
+    name, hit, secs, from_pack = C.compile_region(spec2, **opts)
+    assert hit and from_pack and secs == 0, (name, hit, secs, from_pack)
     assert time.time() - t0 < 5
     assert not (tmp_path / "user-cache").exists() or not any(p.is_dir() for p in (tmp_path / "user-cache").iterdir())
 
