@@ -62,18 +62,20 @@ int64_t period_of(const FusionSpec& fs) {
   return 0;
 }
 
+// f(node) on every node of every stage.
+template <class F>
+void for_each_node(Spec& s, const F& f) {
+  for (SpecNode& n : s.nodes) f(n);
+  for (Spec& p : s.post) for_each_node(p, f);
+}
+
 // The same structure for heads of `period` columns (the kernel's source names the block).
 FusionSpec with_period(FusionSpec fs, int64_t period) {
   for (auto& p : fs.params)
     if (p.kind == BroadcastKind::Periodic) p.shape.back() = period;
-  std::vector<Spec*> todo{&fs.root};
-  while (!todo.empty()) {
-    Spec* s = todo.back();
-    todo.pop_back();
-    for (SpecNode& n : s->nodes)
-      if (n.kind == SpecKind::Compute && n.op == OpKind::RotateHalf) n.period = period;
-    for (Spec& p : s->post) todo.push_back(&p);
-  }
+  for_each_node(fs.root, [&](SpecNode& n) {
+    if (n.kind == SpecKind::Compute && n.op == OpKind::RotateHalf) n.period = period;
+  });
   return fs;
 }
 
@@ -82,14 +84,9 @@ FusionSpec with_period(FusionSpec fs, int64_t period) {
 FusionSpec as_one_block(FusionSpec fs) {
   for (auto& p : fs.params)
     if (p.kind == BroadcastKind::Periodic) p.kind = BroadcastKind::Tile;
-  std::vector<Spec*> todo{&fs.root};
-  while (!todo.empty()) {
-    Spec* s = todo.back();
-    todo.pop_back();
-    for (SpecNode& n : s->nodes)
-      if (n.kind == SpecKind::Broadcast && n.bcast == BroadcastKind::Periodic) n.bcast = BroadcastKind::Tile;
-    for (Spec& p : s->post) todo.push_back(&p);
-  }
+  for_each_node(fs.root, [](SpecNode& n) {
+    if (n.kind == SpecKind::Broadcast && n.bcast == BroadcastKind::Periodic) n.bcast = BroadcastKind::Tile;
+  });
   return fs;
 }
 
