@@ -45,9 +45,8 @@ if [ $do_install = 1 ]; then
     || { tail -30 "$OUT/pip.log"; echo "gpu-hf-models: install failed"; exit 1; }
   echo "gpu-hf-models: installed in $(( $(date +%s) - t0 )) s (kernel pack: ${GPU_KERNEL_PACK:-OFF})"
   if [ "${GPU_KERNEL_PACK:-OFF}" = ON ]; then
-    (cd /tmp && python3 -c "import comfuse, os; p = os.path.join(os.path.dirname(comfuse.__file__), 'kernel_pack');
-print('kernel pack:', p, sum(1 for l in open(os.path.join(p, 'pack.txt')) if not l.startswith('#')), 'kernels,',
-      sum(1 for e in os.scandir(p) if e.is_dir()), 'entries')") || echo "gpu-hf-models: no kernel pack installed"
+    (cd /tmp && python3 -c "from comfuse import ops; print('kernel pack: %s, %d kernels' % ops.kernel_pack())") \
+      || echo "gpu-hf-models: no kernel pack installed"
   fi
 fi
 (cd /tmp && python3 -c "import transformers, torch, comfuse; print('transformers', transformers.__version__, 'torch', torch.__version__, 'comfuse', comfuse.__file__)") \

@@ -54,6 +54,7 @@ def test_a_region_finds_its_kernel_in_the_pack(tmp_path, monkeypatch):
 
     # a frontend's region of the same structure at another width: its own empty cache, the pack named
     monkeypatch.setenv("COMFUSE_KERNEL_PACK", str(pack))
+    assert ops.kernel_pack() == (str(pack), 1)
     g2 = C.parse_cf("input X : bf16[4096, 640]\ninput W : bf16[640, 512]\ninput b : bf16[512]\n"
                     "y = gelu(add(matmul(X, W), b), approximate=\"tanh\")\noutput y\n")
     spec2 = C.partition(g2).regions[0].spec
