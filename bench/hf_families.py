@@ -12,7 +12,9 @@ def _lm(cls_name, **cfg):
         t = transformers
         config_cls = getattr(t, cls_name.replace("Model", "Config"))
         config = config_cls(**cfg)
-        config.use_cache = False   # (no key / value cache: a forward pass, as the benchmark times it)
+        # (no key / value cache: the CPU capture test's forward; scripts/kernel_pack_structures.py --device cuda also
+        # captures each decoder with its cache, as the benchmark and a default call run it)
+        config.use_cache = False
         return getattr(t, cls_name)(config), (torch.zeros(*TOKENS, dtype=torch.long),)
     return build
 

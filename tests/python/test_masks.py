@@ -77,6 +77,22 @@ def test_a_constant_causal_mask_becomes_is_causal():
     assert rel_err(got[0] if isinstance(got, tuple) else got, attend(q, k, v)) <= 1e-6
 
 
+def test_masks_of_a_graph_on_the_meta_device_are_judged_on_the_cpu():
+    """A model captured without weights (the meta device: the CPU capture test, the kernel pack's estimate) builds
+    its masks there too; they are computed on the CPU, so the graph the backend fuses is the one a GPU would see."""
+    def attend(q, k, v):
+        s = q.shape[2]
+        i = torch.arange(s, device=q.device)
+        causal = (i[None, None, None, :] <= i[None, None, :, None]).expand(q.shape[0], -1, s, s)
+        keep = (i[None, None, :, None] >= 0).expand(q.shape[0], -1, s, s)
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=causal),
+                F.scaled_dot_product_attention(q, k, v, attn_mask=keep))
+
+    gm = _graph(attend, *[t.to("meta") for t in _qkv(16)])
+    assert masks.drop_trivial_masks(gm) == {"dropped": 1, "causal": 1}
+    assert not _masks_left(gm)
+
+
 @pytest.mark.parametrize("case", ["causal_not_square", "causal_shifted", "from_an_input", "random", "float_bias"])
 def test_masks_that_mask_something_else_or_are_not_constant_stay(case):
     def attend(q, k, v, m):
