@@ -16,6 +16,11 @@
 
 namespace comfuse {
 
+// The kernel packs the JIT looks in before its cache, for the kernel headers in `kernel_dir`: $COMFUSE_KERNEL_PACK
+// (folders separated by ':'; "off": none), else kernel_pack/ beside the headers' folder (comfuse/kernel_pack in the
+// Python package, <prefix>/kernel_pack installed) where it exists.
+std::vector<std::string> kernel_pack_dirs(const std::string& kernel_dir);
+
 // The sizes a pack is built for: every structure at each row count, and at each N and K of `dims` (and its own);
 // a structure that reads column blocks (rotary embeddings: the attention head) also with blocks of `periods`, and
 // a bias / activation epilogue also with B in the other layout.

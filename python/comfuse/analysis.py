@@ -415,8 +415,8 @@ def prepare_kernels(rep: GraphReport, target) -> bool:
         compiled = [r for r in got if not r[1]]
         if got:
             log.info("comfuse: graph %d: %d region kernel(s) prepared: %d from the kernel pack, %d from the cache, "
-                     "%d compiled by nvcc%s", rep.index, len(got), sum(1 for r in got if len(r) > 3 and r[3]),
-                     sum(1 for r in got if r[1] and not (len(r) > 3 and r[3])), len(compiled),
+                     "%d compiled by nvcc%s", rep.index, len(got), sum(1 for r in got if r[3]),
+                     sum(1 for r in got if r[1] and not r[3]), len(compiled),
                      f" ({max(r[2] for r in compiled):.0f} s, in parallel)" if compiled else "")
         kernels = [ops.gpu_kernel(k) for k in keys]
         for k in kernels:

@@ -77,21 +77,14 @@ def kernel_dir() -> str:
 
 
 def kernel_pack() -> tuple[str, int]:
-    """The kernel pack the JIT looks in before the user's cache (docs/pytorch.md, "The first call"):
-    ($COMFUSE_KERNEL_PACK's first folder, else this package's comfuse/kernel_pack, and how many kernels its pack.txt
-    lists); ("", 0) where there is none (a development build, or COMFUSE_KERNEL_PACK=off)."""
-    env = os.environ.get("COMFUSE_KERNEL_PACK")
-    if env == "off":
-        return "", 0
-    # (beside the kernel headers' folder, as the C++ side looks: comfuse/kernel_pack installed, the source tree's
-    # kernel_pack/ in a development build)
-    headers = kernel_dir() or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "kernels")
-    here = env.split(":")[0] if env else os.path.join(os.path.dirname(os.path.abspath(headers)), "kernel_pack")
-    listing = os.path.join(here, "pack.txt")
+    """The kernel pack the JIT looks in first (docs/pytorch.md, "The first call"): its folder and how many kernels its
+    pack.txt lists; ("", 0) where there is none (a development build, or COMFUSE_KERNEL_PACK=off)."""
+    dirs = C.kernel_pack_dirs(kernel_dir())   # ($COMFUSE_KERNEL_PACK, else this package's comfuse/kernel_pack)
+    listing = os.path.join(dirs[0], "pack.txt") if dirs else ""
     if not os.path.isfile(listing):
         return "", 0
     with open(listing) as f:
-        return here, sum(1 for line in f if line.strip() and not line.startswith("#"))
+        return dirs[0], sum(1 for line in f if line.strip() and not line.startswith("#"))
 
 
 def _kernel_options() -> dict:

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "binders.h"
+#include "comfuse/kernel_pack.h"
 
 namespace comfuse::py {
 
@@ -27,6 +28,16 @@ void bind_kernels(nb::module_& m) {
   // The GPU side: why kernels cannot run here ("" = they can), and one fused region as a kernel.
   m.attr("KERNEL_ABI") = COMFUSE_KERNEL_ABI;   // kernels/comfuse/abi.h: what the C++ fast path is registered with
   m.def("unsupported_device_reason", [](int device) { return rt::unsupported_reason(device); }, "device"_a = 0);
+  m.def(
+      "kernel_pack_dirs",
+      [](const std::string& kernel_dir) {
+        CompilerOptions o;
+        o.kernel_dir = kernel_dir;
+        return kernel_pack_dirs(Compiler(o).options().kernel_dir);   // (the headers' folder as the compiler finds it)
+      },
+      "kernel_dir"_a = "",
+      "The kernel packs the JIT looks in before its cache, for these kernel headers (kernel_pack.h): "
+      "$COMFUSE_KERNEL_PACK's folders, else kernel_pack/ beside the headers' folder where it exists.");
   m.def(
       "compile_region",
       [](const FusionSpec& fs, const std::string& kernel_dir, const std::string& cutlass_dir, const std::string& cache_dir,

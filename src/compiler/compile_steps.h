@@ -18,8 +18,6 @@ PlanOptions plan_options(const CompilerOptions& o);
 bool needs_plain_path(const Partition& p);
 // The JIT's options for generated kernels: a shared object, with the kernel headers and CUTLASS.
 jit::JitOptions kernel_jit_options(const CompilerOptions& o);
-// The kernel packs the JIT looks in before its cache ($COMFUSE_KERNEL_PACK, else the package's kernel_pack/).
-std::vector<std::string> default_pack_dirs(const std::string& kernel_dir);
 // The kernel headers and CUTLASS must be where the options say, before anything is compiled.
 void check_header_dirs(const CompilerOptions& o);
 // Plans a region and generates its kernel into r, in the form the plan chose (PlanDecision::form: a region declined

@@ -22,6 +22,7 @@
 
 #include "comfuse/codegen.h"
 #include "comfuse/files.h"
+#include "comfuse/kernel_pack.h"
 #include "compile_steps.h"
 #include "config_search.h"
 #include "locate.h"
@@ -84,26 +85,6 @@ std::string text_of(const std::string& path) {   // "" where it cannot be read
 }
 }  // namespace
 
-// The kernel packs the JIT looks in first: $COMFUSE_KERNEL_PACK (folders separated by ':'; "off": none), else the
-// package's own, kernel_pack/ beside the kernel headers' folder (comfuse/kernel_pack in the Python package), where
-// it exists.
-std::vector<std::string> default_pack_dirs(const std::string& kernel_dir) {
-  std::vector<std::string> out;
-  if (const char* e = std::getenv("COMFUSE_KERNEL_PACK"); e && *e) {
-    if (std::string(e) == "off") return out;
-    std::stringstream ss(e);
-    for (std::string d; std::getline(ss, d, ':');)
-      if (!d.empty()) out.push_back(d);
-    return out;
-  }
-  std::error_code ec;
-  fs::path dir = fs::path(kernel_dir).lexically_normal();
-  if (dir.filename().empty()) dir = dir.parent_path();   // ("kernels/")
-  const fs::path own = dir.parent_path() / "kernel_pack";
-  if (!kernel_dir.empty() && fs::is_directory(own, ec)) out.push_back(own.string());
-  return out;
-}
-
 // The JIT's options for generated kernels: a shared object, with the kernel headers and CUTLASS.
 jit::JitOptions kernel_jit_options(const CompilerOptions& o) {
   jit::JitOptions jo = o.jit;
@@ -113,7 +94,7 @@ jit::JitOptions kernel_jit_options(const CompilerOptions& o) {
   if (jo.header_version.empty())
     jo.header_version = jit::hash_tree((fs::path(o.kernel_dir) / "comfuse").string()) + " cutlass " +
                         jit::hash_hex(text_of((fs::path(o.cutlass_dir) / "cutlass" / "version.h").string()));
-  if (jo.pack_dirs.empty()) jo.pack_dirs = default_pack_dirs(o.kernel_dir);
+  if (jo.pack_dirs.empty()) jo.pack_dirs = kernel_pack_dirs(o.kernel_dir);
   return jo;
 }
 

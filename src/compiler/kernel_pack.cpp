@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -23,6 +24,23 @@ namespace comfuse {
 
 namespace fs = std::filesystem;
 using namespace detail;
+
+std::vector<std::string> kernel_pack_dirs(const std::string& kernel_dir) {
+  std::vector<std::string> out;
+  if (const char* e = std::getenv("COMFUSE_KERNEL_PACK"); e && *e) {
+    if (std::string(e) == "off") return out;
+    std::stringstream ss(e);
+    for (std::string d; std::getline(ss, d, ':');)
+      if (!d.empty()) out.push_back(d);
+    return out;
+  }
+  std::error_code ec;
+  fs::path dir = fs::path(kernel_dir).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();   // ("kernels/")
+  const fs::path own = dir.parent_path() / "kernel_pack";
+  if (!kernel_dir.empty() && fs::is_directory(own, ec)) out.push_back(own.string());
+  return out;
+}
 
 std::vector<FusionSpec> read_pack_structures(const std::string& text, const std::string& where) {
   std::vector<FusionSpec> out;

@@ -12,6 +12,7 @@
 //        PLACEHOLDER SLOT OUTPUT
 //   post 0|1
 //   end
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <stdexcept>
@@ -243,39 +244,21 @@ FusionSpec spec_with_dims(const FusionSpec& fs, int64_t n, int64_t k) {
   if (n <= 0 || k <= 0)
     throw std::invalid_argument("spec_with_dims: N and K must be positive, got " + std::to_string(n) + ", " + std::to_string(k));
   FusionSpec r = fs;
-  const int64_t rows = fs.gemm.rows;
   r.gemm.n = n;
   r.gemm.k = k;
-  r.gemm.out_shape = {rows, n};
-  for (size_t i = 0; i < r.params.size(); ++i) {
-    RuntimeParam& p = r.params[i];
-    switch (p.kind) {
-      case BroadcastKind::Row: p.shape = {n}; break;
-      case BroadcastKind::Col: p.shape = {rows, 1}; break;
-      case BroadcastKind::Tile: p.shape = {rows, n}; break;
-      case BroadcastKind::Weight: p.shape = fs.gemm.transpose_b ? Shape{n, k} : Shape{k, n}; break;
-      case BroadcastKind::Periodic:
-        if (p.shape.empty() || n % p.shape.back())
-          throw std::invalid_argument("spec_with_dims: N " + std::to_string(n) + " is not a multiple of param " +
-                                      std::to_string(i) + "'s block");
-        p.shape = {rows, p.shape.back()};
-        break;
-      case BroadcastKind::Scalar: break;
-    }
+  for (auto& p : r.params) {
+    if (p.kind == BroadcastKind::Row) p.shape = {n};
+    if (p.kind == BroadcastKind::Weight) p.shape = fs.gemm.transpose_b ? Shape{n, k} : Shape{k, n};
   }
-  for (size_t i = 0; i < r.outputs.size(); ++i) {
-    SpecOutput& o = r.outputs[i];
-    if (o.split() && n % o.part_cols)
-      throw std::invalid_argument("spec_with_dims: N " + std::to_string(n) + " is not a multiple of output " +
-                                  std::to_string(i) + "'s parts (" + std::to_string(o.part_cols) + " columns)");
-    if (o.split() && o.copies > n / o.part_cols) o.copies = static_cast<int>(n / o.part_cols);
-    o.shape = o.split() ? Shape{rows, n / o.part_cols, o.part_cols} : Shape{rows, o.per_row ? 1 : n};
+  for (auto& o : r.outputs)
+    if (o.split()) o.copies = static_cast<int>(std::min<int64_t>(o.copies, n / o.part_cols));
+  r = spec_with_rows(r, fs.gemm.rows);   // (every [rows, ...] shape at the new N)
+  try {
+    verify_spec(r);   // (which checks that N holds the Spec's column blocks: periodic inputs, rotate_half, parts)
+  } catch (const std::logic_error& e) {
+    throw std::invalid_argument("spec_with_dims: N " + std::to_string(n) + " is not a multiple of the Spec's column "
+                                "blocks (" + e.what() + ")");
   }
-  for (const Spec* s : r.stages())
-    for (const SpecNode& x : s->nodes)
-      if (x.kind == SpecKind::Compute && x.op == OpKind::RotateHalf && n % x.period)
-        throw std::invalid_argument("spec_with_dims: N " + std::to_string(n) + " is not a multiple of rotate_half's block");
-  verify_spec(r);
   return r;
 }
 
