@@ -13,7 +13,7 @@
 #                NCU_SHAPE    their shape (default 8192,1024,1024)
 #                SAN_MEMCHECK, SAN_RACECHECK  the variants (names' substrings, comma-separated) under each tool
 #                             (default: the copy-engine stores and the output stored through the ring; racecheck: the
-#                             two-output async one and the ring's own output)
+#                             two-output async one and the ring's own output); EP_NO_SANITIZE=1 runs neither
 #                CLI_AOT      a folder of `comfuse aot` outputs, one per example name: build/bin/comfuse bench runs
 #                             each (examples/<name>.cf --aot CLI_AOT/<name>)
 #   scripts/gpu-epilogue-path.sh --prepare   here: build it into build-ep/ (nvcc, ~8 minutes on 2 cores)
@@ -50,6 +50,7 @@ status[bench]=$?
 san="$OUT/sanitizers.log"
 : > "$san"
 for run in "memcheck ${SAN_MEMCHECK:-async,tmastore,inring}" "racecheck ${SAN_RACECHECK:-res2out_ring_async,res_ringbox_inring}"; do
+  [ "${EP_NO_SANITIZE:-0}" = 1 ] && { echo "== sanitizers not run (EP_NO_SANITIZE=1)" >> "$san"; break; }
   set -- $run
   echo "== compute-sanitizer --tool $1, variants matching '$2'" >> "$san"
   timeout 240 compute-sanitizer --tool "$1" --error-exitcode 9 "$bin" --check-only --shape 1000,520,264 --only "$2" \

@@ -57,7 +57,8 @@ struct CompilerOptions {
   // cuBLASLt + a generated pass, where fusion does not pay); "fused" or "library" where the region can (run --check
   // of either form, A/B benchmarks). Frontends that compile single regions (RegionKernel) always get the fused kernel.
   std::string form;
-  // Every fused region in this config (PlanOptions::config; A/B benchmarks, run --check of a form): "" = the
+  // Every fused region in this config (PlanOptions::config; A/B benchmarks, run --check of a form), or
+  // "I=NAME,J=NAME": those regions in theirs (PlanOptions::region_configs; parse_config_choice); "" = the
   // planner's configs and its config search.
   std::string config;
   // Back-to-back GEMM chains the planner fuses (plan_b2b) run as one kernel each; false: every chain runs as its

@@ -29,6 +29,7 @@ struct PackGrid {
   std::vector<int64_t> dims{512, 768, 1024, 1536, 2048, 2816, 3072, 4096, 5120, 8192};
   std::vector<int64_t> periods{64, 128, 256};
   bool both_layouts = true;   // a bias / activation epilogue also with B in the other layout ([N, K] / [K, N])
+  bool own_sizes_only = false;   // each structure only as written, at its own size (a model's own kernels)
 };
 
 struct PackProblem {

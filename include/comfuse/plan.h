@@ -6,6 +6,7 @@
 // and its epilogue as separate kernels would be.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -137,7 +138,17 @@ struct PlanOptions {
   // planner's transport where the name has none), the cluster the transport needs. The fused form, no config search.
   // PlanError where Psi cannot render a region in it.
   std::optional<KernelConfig> config;
+  // Some regions in a config of their own (`--config I=NAME,J=NAME`): region I in NAME as `config` would put it, the
+  // others the planner's, with their config search.
+  std::map<int, KernelConfig> region_configs;
+  // These options as region i is planned with them: `config` set to region i's own config where it has one.
+  PlanOptions for_region(int i) const;
 };
+
+// Reads a config choice: one fused config name for every region ("128x128x64_c1x2_rr"), or region indices with
+// theirs ("1=128x192x64_c2x1_coop,3=128x128x64_c1x2_rr"), into o.config / o.region_configs. The reason where the
+// text is neither (an unknown name, a library config, a repeated or negative index).
+std::optional<std::string> parse_config_choice(const std::string& text, PlanOptions& o);
 
 // The library form's config for fs: a pass of 64 x 128 tiles (64 x 256 fragments for two GEMMs on one A: an output
 // tile of 128), the transport fitted: no exchange within one tile, DSMEM within a 1 x C cluster of exactly the row's

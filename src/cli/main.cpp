@@ -60,13 +60,15 @@ const char* kUsage =
     "  comfuse aot FILE.cf -o DIR           compiles every fused region into DIR (kernel libraries + manifest.txt)\n"
     "                                       for 'run --aot DIR' on a machine without nvcc\n"
     "  comfuse pack STRUCTURES.txt -o DIR [--rows R,..] [--dims D,..] [--jobs J] [--as-written] [--dry-run]\n"
-    "               [--keep-going] [--covers LIST]\n"
+    "               [--keep-going] [--covers LIST] [--own-sizes]\n"
     "                                       the kernel pack: the fused kernels of every structure in the list\n"
     "                                       (kernels/pack/structures.txt) at each row count R and each N and K of D\n"
     "                                       (and, unless --as-written, with other head blocks and the other B layout),\n"
     "                                       compiled into DIR, which the JIT looks in before its cache\n"
     "                                       ($COMFUSE_KERNEL_PACK; the package's build makes comfuse/kernel_pack);\n"
     "                                       --covers LIST: which kernels of LIST (at its own sizes) it holds;\n"
+    "                                       --own-sizes: only the list's kernels at the sizes written (a model's\n"
+    "                                       own kernels, as scripts/kernel_pack_structures.py captures them);\n"
     "                                       --keep-going: a kernel that fails to compile is left out (exit 0)\n"
     "  (T: l2 | dsmem_p2p | dsmem_leader, the row reductions' cross-CTA transport; default: the planner's)\n"
     "  --form fused|library (plan, emit, run, bench, aot): every region in that form where it can be: the fused\n"
@@ -74,7 +76,8 @@ const char* kUsage =
     "  form the planner estimates faster, from its measurements (docs/codegen.md)\n"
     "  --config NAME (plan, emit, run, bench, aot): every fused region in that kernel config, e.g.\n"
     "  128x128x64_c1x2_rr (tile, cluster, then _coop _mg _rg|_sr|_rr _as _ir _l2|_p2p|_leader; each suffix where the\n"
-    "  region has what it applies to); an error where a region cannot run in it; default: the planner's choice\n"
+    "  region has what it applies to); an error where a region cannot run in it; default: the planner's choice.\n"
+    "  --config I=NAME,J=NAME: only those regions (as 'plan' numbers them) in those configs, the others the planner's\n"
     "  --merge on|off (emit, run, bench, aot): a LayerNorm's or softmax's two chained reductions in one cross-CTA\n"
     "  exchange wherever the kernels can, or never; default: the planner's choice, from its measurements\n"
     "  --store-in-ring on|off (plan, run, bench, aot): the output of a region whose residual comes through the tile\n"
@@ -157,15 +160,15 @@ std::string form_arg(const Args& a) {
   return f;
 }
 
-// --config NAME: every fused region in that config (PlanOptions::config); nullopt where not given.
-std::optional<KernelConfig> config_arg(const Args& a) {
+// --config NAME: every fused region in that config (PlanOptions::config); --config I=NAME,..: those regions in
+// theirs (PlanOptions::region_configs). Checked before any GPU work.
+PlanOptions config_arg(const Args& a) {
+  PlanOptions o;
   const std::string c = a.get("config");
-  if (c.empty()) return std::nullopt;
-  KernelConfig k;
-  if (!parse_config(c, k) || k.library)
-    throw UsageError("--config must be a fused kernel config such as 128x128x64_c1x2_rr, got '" + c + "'");
+  if (c.empty()) return o;
+  if (auto why = parse_config_choice(c, o)) throw UsageError("--config: " + *why);
   if (form_arg(a) == "library") throw UsageError("--config names a fused kernel: not with --form library");
-  return k;
+  return o;
 }
 
 // --defer-norms on|off: LayerNorm / RMSNorm finished in the GEMMs that read them (default off).
@@ -200,12 +203,11 @@ int cmd_plan(const Args& a) {
   if (!deferral.empty()) std::cout << "norms (--defer-norms " << (defer_arg(a) == "on" ? "on" : "off") << "):\n" << deferral << "\n";
   std::cout << print_partition(p, a.flag("explain"));
   std::cout << "\nplan (from src/plan/measured.csv):\n";
-  PlanOptions po;
+  PlanOptions po = config_arg(a);
   if (const std::string f = form_arg(a); !f.empty()) po.form = f == "library" ? RegionForm::Library : RegionForm::Fused;
-  po.config = config_arg(a);
   if (const std::string s = store_in_ring_arg(a); !s.empty()) po.store_in_ring = s == "on";
   for (size_t i = 0; i < p.regions.size(); ++i) {
-    PlanDecision d = plan_region(p.regions[i].spec, po);
+    PlanDecision d = plan_region(p.regions[i].spec, po.for_region(static_cast<int>(i)));
     std::cout << "  region " << i << ": ";
     if (d.verdict == Verdict::CannotServe)
       std::cout << "declined (runs on the plain path): " << d.reason << "\n";
@@ -269,14 +271,13 @@ int cmd_emit(const Args& a) {
   Partition p = program_partition(a, kDefaultRows);  // the source does not depend on rows
   make_output_dir(dir);
   const bool library = form_arg(a) == "library";
-  PlanOptions asked;
-  asked.config = config_arg(a);
+  const PlanOptions asked = config_arg(a);
   for (size_t i = 0; i < p.regions.size(); ++i) {
     try {
       KernelConfig cfg;   // the default config: the source for reading, not the planner's choice
-      if (asked.config) {   // the asked config, as the planner fits it to the region
+      if (const PlanOptions mine = asked.for_region(static_cast<int>(i)); mine.config) {   // as the planner fits it
         try {
-          cfg = plan_region(p.regions[i].spec, asked).config;
+          cfg = plan_region(p.regions[i].spec, mine).config;
         } catch (const PlanError& e) {
           throw CodegenError(e.what());
         }
@@ -694,7 +695,7 @@ int main(int argc, char** argv) {
       return cmd_bench(
           parse_args(argc, argv, {}, {"iters", "transport", "merge", "store-in-ring", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms", "form",
                       "config"}));
-    if (cmd == "pack") return cmd_pack(parse_args(argc, argv, {"dry-run", "as-written", "keep-going"}, {"o", "rows", "dims", "jobs", "covers"}));
+    if (cmd == "pack") return cmd_pack(parse_args(argc, argv, {"dry-run", "as-written", "keep-going", "own-sizes"}, {"o", "rows", "dims", "jobs", "covers"}));
     if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "store-in-ring", "b2b", "rows", "defer-norms", "form", "config"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;

@@ -45,6 +45,7 @@ int cmd_pack(const Args& a) {
     grid.periods.clear();
     grid.both_layouts = false;
   }
+  grid.own_sizes_only = a.flag("own-sizes");   // no grid at all: the list's kernels at the sizes written
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const int jobs = static_cast<int>(int_list(a, "jobs", {int64_t(hw)}).at(0));
   const std::vector<FusionSpec> structures =

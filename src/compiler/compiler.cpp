@@ -59,11 +59,8 @@ PlanOptions plan_options(const CompilerOptions& o) {
     p.form = o.form == "library" ? RegionForm::Library : RegionForm::Fused;
   }
   if (!o.config.empty()) {
-    KernelConfig c;
-    if (!parse_config(o.config, c) || c.library)
-      throw CompileError("unknown config '" + o.config + "' (a fused config name such as 128x128x64_c1x2_rr)");
+    if (auto why = parse_config_choice(o.config, p)) throw CompileError("config: " + *why);
     if (p.form == RegionForm::Library) throw CompileError("a config (" + o.config + ") is a fused kernel's: not with the library form");
-    p.config = c;
   }
   return p;
 }
@@ -253,7 +250,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
     r.region = static_cast<int>(i);
     bool kernel = false;
     try {
-      kernel = plan_and_generate(r, p.regions[i].spec, plan_opts);
+      kernel = plan_and_generate(r, p.regions[i].spec, plan_opts.for_region(static_cast<int>(i)));
     } catch (const CompileError& e) {
       throw CompileError("region " + std::to_string(i) + ": " + e.what());
     }

@@ -112,6 +112,10 @@ FusionSpec as_one_block(FusionSpec fs) {
 
 std::vector<PackProblem> pack_problems(const std::vector<FusionSpec>& structures, const PackGrid& grid) {
   std::vector<PackProblem> out;
+  if (grid.own_sizes_only) {
+    for (size_t s = 0; s < structures.size(); ++s) out.push_back({s, structures[s]});
+    return out;
+  }
   std::set<std::tuple<size_t, int64_t, int64_t, int64_t, int64_t>> seen;
   // Each structure as captured, and a bias / activation epilogue (one stage and one output, bias vectors only) also
   // with B in the other layout: nn.Linear's [N, K] and a Conv1D's or a matmul's [K, N] feed the same epilogues.

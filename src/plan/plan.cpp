@@ -806,6 +806,41 @@ PlanDecision plan_region(const FusionSpec& fs, const PlanOptions& opts, const st
   return d;
 }
 
+PlanOptions PlanOptions::for_region(int i) const {
+  PlanOptions o = *this;
+  o.region_configs.clear();
+  if (auto it = region_configs.find(i); it != region_configs.end()) o.config = it->second;
+  return o;
+}
+
+std::optional<std::string> parse_config_choice(const std::string& text, PlanOptions& o) {
+  auto fused = [](const std::string& name, KernelConfig& c) -> std::optional<std::string> {
+    if (!parse_config(name, c) || c.library)
+      return "'" + name + "' is not a fused kernel config (a name such as 128x128x64_c1x2_rr)";
+    return std::nullopt;
+  };
+  if (text.find('=') == std::string::npos) {   // one config for every region
+    KernelConfig c;
+    if (auto why = fused(text, c)) return why;
+    o.config = c;
+    return std::nullopt;
+  }
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {   // I=NAME, region by region
+    const size_t eq = item.find('=');
+    const std::string index = item.substr(0, eq);
+    if (eq == std::string::npos || index.empty() || index.size() > 6 ||
+        index.find_first_not_of("0123456789") != std::string::npos)
+      return "'" + item + "' is not REGION=CONFIG (e.g. 1=128x192x64_c2x1_coop)";
+    KernelConfig c;
+    if (auto why = fused(item.substr(eq + 1), c)) return "region " + index + ": " + *why;
+    if (!o.region_configs.emplace(std::stoi(index), c).second) return "region " + index + " is given two configs";
+  }
+  if (o.region_configs.empty()) return std::string("no REGION=CONFIG in '") + text + "'";
+  return std::nullopt;
+}
+
 namespace {
 B2BPlanDecision plan_b2b_measured(const B2BSpec& b) {
   B2BPlanDecision d;

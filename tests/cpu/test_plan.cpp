@@ -784,3 +784,41 @@ TEST(PlanForms, AnAskedConfigIsFittedToEachRegionOrRefusedWithTheReason) {
   asked.config = lib;
   EXPECT_THROW(plan_region(res, asked), PlanError);
 }
+
+TEST(PlanForms, AConfigChoiceNamesOneConfigForAllRegionsOrOneForEachNamedRegion) {
+  PlanOptions all;
+  ASSERT_EQ(parse_config_choice("128x128x64_c1x2_rr", all), std::nullopt);
+  ASSERT_TRUE(all.config);
+  EXPECT_EQ(config_name(*all.config), "128x128x64_c1x2_rr");
+  EXPECT_TRUE(all.region_configs.empty());
+  EXPECT_EQ(all.for_region(7).config, all.config);
+
+  PlanOptions some;
+  ASSERT_EQ(parse_config_choice("1=128x192x64_c2x1_coop,3=128x128x64_c1x2_rr", some), std::nullopt);
+  EXPECT_FALSE(some.config);
+  ASSERT_EQ(some.region_configs.size(), 2u);
+  ASSERT_TRUE(some.for_region(1).config);
+  EXPECT_EQ(config_name(*some.for_region(1).config), "128x192x64_c2x1_coop");
+  EXPECT_EQ(config_name(*some.for_region(3).config), "128x128x64_c1x2_rr");
+  EXPECT_FALSE(some.for_region(0).config);   // the planner's, with its config search
+  EXPECT_TRUE(some.for_region(1).region_configs.empty());
+
+  // region 1 in its own config; the others exactly as the planner plans them
+  const FusionSpec gelu = spec_of(gemm(8192, 768, 3072, "y = gelu(add(h, b))\noutput y\n"));
+  const PlanDecision mine = plan_region(gelu, some.for_region(1));
+  EXPECT_EQ(config_name(mine.config), "128x192x64_c2x1_coop");
+  ASSERT_EQ(mine.candidates.size(), 1u);
+  const PlanDecision other = plan_region(gelu, some.for_region(0));
+  EXPECT_EQ(other.config, plan_region(gelu).config);
+  EXPECT_EQ(other.candidates, plan_region(gelu).candidates);
+
+  for (const char* bad : {"1=foo", "1=lib128_c1x1", "x=128x128x64_c1x1", "=128x128x64_c1x1", "-1=128x128x64_c1x1",
+                          "1=128x128x64_c1x1,1=128x128x64_c1x2", "foo", ","}) {
+    PlanOptions o;
+    const auto why = parse_config_choice(bad, o);
+    EXPECT_TRUE(why) << bad;
+  }
+  PlanOptions o;
+  EXPECT_NE(parse_config_choice("1=128x128x64_c1x1,1=128x128x64_c1x2", o).value_or("").find("region 1 is given two configs"),
+            std::string::npos);
+}
