@@ -135,6 +135,14 @@ TEST(KernelPack, StructureListAndGrid) {
   std::set<std::string> sources = pack_sources(problems, CompilerOptions{});
   EXPECT_GE(sources.size(), 3u);
   EXPECT_LT(sources.size(), problems.size());   // one kernel serves several sizes
+  // --own-sizes: each structure once, as written (a model's own kernels)
+  grid.own_sizes_only = true;
+  const auto own = pack_problems(read, grid);
+  ASSERT_EQ(own.size(), read.size());
+  for (size_t i = 0; i < own.size(); ++i) {
+    EXPECT_EQ(own[i].structure, i);
+    EXPECT_EQ(spec_to_text(own[i].spec), spec_to_text(read[i]));
+  }
 }
 
 // The package's list is the one the CPU checks and the build compile: it parses, every structure has a fused
