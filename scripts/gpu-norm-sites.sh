@@ -16,15 +16,17 @@
 # ComFuse's variants only (no package install, no torch.compile).
 # Logs and norm_sites.csv under $OUT (each `comfuse bench` output under $OUT/bench/); a table last.
 #
-#   scripts/gpu-norm-sites.sh [--rounds R] [--budget S] [--variants V] [--profile] [--no-torch]
+#   scripts/gpu-norm-sites.sh [--rounds R] [--budget S] [--variants V] [--programs P,..] [--profile] [--no-torch]
 #                             [--pytest | --pytest-only]
+# A variant on/cfg:I=NAME+J=NAME puts regions I and J in those configs (--config I=NAME,J=NAME; region numbers are the
+# program's, so name one program with --programs); it is checked with `run --check` too, and compiled by the JIT.
 # Needs build/bin/comfuse (carried), the CUTLASS headers at .carry/cutlass/include and cuBLASLt.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/gpu-lib.sh
 GPU_KEEP="norm_sites.csv"
-rounds=3 budget=560 pytest_only=0 pytest=0 variants=off,on profile=0 torch=1
+rounds=3 budget=560 pytest_only=0 pytest=0 variants=off,on profile=0 torch=1 programs=llama_block,bert_layer
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds="$2"; shift ;;
@@ -32,6 +34,7 @@ while [ $# -gt 0 ]; do
     --pytest-only) pytest_only=1 pytest=1 ;;
     --pytest) pytest=1 ;;
     --variants) variants="$2"; shift ;;
+    --programs) programs="$2"; shift ;;
     --profile) profile=1 ;;
     --no-torch) torch=0 ;;
     *) echo "gpu-norm-sites: unknown option $1" >&2; exit 2 ;;
@@ -53,11 +56,11 @@ fi
 
 if [ $pytest_only = 0 ]; then
   runs() {
-    for p in llama_block bert_layer; do
+    for p in ${programs//,/ }; do
       for d in off on; do echo "${p}_defer_$d examples/$p.cf --defer-norms $d"; done
     done
-    for p in llama_block bert_layer; do echo "${p}_defer_on_library examples/$p.cf --defer-norms on --form library"; done
-    for p in llama_block bert_layer; do   # the ring form's output written back into the ring (its /ir variant)
+    for p in ${programs//,/ }; do echo "${p}_defer_on_library examples/$p.cf --defer-norms on --form library"; done
+    for p in ${programs//,/ }; do   # the ring form's output written back into the ring (its /ir variant)
       echo "${p}_defer_on_ir examples/$p.cf --defer-norms on --store-in-ring on"
     done
     for p in prenorm_row_stats prenorm_two_outputs; do echo "$p examples/$p.cf"; done
@@ -66,7 +69,15 @@ if [ $pytest_only = 0 ]; then
   runs | xargs -P 8 -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "/tmp/gpu-norm-sites-aot/$name" \
       > "'"$OUT"'/checks/aot_$name.log" 2>&1 || echo "aot failed: $name"' "$cli"
   echo "gpu-norm-sites: compiled in $(( $(date +%s) - t0 )) s"
-  runs | xargs -P 3 -L 1 sh -c 'name="$1"; shift; timeout 200 "$0" run "$@" --check --launches 3 \
+  checks() {   # the runs above, and each /cfg: variant (JIT-compiled: --config is not for aot's kernels)
+    runs
+    for v in ${variants//,/ }; do
+      case "$v" in */cfg:*) ;; *) continue ;; esac
+      c="${v#*/cfg:}"
+      for p in ${programs//,/ }; do echo "${p}_defer_${v%%/*}_cfg examples/$p.cf --defer-norms ${v%%/*} --config ${c//+/,}"; done
+    done
+  }
+  checks | xargs -P 3 -L 1 sh -c 'name="$1"; shift; timeout 200 "$0" run "$@" --check --launches 3 \
       > "'"$OUT"'/checks/$name.log" 2>&1; echo "check $name rc=$?"' "$cli" | sort > "$OUT/checks.txt"
   status[checks]=$(grep -vc 'rc=0$' "$OUT/checks.txt")
   cat "$OUT/checks.txt"
@@ -76,11 +87,12 @@ if [ $pytest_only = 0 ]; then
   done
   grep -h "folded weights\|norm '" "$OUT"/checks/*_on.log 2>/dev/null | sort -u | head -6
   if [ $profile = 1 ]; then   # the kernels of the last of three launches (the first runs the config search)
-    for p in llama_block bert_layer; do
+    for p in ${programs//,/ }; do
       for v in ${variants//,/ }; do   # off, on, on/fused: --defer-norms off|on [--form fused]
         d="${v%%/*}" form=; [ "$v" = "${v#*/}" ] || form="--form ${v#*/}"
         [ "$form" = "--form ir" ] && form="--store-in-ring on"
-        tag="${p}_${v//\//_}"
+        case "$v" in */cfg:*) c="${v#*/cfg:}"; form="--config ${c//+/,}" ;; esac
+        tag="${p}_$(echo "$v" | tr -c "A-Za-z0-9_\n-" _)"
         timeout 120 ncu --csv --metrics gpu__time_duration.sum "$cli" run "examples/$p.cf" --defer-norms $d $form \
           --launches 3 > "$OUT/ncu_$tag.csv" 2> "$OUT/ncu_$tag.err"
         python3 "$root/bench/ncu_kernels.py" "$OUT/ncu_$tag.csv" > "$OUT/profile_$tag.txt" 2>&1
@@ -113,7 +125,7 @@ if [ $pytest_only = 0 ]; then
   left=$(( budget - ($(date +%s) - t0) ))
   [ $left -ge 60 ] || left=60
   (cd /tmp && PYTHONUNBUFFERED=1 timeout "$left" python3 "$root/bench/norm_sites.py" --cli "$cli" --rounds "$rounds" \
-    --variants "$variants" --logs "$OUT/bench" --out "$OUT/norm_sites.csv" $([ $torch = 1 ] || echo --no-torch)) \
+    --programs "$programs" --variants "$variants" --logs "$OUT/bench" --out "$OUT/norm_sites.csv" $([ $torch = 1 ] || echo --no-torch)) \
     > "$OUT/norm_sites.log" 2>&1
   status[bench]=$?
   grep -vE "Warning|warn|^\s*$" "$OUT/norm_sites.log" | grep -v "^measured" | tail -14
