@@ -149,6 +149,8 @@ struct PlanOptions {
 // theirs ("1=128x192x64_c2x1_coop,3=128x128x64_c1x2_rr"), into o.config / o.region_configs. The reason where the
 // text is neither (an unknown name, a library config, a repeated or negative index).
 std::optional<std::string> parse_config_choice(const std::string& text, PlanOptions& o);
+// The reason where o names a region past a program's `regions` (numbered from 0), else nullopt.
+std::optional<std::string> check_region_configs(const PlanOptions& o, size_t regions);
 
 // The library form's config for fs: a pass of 64 x 128 tiles (64 x 256 fragments for two GEMMs on one A: an output
 // tile of 128), the transport fitted: no exchange within one tile, DSMEM within a 1 x C cluster of exactly the row's

@@ -204,6 +204,7 @@ int cmd_plan(const Args& a) {
   std::cout << print_partition(p, a.flag("explain"));
   std::cout << "\nplan (from src/plan/measured.csv):\n";
   PlanOptions po = config_arg(a);
+  if (auto why = check_region_configs(po, p.regions.size())) throw UsageError("--config: " + *why);
   if (const std::string f = form_arg(a); !f.empty()) po.form = f == "library" ? RegionForm::Library : RegionForm::Fused;
   if (const std::string s = store_in_ring_arg(a); !s.empty()) po.store_in_ring = s == "on";
   for (size_t i = 0; i < p.regions.size(); ++i) {
@@ -272,6 +273,7 @@ int cmd_emit(const Args& a) {
   make_output_dir(dir);
   const bool library = form_arg(a) == "library";
   const PlanOptions asked = config_arg(a);
+  if (auto why = check_region_configs(asked, p.regions.size())) throw UsageError("--config: " + *why);
   for (size_t i = 0; i < p.regions.size(); ++i) {
     try {
       KernelConfig cfg;   // the default config: the source for reading, not the planner's choice

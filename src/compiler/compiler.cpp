@@ -236,6 +236,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   begin(cg, g, opts_.defer_norms);   // before any nvcc: a symbolic dim the kernels cannot take is an error now
   cg.aot_ = opts_.ahead_of_time;
   const Partition& p = cg.partition_;
+  if (auto why = check_region_configs(plan_opts, p.regions.size())) throw CompileError("config: " + *why);
   bool need_plain = needs_plain_path(p);
 
   const jit::JitOptions jo = kernel_jit_options(opts_);

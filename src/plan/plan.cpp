@@ -841,6 +841,12 @@ std::optional<std::string> parse_config_choice(const std::string& text, PlanOpti
   return std::nullopt;
 }
 
+std::optional<std::string> check_region_configs(const PlanOptions& o, size_t regions) {
+  if (o.region_configs.empty() || size_t(o.region_configs.rbegin()->first) < regions) return std::nullopt;
+  return "a config for region " + std::to_string(o.region_configs.rbegin()->first) + ", but the program has " +
+         std::to_string(regions) + " region(s), numbered from 0 ('comfuse plan' lists them)";
+}
+
 namespace {
 B2BPlanDecision plan_b2b_measured(const B2BSpec& b) {
   B2BPlanDecision d;

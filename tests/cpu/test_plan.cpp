@@ -821,4 +821,8 @@ TEST(PlanForms, AConfigChoiceNamesOneConfigForAllRegionsOrOneForEachNamedRegion)
   PlanOptions o;
   EXPECT_NE(parse_config_choice("1=128x128x64_c1x1,1=128x128x64_c1x2", o).value_or("").find("region 1 is given two configs"),
             std::string::npos);
+  // a region the program does not have
+  EXPECT_EQ(check_region_configs(some, 4), std::nullopt);
+  EXPECT_NE(check_region_configs(some, 3).value_or("").find("region 3, but the program has 3 region(s)"), std::string::npos);
+  EXPECT_EQ(check_region_configs(all, 1), std::nullopt);
 }
