@@ -100,6 +100,32 @@ __global__ void compare(__nv_bfloat16 const* d, float const* ref, __nv_bfloat16 
   atomicAdd(&acc[2], nan);
 }
 
+// A per-row output against mean(ref_h²) of its row: rows == 1, got[row]; rows == 2, the sum of got[c * M + row] over
+// the C column blocks, divided by N. Sums as compare() does (acc: error², reference², NaN count).
+__global__ void compare_rows(float const* got, int rows, float const* ref_h, int M, int N, double* acc) {
+  double e = 0, r2 = 0, nan = 0;
+  const int cols = (N + 127) / 128;
+  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < M; r += gridDim.x * blockDim.x) {
+    double ref = 0;
+    for (int c = 0; c < N; ++c) ref += double(ref_h[size_t(r) * N + c]) * ref_h[size_t(r) * N + c];
+    ref /= N;
+    double v = 0;
+    bool finite = true;
+    for (int c = 0; c < (rows == 1 ? 1 : cols); ++c) {
+      const float x = got[size_t(c) * M + r];
+      finite = finite && std::isfinite(x);
+      v += x;
+    }
+    if (rows == 2) v /= N;
+    if (!finite) nan += 1;
+    else e += (v - ref) * (v - ref);
+    r2 += ref * ref;
+  }
+  atomicAdd(&acc[0], e);
+  atomicAdd(&acc[1], r2);
+  atomicAdd(&acc[2], nan);
+}
+
 struct Shape {
   int M, K, N;
 };
@@ -154,6 +180,7 @@ struct Lt {
 
 struct Set {
   __nv_bfloat16 *A, *B, *R, *bias, *gamma, *D0, *D1;
+  float* rows;   // a per-row output: [ceil(N / 128)][M]
 };
 
 double median(std::vector<double> v) {
@@ -167,6 +194,7 @@ struct Timed {
   bool reads_r = false, bias = false;
   int outputs = 1;
   std::string note;
+  int rows = 0;   // Variant::rows
   std::vector<double> round_medians;
   std::vector<double> samples;
 };
@@ -219,7 +247,8 @@ int main(int argc, char** argv) {
                                    cb::ours_kernel_20(), cb::ours_kernel_21(), cb::ours_kernel_22(), cb::ours_kernel_23(),
                                    cb::ours_kernel_24(), cb::ours_kernel_25(), cb::ours_kernel_26(), cb::ours_kernel_27(),
                                    cb::ours_kernel_28(), cb::ours_kernel_29(), cb::ours_kernel_30(), cb::ours_kernel_31(),
-                                   cb::ours_kernel_32(), cb::ours_kernel_33(), cb::ours_kernel_34()};
+                                   cb::ours_kernel_32(), cb::ours_kernel_33(), cb::ours_kernel_34(), cb::ours_kernel_35(),
+                                   cb::ours_kernel_36()};
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -249,7 +278,11 @@ int main(int argc, char** argv) {
       s.gamma = alloc(sh.N, 1.f);
       s.D0 = alloc(mn, 1.f);
       s.D1 = alloc(mn, 1.f);
+      CK(cudaMalloc(&s.rows, size_t(sh.N + 127) / 128 * sh.M * sizeof(float)));
     }
+    void* row_ws;   // ReduceToRow's workspace: one kernel uses it (its counts stay multiples of its column blocks)
+    CK(cudaMalloc(&row_ws, cb::Problem::ws_bytes(sh.M, sh.N)));
+    CK(cudaMemset(row_ws, 0, cb::Problem::ws_bytes(sh.M, sh.N)));
     CK(cudaDeviceSynchronize());
     std::printf("\n== %d x %d x %d (M x K x N): %d buffer sets of %.0f MB ==\n", sh.M, sh.K, sh.N, nsets, set_bytes / 1e6);
 
@@ -293,10 +326,10 @@ int main(int argc, char** argv) {
                       return r.run(cb::RefProblem{s.A, s.B, s.R, s.D0, sh.M, sh.N, sh.K}, q);
                     }, r.reads_c, false, 1, ""});
     for (auto& v : ours)
-      ts.push_back({v.name, [v, sh](Set const& s, cudaStream_t q) {
-                      return v.run(cb::Problem{s.A, s.B, s.R, s.bias, s.gamma, s.D0, s.D1, sh.M, sh.N, sh.K}, q);
+      ts.push_back({v.name, [v, sh, row_ws](Set const& s, cudaStream_t q) {
+                      return v.run(cb::Problem{s.A, s.B, s.R, s.bias, s.gamma, s.D0, s.D1, sh.M, sh.N, sh.K, s.rows, row_ws}, q);
                     }, v.reads_r, v.bias, v.outputs,
-                    "smem " + std::to_string(v.smem_bytes / 1024) + " KB, " + std::to_string(v.stages) + " stages"});
+                    "smem " + std::to_string(v.smem_bytes / 1024) + " KB, " + std::to_string(v.stages) + " stages", v.rows});
     if (!only.empty())
       ts.erase(std::remove_if(ts.begin(), ts.end(), [&](Timed const& t) {
                  // (the cuBLAS baselines stay for the ratios, except in a correctness-only run)
@@ -340,6 +373,7 @@ int main(int argc, char** argv) {
       }
       fill_bits<<<1024, 256>>>(reinterpret_cast<uint16_t*>(s0.D0), mn, 0x7fc1);
       fill_bits<<<1024, 256>>>(reinterpret_cast<uint16_t*>(s0.D1), mn, 0x7fc1);
+      fill_bits<<<1024, 256>>>(reinterpret_cast<uint16_t*>(s0.rows), size_t(sh.N + 127) / 128 * sh.M * 2, 0x7fc1);
       cudaError_t e = t.run(s0, st);
       if (e == cudaSuccess) e = cudaStreamSynchronize(st);
       if (e != cudaSuccess) {
@@ -352,6 +386,14 @@ int main(int argc, char** argv) {
       double nan0 = 0, nan1 = 0;
       double r0 = rel(s0.D0, ref, t.outputs == 2 ? s0.gamma : nullptr, nan0);
       double r1 = t.outputs == 2 ? rel(s0.D1, ref, nullptr, nan1) : 0;
+      if (t.rows) {   // the per-row output, against mean(h²) of the fp32 reference h
+        CK(cudaMemset(acc, 0, 3 * sizeof(double)));
+        compare_rows<<<(sh.M + 255) / 256, 256>>>(s0.rows, t.rows, ref, sh.M, sh.N, acc);
+        double h[3];
+        CK(cudaMemcpy(h, acc, sizeof h, cudaMemcpyDeviceToHost));
+        nan1 += h[2];
+        r1 = std::max(r1, std::sqrt(h[0] / std::max(h[1], 1e-30)));
+      }
       char b[160];
       std::snprintf(b, sizeof b, "%.2e", std::max(r0, r1));
       errs[i] = b;
@@ -373,7 +415,8 @@ int main(int argc, char** argv) {
         all = all && (ok[i] || errs[i].rfind("cannot run", 0) == 0);
       }
       for (Set& s : sets)
-        for (void* p : {(void*)s.A, (void*)s.B, (void*)s.R, (void*)s.bias, (void*)s.gamma, (void*)s.D0, (void*)s.D1}) CK(cudaFree(p));
+        for (void* p : {(void*)s.A, (void*)s.B, (void*)s.R, (void*)s.bias, (void*)s.gamma, (void*)s.D0, (void*)s.D1, (void*)s.rows}) CK(cudaFree(p));
+      CK(cudaFree(row_ws));
       if (!all) return 1;
       continue;
     }
@@ -417,7 +460,8 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
     for (Set& s : sets)
-      for (void* p : {(void*)s.A, (void*)s.B, (void*)s.R, (void*)s.bias, (void*)s.gamma, (void*)s.D0, (void*)s.D1}) CK(cudaFree(p));
+      for (void* p : {(void*)s.A, (void*)s.B, (void*)s.R, (void*)s.bias, (void*)s.gamma, (void*)s.D0, (void*)s.D1, (void*)s.rows}) CK(cudaFree(p));
+    CK(cudaFree(row_ws));
   }
   if (csv) std::fclose(csv);
   return 0;

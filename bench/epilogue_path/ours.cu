@@ -40,14 +40,19 @@
 //   32  h = X·W                     Store                                 c2x2
 //   33  h = X·W + R                 Store, ring (boxes)                   c2x2
 //   34  h = X·W + R                 StoreInRing, ring (boxes)             c2x2
+//   35-36: a per-row output s = mean(h²) beside h (29's tree): what the row output's protocol costs
+//   35  h = X·W + R, s = mean(h²)   StoreInRing, ReduceToRow (the last of a row block's tiles combines)  c1x2
+//   36  h = X·W + R, Σh² per tile   StoreInRing, RowPartials (each tile stores its partial; no protocol)   c1x2
 
 #include "variants.h"
 
 #include "comfuse/gemm.cuh"
 #include "comfuse/epilogue/all.cuh"
+#include "comfuse/epilogue/row_output.cuh"
+#include "row_partials.cuh"
 
 #ifndef OURS_CFG
-#error "compile with -DOURS_CFG=<0..34>"
+#error "compile with -DOURS_CFG=<0..36>"
 #endif
 
 namespace comfuse::bench {
@@ -74,10 +79,15 @@ template <> struct Knobs<16> { static constexpr int raster = 1, order = -1; };
 template <> struct Knobs<17> { static constexpr int raster = 0, order = 0; };
 template <> struct Knobs<18> { static constexpr int raster = 1, order = -1; };
 template <> struct Knobs<19> { static constexpr int raster = 1, order = -1; };
+template <class C> using ToRow = ReduceToRow<RowReduce::Mean, float, C, ops::PowInt<2>>;
+template <class C> using Partials = RowPartials<C, ops::PowInt<2>>;
+template <class Tree> struct RowsOf { static constexpr int value = 0; };
+template <class C> struct RowsOf<ToRow<C>> { static constexpr int value = 1; };
+template <class C> struct RowsOf<Partials<C>> { static constexpr int value = 2; };
 #define OURS_V(I, CM, CN, SCHED, TN, NAME, RES, BIAS, OUTS, ...) \
   template <> struct V<I> : Knobs<I> { using Tree = __VA_ARGS__; static constexpr int cm = CM, cn = CN, tn = TN; \
     static constexpr Schedule sched = SCHED; static constexpr char const* name = NAME; \
-    static constexpr bool res = RES, bias = BIAS; static constexpr int outs = OUTS; };
+    static constexpr bool res = RES, bias = BIAS; static constexpr int outs = OUTS, rows = RowsOf<Tree>::value; };
 constexpr Schedule PP = Schedule::PingPong, CO = Schedule::Cooperative;
 OURS_V(0, 1, 2, PP, 128, "ours_plain_store_c1x2", false, false, 1, S<AccEntry>)
 OURS_V(1, 1, 2, PP, 128, "ours_plain_async_c1x2", false, false, 1, SA<AccEntry>)
@@ -114,6 +124,8 @@ OURS_V(31, 1, 2, PP, 128, "ours_res2out_ringbox_inring_c1x2", true, false, 2, S<
 OURS_V(32, 2, 2, PP, 128, "ours_plain_store_c2x2", false, false, 1, S<AccEntry>)
 OURS_V(33, 2, 2, PP, 128, "ours_res_ringbox_store_c2x2", true, false, 1, S<Res<RingBox>>)
 OURS_V(34, 2, 2, PP, 128, "ours_res_ringbox_inring_c2x2", true, false, 1, SR<Res<RingBox>>)
+OURS_V(35, 1, 2, PP, 128, "ours_resrow_ringbox_inring_c1x2", true, false, 1, ToRow<SR<Res<RingBox>>>)
+OURS_V(36, 1, 2, PP, 128, "ours_respart_ringbox_inring_c1x2", true, false, 1, Partials<SR<Res<RingBox>>>)
 #undef OURS_V
 
 using Var = V<OURS_CFG>;
@@ -175,6 +187,21 @@ template <class C> struct ArgsOf<Compute<Mul, SR<C>, RowBroadcast<bf16>>> {
     return {ArgsOf<SR<C>>::make(p, true), ArgsOf<RowBroadcast<bf16>>::make(p, true)};
   }
 };
+// A per-row output over the stored h: into p.rows, the workspace (ReduceToRow's) p.ws
+template <class C> struct ArgsOf<ToRow<C>> {
+  static typename ToRow<C>::Arguments make(Problem const& p) {
+    typename ToRow<C>::Arguments a{ArgsOf<C>::make(p), {}, p.rows};
+    const size_t rb = size_t(p.M + 127) / 128, cols = size_t(p.N + 127) / 128;
+    a.ws.partials = static_cast<float*>(p.ws);
+    a.ws.counters = reinterpret_cast<int*>(static_cast<char*>(p.ws) + rb * cols * 128 * 8);
+    a.ws.cols = int(cols);
+    a.ws.tile_m = 128;
+    return a;
+  }
+};
+template <class C> struct ArgsOf<Partials<C>> {
+  static typename Partials<C>::Arguments make(Problem const& p) { return {ArgsOf<C>::make(p), p.rows}; }
+};
 // Two outputs: y = h ⊙ γ over the stored h (the inner store)
 template <class C> struct ArgsOf<Compute<Mul, S<C>, RowBroadcast<bf16>>> {
   static typename Compute<Mul, S<C>, RowBroadcast<bf16>>::Arguments make(Problem const& p) {
@@ -226,7 +253,8 @@ cudaError_t run(Problem const& p, cudaStream_t s) {
 #define COMFUSE_OURS_NAME2(n) ours_kernel_##n
 #define COMFUSE_OURS_NAME(n) COMFUSE_OURS_NAME2(n)
 Variant COMFUSE_OURS_NAME(OURS_CFG)() {
-  return {Var::name, Var::res, Var::bias, Var::outs, G::Kernel::kSmemBytes, int(G::Kernel::Mainloop::DispatchPolicy::Stages), &run};
+  return {Var::name,   Var::res, Var::bias, Var::outs, G::Kernel::kSmemBytes, int(G::Kernel::Mainloop::DispatchPolicy::Stages),
+          &run,        Var::rows};
 }
 
 }  // namespace comfuse::bench

@@ -16,9 +16,17 @@ struct Problem {
   void* D0 = nullptr;
   void* D1 = nullptr;
   int M = 0, N = 0, K = 0;
+  float* rows = nullptr;   // a per-row output: [M] (Variant::rows 1) or [ceil(N / 128)][M] (2)
+  void* ws = nullptr;      // the row output's workspace (ReduceToRow), zeroed at allocation (ws_bytes)
   bool same(Problem const& o) const {
     return A == o.A && B == o.B && R == o.R && bias == o.bias && gamma == o.gamma && D0 == o.D0 && D1 == o.D1 &&
-           M == o.M && N == o.N && K == o.K;
+           M == o.M && N == o.N && K == o.K && rows == o.rows && ws == o.ws;
+  }
+  // ReduceToRow's workspace at 128 x 128 tiles (row_output.cuh): partials [row blocks][C][1][128] 64-bit words,
+  // then counts [row blocks][4] 64-bit
+  static size_t ws_bytes(int M, int N) {
+    const size_t rb = size_t(M + 127) / 128, cols = size_t(N + 127) / 128;
+    return rb * cols * 128 * 8 + rb * 4 * 8;
   }
 };
 
@@ -30,9 +38,12 @@ struct Variant {
   int smem_bytes;   // the kernel's shared memory, and its mainloop's stages
   int stages;
   cudaError_t (*run)(Problem const&, cudaStream_t);
+  // a per-row output besides D0: 0 none; 1 s = mean(h²) [M] (ReduceToRow); 2 the partial sums of h² per 128-column
+  // block [ceil(N / 128)][M] (RowPartials)
+  int rows = 0;
 };
 
-constexpr int kOursKernels = 35;
+constexpr int kOursKernels = 37;
 Variant ours_kernel_0();
 Variant ours_kernel_1();
 Variant ours_kernel_2();
@@ -68,5 +79,7 @@ Variant ours_kernel_31();
 Variant ours_kernel_32();
 Variant ours_kernel_33();
 Variant ours_kernel_34();
+Variant ours_kernel_35();
+Variant ours_kernel_36();
 
 }  // namespace comfuse::bench
