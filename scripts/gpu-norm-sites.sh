@@ -4,9 +4,11 @@
 #   1. the package installed with the image's own python3 (the torch side of the bench parses the .cf programs with
 #      it), in the background while
 #   2. every kernel of both programs, deferral off and on, is compiled in parallel (`comfuse aot` fills the JIT cache),
-#   3. `comfuse run --check --launches 3` of both programs off and on (and on in the library form, and on with the ring
-#      form's output written back into the ring, --store-in-ring on), and of the
-#      programs whose epilogues publish row outputs (examples/prenorm_*.cf, tests/data/row_stats_*.cf);
+#   3. `comfuse run --check --launches 3` of both programs off and on (and on in the library form, on with the ring
+#      form's output written back into the ring, --store-in-ring on, and on with row statistics stored whole,
+#      --row-parts off), and of the
+#      programs whose epilogues publish row outputs (examples/prenorm_*.cf, tests/data/row_stats_*.cf, and
+#      tests/data/row_parts_odd.cf with its statistics in parts and whole);
 #   4. bench/norm_sites.py: `comfuse bench` with --defer-norms off and on alternating, ROUNDS invocations each, and
 #      torch.compile's best on the same math;
 #   5. with --pytest (before 4, at most PYTEST_S = 150 s), or --pytest-only (instead of 2-4): the GPU tests of norm
@@ -63,8 +65,14 @@ if [ $pytest_only = 0 ]; then
     for p in ${programs//,/ }; do   # the ring form's output written back into the ring (its /ir variant)
       echo "${p}_defer_on_ir examples/$p.cf --defer-norms on --store-in-ring on"
     done
+    for p in ${programs//,/ }; do   # row statistics stored whole by the producer's last tile (its /whole variant)
+      echo "${p}_defer_on_whole examples/$p.cf --defer-norms on --row-parts off"
+    done
     for p in prenorm_row_stats prenorm_two_outputs; do echo "$p examples/$p.cf"; done
     for p in row_stats_odd_sum row_stats_odd_max row_stats_cluster; do echo "$p tests/data/$p.cf"; done
+    for d in on off; do   # row statistics in parts at odd sizes (on), and whole (off)
+      echo "row_parts_odd_$d tests/data/row_parts_odd.cf --defer-norms on --row-parts $d"
+    done
   }
   runs | xargs -P 8 -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "/tmp/gpu-norm-sites-aot/$name" \
       > "'"$OUT"'/checks/aot_$name.log" 2>&1 || echo "aot failed: $name"' "$cli"
@@ -91,6 +99,7 @@ if [ $pytest_only = 0 ]; then
       for v in ${variants//,/ }; do   # off, on, on/fused: --defer-norms off|on [--form fused]
         d="${v%%/*}" form=; [ "$v" = "${v#*/}" ] || form="--form ${v#*/}"
         [ "$form" = "--form ir" ] && form="--store-in-ring on"
+        [ "$form" = "--form whole" ] && form="--row-parts off"
         case "$v" in */cfg:*) c="${v#*/cfg:}"; form="--config ${c//+/,}" ;; esac
         tag="${p}_$(echo "$v" | tr -c "A-Za-z0-9_\n-" _)"
         timeout 120 ncu --csv --metrics gpu__time_duration.sum "$cli" run "examples/$p.cf" --defer-norms $d $form \

@@ -42,14 +42,13 @@
 //   34  h = X·W + R                 StoreInRing, ring (boxes)             c2x2
 //   35-36: a per-row output s = mean(h²) beside h (29's tree): what the row output's protocol costs
 //   35  h = X·W + R, s = mean(h²)   StoreInRing, ReduceToRow (the last of a row block's tiles combines)  c1x2
-//   36  h = X·W + R, Σh² per tile   StoreInRing, RowPartials (each tile stores its partial; no protocol)   c1x2
+//   36  h = X·W + R, Σh² per tile   StoreInRing, ReduceToParts (each tile stores its partial; no protocol)   c1x2
 
 #include "variants.h"
 
 #include "comfuse/gemm.cuh"
 #include "comfuse/epilogue/all.cuh"
 #include "comfuse/epilogue/row_output.cuh"
-#include "row_partials.cuh"
 
 #ifndef OURS_CFG
 #error "compile with -DOURS_CFG=<0..36>"
@@ -80,7 +79,7 @@ template <> struct Knobs<17> { static constexpr int raster = 0, order = 0; };
 template <> struct Knobs<18> { static constexpr int raster = 1, order = -1; };
 template <> struct Knobs<19> { static constexpr int raster = 1, order = -1; };
 template <class C> using ToRow = ReduceToRow<RowReduce::Mean, float, C, ops::PowInt<2>>;
-template <class C> using Partials = RowPartials<C, ops::PowInt<2>>;
+template <class C> using Partials = ReduceToParts<RowReduce::Sum, C, ops::PowInt<2>>;
 template <class Tree> struct RowsOf { static constexpr int value = 0; };
 template <class C> struct RowsOf<ToRow<C>> { static constexpr int value = 1; };
 template <class C> struct RowsOf<Partials<C>> { static constexpr int value = 2; };

@@ -39,7 +39,7 @@ struct Variant {
   int stages;
   cudaError_t (*run)(Problem const&, cudaStream_t);
   // a per-row output besides D0: 0 none; 1 s = mean(h²) [M] (ReduceToRow); 2 the partial sums of h² per 128-column
-  // block [ceil(N / 128)][M] (RowPartials)
+  // block [ceil(N / 128)][M] (ReduceToParts)
   int rows = 0;
 };
 

@@ -17,6 +17,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -68,10 +69,31 @@ struct CompilerOptions {
   // GEMM readers have constant weights (`input W : ... const`); "" or "off" (the default until the planner has
   // measurements of the deferred kernels) leaves the program as written. explain() says what was rewritten.
   std::string defer_norms;
+  // A row reduction a region only stores ([rows, 1]) and only fused regions read, stored as its tiles' partial results
+  // that each reader combines (spec.h SpecOutput::row_parts; no last-tile protocol in the producer): "" or "on" = so
+  // wherever it can be, "off" = never (A/B benchmarks). explain() says which values are handed on in parts.
+  std::string row_parts;
   bool ahead_of_time = false;     // compile only (no driver needed): CompiledGraph::run refuses
   // A graph with a symbolic leading dim ("?"): the row count the planner picks tiles for (kernels run any).
   int64_t rows = 4096;
 };
+
+// A region's per-row output that is a row reduction's result, and how it is handed on (choose_row_parts).
+struct RowPartsChoice {
+  int producer = -1;              // the region
+  int output = -1;                // its output index
+  std::string value;              // the graph value
+  int parts = 0;                  // > 0: stored in this many row parts (the producer's column blocks); 0: whole
+  std::vector<int> readers;       // parts > 0: the regions that combine them
+  std::string why;                // parts == 0: why not
+};
+
+// What compile() hands on in row parts (CompilerOptions::row_parts), from plans alone (`comfuse plan`): per region
+// its plan, or nullopt where it runs on the plain path; the recognised chains that run fused. Changes no Spec.
+std::vector<RowPartsChoice> plan_row_parts(const Partition& p, const std::vector<std::optional<PlanDecision>>& plans,
+                                           const std::vector<int>& fused_chains);
+// One line per row reduction a region only stores: handed on in parts (to which regions), or whole and why.
+std::string explain_row_parts(const std::vector<RowPartsChoice>& choices);
 
 // One config of a region, compiled: a candidate of the per-shape config search (PlanDecision::candidates).
 struct CompiledCandidate {
@@ -193,6 +215,8 @@ class CompiledGraph {
   // The partition at planned_rows() (concrete shapes); regions() line up with its regions.
   const Partition& partition() const { return partition_; }
   const std::vector<NormSite>& norm_sites() const { return norm_sites_; }   // what defer_norms found
+  // The row reductions regions only store, and which are handed on in parts (CompilerOptions::row_parts).
+  const std::vector<RowPartsChoice>& row_parts() const { return row_parts_; }
   const std::vector<CompiledRegion>& regions() const { return regions_; }
   // The back-to-back chains that run fused (recognised chains the planner declined run as their regions).
   const std::vector<CompiledChain>& chains() const { return chains_; }
@@ -233,6 +257,9 @@ class CompiledGraph {
   bool aot_ = false;
   int device_ = -1;
   std::vector<DType> storage_;                               // per node: the dtype it is kept in between steps
+  std::vector<RowPartsChoice> row_parts_;                    // choose_row_parts
+  std::vector<int> node_parts_;                              // per node: its row parts (its buffer holds that many
+                                                             // [rows, 1] values), or 0
   std::unique_ptr<Runtime> rt_;
 };
 

@@ -82,6 +82,13 @@ struct RuntimeParam {
   BroadcastKind kind = BroadcastKind::Row;
   DType dtype = DType::F32;
   Shape shape;                  // the graph value's shape
+  // A Col param read from a row reduction's partial results (SpecOutput::row_parts of the kernel that produced it):
+  // the buffer is [row_parts, rows] f32, and the kernel combines a row's row_parts values by row_combine (Mean: their
+  // sum times 1 / row_count, the producer's N). 0: the [rows, 1] value itself.
+  int row_parts = 0;
+  ReduceKind row_combine = ReduceKind::Sum;
+  int64_t row_count = 0;
+  bool from_parts() const { return row_parts > 0; }
 };
 
 struct SpecOutput {
@@ -99,6 +106,12 @@ struct SpecOutput {
   int copies = 0;               // parts torch copies, which a dense output makes views (the planner prices them;
                                 // not hashed: the kernel is the same)
   bool split() const { return part_cols > 0; }
+  // A per-row output that is a row reduction's result, stored as that reduction's partial results, one per column
+  // block of the kernel's tiles: a [row_parts, rows] f32 buffer (row_parts = ceil(N / tile N)) that the kernels
+  // reading it combine themselves (RuntimeParam::row_parts), so that no CTA finishes another's rows (no arrival
+  // count, no last arriver: spec_with_row_parts). Mean's parts are sums. 0: the [rows, 1] value.
+  int row_parts = 0;
+  bool in_parts() const { return row_parts > 0; }
 };
 
 // The GEMM feeding the epilogue: rows = product of A's leading dims and M.
@@ -221,5 +234,18 @@ FusionSpec spec_with_output_dtypes(const FusionSpec& fs, const std::vector<DType
 // std::invalid_argument where the output cannot be laid out so (per-row, N not whole parts, a part that is not
 // whole 16-byte store blocks).
 FusionSpec spec_with_parts(const FusionSpec& fs, int out, int64_t part, int copies);
+
+// The same Spec storing per-row output `out` as `parts` partial results (SpecOutput::row_parts), or, for a reader,
+// reading Col param `param` from a producer's `parts` partial results combined by `combine` over `count` columns
+// (RuntimeParam::row_parts). Throws std::invalid_argument where that cannot be: the output is not an f32 row
+// reduction's result stored by the reduction alone (its only use in the kernel), or the param is not an f32 Col
+// param; parts < 1.
+FusionSpec spec_with_row_parts(const FusionSpec& fs, int out, int parts);
+FusionSpec spec_reading_row_parts(const FusionSpec& fs, int param, int parts, ReduceKind combine, int64_t count);
+// The output a Spec's only row reduction goes to, where that is all the reduction does: two stages, the first
+// ending in a reduction that carries nothing on, the second only storing the reduction's result to one per-row
+// output. -1 otherwise. (Psi renders such a Spec's first stage alone, its reduction finished without an exchange:
+// ReduceToRow, or ReduceToParts where the output is stored in parts.)
+int row_reduction_output(const FusionSpec& fs);
 
 }  // namespace comfuse

@@ -85,6 +85,9 @@ const char* kUsage =
     "  planner's choice (never, until it has measurements)\n"
     "  --defer-norms on|off (plan, emit, run, bench, aot): a LayerNorm / RMSNorm whose readers are GEMMs with\n"
     "  constant weights (input W : ... const) finished in those GEMMs (docs/kernel-reduce.md); default off\n"
+    "  --row-parts on|off (plan, run, bench, aot): a row statistic a region only stores and only fused regions read\n"
+    "  (an RMSNorm's mean(h^2) with --defer-norms on) handed on as its tiles' partial results, which each reader\n"
+    "  combines (on, the default), or stored whole by the producer's last tile of each row block (off)\n"
     "  --b2b on|off (run, bench, aot): back-to-back GEMM chains the planner fuses run as one kernel (on, the\n"
     "  default), or every chain runs as its two regions (off: the A/B comparison)\n"
     "  --parts on|off (emit): render the stages of a 128-row tile visited in 64-row parts, each row reduction's\n"
@@ -189,6 +192,13 @@ Partition program_partition(const Args& a, int64_t fallback, std::string* deferr
   return partition(d);
 }
 
+// --row-parts on|off: row statistics handed on in parts wherever they can be (the default), or never.
+std::string row_parts_arg(const Args& a) {
+  const std::string m = a.get("row-parts");
+  if (!m.empty() && m != "on" && m != "off") throw UsageError("--row-parts must be 'on' or 'off', got '" + m + "'");
+  return m;
+}
+
 // --store-in-ring on|off: the output of a ring-form region written back into the ring and stored from there wherever
 // Psi can, or never (default: the planner's choice, which has no measurements of it yet: never).
 std::string store_in_ring_arg(const Args& a) {
@@ -207,8 +217,10 @@ int cmd_plan(const Args& a) {
   if (auto why = check_region_configs(po, p.regions.size())) throw UsageError("--config: " + *why);
   if (const std::string f = form_arg(a); !f.empty()) po.form = f == "library" ? RegionForm::Library : RegionForm::Fused;
   if (const std::string s = store_in_ring_arg(a); !s.empty()) po.store_in_ring = s == "on";
+  std::vector<std::optional<PlanDecision>> plans;
   for (size_t i = 0; i < p.regions.size(); ++i) {
     PlanDecision d = plan_region(p.regions[i].spec, po.for_region(static_cast<int>(i)));
+    plans.push_back(d.verdict == Verdict::CannotServe ? std::nullopt : std::optional<PlanDecision>(d));
     std::cout << "  region " << i << ": ";
     if (d.verdict == Verdict::CannotServe)
       std::cout << "declined (runs on the plain path): " << d.reason << "\n";
@@ -227,10 +239,16 @@ int cmd_plan(const Args& a) {
       std::cout << "\n    why: " << d.candidates_reason << "\n";
     }
   }
+  std::vector<int> fused_chains;
   for (size_t i = 0; i < p.b2b.size(); ++i) {
     if (!p.b2b[i].recognised) continue;
     const B2BPlanDecision d = plan_b2b(p.b2b[i].spec);
     std::cout << "  b2b chain " << i << ": " << (d.fuse ? "" : "declined (runs as before): ") << d.reason << "\n";
+    if (d.fuse) fused_chains.push_back(static_cast<int>(i));
+  }
+  if (row_parts_arg(a) != "off") {
+    const std::string parts = explain_row_parts(plan_row_parts(p, plans, fused_chains));
+    if (!parts.empty()) std::cout << "\nrow statistics (--row-parts on):\n" << parts;
   }
   return 0;
 }
@@ -454,6 +472,7 @@ CompilerOptions compiler_options(const Args& a) {
   config_arg(a);   // (checked here, before any GPU work)
   o.config = a.get("config");
   o.defer_norms = defer_arg(a);
+  o.row_parts = row_parts_arg(a);
   o.b2b = b2b_arg(a);
   if (int64_t r = rows_arg(a)) o.rows = r;   // the planner tunes for the rows this command runs
   return o;
@@ -537,6 +556,7 @@ void check_compile_flags(const Args& a) {
   store_in_ring_arg(a);
   form_arg(a);
   b2b_arg(a);
+  row_parts_arg(a);
   if (a.get("aot").empty()) return;
   if (!a.get("form").empty()) throw UsageError("--form is fixed when the kernels were compiled: not with --aot");
   if (!a.get("config").empty()) throw UsageError("--config is fixed when the kernels were compiled: not with --aot");
@@ -546,6 +566,7 @@ void check_compile_flags(const Args& a) {
   if (!a.get("store-in-ring").empty())
     throw UsageError("--store-in-ring is fixed when the kernels were compiled: not with --aot");
   if (!a.get("b2b").empty()) throw UsageError("--b2b is fixed when the kernels were compiled: not with --aot");
+  if (!a.get("row-parts").empty()) throw UsageError("--row-parts is fixed when the kernels were compiled: not with --aot");
   if (!a.get("defer-norms").empty())
     throw UsageError("--defer-norms is fixed when the kernels were compiled (the manifest says): not with --aot");
 }
@@ -684,7 +705,7 @@ int main(int argc, char** argv) {
   std::string cmd = argv[1];
   try {
     if (cmd == "plan")
-      return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms", "form", "config", "store-in-ring"}));
+      return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms", "form", "config", "store-in-ring", "row-parts"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
     if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts", "defer-norms", "form", "config"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
@@ -692,13 +713,13 @@ int main(int argc, char** argv) {
       return cmd_run(
           parse_args(argc, argv, {"check"},
                      {"inputs", "outputs", "transport", "merge", "store-in-ring", "b2b", "aot", "seed", "rows", "launches", "defer-norms", "form",
-                      "config"}));
+                      "config", "row-parts"}));
     if (cmd == "bench")
       return cmd_bench(
           parse_args(argc, argv, {}, {"iters", "transport", "merge", "store-in-ring", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms", "form",
-                      "config"}));
+                      "config", "row-parts"}));
     if (cmd == "pack") return cmd_pack(parse_args(argc, argv, {"dry-run", "as-written", "keep-going", "own-sizes"}, {"o", "rows", "dims", "jobs", "covers"}));
-    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "store-in-ring", "b2b", "rows", "defer-norms", "form", "config"}));
+    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "store-in-ring", "b2b", "rows", "defer-norms", "form", "config", "row-parts"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const ParseError& e) {

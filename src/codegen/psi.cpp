@@ -88,7 +88,8 @@ class Psi {
       : fs_(fs), st_(fs.stages()), form_(form), staged_(form == TileInputForm::Staged ? staged_tile_args(cfg) : ""),
         parts_(renders_parts(fs, cfg)), row_output_(row_output_of(fs)), pair_rows_(pair_rows_of(fs)),
         async_box_(async_store_box(fs, cfg)), ring_boxes_(form == TileInputForm::Ring && ring_in_boxes(fs, cfg)),
-        store_in_ring_(cfg.store_in_ring) {
+        store_in_ring_(cfg.store_in_ring), group_tile_m_(cfg.cooperative ? cfg.tile_m / 2 : cfg.tile_m) {
+    check_row_parts(fs, cfg);
     if (row_output_ >= 0) {   // the reduction only leaves the kernel: stage 0 alone, its reduction a ReduceToRow
       st_.resize(1);
       parts_ = false;
@@ -225,6 +226,23 @@ class Psi {
   TileInputForm form() const { return form_; }
   bool parts() const { return parts_; }   // StageStream<.., InParts> (renders_parts)
   bool ring_boxes() const { return ring_boxes_; }
+  // Row parts (spec.h SpecOutput::row_parts, RuntimeParam::row_parts): a fused kernel (the library form's pass has
+  // other rows per thread), and an output's count is the config's column blocks of N.
+  static void check_row_parts(const FusionSpec& fs, const KernelConfig& cfg) {
+    bool any = false;
+    for (const RuntimeParam& p : fs.params) any = any || p.from_parts();
+    for (const SpecOutput& o : fs.outputs) {
+      if (!o.in_parts()) continue;
+      any = true;
+      const int64_t cols = (fs.gemm.n + cfg.tile_n - 1) / cfg.tile_n;
+      if (fs.gemm.paired()) throw CodegenError("output '" + o.name + "' in row parts from two GEMMs on one A: not in this version");
+      if (o.row_parts != cols)
+        throw CodegenError("output '" + o.name + "' is stored in " + std::to_string(o.row_parts) + " row parts, but config " +
+                           config_name(cfg) + " has " + std::to_string(cols) + " column blocks of N = " + std::to_string(fs.gemm.n));
+    }
+    if (any && cfg.library)
+      throw CodegenError("row parts in the library form: not in this version (its pass reads and writes [rows, 1] values)");
+  }
   int row_output() const { return row_output_; }   // the per-row output of a ReduceToRow, or -1 (row_output_of)
   bool pair_rows() const { return pair_rows_.first >= 0; }   // LocalReduce + MergedToRows (pair_rows_of)
   // The store of the first result in stage 1 of a pair_rows_of Spec: MergedToRows writes that output itself.
@@ -456,6 +474,15 @@ class Psi {
     const char* t = cpp_type(fs_.params[n.param].dtype);
     const std::string i = std::to_string(n.param), ptr = std::string("p.input<") + t + ">(" + i + ")";
     if (n.bcast == BroadcastKind::Row) return {std::string("RowBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][col]"};
+    if (n.bcast == BroadcastKind::Col && fs_.params[n.param].from_parts()) {   // a producer's partial results
+      const RuntimeParam& prm = fs_.params[n.param];
+      const std::string c = std::to_string(prm.row_parts);
+      return {std::string("ColParts<") + reduce_kind(prm.row_combine) + ", " + c + ", " +
+                  std::to_string(group_tile_m_ / 32) + ">",
+              "{p.input<float>(" + i + "), " + std::to_string(prm.row_count) + "}",
+              std::string(reduce_kind_name(prm.row_combine)) + " of param[" + i + "][0.." + c + ", row] (" + c +
+                  " row parts; over " + std::to_string(prm.row_count) + " columns)"};
+    }
     if (n.bcast == BroadcastKind::Col) return {std::string("ColBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][row]"};
     if (n.bcast == BroadcastKind::Periodic) {
       const std::string period = std::to_string(fs_.params[n.param].shape.back());
@@ -550,6 +577,14 @@ class Psi {
     const int child = st >= 0 ? st : src;
     const std::string c = names_[k][child];
     const std::string map = x >= 0 ? ", " + map_functor(st_[k]->nodes[n.args[0]]) : "";
+    if (row_output_ >= 0 && fs_.outputs[row_output_].in_parts()) {   // the tiles' partials are the output
+      const std::string o = std::to_string(row_output_);
+      return {std::string("ReduceToParts<") + reduce_kind(n.reduce) + ", " + c + map + ">",
+              "{" + args_[k][child] + ", p.output<float>(" + o + ")}",
+              names_[k][src] + "; out[" + o + "][column block, row] = " + reduce_kind_name(n.reduce) + "(" +
+                  names_[k][n.args[0]] + ") over the tile's columns" + (st >= 0 ? ", after " + c + " stores it" : "") +
+                  " (its readers combine the " + std::to_string(fs_.outputs[row_output_].row_parts) + " parts)"};
+    }
     if (row_output_ >= 0) {   // the result only leaves the kernel: partials, and the last arrival stores it
       const char* t = cpp_type(fs_.outputs[row_output_].dtype);
       const std::string o = std::to_string(row_output_);
@@ -649,6 +684,7 @@ class Psi {
   int async_box_;        // async_store_box: StoreAsync's box width, or 0 (Store)
   bool ring_boxes_;      // the ring filled by 64 x 64 TMA boxes (ring_in_boxes), not row by row
   bool store_in_ring_;   // cfg.store_in_ring: the first eligible output through the ring (stores_in_ring)
+  int group_tile_m_;     // one consumer group's rows of the tile (ColParts: its thread's row slots)
   std::map<std::string, std::string> alias_types_;   // every alias the unit defines -> its type
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
   std::vector<std::string> tree_types_, tree_args_;      // per stage: its tree's type and Arguments expression
@@ -786,7 +822,10 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
                     : "tile " + std::to_string(cfg.tile_m) + "x" + std::to_string(cfg.tile_n) + "x" + std::to_string(cfg.tile_k))
     << ", cluster " << cfg.cluster_m << "x" << cfg.cluster_n << (cfg.cooperative ? ", cooperative" : "")
     << (cfg.merged ? ", reduction pairs merged" : "") << (psi.parts() ? ", stages visited in 64-row parts" : "")
-    << (psi.row_output() >= 0 ? ", the row reduction only leaves the kernel (ReduceToRow)" : "")
+    << (psi.row_output() >= 0 ? (fs.outputs[psi.row_output()].in_parts()
+                                     ? ", the row reduction only leaves the kernel, in row parts (ReduceToParts)"
+                                     : ", the row reduction only leaves the kernel (ReduceToRow)")
+                              : "")
     << (psi.pair_rows() ? ", the LayerNorm pair's results only leave the kernel (LocalReduce + MergedToRows)" : "")
     << "\n";
   if (fs.gemm.paired())
@@ -818,10 +857,16 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   // No graph value names either: the twelve layers of an encoder stack are one kernel and one cache entry.
   for (size_t i = 0; i < fs.params.size(); ++i)
     o << "//   param[" << i << "] " << broadcast_kind_name(fs.params[i].kind) << " "
-      << dtype_name(fs.params[i].dtype) << row_free(fs.params[i].kind, fs.params[i].shape) << "\n";
+      << dtype_name(fs.params[i].dtype)
+      << (fs.params[i].from_parts() ? "[" + std::to_string(fs.params[i].row_parts) + ", rows] (row parts)"
+                                    : row_free(fs.params[i].kind, fs.params[i].shape))
+      << "\n";
   for (size_t i = 0; i < fs.outputs.size(); ++i)
     o << "//   out[" << i << "] " << dtype_name(fs.outputs[i].dtype)
-      << (fs.outputs[i].per_row ? "[rows, 1]" : "[rows, N]") << "\n";
+      << (fs.outputs[i].in_parts() ? "[" + std::to_string(fs.outputs[i].row_parts) + ", rows] (row parts)"
+          : fs.outputs[i].per_row  ? "[rows, 1]"
+                                   : "[rows, N]")
+      << "\n";
   o << "#include \"comfuse/generated_unit.cuh\"\n\n"
     << "namespace " << g.name << " {\nusing namespace comfuse::generated;\n\n"
     << "// One alias per Spec node: v<k>_<i> is node %i of stage k as `comfuse plan` prints the Spec. Values are fp32;\n"
@@ -847,7 +892,8 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   o
     << "using Unit = GeneratedUnit<Cfg, Epilogue, /*outputs*/ " << fs.outputs.size() << ", /*params*/ "
     << fs.params.size() << (fs.gemm.paired() ? ", /*B2 = param*/ " + std::to_string(fs.gemm.b2_param) : std::string())
-    << (psi.row_output() >= 0 ? ", /*B2*/ -1, /*row outputs*/ 1" : psi.pair_rows() ? ", /*B2*/ -1, /*row outputs*/ 2" : "")
+    << (psi.row_output() >= 0 && !fs.outputs[psi.row_output()].in_parts() ? ", /*B2*/ -1, /*row outputs*/ 1"
+        : psi.pair_rows() ? ", /*B2*/ -1, /*row outputs*/ 2" : "")
     << ">;\n\n"
     << "// The Arguments of every node that takes any (pointers, constants, the reductions' workspace).\n"
     << "// ld: the row stride (N) of every [rows, N] output and tile parameter.\n"

@@ -127,26 +127,6 @@ std::pair<int, int> pair_rows_of(const FusionSpec& fs) {
   return {first, second};
 }
 
-// The output a Spec's only row reduction goes to, where that is all the reduction does: two stages, the first
-// ending in a reduction that carries nothing on, the second only storing the reduction's result to one per-row
-// output. Psi then renders the first stage alone, the reduction as ReduceToRow (epilogue/row_output.cuh): no
-// exchange, no waiting. -1 otherwise.
-int row_output_of(const FusionSpec& fs) {
-  const auto st = fs.stages();
-  if (st.size() != 2) return -1;
-  const SpecNode& red = st[0]->nodes[st[0]->terminal];
-  if (red.kind != SpecKind::Reduction || !red.bypass.empty()) return -1;
-  int out = -1;
-  for (const SpecNode& n : st[1]->nodes) {
-    if (n.kind == SpecKind::Placeholder && n.placeholder == PlaceholderKind::ReductionResult) continue;
-    if (n.kind != SpecKind::Store || out >= 0) return -1;
-    const SpecNode& v = st[1]->nodes.at(n.args.at(0));
-    if (v.kind != SpecKind::Placeholder || v.placeholder != PlaceholderKind::ReductionResult) return -1;
-    out = n.output;
-  }
-  return out >= 0 && fs.outputs.at(out).per_row ? out : -1;
-}
-
 // rotate_half and periodic inputs (epilogue/rotate.cuh): blocks of P columns that line up with the output tile, one
 // P for the whole tree, and rotate_half only over values that depend on nothing but the element's coordinates.
 void check_column_blocks(const FusionSpec& fs, const KernelConfig& c) {

@@ -29,8 +29,9 @@ std::vector<MergeHow> merged_pairs(const std::vector<const Spec*>& st);
 // The per-row outputs (mean, mean of squared deviations) of a LayerNorm pair whose two results only leave the
 // kernel (LocalReduce + MergedToRows), or {-1, -1}.
 std::pair<int, int> pair_rows_of(const FusionSpec& fs);
-// The output a Spec's only row reduction goes to, where that is all the reduction does (ReduceToRow), or -1.
-int row_output_of(const FusionSpec& fs);
+// The output a Spec's only row reduction goes to, where that is all the reduction does (ReduceToRow, or
+// ReduceToParts where it is stored in parts), or -1: spec.h's row_reduction_output.
+inline int row_output_of(const FusionSpec& fs) { return row_reduction_output(fs); }
 
 // Where cuBLASLt's own epilogue computes the whole region (the library form then writes the output from the GEMM and
 // runs no pass): "Store" (X·W), "Bias" (X·W + b), "Relu" or "BiasRelu", with the bias param (-1 without). One

@@ -87,6 +87,7 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
     << "# and one per fused back-to-back chain (its config is the planner's):\n"
     << "# b2b chain kernel-name library\n";
   if (opts_.defer_norms == "on") m << "option defer_norms on\n";   // load() rewrites the program the same way
+  if (opts_.row_parts == "off") m << "option row_parts off\n";    // load() hands row statistics on the same way
   if (!cg.plain_library_.empty()) {
     copy_into(cg.plain_library_, fs::path(dir) / "comfuse_plain_path.so");
     cg.plain_library_ = (fs::path(dir) / "comfuse_plain_path.so").string();
@@ -142,6 +143,8 @@ struct Compiler::ManifestReader {
   const Partition& p;
   std::vector<bool> seen;                                  // regions with a line
   std::vector<std::pair<int, CompiledCandidate>> others;   // "candidate" lines, attached after every region's line
+  std::vector<std::string> names, files;                   // per region: the kernel name and library its line gives
+  bool row_parts = true;                                   // no "option row_parts off" line
 
   ManifestReader(CompiledGraph& g, const std::string& d) : cg(g), dir(d), p(g.partition_), seen(p.regions.size(), false) {
     cg.regions_.resize(p.regions.size());
@@ -234,19 +237,14 @@ struct Compiler::ManifestReader {
       r.plan.form = RegionForm::Fused;
       r.plan.config = prior.config;
     }
-    try {
-      r.kernel = generate_kernel(p.regions[idx].spec, prior.config);
-    } catch (const CodegenError& e) {   // e.g. "merged" for a Spec without a pair: not the Spec it was built from
-      throw CompileError(dir + ": region " + std::to_string(idx) + " was compiled from another Spec (" + name +
-                         "; this graph's cannot take its config: " + e.what() + "): re-run comfuse aot");
-    }
-    if (r.kernel.name != name)
-      throw CompileError(dir + ": region " + std::to_string(idx) + " was compiled from another Spec (" + name +
-                         ", this graph's is " + r.kernel.name + "): re-run comfuse aot");
-    r.library_path = library_in(file);
+    // (its kernel is generated and checked, and then its library looked for, once every region's config is known:
+    // finish)
+    names.resize(p.regions.size());
+    files.resize(p.regions.size());
+    names[idx] = name;
+    files[idx] = file;
     r.cache_hit = true;
     prior.kernel_name = name;
-    prior.library_path = r.library_path;
     prior.cache_hit = true;
     r.candidates = {prior};
   }
@@ -288,11 +286,30 @@ struct Compiler::ManifestReader {
     }
     for (size_t i = 0; i < seen.size(); ++i)
       if (!seen[i]) throw CompileError(dir + "/manifest.txt has no kernel for region " + std::to_string(i));
+    // the row parts as compile() chose them, from the same plans, then each region's kernel as its Spec now is
+    if (row_parts) cg.row_parts_ = choose_row_parts(cg.partition_, cg.regions_, cg.chains_);
+    for (size_t idx = 0; idx < cg.regions_.size(); ++idx) {
+      CompiledRegion& r = cg.regions_[idx];
+      if (r.plain) continue;
+      const std::string& name = names.at(idx);
+      try {
+        r.kernel = generate_kernel(p.regions[idx].spec, r.plan.running_config());
+      } catch (const CodegenError& e) {   // e.g. "merged" for a Spec without a pair: not the Spec it was built from
+        throw CompileError(dir + ": region " + std::to_string(idx) + " was compiled from another Spec (" + name +
+                           "; this graph's cannot take its config: " + e.what() + "): re-run comfuse aot");
+      }
+      if (r.kernel.name != name)
+        throw CompileError(dir + ": region " + std::to_string(idx) + " was compiled from another Spec (" + name +
+                           ", this graph's is " + r.kernel.name + "): re-run comfuse aot");
+      for (auto& k : r.candidates) k.kernel_name = name;
+      r.library_path = r.candidates.at(0).library_path = library_in(files.at(idx));
+    }
     bool need_plain = needs_plain_path(p);
     for (const auto& r : cg.regions_) need_plain = need_plain || r.plain;
     if (need_plain && cg.plain_library_.empty())
       throw CompileError(dir + "/manifest.txt has no plain GPU path library, which this graph needs: re-run comfuse aot");
     cg.storage_ = cg.storage_dtypes();
+    cg.node_parts_ = node_row_parts(p, cg.regions_);
   }
 };
 
@@ -303,6 +320,7 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
   begin(cg, g, manifest.find("\noption defer_norms on\n") != std::string::npos ? "on" : "off");
   cg.cache_dir_ = opts_.jit.cache_dir.empty() ? jit::default_cache_dir() : opts_.jit.cache_dir;
   ManifestReader reader(cg, dir);
+  reader.row_parts = manifest.find("\noption row_parts off\n") == std::string::npos;
   std::istringstream in(manifest);
   for (std::string line; std::getline(in, line);) reader.line(line);
   reader.finish();

@@ -24,6 +24,8 @@ void check_header_dirs(const CompilerOptions& o);
 // for speed runs in the library form where a pass serves it, else fused). False when no kernel can serve it (the
 // plan says why). Throws when the transport or a form asked for cannot serve it.
 bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const PlanOptions& opts);
+// Its first half: the plan only (r.kernel is left empty), for callers that change the Spec before generating.
+bool plan_only(CompiledRegion& r, const FusionSpec& spec, const PlanOptions& opts);
 // Psi's unit for a fused chain and the graph nodes of the bias vectors its kernel reads.
 void set_chain_kernel(CompiledChain& cc, const B2BSpec& b);
 // The prior's result into the region's own fields (what users before the config search read).
@@ -32,5 +34,14 @@ CompiledCandidate candidate_of(const KernelConfig& c, const std::string& name, c
 // The launch arguments every kernel takes: dense row-major A [rows, K], B [K, N] (or [N, K]), outputs [rows, N].
 ComfuseKernelArgs kernel_args(const FusionSpec& fs, int64_t rows, const void* a, const void* b, Transport transport);
 std::string fixed(double v, int digits);
+// Which row reductions regions only store are handed on in parts (CompilerOptions::row_parts): where every reader is
+// a fused region reading the value as an f32 [rows, 1] input and the producer's tile width is fixed, the producer's
+// Spec stores it in parts (spec_with_row_parts) and each reader's combines them (spec_reading_row_parts), a reader's
+// library-form candidates left out of its config search (their pass reads [rows, 1] values). Call after
+// every region and chain is planned and before any kernel is generated. One entry per such reduction (row_parts.cpp).
+std::vector<RowPartsChoice> choose_row_parts(Partition& p, std::vector<CompiledRegion>& regions,
+                                             const std::vector<CompiledChain>& chains);
+// Per graph node: the row parts its buffer holds (the producers' choices), or 0.
+std::vector<int> node_row_parts(const Partition& p, const std::vector<CompiledRegion>& regions);
 
 }  // namespace comfuse::detail

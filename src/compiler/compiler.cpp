@@ -149,6 +149,13 @@ void add_form_candidates(PlanDecision& d, const FusionSpec& spec, const PlanOpti
 
 // Plans a region and generates its kernel into r, in the form the plan chose (compile_steps.h).
 bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const PlanOptions& opts) {
+  if (!plan_only(r, spec, opts)) return false;
+  r.kernel = generate_kernel(spec, r.plan.running_config());
+  return true;
+}
+
+// plan_and_generate's planning half (compile_steps.h).
+bool plan_only(CompiledRegion& r, const FusionSpec& spec, const PlanOptions& opts) {
   try {
     r.plan = plan_region(spec, opts);
   } catch (const PlanError& e) {
@@ -160,7 +167,6 @@ bool plan_and_generate(CompiledRegion& r, const FusionSpec& spec, const PlanOpti
     r.plan.candidates.resize(1);
     r.plan.candidates_reason += "; COMFUSE_CONFIG_SEARCH=0: the prior alone is compiled";
   }
-  r.kernel = generate_kernel(spec, r.plan.running_config());
   return true;
 }
 
@@ -246,19 +252,33 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   // One job per candidate config of every region, all at once (each candidate's config is in its source: distinct
   // cache entries). jobs[i][c]: region i, candidate c (c = 0 the prior).
   std::vector<std::vector<std::future<jit::CompileResult>>> jobs(p.regions.size());
-  for (size_t i = 0; i < p.regions.size(); ++i) {
+  for (size_t i = 0; i < p.regions.size(); ++i) {   // every region planned first: the row parts read their plans
     CompiledRegion& r = cg.regions_[i];
     r.region = static_cast<int>(i);
-    bool kernel = false;
     try {
-      kernel = plan_and_generate(r, p.regions[i].spec, plan_opts.for_region(static_cast<int>(i)));
+      r.plain = !plan_only(r, p.regions[i].spec, plan_opts.for_region(static_cast<int>(i)));
     } catch (const CompileError& e) {
       throw CompileError("region " + std::to_string(i) + ": " + e.what());
     }
-    if (!kernel) {   // no kernel can serve it: its nodes run on the plain path
-      r.plain = true;
-      need_plain = true;
-      continue;
+    need_plain = need_plain || r.plain;   // no kernel can serve it: its nodes run on the plain path
+  }
+  // Back-to-back chains the planner fuses: one more kernel each (their regions are compiled all the same).
+  for (size_t i = 0; i < p.b2b.size(); ++i) {
+    if (!p.b2b[i].recognised || !opts_.b2b) continue;
+    CompiledChain cc;
+    cc.plan = plan_b2b(p.b2b[i].spec);
+    if (!cc.plan.fuse) continue;
+    cc.chain = static_cast<int>(i);
+    cg.chains_.push_back(std::move(cc));
+  }
+  if (opts_.row_parts != "off") cg.row_parts_ = choose_row_parts(cg.partition_, cg.regions_, cg.chains_);
+  for (size_t i = 0; i < p.regions.size(); ++i) {
+    CompiledRegion& r = cg.regions_[i];
+    if (r.plain) continue;
+    try {
+      r.kernel = generate_kernel(p.regions[i].spec, r.plan.running_config());
+    } catch (const CodegenError& e) {
+      throw CompileError("region " + std::to_string(i) + ": " + e.what());
     }
     for (size_t c = 0; c < r.plan.candidates.size(); ++c) {
       std::string src = c == 0 ? r.kernel.source : generate_kernel(p.regions[i].spec, r.plan.candidates[c]).source;
@@ -268,19 +288,12 @@ CompiledGraph Compiler::compile(const Graph& g) const {
       }));
     }
   }
-  // Back-to-back chains the planner fuses: one more kernel each (their regions above are compiled all the same).
   std::vector<std::future<jit::CompileResult>> chain_jobs;
-  for (size_t i = 0; i < p.b2b.size(); ++i) {
-    if (!p.b2b[i].recognised || !opts_.b2b) continue;
-    CompiledChain cc;
-    cc.plan = plan_b2b(p.b2b[i].spec);
-    if (!cc.plan.fuse) continue;
-    cc.chain = static_cast<int>(i);
-    set_chain_kernel(cc, p.b2b[i].spec);
+  for (CompiledChain& cc : cg.chains_) {
+    set_chain_kernel(cc, p.b2b[cc.chain].spec);
     chain_jobs.push_back(std::async(std::launch::async, [src = cc.kernel.source, label = cc.kernel.name, jo] {
       return jit::compile(src, label, jo);
     }));
-    cg.chains_.push_back(std::move(cc));
   }
   std::future<jit::CompileResult> plain_job;
   if (need_plain)
@@ -313,6 +326,7 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   }
   if (need_plain) cg.plain_library_ = plain_job.get().cubin_path;
   cg.storage_ = cg.storage_dtypes();
+  cg.node_parts_ = node_row_parts(p, cg.regions_);
   return cg;
 }
 

@@ -187,6 +187,7 @@ std::string plan_line(const PlanDecision& d) {
 std::string CompiledGraph::explain() const {
   std::ostringstream o;
   if (!norm_sites_.empty()) o << explain_deferral(norm_sites_) << fold_summary(partition_);
+  o << explain_row_parts(row_parts_);
   for (const auto& r : regions_) {
     if (r.plain) {
       o << "region " << r.region << ": plain GPU path, one kernel per node (" << r.plan.reason << ")\n";
@@ -416,7 +417,9 @@ struct CompiledGraph::Launch {
       return c.ptr;
     }
     if (auto it = buffers.find(n.name); it != buffers.end() && cg.storage_[node] == n.dtype) return it->second;
-    return ensure(st->values[node], static_cast<size_t>(numel(n.shape)) * dtype_bytes(cg.storage_[node]));
+    // (a row statistic handed on in parts holds that many [rows, 1] values: choose_row_parts)
+    const size_t parts = size_t(node) < cg.node_parts_.size() && cg.node_parts_[node] > 0 ? cg.node_parts_[node] : 1;
+    return ensure(st->values[node], static_cast<size_t>(numel(n.shape)) * dtype_bytes(cg.storage_[node]) * parts);
   }
   // The value of `node` as `dt` (converted after its producer ran, when the storage dtype differs): once per run
   // however many steps read it, and not at all while a folded weight's converted copy stands.

@@ -207,6 +207,17 @@ void verify_spec(const FusionSpec& fs) {
   }
   for (size_t o = 0; o < stores.size(); ++o)
     if (stores[o] != 1) throw std::logic_error("spec verify: output '" + fs.outputs[o].name + "' stored " + std::to_string(stores[o]) + " times");
+  for (size_t i = 0; i < fs.outputs.size(); ++i) {
+    const SpecOutput& o = fs.outputs[i];
+    if (o.row_parts < 0) throw std::logic_error("spec verify: output '" + o.name + "' has negative row parts");
+    if (o.in_parts() && (row_reduction_output(fs) != static_cast<int>(i) || o.dtype != DType::F32))
+      throw std::logic_error("spec verify: output '" + o.name + "' stored in row parts is not an f32 row reduction's "
+                             "result stored by the reduction alone");
+  }
+  for (const auto& p : fs.params)
+    if (p.row_parts < 0 || (p.from_parts() && (p.kind != BroadcastKind::Col || p.dtype != DType::F32 || p.row_count < 1)))
+      throw std::logic_error("spec verify: param '" + p.name + "' read from row parts is not an f32 Col param with a "
+                             "column count");
   for (const auto& o : fs.outputs) {
     if (!o.split()) continue;
     if (auto why = parts_layout_problem(fs, o, o.part_cols))
@@ -275,7 +286,11 @@ std::string print_spec(const FusionSpec& fs) {
   for (size_t i = 0; i < fs.params.size(); ++i) {
     const auto& p = fs.params[i];
     o << "  p" << i << " " << broadcast_kind_name(p.kind) << " " << p.name << " : " << dtype_name(p.dtype)
-      << shape_str(p.shape) << "\n";
+      << shape_str(p.shape);
+    if (p.from_parts())
+      o << " from " << p.row_parts << " row parts, combined by " << reduce_kind_name(p.row_combine) << " over "
+        << p.row_count << " columns";
+    o << "\n";
   }
   o << "outputs:\n";
   for (size_t i = 0; i < fs.outputs.size(); ++i) {
@@ -283,6 +298,7 @@ std::string print_spec(const FusionSpec& fs) {
     o << "  o" << i << " " << (out.per_row ? "row " : "tile") << " " << out.name << " : " << dtype_name(out.dtype)
       << shape_str(out.shape);
     if (out.split()) o << " stored in parts: [" << fs.gemm.n / out.part_cols << ", rows, " << out.part_cols << "]";
+    if (out.in_parts()) o << " stored in row parts: [" << out.row_parts << ", rows] (its readers combine them)";
     o << "\n";
   }
   print_stage(o, fs, fs.root, 0, "");
@@ -361,11 +377,17 @@ uint64_t hash_spec(const FusionSpec& fs, bool with_nk) {
   for (const auto& p : fs.params) {
     h.i64(static_cast<int64_t>(p.kind));
     h.i64(static_cast<int64_t>(p.dtype));
+    if (p.from_parts()) {   // (params read whole hash as before)
+      h.i64(p.row_parts);
+      h.i64(static_cast<int64_t>(p.row_combine));
+      h.i64(p.row_count);
+    }
   }
   for (const auto& o : fs.outputs) {
     h.i64(static_cast<int64_t>(o.dtype));
     h.i64(o.per_row);
     if (o.split()) h.i64(o.part_cols);   // (row-major outputs hash as before)
+    if (o.in_parts()) h.i64(-1 - o.row_parts);
   }
   hash_stage(h, fs.root);
   return h.h;
@@ -408,6 +430,54 @@ FusionSpec spec_with_output_dtypes(const FusionSpec& fs, const std::vector<DType
                                 std::to_string(fs.outputs.size()) + " outputs");
   FusionSpec r = fs;
   for (size_t i = 0; i < dtypes.size(); ++i) r.outputs[i].dtype = dtypes[i];
+  return r;
+}
+
+int row_reduction_output(const FusionSpec& fs) {
+  const auto st = fs.stages();
+  if (st.size() != 2) return -1;
+  const SpecNode& red = st[0]->nodes[st[0]->terminal];
+  if (red.kind != SpecKind::Reduction || !red.bypass.empty()) return -1;
+  int out = -1;
+  for (const SpecNode& n : st[1]->nodes) {
+    if (n.kind == SpecKind::Placeholder && n.placeholder == PlaceholderKind::ReductionResult) continue;
+    if (n.kind != SpecKind::Store || out >= 0) return -1;
+    const SpecNode& v = st[1]->nodes.at(n.args.at(0));
+    if (v.kind != SpecKind::Placeholder || v.placeholder != PlaceholderKind::ReductionResult) return -1;
+    out = n.output;
+  }
+  return out >= 0 && fs.outputs.at(out).per_row ? out : -1;
+}
+
+FusionSpec spec_with_row_parts(const FusionSpec& fs, int out, int parts) {
+  if (out < 0 || out >= static_cast<int>(fs.outputs.size()))
+    throw std::invalid_argument("spec_with_row_parts: output " + std::to_string(out) + " of " + std::to_string(fs.outputs.size()));
+  const SpecOutput& o = fs.outputs[out];
+  if (parts < 1) throw std::invalid_argument("spec_with_row_parts: output '" + o.name + "': parts must be at least 1");
+  if (row_reduction_output(fs) != out)
+    throw std::invalid_argument("spec_with_row_parts: output '" + o.name + "' is not a row reduction's result that "
+                                "the kernel only stores");
+  if (o.dtype != DType::F32)
+    throw std::invalid_argument("spec_with_row_parts: output '" + o.name + "' is " + dtype_name(o.dtype) +
+                                ", and partial results are f32");
+  FusionSpec r = fs;
+  r.outputs[out].row_parts = parts;
+  return r;
+}
+
+FusionSpec spec_reading_row_parts(const FusionSpec& fs, int param, int parts, ReduceKind combine, int64_t count) {
+  if (param < 0 || param >= static_cast<int>(fs.params.size()))
+    throw std::invalid_argument("spec_reading_row_parts: param " + std::to_string(param) + " of " +
+                                std::to_string(fs.params.size()));
+  const RuntimeParam& p = fs.params[param];
+  if (p.kind != BroadcastKind::Col || p.dtype != DType::F32)
+    throw std::invalid_argument("spec_reading_row_parts: param '" + p.name + "' is not an f32 per-row ([rows, 1]) input");
+  if (parts < 1 || count < 1)
+    throw std::invalid_argument("spec_reading_row_parts: param '" + p.name + "': parts and count must be at least 1");
+  FusionSpec r = fs;
+  r.params[param].row_parts = parts;
+  r.params[param].row_combine = combine;
+  r.params[param].row_count = count;
   return r;
 }
 

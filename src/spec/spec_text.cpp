@@ -166,16 +166,23 @@ Spec read_stage(Reader& r, int depth) {
 std::string spec_to_text(const FusionSpec& fs) {
   std::ostringstream o;
   const GemmDesc& g = fs.gemm;
-  o << "spec 1 " << fs.params.size() << " " << fs.outputs.size() << "\n"
+  // Format 2 adds the row parts (spec.h RuntimeParam::row_parts, SpecOutput::row_parts) to every param and output
+  // line; a Spec without them is written as format 1, as before.
+  bool parts = false;
+  for (const auto& p : fs.params) parts = parts || p.from_parts();
+  for (const auto& out : fs.outputs) parts = parts || out.in_parts();
+  o << "spec " << (parts ? 2 : 1) << " " << fs.params.size() << " " << fs.outputs.size() << "\n"
     << "gemm " << int(g.dtype) << " " << int(g.transpose_a) << " " << int(g.transpose_b) << " " << g.rows << " " << g.n
     << " " << g.k << " " << g.b2_param << "\n";
   for (const auto& p : fs.params) {
     o << "param " << int(p.kind) << " " << int(p.dtype);
+    if (parts) o << " " << p.row_parts << " " << int(p.row_combine) << " " << p.row_count;
     write_shape(o, p.shape);
     o << "\n";
   }
   for (const auto& out : fs.outputs) {
     o << "output " << int(out.dtype) << " " << int(out.per_row) << " " << out.part_cols << " " << out.copies;
+    if (parts) o << " " << out.row_parts;
     write_shape(o, out.shape);
     o << "\n";
   }
@@ -188,7 +195,8 @@ FusionSpec spec_from_text(const std::string& text) {
   Reader r(text);
   FusionSpec fs;
   auto head = r.line("spec");
-  if (r.num<int>(head, "format") != 1) r.fail("unknown format (this ComFuse reads 'spec 1')");
+  const int format = r.num<int>(head, "format");
+  if (format != 1 && format != 2) r.fail("unknown format (this ComFuse reads 'spec 1' and 'spec 2')");
   const int params = r.count(head, "params", 64), outputs = r.count(head, "outputs", 64);
   r.done(head);
   {
@@ -212,6 +220,11 @@ FusionSpec spec_from_text(const std::string& text) {
     RuntimeParam p;
     p.kind = r.enum_of<BroadcastKind>(ls, "broadcast kind", int(BroadcastKind::Periodic) + 1);
     p.dtype = r.enum_of<DType>(ls, "dtype", kDTypes);
+    if (format == 2) {
+      p.row_parts = r.num<int>(ls, "row parts");
+      p.row_combine = r.enum_of<ReduceKind>(ls, "row combine", int(ReduceKind::Min) + 1);
+      p.row_count = r.num<int64_t>(ls, "row count");
+    }
     p.shape = r.shape(ls);
     r.done(ls);
     p.name = "p" + std::to_string(i);
@@ -224,6 +237,7 @@ FusionSpec spec_from_text(const std::string& text) {
     o.per_row = r.num<int>(ls, "per_row") != 0;
     o.part_cols = r.num<int64_t>(ls, "part columns");
     o.copies = r.num<int>(ls, "copies");
+    if (format == 2) o.row_parts = r.num<int>(ls, "row parts");
     o.shape = r.shape(ls);
     r.done(ls);
     o.name = "o" + std::to_string(i);
@@ -250,8 +264,11 @@ FusionSpec spec_with_dims(const FusionSpec& fs, int64_t n, int64_t k) {
     if (p.kind == BroadcastKind::Row) p.shape = {n};
     if (p.kind == BroadcastKind::Weight) p.shape = fs.gemm.transpose_b ? Shape{n, k} : Shape{k, n};
   }
-  for (auto& o : r.outputs)
+  for (auto& o : r.outputs) {
     if (o.split()) o.copies = static_cast<int>(std::min<int64_t>(o.copies, n / o.part_cols));
+    if (o.in_parts() && n != fs.gemm.n)   // (one part per column block of the tiles: the count follows N and the config)
+      throw std::invalid_argument("spec_with_dims: output '" + o.name + "' is stored in row parts, whose count follows N");
+  }
   r = spec_with_rows(r, fs.gemm.rows);   // (every [rows, ...] shape at the new N)
   try {
     verify_spec(r);   // (which checks that N holds the Spec's column blocks: periodic inputs, rotate_half, parts)

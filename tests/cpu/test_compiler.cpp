@@ -474,3 +474,68 @@ TEST(CompilerSearch, TheFormsOfARegionAreCandidates) {
   EXPECT_TRUE(loaded.regions()[0].plan.running_config().library);
   fs::remove_all(d);
 }
+
+// Row statistics handed on in parts (CompilerOptions::row_parts): with its RMSNorm finished in gate/up, the Llama
+// block's o_proj region only stores mean(h^2), which only the gate/up region reads. It stores the tiles' partials
+// instead (ReduceToParts, one per column block of its config), and gate/up combines them (ColParts); "off" keeps the
+// last-tile protocol (ReduceToRow). A statistic that leaves the program stays whole, and says why.
+TEST(Compiler, RowStatisticsAreHandedOnInParts) {
+  FakeNvcc nvcc("row_parts");
+  CompilerOptions o = nvcc.options();
+  o.defer_norms = "on";
+  const Graph g = parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/examples/llama_block.cf");
+  CompiledGraph cg = Compiler(o).compile(g);
+  ASSERT_EQ(cg.row_parts().size(), 1u) << cg.explain();
+  const RowPartsChoice& ch = cg.row_parts()[0];
+  const FusionSpec& prod = cg.partition().regions.at(ch.producer).spec;
+  const KernelConfig& pc = cg.regions().at(ch.producer).plan.running_config();
+  ASSERT_GT(ch.parts, 0) << ch.why;
+  EXPECT_EQ(ch.parts, (prod.gemm.n + pc.tile_n - 1) / pc.tile_n);
+  EXPECT_EQ(prod.outputs.at(ch.output).row_parts, ch.parts);
+  EXPECT_NE(cg.regions().at(ch.producer).kernel.source.find("ReduceToParts<RowReduce::Mean"), std::string::npos);
+  EXPECT_EQ(cg.regions().at(ch.producer).kernel.source.find("ReduceToRow<"), std::string::npos);
+  ASSERT_EQ(ch.readers.size(), 1u);
+  const int reader = ch.readers[0];
+  const FusionSpec& cons = cg.partition().regions.at(reader).spec;
+  int read = 0;
+  for (const RuntimeParam& p : cons.params)
+    if (p.from_parts()) {
+      ++read;
+      EXPECT_EQ(p.row_parts, ch.parts);
+      EXPECT_EQ(p.row_combine, ReduceKind::Mean);
+      EXPECT_EQ(p.row_count, prod.gemm.n);
+    }
+  EXPECT_EQ(read, 1);
+  const KernelConfig& cc = cg.regions().at(reader).plan.running_config();
+  const std::string parts = "ColParts<RowReduce::Mean, " + std::to_string(ch.parts) + ", " +
+                            std::to_string((cc.cooperative ? cc.tile_m / 2 : cc.tile_m) / 32) + ">";
+  for (const CompiledCandidate& k : cg.regions().at(reader).candidates) EXPECT_EQ(k.kernel_name, cg.regions().at(reader).kernel.name);
+  EXPECT_NE(cg.regions().at(reader).kernel.source.find(parts), std::string::npos) << cg.regions().at(reader).kernel.source;
+  EXPECT_NE(cg.explain().find("stored in " + std::to_string(ch.parts) + " row parts, combined by region " +
+                              std::to_string(reader)),
+            std::string::npos)
+      << cg.explain();
+  // the plan says the same without compiling
+  std::vector<std::optional<PlanDecision>> plans;
+  for (const CompiledRegion& r : cg.regions()) plans.push_back(r.plan);
+  Partition fresh = partition(defer_norms(g));
+  const auto planned = plan_row_parts(fresh, plans, {});
+  ASSERT_EQ(planned.size(), 1u);
+  EXPECT_EQ(planned[0].parts, ch.parts);
+  EXPECT_EQ(fresh.regions.at(ch.producer).spec.outputs.at(ch.output).row_parts, 0) << "plan_row_parts changes no Spec";
+
+  o.row_parts = "off";
+  CompiledGraph whole = Compiler(o).compile(g);
+  EXPECT_TRUE(whole.row_parts().empty());
+  EXPECT_NE(whole.regions().at(ch.producer).kernel.source.find("ReduceToRow<"), std::string::npos);
+  EXPECT_NE(whole.regions().at(reader).kernel.name, cg.regions().at(reader).kernel.name);
+
+  // mean(h^2) as a program output (prenorm_row_stats): stored whole, and why
+  o.row_parts = "";
+  CompiledGraph out = Compiler(o).compile(parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/examples/prenorm_row_stats.cf"));
+  ASSERT_FALSE(out.row_parts().empty());
+  EXPECT_EQ(out.row_parts()[0].parts, 0);
+  EXPECT_NE(out.explain().find("stored whole, the last tile of each row block combines it (it is a program output)"),
+            std::string::npos)
+      << out.explain();
+}

@@ -60,8 +60,8 @@ TEST(KernelPack, SpecTextErrorsNameTheLine) {
     }
     return std::string("(no error)");
   };
-  EXPECT_NE(error_of("spec 2 0 1\n").find("line 1"), std::string::npos);
-  EXPECT_NE(error_of("spec 2 0 1\n").find("unknown format"), std::string::npos);
+  EXPECT_NE(error_of("spec 3 0 1\n").find("line 1"), std::string::npos);
+  EXPECT_NE(error_of("spec 3 0 1\n").find("unknown format"), std::string::npos);
   std::string t = text;
   t.replace(t.find("gemm "), 5, "gemn ");
   EXPECT_NE(error_of(t).find("line 2"), std::string::npos) << error_of(t);
@@ -197,4 +197,56 @@ TEST(KernelPack, CliDryRunCountsAndCoversAndRefusesBadArguments) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("bad.txt: the structure from line 1"), std::string::npos) << r.out;
   fs::remove_all(d);
+}
+
+// Row parts (spec.h SpecOutput::row_parts, RuntimeParam::row_parts): written as format 2 and read back exactly, part
+// of both hashes, and refused where they cannot be: an output that is not a row reduction's result the kernel only
+// stores, a param that is not an f32 [rows, 1] input, a new width for an output whose count follows N.
+TEST(KernelPack, RowPartsReadBackAndAreChecked) {
+  const std::string dir = std::string(COMFUSE_SOURCE_DIR) + "/examples/";
+  const FusionSpec stats = partition(parse_cf_file(dir + "prenorm_row_stats.cf")).regions.at(0).spec;
+  const int o = row_reduction_output(stats);
+  ASSERT_GE(o, 0) << print_spec(stats);
+  const FusionSpec parted = spec_with_row_parts(stats, o, 8);
+  const std::string text = spec_to_text(parted);
+  EXPECT_EQ(text.rfind("spec 2 ", 0), 0u) << text;
+  EXPECT_EQ(spec_to_text(stats).rfind("spec 1 ", 0), 0u) << "a Spec without row parts is written as before";
+  EXPECT_EQ(spec_to_text(spec_from_text(text)), text);
+  EXPECT_NE(spec_kernel_hash(parted), spec_kernel_hash(stats));
+  EXPECT_NE(print_spec(parted).find("stored in row parts: [8, rows]"), std::string::npos) << print_spec(parted);
+  const std::string src = generate_kernel(parted, KernelConfig{}).source;   // 128 x 128: 8 column blocks of 1024
+  EXPECT_NE(src.find("ReduceToParts<"), std::string::npos) << src;
+  EXPECT_NE(src.find("/*outputs*/ " + std::to_string(stats.outputs.size()) + ", /*params*/ " +
+                     std::to_string(stats.params.size()) + ">;"),
+            std::string::npos)
+      << "no row-output workspace: " << src;
+  KernelConfig wide;
+  wide.tile_n = 256;
+  EXPECT_THROW(generate_kernel(parted, wide), CodegenError) << "4 column blocks, not 8";
+  EXPECT_THROW(spec_with_dims(parted, 2048, stats.gemm.k), std::invalid_argument);
+  EXPECT_NO_THROW(spec_with_dims(parted, stats.gemm.n, 2 * stats.gemm.k));
+  for (size_t i = 0; i < stats.outputs.size(); ++i)
+    if (static_cast<int>(i) != o) EXPECT_THROW(spec_with_row_parts(stats, static_cast<int>(i), 8), std::invalid_argument);
+
+  // a reader: the gate/up region of the Llama block with its RMSNorm finished in it reads mean(h^2) as [rows, 1]
+  const Partition p = partition(defer_norms(parse_cf_file(dir + "llama_block.cf")));
+  const FusionSpec& gate_up = p.regions.at(1).spec;
+  int col = -1, other = -1;
+  for (size_t i = 0; i < gate_up.params.size(); ++i)
+    (gate_up.params[i].kind == BroadcastKind::Col ? col : other) = static_cast<int>(i);
+  ASSERT_GE(col, 0) << print_spec(gate_up);
+  const FusionSpec reads = spec_reading_row_parts(gate_up, col, 8, ReduceKind::Mean, 1024);
+  EXPECT_EQ(spec_to_text(spec_from_text(spec_to_text(reads))), spec_to_text(reads));
+  EXPECT_NE(spec_kernel_hash(reads), spec_kernel_hash(gate_up));
+  EXPECT_NE(spec_kernel_hash(reads), spec_kernel_hash(spec_reading_row_parts(gate_up, col, 8, ReduceKind::Mean, 768)));
+  EXPECT_NE(generate_kernel(reads, KernelConfig{}).source.find("ColParts<RowReduce::Mean, 8, 4>"), std::string::npos);
+  KernelConfig coop;
+  coop.tile_m = 128;
+  coop.cooperative = true;
+  EXPECT_NE(generate_kernel(reads, coop).source.find("ColParts<RowReduce::Mean, 8, 2>"), std::string::npos)
+      << "a cooperative group holds 64 rows";
+  EXPECT_THROW(generate_kernel(reads, library_config(128)), CodegenError) << "the library form's pass has no ColParts";
+  ASSERT_GE(other, 0);
+  EXPECT_THROW(spec_reading_row_parts(gate_up, other, 8, ReduceKind::Mean, 1024), std::invalid_argument);
+  EXPECT_THROW(spec_reading_row_parts(gate_up, col, 0, ReduceKind::Mean, 1024), std::invalid_argument);
 }

@@ -6,6 +6,7 @@
 #include "comfuse/epilogue/scalar.cuh"
 #include "comfuse/epilogue/row_broadcast.cuh"
 #include "comfuse/epilogue/col_broadcast.cuh"
+#include "comfuse/epilogue/col_parts.cuh"
 #include "comfuse/epilogue/tile_load.cuh"
 #include "comfuse/epilogue/tile_load_staged.cuh"
 #include "comfuse/epilogue/tile_load_ring.cuh"
