@@ -92,6 +92,9 @@ struct RowPartsChoice {
 // its plan, or nullopt where it runs on the plain path; the recognised chains that run fused. Changes no Spec.
 std::vector<RowPartsChoice> plan_row_parts(const Partition& p, const std::vector<std::optional<PlanDecision>>& plans,
                                            const std::vector<int>& fused_chains);
+// The same, applied: the Specs of `p` changed as compile() changes them (`comfuse emit` in the configs it renders).
+std::vector<RowPartsChoice> apply_row_parts(Partition& p, const std::vector<std::optional<PlanDecision>>& plans,
+                                            const std::vector<int>& fused_chains);
 // One line per row reduction a region only stores: handed on in parts (to which regions), or whole and why.
 std::string explain_row_parts(const std::vector<RowPartsChoice>& choices);
 

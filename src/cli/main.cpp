@@ -85,7 +85,7 @@ const char* kUsage =
     "  planner's choice (never, until it has measurements)\n"
     "  --defer-norms on|off (plan, emit, run, bench, aot): a LayerNorm / RMSNorm whose readers are GEMMs with\n"
     "  constant weights (input W : ... const) finished in those GEMMs (docs/kernel-reduce.md); default off\n"
-    "  --row-parts on|off (plan, run, bench, aot): a row statistic a region only stores and only fused regions read\n"
+    "  --row-parts on|off (plan, emit, run, bench, aot): a row statistic a region only stores and only fused regions read\n"
     "  (an RMSNorm's mean(h^2) with --defer-norms on) handed on as its tiles' partial results, which each reader\n"
     "  combines (on, the default), or stored whole by the producer's last tile of each row block (off)\n"
     "  --b2b on|off (run, bench, aot): back-to-back GEMM chains the planner fuses run as one kernel (on, the\n"
@@ -292,6 +292,8 @@ int cmd_emit(const Args& a) {
   const bool library = form_arg(a) == "library";
   const PlanOptions asked = config_arg(a);
   if (auto why = check_region_configs(asked, p.regions.size())) throw UsageError("--config: " + *why);
+  std::vector<std::optional<PlanDecision>> plans(p.regions.size());   // the config each region renders in
+  std::vector<std::string> refused(p.regions.size());
   for (size_t i = 0; i < p.regions.size(); ++i) {
     try {
       KernelConfig cfg;   // the default config: the source for reading, not the planner's choice
@@ -310,7 +312,22 @@ int cmd_emit(const Args& a) {
       }
       if (!asked.config || !merge_arg(a).empty()) cfg.merged = merge && psi_merges(p.regions[i].spec);
       if (!asked.config || !parts.empty()) cfg.parts = parts == "on";
-      GeneratedKernel k = generate_kernel(p.regions[i].spec, cfg);
+      PlanDecision d;
+      d.config = cfg;
+      d.form = library ? RegionForm::Library : RegionForm::Fused;
+      if (library) d.library = cfg;
+      d.candidates = {cfg};
+      plans[i] = d;
+    } catch (const CodegenError& e) {
+      refused[i] = e.what();
+    }
+  }
+  // row statistics handed on in parts between the configs rendered here, as compile() does between the planner's
+  if (row_parts_arg(a) != "off") apply_row_parts(p, plans, {});
+  for (size_t i = 0; i < p.regions.size(); ++i) {
+    try {
+      if (!plans[i]) throw CodegenError(refused[i]);
+      GeneratedKernel k = generate_kernel(p.regions[i].spec, plans[i]->running_config());
       fs::path out = fs::path(dir) / (k.name + ".cu");
       write_text_file(out, k.source);
       std::cout << "region " << i << ": wrote " << out.string() << "\n";
@@ -707,7 +724,7 @@ int main(int argc, char** argv) {
     if (cmd == "plan")
       return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms", "form", "config", "store-in-ring", "row-parts"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
-    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts", "defer-norms", "form", "config"}));
+    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts", "defer-norms", "form", "config", "row-parts"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
       return cmd_run(

@@ -144,6 +144,11 @@ namespace comfuse {
 std::vector<RowPartsChoice> plan_row_parts(const Partition& p, const std::vector<std::optional<PlanDecision>>& plans,
                                            const std::vector<int>& fused_chains) {
   Partition copy = p;
+  return apply_row_parts(copy, plans, fused_chains);
+}
+
+std::vector<RowPartsChoice> apply_row_parts(Partition& p, const std::vector<std::optional<PlanDecision>>& plans,
+                                            const std::vector<int>& fused_chains) {
   std::vector<CompiledRegion> regions(p.regions.size());
   for (size_t i = 0; i < regions.size() && i < plans.size(); ++i) {
     regions[i].region = static_cast<int>(i);
@@ -156,7 +161,7 @@ std::vector<RowPartsChoice> plan_row_parts(const Partition& p, const std::vector
     cc.chain = c;
     chains.push_back(cc);
   }
-  return detail::choose_row_parts(copy, regions, chains);
+  return detail::choose_row_parts(p, regions, chains);
 }
 
 std::string explain_row_parts(const std::vector<RowPartsChoice>& choices) {
