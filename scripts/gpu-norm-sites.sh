@@ -8,7 +8,7 @@
 #      form's output written back into the ring, --store-in-ring on, and on with row statistics stored whole,
 #      --row-parts off), and of the
 #      programs whose epilogues publish row outputs (examples/prenorm_*.cf, tests/data/row_stats_*.cf, and
-#      tests/data/row_parts_odd.cf with its statistics in parts and whole);
+#      tests/data/row_parts_odd*.cf with their statistics in parts and whole);
 #   4. bench/norm_sites.py: `comfuse bench` with --defer-norms off and on alternating, ROUNDS invocations each, and
 #      torch.compile's best on the same math;
 #   5. with --pytest (before 4, at most PYTEST_S = 150 s), or --pytest-only (instead of 2-4): the GPU tests of norm
@@ -70,8 +70,9 @@ if [ $pytest_only = 0 ]; then
     done
     for p in prenorm_row_stats prenorm_two_outputs; do echo "$p examples/$p.cf"; done
     for p in row_stats_odd_sum row_stats_odd_max row_stats_cluster; do echo "$p tests/data/$p.cf"; done
-    for d in on off; do   # row statistics in parts at odd sizes (on), and whole (off)
+    for d in on off; do   # row statistics in parts at odd sizes (on), and whole (off): an RMSNorm's, a LayerNorm's
       echo "row_parts_odd_$d tests/data/row_parts_odd.cf --defer-norms on --row-parts $d"
+      echo "row_parts_odd_ln_$d tests/data/row_parts_odd_ln.cf --defer-norms on --row-parts $d"
     done
   }
   runs | xargs -P 8 -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "/tmp/gpu-norm-sites-aot/$name" \

@@ -73,6 +73,9 @@ bool psi_merges(const FusionSpec& fs);
 // block's tiles to arrive combines them, so no CTA waits for another, and the kernel launches and is planned like
 // an elementwise one (no transport, no cooperative launch, any cluster).
 bool psi_row_output(const FusionSpec& fs);
+// The per-row outputs such a Spec can store in row parts (SpecOutput::row_parts; ReduceToParts, MergedToParts):
+// {the reduction's output}, {the LayerNorm pair's mean, its mean of squared deviations}, or {}.
+std::vector<int> psi_row_parts_outputs(const FusionSpec& fs);
 // Whether the library form of fs runs no pass: cuBLASLt's own epilogue computes the whole region (X·W, + bias, ReLU).
 bool psi_library_gemm_only(const FusionSpec& fs);
 

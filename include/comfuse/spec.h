@@ -85,10 +85,17 @@ struct RuntimeParam {
   // A Col param read from a row reduction's partial results (SpecOutput::row_parts of the kernel that produced it):
   // the buffer is [row_parts, rows] f32, and the kernel combines a row's row_parts values by row_combine (Mean: their
   // sum times 1 / row_count, the producer's N). 0: the [rows, 1] value itself.
+  // A LayerNorm pair's parts (row_part_cols > 0) are the tiles' states of Chan's merge, for tiles of row_part_cols
+  // columns (the last one row_count's remainder): a mean param's buffer holds each tile's mean and the param is the
+  // row's mean; a variance param's (row_pair = the mean param, whose buffer it reads too) holds each tile's sum of
+  // squared deviations from its own mean, and the param is the row's M2 / row_count.
   int row_parts = 0;
   ReduceKind row_combine = ReduceKind::Sum;
   int64_t row_count = 0;
+  int64_t row_part_cols = 0;
+  int row_pair = -1;
   bool from_parts() const { return row_parts > 0; }
+  bool from_states() const { return row_parts > 0 && row_part_cols > 0; }
 };
 
 struct SpecOutput {
@@ -109,7 +116,9 @@ struct SpecOutput {
   // A per-row output that is a row reduction's result, stored as that reduction's partial results, one per column
   // block of the kernel's tiles: a [row_parts, rows] f32 buffer (row_parts = ceil(N / tile N)) that the kernels
   // reading it combine themselves (RuntimeParam::row_parts), so that no CTA finishes another's rows (no arrival
-  // count, no last arriver: spec_with_row_parts). Mean's parts are sums. 0: the [rows, 1] value.
+  // count, no last arriver: spec_with_row_parts). Mean's parts are sums; a LayerNorm pair's (the mean, then the mean
+  // of squared deviations, both only stored) are each tile's mean and its sum of squared deviations from that mean
+  // (Chan's states). 0: the [rows, 1] value.
   int row_parts = 0;
   bool in_parts() const { return row_parts > 0; }
 };
@@ -237,11 +246,14 @@ FusionSpec spec_with_parts(const FusionSpec& fs, int out, int64_t part, int copi
 
 // The same Spec storing per-row output `out` as `parts` partial results (SpecOutput::row_parts), or, for a reader,
 // reading Col param `param` from a producer's `parts` partial results combined by `combine` over `count` columns
-// (RuntimeParam::row_parts). Throws std::invalid_argument where that cannot be: the output is not an f32 row
-// reduction's result stored by the reduction alone (its only use in the kernel), or the param is not an f32 Col
-// param; parts < 1.
+// (RuntimeParam::row_parts). Throws std::invalid_argument where that cannot be: the output is not an f32 per-row
+// output (Psi takes it in parts only as a row reduction's result that the kernel only stores, or a LayerNorm pair's:
+// codegen.h psi_row_parts_outputs), or the param is not an f32 Col param; parts < 1.
 FusionSpec spec_with_row_parts(const FusionSpec& fs, int out, int parts);
 FusionSpec spec_reading_row_parts(const FusionSpec& fs, int param, int parts, ReduceKind combine, int64_t count);
+// A LayerNorm pair's states (RuntimeParam::row_part_cols): `mean` (a param) and, where it is read, `var` (-1: none),
+// from `parts` tiles of `part_cols` columns over `count`.
+FusionSpec spec_reading_row_states(const FusionSpec& fs, int mean, int var, int parts, int64_t count, int64_t part_cols);
 // The output a Spec's only row reduction goes to, where that is all the reduction does: two stages, the first
 // ending in a reduction that carries nothing on, the second only storing the reduction's result to one per-row
 // output. -1 otherwise. (Psi renders such a Spec's first stage alone, its reduction finished without an exchange:

@@ -231,9 +231,17 @@ class Psi {
   static void check_row_parts(const FusionSpec& fs, const KernelConfig& cfg) {
     bool any = false;
     for (const RuntimeParam& p : fs.params) any = any || p.from_parts();
-    for (const SpecOutput& o : fs.outputs) {
+    const std::vector<int> can = psi_row_parts_outputs(fs);
+    for (size_t i = 0; i < fs.outputs.size(); ++i) {
+      const SpecOutput& o = fs.outputs[i];
       if (!o.in_parts()) continue;
       any = true;
+      if (std::find(can.begin(), can.end(), static_cast<int>(i)) == can.end())
+        throw CodegenError("output '" + o.name + "' in row parts is not a row reduction's result that the kernel only "
+                           "stores, nor a LayerNorm pair's");
+      for (int j : can)
+        if (fs.outputs[j].row_parts != o.row_parts)
+          throw CodegenError("a LayerNorm pair's outputs in row parts: both, in as many parts");
       const int64_t cols = (fs.gemm.n + cfg.tile_n - 1) / cfg.tile_n;
       if (fs.gemm.paired()) throw CodegenError("output '" + o.name + "' in row parts from two GEMMs on one A: not in this version");
       if (o.row_parts != cols)
@@ -474,6 +482,16 @@ class Psi {
     const char* t = cpp_type(fs_.params[n.param].dtype);
     const std::string i = std::to_string(n.param), ptr = std::string("p.input<") + t + ">(" + i + ")";
     if (n.bcast == BroadcastKind::Row) return {std::string("RowBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][col]"};
+    if (n.bcast == BroadcastKind::Col && fs_.params[n.param].from_states()) {   // a LayerNorm pair's tile states
+      const RuntimeParam& prm = fs_.params[n.param];
+      const bool var = prm.row_pair >= 0;
+      const std::string c = std::to_string(prm.row_parts), means = std::to_string(var ? prm.row_pair : n.param);
+      return {std::string("ColStates<") + c + ", " + std::to_string(group_tile_m_ / 32) + ", " + (var ? "true" : "false") + ">",
+              "{p.input<float>(" + means + "), " + (var ? "p.input<float>(" + i + ")" : std::string("nullptr")) + ", " +
+                  std::to_string(prm.row_count) + ", " + std::to_string(prm.row_part_cols) + "}",
+              std::string(var ? "M2 / N" : "the mean") + " of the row, Chan's merge of " + c + " tile states (param[" +
+                  means + "] means" + (var ? ", param[" + i + "] M2s" : std::string()) + ")"};
+    }
     if (n.bcast == BroadcastKind::Col && fs_.params[n.param].from_parts()) {   // a producer's partial results
       const RuntimeParam& prm = fs_.params[n.param];
       const std::string c = std::to_string(prm.row_parts);
@@ -549,6 +567,15 @@ class Psi {
 
   Rendered render_reduction(size_t k, const SpecNode& n) {
     const std::string r = "r" + std::to_string(k), id = std::to_string(k);
+    if (pair_rows_.first >= 0 && k == 1 && fs_.outputs[pair_rows_.first].in_parts()) {   // the tiles' states are the outputs
+      const std::string c = names_[k][n.args.at(0)];
+      const std::string o1 = std::to_string(pair_rows_.first), o2 = std::to_string(pair_rows_.second);
+      return {std::string("MergedToParts<") + c + ">",
+              "{" + args_[k][n.args[0]] + ", p.output<float>(" + o1 + "), p.output<float>(" + o2 + ")}",
+              c + "; out[" + o1 + "][column block, row], out[" + o2 + "][column block, row] = the tile's mean and sum of "
+                  "squared deviations from it (its readers merge the " +
+                  std::to_string(fs_.outputs[pair_rows_.first].row_parts) + " states by Chan's formula)"};
+    }
     if (pair_rows_.first >= 0 && k == 1) {   // the pair's results only leave the kernel: no exchange at all
       const std::string c = names_[k][n.args.at(0)];
       const char* t1 = cpp_type(fs_.outputs[pair_rows_.first].dtype);
@@ -772,6 +799,12 @@ bool psi_library_gemm_only(const FusionSpec& fs) { return !library_epilogue(fs).
 
 bool psi_row_output(const FusionSpec& fs) { return row_output_of(fs) >= 0 || pair_rows_of(fs).first >= 0; }
 
+std::vector<int> psi_row_parts_outputs(const FusionSpec& fs) {
+  if (const int o = row_output_of(fs); o >= 0) return {o};
+  if (const auto [m, v] = pair_rows_of(fs); m >= 0) return {m, v};
+  return {};
+}
+
 bool psi_merges(const FusionSpec& fs) {
   const auto m = merged_pairs(fs.stages());
   return std::any_of(m.begin(), m.end(), [](MergeHow h) { return h != MergeHow::None; });
@@ -826,7 +859,10 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
                                      ? ", the row reduction only leaves the kernel, in row parts (ReduceToParts)"
                                      : ", the row reduction only leaves the kernel (ReduceToRow)")
                               : "")
-    << (psi.pair_rows() ? ", the LayerNorm pair's results only leave the kernel (LocalReduce + MergedToRows)" : "")
+    << (!psi.pair_rows() ? ""
+        : fs.outputs[psi_row_parts_outputs(fs).at(0)].in_parts()
+            ? ", the LayerNorm pair's results only leave the kernel, as tile states (LocalReduce + MergedToParts)"
+            : ", the LayerNorm pair's results only leave the kernel (LocalReduce + MergedToRows)")
     << "\n";
   if (fs.gemm.paired())
     o << "// two GEMMs on one A: each MMA tile is X @ W's " << cfg.tile_n / 2 << " columns, then X @ W2's (param["
@@ -893,7 +929,7 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
     << "using Unit = GeneratedUnit<Cfg, Epilogue, /*outputs*/ " << fs.outputs.size() << ", /*params*/ "
     << fs.params.size() << (fs.gemm.paired() ? ", /*B2 = param*/ " + std::to_string(fs.gemm.b2_param) : std::string())
     << (psi.row_output() >= 0 && !fs.outputs[psi.row_output()].in_parts() ? ", /*B2*/ -1, /*row outputs*/ 1"
-        : psi.pair_rows() ? ", /*B2*/ -1, /*row outputs*/ 2" : "")
+        : psi.pair_rows() && !fs.outputs[psi_row_parts_outputs(fs).at(0)].in_parts() ? ", /*B2*/ -1, /*row outputs*/ 2" : "")
     << ">;\n\n"
     << "// The Arguments of every node that takes any (pointers, constants, the reductions' workspace).\n"
     << "// ld: the row stride (N) of every [rows, N] output and tile parameter.\n"

@@ -39,14 +39,14 @@ std::vector<RowPartsChoice> choose_row_parts(Partition& p, std::vector<CompiledR
   }
   for (size_t i = 0; i < p.regions.size(); ++i) {
     FusionSpec& fs = p.regions[i].spec;
-    const int o = row_reduction_output(fs);
-    if (o < 0) continue;
+    const std::vector<int> outs = psi_row_parts_outputs(fs);   // {a reduction's result} or {a LayerNorm pair's}
+    if (outs.empty()) continue;
+    const bool pair = outs.size() == 2;
     const CompiledRegion& r = regions.at(i);
     RowPartsChoice ch;
     ch.producer = static_cast<int>(i);
-    ch.output = o;
-    ch.value = fs.outputs[o].name;
-    const int node = fs.outputs[o].node;
+    ch.output = outs[0];
+    ch.value = fs.outputs[outs[0]].name + (pair ? "' and '" + fs.outputs[outs[1]].name : "");
     auto keep = [&](const std::string& why) {
       ch.why = why;
       out.push_back(ch);
@@ -62,19 +62,24 @@ std::vector<RowPartsChoice> choose_row_parts(Partition& p, std::vector<CompiledR
       keep("region " + std::to_string(i) + "'s candidate configs differ in tile width");
       continue;
     }
-    if (fs.outputs[o].dtype != DType::F32 || fs.gemm.paired()) {
-      keep(fs.gemm.paired() ? "two GEMMs on one A" : "not kept in f32");
+    if (fs.gemm.paired()) {
+      keep("two GEMMs on one A");
       continue;
     }
-    if (p.graph.is_output(node)) {
-      keep("it is a program output");
-      continue;
-    }
-    // every reader: a fused region reading it as an f32 [rows, 1] input
-    std::map<int, int> readers;   // region -> param
     std::string why;
+    std::vector<int> nodes;
+    for (int o : outs) {
+      nodes.push_back(fs.outputs[o].node);
+      if (fs.outputs[o].dtype != DType::F32) why = "not kept in f32";
+      else if (p.graph.is_output(nodes.back())) why = "it is a program output";
+    }
+    // every reader: a fused region reading them as f32 [rows, 1] inputs (a pair's variance only with its mean)
+    std::map<int, std::vector<int>> readers;   // region -> its param of each node (-1: not read)
     for (const Node& n : p.graph.nodes) {
-      if (std::find(n.inputs.begin(), n.inputs.end(), node) == n.inputs.end()) continue;
+      if (!why.empty()) break;
+      bool reads = false;
+      for (int v : nodes) reads = reads || std::find(n.inputs.begin(), n.inputs.end(), v) != n.inputs.end();
+      if (!reads) continue;
       auto it = region_of.find(n.id);
       if (it == region_of.end()) {
         why = "'" + n.name + "' reads it outside a region";
@@ -87,31 +92,36 @@ std::vector<RowPartsChoice> choose_row_parts(Partition& p, std::vector<CompiledR
         break;
       }
       const FusionSpec& rs = p.regions[j].spec;
-      int param = -1;
+      std::vector<int> params(nodes.size(), -1);
       for (size_t q = 0; q < rs.params.size(); ++q)
-        if (rs.params[q].node == node) param = static_cast<int>(q);
-      if (param < 0 || rs.gemm.rows != fs.gemm.rows) {
+        for (size_t v = 0; v < nodes.size(); ++v)
+          if (rs.params[q].node == nodes[v]) params[v] = static_cast<int>(q);
+      if (rs.gemm.rows != fs.gemm.rows || std::all_of(params.begin(), params.end(), [](int q) { return q < 0; })) {
         why = "region " + std::to_string(j) + " does not read it as a [rows, 1] input of its own rows";
         break;
       }
-      if (std::string w = reader_problem(regions.at(j), rs.params[param]); !w.empty()) {
-        why = "region " + std::to_string(j) + ": " + w;
+      if (pair && params[0] < 0) {
+        why = "region " + std::to_string(j) + " reads the variance without the mean";
         break;
       }
-      readers[j] = param;
+      for (int q : params)
+        if (q >= 0 && why.empty())
+          if (std::string w = reader_problem(regions.at(j), rs.params[q]); !w.empty()) why = "region " + std::to_string(j) + ": " + w;
+      readers[j] = params;
     }
     if (why.empty() && readers.empty()) why = "no region reads it";
     if (!why.empty()) {
       keep(why);
       continue;
     }
+    ch.parts = static_cast<int>((fs.gemm.n + cfg.tile_n - 1) / cfg.tile_n);
+    for (int o : outs) fs = spec_with_row_parts(fs, o, ch.parts);
     const auto st = fs.stages();
     const ReduceKind kind = st[0]->nodes[st[0]->terminal].reduce;
-    ch.parts = static_cast<int>((fs.gemm.n + cfg.tile_n - 1) / cfg.tile_n);
-    fs = spec_with_row_parts(fs, o, ch.parts);
-    for (const auto& [j, param] : readers) {
+    for (const auto& [j, params] : readers) {
       FusionSpec& rs = p.regions[j].spec;
-      rs = spec_reading_row_parts(rs, param, ch.parts, kind, fs.gemm.n);
+      rs = pair ? spec_reading_row_states(rs, params[0], params[1], ch.parts, fs.gemm.n, cfg.tile_n)
+                : spec_reading_row_parts(rs, params[0], ch.parts, kind, fs.gemm.n);
       ch.readers.push_back(j);
       // a library-form candidate of the config search would read the value whole (its pass has no ColParts)
       PlanDecision& d = regions[j].plan;
@@ -167,9 +177,10 @@ std::vector<RowPartsChoice> apply_row_parts(Partition& p, const std::vector<std:
 std::string explain_row_parts(const std::vector<RowPartsChoice>& choices) {
   std::ostringstream o;
   for (const RowPartsChoice& c : choices) {
-    o << "row statistic '" << c.value << "' of region " << c.producer << ": ";
+    o << "row statistic" << (c.value.find("' and '") != std::string::npos ? "s '" : " '") << c.value << "' of region "
+      << c.producer << ": ";
     if (c.parts == 0) {
-      o << "stored whole, the last tile of each row block combines it (" << c.why << ")\n";
+      o << "stored whole, the last tile of each row block combines " << (c.value.find("' and '") != std::string::npos ? "them" : "it") << " (" << c.why << ")\n";
       continue;
     }
     o << "stored in " << c.parts << " row parts, combined by region";

@@ -210,14 +210,25 @@ void verify_spec(const FusionSpec& fs) {
   for (size_t i = 0; i < fs.outputs.size(); ++i) {
     const SpecOutput& o = fs.outputs[i];
     if (o.row_parts < 0) throw std::logic_error("spec verify: output '" + o.name + "' has negative row parts");
-    if (o.in_parts() && (row_reduction_output(fs) != static_cast<int>(i) || o.dtype != DType::F32))
-      throw std::logic_error("spec verify: output '" + o.name + "' stored in row parts is not an f32 row reduction's "
-                             "result stored by the reduction alone");
+    if (o.in_parts() && (!o.per_row || o.dtype != DType::F32))
+      throw std::logic_error("spec verify: output '" + o.name + "' stored in row parts is not an f32 per-row output");
+    (void)i;
   }
-  for (const auto& p : fs.params)
+  for (const auto& p : fs.params) {
     if (p.row_parts < 0 || (p.from_parts() && (p.kind != BroadcastKind::Col || p.dtype != DType::F32 || p.row_count < 1)))
       throw std::logic_error("spec verify: param '" + p.name + "' read from row parts is not an f32 Col param with a "
                              "column count");
+    if (p.row_part_cols < 0 || (p.row_pair >= 0 && p.row_part_cols == 0)) throw std::logic_error("spec verify: param '" + p.name + "': bad row states");
+    if (p.row_pair >= 0) {
+      if (p.row_pair >= static_cast<int>(fs.params.size()))
+        throw std::logic_error("spec verify: param '" + p.name + "' pairs with a param it does not have");
+      const RuntimeParam& m = fs.params[p.row_pair];
+      if (!m.from_states() || m.row_pair >= 0 || m.row_parts != p.row_parts || m.row_part_cols != p.row_part_cols ||
+          m.row_count != p.row_count)
+        throw std::logic_error("spec verify: param '" + p.name + "' pairs with '" + m.name + "', which is not the mean "
+                               "of the same row states");
+    }
+  }
   for (const auto& o : fs.outputs) {
     if (!o.split()) continue;
     if (auto why = parts_layout_problem(fs, o, o.part_cols))
@@ -287,7 +298,10 @@ std::string print_spec(const FusionSpec& fs) {
     const auto& p = fs.params[i];
     o << "  p" << i << " " << broadcast_kind_name(p.kind) << " " << p.name << " : " << dtype_name(p.dtype)
       << shape_str(p.shape);
-    if (p.from_parts())
+    if (p.from_states())
+      o << " from " << p.row_parts << " row states of " << p.row_part_cols << " columns over " << p.row_count
+        << (p.row_pair >= 0 ? ": M2 / N, with the means of p" + std::to_string(p.row_pair) : ": the mean");
+    else if (p.from_parts())
       o << " from " << p.row_parts << " row parts, combined by " << reduce_kind_name(p.row_combine) << " over "
         << p.row_count << " columns";
     o << "\n";
@@ -381,6 +395,8 @@ uint64_t hash_spec(const FusionSpec& fs, bool with_nk) {
       h.i64(p.row_parts);
       h.i64(static_cast<int64_t>(p.row_combine));
       h.i64(p.row_count);
+      h.i64(p.row_part_cols);
+      h.i64(p.row_pair);
     }
   }
   for (const auto& o : fs.outputs) {
@@ -454,9 +470,7 @@ FusionSpec spec_with_row_parts(const FusionSpec& fs, int out, int parts) {
     throw std::invalid_argument("spec_with_row_parts: output " + std::to_string(out) + " of " + std::to_string(fs.outputs.size()));
   const SpecOutput& o = fs.outputs[out];
   if (parts < 1) throw std::invalid_argument("spec_with_row_parts: output '" + o.name + "': parts must be at least 1");
-  if (row_reduction_output(fs) != out)
-    throw std::invalid_argument("spec_with_row_parts: output '" + o.name + "' is not a row reduction's result that "
-                                "the kernel only stores");
+  if (!o.per_row) throw std::invalid_argument("spec_with_row_parts: output '" + o.name + "' is not per row");
   if (o.dtype != DType::F32)
     throw std::invalid_argument("spec_with_row_parts: output '" + o.name + "' is " + dtype_name(o.dtype) +
                                 ", and partial results are f32");
@@ -478,6 +492,19 @@ FusionSpec spec_reading_row_parts(const FusionSpec& fs, int param, int parts, Re
   r.params[param].row_parts = parts;
   r.params[param].row_combine = combine;
   r.params[param].row_count = count;
+  return r;
+}
+
+FusionSpec spec_reading_row_states(const FusionSpec& fs, int mean, int var, int parts, int64_t count, int64_t part_cols) {
+  if (part_cols < 1) throw std::invalid_argument("spec_reading_row_states: part columns must be at least 1");
+  FusionSpec r = spec_reading_row_parts(fs, mean, parts, ReduceKind::Mean, count);
+  r.params[mean].row_part_cols = part_cols;
+  if (var >= 0) {
+    if (var == mean) throw std::invalid_argument("spec_reading_row_states: the mean and the variance are one param");
+    r = spec_reading_row_parts(r, var, parts, ReduceKind::Mean, count);
+    r.params[var].row_part_cols = part_cols;
+    r.params[var].row_pair = mean;
+  }
   return r;
 }
 

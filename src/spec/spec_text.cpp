@@ -176,7 +176,7 @@ std::string spec_to_text(const FusionSpec& fs) {
     << " " << g.k << " " << g.b2_param << "\n";
   for (const auto& p : fs.params) {
     o << "param " << int(p.kind) << " " << int(p.dtype);
-    if (parts) o << " " << p.row_parts << " " << int(p.row_combine) << " " << p.row_count;
+    if (parts) o << " " << p.row_parts << " " << int(p.row_combine) << " " << p.row_count << " " << p.row_part_cols << " " << p.row_pair;
     write_shape(o, p.shape);
     o << "\n";
   }
@@ -224,6 +224,8 @@ FusionSpec spec_from_text(const std::string& text) {
       p.row_parts = r.num<int>(ls, "row parts");
       p.row_combine = r.enum_of<ReduceKind>(ls, "row combine", int(ReduceKind::Min) + 1);
       p.row_count = r.num<int64_t>(ls, "row count");
+      p.row_part_cols = r.num<int64_t>(ls, "row part columns");
+      p.row_pair = r.num<int>(ls, "row pair");
     }
     p.shape = r.shape(ls);
     r.done(ls);

@@ -539,3 +539,42 @@ TEST(Compiler, RowStatisticsAreHandedOnInParts) {
             std::string::npos)
       << out.explain();
 }
+
+// A LayerNorm's pair handed on as the tiles' states: BERT's out-proj region stores each tile's mean and sum of squared
+// deviations (MergedToParts), and FFN1 (in a fused config: its planner's prior is the library form, whose pass reads
+// [rows, 1] values, and then the pair stays whole) and FFN2 (the rebuilt residual) merge them (ColStates).
+TEST(Compiler, LayerNormStatisticsAreHandedOnAsTileStates) {
+  FakeNvcc nvcc("row_states");
+  CompilerOptions o = nvcc.options();
+  o.defer_norms = "on";
+  const Graph g = parse_cf_file(std::string(COMFUSE_SOURCE_DIR) + "/examples/bert_layer.cf");
+  CompiledGraph planned = Compiler(o).compile(g);
+  ASSERT_EQ(planned.row_parts().size(), 1u);
+  EXPECT_EQ(planned.row_parts()[0].parts, 0);
+  EXPECT_NE(planned.row_parts()[0].why.find("library form"), std::string::npos) << planned.row_parts()[0].why;
+  o.config = "1=128x128x64_c1x1";
+  CompiledGraph cg = Compiler(o).compile(g);
+  ASSERT_EQ(cg.row_parts().size(), 1u);
+  const RowPartsChoice& ch = cg.row_parts()[0];
+  ASSERT_GT(ch.parts, 0) << ch.why;
+  EXPECT_NE(cg.regions().at(ch.producer).kernel.source.find("MergedToParts<"), std::string::npos);
+  EXPECT_EQ(cg.regions().at(ch.producer).kernel.source.find("MergedToRows<"), std::string::npos);
+  EXPECT_EQ(ch.readers, (std::vector<int>{1, 2}));
+  for (int j : ch.readers) {
+    const FusionSpec& rs = cg.partition().regions.at(j).spec;
+    int means = -1, vars = 0;
+    for (size_t q = 0; q < rs.params.size(); ++q) {
+      if (!rs.params[q].from_states()) continue;
+      if (rs.params[q].row_pair < 0) means = static_cast<int>(q);
+      else ++vars;
+    }
+    ASSERT_GE(means, 0) << print_spec(rs);
+    EXPECT_EQ(vars, 1) << print_spec(rs);
+    EXPECT_EQ(spec_to_text(spec_from_text(spec_to_text(rs))), spec_to_text(rs));
+    EXPECT_NE(cg.regions().at(j).kernel.source.find("ColStates<" + std::to_string(ch.parts)), std::string::npos);
+  }
+  EXPECT_NE(cg.explain().find("row statistics 'y%mean' and 'y%var' of region 0: stored in " + std::to_string(ch.parts) +
+                              " row parts, combined by regions 1, 2"),
+            std::string::npos)
+      << cg.explain();
+}

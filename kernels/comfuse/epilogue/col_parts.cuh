@@ -68,4 +68,93 @@ struct ColParts {
   template <int S> CUTE_DEVICE void end_stage(TileCtx const&) {}
 };
 
+// ColStates<C, Slots, Var>: a LayerNorm pair's statistic read from the tiles' states (MergedToParts, row_output.cuh):
+// C tiles of PartCols columns (the last the remainder of Count), each with its own mean (`means`, [C, M]) and sum of
+// squared deviations from it (`m2s`). The row's mean (Var false) or M2 / Count (Var true), by Chan's merge of the
+// states. Loaded as ColParts loads its words (lane q of a quad: tiles q, q + 4, ...); each lane merges its tiles in
+// order, then the quad's four states merge pairwise, always the lower lane's state first, so that the four lanes get
+// the same bits.
+template <int C, int Slots, bool Var>
+struct ColStates {
+  static_assert(C >= 1 && Slots >= 1 && Slots <= kMaxRowSlots, "C states per row, Slots rows per thread");
+  static constexpr int kMine = (C + 3) / 4;
+  struct Arguments {
+    float const* means = nullptr;   // [C, M]
+    float const* m2s = nullptr;     // [C, M] (Var only)
+    int count = 1;                  // the producer's N
+    int part_cols = 1;              // the producer's tile N
+  };
+  struct SharedStorage {};
+  static constexpr int kStage = 0;
+  static constexpr bool kUsesSmem = false;
+  static constexpr bool kPerRow = true;
+
+  Arguments args;
+  float mean[Slots][kMine];
+  float m2[Var ? Slots : 1][Var ? kMine : 1];
+  float row[Slots];
+  TileCtx const& ctx;
+  CUTE_DEVICE ColStates(Arguments const& a, SharedStorage&, TileCtx const& c) : args(a), ctx(c) {}
+
+  CUTE_DEVICE void prefetch() {
+    const int q = ctx.thread % 4;
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < Slots; ++k) {
+      const int r = ctx.m0 + detail::wgmma_row(ctx.thread, k);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kMine; ++j) {
+        const int w = q + 4 * j;
+        const bool in = w < C && r < ctx.M;
+        mean[k][j] = in ? __ldg(args.means + size_t(w) * size_t(ctx.M) + r) : 0.f;
+        if constexpr (Var) m2[k][j] = in ? __ldg(args.m2s + size_t(w) * size_t(ctx.M) + r) : 0.f;
+      }
+    }
+  }
+  // (n, m, s) <- (n, m, s) merged with (nb, mb, sb): Chan's formula; an empty state takes the other.
+  CUTE_DEVICE static void merge(float& n, float& m, float& s, float nb, float mb, float sb) {
+    const float t = n + nb;
+    if (nb == 0.f) return;
+    if (n == 0.f) {
+      n = nb, m = mb, s = sb;
+      return;
+    }
+    const float d = mb - m;
+    m = m + d * (nb / t);
+    s = s + sb + d * d * (n * nb / t);
+    n = t;
+  }
+  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
+    if (f.index == 0) {   // (compile-time after unrolling; every lane of the quad is here)
+      const int q = ctx.thread % 4;
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < Slots; ++k) {
+        float n = 0.f, m = 0.f, s = 0.f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kMine; ++j) {
+          const int w = q + 4 * j, left = args.count - w * args.part_cols;
+          const float nb = w < C && left > 0 ? float(left < args.part_cols ? left : args.part_cols) : 0.f;
+          merge(n, m, s, nb, mean[k][j], Var ? m2[Var ? k : 0][Var ? j : 0] : 0.f);
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int x = 1; x <= 2; x *= 2) {   // the quad's states, the lower lane's first
+          const float nb = __shfl_xor_sync(0xffffffffu, n, x), mb = __shfl_xor_sync(0xffffffffu, m, x),
+                      sb = __shfl_xor_sync(0xffffffffu, s, x);
+          if (q & x) {
+            float n2 = nb, m2_ = mb, s2 = sb;
+            merge(n2, m2_, s2, n, m, s);
+            n = n2, m = m2_, s = s2;
+          } else {
+            merge(n, m, s, nb, mb, sb);
+          }
+        }
+        row[k] = Var ? s * (1.f / float(args.count)) : m;
+      }
+    }
+    const float v = row[f.row_slot];
+    return {{v, v}};
+  }
+  template <int S> CUTE_DEVICE void preload(FragCtx const&) {}
+  template <int S> CUTE_DEVICE void end_stage(TileCtx const&) {}
+};
+
 }  // namespace comfuse::epi

@@ -213,6 +213,53 @@ struct ReduceToParts : Children<Child> {
   }
 };
 
+// MergedToParts<Child>: MergedToRows (below) with the pair's results stored as the tiles' states, which the kernels
+// reading them merge (ColStates, col_parts.cuh): the quad leaders store the tile's own mean of each row (LocalReduce's,
+// over the tile's valid columns) to means[cb * M + row] and its sum of squared deviations from that mean to
+// m2s[cb * M + row]. No arrival count, no last arriver, no workspace.
+template <class Child>
+struct MergedToParts : Children<Child> {
+  using Base = Children<Child>;
+  using Sum = RowCombine<RowReduce::Sum>;
+  struct Arguments {
+    typename Child::Arguments child{};
+    float* means = nullptr;   // [ceil(N / tile N), M]
+    float* m2s = nullptr;     // [ceil(N / tile N), M]
+  };
+  using typename Base::SharedStorage;
+
+  float* means;
+  float* m2s;
+  float part[kMaxRowSlots];
+
+  CUTE_DEVICE MergedToParts(Arguments const& a, SharedStorage& s, TileCtx const& c)
+      : Base(s, c, a.child), means(a.means), m2s(a.m2s) {
+    detail::clear_parts<Sum>(part);
+  }
+  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) {
+    Frag v = this->template visit_child<0, S>(f, acc);
+    detail::fold_fragment<Sum, Identity>(part, f, v);
+    return v;
+  }
+  template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) {
+    Base::template end_stage<S>(c);
+    if (c.m0 >= c.M || c.n0 >= c.N) return;   // nothing of this tile is in the outputs
+    detail::quad_reduce(part, Sum{});
+    if (c.thread % 4 != 0) return;
+    const float* first = detail::row_results(c, 0);   // the tile's own mean per row (LocalReduce)
+    const size_t at = size_t(c.n0 / c.tile_n) * size_t(c.M) + c.m0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kMaxRowSlots; ++k)
+      if (k < detail::row_slots(c)) {
+        const int row = detail::wgmma_row(c.thread, k);
+        if (c.m0 + row < c.M) {
+          means[at + row] = first[row];
+          m2s[at + row] = part[k];
+        }
+      }
+  }
+};
+
 // MergedToRows<T1, T2, Child>: the second of a LayerNorm pair (a mean, then the mean of squared deviations from
 // it) whose two results only leave the kernel, as per-row outputs [M, 1]: the statistics a GEMM that reads h needs
 // to finish the norm itself (docs/kernel-reduce.md, "Norms finished in the GEMMs that read them").
