@@ -14,6 +14,24 @@
 
 namespace comfuse::epi {
 
+namespace detail {
+// Before the mainloop: lane q of a quad takes words q, q + 4, ... of each of its Slots rows of [C, M] buffers:
+// load(row slot k, its j-th word, the word's index in the buffer, or ~0 past C or M).
+template <int C, int Slots, int Mine, class Load>
+CUTE_DEVICE void load_row_words(TileCtx const& ctx, Load load) {
+  const int q = ctx.thread % 4;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < Slots; ++k) {
+    const int r = ctx.m0 + wgmma_row(ctx.thread, k);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < Mine; ++j) {
+      const int w = q + 4 * j;
+      load(k, j, w < C && r < ctx.M ? size_t(w) * size_t(ctx.M) + r : ~size_t(0));
+    }
+  }
+}
+}  // namespace detail
+
 template <RowReduce Kind, int C, int Slots>
 struct ColParts {
   static_assert(C >= 1 && Slots >= 1 && Slots <= kMaxRowSlots, "C words per row, Slots rows per thread");
@@ -37,16 +55,9 @@ struct ColParts {
 
   // Before the mainloop: this lane's words of its rows, in flight while the MMAs run.
   CUTE_DEVICE void prefetch() {
-    const int q = ctx.thread % 4;
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < Slots; ++k) {
-      const int r = ctx.m0 + detail::wgmma_row(ctx.thread, k);
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kMine; ++j) {
-        const int w = q + 4 * j;
-        word[k][j] = w < C && r < ctx.M ? __ldg(parts + size_t(w) * size_t(ctx.M) + r) : Combine::identity();
-      }
-    }
+    detail::load_row_words<C, Slots, kMine>(ctx, [&](int k, int j, size_t at) {
+      word[k][j] = at != ~size_t(0) ? __ldg(parts + at) : Combine::identity();
+    });
   }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
     if (f.index == 0) {   // (compile-time after unrolling; every lane of the quad is here)
@@ -97,18 +108,11 @@ struct ColStates {
   CUTE_DEVICE ColStates(Arguments const& a, SharedStorage&, TileCtx const& c) : args(a), ctx(c) {}
 
   CUTE_DEVICE void prefetch() {
-    const int q = ctx.thread % 4;
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < Slots; ++k) {
-      const int r = ctx.m0 + detail::wgmma_row(ctx.thread, k);
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kMine; ++j) {
-        const int w = q + 4 * j;
-        const bool in = w < C && r < ctx.M;
-        mean[k][j] = in ? __ldg(args.means + size_t(w) * size_t(ctx.M) + r) : 0.f;
-        if constexpr (Var) m2[k][j] = in ? __ldg(args.m2s + size_t(w) * size_t(ctx.M) + r) : 0.f;
-      }
-    }
+    detail::load_row_words<C, Slots, kMine>(ctx, [&](int k, int j, size_t at) {
+      const bool in = at != ~size_t(0);
+      mean[k][j] = in ? __ldg(args.means + at) : 0.f;
+      if constexpr (Var) m2[k][j] = in ? __ldg(args.m2s + at) : 0.f;
+    });
   }
   // (n, m, s) <- (n, m, s) merged with (nb, mb, sb): Chan's formula; an empty state takes the other.
   CUTE_DEVICE static void merge(float& n, float& m, float& s, float nb, float mb, float sb) {

@@ -120,6 +120,19 @@ CUTE_DEVICE void publish_and_finish(TileCtx const& c, reduce::L2Workspace const&
   }
   done(row);
 }
+// The parts forms (ReduceToParts, MergedToParts): for each row slot k of a quad leader whose row is inside M,
+// store(k, tile row, index of the row's word in a [column blocks, M] buffer) at the tile's column block.
+template <class Store>
+CUTE_DEVICE void store_parts(TileCtx const& c, Store store) {
+  if (c.thread % 4 != 0) return;
+  const size_t at = size_t(c.n0 / c.tile_n) * size_t(c.M) + c.m0;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < kMaxRowSlots; ++k)
+    if (k < detail::row_slots(c)) {
+      const int row = detail::wgmma_row(c.thread, k);
+      if (c.m0 + row < c.M) store(k, row, at + row);
+    }
+}
 }  // namespace row_output
 
 template <RowReduce Kind, class T, class Child, class Map = Identity>
@@ -202,14 +215,7 @@ struct ReduceToParts : Children<Child> {
     Base::template end_stage<S>(c);
     if (c.m0 >= c.M || c.n0 >= c.N) return;   // nothing of this tile is in the output
     detail::quad_reduce(part, Combine{});
-    if (c.thread % 4 != 0) return;
-    float* col = parts + size_t(c.n0 / c.tile_n) * size_t(c.M) + c.m0;
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < kMaxRowSlots; ++k)
-      if (k < detail::row_slots(c)) {
-        const int row = detail::wgmma_row(c.thread, k);
-        if (c.m0 + row < c.M) col[row] = part[k];
-      }
+    row_output::store_parts(c, [&](int k, int, size_t at) { parts[at] = part[k]; });
   }
 };
 
@@ -245,18 +251,11 @@ struct MergedToParts : Children<Child> {
     Base::template end_stage<S>(c);
     if (c.m0 >= c.M || c.n0 >= c.N) return;   // nothing of this tile is in the outputs
     detail::quad_reduce(part, Sum{});
-    if (c.thread % 4 != 0) return;
     const float* first = detail::row_results(c, 0);   // the tile's own mean per row (LocalReduce)
-    const size_t at = size_t(c.n0 / c.tile_n) * size_t(c.M) + c.m0;
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < kMaxRowSlots; ++k)
-      if (k < detail::row_slots(c)) {
-        const int row = detail::wgmma_row(c.thread, k);
-        if (c.m0 + row < c.M) {
-          means[at + row] = first[row];
-          m2s[at + row] = part[k];
-        }
-      }
+    row_output::store_parts(c, [&](int k, int row, size_t at) {
+      means[at] = first[row];
+      m2s[at] = part[k];
+    });
   }
 };
 
