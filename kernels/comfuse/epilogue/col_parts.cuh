@@ -1,5 +1,5 @@
 // ColParts<Kind, C, Slots>: a per-row input read from a row reduction's partial results (ReduceToParts,
-// row_output.cuh): a [C, M] f32 buffer, element (r, c) reads the combination of column r's C words (Mean: their sum
+// row_output.cuh): a [C, M] f32 buffer, element (r, c) reads the combination of row r's C words (Mean: their sum
 // times 1 / Count, the producing kernel's N). The statistics of a norm finished in the GEMMs that read it, combined by
 // each reader instead of by the producer's last tile (docs/kernel-reduce.md "Norms finished in the GEMMs that read
 // them").
