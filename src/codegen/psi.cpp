@@ -45,16 +45,6 @@ bool ring_in_boxes(const FusionSpec& fs, const KernelConfig& cfg) {
   return cfg.tile_m % 64 == 0 && tile_n % 64 == 0;
 }
 
-const char* reduce_kind(ReduceKind k) {
-  switch (k) {
-    case ReduceKind::Sum: return "RowReduce::Sum";
-    case ReduceKind::Mean: return "RowReduce::Mean";
-    case ReduceKind::Max: return "RowReduce::Max";
-    case ReduceKind::Min: return "RowReduce::Min";
-  }
-  return "?";
-}
-
 // What a Spec node renders to. Every node gets an alias (v<stage>_<node>); its Arguments, when it has any, a
 // variable a<stage>_<node> in make_args.
 struct Rendered {
@@ -89,7 +79,6 @@ class Psi {
         parts_(renders_parts(fs, cfg)), row_output_(row_output_of(fs)), pair_rows_(pair_rows_of(fs)),
         async_box_(async_store_box(fs, cfg)), ring_boxes_(form == TileInputForm::Ring && ring_in_boxes(fs, cfg)),
         store_in_ring_(cfg.store_in_ring), group_tile_m_(cfg.cooperative ? cfg.tile_m / 2 : cfg.tile_m) {
-    check_row_parts(fs, cfg);
     if (row_output_ >= 0) {   // the reduction only leaves the kernel: stage 0 alone, its reduction a ReduceToRow
       st_.resize(1);
       parts_ = false;
@@ -226,31 +215,6 @@ class Psi {
   TileInputForm form() const { return form_; }
   bool parts() const { return parts_; }   // StageStream<.., InParts> (renders_parts)
   bool ring_boxes() const { return ring_boxes_; }
-  // Row parts (spec.h SpecOutput::row_parts, RuntimeParam::row_parts): a fused kernel (the library form's pass has
-  // other rows per thread), and an output's count is the config's column blocks of N.
-  static void check_row_parts(const FusionSpec& fs, const KernelConfig& cfg) {
-    bool any = false;
-    for (const RuntimeParam& p : fs.params) any = any || p.from_parts();
-    const std::vector<int> can = psi_row_parts_outputs(fs);
-    for (size_t i = 0; i < fs.outputs.size(); ++i) {
-      const SpecOutput& o = fs.outputs[i];
-      if (!o.in_parts()) continue;
-      any = true;
-      if (std::find(can.begin(), can.end(), static_cast<int>(i)) == can.end())
-        throw CodegenError("output '" + o.name + "' in row parts is not a row reduction's result that the kernel only "
-                           "stores, nor a LayerNorm pair's");
-      for (int j : can)
-        if (fs.outputs[j].row_parts != o.row_parts)
-          throw CodegenError("a LayerNorm pair's outputs in row parts: both, in as many parts");
-      const int64_t cols = (fs.gemm.n + cfg.tile_n - 1) / cfg.tile_n;
-      if (fs.gemm.paired()) throw CodegenError("output '" + o.name + "' in row parts from two GEMMs on one A: not in this version");
-      if (o.row_parts != cols)
-        throw CodegenError("output '" + o.name + "' is stored in " + std::to_string(o.row_parts) + " row parts, but config " +
-                           config_name(cfg) + " has " + std::to_string(cols) + " column blocks of N = " + std::to_string(fs.gemm.n));
-    }
-    if (any && cfg.library)
-      throw CodegenError("row parts in the library form: not in this version (its pass reads and writes [rows, 1] values)");
-  }
   int row_output() const { return row_output_; }   // the per-row output of a ReduceToRow, or -1 (row_output_of)
   bool pair_rows() const { return pair_rows_.first >= 0; }   // LocalReduce + MergedToRows (pair_rows_of)
   // The store of the first result in stage 1 of a pair_rows_of Spec: MergedToRows writes that output itself.
@@ -799,12 +763,6 @@ bool psi_library_gemm_only(const FusionSpec& fs) { return !library_epilogue(fs).
 
 bool psi_row_output(const FusionSpec& fs) { return row_output_of(fs) >= 0 || pair_rows_of(fs).first >= 0; }
 
-std::vector<int> psi_row_parts_outputs(const FusionSpec& fs) {
-  if (const int o = row_output_of(fs); o >= 0) return {o};
-  if (const auto [m, v] = pair_rows_of(fs); m >= 0) return {m, v};
-  return {};
-}
-
 bool psi_merges(const FusionSpec& fs) {
   const auto m = merged_pairs(fs.stages());
   return std::any_of(m.begin(), m.end(), [](MergeHow h) { return h != MergeHow::None; });
@@ -843,6 +801,8 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   check_limits(fs, cfg);
   std::unique_ptr<Psi> owned = tile_input_psi(fs, cfg);   // rendered once, in the form that fits
   const Psi& psi = *owned;
+  const std::vector<int> row_parts = psi_row_parts_outputs(fs);   // (stored in parts: no row-output workspace)
+  const bool in_parts = !row_parts.empty() && fs.outputs[row_parts[0]].in_parts();
   std::ostringstream hash;
   hash << std::hex << std::setw(16) << std::setfill('0') << spec_kernel_hash(fs);
   GeneratedKernel g;
@@ -855,14 +815,10 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
                     : "tile " + std::to_string(cfg.tile_m) + "x" + std::to_string(cfg.tile_n) + "x" + std::to_string(cfg.tile_k))
     << ", cluster " << cfg.cluster_m << "x" << cfg.cluster_n << (cfg.cooperative ? ", cooperative" : "")
     << (cfg.merged ? ", reduction pairs merged" : "") << (psi.parts() ? ", stages visited in 64-row parts" : "")
-    << (psi.row_output() >= 0 ? (fs.outputs[psi.row_output()].in_parts()
-                                     ? ", the row reduction only leaves the kernel, in row parts (ReduceToParts)"
-                                     : ", the row reduction only leaves the kernel (ReduceToRow)")
-                              : "")
-    << (!psi.pair_rows() ? ""
-        : fs.outputs[psi_row_parts_outputs(fs).at(0)].in_parts()
-            ? ", the LayerNorm pair's results only leave the kernel, as tile states (LocalReduce + MergedToParts)"
-            : ", the LayerNorm pair's results only leave the kernel (LocalReduce + MergedToRows)")
+    << (psi.row_output() >= 0 ? ", the row reduction only leaves the kernel" : "")
+    << (psi.pair_rows() ? ", the LayerNorm pair's results only leave the kernel" : "")
+    << (in_parts ? (psi.pair_rows() ? ", as tile states (LocalReduce + MergedToParts)" : ", in row parts (ReduceToParts)")
+        : psi.row_output() >= 0 ? " (ReduceToRow)" : psi.pair_rows() ? " (LocalReduce + MergedToRows)" : "")
     << "\n";
   if (fs.gemm.paired())
     o << "// two GEMMs on one A: each MMA tile is X @ W's " << cfg.tile_n / 2 << " columns, then X @ W2's (param["
@@ -928,8 +884,7 @@ GeneratedKernel generate_kernel(const FusionSpec& fs, const KernelConfig& cfg) {
   o
     << "using Unit = GeneratedUnit<Cfg, Epilogue, /*outputs*/ " << fs.outputs.size() << ", /*params*/ "
     << fs.params.size() << (fs.gemm.paired() ? ", /*B2 = param*/ " + std::to_string(fs.gemm.b2_param) : std::string())
-    << (psi.row_output() >= 0 && !fs.outputs[psi.row_output()].in_parts() ? ", /*B2*/ -1, /*row outputs*/ 1"
-        : psi.pair_rows() && !fs.outputs[psi_row_parts_outputs(fs).at(0)].in_parts() ? ", /*B2*/ -1, /*row outputs*/ 2" : "")
+    << (in_parts ? "" : psi.row_output() >= 0 ? ", /*B2*/ -1, /*row outputs*/ 1" : psi.pair_rows() ? ", /*B2*/ -1, /*row outputs*/ 2" : "")
     << ">;\n\n"
     << "// The Arguments of every node that takes any (pointers, constants, the reductions' workspace).\n"
     << "// ld: the row stride (N) of every [rows, N] output and tile parameter.\n"

@@ -9,6 +9,16 @@
 
 namespace comfuse::psi_detail {
 
+const char* reduce_kind(ReduceKind k) {
+  switch (k) {
+    case ReduceKind::Sum: return "RowReduce::Sum";
+    case ReduceKind::Mean: return "RowReduce::Mean";
+    case ReduceKind::Max: return "RowReduce::Max";
+    case ReduceKind::Min: return "RowReduce::Min";
+  }
+  return "?";
+}
+
 // The stage's Bypass placeholder of a tile-sized value (what the accumulator registers carry in), or -1. (Psi
 // refuses a stage with two: the registers carry one.)
 int tile_placeholder(const Spec& s) {
@@ -127,6 +137,33 @@ std::pair<int, int> pair_rows_of(const FusionSpec& fs) {
   return {first, second};
 }
 
+// Row parts (spec.h SpecOutput::row_parts, RuntimeParam::row_parts): only in a fused kernel (the library form's pass
+// has other rows per thread), only on a row reduction's result the kernel only stores or a LayerNorm pair's (both),
+// and in as many parts as the config has column blocks of N.
+void check_row_parts(const FusionSpec& fs, const KernelConfig& cfg) {
+  bool any = false;
+  for (const RuntimeParam& p : fs.params) any = any || p.from_parts();
+  const std::vector<int> can = psi_row_parts_outputs(fs);
+  for (size_t i = 0; i < fs.outputs.size(); ++i) {
+    const SpecOutput& o = fs.outputs[i];
+    if (!o.in_parts()) continue;
+    any = true;
+    if (std::find(can.begin(), can.end(), static_cast<int>(i)) == can.end())
+      throw CodegenError("output '" + o.name + "' in row parts is not a row reduction's result that the kernel only "
+                         "stores, nor a LayerNorm pair's");
+    for (int j : can)
+      if (fs.outputs[j].row_parts != o.row_parts)
+        throw CodegenError("a LayerNorm pair's outputs in row parts: both, in as many parts");
+    const int64_t cols = (fs.gemm.n + cfg.tile_n - 1) / cfg.tile_n;
+    if (fs.gemm.paired()) throw CodegenError("output '" + o.name + "' in row parts from two GEMMs on one A: not in this version");
+    if (o.row_parts != cols)
+      throw CodegenError("output '" + o.name + "' is stored in " + std::to_string(o.row_parts) + " row parts, but config " +
+                         config_name(cfg) + " has " + std::to_string(cols) + " column blocks of N = " + std::to_string(fs.gemm.n));
+  }
+  if (any && cfg.library)
+    throw CodegenError("row parts in the library form: not in this version (its pass reads and writes [rows, 1] values)");
+}
+
 // rotate_half and periodic inputs (epilogue/rotate.cuh): blocks of P columns that line up with the output tile, one
 // P for the whole tree, and rotate_half only over values that depend on nothing but the element's coordinates.
 void check_column_blocks(const FusionSpec& fs, const KernelConfig& c) {
@@ -233,6 +270,7 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
   // Two GEMMs on one A (GemmConfig<.., DualB>, kernels/comfuse/gemm.cuh): the MMA tile holds X·B's tile N / 2
   // columns, then X·B2's; the epilogue sees an output tile half as wide.
   check_column_blocks(fs, c);
+  check_row_parts(fs, c);
   if (fs.gemm.paired()) {
     if (!fs.gemm.transpose_b)
       throw CodegenError("two GEMMs on one A need B and B2 as [N, K] (the nn.Linear layout): each B stage holds B's rows, then B2's");
@@ -246,3 +284,13 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
 }
 
 }  // namespace comfuse::psi_detail
+
+namespace comfuse {
+
+std::vector<int> psi_row_parts_outputs(const FusionSpec& fs) {
+  if (const int o = psi_detail::row_output_of(fs); o >= 0) return {o};
+  if (const auto [m, v] = psi_detail::pair_rows_of(fs); m >= 0) return {m, v};
+  return {};
+}
+
+}  // namespace comfuse

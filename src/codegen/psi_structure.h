@@ -17,6 +17,8 @@ enum class MergeHow { None, CenteredSquares, ShiftedExp };
 
 // The stage's Bypass placeholder of a tile-sized value (what the accumulator registers carry in), or -1. (Psi
 // refuses a stage with two: the registers carry one.)
+// The kernel templates' spelling of a row reduction's kind ("RowReduce::Sum").
+const char* reduce_kind(ReduceKind k);
 int tile_placeholder(const Spec& s);
 // The node of stage k-1 whose tile-sized value stage k reads through its Bypass placeholder, or -1.
 int carried_into(const std::vector<const Spec*>& st, size_t k);
