@@ -12,7 +12,8 @@ written back into the ring, --store-in-ring on; with /whole the row statistics s
 tile, --row-parts off; with /cfg:I=NAME+J=NAME regions I and J in those kernel configs,
 --config I=NAME,J=NAME, the others the planner's), alternating, `--rounds`
 invocations each (the median of each invocation's median; the spread is printed). The table last: ComFuse's time and
-torch.compile's best ÷ it (above 1: ComFuse is faster). Without a GPU: prints "skipped: no GPU" and exits 77.
+torch.compile's best ÷ it (above 1: ComFuse is faster), and each region's kernel alone ÷ its own cuBLASLt GEMM(s)
+(`comfuse bench --each-region`; a region with two GEMMs on one A, gate/up, against both). Without a GPU: prints "skipped: no GPU" and exits 77.
 """
 import argparse
 import csv
@@ -54,7 +55,7 @@ def main(argv):
     if not torch.cuda.is_available():
         print("skipped: no GPU")
         return SKIP
-    from programs import comfuse_us, torch_us   # (bench/programs.py: the same timing of both sides)
+    from programs import comfuse_bench, torch_us   # (bench/programs.py: the same timing of both sides)
     rows = []
     for name in programs:
         cf = f"{ROOT}/examples/{name}.cf"
@@ -71,27 +72,33 @@ def main(argv):
                                                     ["--form", form] if form else [])
                 tag = "".join(c if c.isalnum() or c in "_-" else "_" for c in v)
                 log = os.path.join(a.logs, f"{name}_{tag}.log") if a.logs else None
-                runs[v].append(comfuse_us(a.cli, cf, opts, optional=bool(form), log=log))
-        for v, xs in runs.items():
-            xs = [x for x in xs if x is not None]
-            if not xs:
+                runs[v].append(comfuse_bench(a.cli, cf, opts + ["--each-region"], optional=bool(form), log=log))
+        for v, bs in runs.items():
+            bs = [b for b in bs if b is not None]
+            if not bs:
                 continue
+            xs = [b["us"] for b in bs]
             med = statistics.median(xs)
+            # each region's kernel alone ÷ its cuBLASLt GEMM(s), the median over the rounds: "0:1.105 1:0.962"
+            regions = sorted({i for b in bs for i in b["regions"]})
+            alone = " ".join(f"{i}:{statistics.median(b['regions'][i] for b in bs if i in b['regions']):.3f}"
+                             for i in regions)
             rows.append(dict(program=name, variant=v, comfuse_us=round(med, 1),
                              spread_us=round(max(xs) - min(xs), 1), eager_us=round(us["eager"], 1),
                              compile_default_us=round(us["default"], 1),
                              compile_max_autotune_us=round(us["max-autotune-no-cudagraphs"], 1),
-                             best_compile_div_comfuse=round(best / med, 3)))
+                             best_compile_div_comfuse=round(best / med, 3), regions_div_cublas=alone))
             print(f"measured {rows[-1]}", flush=True)   # (as it goes: a run cut short still tells)
     if a.out:
         with open(a.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    print(f"{'program':12} {'variant':11} {'ComFuse us':>11} {'spread':>7} {'eager':>8} {'compile':>8} {'max-at':>8} {'best ÷ ComFuse':>15}")
+    print(f"{'program':12} {'variant':11} {'ComFuse us':>11} {'spread':>7} {'eager':>8} {'compile':>8} {'max-at':>8} {'best ÷ ComFuse':>15}  each region alone ÷ its cuBLASLt GEMM(s)")
     for r in rows:
         print(f"{r['program']:12} {r['variant']:11} {r['comfuse_us']:11.1f} {r['spread_us']:7.1f} {r['eager_us']:8.1f} "
-              f"{r['compile_default_us']:8.1f} {r['compile_max_autotune_us']:8.1f} {r['best_compile_div_comfuse']:15.3f}")
+              f"{r['compile_default_us']:8.1f} {r['compile_max_autotune_us']:8.1f} {r['best_compile_div_comfuse']:15.3f}"
+              f"  {r['regions_div_cublas']}")
     return 0
 
 

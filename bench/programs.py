@@ -40,7 +40,7 @@ FORMS = ("planner", "fused", "library")
 def comfuse_bench(cli, cf, options=(), optional=False, log=None):
     """`comfuse bench FILE.cf OPTIONS...`: {"us": its median in µs, "pass_us", "copy_us" (where every region runs a
     library pass: the passes' time, the graph less its cuBLASLt GEMMs, and a device copy of the bytes they move; else
-    nan)}. optional: None where it fails (e.g. a region no pass serves under
+    nan), "regions" (with --each-region: {region: its kernel alone ÷ its cuBLASLt GEMM(s)})}. optional: None where it fails (e.g. a region no pass serves under
     --form library: that variant has no time), else the failure is raised. log: a file the output is appended to."""
     args = [cli, "bench", cf, "--iters", "50", *options]
     r = subprocess.run(args, capture_output=True, text=True,
@@ -54,7 +54,10 @@ def comfuse_bench(cli, cf, options=(), optional=False, log=None):
             print(f"{' '.join(args)}: exit {r.returncode}, no time for this variant:\n{r.stdout[-400:]}", file=sys.stderr)
             return None
         raise RuntimeError(f"{' '.join(args)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
-    out = {"us": float(m.group(1)), "pass_us": math.nan, "copy_us": math.nan}
+    out = {"us": float(m.group(1)), "pass_us": math.nan, "copy_us": math.nan, "regions": {}}
+    # (--each-region) each region's kernel alone ÷ its own cuBLASLt GEMM(s): {region: ratio}
+    for i, ratio in re.findall(r"^  region ([0-9]+): cuBLASLt .*; its kernel alone .*÷ cuBLAS = ([0-9.]+)", r.stdout, re.M):
+        out["regions"][int(i)] = float(ratio)
     p = re.search(r"the passes take ~(-?[0-9.]+) us .* take ([0-9.]+) us as a device copy", r.stdout)
     if p:
         out["pass_us"], out["copy_us"] = float(p.group(1)), float(p.group(2))

@@ -203,6 +203,11 @@ class CompiledGraph {
   // The same, the row count read from input shapes (see rows_from_shapes in graph.h).
   void run(const BufferMap& buffers, CUstream stream, const ShapeMap& input_shapes);
 
+  // Diagnosis (comfuse bench --each-region): region `region`'s kernel alone, on the values the last run on this
+  // stream left in its inputs (`rows` as for run(); ignored for fixed shapes). Throws std::invalid_argument where
+  // the region has no kernel of its own (the plain path; inside a back-to-back chain).
+  void run_region(const BufferMap& buffers, CUstream stream, int64_t rows, size_t region);
+
   // Pins the CUDA device (ordinal) run() uses; -1 (the default) = the stream's, else the current one.
   void set_device(int ordinal) { device_ = ordinal; }
   int device() const { return device_; }
@@ -239,7 +244,8 @@ class CompiledGraph {
   friend class Compiler;
   struct Bound;     // the partition at one row count
   struct Runtime;   // libraries and per-(device, stream) state, behind a lock
-  void run_bound(const BufferMap& buffers, CUstream stream, int64_t rows);   // validate, prepare, steps, convert
+  // validate, prepare, steps (or only region `only_region`'s kernel), convert
+  void run_bound(const BufferMap& buffers, CUstream stream, int64_t rows, int only_region = -1);
   void validate_buffers(const BufferMap& buffers) const;
   struct Launch;    // one run's state and phases (src/runtime/compiled_graph.cpp)
   struct Search;    // one region's choice for one launch (src/runtime/graph_state.h)

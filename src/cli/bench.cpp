@@ -187,10 +187,24 @@ int cmd_bench(const Args& a) {
   // The fused graph first; then, where cuBLASLt is there, the regions' GEMMs alone (no epilogue), the baseline.
   std::vector<TimedKernel> ks;
   ks.push_back({"fused", [&] { rows ? cg.run(buf.map, nullptr, rows) : cg.run(buf.map); }});
+  // With --each-region, every region's kernel alone too (over the values the graph's last run left): what each
+  // kernel costs against its own cuBLASLt GEMM(s), e.g. a norm's producer and consumer.
+  std::vector<std::pair<size_t, size_t>> alone;   // (region, place in ks)
+  if (a.flag("each-region")) {
+    ks[0].launch();   // the config search, and every value a region reads
+    for (size_t i = 0; i < cg.regions().size(); ++i) try {
+        cg.run_region(buf.map, nullptr, rows, i);
+        alone.emplace_back(i, ks.size());
+        ks.push_back({"region" + std::to_string(i), [&cg, &buf, rows, i] { cg.run_region(buf.map, nullptr, rows, i); }});
+      } catch (const std::invalid_argument& e) {
+        std::printf("region %zu: not timed alone: %s\n", i, e.what());
+      }
+  }
   // Each region's cuBLASLt GEMM; and where the region's epilogue reads an [M, N] input (a residual), cuBLASLt's GEMM
   // with a source tile too (D = A·B + C, beta = 1, in place): what cuBLAS itself pays to read one.
   std::vector<std::unique_ptr<rt::CublasGemm>> cublas;
   std::vector<std::pair<size_t, size_t>> baseline;   // per region: its plain GEMM's and its GEMM-with-C's place in ks
+  // A region with two GEMMs on one A (X·B and X·B2, e.g. gate/up) has both in its baseline, launched back to back.
   if (rt::CublasGemm::available())
     for (const auto& r : cg.partition().regions) {
       const GemmDesc& gd = r.spec.gemm;
@@ -198,11 +212,17 @@ int cmd_bench(const Args& a) {
       size_t with_c = plain;
       for (bool c : {false, true}) {
         if (c && !reads_tile_input(r.spec)) break;
-        cublas.push_back(std::make_unique<rt::CublasGemm>(gd.rows, gd.n, gd.k, gd.transpose_b, gd.dtype == DType::F16, c));
-        rt::CublasGemm* g = cublas.back().get();
-        pick_fastest_candidate(*g);
+        std::vector<rt::CublasGemm*> gemms;
+        for (int i = 0; i < (gd.paired() ? 2 : 1); ++i) {
+          cublas.push_back(std::make_unique<rt::CublasGemm>(gd.rows, gd.n, gd.k, gd.transpose_b, gd.dtype == DType::F16,
+                                                            c && i == 0));
+          gemms.push_back(cublas.back().get());
+          pick_fastest_candidate(*gemms.back());
+        }
         with_c = ks.size();
-        ks.push_back({(c ? "cublas_beta1_" : "cublas") + std::to_string(baseline.size()), [g] { g->run(); }});
+        ks.push_back({(c ? "cublas_beta1_" : "cublas") + std::to_string(baseline.size()), [gemms] {
+                        for (rt::CublasGemm* g : gemms) g->run();
+                      }});
       }
       baseline.emplace_back(plain, with_c);
     }
@@ -234,8 +254,25 @@ int cmd_bench(const Args& a) {
     with_c_us += ks[with_c].median();
     reading += with_c != plain;
   }
+  const bool several = cublas.size() > baseline.size() || baseline.size() > 1;
   std::printf("cuBLASLt GEMM%s of the same shape%s alone: %.1f us; fused graph ÷ cuBLAS = %.3f\n",
-              baseline.size() > 1 ? "s" : "", baseline.size() > 1 ? "s" : "", gemm_us, med / gemm_us);
+              several ? "s" : "", several ? "s" : "", gemm_us, med / gemm_us);
+  for (size_t i = 0; i < baseline.size(); ++i) {   // each region's baseline, and its kernel alone against it
+    const GemmDesc& gd = cg.partition().regions[i].spec.gemm;
+    auto it = std::find_if(alone.begin(), alone.end(), [i](auto p) { return p.first == i; });
+    if (baseline.size() == 1 && it == alone.end()) break;
+    const double base = ks[baseline[i].first].median();
+    std::printf("  region %zu: cuBLASLt %s%lldx%lldx%lld (M x N x K) %.1f us", i, gd.paired() ? "2 x " : "",
+                static_cast<long long>(gd.rows), static_cast<long long>(gd.n), static_cast<long long>(gd.k), base);
+    if (it != alone.end()) {
+      TimedKernel& k = ks[it->second];
+      std::printf("; its kernel alone %.1f us (fastest sample %.1f, slowest %.1f): ÷ cuBLAS = %.3f", k.median(),
+                  k.min(), k.max(), k.median() / base);
+      if (baseline[i].second != baseline[i].first)
+        std::printf(", ÷ cuBLAS with C = %.3f", k.median() / ks[baseline[i].second].median());
+    }
+    std::printf("\n");
+  }
   if (reading > 0)
     std::printf("cuBLASLt with C (beta = 1, in place) for the %zu region%s whose epilogue reads an [M, N] input, the "
                 "plain GEMM for the rest: %.1f us (%.3f x the plain); fused graph ÷ that = %.3f\n",

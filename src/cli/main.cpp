@@ -53,10 +53,11 @@ const char* kUsage =
     "                                       from --aot DIR); inputs from DIR/NAME.npy, else fresh random ones;\n"
     "                                       --check compares every output with the CPU interpreter (exit 1 if off);\n"
     "                                       --launches N runs the graph N times, the outputs poisoned before each\n"
-    "  comfuse bench FILE.cf [--iters N] [--transport T] [--settle-ms MS] [--series FILE.csv]\n"
+    "  comfuse bench FILE.cf [--iters N] [--transport T] [--settle-ms MS] [--series FILE.csv] [--each-region]\n"
     "                                       median time of the whole graph on the GPU, TFLOP/s, and ÷ the cuBLASLt\n"
     "                                       GEMM alone; the two take turns, each block first runs MS ms untimed\n"
-    "                                       (default 50: the GPU's clock settles); --series writes every sample\n"
+    "                                       (default 50: the GPU's clock settles); --series writes every sample;\n"
+    "                                       --each-region: every region's kernel alone too, ÷ its own GEMM(s)\n"
     "  comfuse aot FILE.cf -o DIR           compiles every fused region into DIR (kernel libraries + manifest.txt)\n"
     "                                       for 'run --aot DIR' on a machine without nvcc\n"
     "  comfuse pack STRUCTURES.txt -o DIR [--rows R,..] [--dims D,..] [--jobs J] [--as-written] [--dry-run]\n"
@@ -733,7 +734,7 @@ int main(int argc, char** argv) {
                       "config", "row-parts"}));
     if (cmd == "bench")
       return cmd_bench(
-          parse_args(argc, argv, {}, {"iters", "transport", "merge", "store-in-ring", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms", "form",
+          parse_args(argc, argv, {"each-region"}, {"iters", "transport", "merge", "store-in-ring", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms", "form",
                       "config", "row-parts"}));
     if (cmd == "pack") return cmd_pack(parse_args(argc, argv, {"dry-run", "as-written", "keep-going", "own-sizes"}, {"o", "rows", "dims", "jobs", "covers"}));
     if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "store-in-ring", "b2b", "rows", "defer-norms", "form", "config", "row-parts"}));

@@ -674,16 +674,35 @@ struct CompiledGraph::Launch {
   }
 };
 
-void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t rows) {
+void CompiledGraph::run_bound(const BufferMap& buffers, CUstream stream, int64_t rows, int only_region) {
   if (aot_) throw std::logic_error("compiled ahead of time only (CompilerOptions::ahead_of_time): load it to run");
   validate_buffers(buffers);
   Launch l(*this, buffers, stream, rows);
   l.route_chains();
   l.prepare();
   l.key_folds();
+  if (only_region >= 0) {   // one region's kernel, over the values the last run left (run_region)
+    for (size_t i = 0; i < l.part.schedule.size(); ++i) {
+      const Step& s = l.part.schedule[i];
+      if (!s.is_region || s.index != static_cast<size_t>(only_region)) continue;
+      if (l.chain_at[i] >= 0 || l.replaced[i] || regions_[s.index].plain)
+        throw std::invalid_argument("region " + std::to_string(only_region) +
+                                    " has no kernel of its own (it runs on the plain path or in a back-to-back chain)");
+      l.run_region(only_region);
+      return;
+    }
+    throw std::invalid_argument("no region " + std::to_string(only_region));
+  }
   for (size_t i = 0; i < l.part.schedule.size(); ++i) l.step(i);
   l.convert_outputs();
   l.keep_folds();
+}
+
+void CompiledGraph::run_region(const BufferMap& buffers, CUstream stream, int64_t rows, size_t region) {
+  if (region >= regions_.size())
+    throw std::invalid_argument("no region " + std::to_string(region) + " (the graph has " +
+                                std::to_string(regions_.size()) + ")");
+  run_bound(buffers, stream, symbolic() ? rows : 0, static_cast<int>(region));
 }
 
 void CompiledGraph::refold() {
