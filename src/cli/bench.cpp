@@ -126,6 +126,76 @@ double library_pass_bytes(const CompiledGraph& cg) {
   return bytes;
 }
 
+// Every region's kernel alone (CompiledGraph::run_region) as a timed kernel, after one run of the graph (ks[0]: the
+// config search, and every value a region reads): (region, its place in ks). A region without a kernel of its own
+// is said and left out.
+std::vector<std::pair<size_t, size_t>> add_regions_alone(CompiledGraph& cg, const BufferMap& map, int64_t rows,
+                                                         std::vector<TimedKernel>& ks) {
+  std::vector<std::pair<size_t, size_t>> alone;
+  ks[0].launch();
+  for (size_t i = 0; i < cg.regions().size(); ++i) try {
+      cg.run_region(map, nullptr, rows, i);
+      alone.emplace_back(i, ks.size());
+      ks.push_back({"region" + std::to_string(i), [&cg, &map, rows, i] { cg.run_region(map, nullptr, rows, i); }});
+    } catch (const std::invalid_argument& e) {
+      std::printf("region %zu: not timed alone: %s\n", i, e.what());
+    }
+  return alone;
+}
+
+// Each region's cuBLASLt GEMM as a timed kernel; and where the region's epilogue reads an [M, N] input (a residual),
+// cuBLASLt's GEMM with a source tile too (D = A·B + C, beta = 1, in place): what cuBLAS itself pays to read one. A
+// region with two GEMMs on one A (X·B and X·B2, e.g. gate/up) has both in its baseline, launched back to back.
+// Per region: its plain baseline's and its baseline-with-C's place in ks (the same where it reads no [M, N] input).
+std::vector<std::pair<size_t, size_t>> add_baselines(const CompiledGraph& cg, std::vector<TimedKernel>& ks,
+                                                     std::vector<std::unique_ptr<rt::CublasGemm>>& cublas) {
+  std::vector<std::pair<size_t, size_t>> baseline;
+  if (!rt::CublasGemm::available()) return baseline;
+  for (const auto& r : cg.partition().regions) {
+    const GemmDesc& gd = r.spec.gemm;
+    const size_t plain = ks.size();
+    size_t with_c = plain;
+    for (bool c : {false, true}) {
+      if (c && !reads_tile_input(r.spec)) break;
+      std::vector<rt::CublasGemm*> gemms;
+      for (int i = 0; i < (gd.paired() ? 2 : 1); ++i) {
+        cublas.push_back(std::make_unique<rt::CublasGemm>(gd.rows, gd.n, gd.k, gd.transpose_b, gd.dtype == DType::F16,
+                                                          c && i == 0));
+        gemms.push_back(cublas.back().get());
+        pick_fastest_candidate(*gemms.back());
+      }
+      with_c = ks.size();
+      ks.push_back({(c ? "cublas_beta1_" : "cublas") + std::to_string(baseline.size()), [gemms] {
+                      for (rt::CublasGemm* g : gemms) g->run();
+                    }});
+    }
+    baseline.emplace_back(plain, with_c);
+  }
+  return baseline;
+}
+
+// Per region (where there are several, or one timed alone): its cuBLASLt baseline, and its kernel alone against it.
+void print_regions(const CompiledGraph& cg, std::vector<TimedKernel>& ks,
+                   const std::vector<std::pair<size_t, size_t>>& baseline,
+                   const std::vector<std::pair<size_t, size_t>>& alone) {
+  for (size_t i = 0; i < baseline.size(); ++i) {
+    const GemmDesc& gd = cg.partition().regions[i].spec.gemm;
+    auto it = std::find_if(alone.begin(), alone.end(), [i](auto p) { return p.first == i; });
+    if (baseline.size() == 1 && it == alone.end()) return;
+    const double base = ks[baseline[i].first].median();
+    std::printf("  region %zu: cuBLASLt %s%lldx%lldx%lld (M x N x K) %.1f us", i, gd.paired() ? "2 x " : "",
+                static_cast<long long>(gd.rows), static_cast<long long>(gd.n), static_cast<long long>(gd.k), base);
+    if (it != alone.end()) {
+      TimedKernel& k = ks[it->second];
+      std::printf("; its kernel alone %.1f us (fastest sample %.1f, slowest %.1f): ÷ cuBLAS = %.3f", k.median(),
+                  k.min(), k.max(), k.median() / base);
+      if (baseline[i].second != baseline[i].first)
+        std::printf(", ÷ cuBLAS with C = %.3f", k.median() / ks[baseline[i].second].median());
+    }
+    std::printf("\n");
+  }
+}
+
 // Two device buffers of `bytes` each (a copy's source and destination), freed with the object.
 struct ScratchPair {
   explicit ScratchPair(size_t b) : bytes(b), src(rt::mem_alloc(b)), dst(rt::mem_alloc(b)) { rt::mem_set(src, 0x3c, b); }
@@ -189,43 +259,10 @@ int cmd_bench(const Args& a) {
   ks.push_back({"fused", [&] { rows ? cg.run(buf.map, nullptr, rows) : cg.run(buf.map); }});
   // With --each-region, every region's kernel alone too (over the values the graph's last run left): what each
   // kernel costs against its own cuBLASLt GEMM(s), e.g. a norm's producer and consumer.
-  std::vector<std::pair<size_t, size_t>> alone;   // (region, place in ks)
-  if (a.flag("each-region")) {
-    ks[0].launch();   // the config search, and every value a region reads
-    for (size_t i = 0; i < cg.regions().size(); ++i) try {
-        cg.run_region(buf.map, nullptr, rows, i);
-        alone.emplace_back(i, ks.size());
-        ks.push_back({"region" + std::to_string(i), [&cg, &buf, rows, i] { cg.run_region(buf.map, nullptr, rows, i); }});
-      } catch (const std::invalid_argument& e) {
-        std::printf("region %zu: not timed alone: %s\n", i, e.what());
-      }
-  }
-  // Each region's cuBLASLt GEMM; and where the region's epilogue reads an [M, N] input (a residual), cuBLASLt's GEMM
-  // with a source tile too (D = A·B + C, beta = 1, in place): what cuBLAS itself pays to read one.
+  const std::vector<std::pair<size_t, size_t>> alone =
+      a.flag("each-region") ? add_regions_alone(cg, buf.map, rows, ks) : std::vector<std::pair<size_t, size_t>>{};
   std::vector<std::unique_ptr<rt::CublasGemm>> cublas;
-  std::vector<std::pair<size_t, size_t>> baseline;   // per region: its plain GEMM's and its GEMM-with-C's place in ks
-  // A region with two GEMMs on one A (X·B and X·B2, e.g. gate/up) has both in its baseline, launched back to back.
-  if (rt::CublasGemm::available())
-    for (const auto& r : cg.partition().regions) {
-      const GemmDesc& gd = r.spec.gemm;
-      const size_t plain = ks.size();
-      size_t with_c = plain;
-      for (bool c : {false, true}) {
-        if (c && !reads_tile_input(r.spec)) break;
-        std::vector<rt::CublasGemm*> gemms;
-        for (int i = 0; i < (gd.paired() ? 2 : 1); ++i) {
-          cublas.push_back(std::make_unique<rt::CublasGemm>(gd.rows, gd.n, gd.k, gd.transpose_b, gd.dtype == DType::F16,
-                                                            c && i == 0));
-          gemms.push_back(cublas.back().get());
-          pick_fastest_candidate(*gemms.back());
-        }
-        with_c = ks.size();
-        ks.push_back({(c ? "cublas_beta1_" : "cublas") + std::to_string(baseline.size()), [gemms] {
-                        for (rt::CublasGemm* g : gemms) g->run();
-                      }});
-      }
-      baseline.emplace_back(plain, with_c);
-    }
+  const std::vector<std::pair<size_t, size_t>> baseline = add_baselines(cg, ks, cublas);
   // Every region in the library form with a pass to run: a device-to-device copy moving as many bytes as the passes
   // must (read half, write half), timed with the rest - the HBM time the passes are held to.
   const double pass_bytes = library_pass_bytes(cg);
@@ -257,22 +294,7 @@ int cmd_bench(const Args& a) {
   const bool several = cublas.size() > baseline.size() || baseline.size() > 1;
   std::printf("cuBLASLt GEMM%s of the same shape%s alone: %.1f us; fused graph ÷ cuBLAS = %.3f\n",
               several ? "s" : "", several ? "s" : "", gemm_us, med / gemm_us);
-  for (size_t i = 0; i < baseline.size(); ++i) {   // each region's baseline, and its kernel alone against it
-    const GemmDesc& gd = cg.partition().regions[i].spec.gemm;
-    auto it = std::find_if(alone.begin(), alone.end(), [i](auto p) { return p.first == i; });
-    if (baseline.size() == 1 && it == alone.end()) break;
-    const double base = ks[baseline[i].first].median();
-    std::printf("  region %zu: cuBLASLt %s%lldx%lldx%lld (M x N x K) %.1f us", i, gd.paired() ? "2 x " : "",
-                static_cast<long long>(gd.rows), static_cast<long long>(gd.n), static_cast<long long>(gd.k), base);
-    if (it != alone.end()) {
-      TimedKernel& k = ks[it->second];
-      std::printf("; its kernel alone %.1f us (fastest sample %.1f, slowest %.1f): ÷ cuBLAS = %.3f", k.median(),
-                  k.min(), k.max(), k.median() / base);
-      if (baseline[i].second != baseline[i].first)
-        std::printf(", ÷ cuBLAS with C = %.3f", k.median() / ks[baseline[i].second].median());
-    }
-    std::printf("\n");
-  }
+  print_regions(cg, ks, baseline, alone);
   if (reading > 0)
     std::printf("cuBLASLt with C (beta = 1, in place) for the %zu region%s whose epilogue reads an [M, N] input, the "
                 "plain GEMM for the rest: %.1f us (%.3f x the plain); fused graph ÷ that = %.3f\n",
