@@ -453,7 +453,7 @@ class Psi {
       return {std::string("ColStates<") + c + ", " + std::to_string(group_tile_m_ / 32) + ", " + (var ? "true" : "false") + ">",
               "{p.input<float>(" + means + "), " + (var ? "p.input<float>(" + i + ")" : std::string("nullptr")) + ", " +
                   std::to_string(prm.row_count) + ", " + std::to_string(prm.row_part_cols) + "}",
-              std::string(var ? "M2 / N" : "the mean") + " of the row, Chan's merge of " + c + " tile states (param[" +
+              std::string(var ? "M2 / N" : "the mean") + " of the row, combined from " + c + " tile states (param[" +
                   means + "] means" + (var ? ", param[" + i + "] M2s" : std::string()) + ")"};
     }
     if (n.bcast == BroadcastKind::Col && fs_.params[n.param].from_parts()) {   // a producer's partial results
@@ -537,8 +537,8 @@ class Psi {
       return {std::string("MergedToParts<") + c + ">",
               "{" + args_[k][n.args[0]] + ", p.output<float>(" + o1 + "), p.output<float>(" + o2 + ")}",
               c + "; out[" + o1 + "][column block, row], out[" + o2 + "][column block, row] = the tile's mean and sum of "
-                  "squared deviations from it (its readers merge the " +
-                  std::to_string(fs_.outputs[pair_rows_.first].row_parts) + " states by Chan's formula)"};
+                  "squared deviations from it (its readers combine the " +
+                  std::to_string(fs_.outputs[pair_rows_.first].row_parts) + " states)"};
     }
     if (pair_rows_.first >= 0 && k == 1) {   // the pair's results only leave the kernel: no exchange at all
       const std::string c = names_[k][n.args.at(0)];
