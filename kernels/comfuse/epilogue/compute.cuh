@@ -17,6 +17,12 @@
 
 namespace comfuse::epi {
 
+// Op::pair(params, a, b): the unary op on a fragment's two values at once.
+template <class Op, class = void> struct HasPair : std::false_type {};
+template <class Op>
+struct HasPair<Op, std::void_t<decltype(Op{}.pair(std::declval<typename Op::Params const&>(), std::declval<float&>(),
+                                                  std::declval<float&>()))>> : std::true_type {};
+
 namespace detail {
 // The Arguments of Compute: each child's, then the operator's parameters.
 template <class Op, class... Cs> struct ComputeArguments;
@@ -76,10 +82,15 @@ struct Compute : Children<Cs...> {
   template <int S> CUTE_DEVICE Frag compute(FragCtx const& f, Frag const& acc) {
     if constexpr (sizeof...(Cs) == 1) {
       Frag x = this->template visit_child<0, S>(f, acc);
-      Frag r;
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kFragSize; ++j) r.x[j] = Op{}(op, x.x[j]);
-      return r;
+      if constexpr (HasPair<Op>::value && kFragSize == 2) {   // both values in one instruction (ops.cuh, RoundBf16)
+        Op{}.pair(op, x.x[0], x.x[1]);
+        return x;
+      } else {
+        Frag r;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kFragSize; ++j) r.x[j] = Op{}(op, x.x[j]);
+        return r;
+      }
     } else {
       Frag x = this->template visit_child<0, S>(f, acc);
       Frag y = this->template visit_child<1, S>(f, acc);

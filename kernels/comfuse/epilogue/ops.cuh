@@ -90,9 +90,27 @@ COMFUSE_UNARY_OP(GeluTanh, gelu_tanh(x))
 COMFUSE_UNARY_OP(Silu, __fdividef(x, 1.f + __expf(-x)))
 COMFUSE_UNARY_OP(Square, x * x)
 COMFUSE_UNARY_OP(Reciprocal, __frcp_rn(x))
-COMFUSE_UNARY_OP(RoundBf16, __bfloat162float(__float2bfloat16_rn(x)))   // cast to bf16 and back
-COMFUSE_UNARY_OP(RoundF16, __half2float(__float2half_rn(x)))            // cast to f16 and back
 #undef COMFUSE_UNARY_OP
+
+// Casts to bf16 / f16 and back (a program's cast inside an epilogue). Compute rounds a fragment's two values with
+// pair(): one packed conversion (F2FP, on the ALU pipe) and two moves back, where one value at a time takes an F2F
+// each, on the conversion pipe that GELU's and SiLU's MUFU instructions also use. The same rounding (to nearest even).
+struct RoundBf16 {
+  using Params = NoParams;
+  CUTE_DEVICE float operator()(Params const&, float x) const { return __bfloat162float(__float2bfloat16_rn(x)); }
+  CUTE_DEVICE void pair(Params const&, float& a, float& b) const {
+    const float2 f = __bfloat1622float2(__floats2bfloat162_rn(a, b));
+    a = f.x, b = f.y;
+  }
+};
+struct RoundF16 {
+  using Params = NoParams;
+  CUTE_DEVICE float operator()(Params const&, float x) const { return __half2float(__float2half_rn(x)); }
+  CUTE_DEVICE void pair(Params const&, float& a, float& b) const {
+    const float2 f = __half22float2(__floats2half2_rn(a, b));
+    a = f.x, b = f.y;
+  }
+};
 
 // x ** N for an integral constant N (Psi picks it for pow by an integer, e.g. GPT-2's pow(h, 3.0)):
 // multiplications by repeated squaring, then the reciprocal for N < 0. powf with a runtime exponent takes
