@@ -189,7 +189,7 @@ TEST(Compiler, GpuCommandsSayWhenThereIsNoGpu) {
   EXPECT_EQ(run_cli("bench " + ex.string() + " --iters 0", &out), 2) << out;
   EXPECT_NE(out.find("--iters must be a positive integer"), std::string::npos) << out;
   out.clear();   // bench's timing options are checked before any GPU work too
-  EXPECT_EQ(run_cli("bench " + ex.string() + " --settle-ms -1", &out), 2) << out;
+  EXPECT_EQ(run_cli("bench " + ex.string() + " --each-region --settle-ms -1", &out), 2) << out;
   EXPECT_NE(out.find("--settle-ms must be a number of milliseconds"), std::string::npos) << out;
   out.clear();
   EXPECT_EQ(run_cli("bench " + ex.string() + " --series /nonexistent-dir/s.csv", &out), 2) << out;

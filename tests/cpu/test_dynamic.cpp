@@ -153,6 +153,11 @@ TEST(Dynamic, CompiledGraphChecksRowsAndBuffersBeforeAnyGpuWork) {
   EXPECT_NE(message_of<std::invalid_argument>([&] { cg.run(none, nullptr, ShapeMap{{"X", {3, 16}}, {"R", {4, 24}}}); })
                 .find("same row count"),
             std::string::npos);
+  // one region's kernel alone (comfuse bench --each-region): the region and the buffers are checked first too
+  EXPECT_NE(message_of<std::invalid_argument>([&] { cg.run_region(none, nullptr, 64, 3); }).find("no region 3 (the graph has 1)"),
+            std::string::npos);
+  EXPECT_NE(message_of<std::invalid_argument>([&] { cg.run_region(none, nullptr, 64, 0); }).find("has no device buffer"),
+            std::string::npos);
   fs::remove_all(d);
 }
 
