@@ -291,7 +291,9 @@ int cmd_bench(const Args& a) {
     with_c_us += ks[with_c].median();
     reading += with_c != plain;
   }
-  const bool several = cublas.size() > baseline.size() || baseline.size() > 1;
+  size_t gemms = 0;   // the plain GEMMs of the baseline (a dual-B region has two)
+  for (const auto& r : cg.partition().regions) gemms += r.spec.gemm.paired() ? 2 : 1;
+  const bool several = gemms > 1;
   std::printf("cuBLASLt GEMM%s of the same shape%s alone: %.1f us; fused graph ÷ cuBLAS = %.3f\n",
               several ? "s" : "", several ? "s" : "", gemm_us, med / gemm_us);
   print_regions(cg, ks, baseline, alone);
