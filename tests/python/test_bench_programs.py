@@ -87,3 +87,27 @@ def test_model_bench_first_call_table_says_what_comfuse_adds():
     lines = hb.first_call_table(rows)
     assert len(lines) == 3, lines
     assert lines[2] == "| m | default | planner | 8.0 | 17.5 | **9.5 s** | 1 | 0.95x |"
+
+
+def test_comfuse_bench_reads_each_regions_ratio(tmp_path):
+    """bench/programs.py's comfuse_bench reads `comfuse bench --each-region`'s lines: the graph's median and, per
+    region, its kernel alone ÷ its own cuBLASLt GEMM(s) (a dual-B region's line names both GEMMs)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import programs
+    finally:
+        sys.path.pop(0)
+    out = ("examples/llama_block.cf: median 192.4 us over 52 samples of 11 launches (fastest sample 181.7, slowest "
+           "241.9), 548.5 TFLOP/s\n"
+           "cuBLASLt GEMMs of the same shapes alone: 179.4 us; fused graph ÷ cuBLAS = 1.055\n"
+           "  region 0: cuBLASLt 8192x1024x1024 (M x N x K) 29.7 us; its kernel alone 37.2 us (fastest sample 35.4, "
+           "slowest 43.1): ÷ cuBLAS = 1.254, ÷ cuBLAS with C = 1.297\n"
+           "  region 1: cuBLASLt 2 x 8192x2816x1024 (M x N x K) 149.7 us; its kernel alone 153.1 us (fastest sample "
+           "144.9, slowest 162.0): ÷ cuBLAS = 1.023\n")
+    cli = tmp_path / "fake_comfuse"
+    (tmp_path / "out.txt").write_text(out)
+    cli.write_text(f"#!/bin/sh\ncat {tmp_path / 'out.txt'}\n")
+    cli.chmod(0o755)
+    b = programs.comfuse_bench(str(cli), "examples/llama_block.cf", ["--each-region"])
+    assert b["us"] == 192.4
+    assert b["regions"] == {0: 1.254, 1: 1.023}
