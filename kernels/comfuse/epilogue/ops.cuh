@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include "cute/config.hpp"
+#include "comfuse/epilogue/core.cuh"   // Pair16: the 16-bit types' conversions
 
 namespace comfuse::epi::ops {
 
@@ -95,22 +96,17 @@ COMFUSE_UNARY_OP(Reciprocal, __frcp_rn(x))
 // Casts to bf16 / f16 and back (a program's cast inside an epilogue). Compute rounds a fragment's two values with
 // pair(): one packed conversion (F2FP, on the ALU pipe) and two moves back, where one value at a time takes an F2F
 // each, on the conversion pipe that GELU's and SiLU's MUFU instructions also use. The same rounding (to nearest even).
-struct RoundBf16 {
+template <class T>
+struct Round16 {
   using Params = NoParams;
-  CUTE_DEVICE float operator()(Params const&, float x) const { return __bfloat162float(__float2bfloat16_rn(x)); }
+  CUTE_DEVICE float operator()(Params const&, float x) const { return float(T(x)); }
   CUTE_DEVICE void pair(Params const&, float& a, float& b) const {
-    const float2 f = __bfloat1622float2(__floats2bfloat162_rn(a, b));
+    const float2 f = Pair16<T>::to_float2(Pair16<T>::from_floats(a, b));
     a = f.x, b = f.y;
   }
 };
-struct RoundF16 {
-  using Params = NoParams;
-  CUTE_DEVICE float operator()(Params const&, float x) const { return __half2float(__float2half_rn(x)); }
-  CUTE_DEVICE void pair(Params const&, float& a, float& b) const {
-    const float2 f = __half22float2(__floats2half2_rn(a, b));
-    a = f.x, b = f.y;
-  }
-};
+using RoundBf16 = Round16<cutlass::bfloat16_t>;
+using RoundF16 = Round16<cutlass::half_t>;
 
 // x ** N for an integral constant N (Psi picks it for pow by an integer, e.g. GPT-2's pow(h, 3.0)):
 // multiplications by repeated squaring, then the reciprocal for N < 0. powf with a runtime exponent takes
