@@ -98,6 +98,12 @@ struct Node {
   int64_t correction = 0;       // Var
 };
 
+// A Cast that keeps the value (converts to f32, exactly) and labels it another dtype (Graph::relabel).
+inline bool is_relabel(const Node& n) {
+  return n.op == OpKind::Cast && n.cast_to == DType::F32 && n.dtype != DType::F32;
+}
+
+
 struct Output {
   std::string name;             // the output's name = its node's name
   int node = -1;
@@ -129,6 +135,11 @@ class Graph {
   Value matmul(Value a, Value b, bool transpose_a = false, bool transpose_b = false, const std::string& name = "");
   Value unary(OpKind op, Value x, const std::string& name = "");
   Value cast(Value x, DType to, const std::string& name = "");
+  // x labelled dtype `to` without rounding (text: relabel(x, dtype=bf16)): a Cast whose cast_to is F32, so every
+  // stage computes it as the identity. The IR computes in fp32 between ops and rounds only at casts, matmul operands
+  // and outputs, so a value computed another way (in f32) can stand for a `to` value the program never rounds: a
+  // deferred norm's reader stands for the matmul it replaces. is_relabel(node) tells it from a rounding cast.
+  Value relabel(Value x, DType to, const std::string& name = "");
   Value binary(OpKind op, Value a, Value b, const std::string& name = "");
   Value pow(Value x, double exponent, const std::string& name = "");
   Value reduce(OpKind op, Value x, int dim = -1, bool keepdim = true, const std::string& name = "");

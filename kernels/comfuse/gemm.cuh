@@ -397,6 +397,7 @@ struct GemmKernel {
       pc.scratch = scratch_slot;
       pc.trace = turn;
       Tree pt(p.epi, bound_epi_smem(pc, pc.iter), pc);
+      epi::settle(pt);
       if constexpr (kCarryRegs) epi::run_epilogue_finish(pt, acc_layout, tCcD, pc, carried);
       else epi::run_epilogue_finish(pt, acc_layout, tCcD, pc);
     };
@@ -418,7 +419,10 @@ struct GemmKernel {
       Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
       // PingPong: the order barrier alternates the groups' mainloops and, separately, their epilogues (tile order).
       // Cooperative: both groups run every tile's mainloop together, and each its own rows' epilogue: no order.
-      if constexpr (!kCooperative) order.wait();   // our turn for the tensor cores
+      if constexpr (!kCooperative) {
+        order.wait();   // our turn for the tensor cores
+        epi::settle(tree);   // row words prefetched during the other group's mainloop: combined before ours
+      }
       COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::MlStart);
       mainloop.mma(pipeline, state, accum, p.k_tiles, kCooperative ? thread_idx - 128 : wg_thread, ss.mainloop,
                    p.mainloop);
@@ -429,6 +433,8 @@ struct GemmKernel {
 
       if constexpr (!kCooperative) {
         if (p.order_epilogues) epi_order.wait();   // epilogues in tile order
+      } else {
+        epi::settle(tree);   // both groups multiply together: no turn to wait at
       }
       COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
       if constexpr (kDeferred) {
@@ -548,6 +554,7 @@ struct GemmKernel {
         }
         tree.prefetch();
         mbar::wait(full, uint32_t(it) & 1u);   // the multiply group wrote tile it
+        epi::settle(tree);
         COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiStart);
         epi::run_epilogue(tree, acc, tCcD, ctx);
         COMFUSE_TRACE_MARK(ctx.trace, wg_thread, trace::EpiEnd);

@@ -220,6 +220,7 @@ struct PassKernel {
       issue_loads(loaded, p, tCcD_full, ctx);
       Tensor accum = partition_fragment_C(tiled_mma, TileShape{});
       to_fragment(loaded, accum);
+      epi::settle(tree);
       if constexpr (kDualB) {
         auto half = view(accum);
         constexpr int kOff = Cfg::kMmaTileN / 4;

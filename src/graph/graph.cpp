@@ -333,6 +333,13 @@ Value Graph::cast(Value x, DType to, const std::string& name) {
   return add_node(n, name);
 }
 
+Value Graph::relabel(Value x, DType to, const std::string& name) {
+  Node n = over(OpKind::Cast, node(x));
+  n.dtype = to;
+  n.cast_to = DType::F32;
+  return add_node(n, name);
+}
+
 Value Graph::binary(OpKind op, Value a, Value b, const std::string& name) {
   if (!is_binary(op) || op == OpKind::Pow) throw GraphError(std::string("not a binary op: ") + op_name(op));
   const Node &A = node(a), &B = node(b);
@@ -532,7 +539,7 @@ static Value rebuild_node(Graph& dst, const Node& n, const std::vector<Value>& i
     case OpKind::Input: return dst.input(name, n.dtype, n.shape, n.constant);
     case OpKind::Constant: return dst.constant(n.value, name);
     case OpKind::MatMul: return dst.matmul(ins[0], ins[1], n.transpose_a, n.transpose_b, name);
-    case OpKind::Cast: return dst.cast(ins[0], n.cast_to, name);
+    case OpKind::Cast: return is_relabel(n) ? dst.relabel(ins[0], n.dtype, name) : dst.cast(ins[0], n.cast_to, name);
     case OpKind::Pow: return dst.pow(ins[0], n.value, name);
     case OpKind::Transpose: return dst.transpose(ins[0], n.perm, name);
     case OpKind::Reshape: return dst.reshape(ins[0], n.shape, name);

@@ -205,6 +205,7 @@ const std::vector<OpSpec>& op_table() {
       v.push_back({u, 1, 1, {}, ""});
     v.push_back({"gelu", 1, 1, {"approximate"}, "gelu(x) or gelu(x, approximate=\"tanh\")"});
     v.push_back({"cast", 1, 1, {"dtype"}, "cast(x, dtype=bf16)"});
+    v.push_back({"relabel", 1, 1, {"dtype"}, "relabel(x, dtype=bf16)"});
     for (auto b : {"add", "sub", "mul", "div"}) v.push_back({b, 2, 2, {}, ""});
     v.push_back({"max", 1, 2, {"dim", "keepdim"}, "max(a, b) elementwise or max(x, dim=-1, keepdim=true)"});
     v.push_back({"min", 1, 2, {"dim", "keepdim"}, "min(a, b) elementwise or min(x, dim=-1, keepdim=true)"});
@@ -724,12 +725,13 @@ class Parser {
       Value x = operand_value(0);
       return build(op, [&] { return g_.unary(kind, x, name); });
     }
-    if (o == "cast") {
+    if (o == "cast" || o == "relabel") {
       const Attr* a = find_attr(attrs, "dtype");
-      if (!a) fail(op, "cast needs a target dtype: cast(x, dtype=bf16)");
+      if (!a) fail(op, o + " needs a target dtype: " + o + "(x, dtype=bf16)");
       auto dt = a->kind == Attr::Word ? parse_dtype(a->val.text) : std::nullopt;
       if (!dt) bad_attr(*a, "a dtype (bf16, f16 or f32)");
       Value x = operand_value(0);
+      if (o == "relabel") return build(op, [&] { return g_.relabel(x, *dt, name); });
       return build(op, [&] { return g_.cast(x, *dt, name); });
     }
     if (o == "pow") {

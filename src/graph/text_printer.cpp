@@ -99,7 +99,7 @@ std::string call(const Graph& g, const Node& n, const Names& checked_name) {
       if (n.transpose_b) args.push_back("transpose_b=true");
       break;
     case OpKind::GeluTanh: args.push_back("approximate=\"tanh\""); break;
-    case OpKind::Cast: args.push_back(std::string("dtype=") + dtype_name(n.cast_to)); break;
+    case OpKind::Cast: args.push_back(std::string("dtype=") + dtype_name(is_relabel(n) ? n.dtype : n.cast_to)); break;
     case OpKind::Pow: args.push_back(number(n.value)); break;
     case OpKind::Sum:
     case OpKind::Mean:
@@ -131,7 +131,7 @@ std::string call(const Graph& g, const Node& n, const Names& checked_name) {
       break;
     default: break;
   }
-  std::string s = std::string(op_name(n.op)) + "(";
+  std::string s = std::string(is_relabel(n) ? "relabel" : op_name(n.op)) + "(";
   for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + args[i];
   return s + ")";
 }

@@ -497,7 +497,7 @@ Value fold_reader(const Graph& g, const Node& u, const Site& s, Builder& b, Defe
   };
   // h @ W*: h rounded to the GEMM's dtype, as y was
   int h = s.h();
-  if (const Node& hn = g.node(h); hn.op == OpKind::Cast && hn.cast_to == DType::F32 && g.node(hn.inputs[0]).dtype == w.dtype)
+  if (const Node& hn = g.node(h); hn.op == OpKind::Cast && hn.dtype == DType::F32 && g.node(hn.inputs[0]).dtype == w.dtype)
     h = hn.inputs[0];   // h.to(float32) of a value already in the GEMM's dtype: the GEMM reads that value
   Value H = b.rounded.count(h) ? b.rounded.at(h) : b.at(h);
   if (g.node(h).dtype != w.dtype) {   // one cast for every reader of h, so that GEMMs on it share their A
@@ -537,9 +537,11 @@ Value fold_reader(const Graph& g, const Node& u, const Site& s, Builder& b, Defe
     Value term = q.valid() ? b.add(OpKind::Mul, q, sv, p + "o" + std::to_string(i), out.row_side) : sv;
     z = b.add(OpKind::Add, z, term, p + "out" + std::to_string(i), out.row_side);
   }
-  // the reader's dtype, as its value was (a matmul's: its operands'); with the bias, the add's
+  // the reader's dtype, as its value was (a matmul's: its operands'); with the bias, the add's. Relabelled, not
+  // rounded: the program's matmul (and add) is a value the IR keeps in fp32 until a cast or an output rounds it,
+  // and this fp32 z stands for it
   const DType dt = bias_folded ? bias_dtype : u.dtype;
-  if (d.node(z).dtype != dt) z = d.cast(z, dt, p + "z");
+  if (d.node(z).dtype != dt) z = d.relabel(z, dt, p + "z");
   return z;
 }
 
@@ -575,7 +577,7 @@ std::string fold_why_not(const Graph& g, Site& s, int y, int r) {
   // there too; where h is an f32 value, the rounding would be the rewrite's own (an error of ~2^-9 |mean| / std
   // of the row): those readers keep y.
   const Node& hn = g.node(s.h());
-  const DType h_dtype = hn.op == OpKind::Cast && hn.cast_to == DType::F32 ? g.node(hn.inputs[0]).dtype : hn.dtype;
+  const DType h_dtype = hn.op == OpKind::Cast && hn.dtype == DType::F32 ? g.node(hn.inputs[0]).dtype : hn.dtype;
   const DType w_dtype = g.node(g.node(r).inputs[1]).dtype;
   if (w_dtype != h_dtype)
     return std::string("'") + hn.name + "' is " + dtype_name(h_dtype) + " in the program: reading it as the GEMM's " +
@@ -622,7 +624,7 @@ NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users,
   ns.deferred = !ns.folded.empty();
   if (ns.deferred) {   // h rounded to its declared dtype where the program leaves it unrounded (Builder::rounded)
     const Node& hn = g.node(s.h());
-    const int src = hn.op == OpKind::Cast && hn.cast_to == DType::F32 ? hn.inputs[0] : s.h();
+    const int src = hn.op == OpKind::Cast && hn.dtype == DType::F32 ? hn.inputs[0] : s.h();
     const Node& sn = g.node(src);
     if (sn.dtype != DType::F32 && sn.op != OpKind::Input && !(sn.op == OpKind::Cast && sn.cast_to == sn.dtype)) {
       dec.round_source.insert(src);

@@ -115,6 +115,26 @@ TEST(Interp, MatmulBatchedTransposedAndOutputsRounded) {
       }
 }
 
+// cast rounds; relabel keeps the fp32 value under the new dtype, which then meets bf16 values in an add and is
+// rounded only where the program rounds (here, the output).
+TEST(Interp, RelabelKeepsTheValueWhereCastRoundsIt) {
+  Graph g = parse_cf(
+      "input x : f32[2, 4]\ninput b : bf16[2, 4]\n"
+      "c = cast(x, dtype=bf16)\nr = relabel(x, dtype=bf16)\nrc = cast(mul(r, 3.0), dtype=f32)\n"
+      "s = add(r, b)\noutput c, rc, s\n", "relabel.cf");
+  EXPECT_EQ(g.node(*g.find("r")).dtype, DType::BF16);
+  EXPECT_TRUE(is_relabel(g.node(*g.find("r"))));
+  EXPECT_FALSE(is_relabel(g.node(*g.find("c"))));
+  Tensor x(Shape{2, 4}), b(Shape{2, 4});
+  for (size_t i = 0; i < x.data.size(); ++i) x.data[i] = 1.f + 0.001f * float(i + 1), b.data[i] = 0.5f;
+  TensorMap out = interpret_graph(g, {{"x", x}, {"b", b}});
+  for (size_t i = 0; i < x.data.size(); ++i) {
+    EXPECT_EQ(out["c"].data[i], round_to_dtype(x.data[i], DType::BF16));
+    EXPECT_EQ(out["rc"].data[i], x.data[i] * 3.f) << "relabel rounded its value";
+    EXPECT_EQ(out["s"].data[i], round_to_dtype(x.data[i] + round_to_dtype(0.5f, DType::BF16), DType::BF16));
+  }
+}
+
 TEST(Interp, MissingOrMisshapedInputIsAClearError) {
   Graph g = parse_cf("input x : f32[2, 3]\ny = exp(x)\noutput y\n", "e.cf");
   try {

@@ -171,6 +171,7 @@ Graph every_op_graph() {
   outs.push_back(g.cast(x, DType::BF16, "to_bf16"));
   outs.push_back(g.cast(outs[0], DType::F32, "to_f32"));
   outs.push_back(g.cast(x, DType::F16));
+  outs.push_back(g.relabel(g.mul(x, x), DType::BF16, "as_bf16"));
   for (OpKind k : {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Max, OpKind::Min}) {
     outs.push_back(g.binary(k, x, y));
     outs.push_back(g.binary(k, x, row));
@@ -221,7 +222,7 @@ TEST(TextRoundTrip, ApiGraphWithEveryOpAndAttribute) {
   for (const char* line : {"mm = matmul(a, w)\n", "mm_tb = matmul(a, wt, transpose_b=true)\n",
                            "mm_ta = matmul(at, w, transpose_a=true)\n",
                            "mm_tab = matmul(at, wt, transpose_a=true, transpose_b=true)\n",
-                           "to_bf16 = cast(x, dtype=bf16)\n", "sq2 = pow(x, 2.0)\n", "xt = transpose(x)\n",
+                           "to_bf16 = cast(x, dtype=bf16)\n", "as_bf16 = relabel(", "sq2 = pow(x, 2.0)\n", "xt = transpose(x)\n",
                            "flat = reshape(x, shape=[2, 12])\n", "ln = layer_norm(x, row, row)\n",
                            "rms = rms_norm(x, row, eps=1e-5)\n", "v = var(x, keepdim=false)\n",
                            "quarter = 0.25\n", "y.exp = exp(", "input s : f32[]\n", "input b3 : bf16[2, 4, 8]\n"})

@@ -4,10 +4,11 @@
 // each reader instead of by the producer's last tile (docs/kernel-reduce.md "Norms finished in the GEMMs that read
 // them").
 //
-// The words are loaded into registers before the tile's mainloop (prefetch) and combined at the tile's first fragment,
-// so their latency hides behind the MMAs and nothing is staged in SMEM: the 4 lanes of a quad share their rows, so
-// lane q loads words q, q + 4, ... of each of its Slots rows (ceil(C / 4) registers per row) and two shuffles combine
-// the quad's. Rows past M read nothing.
+// The words are loaded into registers before the tile's mainloop (prefetch) and combined in settle(), which the
+// PingPong kernel calls at its turn for the tensor cores: the loads were in flight during the other group's mainloop,
+// and only the Slots combined values (not the words) stay live through this group's accumulators. Nothing is staged
+// in SMEM: the 4 lanes of a quad share their rows, so lane q loads words q, q + 4, ... of each of its Slots rows
+// (ceil(C / 4) registers per row) and two shuffles combine the quad's. Rows past M read nothing.
 #pragma once
 #include "comfuse/epilogue/core.cuh"
 #include "comfuse/epilogue/reduce.cuh"
@@ -59,19 +60,20 @@ struct ColParts {
       word[k][j] = at != ~size_t(0) ? __ldg(parts + at) : Combine::identity();
     });
   }
-  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
-    if (f.index == 0) {   // (compile-time after unrolling; every lane of the quad is here)
+  // Every lane of the quad is here (the whole warp group calls it).
+  CUTE_DEVICE void settle() {
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < Slots; ++k) {
+      float v = word[k][0];
       CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < Slots; ++k) {
-        float v = word[k][0];
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 1; j < kMine; ++j) v = Combine{}(v, word[k][j]);
-        v = Combine{}(v, __shfl_xor_sync(0xffffffffu, v, 1));
-        v = Combine{}(v, __shfl_xor_sync(0xffffffffu, v, 2));
-        if constexpr (Kind == RowReduce::Mean) v *= 1.f / float(count);
-        row[k] = v;
-      }
+      for (int j = 1; j < kMine; ++j) v = Combine{}(v, word[k][j]);
+      v = Combine{}(v, __shfl_xor_sync(0xffffffffu, v, 1));
+      v = Combine{}(v, __shfl_xor_sync(0xffffffffu, v, 2));
+      if constexpr (Kind == RowReduce::Mean) v *= 1.f / float(count);
+      row[k] = v;
     }
+  }
+  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
     const float v = row[f.row_slot];
     return {{v, v}};
   }
@@ -121,35 +123,36 @@ struct ColStates {
     v += __shfl_xor_sync(0xffffffffu, v, 1);
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
   }
-  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
-    if (f.index == 0) {   // (compile-time after unrolling; every lane of the quad is here)
-      const int q = ctx.thread % 4;
-      const float inv_count = 1.f / float(args.count);
-      float n[kMine];   // this lane's tiles' column counts (0 past C)
+  // As ColParts::settle: the combined statistic of each row slot, before the group's mainloop where it can.
+  CUTE_DEVICE void settle() {
+    const int q = ctx.thread % 4;
+    const float inv_count = 1.f / float(args.count);
+    float n[kMine];   // this lane's tiles' column counts (0 past C)
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kMine; ++j) {
+      const int w = q + 4 * j, left = args.count - w * args.part_cols;
+      n[j] = w < C && left > 0 ? float(left < args.part_cols ? left : args.part_cols) : 0.f;
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < Slots; ++k) {
+      float sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kMine; ++j) {
-        const int w = q + 4 * j, left = args.count - w * args.part_cols;
-        n[j] = w < C && left > 0 ? float(left < args.part_cols ? left : args.part_cols) : 0.f;
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < Slots; ++k) {
-        float sum = 0.f;
+      for (int j = 0; j < kMine; ++j) sum = fmaf(n[j], mean[k][j], sum);
+      const float m = quad_sum(sum) * inv_count;
+      if constexpr (Var) {
+        float s = 0.f;
         CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kMine; ++j) sum = fmaf(n[j], mean[k][j], sum);
-        const float m = quad_sum(sum) * inv_count;
-        if constexpr (Var) {
-          float s = 0.f;
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kMine; ++j) {
-            const float d = mean[k][j] - m;
-            s += fmaf(n[j] * d, d, m2[k][j]);
-          }
-          row[k] = quad_sum(s) * inv_count;
-        } else {
-          row[k] = m;
+        for (int j = 0; j < kMine; ++j) {
+          const float d = mean[k][j] - m;
+          s += fmaf(n[j] * d, d, m2[k][j]);
         }
+        row[k] = quad_sum(s) * inv_count;
+      } else {
+        row[k] = m;
       }
     }
+  }
+  template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
     const float v = row[f.row_slot];
     return {{v, v}};
   }

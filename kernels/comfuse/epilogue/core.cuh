@@ -10,13 +10,15 @@
 //     static constexpr bool kUsesSmem;  // prefetch() writes SharedStorage (driver adds the group barrier)
 //     Node(Arguments const&, SharedStorage&, TileCtx const&);   // once per tile
 //     void prefetch();                  // before the tile's mainloop: issue async loads (cp.async)
+//     void settle();                    // optional; once the prefetched words are in, before the group's
+//                                       // mainloop where the schedule allows: fold them into what visit reads
 //     template <int S> void preload(FragCtx const&);   // optional; stage S: start per-fragment loads
 //     template <int S> Frag visit(FragCtx const&, Frag const& acc);  // one fragment of stage S
 //     template <int S> void end_stage(TileCtx const&);              // after every fragment of stage S
 //   };
 //
-// A node with children derives from Children<C0, C1, ...> (below), which forwards prefetch / preload / end_stage
-// and combines the traits; the node adds its Arguments, its state and visit().
+// A node with children derives from Children<C0, C1, ...> (below), which forwards prefetch / settle / preload /
+// end_stage and combines the traits; the node adds its Arguments, its state and visit().
 //
 // A Fragment is kFragSize = 2 accumulator values of one row and two adjacent columns: the pair a
 // WGMMA accumulator register pair holds, and the unit the stores and broadcast loads vectorize over.
@@ -336,6 +338,16 @@ template <int S, class Node> CUTE_DEVICE void preload(Node& n, FragCtx const& f)
   if constexpr (HasPreload<Node, S>::value) n.template preload<S>(f);
 }
 
+// settle() is optional: a node that prefetched words into registers (ColParts, ColStates) folds them there into the
+// few values its visit reads, so the words are not live through the mainloop's accumulators. The kernels call it
+// once per tile, after prefetch() and before the first visit: PingPong at its turn for the tensor cores (the words
+// arrived during the other group's mainloop), the other schedules before the epilogue.
+template <class Node, class = void> struct HasSettle : std::false_type {};
+template <class Node> struct HasSettle<Node, std::void_t<decltype(std::declval<Node&>().settle())>> : std::true_type {};
+template <class Node> CUTE_DEVICE void settle(Node& n) {
+  if constexpr (HasSettle<Node>::value) n.settle();
+}
+
 // collect() is optional too: in a split-phase epilogue, the nodes that published partials at the end of stage S
 // combine the row block's partials into their row results, before the deferred last stage runs (reduce.cuh).
 template <class Node, int S, class = void> struct HasCollect : std::false_type {};
@@ -411,6 +423,10 @@ struct Children<C, Rest...> {
     head.prefetch();
     tail.prefetch();
   }
+  CUTE_DEVICE void settle() {
+    ::comfuse::epi::settle(head);
+    tail.settle();
+  }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
     ::comfuse::epi::preload<S>(head, f);
     tail.template preload<S>(f);
@@ -457,6 +473,7 @@ struct Children<C> {
     return child<I>().template visit<S>(f, acc);
   }
   CUTE_DEVICE void prefetch() { head.prefetch(); }
+  CUTE_DEVICE void settle() { ::comfuse::epi::settle(head); }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(head, f); }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { head.template end_stage<S>(c); }
   template <int S> CUTE_DEVICE void collect(TileCtx const& c) { ::comfuse::epi::collect<S>(head, c); }

@@ -464,6 +464,10 @@ struct Stage {
     tree.prefetch();
     post.prefetch();
   }
+  CUTE_DEVICE void settle() {
+    ::comfuse::epi::settle(tree);
+    ::comfuse::epi::settle(post);
+  }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) {
     if constexpr (S == 0) ::comfuse::epi::preload<0>(tree, f);
     else ::comfuse::epi::preload<S - 1>(post, f);
@@ -506,6 +510,7 @@ struct Stage<Tree, void> {
   Tree tree;
   CUTE_DEVICE Stage(Arguments const& a, SharedStorage& s, TileCtx const& c) : tree(a.tree, s.tree, c) {}
   CUTE_DEVICE void prefetch() { tree.prefetch(); }
+  CUTE_DEVICE void settle() { ::comfuse::epi::settle(tree); }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<0>(tree, f); }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) { return tree.template visit<0>(f, acc); }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { tree.template end_stage<0>(c); }
@@ -629,6 +634,7 @@ struct StageStream {
   }
   CUTE_DEVICE StageStream(Arguments const& a, SharedStorage& s, TileCtx const& c) : root(a, s.root, c) {}
   CUTE_DEVICE void prefetch() { root.prefetch(); }
+  CUTE_DEVICE void settle() { ::comfuse::epi::settle(root); }
   template <int S> CUTE_DEVICE void preload(FragCtx const& f) { ::comfuse::epi::preload<S>(root, f); }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const& acc) { return root.template visit<S>(f, acc); }
   template <int S> CUTE_DEVICE void end_stage(TileCtx const& c) { root.template end_stage<S>(c); }
