@@ -69,6 +69,20 @@ def test_it_is_what_pytorch_writes():
     assert torch.equal(to_torch.function(g)(ins)["y"], want)
 
 
+def test_relabel_keeps_the_value_where_cast_rounds_it():
+    g = C.parse_cf("input x : f32[4, 8]\ninput b : bf16[4, 8]\n"
+                   "r = relabel(mul(x, 3.0), dtype=bf16)\nc = cast(mul(x, 3.0), dtype=bf16)\n"
+                   "s = add(r, b)\nt = add(c, b)\noutput s, t\n")
+    check(g)
+    check(g, intermediates="f32")
+    ins = to_torch.random_inputs(g, seed=5)
+    out = to_torch.function(g, "f32")(ins)
+    x3, b = ins["x"].float() * 3.0, ins["b"].float()
+    assert torch.equal(out["s"], (x3 + b).to(torch.bfloat16))
+    assert torch.equal(out["t"], (x3.to(torch.bfloat16).float() + b).to(torch.bfloat16))
+    assert not torch.equal(out["s"], out["t"])
+
+
 def test_a_node_without_a_torch_form_is_refused_by_name(monkeypatch):
     g = C.parse_cf("input X : bf16[4, 8]\ninput W : bf16[8, 16]\ny = exp(matmul(X, W))\noutput y\n")
     monkeypatch.delitem(to_torch._UNARY, C.OpKind.Exp)
