@@ -12,6 +12,7 @@
 #include "comfuse/rewrite.h"
 #include "comfuse/text.h"
 #include "norms.h"
+#include "random_norm_site.h"
 
 namespace comfuse {
 namespace {
@@ -418,31 +419,10 @@ TEST(DeferNorms, RandomSitesMatchTheOriginalProgram) {
   std::mt19937 rng(std::random_device{}());
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
   for (int rep = 0; rep < 40; ++rep) {
-    const int M = 8 + pick(64), K = 16 * (1 + pick(8)), N = 8 * (1 + pick(12));
-    const bool ln = pick(2), has_g = pick(2), has_b = ln && pick(2), two = pick(2), nk = pick(2), extra = pick(2);
-    const int bias = pick(3);   // none, constant, not constant
-    std::string t = "input X : bf16[" + std::to_string(M) + ", " + std::to_string(K) + "]\n" +
-                    "input W0 : bf16[" + std::to_string(K) + ", " + std::to_string(K) + "]\n" +
-                    "input R : bf16[" + std::to_string(M) + ", " + std::to_string(K) + "]\n" +
-                    "input gamma : bf16[" + std::to_string(K) + "] const\ninput beta : bf16[" + std::to_string(K) + "] const\n" +
-                    "input W1 : bf16[" + (nk ? std::to_string(N) + ", " + std::to_string(K) : std::to_string(K) + ", " + std::to_string(N)) + "] const\n" +
-                    "input W2 : bf16[" + std::to_string(N) + ", " + std::to_string(K) + "] const\n" +
-                    (bias ? "input c1 : bf16[" + std::to_string(N) + "]" + (bias == 1 ? " const\n" : "\n") : "") +
-                    "h = cast(add(matmul(X, W0), R), dtype=bf16)\n";
-    t += ln ? std::string("y = layer_norm(h") + (has_g ? ", gamma" : "") + (has_b ? ", beta" : "") + ", eps=1e-5)\n"
-            : std::string("y = rms_norm(h") + (has_g ? ", gamma" : "") + ", eps=1e-6)\n";
-    t += std::string("z1 = ") + (bias ? "add(" : "") + "matmul(y, W1" + (nk ? ", transpose_b=true" : "") + ")" +
-         (bias ? ", c1)" : "") + "\n";
-    std::string outs = "z1";
-    if (two) {
-      t += "z2 = relu(matmul(y, W2, transpose_b=true))\n";
-      outs += ", z2";
-    }
-    if (extra) {
-      t += "e = add(y, R)\n";
-      outs += ", e";
-    }
-    t += "output " + outs + "\n";
+    const int K = 16 * (1 + pick(8));
+    const test::RandomNormSite site = test::random_norm_site(rng, 8 + pick(64), K, 8 * (1 + pick(12)));
+    const std::string& t = site.text;
+    const bool two = site.two, extra = site.extra;
     Graph g = parse_cf(t);
     DeferredProgram d = defer_norms(g);
     ASSERT_EQ(d.sites.size(), 1u) << t << explain_deferral(d);

@@ -5,9 +5,11 @@
 // (transposes, reductions over rows, flattening reshapes, a second GEMM): their nodes run on the plain GPU path.
 // --bench: benchmark-sized programs with row reductions (8192 rows, K and N multiples of 128 from 768 to 4096; the
 // whole-program comparison of bench/programs.py). --small: CPU-sized ones (N, K <= 64, M <= 40) for the tests that
-// run them through the interpreters.
+// run them through the interpreters. --norm-sites: a LayerNorm or RMSNorm read by GEMMs (tests/cpu/random_norm_site.h),
+// odd M up to 3000, K and N multiples of 8 from 64 to 1024, each one `--defer-norms on` finishes in its readers (for
+// `comfuse run --check --defer-norms on`).
 //
-//   comfuse_random_graphs --count N [--seed S] [--unsupported | --bench | --small] -o DIR
+//   comfuse_random_graphs --count N [--seed S] [--unsupported | --bench | --small | --norm-sites] -o DIR
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -17,26 +19,53 @@
 #include <map>
 #include <string>
 
+#include "../cpu/random_norm_site.h"
 #include "../cpu/random_program.h"
 #include "comfuse/codegen.h"
 #include "comfuse/partition.h"
 #include "comfuse/plan.h"
+#include "comfuse/rewrite.h"
 #include "comfuse/text.h"
 
 using namespace comfuse;
 namespace fs = std::filesystem;
 
+// --norm-sites: count sites that the rewrite defers, the first `count` of the seed's sequence.
+int write_norm_sites(int count, uint64_t seed, const std::string& dir) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  auto between = [&](int lo, int hi, int step) { return lo + step * static_cast<int>(rng() % unsigned((hi - lo) / step + 1)); };
+  int written = 0, declined = 0;
+  for (int i = 0; written < count && i < 20 * count; ++i) {
+    const test::RandomNormSite site = test::random_norm_site(rng, between(1, 3000, 1), between(64, 1024, 8),
+                                                             between(64, 1024, 8));
+    Graph g = parse_cf(site.text);
+    if (DeferredProgram d = defer_norms(g); d.sites.size() != 1 || !d.sites[0].deferred) {
+      ++declined;
+      continue;
+    }
+    char name[32];
+    std::snprintf(name, sizeof name, "n%03d.cf", written++);
+    std::ofstream(fs::path(dir) / name) << "# comfuse_random_graphs --norm-sites --seed " << seed << ", site " << i
+                                        << (site.ln ? " (LayerNorm)" : " (RMSNorm)") << "\n" << print_cf(g);
+  }
+  std::cout << "wrote " << written << " norm sites to " << dir << " (seed " << seed << "); " << declined
+            << " not deferred\n";
+  return written == count ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
-  const char* usage = "usage: comfuse_random_graphs --count N [--seed S] [--unsupported | --bench | --small] -o DIR\n";
+  const char* usage =
+      "usage: comfuse_random_graphs --count N [--seed S] [--unsupported | --bench | --small | --norm-sites] -o DIR\n";
   int count = 50;
   uint64_t seed = 20261130;
   std::string dir;
-  bool unsupported = false, bench = false, small = false;
+  bool unsupported = false, bench = false, small = false, norm_sites = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--unsupported") unsupported = true;
     else if (a == "--bench") bench = true;
     else if (a == "--small") small = true;
+    else if (a == "--norm-sites") norm_sites = true;
     else if (a == "--count" && i + 1 < argc) count = std::atoi(argv[++i]);
     else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "-o" && i + 1 < argc) dir = argv[++i];
@@ -45,11 +74,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (dir.empty() || count < 1 || int(unsupported) + int(bench) + int(small) > 1) {
+  if (dir.empty() || count < 1 || int(unsupported) + int(bench) + int(small) + int(norm_sites) > 1) {
     std::cerr << usage;
     return 2;
   }
   fs::create_directories(dir);
+  if (norm_sites) return write_norm_sites(count, seed, dir);
   test::RandomSizes sz;
   sz.n_lo = 8, sz.n_hi = 1024, sz.k_lo = 8, sz.k_hi = 512, sz.m_lo = 1, sz.m_hi = 3000, sz.lead_hi = 700, sz.align = 8;
   if (bench) sz.n_lo = sz.k_lo = 768, sz.n_hi = sz.k_hi = 4096, sz.m_lo = sz.m_hi = 8192, sz.align = 128, sz.lead_p = 0;
