@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the device machine: every examples/*.cf (the norm sites also with --defer-norms on; every example also in the
-# library form, --form library) and 50 random programs (in both forms) through `comfuse run --check` on fresh
+# library form, --form library), 50 random programs (in both forms) and 50 random norm sites read by GEMMs (finished
+# in their readers, --defer-norms on) through `comfuse run --check` on fresh
 # random inputs, the JIT's first compile and its cache hit timed there, and the generated postnorm / softmax
 # kernels benched (to compare with the hand-composed instances of bench/bench_gemm.cu). Logs under $OUT; a
 # table last.
@@ -11,7 +12,8 @@
 #              (saves nvcc minutes on the device); without it every example is JIT-compiled there
 #   scripts/gpu-examples.sh --prepare CLI AOT_DIR [JOBS]
 #              here, before a device run: compile every kernel the run needs ahead of time into AOT_DIR
-#              (examples, the l2 / leader-follower variants, plain_and_fused, 50 random programs), JOBS at once
+#              (examples, the l2 / leader-follower variants, plain_and_fused, 50 random programs, 50 norm sites),
+#              JOBS at once
 # Needs the CUTLASS headers at .carry/cutlass/include (scripts/gpu-check.sh --prepare) for the JIT.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,6 +37,8 @@ if [ "${1:-}" = "--prepare" ]; then
   rm -rf "$aot" && mkdir -p "$aot/random"
   export COMFUSE_KERNEL_DIR="$root/kernels" COMFUSE_CUTLASS_DIR="$root/.carry/cutlass/include"
   "$gen" --count 50 -o "$aot/random/cf" > "$aot/random_gen.log" 2>&1 || { cat "$aot/random_gen.log"; exit 1; }
+  "$gen" --count 50 --norm-sites -o "$aot/norm_sites/cf" > "$aot/norm_sites_gen.log" 2>&1 ||
+    { cat "$aot/norm_sites_gen.log"; exit 1; }
   {
     for ex in $examples; do echo "$ex examples/$ex.cf"; done
     for v in $variants; do IFS=: read -r name ex tp <<< "$v"; echo "$name examples/$ex.cf --transport $tp"; done
@@ -46,9 +50,10 @@ if [ "${1:-}" = "--prepare" ]; then
     for f in "$aot"/random/cf/*.cf; do echo "random/$(basename "$f" .cf) $f"; done
     mkdir -p "$aot/random_library"
     for f in "$aot"/random/cf/*.cf; do echo "random_library/$(basename "$f" .cf) $f --form library"; done
+    for f in "$aot"/norm_sites/cf/*.cf; do echo "norm_sites/$(basename "$f" .cf) $f --defer-norms on"; done
   } | xargs -P "$jobs" -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "'"$aot"'/$name" > "'"$aot"'/$name.log" 2>&1 ||
         echo "aot failed: $name (see '"$aot"'/$name.log)"' "$cli"
-  echo "prepared $(ls "$aot"/*/manifest.txt "$aot"/random/*/manifest.txt 2>/dev/null | wc -l) kernel sets in $aot"
+  echo "prepared $(ls "$aot"/*/manifest.txt "$aot"/random/*/manifest.txt "$aot"/norm_sites/*/manifest.txt 2>/dev/null | wc -l) kernel sets in $aot"
   exit 0
 fi
 cli="${1:-build/bin/comfuse}"
@@ -73,11 +78,11 @@ aot_of() {   # "--aot AOT_DIR/NAME" when that was compiled ahead of time, else n
   if [ -n "$aot" ] && [ -d "$aot/$1" ]; then echo "--aot $aot/$1"; fi
 }
 
-run_dir() {   # key, folder of .cf files, log prefix, ahead-of-time root ("" = JIT), what they are
-  local key="$1" dir="$2" prefix="$3" aroot="${4:-/nonexistent}" what="$5" total passed
-  ls "$dir"/*.cf | xargs -P 16 -I{} sh -c 'b=$(basename {} .cf); a=""; [ -d "$3/$b" ] && a="--aot $3/$b";
+run_dir() {   # key, folder of .cf files, log prefix, ahead-of-time root ("" = JIT), what they are, JIT-only flags
+  local key="$1" dir="$2" prefix="$3" aroot="${4:-/nonexistent}" what="$5" jit_flags="${6:-}" total passed
+  ls "$dir"/*.cf | xargs -P 16 -I{} sh -c 'b=$(basename {} .cf); a="$5"; [ -d "$3/$b" ] && a="--aot $3/$b";
     "$1" run {} --check $a > "$2/random_logs/$4$b.log" 2>&1; echo "$? $b"' _ "$cli" "$OUT" "$aroot" "$prefix" \
-    | sort -k2 > "$OUT/${key}_results.txt"
+    "$jit_flags" | sort -k2 > "$OUT/${key}_results.txt"
   total=$(wc -l < "$OUT/${key}_results.txt")
   passed=$(grep -c "^0 " "$OUT/${key}_results.txt")
   echo "$what: $passed of $total passed --check (logs: random_logs/$prefix*)"
@@ -113,6 +118,14 @@ rdir="$OUT/random"
 if [ -n "$aot" ] && [ -d "$aot/random/cf" ]; then rdir="$aot/random/cf"
 elif [ -x "$gen" ]; then "$gen" --count 50 -o "$rdir" > "$OUT/random_gen.log" 2>&1; fi
 if ls "$rdir"/*.cf > /dev/null 2>&1; then run_dir random "$rdir" "" "${aot:+$aot/random}" "random graphs"; fi
+# Random norm sites read by GEMMs (comfuse_random_graphs --norm-sites), finished in their readers: ahead of time
+# (AOT_DIR/norm_sites/<nNNN>, the manifest records --defer-norms on), else generated and JIT-compiled here.
+ndir="$OUT/norm_sites"
+if [ -n "$aot" ] && [ -d "$aot/norm_sites/cf" ]; then ndir="$aot/norm_sites/cf"
+elif [ -x "$gen" ]; then "$gen" --count 50 --norm-sites -o "$ndir" > "$OUT/norm_sites_gen.log" 2>&1; fi
+if ls "$ndir"/*.cf > /dev/null 2>&1; then
+  run_dir norm_sites "$ndir" norm_ "${aot:+$aot/norm_sites}" "random norm sites (--defer-norms on)" "--defer-norms on"
+fi
 # The same random programs in the library form (ahead of time only: AOT_DIR/random_library/<gNNN>).
 if [ -n "$aot" ] && [ -d "$aot/random_library" ] && ls "$aot"/random_library/*/manifest.txt > /dev/null 2>&1; then
   run_dir random_library "$rdir" library_ "$aot/random_library" "random graphs, library form"
