@@ -103,7 +103,6 @@ inline bool is_relabel(const Node& n) {
   return n.op == OpKind::Cast && n.cast_to == DType::F32 && n.dtype != DType::F32;
 }
 
-
 struct Output {
   std::string name;             // the output's name = its node's name
   int node = -1;

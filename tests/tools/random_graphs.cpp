@@ -33,7 +33,9 @@ namespace fs = std::filesystem;
 // --norm-sites: count sites that the rewrite defers, the first `count` of the seed's sequence.
 int write_norm_sites(int count, uint64_t seed, const std::string& dir) {
   std::mt19937 rng(static_cast<uint32_t>(seed));
-  auto between = [&](int lo, int hi, int step) { return lo + step * static_cast<int>(rng() % unsigned((hi - lo) / step + 1)); };
+  auto between = [&](int lo, int hi, int step) {
+    return lo + step * static_cast<int>(rng() % unsigned((hi - lo) / step + 1));
+  };
   int written = 0, declined = 0;
   for (int i = 0; written < count && i < 20 * count; ++i) {
     const test::RandomNormSite site = test::random_norm_site(rng, between(1, 3000, 1), between(64, 1024, 8),
