@@ -71,6 +71,23 @@ std::string compact(const std::string& init) {
   return init.find_first_not_of("{}, ") == std::string::npos ? "{}" : init;
 }
 
+// Whether the column vectors (RowBroadcast) are loaded from SMEM at every use (epilogue/core.cuh, lds_b32): in the
+// readers of a norm finished in them (they read its statistics: ColStates, ColParts) that read two or more. There
+// ptxas kept the vectors' values across the tile's rows, which took the accumulators' registers: BERT's FFN1 spilled
+// 100 bytes at 128 x 192 (none with the reloads), its FFN2 108 bytes at 128 x 128 (40). Every other tree stays as
+// its kernels were measured.
+bool reloads_vectors(const FusionSpec& fs, const std::vector<const Spec*>& stages) {
+  int vectors = 0;
+  bool reads_statistics = false;
+  for (const Spec* s : stages)
+    for (const SpecNode& n : s->nodes) {
+      if (n.kind != SpecKind::Broadcast) continue;
+      vectors += n.bcast == BroadcastKind::Row;
+      reads_statistics |= n.bcast == BroadcastKind::Col && (fs.params[n.param].from_states() || fs.params[n.param].from_parts());
+    }
+  return reads_statistics && vectors >= 2;
+}
+
 class Psi {
  public:
   // form: how [rows, N] inputs are read (psi_tile_input_form decides): TileLoad, TileLoadStaged or TileLoadRing.
@@ -109,6 +126,7 @@ class Psi {
                            "' is per row ([rows, 1]): a per-row output is stored only where it is a row reduction's "
                            "result itself and the reduction feeds nothing else in the tile");
     check_size();
+    reload_vectors_ = reloads_vectors(fs_, st_);
     merge_.assign(st_.size(), MergeHow::None);
     if (pair_rows_.first >= 0) merge_[0] = MergeHow::CenteredSquares;   // (whatever cfg.merged says: no exchange)
     else if (cfg.merged) {
@@ -445,7 +463,9 @@ class Psi {
     }
     const char* t = cpp_type(fs_.params[n.param].dtype);
     const std::string i = std::to_string(n.param), ptr = std::string("p.input<") + t + ">(" + i + ")";
-    if (n.bcast == BroadcastKind::Row) return {std::string("RowBroadcast<") + t + ">", "{" + ptr + "}", "param[" + i + "][col]"};
+    if (n.bcast == BroadcastKind::Row)
+      return {std::string("RowBroadcast<") + t + (reload_vectors_ ? ", true>" : ">"), "{" + ptr + "}",
+              "param[" + i + "][col]" + (reload_vectors_ ? " (loaded at every use)" : "")};
     if (n.bcast == BroadcastKind::Col && fs_.params[n.param].from_states()) {   // a LayerNorm pair's tile states
       const RuntimeParam& prm = fs_.params[n.param];
       const bool var = prm.row_pair >= 0;
@@ -676,6 +696,7 @@ class Psi {
   bool ring_boxes_;      // the ring filled by 64 x 64 TMA boxes (ring_in_boxes), not row by row
   bool store_in_ring_;   // cfg.store_in_ring: the first eligible output through the ring (stores_in_ring)
   int group_tile_m_;     // one consumer group's rows of the tile (ColParts: its thread's row slots)
+  bool reload_vectors_ = false;   // RowBroadcast<.., true> (reloads_vectors)
   std::map<std::string, std::string> alias_types_;   // every alias the unit defines -> its type
   std::vector<std::vector<std::string>> names_, args_;   // per stage and node: its alias, its Arguments expression
   std::vector<std::string> tree_types_, tree_args_;      // per stage: its tree's type and Arguments expression

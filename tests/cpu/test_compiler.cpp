@@ -542,7 +542,8 @@ TEST(Compiler, RowStatisticsAreHandedOnInParts) {
 
 // A LayerNorm's pair handed on as the tiles' states: BERT's out-proj region stores each tile's mean and sum of squared
 // deviations (MergedToParts), and FFN1 (in a fused config: its planner's prior is the library form, whose pass reads
-// [rows, 1] values, and then the pair stays whole) and FFN2 (the rebuilt residual) merge them (ColStates).
+// [rows, 1] values, and then the pair stays whole) and FFN2 (the rebuilt residual) merge them (ColStates), and load
+// their column vectors at every use (psi.cpp, reloads_vectors).
 TEST(Compiler, LayerNormStatisticsAreHandedOnAsTileStates) {
   FakeNvcc nvcc("row_states");
   CompilerOptions o = nvcc.options();
@@ -571,8 +572,15 @@ TEST(Compiler, LayerNormStatisticsAreHandedOnAsTileStates) {
     ASSERT_GE(means, 0) << print_spec(rs);
     EXPECT_EQ(vars, 1) << print_spec(rs);
     EXPECT_EQ(spec_to_text(spec_from_text(spec_to_text(rs))), spec_to_text(rs));
-    EXPECT_NE(cg.regions().at(j).kernel.source.find("ColStates<" + std::to_string(ch.parts)), std::string::npos);
+    const std::string& src = cg.regions().at(j).kernel.source;
+    EXPECT_NE(src.find("ColStates<" + std::to_string(ch.parts)), std::string::npos);
+    // several column vectors beside the statistics (FFN1: the column sums and the shift; FFN2: the bias and the
+    // LayerNorm's two): loaded at every use, and no vector is loaded the other way
+    EXPECT_NE(src.find(j == 1 ? "RowBroadcast<float, true>" : "RowBroadcast<bf16, true>"), std::string::npos) << src;
+    EXPECT_EQ(src.find(j == 1 ? "RowBroadcast<float>" : "RowBroadcast<bf16>"), std::string::npos) << src;
   }
+  // the producer reads one vector (its bias) and no statistics: as its kernels were measured
+  EXPECT_NE(cg.regions().at(ch.producer).kernel.source.find("RowBroadcast<bf16>;"), std::string::npos);
   EXPECT_NE(cg.explain().find("row statistics 'y%mean' and 'y%var' of region 0: stored in " + std::to_string(ch.parts) +
                               " row parts, combined by regions 1, 2"),
             std::string::npos)

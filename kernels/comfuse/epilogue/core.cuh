@@ -164,18 +164,26 @@ CUTE_DEVICE void cp_async_16(void* smem, void const* gmem, int src_bytes) {
 }
 CUTE_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Two adjacent elements from shared memory, as a volatile load: the compiler must not keep a
-// broadcast vector's values live across the tile (CSE across rows costs TileN/4 registers per
-// thread, which the accumulators need); re-reading SMEM per fragment is cheap.
-CUTE_DEVICE uint32_t lds_b32(uint32_t smem_addr) {
+// Shared-memory loads of a broadcast vector's values. Plain: ptxas may keep a value it loaded for a later use of the
+// same address (a chunk's column values, reused by the tile's second 64-row block), which saves loads and costs
+// registers. Reload (ld.volatile): every use loads again, so no vector value stays live across the tile; `asm
+// volatile` alone does not stop ptxas from keeping them. Psi picks Reload where a tree reads several column vectors
+// (RowBroadcast's Reload): in BERT's FFN1 with its LayerNorm finished in it (two f32 vectors, 128 x 192) the kept
+// values spilled 100 bytes, and none with Reload.
+template <bool Reload = false> CUTE_DEVICE uint32_t lds_b32(uint32_t smem_addr) {
   uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr));
+  if constexpr (Reload) asm volatile("ld.volatile.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr));
+  else asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr));
   return v;
 }
-CUTE_DEVICE uint32_t lds_b32(void const* smem) { return lds_b32(cute::cast_smem_ptr_to_uint(smem)); }
-CUTE_DEVICE uint2 lds_b64(void const* smem) {
+template <bool Reload = false> CUTE_DEVICE uint32_t lds_b32(void const* smem) {
+  return lds_b32<Reload>(cute::cast_smem_ptr_to_uint(smem));
+}
+template <bool Reload = false> CUTE_DEVICE uint2 lds_b64(void const* smem) {
   uint2 v;
-  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(cute::cast_smem_ptr_to_uint(smem)));
+  const uint32_t a = cute::cast_smem_ptr_to_uint(smem);
+  if constexpr (Reload) asm volatile("ld.volatile.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  else asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
   return v;
 }
 
@@ -230,8 +238,8 @@ template <> struct Elem<float> {
     w[1] = __float_as_uint(f.x[1]);
   }
   CUTE_DEVICE static Frag unpack(uint32_t const (&w)[kWords]) { return {{__uint_as_float(w[0]), __uint_as_float(w[1])}}; }
-  CUTE_DEVICE static Frag load2_smem(float const* p) {
-    uint2 v = lds_b64(p);
+  template <bool Reload = false> CUTE_DEVICE static Frag load2_smem(float const* p) {
+    uint2 v = lds_b64<Reload>(p);
     return {{__uint_as_float(v.x), __uint_as_float(v.y)}};
   }
 };
@@ -272,7 +280,7 @@ template <class T> struct Elem {
     float2 v = Pair16<T>::word_to_float2(u);
     return {{v.x, v.y}};
   }
-  CUTE_DEVICE static Frag load2_smem(T const* p) { return from_word(lds_b32(p)); }
+  template <bool Reload = false> CUTE_DEVICE static Frag load2_smem(T const* p) { return from_word(lds_b32<Reload>(p)); }
 };
 
 // ---- the driver ------------------------------------------------------------------------------

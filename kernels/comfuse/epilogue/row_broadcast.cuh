@@ -1,12 +1,13 @@
 // RowBroadcast: a length-N vector v, element (r, c) reads v[c] (a bias, a LayerNorm gamma).
 // The tile's slice v[n0 : n0 + TileN] is staged in the consumer group's SMEM by cp.async issued
-// before the tile's mainloop, so the load latency hides behind the MMAs; fragments read SMEM.
+// before the tile's mainloop, so the load latency hides behind the MMAs; fragments read SMEM, with Reload at every
+// use (lds_b32 / lds_b64, core.cuh: Psi's choice where a tree reads several column vectors).
 #pragma once
 #include "comfuse/epilogue/core.cuh"
 
 namespace comfuse::epi {
 
-template <class T>
+template <class T, bool Reload = false>
 struct RowBroadcast {
   struct Arguments {
     T const* ptr = nullptr;   // [N], 16-byte aligned
@@ -33,7 +34,7 @@ struct RowBroadcast {
     }
   }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
-    return Elem<T>::load2_smem(smem + f.col_l);
+    return Elem<T>::template load2_smem<Reload>(smem + f.col_l);
   }
   template <int S> CUTE_DEVICE void preload(FragCtx const&) {}
   template <int S> CUTE_DEVICE void end_stage(TileCtx const&) {}
