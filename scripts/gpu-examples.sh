@@ -53,7 +53,8 @@ if [ "${1:-}" = "--prepare" ]; then
     for f in "$aot"/norm_sites/cf/*.cf; do echo "norm_sites/$(basename "$f" .cf) $f --defer-norms on"; done
   } | xargs -P "$jobs" -L 1 sh -c 'name="$1"; shift; "$0" aot "$@" -o "'"$aot"'/$name" > "'"$aot"'/$name.log" 2>&1 ||
         echo "aot failed: $name (see '"$aot"'/$name.log)"' "$cli"
-  echo "prepared $(ls "$aot"/*/manifest.txt "$aot"/random/*/manifest.txt "$aot"/norm_sites/*/manifest.txt 2>/dev/null | wc -l) kernel sets in $aot"
+  sets=$(ls "$aot"/*/manifest.txt "$aot"/random/*/manifest.txt "$aot"/norm_sites/*/manifest.txt 2>/dev/null | wc -l)
+  echo "prepared $sets kernel sets in $aot"
   exit 0
 fi
 cli="${1:-build/bin/comfuse}"
@@ -132,8 +133,11 @@ if [ -n "$aot" ] && [ -d "$aot/random_library" ] && ls "$aot"/random_library/*/m
 fi
 for ex in $library; do   # every example in the library form: ahead of time, else JIT here
   # shellcheck disable=SC2046
-  if [ -n "$(aot_of "${ex}_library")" ]; then run_check "${ex}_library" "examples/$ex.cf" --launches 2 $(aot_of "${ex}_library")
-  else run_check "${ex}_library" "examples/$ex.cf" --launches 2 --form library; fi
+  if [ -n "$(aot_of "${ex}_library")" ]; then
+    run_check "${ex}_library" "examples/$ex.cf" --launches 2 $(aot_of "${ex}_library")
+  else
+    run_check "${ex}_library" "examples/$ex.cf" --launches 2 --form library
+  fi
 done
 # The plain GPU path: nodes no fused region covers (a fixed graph, and random programs with unsupported ops).
 # shellcheck disable=SC2046

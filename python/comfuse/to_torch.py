@@ -78,7 +78,7 @@ def _node_fn(n, f32: bool = False) -> Callable:
         f = _UNARY[op]
         return lambda x: f(x)
     if op == C.OpKind.Cast:
-        if n.cast_to == C.DType.F32 and n.dtype != C.DType.F32:   # relabel: the value under n's dtype, unrounded
+        if n.is_relabel:   # the value under n's dtype, unrounded
             return (lambda x: x) if f32 else (lambda x: x.to(dt))
         to = _DTYPES[n.cast_to]
         return (lambda x: x.to(to).to(torch.float32)) if f32 else (lambda x: x.to(to))

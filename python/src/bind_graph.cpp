@@ -83,6 +83,8 @@ void bind_graph(nb::module_& m) {
       .def_ro("perm", &Node::perm)
       .def_ro("cast_to", &Node::cast_to)
       .def_ro("correction", &Node::correction)
+      .def_prop_ro("is_relabel", [](const Node& n) { return is_relabel(n); },
+                   "a relabel (Graph::relabel): the value under this node's dtype, not rounded to it")
       .def("__repr__", [](const Node& n) {
         return "<Node " + n.name + " = " + op_name(n.op) + " " + dtype_name(n.dtype) + shape_str(n.shape) + ">";
       });

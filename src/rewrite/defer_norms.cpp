@@ -302,6 +302,12 @@ std::string gemm_reader_why_not(const Graph& g, const Node& u, int y) {
   return "";
 }
 
+// h, or what h upcasts where h is a cast to f32 (a model's h.to(float32)): the value in its declared dtype.
+int upcast_source(const Graph& g, int h) {
+  const Node& hn = g.node(h);
+  return hn.op == OpKind::Cast && hn.dtype == DType::F32 ? hn.inputs[0] : h;
+}
+
 // Whether `id` depends on constant inputs and constants only (then a fold of it is the same on every run).
 bool constant_only(const Graph& g, int id) {
   const Node& n = g.node(id);
@@ -497,8 +503,8 @@ Value fold_reader(const Graph& g, const Node& u, const Site& s, Builder& b, Defe
   };
   // h @ W*: h rounded to the GEMM's dtype, as y was
   int h = s.h();
-  if (const Node& hn = g.node(h); hn.op == OpKind::Cast && hn.dtype == DType::F32 && g.node(hn.inputs[0]).dtype == w.dtype)
-    h = hn.inputs[0];   // h.to(float32) of a value already in the GEMM's dtype: the GEMM reads that value
+  if (g.node(upcast_source(g, h)).dtype == w.dtype)
+    h = upcast_source(g, h);   // h.to(float32) of a value already in the GEMM's dtype: the GEMM reads that value
   Value H = b.rounded.count(h) ? b.rounded.at(h) : b.at(h);
   if (g.node(h).dtype != w.dtype) {   // one cast for every reader of h, so that GEMMs on it share their A
     auto [it, fresh] = b.h_casts.try_emplace(h);
@@ -577,7 +583,7 @@ std::string fold_why_not(const Graph& g, Site& s, int y, int r) {
   // there too; where h is an f32 value, the rounding would be the rewrite's own (an error of ~2^-9 |mean| / std
   // of the row): those readers keep y.
   const Node& hn = g.node(s.h());
-  const DType h_dtype = hn.op == OpKind::Cast && hn.dtype == DType::F32 ? g.node(hn.inputs[0]).dtype : hn.dtype;
+  const DType h_dtype = g.node(upcast_source(g, s.h())).dtype;
   const DType w_dtype = g.node(g.node(r).inputs[1]).dtype;
   if (w_dtype != h_dtype)
     return std::string("'") + hn.name + "' is " + dtype_name(h_dtype) + " in the program: reading it as the GEMM's " +
@@ -623,8 +629,7 @@ NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users,
   }
   ns.deferred = !ns.folded.empty();
   if (ns.deferred) {   // h rounded to its declared dtype where the program leaves it unrounded (Builder::rounded)
-    const Node& hn = g.node(s.h());
-    const int src = hn.op == OpKind::Cast && hn.dtype == DType::F32 ? hn.inputs[0] : s.h();
+    const int src = upcast_source(g, s.h());
     const Node& sn = g.node(src);
     if (sn.dtype != DType::F32 && sn.op != OpKind::Input && !(sn.op == OpKind::Cast && sn.cast_to == sn.dtype)) {
       dec.round_source.insert(src);
