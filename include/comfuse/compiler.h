@@ -66,8 +66,9 @@ struct CompilerOptions {
   // regions (A/B benchmarks).
   bool b2b = true;
   // LayerNorm / RMSNorm finished in the GEMMs that read them (rewrite.h defer_norms): "on" rewrites every site whose
-  // GEMM readers have constant weights (`input W : ... const`); "" or "off" (the default until the planner has
-  // measurements of the deferred kernels) leaves the program as written. explain() says what was rewritten.
+  // GEMM readers have constant weights (`input W : ... const`); "auto" those the planner estimates faster so
+  // (choose_deferral); "" or "off" (the default until the planner has measurements of the deferred kernels) leaves
+  // the program as written. explain() says what was rewritten, and for "auto" the estimates.
   std::string defer_norms;
   // A row reduction a region only stores ([rows, 1]) and only fused regions read, stored as its tiles' partial results
   // that each reader combines (spec.h SpecOutput::row_parts; no last-tile protocol in the producer): "" or "on" = so
@@ -223,6 +224,7 @@ class CompiledGraph {
   // The partition at planned_rows() (concrete shapes); regions() line up with its regions.
   const Partition& partition() const { return partition_; }
   const std::vector<NormSite>& norm_sites() const { return norm_sites_; }   // what defer_norms found
+  const DeferOptions& deferral() const { return deferral_; }   // how the program was rewritten (defer_norms(g, this))
   // The row reductions regions only store, and which are handed on in parts (CompilerOptions::row_parts).
   const std::vector<RowPartsChoice>& row_parts() const { return row_parts_; }
   const std::vector<CompiledRegion>& regions() const { return regions_; }
@@ -256,6 +258,7 @@ class CompiledGraph {
 
   Graph graph_;                                              // as given (or as rewritten: defer_norms)
   std::vector<NormSite> norm_sites_;                         // what defer_norms found (explain)
+  DeferOptions deferral_;                                    // what it was asked (CompilerOptions::defer_norms)
   Graph lowered_;                                            // decomposed, dead code removed (may hold `?`)
   int64_t planned_rows_ = 0;
   Partition partition_;
@@ -272,6 +275,18 @@ class CompiledGraph {
   std::unique_ptr<Runtime> rt_;
 };
 
+// CompilerOptions::defer_norms for one program (defer_choice.cpp): "on" every site, "off" or "" none, "auto" the sites
+// whose deferral lowers the planner's estimate of the whole program (each priced with and without it, `rows` where
+// the program's rows are symbolic); the others are in options.keep with the estimates, and `priced` holds each
+// deferred site's. CompileError for another setting.
+struct DeferralChoice {
+  DeferOptions options;
+  std::map<std::string, std::string> priced;   // norm -> the estimates it was deferred on ("auto")
+};
+DeferralChoice choose_deferral(const Graph& g, const std::string& setting, const PlanOptions& po, int64_t rows);
+// defer_norms(g, c.options), each deferred site's NormSite::priced filled in from c.
+DeferredProgram defer_norms(const Graph& g, const DeferralChoice& c);
+
 class Compiler {
  public:
   explicit Compiler(CompilerOptions o = {});
@@ -287,9 +302,9 @@ class Compiler {
   const CompilerOptions& options() const { return opts_; }
 
  private:
-  // What compile() and load() share: the graph (rewritten where norms are deferred: `defer_norms` "on"), its
+  // What compile() and load() share: the graph (rewritten where norms are deferred, as `deferral` says), its
   // partition at the planned row count, the symbolic check.
-  void begin(CompiledGraph& cg, const Graph& g, const std::string& defer_norms) const;
+  void begin(CompiledGraph& cg, const Graph& g, const DeferralChoice& deferral) const;
   struct ManifestReader;   // load()'s reading of manifest.txt, line by line (aot.cpp)
   CompilerOptions opts_;
 };

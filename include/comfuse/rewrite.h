@@ -20,6 +20,7 @@
 // the error bound).
 #pragma once
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -39,6 +40,7 @@ struct NormSite {
   std::vector<std::string> rebuilt;       // elementwise readers that compute y themselves from h and the statistics
   std::vector<std::string> kept;          // "reader: why" for readers that still read y
   std::string why;                        // not deferred: why
+  std::string priced;                     // "auto": the planner's estimates the choice rests on (else empty)
 };
 
 struct DeferredProgram {
@@ -51,6 +53,9 @@ struct DeferredProgram {
 
 struct DeferOptions {
   bool enabled = true;                    // false: nothing is rewritten, and every site says so
+  // Sites left as written whatever `enabled` says, by the norm's name (y), with the reason each site then gives:
+  // where the planner estimates the program faster that way (CompilerOptions::defer_norms "auto").
+  std::map<std::string, std::string> keep;
 };
 
 // Rewrites every normalization with at least one GEMM reader. `g` may hold composites (it is brought into

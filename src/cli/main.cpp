@@ -84,8 +84,9 @@ const char* kUsage =
     "  --store-in-ring on|off (plan, run, bench, aot): the output of a region whose residual comes through the tile\n"
     "  ring written back into the ring and stored from there (_ir) wherever the kernels can, or never; default: the\n"
     "  planner's choice (never, until it has measurements)\n"
-    "  --defer-norms on|off (plan, emit, run, bench, aot): a LayerNorm / RMSNorm whose readers are GEMMs with\n"
-    "  constant weights (input W : ... const) finished in those GEMMs (docs/kernel-reduce.md); default off\n"
+    "  --defer-norms on|off|auto (plan, emit, run, bench, aot): a LayerNorm / RMSNorm whose readers are GEMMs with\n"
+    "  constant weights (input W : ... const) finished in those GEMMs (docs/kernel-reduce.md): every one (on), or\n"
+    "  each where the planner estimates the program faster so (auto; plan says the estimates); default off\n"
     "  --row-parts on|off (plan, emit, run, bench, aot): a row statistic a region only stores and only fused regions read\n"
     "  (an RMSNorm's mean(h^2) with --defer-norms on) handed on as its tiles' partial results, which each reader\n"
     "  combines (on, the default), or stored whole by the producer's last tile of each row block (off)\n"
@@ -175,20 +176,22 @@ PlanOptions config_arg(const Args& a) {
   return o;
 }
 
-// --defer-norms on|off: LayerNorm / RMSNorm finished in the GEMMs that read them (default off).
+// --defer-norms on|off|auto: LayerNorm / RMSNorm finished in the GEMMs that read them, in all of them or where the
+// planner estimates the program faster so (default off).
 std::string defer_arg(const Args& a) {
   const std::string d = a.get("defer-norms");
-  if (!d.empty() && d != "on" && d != "off") throw UsageError("--defer-norms must be 'on' or 'off', got '" + d + "'");
+  if (!d.empty() && d != "on" && d != "off" && d != "auto")
+    throw UsageError("--defer-norms must be 'on', 'off' or 'auto', got '" + d + "'");
   return d;
 }
 
 // FILE's program as the compiler partitions it: bound to --rows (else `fallback` rows), rewritten where
-// --defer-norms on says so (what the rewrite did goes to `deferral`).
+// --defer-norms says so, priced with --config and --form for "auto" (what the rewrite did goes to `deferral`).
 Partition program_partition(const Args& a, int64_t fallback, std::string* deferral = nullptr) {
   Graph g = bound_graph(a, parse_cf_file(a.file), fallback);
-  DeferOptions o;
-  o.enabled = defer_arg(a) == "on";
-  DeferredProgram d = defer_norms(g, o);
+  PlanOptions po = config_arg(a);
+  if (const std::string f = form_arg(a); !f.empty()) po.form = f == "library" ? RegionForm::Library : RegionForm::Fused;
+  DeferredProgram d = defer_norms(g, choose_deferral(g, defer_arg(a), po, fallback));
   if (deferral) *deferral = explain_deferral(d);
   return partition(d);
 }
@@ -211,7 +214,8 @@ std::string store_in_ring_arg(const Args& a) {
 int cmd_plan(const Args& a) {
   std::string deferral;
   Partition p = program_partition(a, kDefaultRows, &deferral);
-  if (!deferral.empty()) std::cout << "norms (--defer-norms " << (defer_arg(a) == "on" ? "on" : "off") << "):\n" << deferral << "\n";
+  if (!deferral.empty())
+    std::cout << "norms (--defer-norms " << (defer_arg(a).empty() ? "off" : defer_arg(a)) << "):\n" << deferral << "\n";
   std::cout << print_partition(p, a.flag("explain"));
   std::cout << "\nplan (from src/plan/measured.csv):\n";
   PlanOptions po = config_arg(a);
@@ -600,9 +604,7 @@ TensorMap form_reference(const CompiledGraph& cg, const Graph& g, const TensorMa
     any = any || library[i];
   }
   if (!any) return {};
-  DeferOptions o;
-  o.enabled = std::any_of(cg.norm_sites().begin(), cg.norm_sites().end(), [](const NormSite& s) { return s.deferred; });
-  const Partition p = partition(defer_norms(g, o));
+  const Partition p = partition(defer_norms(g, cg.deferral()));
   if (p.regions.size() != library.size()) return {};
   return interpret_partitioned(p, inputs, 1, library);
 }

@@ -86,7 +86,10 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
     << "# candidate region library config [key=JIT-key]\n"
     << "# and one per fused back-to-back chain (its config is the planner's):\n"
     << "# b2b chain kernel-name library\n";
-  if (opts_.defer_norms == "on") m << "option defer_norms on\n";   // load() rewrites the program the same way
+  if (cg.deferral_.enabled) {   // load() rewrites the program the same way: the sites "auto" left as written too
+    m << "option defer_norms on\n";
+    for (const auto& [norm, why] : cg.deferral_.keep) m << "option defer_norms_keep " << norm << "\n";
+  }
   if (opts_.row_parts == "off") m << "option row_parts off\n";    // load() hands row statistics on the same way
   if (!cg.plain_library_.empty()) {
     copy_into(cg.plain_library_, fs::path(dir) / "comfuse_plain_path.so");
@@ -316,8 +319,18 @@ struct Compiler::ManifestReader {
 CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
   const std::string manifest = read_manifest(dir);
   CompiledGraph cg;
-  // the rewrite the kernels were compiled for ("option defer_norms on"), whatever this Compiler's options say
-  begin(cg, g, manifest.find("\noption defer_norms on\n") != std::string::npos ? "on" : "off");
+  // the rewrite the kernels were compiled for ("option defer_norms on", and the sites left as written:
+  // "option defer_norms_keep NORM"), whatever this Compiler's options say
+  DeferralChoice deferral;
+  deferral.options.enabled = manifest.find("\noption defer_norms on\n") != std::string::npos;
+  {
+    std::istringstream lines(manifest);
+    const std::string tag = "option defer_norms_keep ";
+    for (std::string l; std::getline(lines, l);)
+      if (l.rfind(tag, 0) == 0)
+        deferral.options.keep[l.substr(tag.size())] = "left as written when its kernels were compiled (--defer-norms auto)";
+  }
+  begin(cg, g, deferral);
   cg.cache_dir_ = opts_.jit.cache_dir.empty() ? jit::default_cache_dir() : opts_.jit.cache_dir;
   ManifestReader reader(cg, dir);
   reader.row_parts = manifest.find("\noption row_parts off\n") == std::string::npos;

@@ -239,7 +239,9 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   const PlanOptions plan_opts = plan_options(opts_);   // validates the names first
 
   CompiledGraph cg;
-  begin(cg, g, opts_.defer_norms);   // before any nvcc: a symbolic dim the kernels cannot take is an error now
+  // before any nvcc: a symbolic dim the kernels cannot take is an error now (begin checks the rows first: "auto"
+  // prices the program at them)
+  begin(cg, g, g.symbolic() && opts_.rows < 1 ? DeferralChoice{} : choose_deferral(g, opts_.defer_norms, plan_opts, opts_.rows));
   cg.aot_ = opts_.ahead_of_time;
   const Partition& p = cg.partition_;
   if (auto why = check_region_configs(plan_opts, p.regions.size())) throw CompileError("config: " + *why);
@@ -330,14 +332,11 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   return cg;
 }
 
-void Compiler::begin(CompiledGraph& cg, const Graph& g, const std::string& defer) const {
-  if (defer != "" && defer != "on" && defer != "off")
-    throw CompileError("unknown defer_norms setting '" + defer + "' (on, off, or empty for the default: off)");
+void Compiler::begin(CompiledGraph& cg, const Graph& g, const DeferralChoice& deferral) const {
   if (g.symbolic() && opts_.rows < 1)
     throw CompileError("CompilerOptions::rows must be at least 1, got " + std::to_string(opts_.rows));
-  DeferOptions dopts;
-  dopts.enabled = defer == "on";
-  DeferredProgram d = defer_norms(g, dopts);
+  DeferredProgram d = defer_norms(g, deferral);
+  cg.deferral_ = deferral.options;
   const PartitionHints hints{d.row_side};
   const bool rewrote = std::any_of(d.sites.begin(), d.sites.end(), [](const NormSite& s) { return s.deferred; });
   cg.norm_sites_ = std::move(d.sites);

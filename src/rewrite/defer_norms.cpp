@@ -593,10 +593,13 @@ std::string fold_why_not(const Graph& g, Site& s, int y, int r) {
 
 // The fate of every reader of site s (y): folded GEMMs, elementwise readers that rebuild y where that retires it,
 // the rest kept; and where h is read rounded.
-NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users, Site& s, int y, bool enabled,
+NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users, Site& s, int y, const DeferOptions& opts,
                      Decisions& dec) {
   NormSite ns;
   ns.norm = g.node(y).name;
+  const auto left = opts.keep.find(ns.norm);   // left as written (the planner's choice)
+  const bool enabled = opts.enabled && left == opts.keep.end();
+  const char* off = left != opts.keep.end() ? "the norm is left as written" : "deferral is switched off";
   ns.source = g.node(s.h()).name;
   ns.centered = s.centered();
   for (int st : s.statistics()) ns.statistics.push_back(g.node(st).name);
@@ -611,7 +614,7 @@ NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users,
       ns.folded.push_back(g.node(r).name);
       dec.folded_reader[r] = y;
     } else {
-      ns.kept.push_back(g.node(r).name + ": " + (why.empty() ? "deferral is switched off" : why));
+      ns.kept.push_back(g.node(r).name + ": " + (why.empty() ? off : why));
     }
   }
   if (g.is_output(y)) ns.kept.push_back("(program output)");
@@ -637,7 +640,7 @@ NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users,
       if (src != s.h()) dec.reads_rounded[s.h()] = src;
     }
   }
-  if (!ns.deferred) ns.why = enabled ? "no GEMM reader can be folded" : "deferral is switched off";
+  if (!ns.deferred) ns.why = enabled ? "no GEMM reader can be folded" : left != opts.keep.end() ? left->second : off;
   ns.why = reason(std::move(ns.why));   // (reasons.h: for people only)
   for (auto& k : ns.kept) k = reason(std::move(k));
   return ns;
@@ -706,7 +709,7 @@ DeferredProgram defer_norms(const Graph& input, const DeferOptions& opts) {
     if (!considered.insert(y).second) continue;
     auto s = std::make_unique<Site>(g, y);
     if (!s->recognise().empty()) continue;   // not a normalization: nothing to say
-    out.sites.push_back(decide_site(g, users, *s, y, opts.enabled, dec));
+    out.sites.push_back(decide_site(g, users, *s, y, opts, dec));
     dec.sites[y] = std::move(s);
   }
   if (dec.folded_reader.empty()) out.graph = g;
@@ -729,6 +732,7 @@ std::string explain_deferral(const std::vector<NormSite>& sites) {
     } else {
       o << "not deferred: " << s.why;
     }
+    if (s.deferred && !s.priced.empty()) o << " (" << s.priced << ")";
     for (const auto& k : s.kept) o << "; kept for " << k;
     o << "\n";
   }

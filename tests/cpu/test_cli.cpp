@@ -177,7 +177,11 @@ TEST(Cli, DeferNormsIsAnOptionThatSaysWhatItDid) {
   EXPECT_NE(off.out.find("deferral is switched off"), std::string::npos) << off.out;
   CliRun bad = run("plan " + ex + " --defer-norms yes");
   EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.out.find("--defer-norms must be 'on' or 'off', got 'yes'"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("--defer-norms must be 'on', 'off' or 'auto', got 'yes'"), std::string::npos) << bad.out;
+  CliRun priced = run("plan " + ex + " --defer-norms auto");   // the planner's choice, with its estimates
+  EXPECT_EQ(priced.code, 0) << priced.out;
+  EXPECT_NE(priced.out.find("norms (--defer-norms auto):"), std::string::npos) << priced.out;
+  EXPECT_NE(priced.out.find("the planner's estimate of the program: ~"), std::string::npos) << priced.out;
   CliRun aot = run("run " + ex + " --aot /nonexistent --defer-norms on");
   EXPECT_EQ(aot.code, 2);
   EXPECT_NE(aot.out.find("--defer-norms is fixed when the kernels were compiled"), std::string::npos) << aot.out;
