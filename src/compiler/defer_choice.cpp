@@ -3,19 +3,15 @@
 // written, from the planner's estimates of every region in the form it would run (fused or the library form); a site
 // is deferred where that estimate is lower. Sites are taken in program order, each against the choices before it.
 #include <algorithm>
-#include <cstdio>
 
+#include "../plan/plan_text.h"
 #include "comfuse/compiler.h"
 
 namespace comfuse {
 
 namespace {
 
-std::string us(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "~%.0f us", v);
-  return b;
-}
+using plan_text::fmt;
 
 // A region's estimate in the form it runs: the library form's, else the fused kernel's (which a C++ program runs
 // where fusion does not pay and no pass serves), else the GEMM with a separate pass (a region no kernel serves,
@@ -66,8 +62,9 @@ DeferralChoice choose_deferral(const Graph& g, const std::string& setting, const
     DeferOptions without = c.options;
     without.keep[s.norm] = "";
     const double as_written = program_us(g, without, priced, rows);
-    const std::string estimates = "the planner's estimate of the program: " + us(current) + " with it finished in its "
-                                  "readers, " + us(as_written) + " as written (--defer-norms auto)";
+    const std::string estimates =
+        fmt("the planner's estimate of the program: ~%.0f us with it finished in its readers, ~%.0f us as written "
+            "(--defer-norms auto)", current, as_written);
     if (as_written <= current) {
       without.keep[s.norm] = estimates;
       c.options = std::move(without);

@@ -1,4 +1,5 @@
-// The planner's explanations: the printf-style number formatter its files share (plan.cpp, plan_b2b.cpp).
+// The planner's explanations: the printf-style number formatter its files share (plan.cpp, plan_b2b.cpp, and the
+// compiler's defer_choice.cpp).
 #pragma once
 #include <cstdio>
 #include <string>
