@@ -3,14 +3,14 @@ examples/llama_block.cf (o_proj + residual, RMSNorm, gate/up, SiLU·mul) and exa
 residual, LayerNorm, FFN1 + GELU, FFN2 + bias + the rebuilt residual, LayerNorm), both at 8192 tokens, bf16.
 
   python3 bench/norm_sites.py [--cli build/bin/comfuse] [--rounds 3] [--out FILE.csv] [--programs llama_block,bert_layer]
-      [--variants off,on,on/whole,on/fused,on/ir,on/cfg:1=128x192x64_c2x1_coop] [--logs DIR]
+      [--variants off,on,auto,on/whole,on/fused,on/ir,on/cfg:1=128x192x64_c2x1_coop] [--logs DIR]
 
 Per program: eager PyTorch, torch.compile default and max-autotune-no-cudagraphs of the package's translation of the
 program (comfuse.to_torch; triton.testing.do_bench of the call, median), then `comfuse bench FILE.cf` in each variant
-(--defer-norms off and on; with /fused or /library every region forced to that form; with /ir the ring form's output
-written back into the ring, --store-in-ring on; with /whole the row statistics stored whole by the producer's last
-tile, --row-parts off; with /cfg:I=NAME+J=NAME regions I and J in those kernel configs,
---config I=NAME,J=NAME, the others the planner's), alternating, `--rounds`
+(--defer-norms off, on, and auto: the planner's choice per site; with /fused or /library every region forced to that
+form; with /ir the ring form's output written back into the ring, --store-in-ring on; with /whole the row statistics
+stored whole by the producer's last tile, --row-parts off; with /cfg:I=NAME+J=NAME regions I and J in those kernel
+configs, --config I=NAME,J=NAME, the others the planner's), alternating, `--rounds`
 invocations each (the median of each invocation's median; the spread is printed). The table last: ComFuse's time and
 torch.compile's best ÷ it (above 1: ComFuse is faster), and each region's kernel alone ÷ its own cuBLASLt GEMM(s)
 (`comfuse bench --each-region`; a region with two GEMMs on one A, gate/up, against both). Without a GPU: prints "skipped: no GPU" and exits 77.
@@ -33,7 +33,7 @@ def main(argv):
     p.add_argument("--out", default=None, help="CSV file to write")
     p.add_argument("--programs", default=",".join(PROGRAMS))
     p.add_argument("--variants", default="off,on",
-                   help="--defer-norms off|on, each optionally /fused or /library (every region forced to that form) "
+                   help="--defer-norms off|on|auto, each optionally /fused or /library (every region forced to that form) "
                         "or /ir (--store-in-ring on: the ring form's output written back into the ring) "
                         "or /whole (--row-parts off: row statistics stored whole by the producer's last tile) "
                         "or /cfg:I=NAME+J=NAME (--config I=NAME,J=NAME: those regions in those configs)")
@@ -43,8 +43,9 @@ def main(argv):
     variants = [v for v in a.variants.split(",") if v]
     for v in variants:
         defer, _, form = v.partition("/")
-        if defer not in ("off", "on") or (form not in ("", "fused", "library", "ir", "whole") and not form.startswith("cfg:")):
-            p.error(f"unknown variant {v!r}: off or on, optionally followed by /fused, /library, /ir, /whole or /cfg:I=NAME")
+        if defer not in ("off", "on", "auto") or (form not in ("", "fused", "library", "ir", "whole") and not form.startswith("cfg:")):
+            p.error(f"unknown variant {v!r}: off, on or auto, optionally followed by /fused, /library, /ir, /whole or "
+                    f"/cfg:I=NAME")
     if a.logs:
         os.makedirs(a.logs, exist_ok=True)
     programs = [x for x in a.programs.split(",") if x]
