@@ -33,7 +33,8 @@ def main(argv):
     p.add_argument("--out", default=None, help="CSV file to write")
     p.add_argument("--programs", default=",".join(PROGRAMS))
     p.add_argument("--variants", default="off,on",
-                   help="--defer-norms off|on|auto, each optionally /fused or /library (every region forced to that form) "
+                   help="--defer-norms off|on|auto, each optionally /fused or /library (every region forced to that "
+                        "form) "
                         "or /ir (--store-in-ring on: the ring form's output written back into the ring) "
                         "or /whole (--row-parts off: row statistics stored whole by the producer's last tile) "
                         "or /cfg:I=NAME+J=NAME (--config I=NAME,J=NAME: those regions in those configs)")
@@ -43,7 +44,8 @@ def main(argv):
     variants = [v for v in a.variants.split(",") if v]
     for v in variants:
         defer, _, form = v.partition("/")
-        if defer not in ("off", "on", "auto") or (form not in ("", "fused", "library", "ir", "whole") and not form.startswith("cfg:")):
+        known_form = form in ("", "fused", "library", "ir", "whole") or form.startswith("cfg:")
+        if defer not in ("off", "on", "auto") or not known_form:
             p.error(f"unknown variant {v!r}: off, on or auto, optionally followed by /fused, /library, /ir, /whole or "
                     f"/cfg:I=NAME")
     if a.logs:

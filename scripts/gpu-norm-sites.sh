@@ -14,8 +14,8 @@
 #   5. with --pytest (before 4, at most PYTEST_S = 150 s), or --pytest-only (instead of 2-4): the GPU tests of norm
 #      deferral and tensor parallelism through torch.compile, and of the row outputs' launches (installed package).
 # With --profile, after 3: each kernel's GPU time in one launch of each program in each variant (ncu), in
-# $OUT/profile_<program>_<variant>.txt. --variants goes to bench/norm_sites.py (default off,on,auto; e.g. on/fused,on/ir);
-# --no-torch times ComFuse's variants only (no package install, no torch.compile).
+# $OUT/profile_<program>_<variant>.txt. --variants goes to bench/norm_sites.py (default off,on,auto; e.g.
+# on/fused,on/ir); --no-torch times ComFuse's variants only (no package install, no torch.compile).
 # Logs and norm_sites.csv under $OUT (each `comfuse bench` output under $OUT/bench/); a table last.
 #
 #   scripts/gpu-norm-sites.sh [--rounds R] [--budget S] [--variants V] [--programs P,..] [--profile] [--no-torch]

@@ -83,7 +83,8 @@ bool reloads_vectors(const FusionSpec& fs, const std::vector<const Spec*>& stage
     for (const SpecNode& n : s->nodes) {
       if (n.kind != SpecKind::Broadcast) continue;
       vectors += n.bcast == BroadcastKind::Row;
-      reads_statistics |= n.bcast == BroadcastKind::Col && (fs.params[n.param].from_states() || fs.params[n.param].from_parts());
+      const RuntimeParam& p = fs.params[n.param];
+      reads_statistics |= n.bcast == BroadcastKind::Col && (p.from_states() || p.from_parts());
     }
   return reads_statistics && vectors >= 2;
 }

@@ -328,7 +328,8 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
     const std::string tag = "option defer_norms_keep ";
     for (std::string l; std::getline(lines, l);)
       if (l.rfind(tag, 0) == 0)
-        deferral.options.keep[l.substr(tag.size())] = "left as written when its kernels were compiled (--defer-norms auto)";
+        deferral.options.keep[l.substr(tag.size())] =
+            "left as written when its kernels were compiled (--defer-norms auto)";
   }
   begin(cg, g, deferral);
   cg.cache_dir_ = opts_.jit.cache_dir.empty() ? jit::default_cache_dir() : opts_.jit.cache_dir;

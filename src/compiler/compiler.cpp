@@ -241,7 +241,8 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   CompiledGraph cg;
   // before any nvcc: a symbolic dim the kernels cannot take is an error now (begin checks the rows first: "auto"
   // prices the program at them)
-  begin(cg, g, g.symbolic() && opts_.rows < 1 ? DeferralChoice{} : choose_deferral(g, opts_.defer_norms, plan_opts, opts_.rows));
+  const bool no_rows = g.symbolic() && opts_.rows < 1;
+  begin(cg, g, no_rows ? DeferralChoice{} : choose_deferral(g, opts_.defer_norms, plan_opts, opts_.rows));
   cg.aot_ = opts_.ahead_of_time;
   const Partition& p = cg.partition_;
   if (auto why = check_region_configs(plan_opts, p.regions.size())) throw CompileError("config: " + *why);

@@ -593,8 +593,8 @@ std::string fold_why_not(const Graph& g, Site& s, int y, int r) {
 
 // The fate of every reader of site s (y): folded GEMMs, elementwise readers that rebuild y where that retires it,
 // the rest kept; and where h is read rounded.
-NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users, Site& s, int y, const DeferOptions& opts,
-                     Decisions& dec) {
+NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users, Site& s, int y,
+                     const DeferOptions& opts, Decisions& dec) {
   NormSite ns;
   ns.norm = g.node(y).name;
   const auto left = opts.keep.find(ns.norm);   // left as written (the planner's choice)

@@ -464,8 +464,8 @@ TEST(Compiler, AutoDefersANormWhereThePlannerEstimatesTheProgramFaster) {
   EXPECT_FALSE(loaded.norm_sites()[0].deferred);
   fs::remove_all(d);
   o.defer_norms = "sometimes";
-  EXPECT_NE(message_of<CompileError>([&] { Compiler(o).compile(bert); }).find("unknown defer_norms setting 'sometimes'"),
-            std::string::npos);
+  const std::string bad = message_of<CompileError>([&] { Compiler(o).compile(bert); });
+  EXPECT_NE(bad.find("unknown defer_norms setting 'sometimes'"), std::string::npos) << bad;
 }
 
 // The forms of a region (plan.h RegionForm) in a whole program: a region declined for speed compiles its library form

@@ -280,7 +280,9 @@ template <class T> struct Elem {
     float2 v = Pair16<T>::word_to_float2(u);
     return {{v.x, v.y}};
   }
-  template <bool Reload = false> CUTE_DEVICE static Frag load2_smem(T const* p) { return from_word(lds_b32<Reload>(p)); }
+  template <bool Reload = false> CUTE_DEVICE static Frag load2_smem(T const* p) {
+    return from_word(lds_b32<Reload>(p));
+  }
 };
 
 // ---- the driver ------------------------------------------------------------------------------
