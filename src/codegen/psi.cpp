@@ -83,8 +83,8 @@ bool reloads_vectors(const FusionSpec& fs, const std::vector<const Spec*>& stage
     for (const SpecNode& n : s->nodes) {
       if (n.kind != SpecKind::Broadcast) continue;
       vectors += n.bcast == BroadcastKind::Row;
-      const RuntimeParam& p = fs.params[n.param];
-      reads_statistics |= n.bcast == BroadcastKind::Col && (p.from_states() || p.from_parts());
+      if (n.bcast != BroadcastKind::Col) continue;   // (a scalar constant has no param)
+      reads_statistics |= fs.params[n.param].from_states() || fs.params[n.param].from_parts();
     }
   return reads_statistics && vectors >= 2;
 }
