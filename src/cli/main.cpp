@@ -185,17 +185,6 @@ std::string defer_arg(const Args& a) {
   return d;
 }
 
-// FILE's program as the compiler partitions it: bound to --rows (else `fallback` rows), rewritten where
-// --defer-norms says so, priced with --config and --form for "auto" (what the rewrite did goes to `deferral`).
-Partition program_partition(const Args& a, int64_t fallback, std::string* deferral = nullptr) {
-  Graph g = bound_graph(a, parse_cf_file(a.file), fallback);
-  PlanOptions po = config_arg(a);
-  if (const std::string f = form_arg(a); !f.empty()) po.form = f == "library" ? RegionForm::Library : RegionForm::Fused;
-  DeferredProgram d = defer_norms(g, choose_deferral(g, defer_arg(a), po, fallback));
-  if (deferral) *deferral = explain_deferral(d);
-  return partition(d);
-}
-
 // --row-parts on|off: row statistics handed on in parts wherever they can be (the default), or never.
 std::string row_parts_arg(const Args& a) {
   const std::string m = a.get("row-parts");
@@ -211,6 +200,23 @@ std::string store_in_ring_arg(const Args& a) {
   return m;
 }
 
+// The planner's options the command line fixes: --config, --form, --store-in-ring.
+PlanOptions plan_options_arg(const Args& a) {
+  PlanOptions po = config_arg(a);
+  if (const std::string f = form_arg(a); !f.empty()) po.form = f == "library" ? RegionForm::Library : RegionForm::Fused;
+  if (const std::string s = store_in_ring_arg(a); !s.empty()) po.store_in_ring = s == "on";
+  return po;
+}
+
+// FILE's program as the compiler partitions it: bound to --rows (else `fallback` rows), rewritten where
+// --defer-norms says so, priced with the planner's options above for "auto" (what the rewrite did goes to `deferral`).
+Partition program_partition(const Args& a, int64_t fallback, std::string* deferral = nullptr) {
+  Graph g = bound_graph(a, parse_cf_file(a.file), fallback);
+  DeferredProgram d = defer_norms(g, choose_deferral(g, defer_arg(a), plan_options_arg(a), fallback));
+  if (deferral) *deferral = explain_deferral(d);
+  return partition(d);
+}
+
 int cmd_plan(const Args& a) {
   std::string deferral;
   Partition p = program_partition(a, kDefaultRows, &deferral);
@@ -218,10 +224,8 @@ int cmd_plan(const Args& a) {
     std::cout << "norms (--defer-norms " << (defer_arg(a).empty() ? "off" : defer_arg(a)) << "):\n" << deferral << "\n";
   std::cout << print_partition(p, a.flag("explain"));
   std::cout << "\nplan (from src/plan/measured.csv):\n";
-  PlanOptions po = config_arg(a);
+  const PlanOptions po = plan_options_arg(a);
   if (auto why = check_region_configs(po, p.regions.size())) throw UsageError("--config: " + *why);
-  if (const std::string f = form_arg(a); !f.empty()) po.form = f == "library" ? RegionForm::Library : RegionForm::Fused;
-  if (const std::string s = store_in_ring_arg(a); !s.empty()) po.store_in_ring = s == "on";
   std::vector<std::optional<PlanDecision>> plans;
   for (size_t i = 0; i < p.regions.size(); ++i) {
     PlanDecision d = plan_region(p.regions[i].spec, po.for_region(static_cast<int>(i)));

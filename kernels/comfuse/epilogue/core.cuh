@@ -167,9 +167,9 @@ CUTE_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "
 // Shared-memory loads of a broadcast vector's values. Plain: ptxas may keep a value it loaded for a later use of the
 // same address (a chunk's column values, reused by the tile's second 64-row block), which saves loads and costs
 // registers. Reload (ld.volatile): every use loads again, so no vector value stays live across the tile; `asm
-// volatile` alone does not stop ptxas from keeping them. Psi picks Reload where a tree reads several column vectors
-// (RowBroadcast's Reload): in BERT's FFN1 with its LayerNorm finished in it (two f32 vectors, 128 x 192) the kept
-// values spilled 100 bytes, and none with Reload.
+// volatile` alone does not stop ptxas from keeping them. Psi picks Reload (RowBroadcast's) in the readers of a norm
+// finished in them that read two or more column vectors (psi.cpp reloads_vectors): in BERT's FFN1 (two f32 vectors,
+// 128 x 192) the kept values spilled 100 bytes, and none with Reload.
 template <bool Reload = false> CUTE_DEVICE uint32_t lds_b32(uint32_t smem_addr) {
   uint32_t v;
   if constexpr (Reload) asm volatile("ld.volatile.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr));

@@ -1,7 +1,7 @@
 // RowBroadcast: a length-N vector v, element (r, c) reads v[c] (a bias, a LayerNorm gamma).
 // The tile's slice v[n0 : n0 + TileN] is staged in the consumer group's SMEM by cp.async issued
 // before the tile's mainloop, so the load latency hides behind the MMAs; fragments read SMEM, with Reload at every
-// use (lds_b32 / lds_b64, core.cuh: Psi's choice where a tree reads several column vectors).
+// use (lds_b32 / lds_b64, core.cuh: Psi's choice in the readers of a deferred norm with several column vectors).
 #pragma once
 #include "comfuse/epilogue/core.cuh"
 
