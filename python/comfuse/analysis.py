@@ -157,9 +157,10 @@ def dtype_reason(aten_gm) -> str | None:
 
 
 def analyze_graph(gm, example_inputs, index: int | None = None, fuse_all: bool = False,
-                  defer: bool = False) -> GraphReport:
-    """Capture + convert + partition one Dynamo graph, and the reason it falls back (if it does). `defer`: norms
-    finished in the GEMMs that read them, where the weights are the model's parameters."""
+                  defer=False) -> GraphReport:
+    """Capture + convert + partition one Dynamo graph, and the reason it falls back (if it does). `defer` (the
+    backend's defer_norms): norms finished in the GEMMs that read them, where the weights are the model's
+    parameters."""
 
     rep = GraphReport(next(_GRAPH_IDS) if index is None else index)
     rep.fallback = precheck(gm, example_inputs)
@@ -188,7 +189,7 @@ def _has(placeholder, shape: tuple, dtype: str) -> bool:
     return isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(shape) and str(v.dtype) == dtype
 
 
-def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = False, sym=(), defer: bool = False,
+def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = False, sym=(), defer=False,
                  constant_positions=(), inputs: int | None = None) -> GraphReport:
     """The analysis of one inference ATen graph (from `tracing.aten_graph`, or Inductor's post-grad graph):
     regions, the planner's decision per region, and the reason the whole graph falls back, if it does. With
@@ -197,6 +198,7 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
     input deduplicated or lifted on the way), no position is trusted and nothing is folded."""
 
     try:
+        defer = program.defer_setting(defer)
         bad, good = gemm_dtypes(aten_gm)
         # Per region: an fp32 GEMM among bf16/f16 ones stays in torch in its own dtype. A graph whose GEMMs are
         # all fp32 is converted as it is (rounding its GEMM operands, for the CPU reference checks) and falls
@@ -204,11 +206,11 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
         placeholders = [n for n in aten_gm.graph.nodes if n.op == "placeholder"]
         constant = [placeholders[i].name for i, shape, dtype in constant_positions
                     if i < len(placeholders) and _has(placeholders[i], shape, dtype)]
-        if defer and inputs is not None and inputs != len(placeholders):
+        if defer != "off" and inputs is not None and inputs != len(placeholders):
             log.info("comfuse: graph %d norm deferral: the graph has %d inputs where the model gave %d; which are "
                      "parameters is not known, so no weight is folded", rep.index, len(placeholders), inputs)
             constant = []
-        elif defer and len(constant) != len(constant_positions):
+        elif defer != "off" and len(constant) != len(constant_positions):
             log.info("comfuse: graph %d norm deferral: %d of the model's %d parameters are not where the graph's "
                      "inputs say (another shape or dtype there); those are not folded", rep.index,
                      len(constant_positions) - len(constant), len(constant_positions))

@@ -23,7 +23,8 @@ Options (torch.compile(..., options={...})):
   fuse       "planner" (default): the regions the planner expects to be faster fused; "all": also those it
              declines for speed only (to measure them; regions no kernel can serve still run unfused)
   defer_norms  True: each LayerNorm / RMSNorm finished in the GEMMs that read it, the norm's weights folded into
-             theirs (the model's parameters only; comfuse.refold() after changing them through .data)
+             theirs (the model's parameters only; comfuse.refold() after changing them through .data); "auto":
+             only the sites whose deferral the planner estimates faster (explain() gives both estimates)
   rewrite    how the nodes outside fused regions are written: "keep" (default on the GPU) copies the ATen
              nodes as they were, so a bf16 model stays bf16 there (falls back to "ir" where a region does
              not line up with whole ATen nodes, logged); "ir" (default with `reference`) re-emits the Graph
@@ -36,7 +37,7 @@ import logging
 import torch
 import torch._inductor.compile_fx as inductor_compile   # (looked up at each call: tests and users may wrap it)
 
-from . import masks, ops, tracing
+from . import masks, ops, program, tracing
 from .analysis import (GraphReport, _GRAPH_IDS, _gemm_targets, _rewrite, _tensors, analyze_aten,  # noqa: F401
                        analyze_graph, chain_regions, device_reason, dtype_reason, fused_chains, fused_set,
                        is_near_tie, keep_rewrite, log_plans, log_report, near_ties, parameter_positions, planned,
@@ -111,10 +112,10 @@ def comfuse_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None =
     if runner == "eager" and (mode not in (None, "default") or inductor_opts):
         raise ValueError("comfuse backend: mode and Inductor options need fallback='inductor'")
 
-    defer = opts.pop("defer_norms", False)
-    if defer not in (True, False, "on", "off"):
-        raise ValueError(f"comfuse backend: defer_norms must be True / False ('on' / 'off'), got {defer!r}")
-    defer = defer in (True, "on")
+    try:
+        defer = program.defer_setting(opts.pop("defer_norms", False))
+    except ValueError as e:
+        raise ValueError(f"comfuse backend: {e}") from None
     attention = opts.pop("attention", "auto")
     if attention not in ("auto", "eager", "inductor"):
         raise ValueError(f"comfuse backend: attention must be 'auto', 'eager' or 'inductor', got {attention!r}")
@@ -176,7 +177,7 @@ def _subclass_inputs(example_inputs) -> list[str]:
                    is_traceable_wrapper_subclass(x)})
 
 
-def _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor_opts, defer=False):
+def _compile_with_pass(gm, example_inputs, fuse, reference, ctas, mode, inductor_opts, defer="off"):
     """Inductor compiles the Dynamo graph with the user's mode and options; ComFusePass replaces the fused
     regions in its post-grad graph (one AOT trace). A graph that needs gradients skips the pass; on a device
     ComFuse kernels cannot run on (CPU tensors without `reference`, a GPU other than sm_90), the pass only

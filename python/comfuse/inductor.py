@@ -26,7 +26,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import _core as C
-from . import analysis, folds, fuse, inductor_options, ops
+from . import analysis, folds, fuse, inductor_options, ops, program
 from .program import NotKeepable
 
 log = logging.getLogger("comfuse")
@@ -67,7 +67,7 @@ class ComFusePass(CustomGraphPass):
     the reference implementation. `reports` collects each graph's GraphReport (with `.fused`, the regions
     that became ComFuse calls)."""
 
-    def __init__(self, fuse: str = "planner", reference: bool = False, ctas: int = 1, defer_norms: bool = False,
+    def __init__(self, fuse: str = "planner", reference: bool = False, ctas: int = 1, defer_norms=False,
                  parameters=(), inputs: int | None = None):
         if fuse not in ("planner", "all"):
             raise ValueError(f"comfuse: fuse must be 'planner' or 'all', got {fuse!r}")
@@ -75,7 +75,7 @@ class ComFusePass(CustomGraphPass):
         # Norms finished in their GEMM readers (`defer_norms`), whose weights are the graph inputs at `parameters`
         # (the positions of the model's parameters among its `inputs` inputs: the backend knows them, the opt-in
         # does not)
-        self.defer_norms, self.parameters = bool(defer_norms), tuple(parameters)
+        self.defer_norms, self.parameters = program.defer_setting(defer_norms), tuple(parameters)
         self.inputs = inputs
         self.reports: list = []
 
@@ -289,7 +289,7 @@ class _nullcontext:
 
 
 def inductor_config(fuse: str = "planner", reference: bool = False, ctas: int = 1, mode: str | None = None,
-                    options: dict | None = None, defer_norms: bool = False, parameters=(),
+                    options: dict | None = None, defer_norms=False, parameters=(),
                     inputs: int | None = None) -> dict:
     """The Inductor config patches for one compile with ComFuse: the mode's options (torch._inductor's
     list_mode_options), the user's Inductor options, and ComFusePass as the post-grad custom pass."""

@@ -102,7 +102,7 @@ def _norm_lines(rep: GraphReport) -> list[str]:
     lines = d.explain().rstrip("\n").splitlines()
     if not lines:
         return []
-    head = ("norms (deferred: finished in the GEMMs that read them):" if a.deferred is not None else
+    head = ("norms (deferral asked for: finished in the GEMMs that read them, or why not):" if a.deferred is not None else
             "norms (not deferred; with options={'defer_norms': True} they would be):")
     return [head] + ["  " + line for line in lines]
 
@@ -122,7 +122,7 @@ class Explanation:
     __repr__ = __str__
 
 
-def explain(model, *example_inputs, file=sys.stdout, defer_norms: bool = False, **kwargs) -> Explanation:
+def explain(model, *example_inputs, file=sys.stdout, defer_norms=False, **kwargs) -> Explanation:
     """Captures `model` with Dynamo (as torch.compile does), runs it once on `example_inputs` under
     torch.no_grad(), and returns (and prints to `file`, unless None) every GEMM found, whether its epilogue is
     fused, the norm sites, the Fusion Specs and the reason for each node left outside. `defer_norms`: analyze as

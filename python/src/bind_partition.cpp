@@ -141,7 +141,8 @@ void bind_partition(nb::module_& m) {
       .def_ro("folded", &NormSite::folded)
       .def_ro("rebuilt", &NormSite::rebuilt)
       .def_ro("kept", &NormSite::kept)
-      .def_ro("why", &NormSite::why);
+      .def_ro("why", &NormSite::why)
+      .def_ro("priced", &NormSite::priced);
   nb::class_<DeferredProgram>(m, "DeferredProgram")
       .def_ro("graph", &DeferredProgram::graph)
       .def_ro("sites", &DeferredProgram::sites)
@@ -149,14 +150,19 @@ void bind_partition(nb::module_& m) {
       .def_ro("row_side", &DeferredProgram::row_side)
       .def("explain", [](const DeferredProgram& d) { return explain_deferral(d); });
   m.def("defer_norms",
-        [](const Graph& g, bool enabled) {
-          DeferOptions o;
-          o.enabled = enabled;
-          return defer_norms(g, o);
+        [](const Graph& g, bool enabled, std::map<std::string, std::string> keep,
+           std::map<std::string, std::string> priced) {
+          DeferralChoice c;
+          c.options.enabled = enabled;
+          c.options.keep = std::move(keep);
+          c.priced = std::move(priced);
+          return defer_norms(g, c);
         },
-        "graph"_a, "enabled"_a = true,
+        "graph"_a, "enabled"_a = true, "keep"_a = std::map<std::string, std::string>{},
+        "priced"_a = std::map<std::string, std::string>{},
         "Every LayerNorm / RMSNorm (recognised on the primitives) with a GEMM reader whose weight is a constant input, "
-        "finished in that reader: the rewritten program and what was found (include/comfuse/rewrite.h)");
+        "finished in that reader: the rewritten program and what was found (include/comfuse/rewrite.h). `keep`: norms "
+        "left as written, each with the reason its site gives; `priced`: the estimates a deferred site rests on");
   m.def("partition_deferred", [](const DeferredProgram& d) { return partition(d); }, "deferred"_a,
         "partition() of a rewritten program, with the hints its rewrite gives");
   m.def("print_partition", &print_partition, "partition"_a, "explain"_a = false);

@@ -599,7 +599,6 @@ NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users,
   ns.norm = g.node(y).name;
   const auto left = opts.keep.find(ns.norm);   // left as written (the planner's choice)
   const bool enabled = opts.enabled && left == opts.keep.end();
-  const char* off = left != opts.keep.end() ? "the norm is left as written" : "deferral is switched off";
   ns.source = g.node(s.h()).name;
   ns.centered = s.centered();
   for (int st : s.statistics()) ns.statistics.push_back(g.node(st).name);
@@ -613,8 +612,8 @@ NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users,
     if (why.empty() && enabled) {
       ns.folded.push_back(g.node(r).name);
       dec.folded_reader[r] = y;
-    } else {
-      ns.kept.push_back(g.node(r).name + ": " + (why.empty() ? off : why));
+    } else if (!why.empty()) {   // (a reader that could fold where the site is off: the site's `why` says so)
+      ns.kept.push_back(g.node(r).name + ": " + why);
     }
   }
   if (g.is_output(y)) ns.kept.push_back("(program output)");
@@ -625,7 +624,7 @@ NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users,
     if (y_goes) {
       ns.rebuilt.push_back(g.node(r).name);
       dec.rebuilt_reader[r] = y;
-    } else {
+    } else if (enabled) {
       ns.kept.push_back(g.node(r).name + ": " + (ns.folded.empty() ? std::string("no GEMM reader is folded")
                                                                    : "y stays stored for the readers above"));
     }
@@ -640,7 +639,8 @@ NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users,
       if (src != s.h()) dec.reads_rounded[s.h()] = src;
     }
   }
-  if (!ns.deferred) ns.why = enabled ? "no GEMM reader can be folded" : left != opts.keep.end() ? left->second : off;
+  if (!ns.deferred)
+    ns.why = enabled ? "no GEMM reader can be folded" : left != opts.keep.end() ? left->second : "deferral is switched off";
   ns.why = reason(std::move(ns.why));   // (reasons.h: for people only)
   for (auto& k : ns.kept) k = reason(std::move(k));
   return ns;

@@ -192,7 +192,56 @@ def test_deferral_is_off_by_default_and_explain_says_what_it_would_do(caplog, ca
     assert "norms (not deferred; with options={'defer_norms': True} they would be):" in text, text
     assert "finished in addmm_1" in text, text
     e = comfuse.explain(m, *xs, file=None, defer_norms=True)
-    assert "norms (deferred: finished in the GEMMs that read them):" in str(e)
+    assert "norms (deferral asked for: finished in the GEMMs that read them, or why not):" in str(e)
+
+
+@pytest.mark.parametrize("cls", [LlamaMLPBlock, BertOutput])
+def test_auto_defers_where_the_planner_estimates_the_graph_faster(cls, caplog):
+    """defer_norms="auto": each site is priced as the whole graph with and without its deferral (regions the
+    planner declines at Inductor's cost), the cheaper is taken, explain() gives both estimates, and the model
+    matches eager either way."""
+    import re
+
+    caplog.set_level(logging.INFO, logger="comfuse")
+    m, xs = _model(cls), _inputs()
+    ref = _fp32(m, xs)
+    with torch.no_grad():
+        eager = m(*xs)
+        got = _compiled(m, defer_norms="auto")(*xs)
+    sites = [s for s in _messages(caplog) if "norm deferral: norm" in s]
+    assert len(sites) == 1, _messages(caplog)
+    est = re.search(r"~([0-9.]+) us with it finished in its readers, ~([0-9.]+) us as written \(defer_norms='auto'\)",
+                    sites[0])
+    assert est, sites
+    deferred, as_written = float(est.group(1)), float(est.group(2))
+    assert ("finished in" in sites[0]) == (deferred < as_written), sites
+    assert ("not deferred: the planner's estimate" in sites[0]) == (deferred >= as_written), sites
+    assert _err(got, ref) <= max(1.25 * _err(eager, ref), 4e-3), (_err(got, ref), _err(eager, ref))
+    text = str(comfuse.explain(m, *xs, file=None, defer_norms="auto"))
+    assert "(defer_norms='auto')" in text, text
+
+
+def test_a_site_kept_by_name_says_why():
+    """The core's keep list (what "auto" fills in): the named norm is left as written with the reason given, the
+    others are deferred; `priced` is what a deferred site's explanation quotes."""
+    from comfuse import _core as C
+
+    g = C.parse_cf("""
+input A : bf16[64, 32]
+input Wo : bf16[32, 32] const
+input g : bf16[32] const
+input Wg : bf16[48, 32] const
+h = matmul(A, Wo, transpose_b=true)
+y = rms_norm(h, g, eps=1e-6)
+z = matmul(y, Wg, transpose_b=true)
+output h, z
+""")
+    on = C.defer_norms(g, True)
+    assert [s.deferred for s in on.sites] == [True], on.explain()
+    kept = C.defer_norms(g, True, {on.sites[0].norm: "because the test says so"})
+    assert not kept.sites[0].deferred and kept.sites[0].why == "because the test says so", kept.explain()
+    priced = C.defer_norms(g, True, {}, {on.sites[0].norm: "estimates"})
+    assert priced.sites[0].priced == "estimates" and "(estimates)" in priced.explain(), priced.explain()
 
 
 def test_a_weight_that_is_not_a_parameter_is_not_folded(caplog):
@@ -221,7 +270,7 @@ def test_a_weight_that_is_not_a_parameter_is_not_folded(caplog):
 
 
 def test_the_option_is_checked():
-    with pytest.raises(Exception, match="defer_norms must be True / False"):   # (Dynamo wraps the backend's error)
+    with pytest.raises(Exception, match="defer_norms must be True / False, 'on' / 'off' or 'auto'"):   # (Dynamo wraps the backend's error)
         torch.compile(torch.nn.Linear(4, 4), backend="comfuse", options={"defer_norms": "yes"})(torch.randn(2, 4))
 
 
@@ -249,7 +298,8 @@ def test_hugging_face_models_defer_their_norm_sites_on_cpu(name, sites, caplog):
     K and V) and its layer's attention-output LayerNorm (into FFN1; a post-norm, whose input holds the embedding
     LayerNorm's output through the residual), the pre-norms of Llama, GPT-2, Qwen2 (into biased Q, K and V of
     grouped-query attention, and gate / up) and ViT (layernorm_before into Q, K and V, layernorm_after into the
-    MLP). The model matches eager as closely as without deferral."""
+    MLP). The model matches eager as closely as without deferral. With "auto" every site is deferred or says why not,
+    with the planner's estimates of the graph both ways."""
     transformers = pytest.importorskip("transformers")   # noqa: F841  (test_hf_models builds the tiny configs)
     from test_hf_models import _tiny, _tiny_inputs
 
@@ -269,6 +319,12 @@ def test_hugging_face_models_defer_their_norm_sites_on_cpu(name, sites, caplog):
     deferred = [s for s in _messages(caplog) if "norm deferral: norm" in s and "finished in" in s]
     assert len(deferred) == sites, _messages(caplog)
     assert errs[True] <= max(1.25 * errs[False], 1e-2), errs
+    caplog.clear()
+    with torch.no_grad():
+        got = _compiled(m, defer_norms="auto")(**kwargs).last_hidden_state
+    assert ((got.float() - ref).norm() / ref.norm()).item() <= max(1.25 * errs[False], 1e-2)
+    priced = [s for s in _messages(caplog) if "norm deferral: norm" in s and "(defer_norms='auto')" in s]
+    assert len(priced) == sites, _messages(caplog)
 
 
 def test_inductor_code_reads_folded_weights_through_the_direct_entry():
