@@ -102,7 +102,8 @@ def _norm_lines(rep: GraphReport) -> list[str]:
     lines = d.explain().rstrip("\n").splitlines()
     if not lines:
         return []
-    head = ("norms (deferral asked for: finished in the GEMMs that read them, or why not):" if a.deferred is not None else
+    head = ("norms (deferral asked for: finished in the GEMMs that read them, or why not):"
+            if a.deferred is not None else
             "norms (not deferred; with options={'defer_norms': True} they would be):")
     return [head] + ["  " + line for line in lines]
 

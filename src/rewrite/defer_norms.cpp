@@ -640,7 +640,9 @@ NormSite decide_site(const Graph& g, const std::vector<std::vector<int>>& users,
     }
   }
   if (!ns.deferred)
-    ns.why = enabled ? "no GEMM reader can be folded" : left != opts.keep.end() ? left->second : "deferral is switched off";
+    ns.why = enabled                    ? "no GEMM reader can be folded"
+             : left != opts.keep.end() ? left->second
+                                       : "deferral is switched off";
   ns.why = reason(std::move(ns.why));   // (reasons.h: for people only)
   for (auto& k : ns.kept) k = reason(std::move(k));
   return ns;
