@@ -96,6 +96,14 @@ struct PassKernel {
                                  cute::Shape<cute::_64, cute::Int<Cfg::kMmaTileN>, cute::Int<32 / int(sizeof(Element))>>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::K>()));
   using TileShape = cute::Shape<cute::_64, cute::Int<Cfg::kMmaTileN>>;
+  // Staged (COMFUSE_PASS_PIPELINE=1; measured against the plain order with scripts/gpu-pass-ab.sh): each thread
+  // copies its blocks of the CTA's next tile of D into SMEM (cp.async) while the current tile's epilogue runs, its
+  // exchanges included, so a CTA keeps its next 16 KB in flight instead of loading it after the epilogue.
+#ifdef COMFUSE_PASS_PIPELINE
+  static constexpr bool kStaged = COMFUSE_PASS_PIPELINE != 0;
+#else
+  static constexpr bool kStaged = false;
+#endif
   static constexpr bool kReduces = epi::NeedsCoResidency<Tree>::value;
   static constexpr bool kDsmem =
       Cfg::kClusterN > 1 && !std::is_void_v<typename epi::DsmemStorageOf<Tree>::type>;
@@ -104,9 +112,15 @@ struct PassKernel {
   struct NoDsmem {};
   using DsmemStore = std::conditional_t<kDsmem, typename epi::DsmemStorageOf<Tree>::type, NoDsmem>;
 
+  // The blocks a thread loads (Loaded, below), one 16-byte slot each: block b of thread t at staged[b * 128 + t], so
+  // a warp's copies and reads of one block are 512 contiguous bytes, and each thread reads back only what it copied.
+  static constexpr int kBlocks = (kDualB ? 2 : 1) * (Cfg::kTileN / 32) * 2;
+  struct NoStaging {};
+  using Staging = std::conditional_t<kStaged, uint4[kBlocks * kThreads], NoStaging>;
   struct SharedStorage {
     alignas(16) typename Tree::SharedStorage epi;
     [[no_unique_address]] DsmemStore dsmem;
+    alignas(16) [[no_unique_address]] Staging staged;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 16;
 
@@ -151,6 +165,36 @@ struct PassKernel {
         }
       }
     }
+  }
+
+  // kStaged: the same blocks as issue_loads, copied into this thread's slots of `staged` (zero-filled where
+  // issue_loads reads nothing); and read back, once this thread's copies have landed.
+  template <class CoordTensor>
+  static CUTE_DEVICE void issue_staged(uint4* staged, Params const& p, CoordTensor const& tCcD, epi::TileCtx const& c) {
+    using namespace cute;
+    const int q = int(threadIdx.x) % 4;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int row = c.m0 + int(get<0>(tCcD(2 * r)));
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < (kDualB ? 2 : 1); ++h) {
+        Element const* base = (h == 0 ? p.D : p.D2) + int64_t(row) * (h == 0 ? p.ldd : p.ldd2) + c.n0 + 8 * q;
+        CUTLASS_PRAGMA_UNROLL
+        for (int g = 0; g < kGroups; ++g) {
+          const bool in = row < c.M && c.n0 + 8 * (4 * g + q) < c.N;
+          epi::cp_async_16(staged + ((h * kGroups + g) * 2 + r) * kThreads + int(threadIdx.x),
+                           in ? base + 32 * g : p.D, in ? 16 : 0);
+        }
+      }
+    }
+  }
+  static CUTE_DEVICE void read_staged(Loaded& l, uint4 const* staged) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < (kDualB ? 2 : 1); ++h)
+      CUTLASS_PRAGMA_UNROLL
+      for (int g = 0; g < kGroups; ++g)
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) l.v[h][g][r] = staged[((h * kGroups + g) * 2 + r) * kThreads + int(threadIdx.x)];
   }
 
   // The loaded blocks into the accumulator fragment ((2, 2, kMmaTileN / 8), 1, 1): element c2 + 2 r + 4 j is column
@@ -201,9 +245,17 @@ struct PassKernel {
     const bool l2_exchanges = kReduces && p.reduce_counters != nullptr && !reduce::is_dsmem(p.transport);
     const uint32_t exchange_tag = l2_exchanges ? reduce::launch_tag(p.reduce_counters) : 0u;
 
-    for (int u = sched.first; u < sched.total; u += sched.stride) {
+    auto tile_ctx = [&](int u) {
       auto t = sched.tile(u, 0, ry);
-      epi::TileCtx ctx{t.m * Cfg::kTileM, t.n * Cfg::kTileN, p.M, p.N, Cfg::kTileM, Cfg::kTileN, thread, 0};
+      return epi::TileCtx{t.m * Cfg::kTileM, t.n * Cfg::kTileN, p.M, p.N, Cfg::kTileM, Cfg::kTileN, thread, 0};
+    };
+    if constexpr (kStaged) {   // the first tile's D (one group of copies; each later tile's is issued a tile ahead)
+      if (sched.first < sched.total) issue_staged(ss.staged, p, tCcD_full, tile_ctx(sched.first));
+      epi::cp_async_commit();
+    }
+
+    for (int u = sched.first; u < sched.total; u += sched.stride) {
+      epi::TileCtx ctx = tile_ctx(u);
       ctx.iter = (u - sched.first) / sched.stride;
       ctx.transport = p.transport;
       ctx.exchange_tag = exchange_tag;
@@ -217,17 +269,29 @@ struct PassKernel {
       Tree tree(p.epi, ss.epi, ctx);
       tree.prefetch();   // row vectors staged in SMEM while the tile's loads are in flight
       Loaded loaded;
-      issue_loads(loaded, p, tCcD_full, ctx);
       Tensor accum = partition_fragment_C(tiled_mma, TileShape{});
-      to_fragment(loaded, accum);
+      if constexpr (kStaged) {
+        // Groups in flight: this tile's D (issued a tile ago), then the vectors just asked for. D's have landed once
+        // at most the newest group is pending; its values are in registers (to_fragment) before the next tile's
+        // copies overwrite the slots. The epilogue then waits for the vectors only (run_epilogue<1>).
+        epi::cp_async_commit();
+        epi::cp_async_wait_group<1>();
+        read_staged(loaded, ss.staged);
+        to_fragment(loaded, accum);
+        if (u + sched.stride < sched.total) issue_staged(ss.staged, p, tCcD_full, tile_ctx(u + sched.stride));
+        epi::cp_async_commit();   // (empty after the last tile: run_epilogue<1> leaves the newest group pending)
+      } else {
+        issue_loads(loaded, p, tCcD_full, ctx);
+        to_fragment(loaded, accum);
+      }
       epi::settle(tree);
       if constexpr (kDualB) {
         auto half = view(accum);
         constexpr int kOff = Cfg::kMmaTileN / 4;
         Tensor<epi::PairedEngine<kOff>, decltype(half.layout())> acc(epi::PairedEngine<kOff>{{half.data()}}, half.layout());
-        epi::run_epilogue(tree, acc, tCcD, ctx);
+        epi::run_epilogue<kStaged ? 1 : 0>(tree, acc, tCcD, ctx);
       } else {
-        epi::run_epilogue(tree, accum, tCcD, ctx);
+        epi::run_epilogue<kStaged ? 1 : 0>(tree, accum, tCcD, ctx);
       }
     }
     if constexpr (epi::kHasAsyncStores<Tree>) epi::drain_async_stores();

@@ -163,6 +163,19 @@ CUTE_DEVICE void cp_async_16(void* smem, void const* gmem, int src_bytes) {
                : "memory");
 }
 CUTE_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+CUTE_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups of copies are pending (the newest ones).
+template <int N> CUTE_DEVICE void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Before an epilogue reads its staged vectors: this thread's copies have landed (all of them; or, with Ahead > 0, all
+// but its Ahead newest committed groups, which a caller that runs ahead has committed after the vectors' group), then
+// the group's other threads' too.
+template <int Ahead>
+CUTE_DEVICE void wait_staged(int group) {
+  if constexpr (Ahead == 0) cp_async_wait_all();
+  else cp_async_wait_group<Ahead>();
+  group_barrier(group);
+}
 
 // Shared-memory loads of a broadcast vector's values. Plain: ptxas may keep a value it loaded for a later use of the
 // same address (a chunk's column values, reused by the tile's second 64-row block), which saves loads and costs
@@ -663,7 +676,9 @@ CUTE_DEVICE void run_stages(Tree& tree, AccTensor& acc, CoordTensor const& tCcD,
 // Streams every fragment of the thread's accumulator tile through `tree`, stage by stage.
 // acc:  the WGMMA accumulator fragment, shape ((2,2,N/8), MMA_M, MMA_N) per thread
 // tCcD: the identity tensor partitioned exactly like acc: tCcD(i) = (row, col) inside the tile
-template <class Tree, class AccTensor, class CoordTensor>
+// Ahead: the caller's newest committed groups of cp.async copies that the epilogue does not wait for (a pass staging
+// its next tile, pass.cuh); the vectors' copies must then be committed before them.
+template <int Ahead = 0, class Tree, class AccTensor, class CoordTensor>
 CUTE_DEVICE void run_epilogue(Tree& tree, AccTensor& acc, CoordTensor const& tCcD,
                               TileCtx const& ctx) {
   using namespace cute;
@@ -672,10 +687,7 @@ CUTE_DEVICE void run_epilogue(Tree& tree, AccTensor& acc, CoordTensor const& tCc
                 "expect the GMMA accumulator value layout (2 cols, 2 rows, N/8)");
   static_assert(size<0, 2>(AccTensor{}) % 4 == 0,
                 "tile N must be a multiple of 32: 16-byte stores and loads group four 8-column blocks (store.cuh)");
-  if constexpr (Tree::kUsesSmem) {
-    cp_async_wait_all();        // this thread's prefetch copies have landed ...
-    group_barrier(ctx.group);   // ... and everyone else's too
-  }
+  if constexpr (Tree::kUsesSmem) wait_staged<Ahead>(ctx.group);   // the staged vectors are in, everyone's
   COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::SmemReady);
   run_stages<Tree>(tree, acc, tCcD, ctx, std::make_integer_sequence<int, Tree::kStage + 1>{});
   if constexpr (Tree::kUsesSmem) {
