@@ -146,10 +146,11 @@ struct PassKernel {
     uint4 v[kDualB ? 2 : 1][kGroups][2];
   };
 
-  // Issues every load of the tile (rows m0 .., columns n0 ..) for this thread: lane q of each quad takes block
-  // 4g + q of its two rows (WGMMA rows r and r + 8 of its warp). Blocks past N and rows past M read nothing (zeros).
-  template <class CoordTensor>
-  static CUTE_DEVICE void issue_loads(Loaded& l, Params const& p, CoordTensor const& tCcD, epi::TileCtx const& c) {
+  // Calls f(h, g, r, base, in) for each 16-byte block of the tile (rows m0 .., columns n0 ..) this thread loads, at
+  // base + 32 g: lane q of each quad takes block 4g + q of its two rows (WGMMA rows r and r + 8 of its warp), of X·W
+  // (h = 0) and X·W2 (h = 1, DualB). Blocks past N and rows past M are not `in`: they read nothing and count as zeros.
+  template <class CoordTensor, class F>
+  static CUTE_DEVICE void for_each_block(Params const& p, CoordTensor const& tCcD, epi::TileCtx const& c, F&& f) {
     using namespace cute;
     const int q = int(threadIdx.x) % 4;
     CUTLASS_PRAGMA_UNROLL
@@ -161,32 +162,30 @@ struct PassKernel {
         CUTLASS_PRAGMA_UNROLL
         for (int g = 0; g < kGroups; ++g) {
           const bool in = row < c.M && c.n0 + 8 * (4 * g + q) < c.N;
-          l.v[h][g][r] = in ? __ldg(reinterpret_cast<uint4 const*>(base + 32 * g)) : make_uint4(0, 0, 0, 0);
+          f(h, g, r, base, in);
         }
       }
     }
   }
 
-  // kStaged: the same blocks as issue_loads, copied into this thread's slots of `staged` (zero-filled where
-  // issue_loads reads nothing); and read back, once this thread's copies have landed.
+  // Issues every load of the tile for this thread, into registers.
+  template <class CoordTensor>
+  static CUTE_DEVICE void issue_loads(Loaded& l, Params const& p, CoordTensor const& tCcD, epi::TileCtx const& c) {
+    for_each_block(p, tCcD, c, [&](int h, int g, int r, Element const* base, bool in) {
+      l.v[h][g][r] = in ? __ldg(reinterpret_cast<uint4 const*>(base + 32 * g)) : make_uint4(0, 0, 0, 0);
+    });
+  }
+
+  // kStaged: the same blocks copied into this thread's slots of `staged` (zero-filled where not `in`); and read
+  // back, once this thread's copies have landed.
+  static CUTE_DEVICE int staged_slot(int h, int g, int r) {
+    return ((h * kGroups + g) * 2 + r) * kThreads + int(threadIdx.x);
+  }
   template <class CoordTensor>
   static CUTE_DEVICE void issue_staged(uint4* staged, Params const& p, CoordTensor const& tCcD, epi::TileCtx const& c) {
-    using namespace cute;
-    const int q = int(threadIdx.x) % 4;
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      const int row = c.m0 + int(get<0>(tCcD(2 * r)));
-      CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < (kDualB ? 2 : 1); ++h) {
-        Element const* base = (h == 0 ? p.D : p.D2) + int64_t(row) * (h == 0 ? p.ldd : p.ldd2) + c.n0 + 8 * q;
-        CUTLASS_PRAGMA_UNROLL
-        for (int g = 0; g < kGroups; ++g) {
-          const bool in = row < c.M && c.n0 + 8 * (4 * g + q) < c.N;
-          epi::cp_async_16(staged + ((h * kGroups + g) * 2 + r) * kThreads + int(threadIdx.x),
-                           in ? base + 32 * g : p.D, in ? 16 : 0);
-        }
-      }
-    }
+    for_each_block(p, tCcD, c, [&](int h, int g, int r, Element const* base, bool in) {
+      epi::cp_async_16(staged + staged_slot(h, g, r), in ? base + 32 * g : p.D, in ? 16 : 0);
+    });
   }
   static CUTE_DEVICE void read_staged(Loaded& l, uint4 const* staged) {
     CUTLASS_PRAGMA_UNROLL
@@ -194,7 +193,7 @@ struct PassKernel {
       CUTLASS_PRAGMA_UNROLL
       for (int g = 0; g < kGroups; ++g)
         CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < 2; ++r) l.v[h][g][r] = staged[((h * kGroups + g) * 2 + r) * kThreads + int(threadIdx.x)];
+        for (int r = 0; r < 2; ++r) l.v[h][g][r] = staged[staged_slot(h, g, r)];
   }
 
   // The loaded blocks into the accumulator fragment ((2, 2, kMmaTileN / 8), 1, 1): element c2 + 2 r + 4 j is column
@@ -269,6 +268,7 @@ struct PassKernel {
       Tree tree(p.epi, ss.epi, ctx);
       tree.prefetch();   // row vectors staged in SMEM while the tile's loads are in flight
       Loaded loaded;
+      if constexpr (!kStaged) issue_loads(loaded, p, tCcD_full, ctx);
       Tensor accum = partition_fragment_C(tiled_mma, TileShape{});
       if constexpr (kStaged) {
         // Groups in flight: this tile's D (issued a tile ago), then the vectors just asked for. D's have landed once
@@ -281,7 +281,6 @@ struct PassKernel {
         if (u + sched.stride < sched.total) issue_staged(ss.staged, p, tCcD_full, tile_ctx(u + sched.stride));
         epi::cp_async_commit();   // (empty after the last tile: run_epilogue<1> leaves the newest group pending)
       } else {
-        issue_loads(loaded, p, tCcD_full, ctx);
         to_fragment(loaded, accum);
       }
       epi::settle(tree);

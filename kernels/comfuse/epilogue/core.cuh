@@ -165,7 +165,10 @@ CUTE_DEVICE void cp_async_16(void* smem, void const* gmem, int src_bytes) {
 CUTE_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 CUTE_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups of copies are pending (the newest ones).
-template <int N> CUTE_DEVICE void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+template <int N>
+CUTE_DEVICE void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 // Before an epilogue reads its staged vectors: this thread's copies have landed (all of them; or, with Ahead > 0, all
 // but its Ahead newest committed groups, which a caller that runs ahead has committed after the vectors' group), then
