@@ -229,14 +229,11 @@ class Analysis:
     deferred: Any = None     # _core.DeferredProgram: the norm sites, when norms were deferred
 
 
-DEFER_SETTINGS = (False, True, "off", "on", "auto")
-
-
 def defer_setting(defer) -> str:
     """A `defer_norms` option as "off", "on" or "auto" (ValueError for anything else)."""
     if isinstance(defer, bool):
         return "on" if defer else "off"
-    if defer not in DEFER_SETTINGS:
+    if not isinstance(defer, str) or defer not in ("off", "on", "auto"):
         raise ValueError(f"defer_norms must be True / False, 'on' / 'off' or 'auto', got {defer!r}")
     return defer
 

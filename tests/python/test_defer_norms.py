@@ -270,6 +270,12 @@ def test_a_weight_that_is_not_a_parameter_is_not_folded(caplog):
 
 
 def test_the_option_is_checked():
+    from comfuse.program import defer_setting
+
+    assert [defer_setting(x) for x in (True, False, "on", "off", "auto")] == ["on", "off", "on", "off", "auto"]
+    for bad in (1, 0, "yes", None):
+        with pytest.raises(ValueError, match="defer_norms must be"):
+            defer_setting(bad)
     with pytest.raises(Exception, match="defer_norms must be True / False, 'on' / 'off' or 'auto'"):   # (Dynamo wraps the backend's error)
         torch.compile(torch.nn.Linear(4, 4), backend="comfuse", options={"defer_norms": "yes"})(torch.randn(2, 4))
 
