@@ -224,6 +224,9 @@ int cmd_plan(const Args& a) {
     std::cout << "norms (--defer-norms " << (defer_arg(a).empty() ? "off" : defer_arg(a)) << "):\n" << deferral << "\n";
   std::cout << print_partition(p, a.flag("explain"));
   std::cout << "\nplan (from src/plan/measured.csv):\n";
+  // The verdict's reason compares the fused kernel with what a PyTorch program runs where the backend declines; a
+  // C++ program runs the form named first (library form or fused) either way.
+  static constexpr const char* kAgainstInductor = "; against cuBLAS + Inductor's pass, as through PyTorch: ";
   const PlanOptions po = plan_options_arg(a);
   if (auto why = check_region_configs(po, p.regions.size())) throw UsageError("--config: " + *why);
   std::vector<std::optional<PlanDecision>> plans;
@@ -235,13 +238,14 @@ int cmd_plan(const Args& a) {
       std::cout << "declined (runs on the plain path): " << d.reason << "\n";
     else if (d.form == RegionForm::Library)
       std::cout << "library form, cuBLASLt GEMM + generated pass " << config_name(*d.library) << " (" << d.form_reason
-                << "): " << d.reason << "\n";
+                << ")" << kAgainstInductor << d.reason << "\n";
     else
       std::cout << "fused, " << d.config.tile_m << "x" << d.config.tile_n << "x" << d.config.tile_k << " cluster "
                 << d.config.cluster_m << "x" << d.config.cluster_n << (d.config.cooperative ? " cooperative" : "")
                 << (d.config.merged ? ", reduction pairs merged" : "")
                 << (d.config.store_in_ring ? ", the output through the ring" : "") << ", transport "
-                << transport_name(d.config.transport) << " (" << d.form_reason << "): " << d.reason << "\n";
+                << transport_name(d.config.transport) << " (" << d.form_reason << ")" << kAgainstInductor << d.reason
+                << "\n";
     if (a.flag("explain") && !d.candidates.empty()) {   // the config search (CompiledGraph::run times them)
       std::cout << "    candidates:";
       for (const auto& c : d.candidates) std::cout << " " << config_name(c);
