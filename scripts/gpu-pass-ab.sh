@@ -2,9 +2,10 @@
 # On the device machine: variants of the library form's generated pass (kernels/comfuse/pass.cuh) timed against each
 # other in one run. Each variant is a kernel folder, extra nvcc flags and extra CLI options; each gets its own JIT
 # cache. Every variant's kernels are compiled first, in parallel; then `comfuse bench --form library` of each program,
-# the variants alternating, ROUNDS invocations each; `run --check` of each program in the first variant besides.
+# the variants alternating, ROUNDS invocations each; `run --check` of each program in the first variant besides, and
+# with --odd of the odd shapes of tests/forms/cf in the library form too (the exchange paths, partial tiles).
 #
-#   scripts/gpu-pass-ab.sh [--rounds R] [--programs a,b] VARIANT...
+#   scripts/gpu-pass-ab.sh [--rounds R] [--programs a,b] [--odd] VARIANT...
 #   VARIANT: name=KERNEL_DIR[,nvcc flag ...][;cli option ...], e.g.
 #     head=build/ab/kernels-head  mb0=kernels,-DCOMFUSE_PASS_MIN_BLOCKS=0  merged=kernels;--merge;on
 # Logs under $OUT; per program and variant: the graph's median, the passes' time, a device copy of their bytes, and
@@ -13,12 +14,13 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/gpu-lib.sh
-programs=postnorm,rmsnorm,softmax,ln_softmax,bias_gelu,bert_layer,llama_block rounds=2
+programs=postnorm,rmsnorm,softmax,ln_softmax,bias_gelu,bert_layer,llama_block rounds=2 odd=0
 variants=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --programs) programs="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
+    --odd) odd=1 ;;
     *=*) variants+=("$1") ;;
     *) echo "gpu-pass-ab: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -67,6 +69,11 @@ first="${names[0]}"
     timeout 200 "$cli" run "examples/$p.cf" --form library ${opts[$first]} --check --launches 3 > "$OUT/logs/check_$p.log" 2>&1
     echo "check $first $p rc=$?"
   done
+  if [ $odd = 1 ]; then   # each compiles its own kernel: in parallel
+    ls tests/forms/cf/*.cf | xargs -P 8 -I{} sh -c 'f="$1"; b=$(basename "$f" .cf); shift
+      timeout 200 "$0" run "$f" --form library "$@" --check --launches 3 > "'"$OUT"'/logs/check_odd_$b.log" 2>&1
+      echo "check '"$first"' odd_$b rc=$?"' "$cli" {} ${opts[$first]}
+  fi
 ) | tee "$OUT/checks.txt"
 
 for r in $(seq 1 "$rounds"); do
