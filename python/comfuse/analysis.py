@@ -215,7 +215,7 @@ def analyze_aten(rep: GraphReport, aten_gm, example_inputs, fuse_all: bool = Fal
                      "inputs say (another shape or dtype there); those are not folded", rep.index,
                      len(constant_positions) - len(constant), len(constant_positions))
         rep.analysis = program.analyze(aten_gm, keep_in_torch=bad if good else None, defer=defer,
-                                       constant_inputs=constant)
+                                       constant_inputs=constant, fuse_all=fuse_all)
     except NothingToConvert as e:  # not a failure: the graph has nothing ComFuse handles
         rep.fallback = rep.fallback or str(e)
         return rep

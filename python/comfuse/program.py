@@ -238,21 +238,22 @@ def defer_setting(defer) -> str:
     return defer
 
 
-def _torch_program_us(graph, keep: dict) -> float:
+def _torch_program_us(graph, keep: dict, fuse_all: bool = False) -> float:
     """The planner's estimate of `graph` with every norm site deferred except those in `keep`, as a PyTorch program
-    runs it: each region fused where the planner fuses it, else as cuBLAS plus Inductor's pass (unfused_us), priced
-    with the dtypes the rewrite stores (planned_spec). The folds are computed once per binding of the weights and are
-    not counted."""
+    runs it: each region fused where the planner fuses it (with `fuse_all`, also where it declines for speed only),
+    else as cuBLAS plus Inductor's pass (unfused_us), priced with the dtypes the rewrite stores (planned_spec). The
+    folds are computed once per binding of the weights and are not counted."""
     d = C.defer_norms(graph, True, keep)
     part = C.partition_deferred(d) if any(s.deferred for s in d.sites) else C.partition(graph)
     total = 0.0
     for i in range(len(part.regions)):
         p = C.plan_region(planned_spec(part, i))
-        total += p.fused_us if p.fuse and p.fused_us >= 0 else max(0.0, p.unfused_us)
+        fused = p.fuse or (fuse_all and p.verdict == C.Verdict.Slower)
+        total += p.fused_us if fused and p.fused_us >= 0 else max(0.0, p.unfused_us)
     return total
 
 
-def choose_deferral(graph) -> tuple[dict, dict]:
+def choose_deferral(graph, fuse_all: bool = False) -> tuple[dict, dict]:
     """defer_norms="auto": the norm sites whose deferral lowers the planner's estimate of the whole graph
     (_torch_program_us), each site priced with and without it in program order, against the choices before it (as
     the C++ compiler's --defer-norms auto does, with a PyTorch program's alternative to a fused region: Inductor).
@@ -264,8 +265,8 @@ def choose_deferral(graph) -> tuple[dict, dict]:
         if not s.deferred:
             continue
         if current is None:
-            current = _torch_program_us(graph, keep)
-        as_written = _torch_program_us(graph, {**keep, s.norm: ""})
+            current = _torch_program_us(graph, keep, fuse_all)
+        as_written = _torch_program_us(graph, {**keep, s.norm: ""}, fuse_all)
         estimates = (f"the planner's estimate of the graph: ~{current:.1f} us with it finished in its readers, "
                      f"~{as_written:.1f} us as written (defer_norms='auto')")
         if as_written <= current:
@@ -277,18 +278,19 @@ def choose_deferral(graph) -> tuple[dict, dict]:
 
 
 def analyze(aten_gm: fx.GraphModule, gemm_dtype=C.DType.BF16, max_rounds: int = 64,
-            keep_in_torch: dict | None = None, defer=False, constant_inputs=()) -> Analysis:
+            keep_in_torch: dict | None = None, defer=False, constant_inputs=(), fuse_all: bool = False) -> Analysis:
     """`keep_in_torch`: ATen nodes to leave in torch from the start, with the reason (e.g. fp32 GEMMs of a bf16
     graph: they keep their own dtype, and every other region still fuses). `defer` (a defer_setting): with "on",
     every LayerNorm / RMSNorm whose readers are GEMMs with a weight among `constant_inputs` (placeholder names: the
     model's parameters) is finished in those GEMMs (_core.defer_norms; docs/pytorch.md, "Norms finished in the GEMMs
-    that read them"); with "auto", those of them whose deferral the planner estimates faster (choose_deferral)."""
+    that read them"); with "auto", those of them whose deferral the planner estimates faster (choose_deferral; with
+    `fuse_all`, the backend's fuse="all", regions declined for speed only are priced fused, as they will run)."""
     setting = defer_setting(defer)
     force: dict = dict(keep_in_torch or {})
     for _ in range(max_rounds):
         conv = convert(aten_gm, gemm_dtype, force, constant_inputs)
         if setting == "auto":
-            deferred = C.defer_norms(conv.graph, True, *choose_deferral(conv.graph))
+            deferred = C.defer_norms(conv.graph, True, *choose_deferral(conv.graph, fuse_all))
         else:
             deferred = C.defer_norms(conv.graph, True) if setting == "on" else None
         part = C.partition(conv.graph) if deferred is None else C.partition_deferred(deferred)
