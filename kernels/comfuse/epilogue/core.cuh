@@ -712,10 +712,7 @@ CUTE_DEVICE void run_epilogue(Tree& tree, AccTensor& acc, CoordTensor const& tCc
 // The publish turn's stages 0 .. kSplitStage (the carried tile is then in acc); both carry forms run these.
 template <class Tree, class AccTensor, class CoordTensor>
 CUTE_DEVICE void run_publish_stages(Tree& tree, AccTensor& acc, CoordTensor const& tCcD, TileCtx const& ctx) {
-  if constexpr (Tree::kUsesSmem) {
-    cp_async_wait_all();
-    group_barrier(ctx.group);
-  }
+  if constexpr (Tree::kUsesSmem) wait_staged<0>(ctx.group);
   COMFUSE_TRACE_MARK(ctx.trace, ctx.thread, trace::SmemReady);
   run_stages<Tree>(tree, acc, tCcD, ctx, std::make_integer_sequence<int, Tree::kSplitStage + 1>{});
 }
