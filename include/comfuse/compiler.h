@@ -74,6 +74,9 @@ struct CompilerOptions {
   // that each reader combines (spec.h SpecOutput::row_parts; no last-tile protocol in the producer): "" or "on" = so
   // wherever it can be, "off" = never (A/B benchmarks). explain() says which values are handed on in parts.
   std::string row_parts;
+  // The standard path's elementwise chains and row reductions of a 16-bit program input as one generated pass each
+  // (PartitionHints::value_regions); false: one plain-path kernel per node (A/B benchmarks).
+  bool value_regions = true;
   bool ahead_of_time = false;     // compile only (no driver needed): CompiledGraph::run refuses
   // A graph with a symbolic leading dim ("?"): the row count the planner picks tiles for (kernels run any).
   int64_t rows = 4096;
@@ -255,6 +258,7 @@ class CompiledGraph {
   std::shared_ptr<const Bound> bound(int64_t rows);
   std::vector<DType> storage_dtypes() const;
   void check_symbolic();   // a symbolic graph: every region can take any row count (CompileError if not)
+  void check_row_params(const Region& reg, size_t r) const;   // (check_symbolic: no [rows]-holding row vector)
 
   Graph graph_;                                              // as given (or as rewritten: defer_norms)
   std::vector<NormSite> norm_sites_;                         // what defer_norms found (explain)
@@ -304,7 +308,7 @@ class Compiler {
  private:
   // What compile() and load() share: the graph (rewritten where norms are deferred, as `deferral` says), its
   // partition at the planned row count, the symbolic check.
-  void begin(CompiledGraph& cg, const Graph& g, const DeferralChoice& deferral) const;
+  void begin(CompiledGraph& cg, const Graph& g, const DeferralChoice& deferral, bool value_regions) const;
   struct ManifestReader;   // load()'s reading of manifest.txt, line by line (aot.cpp)
   CompilerOptions opts_;
 };

@@ -28,6 +28,11 @@ std::optional<BroadcastKind> classify_operand(const Shape& operand, const Shape&
 // kernel has no batch, so partition's own regions never set it.
 std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n, bool batched_ok = false);
 
+// Why value `n` cannot be the source of a region with no GEMM (GemmDesc::from_value; nullopt: it can): a graph
+// input of 16-bit dtype, [..., N] with N a multiple of 8 (the pass reads 16-byte blocks of its rows). An input is
+// stored as it is given, so reading it rounds nothing.
+std::optional<std::string> phi_rejects_value_root(const Node& n);
+
 // Why matmul `second` cannot join root's region as its paired GEMM (nullopt: it can): both must read the same A, and
 // B2 must match B in shape, dtype and layout, so that one kernel computes X·B and X·B2 side by side in one
 // accumulator tile (GemmDesc::b2_param). Partition prefers a partner whose result the epilogue combines with the
@@ -47,7 +52,8 @@ std::optional<std::string> phi_rejects(const Graph& g, const Node& n, const std:
                                        const TileSpace& ts,
                                        const std::function<std::optional<std::string>(int)>& operand_ok);
 
-// Lowers a region (root first, topological order) to its Spec. `stored` lists the region's nodes whose values
+// Lowers a region (root first, topological order) to its Spec. A root that is not a matmul is a value region's
+// source (phi_rejects_value_root): its Spec's acc is that value, and `stored` must not list it. `stored` lists the region's nodes whose values
 // leave the kernel (graph outputs or read by the rest of the program), in the order outputs should appear.
 // `batched_ok` as for phi_rejects_root (the GemmDesc's rows then count every batch's rows).
 FusionSpec lower_region(const Graph& g, const std::vector<int>& region, const std::vector<int>& stored,

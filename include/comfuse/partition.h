@@ -14,9 +14,11 @@
 namespace comfuse {
 
 struct Region {
-  int root = -1;                // the matmul node
-  std::vector<int> nodes;       // graph nodes fused into this kernel, topological order, root first
+  int root = -1;                // the matmul node; a value region's source (spec.gemm.from_value())
+  std::vector<int> nodes;       // graph nodes fused into this kernel, topological order, root first (a value
+                                // region's source is read, not computed: not among them)
   FusionSpec spec;              // Phi(region)
+  bool from_value() const { return spec.gemm.from_value(); }
 };
 
 // Why each node ended up where it did (for --explain and tests).
@@ -63,12 +65,19 @@ struct PartitionHints {
   // statistics), never by growing into them from the statistics' side (which would make the producer's row
   // reductions exchange across CTAs). One no region pulls runs on the standard path.
   std::set<std::string> row_side;
+  // Value regions (GemmDesc::from_value): the nodes no GEMM region takes that read a 16-bit graph input are grown
+  // into a region of that input by the same rules, which runs as one generated pass instead of one plain-path
+  // kernel per node. For C++ programs; a frontend that leaves those nodes to its own compiler (the PyTorch backend:
+  // Inductor) leaves it off.
+  bool value_regions = false;
 };
 
 // Decomposes composites, removes dead code, partitions, and lowers each region with Phi.
 Partition partition(const Graph& g, const PartitionHints& hints = {});
 // A rewritten program (rewrite.h defer_norms) partitioned with the hints its rewrite gives.
-inline Partition partition(const DeferredProgram& d) { return partition(d.graph, PartitionHints{d.row_side}); }
+inline Partition partition(const DeferredProgram& d, bool value_regions = false) {
+  return partition(d.graph, PartitionHints{d.row_side, value_regions});
+}
 
 // `comfuse plan` output: regions with their Specs, params, outputs, fallback nodes; per-node reasons if explain.
 // Back-to-back chains (a section only when p.b2b is not empty): each recognised chain's B2BSpec, each rejected

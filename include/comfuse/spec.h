@@ -137,6 +137,10 @@ struct GemmDesc {
   int node2 = -1;
   int b2_param = -1;
   bool paired() const { return b2_param >= 0; }
+  // K = 0: a region with no GEMM (a value region). Its source is the value `a` (node == a, b == -1): [rows, n] in
+  // `dtype`, read from memory where a GEMM region computes its accumulator. The plain path's elementwise chains and
+  // row reductions of a program's 16-bit inputs run this way, as one pass (docs/codegen.md, "Value regions").
+  bool from_value() const { return k == 0; }
 };
 
 struct FusionSpec {

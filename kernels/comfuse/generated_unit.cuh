@@ -68,11 +68,11 @@ template <class E, class = void> struct Reductions : std::integral_constant<int,
 template <class E> struct Reductions<E, std::void_t<decltype(E::kReductions)>> : std::integral_constant<int, E::kReductions> {};
 
 // The kernel a config runs the epilogue in: the fused GEMM (GemmConfig), or the memory-bound pass over a library
-// GEMM's output (PassConfig, pass.cuh).
+// GEMM's output or a value (PassConfig, pass.cuh).
 template <class Cfg, class Epilogue> struct KernelOf { using type = Gemm<Cfg, Epilogue>; };
-template <class E, int TileN, int ClusterN, bool DualB, bool WeightNK, LibEpilogue Lib, int BiasParam, class Epilogue>
-struct KernelOf<PassConfig<E, TileN, ClusterN, DualB, WeightNK, Lib, BiasParam>, Epilogue> {
-  using type = Pass<PassConfig<E, TileN, ClusterN, DualB, WeightNK, Lib, BiasParam>, Epilogue>;
+template <class E, int TileN, int ClusterN, bool DualB, bool WeightNK, LibEpilogue Lib, int BiasParam, bool FromValue, class Epilogue>
+struct KernelOf<PassConfig<E, TileN, ClusterN, DualB, WeightNK, Lib, BiasParam, FromValue>, Epilogue> {
+  using type = Pass<PassConfig<E, TileN, ClusterN, DualB, WeightNK, Lib, BiasParam, FromValue>, Epilogue>;
 };
 
 // The traits EntryPoints (abi_entry.cuh) needs, less the name and make_args, which COMFUSE_GENERATED_KERNEL adds.

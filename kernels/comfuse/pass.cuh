@@ -52,15 +52,19 @@ enum class LibEpilogue { Pass, Store, Bias, Relu, BiasRelu };
 // A pass configuration: the element type (X, W and D), the tile's columns, the cluster width along N (the DSMEM
 // transport's row block; 1 otherwise), whether the region has two GEMMs on one A and W's layout. The names the ABI
 // entry (abi_entry.cuh) and the workspace read are the GEMM config's: kTileN, kGroupTileM (the exchange's row
-// block), kDualB.
+// block), kDualB. FromValue: a region with no GEMM (an elementwise chain or row reduction of a value the program
+// reads from memory): no library GEMM runs, and the pass reads that value (the Arguments' A, [M, N] with row stride
+// lda) where it would read D.
 template <class Element_, int TileN_, int ClusterN_ = 1, bool DualB_ = false, bool WeightNK_ = true,
-          LibEpilogue Epilogue_ = LibEpilogue::Pass, int BiasParam_ = -1>
+          LibEpilogue Epilogue_ = LibEpilogue::Pass, int BiasParam_ = -1, bool FromValue_ = false>
 struct PassConfig {
   using Element = Element_;
   static constexpr bool kWeightNK = WeightNK_;
   static constexpr LibEpilogue kEpilogue = Epilogue_;
   static constexpr int kBiasParam = BiasParam_;   // the bias's runtime parameter (Bias, BiasRelu)
   static constexpr bool kGemmOnly = Epilogue_ != LibEpilogue::Pass;
+  static constexpr bool kFromValue = FromValue_;
+  static_assert(!kFromValue || (!kGemmOnly && !DualB_), "a region with no GEMM: the pass alone, over one value");
   static_assert(!kGemmOnly || (!DualB_ && ClusterN_ == 1), "cuBLASLt's own epilogue: one GEMM, no exchange");
   static_assert((BiasParam_ >= 0) == (Epilogue_ == LibEpilogue::Bias || Epilogue_ == LibEpilogue::BiasRelu),
                 "a bias parameter exactly where the epilogue adds one");
@@ -338,6 +342,7 @@ struct Pass {
   using Transport = reduce::Transport;
   static constexpr bool kReduces = Kernel::kReduces;
   static constexpr bool kLibraryForm = true;
+  static constexpr bool kScratch = !Cfg::kFromValue;   // D and cuBLASLt's workspace (none without a GEMM)
 
   struct Arguments {
     Element const* A = nullptr;    // X [M, K]
@@ -358,18 +363,24 @@ struct Pass {
   // D (and D2) in the operand dtype, each 256-byte aligned, then cuBLASLt's workspace.
   static size_t d_bytes(int64_t m, int64_t n) { return (size_t(m) * size_t(n) * sizeof(Element) + 255) / 256 * 256; }
   static size_t scratch_bytes(int64_t m, int64_t n) {
+    if constexpr (Cfg::kFromValue) return 0;
     return (Cfg::kGemmOnly ? 0 : d_bytes(m, n) * (Cfg::kDualB ? 2 : 1)) + library_gemm::kWorkspaceBytes;
   }
 
   static int column_blocks(int N) { return (N + Cfg::kTileN - 1) / Cfg::kTileN; }
 
   static char const* can_implement(Arguments const& a) {
-    if (a.M <= 0 || a.N <= 0 || a.K <= 0) return "empty problem";
+    if (a.M <= 0 || a.N <= 0 || (a.K <= 0 && !Cfg::kFromValue)) return "empty problem";
     if (a.N % 8 != 0) return "N must be a multiple of 8 (16-byte rows)";
-    if (a.A == nullptr || a.B == nullptr || (Cfg::kDualB && a.B2 == nullptr)) return "the GEMM's operands must be given";
-    if (a.scratch == nullptr || reinterpret_cast<uintptr_t>(a.scratch) % 256 != 0)
-      return "the library form needs its scratch in the kernel's workspace (comfuse_kernel_workspace), 256-byte aligned";
-    if (char const* why = library_gemm::unavailable()) return why;
+    if constexpr (Cfg::kFromValue) {
+      if (a.A == nullptr || reinterpret_cast<uintptr_t>(a.A) % 16 != 0 || a.lda % 8 != 0 || a.lda < a.N)
+        return "the region's value must be given, 16-byte aligned, with a row stride of at least N and a multiple of 8";
+    } else {
+      if (a.A == nullptr || a.B == nullptr || (Cfg::kDualB && a.B2 == nullptr)) return "the GEMM's operands must be given";
+      if (a.scratch == nullptr || reinterpret_cast<uintptr_t>(a.scratch) % 256 != 0)
+        return "the library form needs its scratch in the kernel's workspace (comfuse_kernel_workspace), 256-byte aligned";
+      if (char const* why = library_gemm::unavailable()) return why;
+    }
     if constexpr (Cfg::kGemmOnly) {
       if (a.out == nullptr || reinterpret_cast<uintptr_t>(a.out) % 16 != 0) return "the output must be 16-byte aligned";
       if (Cfg::kBiasParam >= 0 && (a.bias == nullptr || reinterpret_cast<uintptr_t>(a.bias) % 16 != 0))
@@ -419,11 +430,13 @@ struct Pass {
     typename Kernel::Params p;
     p.epi = a.epi;
     char* scratch = static_cast<char*>(a.scratch);
-    // D and D2 in the scratch, or (kGemmOnly) the region's output itself
-    p.D = Cfg::kGemmOnly ? static_cast<Element const*>(a.out) : reinterpret_cast<Element const*>(scratch);
+    // D and D2 in the scratch, or (kGemmOnly) the region's output itself, or (kFromValue) the region's value
+    p.D = Cfg::kGemmOnly ? static_cast<Element const*>(a.out)
+          : Cfg::kFromValue ? a.A
+                            : reinterpret_cast<Element const*>(scratch);
     p.D2 = Cfg::kDualB ? reinterpret_cast<Element const*>(scratch + d_bytes(a.M, a.N)) : nullptr;
-    p.lt_workspace = scratch + (Cfg::kGemmOnly ? 0 : d_bytes(a.M, a.N) * (Cfg::kDualB ? 2 : 1));
-    p.ldd = p.ldd2 = a.N;
+    p.lt_workspace = Cfg::kFromValue ? nullptr : scratch + (Cfg::kGemmOnly ? 0 : d_bytes(a.M, a.N) * (Cfg::kDualB ? 2 : 1));
+    p.ldd = p.ldd2 = Cfg::kFromValue ? a.lda : a.N;
     p.gemm = library_gemm::Shape{a.M, a.N, a.K, a.lda, a.ldb, a.N, Cfg::kWeightNK, std::is_same_v<Element, cutlass::half_t>};
     if constexpr (Cfg::kGemmOnly) {
       constexpr LibEpilogue e = Cfg::kEpilogue;
@@ -475,6 +488,13 @@ struct Pass {
     Launch l = launch_shape(p, max_clusters);
     cudaFuncAttributes fa{};
     cudaError_t ga = cudaFuncGetAttributes(&fa, pass_kernel_entry<Kernel>);
+    if constexpr (Cfg::kFromValue) {
+      std::snprintf(out, len, "pass over a value of %d x %d: grid %ux%u, block %u, dynamic smem %d, %d regs (%s), "
+                    "cluster 1x%d, %d tiles", p.M, p.N, l.grid.x, l.grid.y, l.block.x, l.smem, fa.numRegs,
+                    cudaGetErrorString(ga), Cfg::kClusterN, p.total * Cfg::kClusterN);
+      (void)cudaGetLastError();
+      return;
+    }
     std::snprintf(out, len,
                   "library GEMM %lldx%lldx%lld (last cuBLASLt status %d); pass: grid %ux%u, block %u, dynamic smem %d, "
                   "%d regs (%s), cluster 1x%d, %d tiles",
@@ -492,7 +512,7 @@ struct Pass {
   static inline thread_local cublasStatus_t last_gemm_status = CUBLAS_STATUS_SUCCESS;
 
   static cudaError_t launch(typename Kernel::Params const& p, cudaStream_t stream = nullptr, int max_clusters = 0) {
-    for (int h = 0; h < (Cfg::kDualB ? 2 : 1); ++h) {   // D = X·W (and D2 = X·W2, of W's shape and layout)
+    for (int h = 0; h < (Cfg::kFromValue ? 0 : Cfg::kDualB ? 2 : 1); ++h) {   // D = X·W (and D2 = X·W2)
       const cublasStatus_t st = library_gemm::run(p.gemm, p.X, h == 0 ? p.W : p.W2, const_cast<Element*>(h == 0 ? p.D : p.D2),
                                                   p.lt_workspace, stream);
       if (st != CUBLAS_STATUS_SUCCESS) {

@@ -106,7 +106,7 @@ void time_interleaved(std::vector<TimedKernel>& ks, int samples, double settle_m
   }
 }
 
-// The bytes the library form's passes must move (read the GEMM outputs and the [M, N] / [M, 1] inputs, write the
+// The bytes the library form's passes must move (read the GEMM outputs, or a value region's value, and the [M, N] / [M, 1] inputs, write the
 // outputs) where every region runs in the library form with a pass (else 0: the passes cannot be told apart).
 double library_pass_bytes(const CompiledGraph& cg) {
   double bytes = 0;
@@ -143,6 +143,8 @@ std::vector<std::pair<size_t, size_t>> add_regions_alone(CompiledGraph& cg, cons
   return alone;
 }
 
+constexpr size_t kNoBaseline = SIZE_MAX;   // (add_baselines: a region with no GEMM)
+
 // Each region's cuBLASLt GEMM as a timed kernel; and where the region's epilogue reads an [M, N] input (a residual),
 // cuBLASLt's GEMM with a source tile too (D = A·B + C, beta = 1, in place): what cuBLAS itself pays to read one. A
 // region with two GEMMs on one A (X·B and X·B2, e.g. gate/up) has both in its baseline, launched back to back.
@@ -153,6 +155,10 @@ std::vector<std::pair<size_t, size_t>> add_baselines(const CompiledGraph& cg, st
   if (!rt::CublasGemm::available()) return baseline;
   for (const auto& r : cg.partition().regions) {
     const GemmDesc& gd = r.spec.gemm;
+    if (gd.from_value()) {   // a region with no GEMM: no baseline
+      baseline.emplace_back(kNoBaseline, kNoBaseline);
+      continue;
+    }
     const size_t plain = ks.size();
     size_t with_c = plain;
     for (bool c : {false, true}) {
@@ -182,6 +188,11 @@ void print_regions(const CompiledGraph& cg, std::vector<TimedKernel>& ks,
     const GemmDesc& gd = cg.partition().regions[i].spec.gemm;
     auto it = std::find_if(alone.begin(), alone.end(), [i](auto p) { return p.first == i; });
     if (baseline.size() == 1 && it == alone.end()) return;
+    if (baseline[i].first == kNoBaseline) {
+      if (it != alone.end())
+        std::printf("  region %zu: no GEMM (a pass over a value); its kernel alone %.1f us\n", i, ks[it->second].median());
+      continue;
+    }
     const double base = ks[baseline[i].first].median();
     std::printf("  region %zu: cuBLASLt %s%lldx%lldx%lld (M x N x K) %.1f us", i, gd.paired() ? "2 x " : "",
                 static_cast<long long>(gd.rows), static_cast<long long>(gd.n), static_cast<long long>(gd.k), base);
@@ -287,15 +298,19 @@ int cmd_bench(const Args& a) {
   double gemm_us = 0, with_c_us = 0;
   size_t reading = 0;   // regions whose epilogue reads an [M, N] input
   for (auto [plain, with_c] : baseline) {
+    if (plain == kNoBaseline) continue;
     gemm_us += ks[plain].median();
     with_c_us += ks[with_c].median();
     reading += with_c != plain;
   }
   size_t gemms = 0;   // the plain GEMMs of the baseline (a dual-B region has two)
-  for (const auto& r : cg.partition().regions) gemms += r.spec.gemm.paired() ? 2 : 1;
+  for (const auto& r : cg.partition().regions) gemms += r.from_value() ? 0 : r.spec.gemm.paired() ? 2 : 1;
   const bool several = gemms > 1;
-  std::printf("cuBLASLt GEMM%s of the same shape%s alone: %.1f us; fused graph ÷ cuBLAS = %.3f\n",
-              several ? "s" : "", several ? "s" : "", gemm_us, med / gemm_us);
+  if (gemms == 0)
+    std::printf("no GEMM in any region: no ÷cuBLAS\n");
+  else
+    std::printf("cuBLASLt GEMM%s of the same shape%s alone: %.1f us; fused graph ÷ cuBLAS = %.3f\n",
+                several ? "s" : "", several ? "s" : "", gemm_us, med / gemm_us);
   print_regions(cg, ks, baseline, alone);
   if (reading > 0)
     std::printf("cuBLASLt with C (beta = 1, in place) for the %zu region%s whose epilogue reads an [M, N] input, the "

@@ -92,6 +92,9 @@ const char* kUsage =
     "  combines (on, the default), or stored whole by the producer's last tile of each row block (off)\n"
     "  --b2b on|off (run, bench, aot): back-to-back GEMM chains the planner fuses run as one kernel (on, the\n"
     "  default), or every chain runs as its two regions (off: the A/B comparison)\n"
+    "  --value-regions on|off (plan, emit, run, bench, aot): the nodes no GEMM region takes that read a bf16/f16\n"
+    "  program input (a LayerNorm, a softmax or an elementwise chain of it) run as one generated pass (on, the\n"
+    "  default), or one plain-path kernel per node (off: the A/B comparison)\n"
     "  --parts on|off (emit): render the stages of a 128-row tile visited in 64-row parts, each row reduction's\n"
     "  L2 exchange per part (StageStream<.., InParts>); default off, as the default config emit renders\n"
     "  --rows N: the row count of a graph with a symbolic leading dim (input X : bf16[?, 1024]); plan, emit,\n"
@@ -208,13 +211,21 @@ PlanOptions plan_options_arg(const Args& a) {
   return po;
 }
 
+// --value-regions on|off: the standard path's chains over a 16-bit program input as one generated pass each (default
+// on), or one plain-path kernel per node.
+bool value_regions_arg(const Args& a) {
+  const std::string m = a.get("value-regions");
+  if (!m.empty() && m != "on" && m != "off") throw UsageError("--value-regions must be 'on' or 'off', got '" + m + "'");
+  return m != "off";
+}
+
 // FILE's program as the compiler partitions it: bound to --rows (else `fallback` rows), rewritten where
 // --defer-norms says so, priced with the planner's options above for "auto" (what the rewrite did goes to `deferral`).
 Partition program_partition(const Args& a, int64_t fallback, std::string* deferral = nullptr) {
   Graph g = bound_graph(a, parse_cf_file(a.file), fallback);
   DeferredProgram d = defer_norms(g, choose_deferral(g, defer_arg(a), plan_options_arg(a), fallback));
   if (deferral) *deferral = explain_deferral(d);
-  return partition(d);
+  return partition(d, value_regions_arg(a));
 }
 
 int cmd_plan(const Args& a) {
@@ -236,6 +247,9 @@ int cmd_plan(const Args& a) {
     std::cout << "  region " << i << ": ";
     if (d.verdict == Verdict::CannotServe)
       std::cout << "declined (runs on the plain path): " << d.reason << "\n";
+    else if (p.regions[i].from_value())
+      std::cout << "one generated pass " << config_name(*d.library) << " over '" << p.graph.node(p.regions[i].root).name
+                << "' (" << d.reason << ")\n";
     else if (d.form == RegionForm::Library)
       std::cout << "library form, cuBLASLt GEMM + generated pass " << config_name(*d.library) << " (" << d.form_reason
                 << ")" << kAgainstInductor << d.reason << "\n";
@@ -317,7 +331,7 @@ int cmd_emit(const Args& a) {
           throw CodegenError(e.what());
         }
       }
-      if (library) {      // the library form's pass, in the config the planner gives it
+      if (library || p.regions[i].from_value()) {   // the library form's pass (a value region's one form)
         std::string why;
         auto lib = library_config_for(p.regions[i].spec, &why);
         if (!lib) throw CodegenError(why);
@@ -327,8 +341,8 @@ int cmd_emit(const Args& a) {
       if (!asked.config || !parts.empty()) cfg.parts = parts == "on";
       PlanDecision d;
       d.config = cfg;
-      d.form = library ? RegionForm::Library : RegionForm::Fused;
-      if (library) d.library = cfg;
+      d.form = cfg.library ? RegionForm::Library : RegionForm::Fused;
+      if (cfg.library) d.library = cfg;
       d.candidates = {cfg};
       plans[i] = d;
     } catch (const CodegenError& e) {
@@ -504,6 +518,7 @@ CompilerOptions compiler_options(const Args& a) {
   o.defer_norms = defer_arg(a);
   o.row_parts = row_parts_arg(a);
   o.b2b = b2b_arg(a);
+  o.value_regions = value_regions_arg(a);
   if (int64_t r = rows_arg(a)) o.rows = r;   // the planner tunes for the rows this command runs
   return o;
 }
@@ -586,6 +601,7 @@ void check_compile_flags(const Args& a) {
   store_in_ring_arg(a);
   form_arg(a);
   b2b_arg(a);
+  value_regions_arg(a);
   row_parts_arg(a);
   if (a.get("aot").empty()) return;
   if (!a.get("form").empty()) throw UsageError("--form is fixed when the kernels were compiled: not with --aot");
@@ -597,6 +613,8 @@ void check_compile_flags(const Args& a) {
     throw UsageError("--store-in-ring is fixed when the kernels were compiled: not with --aot");
   if (!a.get("b2b").empty()) throw UsageError("--b2b is fixed when the kernels were compiled: not with --aot");
   if (!a.get("row-parts").empty()) throw UsageError("--row-parts is fixed when the kernels were compiled: not with --aot");
+  if (!a.get("value-regions").empty())
+    throw UsageError("--value-regions is fixed when the kernels were compiled (the manifest says): not with --aot");
   if (!a.get("defer-norms").empty())
     throw UsageError("--defer-norms is fixed when the kernels were compiled (the manifest says): not with --aot");
 }
@@ -605,14 +623,15 @@ void check_compile_flags(const Args& a) {
 // empty: the fp32 program is the reference). The same rewrite and partition the compiler made, at this run's rows.
 TensorMap form_reference(const CompiledGraph& cg, const Graph& g, const TensorMap& inputs) {
   std::vector<bool> library(cg.regions().size());
-  bool any = false;
+  bool any = false, values = false;   // (a value region reads its input as given: it rounds nothing)
   for (size_t i = 0; i < library.size(); ++i) {
     const CompiledRegion& r = cg.regions()[i];
     library[i] = !r.plain && r.plan.form == RegionForm::Library;
-    any = any || library[i];
+    values = values || cg.partition().regions[i].from_value();
+    any = any || (library[i] && !cg.partition().regions[i].from_value());
   }
   if (!any) return {};
-  const Partition p = partition(defer_norms(g, cg.deferral()));
+  const Partition p = partition(defer_norms(g, cg.deferral()), values);
   if (p.regions.size() != library.size()) return {};
   return interpret_partitioned(p, inputs, 1, library);
 }
@@ -733,21 +752,21 @@ int main(int argc, char** argv) {
   std::string cmd = argv[1];
   try {
     if (cmd == "plan")
-      return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms", "form", "config", "store-in-ring", "row-parts"}));
+      return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms", "form", "config", "store-in-ring", "row-parts", "value-regions"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
-    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts", "defer-norms", "form", "config", "row-parts"}));
+    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts", "defer-norms", "form", "config", "row-parts", "value-regions"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
       return cmd_run(
           parse_args(argc, argv, {"check"},
                      {"inputs", "outputs", "transport", "merge", "store-in-ring", "b2b", "aot", "seed", "rows", "launches", "defer-norms", "form",
-                      "config", "row-parts"}));
+                      "config", "row-parts", "value-regions"}));
     if (cmd == "bench")
       return cmd_bench(
           parse_args(argc, argv, {"each-region"}, {"iters", "transport", "merge", "store-in-ring", "b2b", "aot", "rows", "settle-ms", "series", "defer-norms", "form",
-                      "config", "row-parts"}));
+                      "config", "row-parts", "value-regions"}));
     if (cmd == "pack") return cmd_pack(parse_args(argc, argv, {"dry-run", "as-written", "keep-going", "own-sizes"}, {"o", "rows", "dims", "jobs", "covers"}));
-    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "store-in-ring", "b2b", "rows", "defer-norms", "form", "config", "row-parts"}));
+    if (cmd == "aot") return cmd_aot(parse_args(argc, argv, {}, {"o", "transport", "merge", "store-in-ring", "b2b", "rows", "defer-norms", "form", "config", "row-parts", "value-regions"}));
     std::cerr << "comfuse: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const ParseError& e) {

@@ -205,7 +205,7 @@ void check_column_blocks(const FusionSpec& fs, const KernelConfig& c) {
 
 LibraryEpilogue library_epilogue(const FusionSpec& fs) {
   const GemmDesc& g = fs.gemm;
-  if (g.paired() || fs.num_stages() != 1 || fs.outputs.size() != 1) return {};
+  if (g.from_value() || g.paired() || fs.num_stages() != 1 || fs.outputs.size() != 1) return {};
   const SpecOutput& o = fs.outputs[0];
   if (o.dtype != g.dtype || o.per_row || o.split()) return {};
   const Spec& s = fs.root;
@@ -240,6 +240,8 @@ LibraryEpilogue library_epilogue(const FusionSpec& fs) {
 void check_limits(const FusionSpec& fs, const KernelConfig& c) {
   verify_spec(fs);
   if (fs.gemm.dtype == DType::F32) throw CodegenError("the GEMM operands must be bf16 or f16");
+  if (fs.gemm.from_value() && !c.library)
+    throw CodegenError("a region with no GEMM renders as a pass over its value only (a library-form config)");
   if (fs.outputs.size() > COMFUSE_MAX_OUTPUTS)
     throw CodegenError("more than " + std::to_string(COMFUSE_MAX_OUTPUTS) + " outputs (kernels/comfuse/abi.h)");
   if (fs.params.size() > COMFUSE_MAX_PARAMS)

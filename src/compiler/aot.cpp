@@ -91,6 +91,7 @@ CompiledGraph Compiler::save(const Graph& g, const std::string& dir) const {
     for (const auto& [norm, why] : cg.deferral_.keep) m << "option defer_norms_keep " << norm << "\n";
   }
   if (opts_.row_parts == "off") m << "option row_parts off\n";    // load() hands row statistics on the same way
+  if (!opts_.value_regions) m << "option value_regions off\n";   // load() partitions the same way
   if (!cg.plain_library_.empty()) {
     copy_into(cg.plain_library_, fs::path(dir) / "comfuse_plain_path.so");
     cg.plain_library_ = (fs::path(dir) / "comfuse_plain_path.so").string();
@@ -331,7 +332,7 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
         deferral.options.keep[l.substr(tag.size())] =
             "left as written when its kernels were compiled (--defer-norms auto)";
   }
-  begin(cg, g, deferral);
+  begin(cg, g, deferral, manifest.find("\noption value_regions off\n") == std::string::npos);
   cg.cache_dir_ = opts_.jit.cache_dir.empty() ? jit::default_cache_dir() : opts_.jit.cache_dir;
   ManifestReader reader(cg, dir);
   reader.row_parts = manifest.find("\noption row_parts off\n") == std::string::npos;

@@ -210,7 +210,7 @@ ComfuseKernelArgs kernel_args(const FusionSpec& fs, int64_t rows, const void* a,
   k.m = rows;
   k.n = fs.gemm.n;
   k.k = fs.gemm.k;
-  k.lda = fs.gemm.k;
+  k.lda = fs.gemm.from_value() ? fs.gemm.n : fs.gemm.k;   // (a value region: its value, [rows, N] row-major)
   k.ldb = fs.gemm.transpose_b ? fs.gemm.k : fs.gemm.n;
   k.ld = fs.gemm.n;
   k.transport = transport_abi_code(transport);
@@ -242,7 +242,8 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   // before any nvcc: a symbolic dim the kernels cannot take is an error now (begin checks the rows first: "auto"
   // prices the program at them)
   const bool no_rows = g.symbolic() && opts_.rows < 1;
-  begin(cg, g, no_rows ? DeferralChoice{} : choose_deferral(g, opts_.defer_norms, plan_opts, opts_.rows));
+  begin(cg, g, no_rows ? DeferralChoice{} : choose_deferral(g, opts_.defer_norms, plan_opts, opts_.rows),
+        opts_.value_regions);
   cg.aot_ = opts_.ahead_of_time;
   const Partition& p = cg.partition_;
   if (auto why = check_region_configs(plan_opts, p.regions.size())) throw CompileError("config: " + *why);
@@ -333,12 +334,12 @@ CompiledGraph Compiler::compile(const Graph& g) const {
   return cg;
 }
 
-void Compiler::begin(CompiledGraph& cg, const Graph& g, const DeferralChoice& deferral) const {
+void Compiler::begin(CompiledGraph& cg, const Graph& g, const DeferralChoice& deferral, bool value_regions) const {
   if (g.symbolic() && opts_.rows < 1)
     throw CompileError("CompilerOptions::rows must be at least 1, got " + std::to_string(opts_.rows));
   DeferredProgram d = defer_norms(g, deferral);
   cg.deferral_ = deferral.options;
-  const PartitionHints hints{d.row_side};
+  const PartitionHints hints{d.row_side, value_regions};
   const bool rewrote = std::any_of(d.sites.begin(), d.sites.end(), [](const NormSite& s) { return s.deferred; });
   cg.norm_sites_ = std::move(d.sites);
   cg.graph_ = rewrote ? std::move(d.graph) : g;

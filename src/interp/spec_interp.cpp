@@ -142,6 +142,8 @@ void check_shape(const Tensor& t, const Shape& want, const std::string& what) {
 
 std::vector<Tensor> interpret_spec(const FusionSpec& fs, const Tensor& a, const Tensor& b,
                                    const std::vector<Tensor>& params, int ctas) {
+  if (fs.gemm.from_value())
+    throw std::runtime_error("interpret_spec: a region with no GEMM reads its value (interpret_epilogue)");
   if (ctas < 1) throw std::runtime_error("interpret_spec: ctas must be >= 1");
   if (params.size() != fs.params.size()) throw std::runtime_error("interpret_spec: wrong number of params");
   for (size_t i = 0; i < params.size(); ++i) check_shape(params[i], fs.params[i].shape, "param '" + fs.params[i].name + "'");
@@ -157,6 +159,8 @@ std::vector<Tensor> interpret_spec(const FusionSpec& fs, const Tensor& a, const 
 
 std::vector<Tensor> interpret_spec_library_form(const FusionSpec& fs, const Tensor& a, const Tensor& b,
                                                 const std::vector<Tensor>& params, int ctas) {
+  if (fs.gemm.from_value())
+    throw std::runtime_error("interpret_spec: a region with no GEMM reads its value (interpret_epilogue)");
   const GemmDesc& g = fs.gemm;
   if (numel(a.shape) != g.rows * g.k || numel(b.shape) != g.k * g.n)
     throw std::runtime_error("interpret_spec_library_form: A or B has the wrong number of elements");
@@ -244,6 +248,13 @@ TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int
       continue;
     }
     const FusionSpec& fs = p.regions[s.index].spec;
+    if (fs.gemm.from_value()) {   // a value region: one form, the pass over the value as it lies in memory
+      Tensor acc = env.get(fs.gemm.a);
+      for (float& v : acc.data) v = round_to_dtype(v, fs.gemm.dtype);
+      auto outs = interpret_epilogue(fs, acc, env.params(fs), ctas);
+      for (size_t o = 0; o < outs.size(); ++o) env.set(fs.outputs[o].node, std::move(outs[o]));
+      continue;
+    }
     auto outs = library_regions[s.index] ? interpret_spec_library_form(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas)
                              : interpret_spec(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas);
     for (size_t o = 0; o < outs.size(); ++o) env.set(fs.outputs[o].node, std::move(outs[o]));

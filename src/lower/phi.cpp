@@ -71,6 +71,14 @@ std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n, bool 
 
 static std::string q(const Node& n) { return "'" + n.name + "'"; }
 
+std::optional<std::string> phi_rejects_value_root(const Node& n) {
+  if (n.op != OpKind::Input) return "not a graph input (a value region reads a value as the program gives it)";
+  if (n.dtype != DType::BF16 && n.dtype != DType::F16) return "not bf16 or f16 (the pass reads 16-bit values)";
+  if (n.shape.empty() || n.shape.back() < 8 || n.shape.back() % 8 != 0 || is_symbolic({n.shape.back()}))
+    return "its last dim " + shape_str(n.shape) + " is not a multiple of 8 (the pass reads 16-byte blocks of a row)";
+  return std::nullopt;
+}
+
 std::optional<std::string> phi_rejects_pair(const Graph& g, const Node& root, const Node& second) {
   if (auto why = phi_rejects_root(g, second)) return why;
   if (second.id <= root.id) return "the second GEMM must come after the first";
@@ -176,8 +184,16 @@ class Lowering {
 
   FusionSpec run() {
     const Node& root = g_.node(region_.front());
-    if (auto why = phi_rejects_root(g_, root, batched_ok_)) throw std::logic_error("lower_region: root rejected: " + *why);
-    describe_gemm(root);
+    if (root.op != OpKind::MatMul) {
+      if (auto why = phi_rejects_value_root(root)) throw std::logic_error("lower_region: value root rejected: " + *why);
+      if (std::find(stored_.begin(), stored_.end(), root.id) != stored_.end())
+        throw std::logic_error("lower_region: a value region stores its own source");
+      describe_value(root);
+    } else if (auto why = phi_rejects_root(g_, root, batched_ok_)) {
+      throw std::logic_error("lower_region: root rejected: " + *why);
+    } else {
+      describe_gemm(root);
+    }
     for (int id : region_)
       if (id != root.id && g_.node(id).op == OpKind::MatMul) describe_second(g_.node(id));
     assign_stages();
@@ -203,6 +219,18 @@ class Lowering {
     d.n = root.shape.back();
     d.rows = numel(root.shape) / d.n;
     d.k = a.shape.back();
+    ts_ = TileSpace{d.rows, d.n};
+  }
+
+  // A value region's source: acc is the value itself (K = 0, no B).
+  void describe_value(const Node& v) {
+    GemmDesc& d = fs_.gemm;
+    d.node = d.a = v.id;
+    d.dtype = v.dtype;
+    d.out_shape = v.shape;
+    d.n = v.shape.back();
+    d.rows = numel(v.shape) / d.n;
+    d.k = 0;
     ts_ = TileSpace{d.rows, d.n};
   }
 
@@ -343,6 +371,7 @@ class Lowering {
     for (int id : region_) {
       const Node& n = g_.node(id);
       if (n.op == OpKind::MatMul || n.op == OpKind::Reshape || is_reduction(n.op) || stage_[id] != k) continue;
+      if (id == region_.front()) continue;   // a value region's source: acc
       SpecNode c;
       c.kind = SpecKind::Compute;
       c.op = n.op;

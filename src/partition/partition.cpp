@@ -217,7 +217,7 @@ std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::map<int, B2BGro
 class Partitioner {
  public:
   Partitioner(Partition& part, const PartitionHints& hints)
-      : p(part), g(part.graph), n(g.nodes.size()), users(g.users()), gemm_index(n, -1), max_dep(n, -1), claimed(n, -1),
+      : value_regions(hints.value_regions), p(part), g(part.graph), n(g.nodes.size()), users(g.users()), gemm_index(n, -1), max_dep(n, -1), claimed(n, -1),
         rejections(n), in_region(n, 0), is_output(n, 0), seen(n, 0), row_side(n, 0) {
     int gemms = 0;
     for (const Node& nd : g.nodes) {
@@ -257,6 +257,40 @@ class Partitioner {
                            "fused into region " + std::to_string(ri) + ": " +
                                (id == second ? "second GEMM on the same A (one kernel computes both)"
                                              : role(g.node(id)))};
+      }
+      p.regions.push_back(std::move(r));
+    }
+  }
+
+  // Value regions (PartitionHints::value_regions), after every GEMM region: each 16-bit graph input whose readers no
+  // region took roots a region with no GEMM, grown over the unclaimed nodes by the same rules. One node is enough:
+  // the pass reads and writes 16-byte blocks where the plain path's kernel takes one element per thread.
+  void grow_value_regions() {
+    if (!value_regions) return;
+    for (const Node& v : g.nodes) {
+      if (phi_rejects_value_root(v)) continue;
+      if (std::none_of(users[v.id].begin(), users[v.id].end(),
+                       [&](int u) { return claimed[u] < 0 && !is_leaf(g.node(u)); }))
+        continue;
+      const int ri = static_cast<int>(p.regions.size());
+      std::vector<int> nodes = grow(v, [&](int id, const std::string& why) {
+        rejections[id].push_back("value region " + std::to_string(ri) + " ('" + v.name + "'): " + why);
+      });
+      in_region[v.id] = 0;   // (read, not computed: stored_of must not count it)
+      if (nodes.size() < 2) continue;
+      std::vector<int> stored = stored_of(nodes);
+      stored.erase(std::remove(stored.begin(), stored.end(), v.id), stored.end());
+      Region r;
+      r.root = v.id;
+      r.spec = lower_region(g, nodes, stored);
+      widen_handed_on(r.spec);
+      r.nodes.assign(nodes.begin() + 1, nodes.end());
+      for (int id : r.nodes) {
+        claimed[id] = ri;
+        in_region[id] = 0;
+        p.decisions[id] = {NodeDecision::Kind::Fused, ri,
+                           "fused into value region " + std::to_string(ri) + " (no GEMM: one pass over '" + v.name +
+                               "'): " + role(g.node(id))};
       }
       p.regions.push_back(std::move(r));
     }
@@ -365,6 +399,7 @@ class Partitioner {
     std::map<int, B2BGrown> grown;  // by matmul node
     for (size_t i = 0; i < p.regions.size(); ++i) {
       const Region& r = p.regions[i];
+      if (r.from_value()) continue;   // (no GEMM to chain)
       for (int id : r.nodes) in_region[id] = 1;
       grown[r.root] = {true, static_cast<int>(i), r.nodes, stored_of(r.nodes), r.spec, ""};
       for (int id : r.nodes) in_region[id] = 0;
@@ -394,6 +429,8 @@ class Partitioner {
   // `second` >= 0: the region starts with the pair root + second (phi_rejects_pair).
   std::vector<int> grow(const Node& root, const std::function<void(int, const std::string&)>& reject, int second = -1) {
     const int gi = gemm_index[root.id];
+    const bool value_root = root.op != OpKind::MatMul;
+    if (value_root) after_root = after_value(root.id);
     in_region[root.id] = kTileValue;
     std::vector<int> nodes{root.id};
     if (second >= 0) {
@@ -402,6 +439,10 @@ class Partitioner {
     }
     TileSpace ts{numel(root.shape) / root.shape.back(), root.shape.back()};
     auto operand_ok = [&](int id) -> std::optional<std::string> {
+      if (value_root) {   // an operand computed only after this region ran would close a cycle
+        if (!after_root[id]) return std::nullopt;
+        return "operand '" + g.node(id).name + "' is computed after this region's reads of '" + root.name + "'";
+      }
       if (max_dep[id] < gi) return std::nullopt;
       if (depends_on(g, id, root.id, seen, ++stamp))
         return "operand '" + g.node(id).name + "' depends on this GEMM through a node outside the region";
@@ -463,6 +504,29 @@ class Partitioner {
     return nodes;
   }
 
+  // Per node: whether its value exists only after a value region of `root` ran: it depends on root, or it is a node of
+  // a region (one step of the schedule) that has such a node, or it depends on one of those. Ids are topological;
+  // a region's earlier node can be marked by a later one, so the passes repeat until nothing changes.
+  std::vector<char> after_value(int root) const {
+    std::vector<char> after(n, 0), region_after(p.regions.size(), 0);
+    after[root] = 1;
+    auto region_of = [&](size_t id) { return claimed[id] >= 0 && claimed[id] < static_cast<int>(p.regions.size()) ? claimed[id] : -1; };
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t id = 0; id < n; ++id) {
+        if (after[id]) continue;
+        const int ri = region_of(id);
+        bool a = ri >= 0 && region_after[ri];
+        for (int in : g.nodes[id].inputs) a = a || after[in];
+        if (!a) continue;
+        after[id] = 1;
+        changed = true;
+        if (ri >= 0) region_after[ri] = 1;
+      }
+    }
+    return after;
+  }
+
   // A pair for `root`: a later matmul on the same A (phi_rejects_pair), computed by one kernel as X·B and X·B2 side
   // by side. First choice, a partner whose result the epilogue combines with root's (a node of the grown region
   // reads both, e.g. SwiGLU's silu(X·Wg) * (X·Wu)): nothing of either GEMM goes through memory. Else the first
@@ -521,6 +585,7 @@ class Partitioner {
     }
   }
 
+  const bool value_regions;
   Partition& p;
   const Graph& g;
   const size_t n;
@@ -534,6 +599,7 @@ class Partitioner {
   std::vector<int> seen;                  // depends_on's scratch
   int stamp = 0;
   std::vector<char> row_side;             // (hints: taken only by pulling)
+  std::vector<char> after_root;           // grow() of a value region: after_value(root)
 };
 
 }  // namespace
@@ -546,6 +612,7 @@ Partition partition(const Graph& input, const PartitionHints& hints) {
   p.graph.verify();
   Partitioner pt(p, hints);
   pt.grow_regions();
+  pt.grow_value_regions();
   pt.settle_handed_on_dtypes();
   pt.record_fallback();
   pt.schedule();
@@ -561,9 +628,13 @@ std::string print_partition(const Partition& p, bool explain) {
   o << "# " << p.regions.size() << " fused region(s), " << p.fallback.size() << " node(s) on the standard path\n";
   for (size_t i = 0; i < p.regions.size(); ++i) {
     const Region& r = p.regions[i];
-    o << "\nregion " << i << ": GEMM '" << g.node(r.root).name << "'";
-    if (r.spec.gemm.paired()) o << " and GEMM '" << g.node(r.spec.gemm.node2).name << "' on the same A";
-    o << " + " << r.nodes.size() - (r.spec.gemm.paired() ? 2 : 1) << " epilogue node(s)\n";
+    if (r.from_value()) {
+      o << "\nregion " << i << ": value '" << g.node(r.root).name << "' (no GEMM) + " << r.nodes.size() << " node(s)\n";
+    } else {
+      o << "\nregion " << i << ": GEMM '" << g.node(r.root).name << "'";
+      if (r.spec.gemm.paired()) o << " and GEMM '" << g.node(r.spec.gemm.node2).name << "' on the same A";
+      o << " + " << r.nodes.size() - (r.spec.gemm.paired() ? 2 : 1) << " epilogue node(s)\n";
+    }
     o << "  nodes:";
     for (int id : r.nodes) o << " " << g.node(id).name;
     o << "\n";

@@ -796,7 +796,36 @@ void choose_form(PlanDecision& d, const FusionSpec& fs, const PlanOptions& opts)
 }
 }  // namespace
 
+namespace {
+// A value region (GemmDesc::from_value) has one form: the pass over its value, which replaces one plain-path kernel
+// per node. No GEMM, so no fused kernel and no verdict against cuBLAS; a fused config the caller asks for every region
+// (--config, --form fused) does not apply to it. Where no pass serves the Spec, its nodes run on the plain path.
+PlanDecision plan_value_region(const FusionSpec& fs, const PlanOptions& opts) {
+  PlanDecision d;
+  d.library = library_config_for(fs, &d.library_reason);
+  if (d.library && opts.merge) d.library->merged = *opts.merge && psi_merges(fs);
+  if (d.library && opts.transport && exchanges(fs)) {
+    d.library->transport = *opts.transport;
+    if (std::string why = fit_transport(*d.library, fs); !why.empty()) throw PlanError("value region: " + why);
+  }
+  if (!d.library) {
+    d.reason = "no pass serves this region with no GEMM (" + d.library_reason + "): its nodes run on the plain path";
+    return d;
+  }
+  d.fuse = true;
+  d.verdict = Verdict::Fuse;
+  d.config = *d.library;
+  d.candidates = {*d.library};
+  d.candidates_reason = "a region with no GEMM: one pass config";
+  d.reason = "no GEMM: its nodes as one pass over the value, where the plain path launches a kernel per node";
+  d.form = RegionForm::Library;
+  d.form_reason = "the one form of a region with no GEMM";
+  return d;
+}
+}  // namespace
+
 PlanDecision plan_region(const FusionSpec& fs, const PlanOptions& opts, const std::vector<MeasuredRow>& table) {
+  if (fs.gemm.from_value()) return plan_value_region(fs, opts);
   PlanDecision d = plan_fitted(fs, opts, table);
   choose_form(d, fs, opts);
   d.reason = reason(std::move(d.reason));   // (reasons.h: for people only)

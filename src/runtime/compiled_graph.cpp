@@ -88,17 +88,25 @@ void CompiledGraph::check_symbolic() {
   for (size_t r = 0; r < partition_.regions.size(); ++r) {
     const Region& reg = partition_.regions[r];
     const Node& root = lowered_.node(reg.root);
+    if (reg.from_value()) {   // its value's rows may be symbolic; its N is checked by Phi (phi_rejects_value_root)
+      check_row_params(reg, r);
+      continue;
+    }
     const Node& A = lowered_.node(root.inputs[0]);
     const Node& B = lowered_.node(root.inputs[1]);
     if (is_symbolic(B.shape) || A.shape.back() == kDynamic)
       throw CompileError("region " + std::to_string(r) + " (matmul '" + root.name + "'): the symbolic dim ('?') reaches "
                          "the GEMM's K or N; only its rows (the leading dims of A) may be symbolic");
-    for (const RuntimeParam& prm : reg.spec.params)
-      if (prm.node >= 0 && (prm.kind == BroadcastKind::Row || prm.kind == BroadcastKind::Scalar) &&
-          is_symbolic(lowered_.node(prm.node).shape))
-        throw CompileError("region " + std::to_string(r) + ": parameter '" + prm.name + "' " +
-                           shape_str(lowered_.node(prm.node).shape) + " holds the symbolic dim but is read as one row");
+    check_row_params(reg, r);
   }
+}
+
+void CompiledGraph::check_row_params(const Region& reg, size_t r) const {
+  for (const RuntimeParam& prm : reg.spec.params)
+    if (prm.node >= 0 && (prm.kind == BroadcastKind::Row || prm.kind == BroadcastKind::Scalar) &&
+        is_symbolic(lowered_.node(prm.node).shape))
+      throw CompileError("region " + std::to_string(r) + ": parameter '" + prm.name + "' " +
+                         shape_str(lowered_.node(prm.node).shape) + " holds the symbolic dim but is read as one row");
 }
 
 std::shared_ptr<const CompiledGraph::Bound> CompiledGraph::bound(int64_t rows) {
@@ -194,8 +202,11 @@ std::string CompiledGraph::explain() const {
       continue;
     }
     const auto& c = r.plan.running_config();
+    const bool value = partition_.regions.at(r.region).from_value();
     o << "region " << r.region << ": " << r.kernel.name
-      << (c.library ? " library form: cuBLASLt GEMM, then a pass of tiles " + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n)
+      << (value       ? " no GEMM: one pass over '" + partition_.graph.node(partition_.regions[r.region].root).name +
+                            "', tiles " + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n)
+          : c.library ? " library form: cuBLASLt GEMM, then a pass of tiles " + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n)
                     : " tile " + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k))
       << " cluster " << c.cluster_m << "x" << c.cluster_n << (c.cooperative ? " cooperative" : "")
       << (c.merged ? ", reduction pairs merged" : "") << ", transport "
@@ -204,7 +215,7 @@ std::string CompiledGraph::explain() const {
                                          : std::string("ahead of time"))
                       : "compiled in " + fixed(r.compile_seconds, 1) + " s")
       << "\n"
-      << "  plan: " << plan_line(r.plan) << "\n";
+      << "  plan: " << (value ? r.plan.reason : plan_line(r.plan)) << "\n";
     if (r.candidates.size() > 1) {
       o << "  config search, candidates (prior first):";
       for (const auto& k : r.candidates)
@@ -620,8 +631,8 @@ struct CompiledGraph::Launch {
   void run_region(int region) {
     const FusionSpec& fs = part.regions[region].spec;
     const CompiledRegion& cr = cg.regions_[region];
-    ComfuseKernelArgs a = kernel_args(fs, fs.gemm.rows, reinterpret_cast<const void*>(as(fs.gemm.a, fs.gemm.dtype)),
-                                      reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype)),
+    const void* b = fs.gemm.from_value() ? nullptr : reinterpret_cast<const void*>(as(fs.gemm.b, fs.gemm.dtype));
+    ComfuseKernelArgs a = kernel_args(fs, fs.gemm.rows, reinterpret_cast<const void*>(as(fs.gemm.a, fs.gemm.dtype)), b,
                                       cr.plan.running_config().transport);
     for (size_t i = 0; i < fs.outputs.size(); ++i) a.out[i] = reinterpret_cast<void*>(value(fs.outputs[i].node));
     for (size_t i = 0; i < fs.params.size(); ++i) {

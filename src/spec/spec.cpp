@@ -287,9 +287,12 @@ void print_stage(std::ostringstream& o, const FusionSpec& fs, const Spec& s, int
 std::string print_spec(const FusionSpec& fs) {
   std::ostringstream o;
   const GemmDesc& g = fs.gemm;
-  o << "gemm: rows=" << g.rows << " N=" << g.n << " K=" << g.k << " " << dtype_name(g.dtype)
-    << (g.transpose_b ? " B=[N,K]" : " B=[K,N]") << (g.paired() ? " and X·B2 (B2 = p" + std::to_string(g.b2_param) + ")" : "")
-    << ", " << fs.num_stages() << " stage(s), hash " << std::hex
+  if (g.from_value())
+    o << "value: rows=" << g.rows << " N=" << g.n << " " << dtype_name(g.dtype) << " (no GEMM: acc is the value read)";
+  else
+    o << "gemm: rows=" << g.rows << " N=" << g.n << " K=" << g.k << " " << dtype_name(g.dtype)
+      << (g.transpose_b ? " B=[N,K]" : " B=[K,N]") << (g.paired() ? " and X·B2 (B2 = p" + std::to_string(g.b2_param) + ")" : "");
+  o << ", " << fs.num_stages() << " stage(s), hash " << std::hex
     << std::setw(16) << std::setfill('0') << spec_structural_hash(fs) << std::dec << std::setfill(' ') << "\n";
   o << "params:";
   if (fs.params.empty()) o << " -";
@@ -388,6 +391,7 @@ uint64_t hash_spec(const FusionSpec& fs, bool with_nk) {
   h.i64(fs.gemm.transpose_b);
   h.i64(static_cast<int64_t>(fs.gemm.dtype));
   if (fs.gemm.paired()) h.i64(fs.gemm.b2_param);
+  if (fs.gemm.from_value()) h.i64(-2);   // (no GEMM: GEMM regions hash as before)
   for (const auto& p : fs.params) {
     h.i64(static_cast<int64_t>(p.kind));
     h.i64(static_cast<int64_t>(p.dtype));

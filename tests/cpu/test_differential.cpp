@@ -130,7 +130,7 @@ TEST(Differential, RandomEpilogueGraphsGraphVsSpec) {
 
 TEST(Differential, UnsupportedOpsFallBackAndKeepMeaning) {
   const uint64_t seed = base_seed() + 7;
-  int with_fallback = 0, multi_region = 0, checked = 0;
+  int with_fallback = 0, multi_region = 0, with_value = 0, checked = 0;
   for (int i = 0; checked < 300; ++i) {
     ASSERT_LT(i, 1000);
     RandomProgram prog(seed * 1000003ull + i, /*with_unsupported=*/true);
@@ -149,8 +149,22 @@ TEST(Differential, UnsupportedOpsFallBackAndKeepMeaning) {
         ASSERT_LE(rel_err(got.at(name), t), 1e-5) << "graph " << i << " output " << name << "\n"
                                                   << print_cf(g) << print_partition(p, true);
     }
+    // As a C++ program partitions it: the standard path's nodes that read a 16-bit input as value regions. (A
+    // value region reads its input as stored, in bf16, where the graph reads the same bf16 values: no rounding.)
+    PartitionHints h;
+    h.value_regions = true;
+    Partition pv = partition(g, h);
+    expect_closure(pv);
+    const bool has_value = std::any_of(pv.regions.begin(), pv.regions.end(), [](const Region& r) { return r.from_value(); });
+    with_value += has_value;
+    if (!has_value) continue;
+    TensorMap got = interpret_partitioned(pv, prog.inputs, 3);
+    for (const auto& [name, t] : ref)
+      ASSERT_LE(rel_err(got.at(name), t), 1e-5) << "graph " << i << " output " << name << " (value regions)\n"
+                                                << print_cf(g) << print_partition(pv, true);
   }
-  std::cout << "[ stats ] graphs with fallback nodes=" << with_fallback << " with several regions=" << multi_region << "\n";
+  std::cout << "[ stats ] graphs with fallback nodes=" << with_fallback << " with several regions=" << multi_region
+            << " with value regions=" << with_value << "\n";
   EXPECT_GT(with_fallback, 30);
   EXPECT_GT(multi_region, 10);
 }

@@ -1,0 +1,205 @@
+// Value regions: the nodes no GEMM region takes that read a 16-bit graph input, as one region with no GEMM
+// (GemmDesc::from_value) that runs as one generated pass. Partition, the cycle rule, the CPU interpreter, the
+// planner's one form, Psi's source and the Spec's text form.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "comfuse/codegen.h"
+#include "comfuse/interp.h"
+#include "comfuse/partition.h"
+#include "comfuse/plan.h"
+#include "comfuse/spec.h"
+#include "comfuse/text.h"
+
+namespace comfuse {
+namespace {
+
+Partition with_values(const std::string& text) {
+  PartitionHints h;
+  h.value_regions = true;
+  return partition(parse_cf(text, "v.cf"), h);
+}
+
+const NodeDecision& decision(const Partition& p, const std::string& name) {
+  auto id = p.graph.find(name);
+  EXPECT_TRUE(id.has_value()) << name;
+  return p.decisions.at(*id);
+}
+
+// The largest |partitioned - graph| over every output, on fresh uniform inputs, and the largest |graph value|.
+std::pair<double, double> partitioned_vs_graph(const Partition& p, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  TensorMap in;
+  for (int id : p.graph.inputs) {
+    Tensor t(p.graph.node(id).shape);
+    for (float& v : t.data) v = u(rng);
+    in[p.graph.node(id).name] = t;
+  }
+  const TensorMap want = interpret_graph(p.graph, in), got = interpret_partitioned(p, in, 2);
+  double worst = 0, scale = 0;
+  for (const auto& [name, w] : want) {
+    const Tensor& g = got.at(name);
+    for (size_t i = 0; i < w.data.size(); ++i) {
+      worst = std::max(worst, double(std::fabs(g.data[i] - w.data[i])));
+      scale = std::max(scale, double(std::fabs(w.data[i])));
+    }
+  }
+  return {worst, scale};
+}
+
+const char* kLayerNormOfInput =
+    "input X : bf16[64, 32]\ninput g : bf16[32]\ninput b : bf16[32]\ninput W : bf16[32, 16]\n"
+    "y = layer_norm(X, g, b, eps=1e-5)\nz = matmul(y, W)\noutput z\n";
+
+}  // namespace
+
+TEST(ValueRegions, ALayerNormOfAnInputIsOneRegionWithNoGemm) {
+  const Partition p = with_values(kLayerNormOfInput);
+  ASSERT_EQ(p.regions.size(), 2u);
+  EXPECT_TRUE(p.fallback.empty()) << print_partition(p, true);
+  const Region& v = p.regions[1];
+  ASSERT_TRUE(v.from_value());
+  EXPECT_EQ(p.graph.node(v.root).name, "X");
+  EXPECT_EQ(v.spec.gemm.rows, 64);
+  EXPECT_EQ(v.spec.gemm.n, 32);
+  EXPECT_EQ(v.spec.num_stages(), 3);   // mean, then the variance, then the normalization
+  // the source is read, not computed: not a node of the region, not among its outputs
+  EXPECT_EQ(std::count(v.nodes.begin(), v.nodes.end(), v.root), 0);
+  ASSERT_EQ(v.spec.outputs.size(), 1u);
+  EXPECT_EQ(v.spec.outputs[0].name, "y");
+  EXPECT_EQ(v.spec.outputs[0].dtype, DType::BF16);   // its one reader, a bf16 matmul, rounds it first
+  EXPECT_EQ(decision(p, "X").kind, NodeDecision::Kind::Leaf);
+  EXPECT_NE(decision(p, "y").reason.find("value region 1"), std::string::npos) << decision(p, "y").reason;
+  // the value region runs before the GEMM that reads its output
+  ASSERT_EQ(p.schedule.size(), 2u);
+  EXPECT_EQ(p.schedule[0].index, 1);
+  EXPECT_NE(print_partition(p, false).find("region 1: value 'X' (no GEMM)"), std::string::npos);
+  auto [worst, scale] = partitioned_vs_graph(p, 11);
+  EXPECT_LE(worst, 1e-4 * std::max(1.0, scale));
+}
+
+TEST(ValueRegions, OffUnlessAsked) {
+  // a frontend that leaves these nodes to its own compiler (the PyTorch backend) gets the plain path, as before
+  const Partition p = partition(parse_cf(kLayerNormOfInput, "v.cf"));
+  ASSERT_EQ(p.regions.size(), 1u);
+  EXPECT_EQ(decision(p, "y").kind, NodeDecision::Kind::Fallback);
+}
+
+TEST(ValueRegions, OnlySixteenBitInputsWithWholeBlocksRootThem) {
+  // an f32 input, an N that is not whole 16-byte blocks, and a value computed on the standard path root nothing
+  const Partition p = with_values(
+      "input A : f32[8, 16]\ninput B : bf16[8, 12]\ninput C : bf16[8, 16]\n"
+      "a = relu(A)\nb = exp(B)\nt = transpose(C)\nc = relu(t)\noutput a, b, c\n");
+  EXPECT_TRUE(p.regions.empty()) << print_partition(p, true);
+  EXPECT_EQ(p.fallback.size(), 4u);
+}
+
+TEST(ValueRegions, ElementwiseChainWithTileAndRowInputsMatchesTheGraph) {
+  const Partition p = with_values(
+      "input X : bf16[48, 24]\ninput R : bf16[48, 24]\ninput c : bf16[24]\ninput s : bf16[48, 1]\n"
+      "y = gelu(add(mul(X, c), R))\nw = mul(y, s)\nm = max(w, dim=-1, keepdim=true)\noutput w, m\n");
+  ASSERT_EQ(p.regions.size(), 1u) << print_partition(p, true);
+  EXPECT_TRUE(p.fallback.empty());
+  const FusionSpec& fs = p.regions[0].spec;
+  EXPECT_TRUE(fs.gemm.from_value());
+  EXPECT_EQ(fs.outputs.size(), 2u);
+  auto [worst, scale] = partitioned_vs_graph(p, 12);
+  EXPECT_LE(worst, 1e-4 * std::max(1.0, scale));
+}
+
+TEST(ValueRegions, AnOperandComputedAfterTheRegionIsRefusedNotACycle) {
+  // The GEMM region {h, y, q} reads a = exp(X), so it runs after X's value region; z reads t, computed from q on the
+  // standard path: taking z into X's region would make each region wait for the other. t does not depend on X
+  // through the graph, only through the GEMM region's schedule step.
+  const Partition p = with_values(
+      "input X : bf16[8, 16]\ninput A : bf16[8, 16]\ninput W : bf16[16, 16]\n"
+      "a = exp(X)\nh = matmul(A, W)\ny = add(h, a)\nq = relu(h)\nt = transpose(transpose(q))\nz = add(a, t)\n"
+      "output y, z\n");
+  ASSERT_EQ(p.regions.size(), 2u) << print_partition(p, true);
+  EXPECT_EQ(decision(p, "a").region, 1);
+  EXPECT_EQ(decision(p, "z").kind, NodeDecision::Kind::Fallback);
+  EXPECT_NE(decision(p, "z").reason.find("computed after this region's reads of 'X'"), std::string::npos)
+      << decision(p, "z").reason;
+  auto [worst, scale] = partitioned_vs_graph(p, 13);
+  EXPECT_LE(worst, 1e-3 * std::max(1.0, scale));
+}
+
+TEST(ValueRegions, PlannedAsOnePassAndRenderedWithNoGemm) {
+  const Partition p = with_values(kLayerNormOfInput);
+  const FusionSpec& fs = p.regions.at(1).spec;
+  const PlanDecision d = plan_region(fs);
+  EXPECT_TRUE(d.fuse);
+  EXPECT_EQ(d.form, RegionForm::Library);
+  ASSERT_TRUE(d.library.has_value());
+  EXPECT_EQ(d.candidates.size(), 1u);
+  EXPECT_TRUE(d.running_config().library);
+  EXPECT_NE(d.reason.find("no GEMM"), std::string::npos) << d.reason;
+  const GeneratedKernel k = generate_kernel(fs, d.running_config());
+  EXPECT_NE(k.source.find("/*from a value*/ true"), std::string::npos);
+  EXPECT_NE(k.source.find("no GEMM: a pass over the region's value"), std::string::npos);
+  // a fused config has no GEMM to fuse into: refused with the reason, not rendered as X·W
+  EXPECT_THROW(generate_kernel(fs, KernelConfig{}), CodegenError);
+  // not the kernel of a GEMM region with the same epilogue
+  FusionSpec gemm = fs;
+  gemm.gemm.k = 32;
+  gemm.gemm.b = 0;
+  EXPECT_NE(spec_kernel_hash(gemm), spec_kernel_hash(fs));
+}
+
+// Random chains over a bf16 input: elementwise ops with row, column and tile inputs, and row reductions whose
+// results are broadcast back (softmax- and norm-like stages), with outputs taken along the way.
+TEST(ValueRegions, RandomChainsMatchTheGraph) {
+  std::mt19937 rng(20261207);
+  int multi_stage = 0, served = 0;
+  for (int prog = 0; prog < 60; ++prog) {
+    const int rows = 8 * (1 + int(rng() % 6)), n = 8 * (1 + int(rng() % 5));
+    std::string text = "input X : bf16[" + std::to_string(rows) + ", " + std::to_string(n) + "]\n" +
+                       "input r : bf16[" + std::to_string(n) + "]\ninput c : bf16[" + std::to_string(rows) +
+                       ", 1]\ninput T : bf16[" + std::to_string(rows) + ", " + std::to_string(n) + "]\n";
+    std::string v = "X", outs;
+    const int steps = 2 + int(rng() % 6);
+    for (int i = 0; i < steps; ++i) {
+      const std::string name = "v" + std::to_string(i);
+      switch (rng() % 8) {
+        case 0: text += name + " = add(" + v + ", r)\n"; break;
+        case 1: text += name + " = mul(" + v + ", c)\n"; break;
+        case 2: text += name + " = sub(" + v + ", T)\n"; break;
+        case 3: text += name + " = tanh(" + v + ")\n"; break;
+        case 4: text += name + " = relu(" + v + ")\n"; break;
+        case 5: text += name + " = sub(" + v + ", mean(" + v + ", dim=-1, keepdim=true))\n"; break;
+        case 6: text += name + " = sub(" + v + ", max(" + v + ", dim=-1, keepdim=true))\n"; break;
+        default: text += name + " = mul(" + v + ", rsqrt(add(mean(square(" + v + "), dim=-1, keepdim=true), 1e-3)))\n";
+      }
+      v = name;
+      if (rng() % 3 == 0 || i + 1 == steps) outs += (outs.empty() ? "" : ", ") + name;
+    }
+    text += "output " + outs + "\n";
+    const Partition p = with_values(text);
+    ASSERT_EQ(p.regions.size(), 1u) << text << print_partition(p, true);
+    EXPECT_TRUE(p.fallback.empty()) << text << print_partition(p, true);
+    multi_stage += p.regions[0].spec.num_stages() > 1;
+    auto [worst, scale] = partitioned_vs_graph(p, 100 + prog);
+    ASSERT_LE(worst, 1e-4 * std::max(1.0, scale)) << text << print_partition(p, false);
+    // a pass serves it, or the region's nodes run on the plain path with the reason (e.g. more chained reductions
+    // than Psi's templates take)
+    const PlanDecision d = plan_region(p.regions[0].spec);
+    served += d.verdict == Verdict::Fuse && d.form == RegionForm::Library;
+    if (d.verdict != Verdict::Fuse) EXPECT_NE(d.reason.find("its nodes run on the plain path"), std::string::npos) << d.reason;
+  }
+  EXPECT_GT(multi_stage, 20);
+  EXPECT_GT(served, 45);
+}
+
+TEST(ValueRegions, SpecTextKeepsTheValueSource) {
+  const Partition p = with_values(kLayerNormOfInput);
+  const FusionSpec& fs = p.regions.at(1).spec;
+  const FusionSpec back = spec_from_text(spec_to_text(fs));
+  EXPECT_TRUE(back.gemm.from_value());
+  EXPECT_EQ(spec_to_text(back), spec_to_text(fs));
+  EXPECT_EQ(spec_kernel_hash(back), spec_kernel_hash(fs));
+}
+
+}  // namespace comfuse
