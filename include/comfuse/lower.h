@@ -52,9 +52,9 @@ std::optional<std::string> phi_rejects(const Graph& g, const Node& n, const std:
                                        const TileSpace& ts,
                                        const std::function<std::optional<std::string>(int)>& operand_ok);
 
-// Lowers a region (root first, topological order) to its Spec. A root that is not a matmul is a value region's
-// source (phi_rejects_value_root): its Spec's acc is that value, and `stored` must not list it. `stored` lists the region's nodes whose values
-// leave the kernel (graph outputs or read by the rest of the program), in the order outputs should appear.
+// Lowers a region (root first, topological order) to its Spec. `stored` lists the region's nodes whose values leave
+// the kernel (graph outputs or read by the rest of the program), in the order outputs should appear. A root that is
+// not a matmul is a value region's source (phi_rejects_value_root): the Spec's acc is that value, not stored.
 // `batched_ok` as for phi_rejects_root (the GemmDesc's rows then count every batch's rows).
 FusionSpec lower_region(const Graph& g, const std::vector<int>& region, const std::vector<int>& stored,
                         bool batched_ok = false);

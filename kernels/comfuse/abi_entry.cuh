@@ -117,7 +117,8 @@ struct EntryPoints {
       return fail(why, len, "a per-row output needs the kernel's workspace (comfuse_kernel_workspace)", 1);
     if constexpr (kLibraryForm) {
       if (Kernel::kScratch && !a->ws_partials)
-        return fail(why, len, "the library form keeps the GEMM's output in the kernel's workspace (comfuse_kernel_workspace)", 1);
+        return fail(why, len,
+                    "the library form keeps the GEMM's output in the kernel's workspace (comfuse_kernel_workspace)", 1);
       if (Cfg::kGemmOnly && a->ld != a->n)
         return fail(why, len, "cuBLASLt's own epilogue writes the output with row stride N (ld must be N)", 1);
       if (a->ws_rows != 0 && a->ws_rows < a->m)

@@ -70,7 +70,8 @@ template <class E> struct Reductions<E, std::void_t<decltype(E::kReductions)>> :
 // The kernel a config runs the epilogue in: the fused GEMM (GemmConfig), or the memory-bound pass over a library
 // GEMM's output or a value (PassConfig, pass.cuh).
 template <class Cfg, class Epilogue> struct KernelOf { using type = Gemm<Cfg, Epilogue>; };
-template <class E, int TileN, int ClusterN, bool DualB, bool WeightNK, LibEpilogue Lib, int BiasParam, bool FromValue, class Epilogue>
+template <class E, int TileN, int ClusterN, bool DualB, bool WeightNK, LibEpilogue Lib, int BiasParam, bool FromValue,
+          class Epilogue>
 struct KernelOf<PassConfig<E, TileN, ClusterN, DualB, WeightNK, Lib, BiasParam, FromValue>, Epilogue> {
   using type = Pass<PassConfig<E, TileN, ClusterN, DualB, WeightNK, Lib, BiasParam, FromValue>, Epilogue>;
 };

@@ -376,9 +376,11 @@ struct Pass {
       if (a.A == nullptr || reinterpret_cast<uintptr_t>(a.A) % 16 != 0 || a.lda % 8 != 0 || a.lda < a.N)
         return "the region's value must be given, 16-byte aligned, with a row stride of at least N and a multiple of 8";
     } else {
-      if (a.A == nullptr || a.B == nullptr || (Cfg::kDualB && a.B2 == nullptr)) return "the GEMM's operands must be given";
+      if (a.A == nullptr || a.B == nullptr || (Cfg::kDualB && a.B2 == nullptr))
+        return "the GEMM's operands must be given";
       if (a.scratch == nullptr || reinterpret_cast<uintptr_t>(a.scratch) % 256 != 0)
-        return "the library form needs its scratch in the kernel's workspace (comfuse_kernel_workspace), 256-byte aligned";
+        return "the library form needs its scratch in the kernel's workspace (comfuse_kernel_workspace), 256-byte "
+               "aligned";
       if (char const* why = library_gemm::unavailable()) return why;
     }
     if constexpr (Cfg::kGemmOnly) {
@@ -435,7 +437,8 @@ struct Pass {
           : Cfg::kFromValue ? a.A
                             : reinterpret_cast<Element const*>(scratch);
     p.D2 = Cfg::kDualB ? reinterpret_cast<Element const*>(scratch + d_bytes(a.M, a.N)) : nullptr;
-    p.lt_workspace = Cfg::kFromValue ? nullptr : scratch + (Cfg::kGemmOnly ? 0 : d_bytes(a.M, a.N) * (Cfg::kDualB ? 2 : 1));
+    p.lt_workspace =
+        Cfg::kFromValue ? nullptr : scratch + (Cfg::kGemmOnly ? 0 : d_bytes(a.M, a.N) * (Cfg::kDualB ? 2 : 1));
     p.ldd = p.ldd2 = Cfg::kFromValue ? a.lda : a.N;
     p.gemm = library_gemm::Shape{a.M, a.N, a.K, a.lda, a.ldb, a.N, Cfg::kWeightNK, std::is_same_v<Element, cutlass::half_t>};
     if constexpr (Cfg::kGemmOnly) {

@@ -106,8 +106,9 @@ void time_interleaved(std::vector<TimedKernel>& ks, int samples, double settle_m
   }
 }
 
-// The bytes the library form's passes must move (read the GEMM outputs, or a value region's value, and the [M, N] / [M, 1] inputs, write the
-// outputs) where every region runs in the library form with a pass (else 0: the passes cannot be told apart).
+// The bytes the library form's passes must move (read the GEMM outputs, or a value region's value, and the [M, N] /
+// [M, 1] inputs, write the outputs) where every region runs in the library form with a pass (else 0: the passes
+// cannot be told apart).
 double library_pass_bytes(const CompiledGraph& cg) {
   double bytes = 0;
   if (cg.regions().empty()) return 0;
@@ -190,7 +191,8 @@ void print_regions(const CompiledGraph& cg, std::vector<TimedKernel>& ks,
     if (baseline.size() == 1 && it == alone.end()) return;
     if (baseline[i].first == kNoBaseline) {
       if (it != alone.end())
-        std::printf("  region %zu: no GEMM (a pass over a value); its kernel alone %.1f us\n", i, ks[it->second].median());
+        std::printf("  region %zu: no GEMM (a pass over a value); its kernel alone %.1f us\n", i,
+                    ks[it->second].median());
       continue;
     }
     const double base = ks[baseline[i].first].median();

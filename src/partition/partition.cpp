@@ -217,7 +217,8 @@ std::vector<B2BChain> find_b2b_chains(const Graph& g, const std::map<int, B2BGro
 class Partitioner {
  public:
   Partitioner(Partition& part, const PartitionHints& hints)
-      : value_regions(hints.value_regions), p(part), g(part.graph), n(g.nodes.size()), users(g.users()), gemm_index(n, -1), max_dep(n, -1), claimed(n, -1),
+      : value_regions(hints.value_regions),
+        p(part), g(part.graph), n(g.nodes.size()), users(g.users()), gemm_index(n, -1), max_dep(n, -1), claimed(n, -1),
         rejections(n), in_region(n, 0), is_output(n, 0), seen(n, 0), row_side(n, 0) {
     int gemms = 0;
     for (const Node& nd : g.nodes) {
@@ -510,7 +511,8 @@ class Partitioner {
   std::vector<char> after_value(int root) const {
     std::vector<char> after(n, 0), region_after(p.regions.size(), 0);
     after[root] = 1;
-    auto region_of = [&](size_t id) { return claimed[id] >= 0 && claimed[id] < static_cast<int>(p.regions.size()) ? claimed[id] : -1; };
+    const int regions = static_cast<int>(p.regions.size());
+    auto region_of = [&](size_t id) { return claimed[id] >= 0 && claimed[id] < regions ? claimed[id] : -1; };
     for (bool changed = true; changed;) {
       changed = false;
       for (size_t id = 0; id < n; ++id) {

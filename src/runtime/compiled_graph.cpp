@@ -206,7 +206,8 @@ std::string CompiledGraph::explain() const {
     o << "region " << r.region << ": " << r.kernel.name
       << (value       ? " no GEMM: one pass over '" + partition_.graph.node(partition_.regions[r.region].root).name +
                             "', tiles " + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n)
-          : c.library ? " library form: cuBLASLt GEMM, then a pass of tiles " + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n)
+          : c.library ? " library form: cuBLASLt GEMM, then a pass of tiles " + std::to_string(c.tile_m) + "x" +
+                            std::to_string(c.tile_n)
                     : " tile " + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k))
       << " cluster " << c.cluster_m << "x" << c.cluster_n << (c.cooperative ? " cooperative" : "")
       << (c.merged ? ", reduction pairs merged" : "") << ", transport "

@@ -291,7 +291,8 @@ std::string print_spec(const FusionSpec& fs) {
     o << "value: rows=" << g.rows << " N=" << g.n << " " << dtype_name(g.dtype) << " (no GEMM: acc is the value read)";
   else
     o << "gemm: rows=" << g.rows << " N=" << g.n << " K=" << g.k << " " << dtype_name(g.dtype)
-      << (g.transpose_b ? " B=[N,K]" : " B=[K,N]") << (g.paired() ? " and X·B2 (B2 = p" + std::to_string(g.b2_param) + ")" : "");
+      << (g.transpose_b ? " B=[N,K]" : " B=[K,N]")
+      << (g.paired() ? " and X·B2 (B2 = p" + std::to_string(g.b2_param) + ")" : "");
   o << ", " << fs.num_stages() << " stage(s), hash " << std::hex
     << std::setw(16) << std::setfill('0') << spec_structural_hash(fs) << std::dec << std::setfill(' ') << "\n";
   o << "params:";

@@ -210,7 +210,8 @@ FusionSpec spec_from_text(const std::string& text) {
     g.k = r.num<int64_t>(ls, "K");
     g.b2_param = r.num<int>(ls, "B2 param");
     r.done(ls);
-    if (g.rows < 0 || g.n <= 0 || g.k < 0) r.fail("rows must not be negative, N positive and K not negative (0: no GEMM)");
+    if (g.rows < 0 || g.n <= 0 || g.k < 0)
+      r.fail("rows must not be negative, N positive and K not negative (0: no GEMM)");
     if (g.k == 0 && g.b2_param >= 0) r.fail("a region with no GEMM (K = 0) has no second GEMM");
     g.out_shape = {g.rows, g.n};
     g.node = 0;   // (graph node ids are not written: a Spec read back has no graph)
@@ -259,7 +260,8 @@ FusionSpec spec_from_text(const std::string& text) {
 
 FusionSpec spec_with_dims(const FusionSpec& fs, int64_t n, int64_t k) {
   if (n <= 0 || k < 0 || (k == 0) != fs.gemm.from_value())
-    throw std::invalid_argument("spec_with_dims: N and K must be positive (K = 0 for a region with no GEMM), got " + std::to_string(n) + ", " + std::to_string(k));
+    throw std::invalid_argument("spec_with_dims: N and K must be positive (K = 0 for a region with no GEMM), got " +
+                                std::to_string(n) + ", " + std::to_string(k));
   FusionSpec r = fs;
   r.gemm.n = n;
   r.gemm.k = k;

@@ -155,7 +155,8 @@ TEST(Differential, UnsupportedOpsFallBackAndKeepMeaning) {
     h.value_regions = true;
     Partition pv = partition(g, h);
     expect_closure(pv);
-    const bool has_value = std::any_of(pv.regions.begin(), pv.regions.end(), [](const Region& r) { return r.from_value(); });
+    const bool has_value =
+        std::any_of(pv.regions.begin(), pv.regions.end(), [](const Region& r) { return r.from_value(); });
     with_value += has_value;
     if (!has_value) continue;
     TensorMap got = interpret_partitioned(pv, prog.inputs, 3);

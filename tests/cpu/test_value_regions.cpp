@@ -187,7 +187,8 @@ TEST(ValueRegions, RandomChainsMatchTheGraph) {
     // than Psi's templates take)
     const PlanDecision d = plan_region(p.regions[0].spec);
     served += d.verdict == Verdict::Fuse && d.form == RegionForm::Library;
-    if (d.verdict != Verdict::Fuse) EXPECT_NE(d.reason.find("its nodes run on the plain path"), std::string::npos) << d.reason;
+    if (d.verdict != Verdict::Fuse)
+      EXPECT_NE(d.reason.find("its nodes run on the plain path"), std::string::npos) << d.reason;
   }
   EXPECT_GT(multi_stage, 20);
   EXPECT_GT(served, 45);
