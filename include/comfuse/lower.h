@@ -29,8 +29,9 @@ std::optional<BroadcastKind> classify_operand(const Shape& operand, const Shape&
 std::optional<std::string> phi_rejects_root(const Graph& g, const Node& n, bool batched_ok = false);
 
 // Why value `n` cannot be the source of a region with no GEMM (GemmDesc::from_value; nullopt: it can): a graph
-// input of 16-bit dtype, [..., N] with N a multiple of 8 (the pass reads 16-byte blocks of its rows). An input is
-// stored as it is given, so reading it rounds nothing.
+// input of 16-bit dtype, [..., N] with N a multiple of 8 (the pass reads 16-byte blocks of its rows), not constant
+// (what depends on constant inputs alone is folded once per binding). An input is stored as it is given, so reading
+// it rounds nothing.
 std::optional<std::string> phi_rejects_value_root(const Node& n);
 
 // Why matmul `second` cannot join root's region as its paired GEMM (nullopt: it can): both must read the same A, and

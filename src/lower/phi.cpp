@@ -73,6 +73,8 @@ static std::string q(const Node& n) { return "'" + n.name + "'"; }
 
 std::optional<std::string> phi_rejects_value_root(const Node& n) {
   if (n.op != OpKind::Input) return "not a graph input (a value region reads a value as the program gives it)";
+  if (n.constant)   // (CompiledGraph keeps what it computes from constant inputs alone while they stand)
+    return "a constant input: what is computed from it alone is folded on the plain path, once per binding";
   if (n.dtype != DType::BF16 && n.dtype != DType::F16) return "not bf16 or f16 (the pass reads 16-bit values)";
   if (n.shape.empty() || n.shape.back() < 8 || n.shape.back() % 8 != 0 || is_symbolic({n.shape.back()}))
     return "its last dim " + shape_str(n.shape) + " is not a multiple of 8 (the pass reads 16-byte blocks of a row)";

@@ -89,12 +89,13 @@ TEST(ValueRegions, OffUnlessAsked) {
 }
 
 TEST(ValueRegions, OnlySixteenBitInputsWithWholeBlocksRootThem) {
-  // an f32 input, an N that is not whole 16-byte blocks, and a value computed on the standard path root nothing
+  // an f32 input, an N that is not whole 16-byte blocks, a value computed on the standard path, and a constant input
+  // (what depends on it alone is folded once per binding, on the plain path) root nothing
   const Partition p = with_values(
-      "input A : f32[8, 16]\ninput B : bf16[8, 12]\ninput C : bf16[8, 16]\n"
-      "a = relu(A)\nb = exp(B)\nt = transpose(C)\nc = relu(t)\noutput a, b, c\n");
+      "input A : f32[8, 16]\ninput B : bf16[8, 12]\ninput C : bf16[8, 16]\ninput W : bf16[8, 16] const\n"
+      "a = relu(A)\nb = exp(B)\nt = transpose(C)\nc = relu(t)\nw = mul(W, 2.0)\noutput a, b, c, w\n");
   EXPECT_TRUE(p.regions.empty()) << print_partition(p, true);
-  EXPECT_EQ(p.fallback.size(), 4u);
+  EXPECT_EQ(p.fallback.size(), 5u);
 }
 
 TEST(ValueRegions, ElementwiseChainWithTileAndRowInputsMatchesTheGraph) {
