@@ -440,7 +440,11 @@ class Partitioner {
     }
     TileSpace ts{numel(root.shape) / root.shape.back(), root.shape.back()};
     auto operand_ok = [&](int id) -> std::optional<std::string> {
-      if (value_root) {   // an operand computed only after this region ran would close a cycle
+      if (value_root) {
+        // A GEMM's value is that GEMM's epilogue's, or its back-to-back chain's (recognised after this): not taken.
+        if (max_dep[id] >= 0)
+          return "operand '" + g.node(id).name + "' depends on a GEMM: left to that GEMM's epilogue or chain";
+        // an operand computed only after this region ran would close a cycle
         if (!after_root[id]) return std::nullopt;
         return "operand '" + g.node(id).name + "' is computed after this region's reads of '" + root.name + "'";
       }
