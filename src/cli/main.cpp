@@ -430,10 +430,11 @@ int cmd_interp(const Args& a) {
       throw UsageError("--n1-chunk must be a positive integer, got '" + c + "'");
     }
   }
-  TensorMap outs = mode == "graph" ? interpret_graph(g, inputs)
-                   : mode == "spec"    ? interpret_partitioned(partition(g), inputs, ctas)
-                   : mode == "library" ? interpret_partitioned(partition(g), inputs, ctas, /*library_form=*/true)
-                                    : interpret_partitioned(partition(g), inputs, ctas, B2BOrder{n1_chunk, 1});
+  const PartitionHints as_compiled{{}, /*value_regions*/ true};   // (the regions `run` has)
+  TensorMap outs = mode == "graph"     ? interpret_graph(g, inputs)
+                   : mode == "spec"    ? interpret_partitioned(partition(g, as_compiled), inputs, ctas)
+                   : mode == "library" ? interpret_partitioned(partition(g, as_compiled), inputs, ctas, /*library_form=*/true)
+                                       : interpret_partitioned(partition(g, as_compiled), inputs, ctas, B2BOrder{n1_chunk, 1});
   make_output_dir(out);
   for (const auto& [name, t] : outs) {
     fs::path p = fs::path(out) / (name + ".npy");

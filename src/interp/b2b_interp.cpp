@@ -221,7 +221,8 @@ TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int
       if (region_in_chain[s.index]) continue;
       it.region = s.index;
       const FusionSpec& fs = p.regions[s.index].spec;
-      it.reads = {fs.gemm.a, fs.gemm.b};
+      it.reads = {fs.gemm.a};
+      if (!fs.gemm.from_value()) it.reads.push_back(fs.gemm.b);
       for (const auto& prm : fs.params) it.reads.push_back(prm.node);
       for (const auto& o : fs.outputs) it.writes.push_back(o.node);
     } else {
@@ -261,9 +262,7 @@ TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int
                                 env.params(b.first), env.params(b.second), order, ctas);
       for (size_t o = 0; o < outs.size(); ++o) env.set(b.second.outputs[o].node, std::move(outs[o]));
     } else if (it.region >= 0) {
-      const FusionSpec& fs = p.regions[it.region].spec;
-      auto outs = interpret_spec(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas);
-      for (size_t o = 0; o < outs.size(); ++o) env.set(fs.outputs[o].node, std::move(outs[o]));
+      env.run_region(p.regions[it.region].spec, ctas, /*library_form=*/false);
     } else {
       env.eval(it.node);
     }

@@ -22,6 +22,9 @@ class ValueEnv {
   void set(int id, Tensor t) { env_[id] = std::move(t); }
   void eval(int id);                            // a node outside any fused region, from its operands
   std::vector<Tensor> params(const FusionSpec& fs) const;   // a region's runtime parameters, in order
+  // A region's step: its Spec over the values it reads (in the library form: the GEMM's output rounded to its dtype
+  // first; a value region reads its value as stored), its outputs set.
+  void run_region(const FusionSpec& fs, int ctas, bool library_form);
   TensorMap outputs() const;                    // the graph's outputs, rounded to their dtypes
 
  private:

@@ -220,6 +220,20 @@ std::vector<Tensor> ValueEnv::params(const FusionSpec& fs) const {
   return v;
 }
 
+void ValueEnv::run_region(const FusionSpec& fs, int ctas, bool library_form) {
+  std::vector<Tensor> outs;
+  if (fs.gemm.from_value()) {   // a value region: one form, the pass over the value as it lies in memory
+    Tensor acc = get(fs.gemm.a);
+    for (float& v : acc.data) v = round_to_dtype(v, fs.gemm.dtype);
+    outs = interpret_epilogue(fs, acc, params(fs), ctas);
+  } else if (library_form) {
+    outs = interpret_spec_library_form(fs, get(fs.gemm.a), get(fs.gemm.b), params(fs), ctas);
+  } else {
+    outs = interpret_spec(fs, get(fs.gemm.a), get(fs.gemm.b), params(fs), ctas);
+  }
+  for (size_t o = 0; o < outs.size(); ++o) set(fs.outputs[o].node, std::move(outs[o]));
+}
+
 TensorMap ValueEnv::outputs() const {
   TensorMap out;
   for (const auto& o : g_.outputs) {
@@ -247,17 +261,7 @@ TensorMap interpret_partitioned(const Partition& p, const TensorMap& inputs, int
       env.eval(s.index);
       continue;
     }
-    const FusionSpec& fs = p.regions[s.index].spec;
-    if (fs.gemm.from_value()) {   // a value region: one form, the pass over the value as it lies in memory
-      Tensor acc = env.get(fs.gemm.a);
-      for (float& v : acc.data) v = round_to_dtype(v, fs.gemm.dtype);
-      auto outs = interpret_epilogue(fs, acc, env.params(fs), ctas);
-      for (size_t o = 0; o < outs.size(); ++o) env.set(fs.outputs[o].node, std::move(outs[o]));
-      continue;
-    }
-    auto outs = library_regions[s.index] ? interpret_spec_library_form(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas)
-                             : interpret_spec(fs, env.get(fs.gemm.a), env.get(fs.gemm.b), env.params(fs), ctas);
-    for (size_t o = 0; o < outs.size(); ++o) env.set(fs.outputs[o].node, std::move(outs[o]));
+    env.run_region(p.regions[s.index].spec, ctas, library_regions[s.index]);
   }
   return env.outputs();
 }

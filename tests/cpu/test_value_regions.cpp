@@ -150,6 +150,34 @@ TEST(ValueRegions, AnOperandComputedAfterTheRegionIsRefusedNotACycle) {
   EXPECT_LE(worst, 1e-4 * std::max(1.0, scale));
 }
 
+TEST(ValueRegions, BesideABackToBackChain) {
+  // A LayerNorm of the input (a value region) read by an MLP that partition recognises as a back-to-back chain: the
+  // interpreter that runs chains as their kernel does takes the value region as a step of its own.
+  const Partition p = with_values(
+      "input X : bf16[32, 16]\ninput g : bf16[16]\ninput b : bf16[16]\ninput W1 : bf16[16, 24]\ninput W2 : bf16[24, 8]\n"
+      "y = layer_norm(X, g, b, eps=1e-5)\nh = gelu(matmul(y, W1))\nz = matmul(h, W2)\noutput z\n");
+  ASSERT_EQ(p.regions.size(), 3u) << print_partition(p, true);
+  EXPECT_TRUE(p.regions[2].from_value());
+  ASSERT_EQ(p.b2b.size(), 1u);
+  ASSERT_TRUE(p.b2b[0].recognised) << p.b2b[0].reason;
+  std::mt19937 rng(15);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  TensorMap in;
+  for (int id : p.graph.inputs) {
+    Tensor t(p.graph.node(id).shape);
+    for (float& v : t.data) v = u(rng);
+    in[p.graph.node(id).name] = t;
+  }
+  const Tensor want = interpret_graph(p.graph, in).at("z");
+  const Tensor got = interpret_partitioned(p, in, 2, B2BOrder{8, 1}).at("z");
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < want.data.size(); ++i) {
+    worst = std::max(worst, double(std::fabs(got.data[i] - want.data[i])));
+    scale = std::max(scale, double(std::fabs(want.data[i])));
+  }
+  EXPECT_LE(worst, 2e-2 * std::max(1.0, scale));   // (the chain rounds its intermediate to bf16, as its kernel does)
+}
+
 TEST(ValueRegions, PlannedAsOnePassAndRenderedWithNoGemm) {
   const Partition p = with_values(kLayerNormOfInput);
   const FusionSpec& fs = p.regions.at(1).spec;
