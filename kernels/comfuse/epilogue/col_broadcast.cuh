@@ -29,7 +29,14 @@ struct ColBroadcast {
       int row = ctx.m0 + ch * kChunk;
       int valid = ctx.M - row;   // M is arbitrary: a chunk may straddle the end
       valid = valid < 0 ? 0 : (valid > kChunk ? kChunk : valid);
-      cp_async_16(smem + ch * kChunk, valid ? ptr + row : ptr, valid * int(sizeof(T)));
+      if (valid == 0 || valid == kChunk) {
+        cp_async_16(smem + ch * kChunk, valid ? ptr + row : ptr, valid * int(sizeof(T)));
+        continue;
+      }
+      // The chunk that straddles M, element by element: a 16-byte copy of fewer source bytes is still a 16-byte
+      // read to compute-sanitizer (past the end of a [M] vector). Plain stores, made visible by the barrier that
+      // every reader of the staged vectors waits at, as the copies are.
+      for (int i = 0; i < kChunk; ++i) smem[ch * kChunk + i] = i < valid ? ptr[row + i] : T(0.f);
     }
   }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
