@@ -317,13 +317,20 @@ struct Compiler::ManifestReader {
   }
 };
 
+namespace {
+// Whether `text` has `line` as one of its lines (the first included).
+bool has_line(const std::string& text, const std::string& line) {
+  return ("\n" + text + "\n").find("\n" + line + "\n") != std::string::npos;
+}
+}  // namespace
+
 CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
   const std::string manifest = read_manifest(dir);
   CompiledGraph cg;
   // the rewrite the kernels were compiled for ("option defer_norms on", and the sites left as written:
   // "option defer_norms_keep NORM"), whatever this Compiler's options say
   DeferralChoice deferral;
-  deferral.options.enabled = manifest.find("\noption defer_norms on\n") != std::string::npos;
+  deferral.options.enabled = has_line(manifest, "option defer_norms on");
   {
     std::istringstream lines(manifest);
     const std::string tag = "option defer_norms_keep ";
@@ -332,10 +339,10 @@ CompiledGraph Compiler::load(const Graph& g, const std::string& dir) const {
         deferral.options.keep[l.substr(tag.size())] =
             "left as written when its kernels were compiled (--defer-norms auto)";
   }
-  begin(cg, g, deferral, manifest.find("\noption value_regions off\n") == std::string::npos);
+  begin(cg, g, deferral, !has_line(manifest, "option value_regions off"));
   cg.cache_dir_ = opts_.jit.cache_dir.empty() ? jit::default_cache_dir() : opts_.jit.cache_dir;
   ManifestReader reader(cg, dir);
-  reader.row_parts = manifest.find("\noption row_parts off\n") == std::string::npos;
+  reader.row_parts = !has_line(manifest, "option row_parts off");
   std::istringstream in(manifest);
   for (std::string line; std::getline(in, line);) reader.line(line);
   reader.finish();

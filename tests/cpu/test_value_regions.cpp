@@ -7,11 +7,13 @@
 #include <random>
 
 #include "comfuse/codegen.h"
+#include "comfuse/compiler.h"
 #include "comfuse/interp.h"
 #include "comfuse/partition.h"
 #include "comfuse/plan.h"
 #include "comfuse/spec.h"
 #include "comfuse/text.h"
+#include "test_util.h"
 
 namespace comfuse {
 namespace {
@@ -243,6 +245,32 @@ TEST(ValueRegions, RandomChainsMatchTheGraph) {
   }
   EXPECT_GT(multi_stage, 20);
   EXPECT_GT(served, 45);
+}
+
+TEST(ValueRegions, AheadOfTimeManifestsPartitionAsTheyWereCompiled) {
+  // Fake libraries (nothing is run): a manifest with the value region's pass loads and says what runs; one written
+  // with --value-regions off has no such region, and its LayerNorm's nodes are on the plain path.
+  const Graph g = parse_cf(kLayerNormOfInput, "v.cf");
+  const std::filesystem::path d = test::fresh_dir("value_regions", "aot");
+  const Partition p = with_values(kLayerNormOfInput);
+  const PlanDecision gemm = plan_region(p.regions[0].spec), value = plan_region(p.regions[1].spec);
+  const std::string k0 = generate_kernel(p.regions[0].spec, gemm.running_config()).name;
+  const std::string k1 = generate_kernel(p.regions[1].spec, value.running_config()).name;
+  for (const std::string& k : {k0, k1, std::string("comfuse_plain_path")}) std::ofstream(d / (k + ".so")) << "x";
+  std::ofstream(d / "manifest.txt") << "0 " << k0 << " " << k0 << ".so " << config_name(gemm.running_config()) << "\n1 "
+                                    << k1 << " " << k1 << ".so " << config_name(value.running_config()) << "\n";
+  CompiledGraph cg = Compiler().load(g, d.string());
+  ASSERT_EQ(cg.regions().size(), 2u);
+  EXPECT_FALSE(cg.regions()[1].plain);
+  EXPECT_NE(cg.explain().find("no GEMM: one pass over 'X'"), std::string::npos) << cg.explain();
+  std::ofstream(d / "manifest.txt") << "option value_regions off\n0 " << k0 << " " << k0 << ".so "
+                                    << config_name(gemm.running_config())
+                                    << "\nplain comfuse_plain_path comfuse_plain_path.so\n";
+  CompiledGraph off = Compiler().load(g, d.string());
+  EXPECT_EQ(off.regions().size(), 1u);
+  EXPECT_NE(off.explain().find("plain GPU path (nodes outside fused regions): y%mean"), std::string::npos)
+      << off.explain();
+  std::filesystem::remove_all(d);
 }
 
 TEST(ValueRegions, SpecTextKeepsTheValueSource) {
