@@ -41,17 +41,7 @@ std::string attention(int64_t b, int64_t lq, int64_t lk, int64_t d, bool transpo
          "y = matmul(p, V)\noutput y\n";
 }
 
-TensorMap random_inputs(const Graph& g, uint64_t seed, float scale = 1.f) {
-  std::mt19937 rng(static_cast<unsigned>(seed));
-  std::uniform_real_distribution<float> u(-scale, scale);
-  TensorMap in;
-  for (int id : g.inputs) {
-    Tensor t(g.node(id).shape);
-    for (float& v : t.data) v = u(rng);
-    in[g.node(id).name] = t;
-  }
-  return in;
-}
+using test::random_inputs;
 
 double max_err(const TensorMap& got, const TensorMap& want) {
   double worst = 0;

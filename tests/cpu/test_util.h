@@ -1,4 +1,4 @@
-// What the CPU tests share: running the CLI, a fresh temporary directory, a stand-in nvcc.
+// What the CPU tests share: running the CLI, a fresh temporary directory, a stand-in nvcc, random inputs.
 #pragma once
 
 #include <sys/wait.h>
@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 
 #include "comfuse/compiler.h"
+#include "comfuse/tensor.h"
 
 namespace comfuse::test {
 
@@ -34,6 +36,19 @@ inline CliRun run_cli(const std::string& args, const std::string& prefix = "") {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+// Uniform values in [-scale, scale] for every input of g, from `seed`.
+inline TensorMap random_inputs(const Graph& g, uint64_t seed, float scale = 1.f) {
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::uniform_real_distribution<float> u(-scale, scale);
+  TensorMap in;
+  for (int id : g.inputs) {
+    Tensor t(g.node(id).shape);
+    for (float& v : t.data) v = u(rng);
+    in[g.node(id).name] = t;
+  }
+  return in;
 }
 
 // An empty directory of its own for this process: <tmp>/comfuse_<tag>_<pid>_<name>.

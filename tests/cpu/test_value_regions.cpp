@@ -30,17 +30,8 @@ const NodeDecision& decision(const Partition& p, const std::string& name) {
   return p.decisions.at(*id);
 }
 
-// The largest |partitioned - graph| over every output, on fresh uniform inputs, and the largest |graph value|.
-std::pair<double, double> partitioned_vs_graph(const Partition& p, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-2.f, 2.f);
-  TensorMap in;
-  for (int id : p.graph.inputs) {
-    Tensor t(p.graph.node(id).shape);
-    for (float& v : t.data) v = u(rng);
-    in[p.graph.node(id).name] = t;
-  }
-  const TensorMap want = interpret_graph(p.graph, in), got = interpret_partitioned(p, in, 2);
+// The largest |got - want| over every output of `want`, and the largest |want|.
+std::pair<double, double> difference(const TensorMap& want, const TensorMap& got) {
   double worst = 0, scale = 0;
   for (const auto& [name, w] : want) {
     const Tensor& g = got.at(name);
@@ -50,6 +41,12 @@ std::pair<double, double> partitioned_vs_graph(const Partition& p, unsigned seed
     }
   }
   return {worst, scale};
+}
+
+// The partitioned program against the graph, on fresh inputs: difference().
+std::pair<double, double> partitioned_vs_graph(const Partition& p, unsigned seed) {
+  const TensorMap in = test::random_inputs(p.graph, seed, 2.f);
+  return difference(interpret_graph(p.graph, in), interpret_partitioned(p, in, 2));
 }
 
 const char* kLayerNormOfInput =
@@ -162,21 +159,8 @@ TEST(ValueRegions, BesideABackToBackChain) {
   EXPECT_TRUE(p.regions[2].from_value());
   ASSERT_EQ(p.b2b.size(), 1u);
   ASSERT_TRUE(p.b2b[0].recognised) << p.b2b[0].reason;
-  std::mt19937 rng(15);
-  std::uniform_real_distribution<float> u(-2.f, 2.f);
-  TensorMap in;
-  for (int id : p.graph.inputs) {
-    Tensor t(p.graph.node(id).shape);
-    for (float& v : t.data) v = u(rng);
-    in[p.graph.node(id).name] = t;
-  }
-  const Tensor want = interpret_graph(p.graph, in).at("z");
-  const Tensor got = interpret_partitioned(p, in, 2, B2BOrder{8, 1}).at("z");
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < want.data.size(); ++i) {
-    worst = std::max(worst, double(std::fabs(got.data[i] - want.data[i])));
-    scale = std::max(scale, double(std::fabs(want.data[i])));
-  }
+  const TensorMap in = test::random_inputs(p.graph, 15, 2.f);
+  auto [worst, scale] = difference(interpret_graph(p.graph, in), interpret_partitioned(p, in, 2, B2BOrder{8, 1}));
   EXPECT_LE(worst, 2e-2 * std::max(1.0, scale));   // (the chain rounds its intermediate to bf16, as its kernel does)
 }
 
