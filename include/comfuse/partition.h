@@ -70,7 +70,14 @@ struct PartitionHints {
   // kernel per node. For C++ programs; a frontend that leaves those nodes to its own compiler (the PyTorch backend:
   // Inductor) leaves it off.
   bool value_regions = false;
+  // With value_regions: inputs whose last dim is the symbolic one ('?'), which root none (bound to the planned rows,
+  // their N would be those rows' only). program_hints() fills it from the program as written.
+  std::set<std::string> symbolic_n;
 };
+
+// A C++ program's hints: the rewrite's row-side values, value regions unless switched off, and the inputs of
+// `as_written` (the program before its rows are bound) whose last dim is symbolic.
+PartitionHints program_hints(const Graph& as_written, const std::set<std::string>& row_side, bool value_regions = true);
 
 // Decomposes composites, removes dead code, partitions, and lowers each region with Phi.
 Partition partition(const Graph& g, const PartitionHints& hints = {});

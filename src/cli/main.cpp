@@ -222,10 +222,11 @@ bool value_regions_arg(const Args& a) {
 // FILE's program as the compiler partitions it: bound to --rows (else `fallback` rows), rewritten where
 // --defer-norms says so, priced with the planner's options above for "auto" (what the rewrite did goes to `deferral`).
 Partition program_partition(const Args& a, int64_t fallback, std::string* deferral = nullptr) {
-  Graph g = bound_graph(a, parse_cf_file(a.file), fallback);
+  const Graph as_written = parse_cf_file(a.file);
+  Graph g = bound_graph(a, as_written, fallback);
   DeferredProgram d = defer_norms(g, choose_deferral(g, defer_arg(a), plan_options_arg(a), fallback));
   if (deferral) *deferral = explain_deferral(d);
-  return partition(d, value_regions_arg(a));
+  return partition(d.graph, program_hints(as_written, d.row_side, value_regions_arg(a)));
 }
 
 int cmd_plan(const Args& a) {

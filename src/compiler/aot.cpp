@@ -289,7 +289,12 @@ struct Compiler::ManifestReader {
                                  " config(s) of " + dir + "/manifest.txt, the prior first";
     }
     for (size_t i = 0; i < seen.size(); ++i)
-      if (!seen[i]) throw CompileError(dir + "/manifest.txt has no kernel for region " + std::to_string(i));
+      if (!seen[i])
+        throw CompileError(dir + "/manifest.txt has no kernel for region " + std::to_string(i) +
+                           (p.regions[i].from_value()
+                                ? ", a region with no GEMM (a value region: the folder was written without them, by an "
+                                  "older ComFuse): re-run comfuse aot"
+                                : std::string()));
     // the row parts as compile() chose them, from the same plans, then each region's kernel as its Spec now is
     if (row_parts) cg.row_parts_ = choose_row_parts(cg.partition_, cg.regions_, cg.chains_);
     for (size_t idx = 0; idx < cg.regions_.size(); ++idx) {

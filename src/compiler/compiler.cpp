@@ -339,7 +339,7 @@ void Compiler::begin(CompiledGraph& cg, const Graph& g, const DeferralChoice& de
     throw CompileError("CompilerOptions::rows must be at least 1, got " + std::to_string(opts_.rows));
   DeferredProgram d = defer_norms(g, deferral);
   cg.deferral_ = deferral.options;
-  const PartitionHints hints{d.row_side, value_regions};
+  const PartitionHints hints = program_hints(g, d.row_side, value_regions);
   const bool rewrote = std::any_of(d.sites.begin(), d.sites.end(), [](const NormSite& s) { return s.deferred; });
   cg.norm_sites_ = std::move(d.sites);
   cg.graph_ = rewrote ? std::move(d.graph) : g;

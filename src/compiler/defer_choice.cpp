@@ -28,7 +28,7 @@ double program_us(const Graph& g, const DeferOptions& o, const PlanOptions& po, 
   DeferredProgram d = defer_norms(g, o);
   const bool rewrote = std::any_of(d.sites.begin(), d.sites.end(), [](const NormSite& s) { return s.deferred; });
   const Graph& program = rewrote ? d.graph : g;
-  const PartitionHints hints{d.row_side, /*value_regions*/ true};   // (as a C++ program partitions it)
+  const PartitionHints hints = program_hints(g, d.row_side);   // (as a C++ program partitions it)
   const Partition p = partition(program.symbolic() ? bind_rows(program, rows) : program, hints);
   double total = 0;
   for (size_t i = 0; i < p.regions.size(); ++i) {

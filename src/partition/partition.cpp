@@ -218,6 +218,7 @@ class Partitioner {
  public:
   Partitioner(Partition& part, const PartitionHints& hints)
       : value_regions(hints.value_regions),
+        symbolic_n(hints.symbolic_n),
         p(part), g(part.graph), n(g.nodes.size()), users(g.users()), gemm_index(n, -1), max_dep(n, -1), claimed(n, -1),
         rejections(n), in_region(n, 0), is_output(n, 0), seen(n, 0), row_side(n, 0) {
     int gemms = 0;
@@ -269,13 +270,13 @@ class Partitioner {
   void grow_value_regions() {
     if (!value_regions) return;
     for (const Node& v : g.nodes) {
-      if (phi_rejects_value_root(v)) continue;
+      if (phi_rejects_value_root(v) || symbolic_n.count(v.name)) continue;
       if (std::none_of(users[v.id].begin(), users[v.id].end(),
                        [&](int u) { return claimed[u] < 0 && !is_leaf(g.node(u)); }))
         continue;
       const int ri = static_cast<int>(p.regions.size());
-      std::vector<int> nodes = grow(v, [&](int id, const std::string& why) {
-        rejections[id].push_back("value region " + std::to_string(ri) + " ('" + v.name + "'): " + why);
+      std::vector<int> nodes = grow(v, [&](int id, const std::string& why) {   // (no index: it may not be kept)
+        rejections[id].push_back("the value region of '" + v.name + "': " + why);
       });
       in_region[v.id] = 0;   // (read, not computed: stored_of must not count it)
       if (nodes.size() < 2) continue;
@@ -431,7 +432,7 @@ class Partitioner {
   std::vector<int> grow(const Node& root, const std::function<void(int, const std::string&)>& reject, int second = -1) {
     const int gi = gemm_index[root.id];
     const bool value_root = root.op != OpKind::MatMul;
-    if (value_root) after_root = after_value(root.id);
+    bool after_known = false;   // (after_root, computed at the first operand that needs it: one pass over the nodes)
     in_region[root.id] = kTileValue;
     std::vector<int> nodes{root.id};
     if (second >= 0) {
@@ -444,7 +445,12 @@ class Partitioner {
         // A GEMM's value is that GEMM's epilogue's, or its back-to-back chain's (recognised after this): not taken.
         if (max_dep[id] >= 0)
           return "operand '" + g.node(id).name + "' depends on a GEMM: left to that GEMM's epilogue or chain";
-        // an operand computed only after this region ran would close a cycle
+        // an operand computed only after this region ran would close a cycle (a leaf never is)
+        if (is_leaf(g.node(id))) return std::nullopt;
+        if (!after_known) {
+          after_root = after_value(root.id);
+          after_known = true;
+        }
         if (!after_root[id]) return std::nullopt;
         return "operand '" + g.node(id).name + "' is computed after this region's reads of '" + root.name + "'";
       }
@@ -592,6 +598,7 @@ class Partitioner {
   }
 
   const bool value_regions;
+  const std::set<std::string> symbolic_n;
   Partition& p;
   const Graph& g;
   const size_t n;
@@ -609,6 +616,13 @@ class Partitioner {
 };
 
 }  // namespace
+
+PartitionHints program_hints(const Graph& as_written, const std::set<std::string>& row_side, bool value_regions) {
+  PartitionHints h{row_side, value_regions, {}};
+  for (int id : as_written.inputs)
+    if (const Node& n = as_written.node(id); !n.shape.empty() && n.shape.back() == kDynamic) h.symbolic_n.insert(n.name);
+  return h;
+}
 
 Partition partition(const Graph& input, const PartitionHints& hints) {
   if (input.symbolic())

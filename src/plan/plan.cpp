@@ -32,6 +32,10 @@ constexpr double kUnfusedPeriodicBytesPerSecond = 1.25e12;
 
 }  // namespace
 
+// The most column blocks a row reduction exchanges through L2: every CTA of a row block must be resident at once
+// (132 SMs on an H100 SXM, the fewest of the Hopper parts; the pass checks the device's own count before launching).
+constexpr int kMaxL2ExchangeCols = 132;
+
 const char* form_name(RegionForm f) { return f == RegionForm::Library ? "library" : "fused"; }
 
 const KernelConfig& PlanDecision::running_config() const {
@@ -641,8 +645,9 @@ PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>&
   if (auto why = psi_rejects(fs, d.config)) return decline("no kernel template: " + *why);
   if (reduces && d.config.transport == Transport::L2) {
     int cols = static_cast<int>((g.n + d.config.tile_n - 1) / d.config.tile_n);
-    if (cols > 132)
-      return decline("a row spans " + std::to_string(cols) + " tiles: more than the 132 CTAs that can be resident to exchange");
+    if (cols > kMaxL2ExchangeCols)
+      return decline("a row spans " + std::to_string(cols) + " tiles: more than the " +
+                     std::to_string(kMaxL2ExchangeCols) + " CTAs that can be resident to exchange");
   }
   return decide(d, fused_estimate(d, fs, cls, near, reduces, table), fs, cls, near, reduces);
 }
@@ -800,24 +805,42 @@ namespace {
 // A value region (GemmDesc::from_value) has one form: the pass over its value, which replaces one plain-path kernel
 // per node. No GEMM, so no fused kernel and no verdict against cuBLAS; a fused config the caller asks for every region
 // (--config, --form fused) does not apply to it. Where no pass serves the Spec, its nodes run on the plain path.
-PlanDecision plan_value_region(const FusionSpec& fs, const PlanOptions& opts) {
+PlanDecision plan_value_region(const FusionSpec& fs, const PlanOptions& opts, const std::vector<MeasuredRow>& table) {
   PlanDecision d;
   d.library = library_config_for(fs, &d.library_reason);
+  std::string transport_note;
   if (d.library && opts.merge) d.library->merged = *opts.merge && psi_merges(fs);
-  if (d.library && opts.transport && exchanges(fs)) {
-    d.library->transport = *opts.transport;
-    if (std::string why = fit_transport(*d.library, fs); !why.empty()) throw PlanError("value region: " + why);
+  if (d.library && opts.transport && exchanges(fs) && *opts.transport != d.library->transport) {
+    KernelConfig asked = *d.library;   // the caller's transport where it serves this N, else the planner's, said
+    asked.transport = *opts.transport;
+    if (std::string why = fit_transport(asked, fs); why.empty()) d.library = asked;
+    else transport_note = "; the transport asked for cannot serve it (" + why + "): the planner's";
+  }
+  if (d.library && exchanges(fs) && d.library->transport == Transport::L2) {
+    const int cols = static_cast<int>((fs.gemm.n + d.library->tile_n - 1) / d.library->tile_n);
+    if (cols > kMaxL2ExchangeCols) {
+      d.library_reason = "a row spans " + std::to_string(cols) + " tiles: more than the " +
+                         std::to_string(kMaxL2ExchangeCols) + " CTAs that can be resident to exchange";
+      d.library.reset();
+    }
   }
   if (!d.library) {
     d.reason = "no pass serves this region with no GEMM (" + d.library_reason + "): its nodes run on the plain path";
     return d;
   }
+  // Its price (choose_deferral sums the program's regions): the pass's bytes at the measured library passes' speed.
+  const std::string cls = measured_class(fs, table);
+  d.epilogue = epilogue_cost(fs);
+  unfused_cost(d, fs, cls);
+  d.cublas_alone = false;   // (no GEMM for cuBLASLt's epilogue to stand in for)
+  d.library_us = std::max(library_pass_us(d, fs, cls, table), kKernelFloorUs);
   d.fuse = true;
   d.verdict = Verdict::Fuse;
   d.config = *d.library;
   d.candidates = {*d.library};
   d.candidates_reason = "a region with no GEMM: one pass config";
-  d.reason = "no GEMM: its nodes as one pass over the value, where the plain path launches a kernel per node";
+  d.reason = fmt("no GEMM: its nodes as one pass over the value (~%.0f us; ", d.library_us) + d.library_basis +
+             "), where the plain path launches a kernel per node" + transport_note;
   d.form = RegionForm::Library;
   d.form_reason = "the one form of a region with no GEMM";
   return d;
@@ -825,7 +848,7 @@ PlanDecision plan_value_region(const FusionSpec& fs, const PlanOptions& opts) {
 }  // namespace
 
 PlanDecision plan_region(const FusionSpec& fs, const PlanOptions& opts, const std::vector<MeasuredRow>& table) {
-  if (fs.gemm.from_value()) return plan_value_region(fs, opts);
+  if (fs.gemm.from_value()) return plan_value_region(fs, opts, table);
   PlanDecision d = plan_fitted(fs, opts, table);
   choose_form(d, fs, opts);
   d.reason = reason(std::move(d.reason));   // (reasons.h: for people only)

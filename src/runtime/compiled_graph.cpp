@@ -88,7 +88,9 @@ void CompiledGraph::check_symbolic() {
   for (size_t r = 0; r < partition_.regions.size(); ++r) {
     const Region& reg = partition_.regions[r];
     const Node& root = lowered_.node(reg.root);
-    if (reg.from_value()) {   // its value's rows may be symbolic; its N is checked by Phi (phi_rejects_value_root)
+    if (reg.from_value()) {   // its value's rows may be symbolic, not its N (program_hints keeps such inputs out)
+      if (root.shape.empty() || root.shape.back() == kDynamic)
+        throw std::logic_error("region " + std::to_string(r) + " (value '" + root.name + "'): the symbolic dim is its N");
       check_row_params(reg, r);
       continue;
     }

@@ -251,9 +251,43 @@ TEST(ValueRegions, AheadOfTimeManifestsPartitionAsTheyWereCompiled) {
                                     << config_name(gemm.running_config())
                                     << "\nplain comfuse_plain_path comfuse_plain_path.so\n";
   CompiledGraph off = Compiler().load(g, d.string());
+  // a folder written before value regions (no option line, no kernel for the value region): says what to do
+  std::ofstream(d / "manifest.txt") << "0 " << k0 << " " << k0 << ".so " << config_name(gemm.running_config())
+                                    << "\nplain comfuse_plain_path comfuse_plain_path.so\n";
+  std::string why;
+  try {
+    Compiler().load(g, d.string());
+  } catch (const CompileError& e) {
+    why = e.what();
+  }
+  EXPECT_NE(why.find("value region"), std::string::npos) << why;
+  EXPECT_NE(why.find("re-run comfuse aot"), std::string::npos) << why;
   EXPECT_EQ(off.regions().size(), 1u);
   EXPECT_NE(off.explain().find("plain GPU path (nodes outside fused regions): y%mean"), std::string::npos)
       << off.explain();
+  std::filesystem::remove_all(d);
+}
+
+TEST(ValueRegions, NoneFromAnInputWhoseLastDimIsTheSymbolicOne) {
+  // Bound to the planned rows, [?]'s N would be those rows: at another row count the pass would normalise the wrong
+  // rows. It stays on the plain path; [?, 64] roots one, at any row count.
+  const Graph g = parse_cf("input L : bf16[?]\ninput X : bf16[?, 64]\ny = softmax(L)\nz = softmax(X)\noutput y, z\n", "s.cf");
+  const Partition p = partition(bind_rows(g, 1024), program_hints(g, {}));
+  ASSERT_EQ(p.regions.size(), 1u) << print_partition(p, true);
+  EXPECT_EQ(p.graph.node(p.regions[0].root).name, "X");
+  EXPECT_EQ(decision(p, "y").kind, NodeDecision::Kind::Fallback);
+  CompilerOptions o;
+  o.ahead_of_time = true;
+  o.rows = 1024;
+  const std::filesystem::path d = test::fresh_dir("value_regions", "symbolic");
+  std::ofstream(d / "comfuse_plain_path.so") << "x";
+  const PlanDecision plan = plan_region(p.regions[0].spec);
+  const std::string k = generate_kernel(p.regions[0].spec, plan.running_config()).name;
+  std::ofstream(d / (k + ".so")) << "x";
+  std::ofstream(d / "manifest.txt") << "0 " << k << " " << k << ".so " << config_name(plan.running_config())
+                                    << "\nplain comfuse_plain_path comfuse_plain_path.so\n";
+  CompiledGraph cg = Compiler(o).load(g, d.string());
+  EXPECT_EQ(cg.regions().size(), 1u);
   std::filesystem::remove_all(d);
 }
 
