@@ -656,6 +656,11 @@ void build(const Graph& g, Decisions& dec, DeferredProgram& out) {
   std::vector<Value> ins;
   const auto users = g.users();
   std::map<int, Value> bias_added;   // the add of a folded reader and its bias -> the folded value, which includes it
+  // A folded reader (or its bias add) that is itself the h of a later deferred site: its rounded copy, which that
+  // site's statistics and readers read (a norm of a norm's reader: y2 = norm(norm(x) W)).
+  auto round_folded = [&](const Node& n) {
+    if (dec.round_source.count(n.id)) b.rounded[n.id] = d.cast(b.at(n.id), n.dtype, n.name + kInternalSep + dtype_name(n.dtype));
+  };
   for (const Node& n : g.nodes) {
     if (auto it = dec.folded_reader.find(n.id); it != dec.folded_reader.end()) {
       bool folded = false;
@@ -663,10 +668,12 @@ void build(const Graph& g, Decisions& dec, DeferredProgram& out) {
       b.at(n.id) = fold_reader(g, n, *dec.sites.at(it->second), b, out, bias,
                                bias >= 0 ? g.node(users[n.id][0]).dtype : n.dtype, folded);
       if (folded) bias_added[users[n.id][0]] = b.at(n.id);
+      round_folded(n);
       continue;
     }
     if (auto it = bias_added.find(n.id); it != bias_added.end()) {
       b.at(n.id) = it->second;
+      round_folded(n);
       continue;
     }
     ins.clear();
