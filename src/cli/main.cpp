@@ -432,10 +432,11 @@ int cmd_interp(const Args& a) {
     }
   }
   const PartitionHints as_compiled{{}, /*value_regions*/ true};   // (the regions `run` has)
+  const auto parts = [&] { return partition(g, as_compiled); };
   TensorMap outs = mode == "graph"     ? interpret_graph(g, inputs)
-                   : mode == "spec"    ? interpret_partitioned(partition(g, as_compiled), inputs, ctas)
-                   : mode == "library" ? interpret_partitioned(partition(g, as_compiled), inputs, ctas, /*library_form=*/true)
-                                       : interpret_partitioned(partition(g, as_compiled), inputs, ctas, B2BOrder{n1_chunk, 1});
+                   : mode == "spec"    ? interpret_partitioned(parts(), inputs, ctas)
+                   : mode == "library" ? interpret_partitioned(parts(), inputs, ctas, /*library_form=*/true)
+                                       : interpret_partitioned(parts(), inputs, ctas, B2BOrder{n1_chunk, 1});
   make_output_dir(out);
   for (const auto& [name, t] : outs) {
     fs::path p = fs::path(out) / (name + ".npy");

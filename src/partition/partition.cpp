@@ -620,7 +620,8 @@ class Partitioner {
 PartitionHints program_hints(const Graph& as_written, const std::set<std::string>& row_side, bool value_regions) {
   PartitionHints h{row_side, value_regions, {}};
   for (int id : as_written.inputs)
-    if (const Node& n = as_written.node(id); !n.shape.empty() && n.shape.back() == kDynamic) h.symbolic_n.insert(n.name);
+    if (const Node& n = as_written.node(id); !n.shape.empty() && n.shape.back() == kDynamic)
+      h.symbolic_n.insert(n.name);
   return h;
 }
 

@@ -33,7 +33,7 @@ constexpr double kUnfusedPeriodicBytesPerSecond = 1.25e12;
 }  // namespace
 
 // The most column blocks a row reduction exchanges through L2: every CTA of a row block must be resident at once
-// (132 SMs on an H100 SXM, the fewest of the Hopper parts; the pass checks the device's own count before launching).
+// (an H100 SXM and an H200 have 132 SMs; the kernels check the device's own count of resident CTAs before launching).
 constexpr int kMaxL2ExchangeCols = 132;
 
 const char* form_name(RegionForm f) { return f == RegionForm::Library ? "library" : "fused"; }

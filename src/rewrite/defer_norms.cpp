@@ -659,7 +659,8 @@ void build(const Graph& g, Decisions& dec, DeferredProgram& out) {
   // A folded reader (or its bias add) that is itself the h of a later deferred site: its rounded copy, which that
   // site's statistics and readers read (a norm of a norm's reader: y2 = norm(norm(x) W)).
   auto round_folded = [&](const Node& n) {
-    if (dec.round_source.count(n.id)) b.rounded[n.id] = d.cast(b.at(n.id), n.dtype, n.name + kInternalSep + dtype_name(n.dtype));
+    if (dec.round_source.count(n.id))
+      b.rounded[n.id] = d.cast(b.at(n.id), n.dtype, n.name + kInternalSep + dtype_name(n.dtype));
   };
   for (const Node& n : g.nodes) {
     if (auto it = dec.folded_reader.find(n.id); it != dec.folded_reader.end()) {

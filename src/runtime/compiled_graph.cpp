@@ -90,7 +90,8 @@ void CompiledGraph::check_symbolic() {
     const Node& root = lowered_.node(reg.root);
     if (reg.from_value()) {   // its value's rows may be symbolic, not its N (program_hints keeps such inputs out)
       if (root.shape.empty() || root.shape.back() == kDynamic)
-        throw std::logic_error("region " + std::to_string(r) + " (value '" + root.name + "'): the symbolic dim is its N");
+        throw std::logic_error("region " + std::to_string(r) + " (value '" + root.name +
+                               "'): the symbolic dim is its N");
       check_row_params(reg, r);
       continue;
     }

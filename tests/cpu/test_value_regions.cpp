@@ -153,7 +153,8 @@ TEST(ValueRegions, BesideABackToBackChain) {
   // A LayerNorm of the input (a value region) read by an MLP that partition recognises as a back-to-back chain: the
   // interpreter that runs chains as their kernel does takes the value region as a step of its own.
   const Partition p = with_values(
-      "input X : bf16[32, 16]\ninput g : bf16[16]\ninput b : bf16[16]\ninput W1 : bf16[16, 24]\ninput W2 : bf16[24, 8]\n"
+      "input X : bf16[32, 16]\ninput g : bf16[16]\ninput b : bf16[16]\n"
+      "input W1 : bf16[16, 24]\ninput W2 : bf16[24, 8]\n"
       "y = layer_norm(X, g, b, eps=1e-5)\nh = gelu(matmul(y, W1))\nz = matmul(h, W2)\noutput z\n");
   ASSERT_EQ(p.regions.size(), 3u) << print_partition(p, true);
   EXPECT_TRUE(p.regions[2].from_value());
@@ -271,7 +272,8 @@ TEST(ValueRegions, AheadOfTimeManifestsPartitionAsTheyWereCompiled) {
 TEST(ValueRegions, NoneFromAnInputWhoseLastDimIsTheSymbolicOne) {
   // Bound to the planned rows, [?]'s N would be those rows: at another row count the pass would normalise the wrong
   // rows. It stays on the plain path; [?, 64] roots one, at any row count.
-  const Graph g = parse_cf("input L : bf16[?]\ninput X : bf16[?, 64]\ny = softmax(L)\nz = softmax(X)\noutput y, z\n", "s.cf");
+  const Graph g =
+      parse_cf("input L : bf16[?]\ninput X : bf16[?, 64]\ny = softmax(L)\nz = softmax(X)\noutput y, z\n", "s.cf");
   const Partition p = partition(bind_rows(g, 1024), program_hints(g, {}));
   ASSERT_EQ(p.regions.size(), 1u) << print_partition(p, true);
   EXPECT_EQ(p.graph.node(p.regions[0].root).name, "X");

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# On the device machine: compute-sanitizer memcheck and racecheck of whole .cf programs as `comfuse run` compiles
+# them (the CLI built here and carried: build/bin/comfuse; CUTLASS at .carry/cutlass/include). Each program is
+# compiled and checked first (`run --check`, in parallel), then launched once under each tool. cuBLASLt's own kernels
+# (nvjet_*) are left out of racecheck: the hazards it reports there are about their barriers, not ComFuse's code.
+# Logs under $OUT/sanitize; one line per program and tool last.
+#
+#   scripts/gpu-sanitize-programs.sh [--defer-norms on|off] [FILE.cf[:EXTRA-ARGS] ...]
+# Default programs: the deferred norms at odd sizes (tests/data/row_parts_odd*.cf), the value regions
+# (tests/forms/cf/value_*.cf) and a per-row vector at rows past a 16-byte chunk (tests/forms/cf/col_odd.cf, in both
+# forms), with --defer-norms on.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+source scripts/gpu-lib.sh
+defer=on
+programs=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --defer-norms) defer="$2"; shift ;;
+    *) programs+=("$1") ;;
+  esac
+  shift
+done
+[ ${#programs[@]} -eq 0 ] && programs=(tests/data/row_parts_odd.cf tests/data/row_parts_odd_ln.cf
+  tests/forms/cf/value_*.cf tests/forms/cf/col_odd.cf "tests/forms/cf/col_odd.cf:--form library")
+gpu_cli_env sanitize || exit 1
+OUT="${OUT:-$root/build/gpu-sanitize}"
+mkdir -p "$OUT/sanitize"
+t0=$(date +%s)
+# FILE.cf[:EXTRA-ARGS] -> a log name (FILE, then the extra arguments' letters), and the extra arguments
+name_of() {
+  local f="${1%%:*}" x=""
+  [ "$1" != "$f" ] && x="_$(echo "${1#*:}" | tr -c 'a-z0-9' '_')"
+  echo "$(basename "$f" .cf)$x"
+}
+args_of() { [ "$1" != "${1%%:*}" ] && echo "${1#*:}"; }
+for p in "${programs[@]}"; do
+  ( n=$(name_of "$p"); timeout 200 "$cli" run "${p%%:*}" $(args_of "$p") --defer-norms "$defer" --check --launches 2 \
+      > "$OUT/sanitize/check_$n.log" 2>&1
+    echo "check $n rc=$?" ) &
+done
+wait
+echo "== compiled and checked at $(( $(date +%s) - t0 )) s"
+fails=0
+for tool in memcheck racecheck; do
+  for p in "${programs[@]}"; do
+    n=$(name_of "$p")
+    extra=(); [ $tool = racecheck ] && extra=(--racecheck-report all --kernel-name-exclude regex:nvjet)
+    timeout 150 compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 9 "$cli" run "${p%%:*}" $(args_of "$p") \
+      --defer-norms "$defer" --launches 1 > "$OUT/sanitize/${tool}_$n.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && fails=$((fails + 1))
+    echo "$tool $n rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize/${tool}_$n.log" | tail -1)"
+  done
+done
+echo "== sanitizers done at $(( $(date +%s) - t0 )) s; failed: $fails"
+[ $fails -eq 0 ]
