@@ -32,9 +32,19 @@ constexpr double kUnfusedPeriodicBytesPerSecond = 1.25e12;
 
 }  // namespace
 
-// The most column blocks a row reduction exchanges through L2: every CTA of a row block must be resident at once
-// (an H100 SXM and an H200 have 132 SMs; the kernels check the device's own count of resident CTAs before launching).
-constexpr int kMaxL2ExchangeCols = 132;
+// Why config c cannot exchange fs's row reductions through L2 ("" where it can, or does not use L2): every CTA of a
+// row block must be resident at once, at most 132 of them (an H100 SXM and an H200 have 132 SMs; the kernels check
+// the device's own count of resident CTAs before launching).
+namespace {
+std::string l2_exchange_refusal(const FusionSpec& fs, const KernelConfig& c) {
+  constexpr int kMaxCols = 132;
+  if (c.transport != Transport::L2 || fs.num_stages() <= 1) return "";
+  const int64_t cols = (fs.gemm.n + c.tile_n - 1) / c.tile_n;
+  if (cols <= kMaxCols) return "";
+  return "a row spans " + std::to_string(cols) + " tiles: more than the " + std::to_string(kMaxCols) +
+         " CTAs that can be resident to exchange";
+}
+}  // namespace
 
 const char* form_name(RegionForm f) { return f == RegionForm::Library ? "library" : "fused"; }
 
@@ -626,7 +636,6 @@ PlanDecision decide(PlanDecision& d, const FusedEstimate& e, const FusionSpec& f
 // transport, not yet its cluster: fit_transport).
 PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
   PlanDecision d;
-  const GemmDesc& g = fs.gemm;
   const bool reduces = exchanges(fs);
   auto decline = [&](std::string why) {
     d.fuse = false;
@@ -643,12 +652,7 @@ PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>&
   pick_candidates(d, fs, cls, *near.fused, table);
   // Kernels the templates cannot express are declined here, with Psi's reason.
   if (auto why = psi_rejects(fs, d.config)) return decline("no kernel template: " + *why);
-  if (reduces && d.config.transport == Transport::L2) {
-    int cols = static_cast<int>((g.n + d.config.tile_n - 1) / d.config.tile_n);
-    if (cols > kMaxL2ExchangeCols)
-      return decline("a row spans " + std::to_string(cols) + " tiles: more than the " +
-                     std::to_string(kMaxL2ExchangeCols) + " CTAs that can be resident to exchange");
-  }
+  if (std::string why = l2_exchange_refusal(fs, d.config); reduces && !why.empty()) return decline(why);
   return decide(d, fused_estimate(d, fs, cls, near, reduces, table), fs, cls, near, reduces);
 }
 
@@ -816,13 +820,9 @@ PlanDecision plan_value_region(const FusionSpec& fs, const PlanOptions& opts, co
     if (std::string why = fit_transport(asked, fs); why.empty()) d.library = asked;
     else transport_note = "; the transport asked for cannot serve it (" + why + "): the planner's";
   }
-  if (d.library && exchanges(fs) && d.library->transport == Transport::L2) {
-    const int cols = static_cast<int>((fs.gemm.n + d.library->tile_n - 1) / d.library->tile_n);
-    if (cols > kMaxL2ExchangeCols) {
-      d.library_reason = "a row spans " + std::to_string(cols) + " tiles: more than the " +
-                         std::to_string(kMaxL2ExchangeCols) + " CTAs that can be resident to exchange";
-      d.library.reset();
-    }
+  if (std::string why = d.library ? l2_exchange_refusal(fs, *d.library) : ""; exchanges(fs) && !why.empty()) {
+    d.library_reason = why;
+    d.library.reset();
   }
   if (!d.library) {
     d.reason = "no pass serves this region with no GEMM (" + d.library_reason + "): its nodes run on the plain path";

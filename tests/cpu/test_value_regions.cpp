@@ -49,6 +49,12 @@ std::pair<double, double> partitioned_vs_graph(const Partition& p, unsigned seed
   return difference(interpret_graph(p.graph, in), interpret_partitioned(p, in, 2));
 }
 
+// The partitioned program matches the graph within `tolerance`, relative to the outputs' size (at least 1).
+void expect_matches_graph(const Partition& p, unsigned seed, double tolerance) {
+  auto [worst, scale] = partitioned_vs_graph(p, seed);
+  EXPECT_LE(worst, tolerance * std::max(1.0, scale)) << print_partition(p, false);
+}
+
 const char* kLayerNormOfInput =
     "input X : bf16[64, 32]\ninput g : bf16[32]\ninput b : bf16[32]\ninput W : bf16[32, 16]\n"
     "y = layer_norm(X, g, b, eps=1e-5)\nz = matmul(y, W)\noutput z\n";
@@ -76,8 +82,7 @@ TEST(ValueRegions, ALayerNormOfAnInputIsOneRegionWithNoGemm) {
   ASSERT_EQ(p.schedule.size(), 2u);
   EXPECT_EQ(p.schedule[0].index, 1);
   EXPECT_NE(print_partition(p, false).find("region 1: value 'X' (no GEMM)"), std::string::npos);
-  auto [worst, scale] = partitioned_vs_graph(p, 11);
-  EXPECT_LE(worst, 1e-4 * std::max(1.0, scale));
+  expect_matches_graph(p, 11, 1e-4);
 }
 
 TEST(ValueRegions, OffUnlessAsked) {
@@ -106,8 +111,7 @@ TEST(ValueRegions, ElementwiseChainWithTileAndRowInputsMatchesTheGraph) {
   const FusionSpec& fs = p.regions[0].spec;
   EXPECT_TRUE(fs.gemm.from_value());
   EXPECT_EQ(fs.outputs.size(), 2u);
-  auto [worst, scale] = partitioned_vs_graph(p, 12);
-  EXPECT_LE(worst, 1e-4 * std::max(1.0, scale));
+  expect_matches_graph(p, 12, 1e-4);
 }
 
 TEST(ValueRegions, AValueOfAGemmIsLeftToItsEpilogueOrChain) {
@@ -122,8 +126,7 @@ TEST(ValueRegions, AValueOfAGemmIsLeftToItsEpilogueOrChain) {
   EXPECT_EQ(decision(p, "a").region, 1);
   EXPECT_EQ(decision(p, "z").kind, NodeDecision::Kind::Fallback);
   EXPECT_NE(decision(p, "z").reason.find("depends on a GEMM"), std::string::npos) << decision(p, "z").reason;
-  auto [worst, scale] = partitioned_vs_graph(p, 13);
-  EXPECT_LE(worst, 1e-3 * std::max(1.0, scale));
+  expect_matches_graph(p, 13, 1e-3);
   const Partition attention = with_values(
       "input Q : bf16[4, 16, 8]\ninput K : bf16[4, 32, 8]\ninput V : bf16[4, 32, 8]\ninput M : bf16[4, 16, 32]\n"
       "p = softmax(add(mul(matmul(Q, transpose(K)), 0.125), M), dim=-1)\ny = matmul(p, V)\noutput y\n");
@@ -145,8 +148,7 @@ TEST(ValueRegions, AnOperandComputedAfterTheRegionIsRefusedNotACycle) {
   EXPECT_EQ(decision(p, "c").kind, NodeDecision::Kind::Fallback);
   EXPECT_NE(decision(p, "c").reason.find("computed after this region's reads of 'Y'"), std::string::npos)
       << decision(p, "c").reason;
-  auto [worst, scale] = partitioned_vs_graph(p, 14);
-  EXPECT_LE(worst, 1e-4 * std::max(1.0, scale));
+  expect_matches_graph(p, 14, 1e-4);
 }
 
 TEST(ValueRegions, BesideABackToBackChain) {
@@ -225,8 +227,9 @@ TEST(ValueRegions, RandomChainsMatchTheGraph) {
     // than Psi's templates take)
     const PlanDecision d = plan_region(p.regions[0].spec);
     served += d.verdict == Verdict::Fuse && d.form == RegionForm::Library;
-    if (d.verdict != Verdict::Fuse)
+    if (d.verdict != Verdict::Fuse) {
       EXPECT_NE(d.reason.find("its nodes run on the plain path"), std::string::npos) << d.reason;
+    }
   }
   EXPECT_GT(multi_stage, 20);
   EXPECT_GT(served, 45);
