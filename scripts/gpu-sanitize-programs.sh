@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On the device machine: compute-sanitizer memcheck and racecheck of whole .cf programs as `comfuse run` compiles
 # them (the CLI built here and carried: build/bin/comfuse; CUTLASS at .carry/cutlass/include). Each program is
-# compiled and checked first (`run --check`, in parallel), then launched once under each tool. cuBLASLt's own kernels
-# (nvjet_*) are left out of racecheck: the hazards it reports there are about their barriers, not ComFuse's code.
+# compiled and checked first (`run --check`, in parallel), then launched once under each tool. racecheck's hazards in
+# cuBLASLt's own kernels (nvjet_*) are about their barriers, not ComFuse's code: they are counted apart, and a program
+# passes racecheck when its run completes and no hazard names another kernel. (Leaving those kernels out with
+# --kernel-name-exclude instead made racecheck fail to handle a hardware exception in every program that runs one.)
 # Logs under $OUT/sanitize; one line per program and tool last.
 #
 #   scripts/gpu-sanitize-programs.sh [--defer-norms on|off] [FILE.cf[:EXTRA-ARGS] ...]
@@ -46,12 +48,23 @@ fails=0
 for tool in memcheck racecheck; do
   for p in "${programs[@]}"; do
     n=$(name_of "$p")
-    extra=(); [ $tool = racecheck ] && extra=(--racecheck-report all --kernel-name-exclude regex:nvjet)
+    log="$OUT/sanitize/${tool}_$n.log"
+    extra=(); [ $tool = racecheck ] && extra=(--racecheck-report all)
     timeout 150 compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 9 "$cli" run "${p%%:*}" $(args_of "$p") \
-      --defer-norms "$defer" --launches 1 > "$OUT/sanitize/${tool}_$n.log" 2>&1
+      --defer-norms "$defer" --launches 1 > "$log" 2>&1
     rc=$?
-    [ $rc -ne 0 ] && fails=$((fails + 1))
-    echo "$tool $n rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize/${tool}_$n.log" | tail -1)"
+    verdict=$rc
+    if [ $tool = racecheck ] && [ $rc -eq 9 ]; then   # hazards: only cuBLASLt's own kernels' are tolerated
+      # the summary's count of hazards, less the reports that name a cuBLASLt kernel (an unknown format: all ours)
+      total=$(grep -oE "RACECHECK SUMMARY: [0-9]+ hazard" "$log" | grep -oE "[0-9]+" | tail -1)
+      theirs=$(grep -E "^=+ +(Error|Warning): " "$log" | grep -c nvjet)
+      ours=$(( ${total:-1} - theirs ))
+      grep -q -E "Internal Sanitizer Error|Target application returned an error" "$log" && ours=$((ours + 1))
+      [ "$ours" -eq 0 ] && verdict=0
+      echo "  $n: race reports naming cuBLASLt's kernels $theirs, others $ours"
+    fi
+    [ $verdict -ne 0 ] && fails=$((fails + 1))
+    echo "$tool $n rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
   done
 done
 echo "== sanitizers done at $(( $(date +%s) - t0 )) s; failed: $fails"

@@ -27,16 +27,14 @@ struct ColBroadcast {
   CUTE_DEVICE void prefetch() {
     for (int ch = ctx.thread; ch < ctx.tile_m / kChunk; ch += 128) {
       int row = ctx.m0 + ch * kChunk;
-      int valid = ctx.M - row;   // M is arbitrary: a chunk may straddle the end
-      valid = valid < 0 ? 0 : (valid > kChunk ? kChunk : valid);
-      if (valid == 0 || valid == kChunk) {
-        cp_async_16(smem + ch * kChunk, valid ? ptr + row : ptr, valid * int(sizeof(T)));
+      if (row + kChunk <= ctx.M) {   // a whole chunk: one 16-byte copy
+        cp_async_16(smem + ch * kChunk, ptr + row, 16);
         continue;
       }
-      // The chunk that straddles M, element by element: a 16-byte copy of fewer source bytes is still a 16-byte
-      // read to compute-sanitizer (past the end of a [M] vector). Plain stores, made visible by the barrier that
-      // every reader of the staged vectors waits at, as the copies are.
-      for (int i = 0; i < kChunk; ++i) smem[ch * kChunk + i] = i < valid ? ptr[row + i] : T(0.f);
+      // M is arbitrary: the chunk that straddles it, and the chunks past it, by plain stores, made visible by the
+      // barrier that every reader of the staged vectors waits at, as the copies are. No copy of fewer source bytes:
+      // compute-sanitizer counted a 16-byte read past the end of a [M] vector (999 rows) where one ran.
+      for (int i = 0; i < kChunk; ++i) smem[ch * kChunk + i] = row + i < ctx.M ? ptr[row + i] : T(0.f);
     }
   }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
