@@ -111,9 +111,6 @@ struct GemmKernel {
   // the K <= 1024 shapes on the H200 (docs/log/2026-12-01.md); plain epilogues measured the same either way
   // and keep CUTLASS's order.
   using OrderBarrier = cutlass::OrderedSequenceBarrier<1, 2>;
-#ifndef COMFUSE_UNORDERED_EPILOGUES
-#define COMFUSE_UNORDERED_EPILOGUES 0   // an nvcc define for A/B runs: 1 leaves every PingPong epilogue unordered
-#endif
   using EpiStorage = typename Tree::SharedStorage;
   // Split-phase epilogues (StageStream<.., Deferred = true>) finish a tile one tile later: each consumer group
   // keeps two copies of its epilogue SMEM, the tile being published and the one being finished.
@@ -698,8 +695,8 @@ struct Gemm {
     // Split-phase epilogues: scratch_bytes(ctas of the launch) of device memory, any contents (the carried tiles).
     float* scratch = nullptr;
     // PingPong: run the two consumer groups' epilogues in tile order (true), or let them overlap (false; the
-    // default where the epilogue reduces, and with COMFUSE_UNORDERED_EPILOGUES=1 everywhere: see OrderBarrier).
-    bool order_epilogues = !kReduces && !COMFUSE_UNORDERED_EPILOGUES;
+    // default where the epilogue reduces: see OrderBarrier).
+    bool order_epilogues = !kReduces;
   };
 
   static constexpr bool kDeferred = Kernel::kDeferred;
