@@ -51,11 +51,20 @@ struct EpilogueCost {
 };
 
 constexpr double kMufuSlots = 4;          // one MUFU op's issue + throughput cost, in FP32-op slots
-constexpr double kPowfSlots = 120;        // powf with a runtime exponent: out-of-line general path
-constexpr double kEpilogueSlotsPerClk = 32;   // per SM: one consumer warpgroup's dependent chains (calibrated
-                                              // on GPT-2's pow(h, 3.0) epilogue: powf made it 11x cuBLAS)
+constexpr double kPowfSlots = 480;        // powf with a runtime exponent: out-of-line general path (calibrated on
+                                          // GPT-2's pow(h, 3.0) epilogue before PowInt: powf made it 11x cuBLAS)
+// Per SM: the epilogue's slots beyond the measured class's cost their issue time, one warp instruction per
+// scheduler per clock, whether or not the other group's mainloop runs meanwhile (near the tensor cores' peak the
+// kernel is power-bound). Calibrated on BERT's FFN1 (8192 x 768 -> 3072, 128x192 tiles, an H100, 2026-12-07 f):
+// GELU (erf) took 8.1 us more than GELU (tanh), 9 slots per element more, ~1.0 us per tile and SM.
+constexpr double kEpilogueSlotsPerClk = 128;
 constexpr double kSmClockGhz = 1.98;
 constexpr double kEpilogueNoiseUs = 1.0;      // less than this is below the measurements' resolution
+// defer_norms "auto" finishes a norm in its readers only where the program's estimate is lower by this fraction:
+// what a reader adds to its epilogue is priced by its slots, and more goes unpriced (the statistics' combine at its
+// turn for the tensor cores, the rebuilt residual). BERT's layer on an H100 (2026-12-07 f): its two readers took
+// 8.5 us more each than as written, where the estimates add ~3 and ~1 us; the layer as written was 6-10% faster.
+constexpr double kDeferMargin = 0.03;
 // Small problems (fewer tiles than SMs): a kernel's launch latency and ramp, the least any kernel took in the HF BERT
 // 1 x 128 profiles (docs/log/2026-12-02.md); and a tile's epilogue that no other tile's mainloop hides:
 // with row reductions its exchange, loads and stores (the trace tool: 4-8 us per 128 x 128 tile), else its stores.

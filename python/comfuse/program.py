@@ -255,7 +255,8 @@ def _torch_program_us(graph, keep: dict, fuse_all: bool = False) -> float:
 
 def choose_deferral(graph, fuse_all: bool = False) -> tuple[dict, dict]:
     """defer_norms="auto": the norm sites whose deferral lowers the planner's estimate of the whole graph
-    (_torch_program_us), each site priced with and without it in program order, against the choices before it (as
+    (_torch_program_us) by C.DEFER_MARGIN (the C++ planner's kDeferMargin), each site priced with and without it in
+    program order, against the choices before it (as
     the C++ compiler's --defer-norms auto does, with a PyTorch program's alternative to a fused region: Inductor).
     Returns (keep, priced): the norms left as written and the deferred ones, each with the estimates it rests on."""
     keep: dict = {}
@@ -268,8 +269,9 @@ def choose_deferral(graph, fuse_all: bool = False) -> tuple[dict, dict]:
             current = _torch_program_us(graph, keep, fuse_all)
         as_written = _torch_program_us(graph, {**keep, s.norm: ""}, fuse_all)
         estimates = (f"the planner's estimate of the graph: ~{current:.1f} us with it finished in its readers, "
-                     f"~{as_written:.1f} us as written (defer_norms='auto')")
-        if as_written <= current:
+                     f"~{as_written:.1f} us as written (defer_norms='auto': finished in its readers where "
+                     f"{100 * C.DEFER_MARGIN:.0f}% lower)")
+        if current >= as_written * (1.0 - C.DEFER_MARGIN):   # deferred only where estimated clearly faster
             keep[s.norm] = estimates
             current = as_written
         else:

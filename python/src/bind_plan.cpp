@@ -26,6 +26,7 @@ void bind_plan(nb::module_& m) {
       .def_ro("pass_us", &PlanDecision::pass_us)
       .def_ro("copy_us", &PlanDecision::copy_us)
       .def_prop_ro("epilogue", [](const PlanDecision& d) { return d.epilogue.summary(); });
+  m.attr("DEFER_MARGIN") = kDeferMargin;   // defer_norms "auto": how much faster a deferred site must be estimated
   m.def("plan_region", [](const FusionSpec& fs) { return plan_region(fs); }, "spec"_a);
   nb::class_<B2BPlanDecision>(m, "B2BPlanDecision")
       .def_ro("fuse", &B2BPlanDecision::fuse)

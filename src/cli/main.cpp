@@ -86,7 +86,7 @@ const char* kUsage =
     "  planner's choice (never, until it has measurements)\n"
     "  --defer-norms on|off|auto (plan, emit, run, bench, aot): a LayerNorm / RMSNorm whose readers are GEMMs with\n"
     "  constant weights (input W : ... const) finished in those GEMMs (docs/kernel-reduce.md): every one (on), or\n"
-    "  each where the planner estimates the program faster so (auto; plan says the estimates); default off\n"
+    "  each where the planner estimates the program 3% faster so (auto; plan says the estimates); default off\n"
     "  --row-parts on|off (plan, emit, run, bench, aot): a row statistic a region only stores and only fused regions read\n"
     "  (an RMSNorm's mean(h^2) with --defer-norms on) handed on as its tiles' partial results, which each reader\n"
     "  combines (on, the default), or stored whole by the producer's last tile of each row block (off)\n"

@@ -285,6 +285,33 @@ void check_limits(const FusionSpec& fs, const KernelConfig& c) {
   }
 }
 
+// The ring form is filled by 64 x 64 TMA boxes (TileLoadRing<T, Slot, true>, kernels/comfuse/epilogue/
+// tile_load_ring.cuh) where the CTA's output tile is whole boxes, its rows in each ring part (a 128-row tile comes in
+// two 64-row parts) and its columns: every config the planner has. Measured on an H100 (docs/log/2026-12-05.md run
+// j): 13-18% less time than the row-by-row copies for h = X·W + R at K <= 1024. Else row by row.
+bool ring_in_boxes(const FusionSpec& fs, const KernelConfig& cfg) {
+  const int tile_n = fs.gemm.paired() ? cfg.tile_n / 2 : cfg.tile_n;
+  return cfg.tile_m % 64 == 0 && tile_n % 64 == 0;
+}
+
+// Whether the column vectors (RowBroadcast) are loaded from SMEM at every use (epilogue/core.cuh, lds_b32): in the
+// readers of a norm finished in them (they read its statistics: ColStates, ColParts) that read two or more. There
+// ptxas kept the vectors' values across the tile's rows, which took the accumulators' registers: BERT's FFN1 spilled
+// 100 bytes at 128 x 192 (none with the reloads), its FFN2 108 bytes at 128 x 128 (40). Every other tree stays as
+// its kernels were measured.
+bool reloads_vectors(const FusionSpec& fs, const std::vector<const Spec*>& stages) {
+  int vectors = 0;
+  bool reads_statistics = false;
+  for (const Spec* s : stages)
+    for (const SpecNode& n : s->nodes) {
+      if (n.kind != SpecKind::Broadcast) continue;
+      vectors += n.bcast == BroadcastKind::Row;
+      if (n.bcast != BroadcastKind::Col) continue;   // (a scalar constant has no param)
+      reads_statistics |= fs.params[n.param].from_states() || fs.params[n.param].from_parts();
+    }
+  return reads_statistics && vectors >= 2;
+}
+
 }  // namespace comfuse::psi_detail
 
 namespace comfuse {

@@ -1,6 +1,6 @@
 // What Psi reads off a Spec's structure before it renders it (private to codegen): the chained reduction pairs that
-// merge into one exchange, the reductions whose results only leave the kernel, and the limits the kernel templates
-// put on a configuration.
+// merge into one exchange, the reductions whose results only leave the kernel, how tile inputs and column vectors are
+// loaded, and the limits the kernel templates put on a configuration.
 #pragma once
 
 #include <string>
@@ -44,6 +44,13 @@ struct LibraryEpilogue {
   int bias_param = -1;
 };
 LibraryEpilogue library_epilogue(const FusionSpec& fs);
+
+// The ring form's loader in 64 x 64 TMA boxes (TileLoadRing<T, Slot, true>) where the CTA's output tile is whole
+// boxes, else row by row.
+bool ring_in_boxes(const FusionSpec& fs, const KernelConfig& cfg);
+// Whether the column vectors (RowBroadcast) are loaded from SMEM at every use: in the readers of a norm finished in
+// them that read two or more.
+bool reloads_vectors(const FusionSpec& fs, const std::vector<const Spec*>& stages);
 
 // GemmConfig's and the epilogue driver's static_asserts (kernels/comfuse/gemm.cuh, epilogue/core.cuh), and the
 // limits on outputs, parameters and column blocks: a CodegenError with the reason instead of a failing nvcc.

@@ -1,7 +1,8 @@
 // CompilerOptions::defer_norms "auto": which norms are finished in the GEMMs that read them, priced by the planner.
 // Each site the rewrite can defer is priced as the whole program twice, with it deferred and with it left as
 // written, from the planner's estimates of every region in the form it would run (fused or the library form); a site
-// is deferred where that estimate is lower. Sites are taken in program order, each against the choices before it.
+// is deferred where that estimate is lower by kDeferMargin. Sites are taken in program order, each against the
+// choices before it.
 #include <algorithm>
 
 #include "../plan/plan_text.h"
@@ -65,8 +66,9 @@ DeferralChoice choose_deferral(const Graph& g, const std::string& setting, const
     const double as_written = program_us(g, without, priced, rows);
     const std::string estimates =
         fmt("the planner's estimate of the program: ~%.0f us with it finished in its readers, ~%.0f us as written "
-            "(--defer-norms auto)", current, as_written);
-    if (as_written <= current) {
+            "(--defer-norms auto: finished in its readers where %.0f%% lower)",
+            current, as_written, 100 * kDeferMargin);
+    if (current >= as_written * (1.0 - kDeferMargin)) {   // deferred only where it is estimated clearly faster
       without.keep[s.norm] = estimates;
       c.options = std::move(without);
       current = as_written;

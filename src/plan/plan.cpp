@@ -544,8 +544,9 @@ FusedEstimate fused_estimate(PlanDecision& d, const FusionSpec& fs, const std::s
   FusedEstimate e;
   e.ratio = near.fused->us / near.cublas->us;
   d.fused_us = e.ratio * gemm_us;
-  // The epilogue's own work: what it costs beyond the measured class's epilogue, where that exceeds the tile's
-  // mainloop (the other consumer's MMAs hide an epilogue up to that long), adds per tile a CTA runs.
+  // The epilogue's own work: what it costs beyond the measured class's epilogue adds per tile a CTA runs, at the
+  // issue rate (kEpilogueSlotsPerClk): the other consumer's MMAs do not hide it (measured: a GELU's erf form against
+  // its tanh form at K = 768, docs/log/2026-12-07.md f).
   d.epilogue = epilogue_cost(fs);
   const EpilogueCost ref = measured_class_cost(cls);
   e.ref_slots = ref.slots;
@@ -554,9 +555,7 @@ FusedEstimate fused_estimate(PlanDecision& d, const FusionSpec& fs, const std::s
   const double tile_elems = std::min<double>(d.config.tile_m, g.rows) *   // the epilogue's: half the MMA tile's when paired
                             std::min<double>(d.config.tile_n * double(g.n) / double(mma_n), g.n);
   const double tile_slots_us = tile_elems / (kEpilogueSlotsPerClk * kSmClockGhz * 1e3);
-  const double mainloop_tile_us = gemm_us / tiles_per_sm;
-  const double hidden_us = std::max(mainloop_tile_us, ref.slots * tile_slots_us);
-  d.epilogue_us = tiles_per_sm * std::max(0.0, d.epilogue.slots * tile_slots_us - hidden_us);
+  d.epilogue_us = tiles_per_sm * std::max(0.0, (d.epilogue.slots - ref.slots) * tile_slots_us);
   if (d.epilogue_us < kEpilogueNoiseUs) d.epilogue_us = 0;   // below a launch's noise: the measurement decides
   d.fused_us += d.epilogue_us;
   // Outputs the measured class does not store (its kernels write one 16-bit tile, two for bias_res_2out): a region
