@@ -83,7 +83,7 @@ PartitionHints program_hints(const Graph& as_written, const std::set<std::string
 Partition partition(const Graph& g, const PartitionHints& hints = {});
 // A rewritten program (rewrite.h defer_norms) partitioned with the hints its rewrite gives.
 inline Partition partition(const DeferredProgram& d, bool value_regions = false) {
-  return partition(d.graph, PartitionHints{d.row_side, value_regions});
+  return partition(d.graph, PartitionHints{d.row_side, value_regions, {}});
 }
 
 // `comfuse plan` output: regions with their Specs, params, outputs, fallback nodes; per-node reasons if explain.

@@ -431,7 +431,7 @@ int cmd_interp(const Args& a) {
       throw UsageError("--n1-chunk must be a positive integer, got '" + c + "'");
     }
   }
-  const PartitionHints as_compiled{{}, /*value_regions*/ true};   // (the regions `run` has)
+  const PartitionHints as_compiled{{}, /*value_regions*/ true, {}};   // (the regions `run` has)
   const auto parts = [&] { return partition(g, as_compiled); };
   TensorMap outs = mode == "graph"     ? interpret_graph(g, inputs)
                    : mode == "spec"    ? interpret_partitioned(parts(), inputs, ctas)
