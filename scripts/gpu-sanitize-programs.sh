@@ -60,7 +60,6 @@ for tool in memcheck racecheck; do
     rc=$?
     verdict=$rc
     if [ $tool = racecheck ] && [ $rc -eq 9 ]; then   # hazards: only cuBLASLt's own kernels' are tolerated
-      # a report names the two accesses' code as KERNEL+0xOFFSET, on its own line and the next two
       read -r reports theirs < <(awk "$race_awk"' END {print n + 0, t + 0}' "$log")
       ours=$((reports - theirs))
       [ "$reports" -eq 0 ] && ours=1   # hazards, but no report read: a format this script does not know

@@ -256,8 +256,8 @@ def _torch_program_us(graph, keep: dict, fuse_all: bool = False) -> float:
 def choose_deferral(graph, fuse_all: bool = False) -> tuple[dict, dict]:
     """defer_norms="auto": the norm sites whose deferral lowers the planner's estimate of the whole graph
     (_torch_program_us) by C.DEFER_MARGIN (the C++ planner's kDeferMargin), each site priced with and without it in
-    program order, against the choices before it (as
-    the C++ compiler's --defer-norms auto does, with a PyTorch program's alternative to a fused region: Inductor).
+    program order, against the choices before it (as the C++ compiler's --defer-norms auto does, with a PyTorch
+    program's alternative to a fused region: Inductor).
     Returns (keep, priced): the norms left as written and the deferred ones, each with the estimates it rests on."""
     keep: dict = {}
     priced: dict = {}
