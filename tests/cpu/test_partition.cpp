@@ -2,12 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <set>
 
 #include "comfuse/interp.h"
 #include "comfuse/partition.h"
 #include "comfuse/text.h"
+#include "test_util.h"
 
 using namespace comfuse;
 
@@ -25,14 +25,7 @@ const NodeDecision& decision(const Partition& p, const std::string& name) {
 // (`ctas` column blocks per row): the largest difference and the largest |value|.
 std::pair<double, double> partitioned_vs_graph(const Graph& g, const Partition& p, const std::string& out,
                                                unsigned seed, float range, int ctas) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-range, range);
-  TensorMap in;
-  for (int id : g.inputs) {
-    Tensor t(g.node(id).shape);
-    for (float& v : t.data) v = u(rng);
-    in[g.node(id).name] = t;
-  }
+  const TensorMap in = test::random_inputs(g, seed, range);
   const Tensor want = interpret_graph(g, in).at(out), got = interpret_partitioned(p, in, ctas).at(out);
   double worst = 0, scale = 0;
   for (size_t i = 0; i < want.data.size(); ++i) {
