@@ -2,8 +2,13 @@
 // differences come only from where values are reduced.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 #include "comfuse/graph.h"
 
@@ -52,22 +57,41 @@ T apply_binary(OpKind op, T a, T b) {
 // [rows, K] x B -> [rows, N]; B is [K, N], or [N, K] when transpose_b. Accumulates in T, k ascending.
 template <typename T>
 void gemm_rows(const T* a, const T* b, T* c, int64_t rows, int64_t k, int64_t n, bool transpose_b) {
-  for (int64_t r = 0; r < rows; ++r) {
-    T* cr = c + r * n;
-    for (int64_t j = 0; j < n; ++j) cr[j] = T(0);
-    if (transpose_b) {
-      for (int64_t j = 0; j < n; ++j) {
-        T acc = T(0);
-        for (int64_t q = 0; q < k; ++q) acc += a[r * k + q] * b[j * k + q];
-        cr[j] = acc;
-      }
-    } else {
-      for (int64_t q = 0; q < k; ++q) {
-        T av = a[r * k + q];
-        for (int64_t j = 0; j < n; ++j) cr[j] += av * b[q * n + j];
+  auto rows_of = [=](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      T* cr = c + r * n;
+      for (int64_t j = 0; j < n; ++j) cr[j] = T(0);
+      if (transpose_b) {
+        for (int64_t j = 0; j < n; ++j) {
+          T acc = T(0);
+          for (int64_t q = 0; q < k; ++q) acc += a[r * k + q] * b[j * k + q];
+          cr[j] = acc;
+        }
+      } else {
+        for (int64_t q = 0; q < k; ++q) {
+          T av = a[r * k + q];
+          for (int64_t j = 0; j < n; ++j) cr[j] += av * b[q * n + j];
+        }
       }
     }
+  };
+  // The rows are shared out over the machine's cores where the product is large (`run --check` of a real model's
+  // sizes spent tens of seconds in this loop on one core). Each row is still summed by one thread in the same
+  // order, so the result does not depend on the split.
+  const double work = static_cast<double>(rows) * static_cast<double>(k) * static_cast<double>(n);
+  const int64_t threads = work < double(int64_t{1} << 24)
+                              ? 1
+                              : std::min<int64_t>(rows, std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 64));
+  if (threads <= 1) return rows_of(0, rows);
+  std::vector<std::thread> pool;
+  const int64_t per = (rows + threads - 1) / threads;
+  int64_t first = 0;
+  try {
+    for (; first < rows; first += per) pool.emplace_back(rows_of, first, std::min(rows, first + per));
+  } catch (const std::system_error&) {   // no thread to be had: the rest on this one
+    rows_of(first, rows);
   }
+  for (std::thread& t : pool) t.join();
 }
 
 }  // namespace comfuse::detail

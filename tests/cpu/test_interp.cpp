@@ -4,9 +4,11 @@
 
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "comfuse/interp.h"
 #include "comfuse/text.h"
+#include "interp/elementwise.h"
 
 using namespace comfuse;
 
@@ -113,6 +115,25 @@ TEST(Interp, MatmulBatchedTransposedAndOutputsRounded) {
         EXPECT_EQ(got, round_to_dtype(got, DType::BF16)) << "output not rounded to bf16";
         EXPECT_NEAR(got, acc, std::abs(acc) * 8e-3 + 1e-6);
       }
+}
+
+// A GEMM large enough to be shared out over threads (detail::gemm_rows, interp/elementwise.h) gives, row for row,
+// the bits of the same GEMM on that row alone (one thread): the split does not change the order of any sum.
+TEST(Interp, LargeMatmulRowsDoNotDependOnTheThreadSplit) {
+  const int64_t rows = 301, k = 256, n = 320;   // 24.7M multiply-adds, above the threshold; 301 splits unevenly
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> a(rows * k), b(k * n), whole(rows * n), one(n);
+  for (float& v : a) v = u(rng);
+  for (float& v : b) v = u(rng);
+  for (bool transpose_b : {false, true}) {   // b as [K, N], then the same floats read as [N, K]
+    detail::gemm_rows(a.data(), b.data(), whole.data(), rows, k, n, transpose_b);
+    for (int64_t r : {int64_t{0}, int64_t{1}, int64_t{18}, int64_t{19}, int64_t{150}, int64_t{299}, rows - 1}) {
+      detail::gemm_rows(a.data() + r * k, b.data(), one.data(), 1, k, n, transpose_b);
+      for (int64_t j = 0; j < n; ++j)
+        ASSERT_EQ(whole[r * n + j], one[j]) << "row " << r << ", column " << j << (transpose_b ? ", B as [N, K]" : "");
+    }
+  }
 }
 
 // cast rounds; relabel keeps the fp32 value under the new dtype, which then meets bf16 values in an add and is
