@@ -10,6 +10,7 @@
 #     CLI      the comfuse binary (default build/bin/comfuse; one built here runs there)
 #     AOT_DIR  kernels compiled ahead of time here: AOT_DIR/<example>/ from `comfuse aot examples/<example>.cf`
 #              (saves nvcc minutes on the device); without it every example is JIT-compiled there
+#   FORM_ROUNDS=N  invocations of each form's bench (default 3; fewer where the device time is short)
 #   scripts/gpu-examples.sh --prepare CLI AOT_DIR [JOBS]
 #              here, before a device run: compile every kernel the run needs ahead of time into AOT_DIR
 #              (examples, the l2 / leader-follower variants, plain_and_fused, 50 random programs, 50 norm sites),
@@ -158,9 +159,9 @@ for ex in postnorm softmax gelu_new; do
   grep -E "median|transport" "$OUT/bench_$ex.log"
 done
 
-# The two forms of the same programs, alternating, three invocations each: `comfuse bench` (÷ cuBLASLt in the
-# same call) of the fused form and of the library form.
-for round in 1 2 3; do
+# The two forms of the same programs, alternating, FORM_ROUNDS (3) invocations each: `comfuse bench` (÷ cuBLASLt
+# in the same call) of the fused form and of the library form.
+for round in $(seq 1 "${FORM_ROUNDS:-3}"); do
   for ex in $form_bench; do
     for form in fused library; do
       a="$(aot_of "${ex}_${form}")"

@@ -79,9 +79,8 @@ void gemm_rows(const T* a, const T* b, T* c, int64_t rows, int64_t k, int64_t n,
   // sizes spent tens of seconds in this loop on one core). Each row is still summed by one thread in the same
   // order, so the result does not depend on the split.
   const double work = static_cast<double>(rows) * static_cast<double>(k) * static_cast<double>(n);
-  const int64_t threads = work < double(int64_t{1} << 24)
-                              ? 1
-                              : std::min<int64_t>(rows, std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 64));
+  const int64_t cores = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 64);
+  const int64_t threads = work < double(int64_t{1} << 24) ? 1 : std::min<int64_t>(rows, cores);
   if (threads <= 1) return rows_of(0, rows);
   std::vector<std::thread> pool;
   const int64_t per = (rows + threads - 1) / threads;
