@@ -111,6 +111,23 @@ struct PassKernel {
   static constexpr bool kReduces = epi::NeedsCoResidency<Tree>::value;
   static constexpr bool kDsmem =
       Cfg::kClusterN > 1 && !std::is_void_v<typename epi::DsmemStorageOf<Tree>::type>;
+  // Split phase (COMFUSE_PASS_SPLIT=1; timed against the one-pass order with scripts/gpu-pass-ab.sh): where the
+  // row block's one exchange goes through L2 (a 1-wide pass) at the end of the next-to-last stage (RMSNorm; LayerNorm
+  // and softmax as merged pairs), a tile's exchange only publishes its partials; the CTA then issues its next tile's
+  // loads, finishes the previous tile (its peers published it meanwhile: the partials are collected, the last stage
+  // runs from the fp32 tile the CTA kept in registers) and publishes the next. So no CTA waits for the slowest peer of
+  // its row block, and the next tile's loads are in flight during the finish. Same numerics as the one-pass order
+  // (the carried tile stays fp32; the L2 exchange combines in column-block order either way).
+#ifdef COMFUSE_PASS_SPLIT
+  static constexpr bool kSplitAsked = COMFUSE_PASS_SPLIT != 0;
+#else
+  static constexpr bool kSplitAsked = false;
+#endif
+  template <class T, class = void> struct Splits : std::false_type {};
+  template <class T>
+  struct Splits<T, std::void_t<typename T::RootType>> : epi::SplitPhaseFits<typename T::RootType> {};
+  static constexpr bool kSplit = kSplitAsked && kReduces && !kDualB && !kStaged && !kDsmem && Splits<Tree>::value;
+  static constexpr int kEpiCopies = kSplit ? 2 : 1;   // the finished tile's SMEM and the published one's
   static_assert(!epi::IsDeferred<Tree>::value && epi::RingSlots<Tree>::value == 0,
                 "a pass runs one-pass epilogues that read their tile inputs themselves (no split phase, no tile ring)");
   struct NoDsmem {};
@@ -122,7 +139,7 @@ struct PassKernel {
   struct NoStaging {};
   using Staging = std::conditional_t<kStaged, uint4[kBlocks * kThreads], NoStaging>;
   struct SharedStorage {
-    alignas(16) typename Tree::SharedStorage epi;
+    alignas(16) typename Tree::SharedStorage epi[kEpiCopies];
     [[no_unique_address]] DsmemStore dsmem;
     alignas(16) [[no_unique_address]] Staging staged;
   };
@@ -252,6 +269,81 @@ struct PassKernel {
       auto t = sched.tile(u, 0, ry);
       return epi::TileCtx{t.m * Cfg::kTileM, t.n * Cfg::kTileN, p.M, p.N, Cfg::kTileM, Cfg::kTileN, thread, 0};
     };
+    if constexpr (kSplit) {
+      run_split(p, ss, sched, tCcD, [&](int u) {
+        epi::TileCtx c = tile_ctx(u);
+        c.iter = (u - sched.first) / sched.stride;
+        c.transport = p.transport;
+        c.exchange_tag = exchange_tag;
+        epi::bind<Tree>(c, ss.epi[c.iter % kEpiCopies]);
+        c.deferred = true;   // (after bind: the tree's type is the one-pass StageStream's)
+        return c;
+      });
+    } else {
+      run_one_pass(p, ss, sched, ry, tCcD, tCcD_full, tile_ctx, exchange_tag);
+    }
+    if constexpr (epi::kHasAsyncStores<Tree>) epi::drain_async_stores();
+    if (l2_exchanges) {   // once every exchange of the CTA is done, it counts itself finished (l2_exchange.cuh)
+      __syncthreads();
+      if (thread == 0) reduce::launch_done(p.reduce_counters, int(gridDim.x * gridDim.y));
+    }
+    if constexpr (kDsmem) {   // no CTA leaves while a peer may still send into its SMEM
+      cute::cluster_arrive_relaxed();
+      cute::cluster_wait();
+    }
+#else
+    if (threadIdx.x == 0) printf("comfuse::PassKernel needs sm_90a (-gencode=arch=compute_90a,code=sm_90a)\n");
+#endif
+  }
+
+  // The split-phase loop (kSplit). ctx_of(u): tile u's context, bound to its iteration's copy of the epilogue SMEM.
+  // Progress: a finish waits only for the partials of a row block whose tiles every peer published in the same
+  // iteration without waiting on any later row block (the one-pass argument of tile_scheduler.cuh, as gemm.cuh's
+  // split phase makes it).
+  template <class Sched, class CoordTensor, class CtxOf>
+  static CUTE_DEVICE void run_split(Params const& p, SharedStorage& ss, Sched const& sched, CoordTensor const& tCcD,
+                                    CtxOf ctx_of) {
+    using namespace cute;
+    TiledMma tiled_mma;
+    Tensor carried = partition_fragment_C(tiled_mma, TileShape{});   // the published tile's fp32 values
+    int pending = -1;
+    auto finish = [&](int u) {
+      epi::TileCtx pc = ctx_of(u);
+      Tree pt(p.epi, ss.epi[pc.iter % kEpiCopies], pc);
+      epi::settle(pt);
+      pt.template collect<Tree::kSplitStage>(pc);
+      epi::run_stage<Tree::kStage>(pt, carried, tCcD, pc);
+    };
+    for (int u = sched.first; u < sched.total; u += sched.stride) {
+      epi::TileCtx ctx = ctx_of(u);
+      Tree tree(p.epi, ss.epi[ctx.iter % kEpiCopies], ctx);
+      tree.prefetch();
+      Loaded loaded;
+      issue_loads(loaded, p, tCcD, ctx);
+      if (pending >= 0) finish(pending);   // while this tile's loads are in flight
+      Tensor accum = partition_fragment_C(tiled_mma, TileShape{});
+      to_fragment(loaded, accum);
+      epi::settle(tree);
+      epi::run_publish_stages(tree, accum, tCcD, ctx);
+      epi::group_barrier(0);   // this copy's SMEM is read until here; its next prefetch comes two tiles later
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); ++i) carried(i) = accum(i);
+      pending = u;
+    }
+    if (pending >= 0) finish(pending);
+  }
+
+  // The one-pass loop: each tile's stages in turn, its exchanges waited for where they happen.
+  template <class Sched, class CoordTensor, class FullCoordTensor, class TileCtxOf>
+  static CUTE_DEVICE void run_one_pass(Params const& p, SharedStorage& ss, Sched const& sched, int ry,
+                                       CoordTensor const& tCcD, FullCoordTensor const& tCcD_full, TileCtxOf tile_ctx,
+                                       uint32_t exchange_tag) {
+    using namespace cute;
+    TiledMma tiled_mma;
+    auto view = [](auto&& t) {
+      if constexpr (kDualB) return epi::dual_b_view<Cfg::kTileN, Cfg::kMmaTileN>(t);
+      else return t;
+    };
     if constexpr (kStaged) {   // the first tile's D (one group of copies; each later tile's is issued a tile ahead)
       if (sched.first < sched.total) issue_staged(ss.staged, p, tCcD_full, tile_ctx(sched.first));
       epi::cp_async_commit();
@@ -264,12 +356,12 @@ struct PassKernel {
       ctx.exchange_tag = exchange_tag;
       ctx.exchange_ctas = Cfg::kClusterN;
       ctx.exchange_rank = ry;
-      epi::bind<Tree>(ctx, ss.epi);
+      epi::bind<Tree>(ctx, ss.epi[0]);
       if constexpr (kDsmem) {
         ctx.dsmem_data = &ss.dsmem.data[0][0][0];
         ctx.dsmem_full = ss.dsmem.full;
       }
-      Tree tree(p.epi, ss.epi, ctx);
+      Tree tree(p.epi, ss.epi[0], ctx);
       tree.prefetch();   // row vectors staged in SMEM while the tile's loads are in flight
       Loaded loaded;
       if constexpr (!kStaged) issue_loads(loaded, p, tCcD_full, ctx);
@@ -297,18 +389,6 @@ struct PassKernel {
         epi::run_epilogue<kStaged ? 1 : 0>(tree, accum, tCcD, ctx);
       }
     }
-    if constexpr (epi::kHasAsyncStores<Tree>) epi::drain_async_stores();
-    if (l2_exchanges) {   // once every exchange of the CTA is done, it counts itself finished (l2_exchange.cuh)
-      __syncthreads();
-      if (thread == 0) reduce::launch_done(p.reduce_counters, int(gridDim.x * gridDim.y));
-    }
-    if constexpr (kDsmem) {   // no CTA leaves while a peer may still send into its SMEM
-      cute::cluster_arrive_relaxed();
-      cute::cluster_wait();
-    }
-#else
-    if (threadIdx.x == 0) printf("comfuse::PassKernel needs sm_90a (-gencode=arch=compute_90a,code=sm_90a)\n");
-#endif
   }
 };
 

@@ -565,6 +565,24 @@ template <class Tree, class Post> struct LastStageTree<Stage<Tree, Post>> {
   using type = typename LastStageTree<Post>::type;
 };
 
+// The tree of the next-to-last stage of a chain of at least two stages.
+template <class S> struct NextToLastTree;
+template <class Tree, class Last> struct NextToLastTree<Stage<Tree, Stage<Last, void>>> {
+  using type = Tree;
+};
+template <class Tree, class Post> struct NextToLastTree<Stage<Tree, Post>> {
+  using type = typename NextToLastTree<Post>::type;
+};
+// Whether a Stage chain can run split (a split-phase turn pair, below and pass.cuh): exactly one cross-CTA exchange,
+// at the end of the next-to-last stage, and a last stage that neither reduces nor stores asynchronously.
+template <class Root, bool = (Root::kStage >= 1)> struct SplitPhaseFits : std::false_type {};
+template <class Root>
+struct SplitPhaseFits<Root, true>
+    : std::bool_constant<CountExchanges<Root>::count == 1 &&
+                         CountExchanges<typename NextToLastTree<Root>::type>::count == 1 &&
+                         CountReduce<typename LastStageTree<Root>::type>::count == 0 &&
+                         AsyncStoresAt<Root, Root::kStage>::value == 0> {};
+
 // The root of a Stage-Stream epilogue. DsmemCols: the most CTAs per row block the DSMEM transport serves (its
 // buffers take DsmemCols KB of SMEM per consumer group).
 //
@@ -605,8 +623,7 @@ struct StageStream {
   static constexpr bool kVisitInParts = InParts;
   static_assert(!InParts || (!Deferred && CountReduce<typename LastStageTree<Root>::type>::count == 0),
                 "a tile visited in parts: one-pass, and every reduction's results read by a later stage");
-  static_assert(!Deferred || (kStage >= 1 && CountExchanges<Root>::count == 1 &&
-                              CountReduce<typename LastStageTree<Root>::type>::count == 0),
+  static_assert(!Deferred || SplitPhaseFits<Root>::value,
                 "a split-phase epilogue has one cross-CTA exchange, at the end of the next-to-last stage, and a last "
                 "stage without reductions");
   // The result rows live in SMEM: the driver's end-of-tile barrier keeps the next tile's writes behind
