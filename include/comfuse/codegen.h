@@ -65,6 +65,12 @@ bool psi_can_read_tiles(const FusionSpec& fs, const KernelConfig& cfg, TileInput
 // us), slower at K = 1024 and for LN -> softmax mostly; the planner picks by the "_mg" rows of its table.
 bool psi_merges(const FusionSpec& fs);
 
+// Whether a library-form pass over `fs` can run split (kernels/comfuse/pass.cuh, kSplit): rendered 1-wide with the
+// L2 transport and its pairs merged, it has exactly one cross-CTA exchange, at the end of the next-to-last stage, and
+// a last stage that does not reduce (RMSNorm; LayerNorm and softmax as merged pairs). Each tile then only publishes
+// its partials, and the CTA finishes it after loading its next tile.
+bool psi_pass_splits(const FusionSpec& fs);
+
 // Whether `fs`'s row reductions just leave the kernel: its only reduction's result goes to one per-row output
 // ([rows, 1]) and nothing in the tile reads it (RMSNorm's mean(h^2) where the normalization runs in the GEMMs that
 // consume h), or a LayerNorm pair's two results (the mean, then the mean of squared deviations) go to two per-row

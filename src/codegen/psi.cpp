@@ -763,6 +763,18 @@ bool psi_merges(const FusionSpec& fs) {
   return std::any_of(m.begin(), m.end(), [](MergeHow h) { return h != MergeHow::None; });
 }
 
+bool psi_pass_splits(const FusionSpec& fs) {
+  const auto st = fs.stages();
+  if (st.size() < 2 || psi_row_output(fs) || st.back()->nodes[st.back()->terminal].kind == SpecKind::Reduction)
+    return false;
+  // every stage but the last ends in a reduction; the first of a merged pair exchanges nothing
+  const auto m = merged_pairs(st);
+  int exchanges = 0;
+  for (size_t k = 0; k + 1 < st.size(); ++k)
+    if (m[k] == MergeHow::None) ++exchanges;
+  return exchanges == 1 && m[st.size() - 2] == MergeHow::None;
+}
+
 TileInputForm psi_tile_input_form(const FusionSpec& fs, const KernelConfig& cfg) {
   try {
     check_limits(fs, cfg);

@@ -245,6 +245,26 @@ TEST(Codegen, MergesOnlyWhatTheMergedFormComputesAlike) {
                               "output y\n")));
 }
 
+// A library-form pass runs split where it has one exchange, at the end of the next-to-last stage (codegen.h,
+// psi_pass_splits; the kernel's own check is SplitPhaseFits in reduce.cuh).
+TEST(Codegen, PassSplitsWhereItHasOneExchangeBeforeTheLastStage) {
+  auto spec = [](const std::string& body) {
+    return partition(parse_cf("input X : bf16[8, 16]\ninput W : bf16[16, 24]\ninput g : bf16[24]\ninput b : bf16[24]\n"
+                              "h = matmul(X, W)\n" + body, "s.cf"))
+        .regions.at(0)
+        .spec;
+  };
+  EXPECT_TRUE(psi_pass_splits(spec("y = rms_norm(h, g)\noutput y\n")));
+  EXPECT_TRUE(psi_pass_splits(spec("y = layer_norm(h, g, b)\noutput y\n")));   // as a merged pair
+  EXPECT_TRUE(psi_pass_splits(spec("y = softmax(h)\noutput y\n")));
+  EXPECT_FALSE(psi_pass_splits(spec("y = softmax(layer_norm(h, g, b))\noutput y\n")));   // two exchanges
+  EXPECT_FALSE(psi_pass_splits(spec("y = gelu(add(h, b))\noutput y\n")));              // none
+  // a pair that does not merge: two exchanges
+  EXPECT_FALSE(psi_pass_splits(spec("m = max(h)\nd = sub(h, m)\ne = exp(d)\ny = div(e, sum(e))\noutput y\noutput d\n")));
+  // the last stage reduces: its result cannot wait a tile
+  EXPECT_FALSE(psi_pass_splits(spec("m = mean(h)\nv = sum(mul(sub(h, m), g))\noutput v\n")));
+}
+
 // The JIT's cache key is a hash of the source: value names and the batch size must not enter it, so that every
 // layer of a stack (same structure, other names) and every batch size share one kernel and one cache entry.
 TEST(Codegen, SourceIgnoresValueNamesAndRows) {
