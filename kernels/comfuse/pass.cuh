@@ -114,8 +114,8 @@ struct PassKernel {
   // Split phase (COMFUSE_PASS_SPLIT=1; timed against the one-pass order with scripts/gpu-pass-ab.sh): where the
   // row block's one exchange goes through L2 (a 1-wide pass) at the end of the next-to-last stage (RMSNorm; LayerNorm
   // and softmax as merged pairs), a tile's exchange only publishes its partials; the CTA then issues its next tile's
-  // loads, finishes the previous tile (its peers published it meanwhile: the partials are collected, the last stage
-  // runs from the fp32 tile the CTA kept in registers) and publishes the next. So no CTA waits for the slowest peer of
+  // loads (into SMEM), finishes the previous tile (its peers published it meanwhile: the partials are collected, the
+  // last stage runs from the fp32 tile the CTA kept in registers) and publishes the next. So no CTA waits for the slowest peer of
   // its row block, and the next tile's loads are in flight during the finish. Same numerics as the one-pass order
   // (the carried tile stays fp32; the L2 exchange combines in column-block order either way).
 #ifdef COMFUSE_PASS_SPLIT
@@ -137,7 +137,7 @@ struct PassKernel {
   // a warp's copies and reads of one block are 512 contiguous bytes, and each thread reads back only what it copied.
   static constexpr int kBlocks = (kDualB ? 2 : 1) * (Cfg::kTileN / 32) * 2;
   struct NoStaging {};
-  using Staging = std::conditional_t<kStaged, uint4[kBlocks * kThreads], NoStaging>;
+  using Staging = std::conditional_t<kStaged || kSplit, uint4[kBlocks * kThreads], NoStaging>;
   struct SharedStorage {
     alignas(16) typename Tree::SharedStorage epi[kEpiCopies];
     [[no_unique_address]] DsmemStore dsmem;
@@ -318,9 +318,14 @@ struct PassKernel {
       epi::TileCtx ctx = ctx_of(u);
       Tree tree(p.epi, ss.epi[ctx.iter % kEpiCopies], ctx);
       tree.prefetch();
+      // This tile's D lands in SMEM while the previous tile finishes: registers then hold only the carried tile
+      // (in registers too, 32 more a thread, ptxas spilled 260-356 bytes at four CTAs an SM).
+      issue_staged(ss.staged, p, tCcD, ctx);
+      epi::cp_async_commit();
+      if (pending >= 0) finish(pending);
+      epi::cp_async_wait_all();   // each thread reads back only its own copies (the vectors: wait_staged below)
       Loaded loaded;
-      issue_loads(loaded, p, tCcD, ctx);
-      if (pending >= 0) finish(pending);   // while this tile's loads are in flight
+      read_staged(loaded, ss.staged);
       Tensor accum = partition_fragment_C(tiled_mma, TileShape{});
       to_fragment(loaded, accum);
       epi::settle(tree);
