@@ -83,16 +83,6 @@ struct PassKernel {
   using Element = typename Cfg::Element;
   static constexpr bool kDualB = Cfg::kDualB;
   static constexpr int kThreads = 128;
-  // At most 128 registers a thread, so that four CTAs share an SM (unbounded, ptxas took 136 for postnorm: three).
-  // Measured on the H200 (docs/data/pass_variants_2026-12-05.md): 11-20% less pass time on postnorm, softmax and
-  // ln_softmax, in spite of 28-164 bytes of spills. A 64 x 256 fragment (two GEMMs on one A) is left unbounded.
-  // Asking L2 for the next tile while one runs (cp.async.bulk.prefetch.L2 of its D and tile inputs) was measured
-  // too, and made every pass slower. (COMFUSE_PASS_MIN_BLOCKS overrides the bound, 0: none; scripts/gpu-pass-ab.sh.)
-#ifdef COMFUSE_PASS_MIN_BLOCKS
-  static constexpr int kMinBlocks = COMFUSE_PASS_MIN_BLOCKS;
-#else
-  static constexpr int kMinBlocks = Cfg::kMmaTileN > 128 ? 0 : 4;
-#endif
   // The accumulator layout of a 64 x kMmaTileN tile of one warp group: the fused kernel's (PingPong, 64-row tiles).
   // Only its layouts are used; no MMA runs.
   using TiledMma = decltype(cute::make_tiled_mma(
@@ -111,7 +101,7 @@ struct PassKernel {
   static constexpr bool kReduces = epi::NeedsCoResidency<Tree>::value;
   static constexpr bool kDsmem =
       Cfg::kClusterN > 1 && !std::is_void_v<typename epi::DsmemStorageOf<Tree>::type>;
-  // Split phase (COMFUSE_PASS_SPLIT=1; timed against the one-pass order with scripts/gpu-pass-ab.sh): where the
+  // Split phase (the default; COMFUSE_PASS_SPLIT=0 turns it off for scripts/gpu-pass-ab.sh): where the
   // row block's one exchange goes through L2 (a 1-wide pass) at the end of the next-to-last stage (RMSNorm; LayerNorm
   // and softmax as merged pairs), a tile's exchange only publishes its partials; the CTA then issues its next tile's
   // loads (into SMEM), finishes the previous tile (its peers published it meanwhile: the partials are collected, the
@@ -121,13 +111,30 @@ struct PassKernel {
 #ifdef COMFUSE_PASS_SPLIT
   static constexpr bool kSplitAsked = COMFUSE_PASS_SPLIT != 0;
 #else
-  static constexpr bool kSplitAsked = false;
+  static constexpr bool kSplitAsked = true;
 #endif
   template <class T, class = void> struct Splits : std::false_type {};
   template <class T>
   struct Splits<T, std::void_t<typename T::RootType>> : epi::SplitPhaseFits<typename T::RootType> {};
+  template <class T, class = void> struct MergesLayerNorm : std::false_type {};
+  template <class T>
+  struct MergesLayerNorm<T, std::void_t<typename T::RootType>>
+      : epi::HasMerged<typename T::RootType, epi::Merge::CenteredSquares> {};
   static constexpr bool kSplit = kSplitAsked && kReduces && !kDualB && !kStaged && !kDsmem && Splits<Tree>::value;
   static constexpr int kEpiCopies = kSplit ? 2 : 1;   // the finished tile's SMEM and the published one's
+  // At most 128 registers a thread, so that four CTAs share an SM (unbounded, ptxas took 136 for postnorm: three).
+  // Measured on the H200 (docs/data/pass_variants_2026-12-05.md): 11-20% less pass time on postnorm, softmax and
+  // ln_softmax, in spite of 28-164 bytes of spills. A 64 x 256 fragment (two GEMMs on one A) is left unbounded.
+  // The split LayerNorm pass (a CenteredSquares pair) at 170 (three CTAs): at 128 it spilled 200 bytes and measured
+  // 14% slower on an H100, where the split RMSNorm and softmax passes were 9% and 34% faster at 128 (spilling 8 and
+  // 0 bytes) than at 170 (docs/data/pass_split_2026-12-07h_h100.md).
+  // Asking L2 for the next tile while one runs (cp.async.bulk.prefetch.L2 of its D and tile inputs) was measured
+  // too, and made every pass slower. (COMFUSE_PASS_MIN_BLOCKS overrides the bound, 0: none; scripts/gpu-pass-ab.sh.)
+#ifdef COMFUSE_PASS_MIN_BLOCKS
+  static constexpr int kMinBlocks = COMFUSE_PASS_MIN_BLOCKS;
+#else
+  static constexpr int kMinBlocks = Cfg::kMmaTileN > 128 ? 0 : kSplit && MergesLayerNorm<Tree>::value ? 3 : 4;
+#endif
   static_assert(!epi::IsDeferred<Tree>::value && epi::RingSlots<Tree>::value == 0,
                 "a pass runs one-pass epilogues that read their tile inputs themselves (no split phase, no tile ring)");
   struct NoDsmem {};

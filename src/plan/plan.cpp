@@ -685,10 +685,18 @@ std::optional<KernelConfig> library_config_for(const FusionSpec& fs, std::string
   const int tiles[2] = {wide_first ? 256 : 128, wide_first ? 128 : 256};
   for (int tile_n : tiles) {
     KernelConfig c = library_config(tile_n);
-    if (exchanges(fs)) {   // the row block in one cluster of exactly its column blocks where DSMEM holds it, else L2
+    if (exchanges(fs)) {
+      // A pass with one exchange before its last stage (its pairs merged) runs split, 1-wide through L2
+      // (psi_pass_splits); otherwise the row block in one cluster of exactly its column blocks where DSMEM holds it,
+      // else L2.
       const int cols = static_cast<int>((fs.gemm.n + tile_n - 1) / tile_n);
-      c.transport = cols <= kDsmemMaxCols && cols > 1 ? Transport::DsmemPeerToPeer : Transport::L2;
-      if (c.transport != Transport::L2) c.cluster_n = cols;
+      if (cols > 1 && psi_pass_splits(fs)) {
+        c.transport = Transport::L2;
+        c.merged = psi_merges(fs);
+      } else {
+        c.transport = cols <= kDsmemMaxCols && cols > 1 ? Transport::DsmemPeerToPeer : Transport::L2;
+        if (c.transport != Transport::L2) c.cluster_n = cols;
+      }
     }
     auto rejected = psi_rejects(fs, c);
     if (!rejected) return c;
