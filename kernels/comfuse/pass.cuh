@@ -116,24 +116,20 @@ struct PassKernel {
   template <class T, class = void> struct Splits : std::false_type {};
   template <class T>
   struct Splits<T, std::void_t<typename T::RootType>> : epi::SplitPhaseFits<typename T::RootType> {};
-  template <class T, class = void> struct MergesLayerNorm : std::false_type {};
-  template <class T>
-  struct MergesLayerNorm<T, std::void_t<typename T::RootType>>
-      : epi::HasMerged<typename T::RootType, epi::Merge::CenteredSquares> {};
   static constexpr bool kSplit = kSplitAsked && kReduces && !kDualB && !kStaged && !kDsmem && Splits<Tree>::value;
   static constexpr int kEpiCopies = kSplit ? 2 : 1;   // the finished tile's SMEM and the published one's
   // At most 128 registers a thread, so that four CTAs share an SM (unbounded, ptxas took 136 for postnorm: three).
   // Measured on the H200 (docs/data/pass_variants_2026-12-05.md): 11-20% less pass time on postnorm, softmax and
   // ln_softmax, in spite of 28-164 bytes of spills. A 64 x 256 fragment (two GEMMs on one A) is left unbounded.
-  // The split LayerNorm pass (a CenteredSquares pair) at 170 (three CTAs): at 128 it spilled 200 bytes and measured
-  // 14% slower on an H100, where the split RMSNorm and softmax passes were 9% and 34% faster at 128 (spilling 8 and
-  // 0 bytes) than at 170 (docs/data/pass_split_2026-12-07h_h100.md).
+  // The split passes too: the LayerNorm pass spilled 200 bytes at 128 while it read its residual into registers, and
+  // measured 14% slower than at 170 (three CTAs) on an H100; with the residual staged in SMEM (Psi renders a split
+  // pass's one 16-bit tile input so) it takes 126 and spills nothing (docs/data/pass_split_2026-12-07h_h100.md).
   // Asking L2 for the next tile while one runs (cp.async.bulk.prefetch.L2 of its D and tile inputs) was measured
   // too, and made every pass slower. (COMFUSE_PASS_MIN_BLOCKS overrides the bound, 0: none; scripts/gpu-pass-ab.sh.)
 #ifdef COMFUSE_PASS_MIN_BLOCKS
   static constexpr int kMinBlocks = COMFUSE_PASS_MIN_BLOCKS;
 #else
-  static constexpr int kMinBlocks = Cfg::kMmaTileN > 128 ? 0 : kSplit && MergesLayerNorm<Tree>::value ? 3 : 4;
+  static constexpr int kMinBlocks = Cfg::kMmaTileN > 128 ? 0 : 4;
 #endif
   static_assert(!epi::IsDeferred<Tree>::value && epi::RingSlots<Tree>::value == 0,
                 "a pass runs one-pass epilogues that read their tile inputs themselves (no split phase, no tile ring)");

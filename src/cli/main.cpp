@@ -338,7 +338,8 @@ int cmd_emit(const Args& a) {
         if (!lib) throw CodegenError(why);
         cfg = *lib;
       }
-      if (!asked.config || !merge_arg(a).empty()) cfg.merged = merge && psi_merges(p.regions[i].spec);
+      // (a pass keeps the planner's word on its pairs where --merge is not given: merged where it then runs split)
+      if (!merge_arg(a).empty() || (!asked.config && !cfg.library)) cfg.merged = merge && psi_merges(p.regions[i].spec);
       if (!asked.config || !parts.empty()) cfg.parts = parts == "on";
       PlanDecision d;
       d.config = cfg;

@@ -692,6 +692,13 @@ int tile_input_bytes(const FusionSpec& fs) {
   return elem;
 }
 
+// Whether the library-form pass of `fs` in `cfg` runs split (kernels/comfuse/pass.cuh, kSplit): 1-wide through L2,
+// and one exchange before the last stage as rendered (a LayerNorm or softmax pair only when merged).
+bool pass_runs_split(const FusionSpec& fs, const KernelConfig& cfg) {
+  return cfg.library && cfg.cluster_n == 1 && !fs.gemm.paired() && !is_dsmem(cfg.transport) && psi_pass_splits(fs) &&
+         (cfg.merged || !psi_merges(fs));
+}
+
 // The SMEM one node of `form` takes for `cfg`, or 0 where the kernels cannot read the inputs that way (the
 // schedules the GPU tests run: PingPong) or, with `rule`, where the measured rule (codegen.h) does not use it.
 long tile_node_bytes(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form, bool rule) {
@@ -737,7 +744,15 @@ std::unique_ptr<Psi> tile_input_psi(const FusionSpec& fs, const KernelConfig& cf
 // cfg.tile_input where it is set (a CodegenError where that form cannot serve this Spec); else, by the measured
 // rule, staged where it fits, else the ring where it fits, else TileLoad: the unit, and its form.
 std::unique_ptr<Psi> tile_input_psi_with_stores(const FusionSpec& fs, const KernelConfig& cfg) {
-  if (cfg.library) return std::make_unique<Psi>(fs, cfg, TileInputForm::Registers);   // (no mainloop to hide a copy)
+  if (cfg.library) {
+    // A split pass copies its one [rows, N] input into SMEM while it finishes the tile before (pass.cuh), in each of
+    // its two copies of the epilogue's SMEM (17 KB a 16-bit node and copy at 64 x 128: one node, so four CTAs fit an
+    // SM).
+    // A one-pass pass has nothing to hide a copy behind: it loads in the epilogue.
+    if (pass_runs_split(fs, cfg) && tile_input_bytes(fs) == 2)
+      if (auto psi = smem_tile_psi(fs, cfg, TileInputForm::Staged, false); psi && psi->smem_tile_nodes() == 1) return psi;
+    return std::make_unique<Psi>(fs, cfg, TileInputForm::Registers);
+  }
   if (cfg.tile_input) {
     const TileInputForm form = *cfg.tile_input;
     if (form == TileInputForm::Registers) return std::make_unique<Psi>(fs, cfg, form);

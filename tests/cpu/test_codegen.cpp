@@ -263,6 +263,24 @@ TEST(Codegen, PassSplitsWhereItHasOneExchangeBeforeTheLastStage) {
   EXPECT_FALSE(psi_pass_splits(spec("m = max(h)\nd = sub(h, m)\ne = exp(d)\ny = div(e, sum(e))\noutput y\noutput d\n")));
   // the last stage reduces: its result cannot wait a tile
   EXPECT_FALSE(psi_pass_splits(spec("m = mean(h)\nv = sum(mul(sub(h, m), g))\noutput v\n")));
+
+  // Rendered: the split pass (1-wide, L2) stages its one 16-bit residual in SMEM, to land while the tile before it
+  // finishes; the one-pass pass (a DSMEM cluster) loads it in the epilogue.
+  const FusionSpec rms = partition(parse_cf("input X : bf16[64, 32]\ninput W : bf16[32, 256]\ninput g : bf16[256]\n"
+                                            "input R : bf16[64, 256]\ny = rms_norm(add(matmul(X, W), R), g)\noutput y\n",
+                                            "r.cf"))
+                             .regions.at(0)
+                             .spec;
+  const auto lib = library_config_for(rms);
+  ASSERT_TRUE(lib.has_value());
+  EXPECT_EQ(config_name(*lib), "lib128_c1x1_l2");
+  EXPECT_NE(generate_kernel(rms, *lib).source.find("TileLoadStaged<bf16, 64, 128>"), std::string::npos);
+  KernelConfig p2p = *lib;
+  p2p.transport = Transport::DsmemPeerToPeer;
+  p2p.cluster_n = 2;
+  const std::string one_pass = generate_kernel(rms, p2p).source;
+  EXPECT_EQ(one_pass.find("TileLoadStaged<"), std::string::npos);
+  EXPECT_NE(one_pass.find("TileLoad<bf16>"), std::string::npos);
 }
 
 // The JIT's cache key is a hash of the source: value names and the batch size must not enter it, so that every
@@ -760,6 +778,11 @@ TEST(Codegen, EveryFusedRegionRendersInTheLibraryFormWithTheSameTree) {
           EXPECT_TRUE(lib->library && lib->tile_m == 64 && lib->cluster_m == 1);
           fused.merged = lib->merged;   // (a pass that runs split has its pairs merged: the fused tree to match)
           const GeneratedKernel k = generate_kernel(fs, *lib);
+          if (k.source.find("TileLoadStaged<") != std::string::npos) {   // a split pass stages its tile input
+            fused.tile_m = 64;
+            fused.tile_n = 128;
+            fused.tile_input = TileInputForm::Staged;
+          }
           EXPECT_EQ(k.name, generate_kernel(fs, fused).name + "_lib") << "the library form's own kernel name";
           EXPECT_NE(k.source.find("using Cfg = PassConfig<"), std::string::npos) << e.path();
           EXPECT_EQ(k.source.find("GemmConfig<"), std::string::npos) << e.path();

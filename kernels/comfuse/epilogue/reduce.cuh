@@ -556,12 +556,6 @@ template <RowReduce Kind, int Id, class Child> struct CountExchanges<LocalReduce
 template <Merge How, RowReduce Kind, int Id, class Child> struct CountExchanges<MergedReduce<How, Kind, Id, Child>> {
   static constexpr int count = 1 + CountExchanges<Child>::count;
 };
-// Whether a tree holds a merged pair of kind How (the split pass bounds its registers by it, pass.cuh).
-template <class T, Merge How> struct HasMerged : std::false_type {};
-template <template <class...> class Node, class... Args, Merge How>
-struct HasMerged<Node<Args...>, How> : std::bool_constant<(false || ... || HasMerged<Args, How>::value)> {};
-template <Merge M, RowReduce Kind, int Id, class Child, Merge How>
-struct HasMerged<MergedReduce<M, Kind, Id, Child>, How> : std::bool_constant<M == How || HasMerged<Child, How>::value> {};
 // The tree of the last stage of a Stage chain.
 template <class S> struct LastStageTree;
 template <class Tree> struct LastStageTree<Stage<Tree, void>> {
