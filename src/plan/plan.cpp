@@ -687,10 +687,12 @@ std::optional<KernelConfig> library_config_for(const FusionSpec& fs, std::string
     KernelConfig c = library_config(tile_n);
     if (exchanges(fs)) {
       // A pass with one exchange before its last stage (its pairs merged) runs split, 1-wide through L2
-      // (psi_pass_splits); otherwise the row block in one cluster of exactly its column blocks where DSMEM holds it,
-      // else L2.
+      // (psi_pass_splits), where the row is wider than a DSMEM cluster holds or its one reduction is not a merged
+      // pair; otherwise the row block in one cluster of exactly its column blocks where DSMEM holds it, else L2.
+      // Measured on an H100 at N = 1024 (docs/data/pass_split_2026-12-07h_h100.md): split against the cluster, RMSNorm
+      // 6% faster, softmax equal, LayerNorm 8% slower; split against the one-pass L2 form 9-34% faster.
       const int cols = static_cast<int>((fs.gemm.n + tile_n - 1) / tile_n);
-      if (cols > 1 && psi_pass_splits(fs)) {
+      if (cols > 1 && psi_pass_splits(fs) && (cols > kDsmemMaxCols || !psi_merges(fs))) {
         c.transport = Transport::L2;
         c.merged = psi_merges(fs);
       } else {

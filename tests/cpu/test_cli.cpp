@@ -196,7 +196,7 @@ TEST(Cli, FormSaysWhatRunsAndEmitsThePass) {
   EXPECT_NE(fused.out.find("region 0: fused, 128x128x64"), std::string::npos) << fused.out;
   EXPECT_NE(fused.out.find("(as asked (--form fused)"), std::string::npos) << fused.out;
   CliRun lib = run("plan " + ex + " --form library");
-  EXPECT_NE(lib.out.find("region 0: library form, cuBLASLt GEMM + generated pass lib128_c1x1_mg_l2 (as asked (--form library)"),
+  EXPECT_NE(lib.out.find("region 0: library form, cuBLASLt GEMM + generated pass lib128_c1x8_p2p (as asked (--form library)"),
             std::string::npos) << lib.out;
   const std::string gelu = std::string(COMFUSE_SOURCE_DIR) + "/examples/bias_gelu.cf";
   CliRun asked = run("plan " + gelu + " --form library");
@@ -208,7 +208,7 @@ TEST(Cli, FormSaysWhatRunsAndEmitsThePass) {
   for (const auto& e : fs::directory_iterator(d / "o")) {
     std::ifstream in(e.path());
     const std::string src(std::istreambuf_iterator<char>(in), {});
-    EXPECT_NE(src.find("using Cfg = PassConfig<bf16, 128, 1, /*DualB*/ false"), std::string::npos) << e.path();
+    EXPECT_NE(src.find("using Cfg = PassConfig<bf16, 128, 8, /*DualB*/ false"), std::string::npos) << e.path();
     passes += e.path().stem().string().size() > 4 && e.path().stem().string().substr(e.path().stem().string().size() - 4) == "_lib";
   }
   EXPECT_EQ(passes, 1);

@@ -698,20 +698,28 @@ TEST(PlanForms, ARegionRunsTheFormEstimatedFaster) {
   EXPECT_EQ(c.transport, Transport::L2) << "24 column blocks: more than a cluster holds";
   EXPECT_FALSE(d.config.library) << "config stays the fused prior (RegionKernel, fuse=\"all\")";
 
-  // One exchange before the last stage (a LayerNorm as a merged pair): the split pass, 1-wide through L2.
+  // A LayerNorm (a merged pair) whose row a cluster holds: the one-pass pass, in a cluster of exactly the row's column
+  // blocks (measured faster than split at N = 1024).
   const FusionSpec narrow = spec_of(gemm(8192, 768, 768, "y = layer_norm(add(h, b), g, beta)\noutput y\n"));
   const auto lib = library_config_for(narrow);
   ASSERT_TRUE(lib.has_value());
-  EXPECT_EQ(lib->transport, Transport::L2);
-  EXPECT_TRUE(lib->merged);
-  EXPECT_EQ(lib->cluster_n, 1);
-  EXPECT_EQ(config_name(*lib), "lib128_c1x1_mg_l2");
-  // Two exchanges (a softmax of a LayerNorm): the one-pass pass, in a cluster of exactly the row's column blocks.
+  EXPECT_EQ(lib->transport, Transport::DsmemPeerToPeer);
+  EXPECT_EQ(lib->cluster_n, 6) << "a cluster of exactly the row's column blocks";
+  EXPECT_FALSE(lib->merged);
+  // An RMSNorm (one reduction): the split pass, 1-wide through L2.
+  const auto rms = library_config_for(spec_of(gemm(8192, 768, 768, "y = rms_norm(add(h, b), g)\noutput y\n")));
+  ASSERT_TRUE(rms.has_value());
+  EXPECT_EQ(config_name(*rms), "lib128_c1x1_l2");
+  // A LayerNorm wider than a cluster holds (16 column blocks): split, its pair merged.
+  const auto wide = library_config_for(spec_of(gemm(8192, 768, 2048, "y = layer_norm(add(h, b), g, beta)\noutput y\n")));
+  ASSERT_TRUE(wide.has_value());
+  EXPECT_EQ(config_name(*wide), "lib128_c1x1_mg_l2");
+  // Two exchanges (a softmax of a LayerNorm): one pass, in the cluster.
   const FusionSpec two = spec_of(gemm(8192, 768, 768, "y = softmax(layer_norm(add(h, b), g, beta))\noutput y\n"));
   const auto lib2 = library_config_for(two);
   ASSERT_TRUE(lib2.has_value());
   EXPECT_EQ(lib2->transport, Transport::DsmemPeerToPeer);
-  EXPECT_EQ(lib2->cluster_n, 6) << "a cluster of exactly the row's column blocks";
+  EXPECT_EQ(lib2->cluster_n, 6);
   EXPECT_FALSE(lib2->merged);
   // One column block: nothing is exchanged, nothing split.
   const auto one = library_config_for(spec_of(gemm(8192, 768, 128, "y = rms_norm(h, g)\noutput y\n")));
@@ -737,9 +745,6 @@ TEST(PlanForms, ARegionRunsTheFormEstimatedFaster) {
   PlanOptions l2;
   l2.transport = Transport::L2;
   EXPECT_EQ(plan_region(narrow, l2).library->transport, Transport::L2);
-  PlanOptions p2p;
-  p2p.transport = Transport::DsmemPeerToPeer;
-  EXPECT_EQ(plan_region(narrow, p2p).library->cluster_n, 8) << "the one-pass pass, as asked";
 }
 
 TEST(PlanForms, WhatNoKernelServesIsNotOfferedALibraryForm) {
