@@ -692,13 +692,6 @@ int tile_input_bytes(const FusionSpec& fs) {
   return elem;
 }
 
-// Whether the library-form pass of `fs` in `cfg` runs split (kernels/comfuse/pass.cuh, kSplit): 1-wide through L2,
-// and one exchange before the last stage as rendered (a LayerNorm or softmax pair only when merged).
-bool pass_runs_split(const FusionSpec& fs, const KernelConfig& cfg) {
-  return cfg.library && cfg.cluster_n == 1 && !fs.gemm.paired() && !is_dsmem(cfg.transport) && psi_pass_splits(fs) &&
-         (cfg.merged || !psi_merges(fs));
-}
-
 // The SMEM one node of `form` takes for `cfg`, or 0 where the kernels cannot read the inputs that way (the
 // schedules the GPU tests run: PingPong) or, with `rule`, where the measured rule (codegen.h) does not use it.
 long tile_node_bytes(const FusionSpec& fs, const KernelConfig& cfg, TileInputForm form, bool rule) {
@@ -770,25 +763,6 @@ std::unique_ptr<Psi> tile_input_psi_with_stores(const FusionSpec& fs, const Kern
 }  // namespace
 
 bool psi_library_gemm_only(const FusionSpec& fs) { return !library_epilogue(fs).kind.empty(); }
-
-bool psi_row_output(const FusionSpec& fs) { return row_output_of(fs) >= 0 || pair_rows_of(fs).first >= 0; }
-
-bool psi_merges(const FusionSpec& fs) {
-  const auto m = merged_pairs(fs.stages());
-  return std::any_of(m.begin(), m.end(), [](MergeHow h) { return h != MergeHow::None; });
-}
-
-bool psi_pass_splits(const FusionSpec& fs) {
-  const auto st = fs.stages();
-  if (st.size() < 2 || psi_row_output(fs) || st.back()->nodes[st.back()->terminal].kind == SpecKind::Reduction)
-    return false;
-  // every stage but the last ends in a reduction; the first of a merged pair exchanges nothing
-  const auto m = merged_pairs(st);
-  int exchanges = 0;
-  for (size_t k = 0; k + 1 < st.size(); ++k)
-    if (m[k] == MergeHow::None) ++exchanges;
-  return exchanges == 1 && m[st.size() - 2] == MergeHow::None;
-}
 
 TileInputForm psi_tile_input_form(const FusionSpec& fs, const KernelConfig& cfg) {
   try {

@@ -1,4 +1,5 @@
-// What Psi reads off a Spec's structure (psi_structure.h): merged pairs, row outputs, the templates' limits.
+// What Psi reads off a Spec's structure (psi_structure.h): merged pairs, row outputs, whether a pass runs split, the
+// templates' limits.
 #include "codegen/psi_structure.h"
 
 #include <algorithm>
@@ -312,9 +313,38 @@ bool reloads_vectors(const FusionSpec& fs, const std::vector<const Spec*>& stage
   return reads_statistics && vectors >= 2;
 }
 
+bool pass_runs_split(const FusionSpec& fs, const KernelConfig& cfg) {
+  return cfg.library && cfg.cluster_n == 1 && !fs.gemm.paired() && !is_dsmem(cfg.transport) && psi_pass_splits(fs) &&
+         (cfg.merged || !psi_merges(fs));
+}
+
 }  // namespace comfuse::psi_detail
 
 namespace comfuse {
+
+using psi_detail::merged_pairs;
+using psi_detail::MergeHow;
+
+bool psi_row_output(const FusionSpec& fs) {
+  return psi_detail::row_output_of(fs) >= 0 || psi_detail::pair_rows_of(fs).first >= 0;
+}
+
+bool psi_merges(const FusionSpec& fs) {
+  const auto m = merged_pairs(fs.stages());
+  return std::any_of(m.begin(), m.end(), [](MergeHow h) { return h != MergeHow::None; });
+}
+
+bool psi_pass_splits(const FusionSpec& fs) {
+  const auto st = fs.stages();
+  if (st.size() < 2 || psi_row_output(fs) || st.back()->nodes[st.back()->terminal].kind == SpecKind::Reduction)
+    return false;
+  // every stage but the last ends in a reduction; the first of a merged pair exchanges nothing
+  const auto m = merged_pairs(st);
+  int exchanges = 0;
+  for (size_t k = 0; k + 1 < st.size(); ++k)
+    if (m[k] == MergeHow::None) ++exchanges;
+  return exchanges == 1 && m[st.size() - 2] == MergeHow::None;
+}
 
 std::vector<int> psi_row_parts_outputs(const FusionSpec& fs) {
   if (const int o = psi_detail::row_output_of(fs); o >= 0) return {o};

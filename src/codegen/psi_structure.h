@@ -52,6 +52,10 @@ bool ring_in_boxes(const FusionSpec& fs, const KernelConfig& cfg);
 // them that read two or more.
 bool reloads_vectors(const FusionSpec& fs, const std::vector<const Spec*>& stages);
 
+// Whether the library-form pass of `fs` in `cfg` runs split (kernels/comfuse/pass.cuh, kSplit): 1-wide through L2,
+// and one exchange before the last stage as rendered (a LayerNorm or softmax pair only when merged).
+bool pass_runs_split(const FusionSpec& fs, const KernelConfig& cfg);
+
 // GemmConfig's and the epilogue driver's static_asserts (kernels/comfuse/gemm.cuh, epilogue/core.cuh), and the
 // limits on outputs, parameters and column blocks: a CodegenError with the reason instead of a failing nvcc.
 void check_limits(const FusionSpec& fs, const KernelConfig& c);

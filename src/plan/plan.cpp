@@ -676,38 +676,6 @@ std::string fit_transport(KernelConfig& c, const FusionSpec& fs) {
 
 }  // namespace
 
-std::optional<KernelConfig> library_config_for(const FusionSpec& fs, std::string* why) {
-  std::string first_why;
-  // 64 x 128 tiles: 64 fp32 values per thread, so that several CTAs share an SM and keep its loads in flight (a
-  // 64 x 256 reduction tile took 255 registers and spilled). Two GEMMs on one A: 64 x 256 fragments, an output tile
-  // of 128 (150 registers).
-  const int wide_first = fs.gemm.paired() ? 1 : 0;
-  const int tiles[2] = {wide_first ? 256 : 128, wide_first ? 128 : 256};
-  for (int tile_n : tiles) {
-    KernelConfig c = library_config(tile_n);
-    if (exchanges(fs)) {
-      // A pass with one exchange before its last stage (its pairs merged) runs split, 1-wide through L2
-      // (psi_pass_splits), where the row is wider than a DSMEM cluster holds or its one reduction is not a merged
-      // pair; otherwise the row block in one cluster of exactly its column blocks where DSMEM holds it, else L2.
-      // Measured on an H100 at N = 1024 (docs/data/pass_split_2026-12-07h_h100.md): split against the cluster, RMSNorm
-      // 6% faster, softmax equal, LayerNorm 8% slower; split against the one-pass L2 form 9-34% faster.
-      const int cols = static_cast<int>((fs.gemm.n + tile_n - 1) / tile_n);
-      if (cols > 1 && psi_pass_splits(fs) && (cols > kDsmemMaxCols || !psi_merges(fs))) {
-        c.transport = Transport::L2;
-        c.merged = psi_merges(fs);
-      } else {
-        c.transport = cols <= kDsmemMaxCols && cols > 1 ? Transport::DsmemPeerToPeer : Transport::L2;
-        if (c.transport != Transport::L2) c.cluster_n = cols;
-      }
-    }
-    auto rejected = psi_rejects(fs, c);
-    if (!rejected) return c;
-    if (first_why.empty()) first_why = *rejected;
-  }
-  if (why) *why = "no pass template: " + first_why;
-  return std::nullopt;
-}
-
 PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
   return plan_region(fs, PlanOptions{}, table);
 }
