@@ -15,8 +15,8 @@
 //
 // Tiles are taken row-block-major by a persistent grid (RowBlockScheduler, tile_scheduler.cuh). A row reduction over
 // more than one column block exchanges its partials as the fused kernel's do: through DSMEM within a 1 x C cluster
-// that holds the row block (C = N / TileN <= 8), or through L2 with a cooperative launch. With N <= TileN nothing is
-// exchanged.
+// that holds the row block (C = N / TileN <= 8), or through L2 with a cooperative launch, where a pass whose one
+// exchange ends its next-to-last stage runs split (kSplit, below). With N <= TileN nothing is exchanged.
 //
 // Loads: lane q of a quad loads 16 bytes, the 8-column block 4g + q of each group g of four blocks of its row, and a
 // quad transpose (core.cuh) turns the quad's four blocks into the fragment layout. Every load of the tile is issued
@@ -101,13 +101,13 @@ struct PassKernel {
   static constexpr bool kReduces = epi::NeedsCoResidency<Tree>::value;
   static constexpr bool kDsmem =
       Cfg::kClusterN > 1 && !std::is_void_v<typename epi::DsmemStorageOf<Tree>::type>;
-  // Split phase (the default; COMFUSE_PASS_SPLIT=0 turns it off for scripts/gpu-pass-ab.sh): where the
-  // row block's one exchange goes through L2 (a 1-wide pass) at the end of the next-to-last stage (RMSNorm; LayerNorm
-  // and softmax as merged pairs), a tile's exchange only publishes its partials; the CTA then issues its next tile's
-  // loads (into SMEM), finishes the previous tile (its peers published it meanwhile: the partials are collected, the
-  // last stage runs from the fp32 tile the CTA kept in registers) and publishes the next. So no CTA waits for the slowest peer of
-  // its row block, and the next tile's loads are in flight during the finish. Same numerics as the one-pass order
-  // (the carried tile stays fp32; the L2 exchange combines in column-block order either way).
+  // Split phase (the default; COMFUSE_PASS_SPLIT=0 turns it off for scripts/gpu-pass-ab.sh): where the row block's
+  // one exchange goes through L2 (a 1-wide pass) at the end of the next-to-last stage (RMSNorm; LayerNorm and softmax
+  // as merged pairs), a tile's exchange only publishes its partials. The CTA then copies its next tile's D into SMEM,
+  // meanwhile finishes the previous tile (its peers published it a tile ago: the partials are collected, and the last
+  // stage runs from the fp32 tile the CTA kept in registers), and publishes the next. So no CTA waits for the slowest
+  // peer of its row block, and the next tile's loads are in flight during the finish. Same numerics as the one-pass
+  // order (the carried tile stays fp32; the L2 exchange combines in column-block order either way).
 #ifdef COMFUSE_PASS_SPLIT
   static constexpr bool kSplitAsked = COMFUSE_PASS_SPLIT != 0;
 #else
@@ -321,8 +321,8 @@ struct PassKernel {
       epi::TileCtx ctx = ctx_of(u);
       Tree tree(p.epi, ss.epi[ctx.iter % kEpiCopies], ctx);
       tree.prefetch();
-      // This tile's D lands in SMEM while the previous tile finishes: registers then hold only the carried tile
-      // (in registers too, 32 more a thread, ptxas spilled 260-356 bytes at four CTAs an SM).
+      // This tile's D lands in SMEM while the previous tile finishes, so registers hold only the carried tile (loaded
+      // into registers instead, 32 more a thread, it made ptxas spill 260-356 bytes at four CTAs an SM).
       issue_staged(ss.staged, p, tCcD, ctx);
       epi::cp_async_commit();
       if (pending >= 0) finish(pending);

@@ -260,17 +260,16 @@ TEST(Codegen, PassSplitsWhereItHasOneExchangeBeforeTheLastStage) {
   EXPECT_FALSE(psi_pass_splits(spec("y = softmax(layer_norm(h, g, b))\noutput y\n")));   // two exchanges
   EXPECT_FALSE(psi_pass_splits(spec("y = gelu(add(h, b))\noutput y\n")));              // none
   // a pair that does not merge: two exchanges
-  EXPECT_FALSE(psi_pass_splits(spec("m = max(h)\nd = sub(h, m)\ne = exp(d)\ny = div(e, sum(e))\noutput y\noutput d\n")));
+  EXPECT_FALSE(
+      psi_pass_splits(spec("m = max(h)\nd = sub(h, m)\ne = exp(d)\ny = div(e, sum(e))\noutput y\noutput d\n")));
   // the last stage reduces: its result cannot wait a tile
   EXPECT_FALSE(psi_pass_splits(spec("m = mean(h)\nv = sum(mul(sub(h, m), g))\noutput v\n")));
 
   // Rendered: the split pass (1-wide, L2) stages its one 16-bit residual in SMEM, to land while the tile before it
   // finishes; the one-pass pass (a DSMEM cluster) loads it in the epilogue.
-  const FusionSpec rms = partition(parse_cf("input X : bf16[64, 32]\ninput W : bf16[32, 256]\ninput g : bf16[256]\n"
-                                            "input R : bf16[64, 256]\ny = rms_norm(add(matmul(X, W), R), g)\noutput y\n",
-                                            "r.cf"))
-                             .regions.at(0)
-                             .spec;
+  const std::string cf = "input X : bf16[64, 32]\ninput W : bf16[32, 256]\ninput g : bf16[256]\n"
+                         "input R : bf16[64, 256]\ny = rms_norm(add(matmul(X, W), R), g)\noutput y\n";
+  const FusionSpec rms = partition(parse_cf(cf, "r.cf")).regions.at(0).spec;
   const auto lib = library_config_for(rms);
   ASSERT_TRUE(lib.has_value());
   EXPECT_EQ(config_name(*lib), "lib128_c1x1_l2");

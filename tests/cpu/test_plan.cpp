@@ -711,7 +711,8 @@ TEST(PlanForms, ARegionRunsTheFormEstimatedFaster) {
   ASSERT_TRUE(rms.has_value());
   EXPECT_EQ(config_name(*rms), "lib128_c1x1_l2");
   // A LayerNorm wider than a cluster holds (16 column blocks): split, its pair merged.
-  const auto wide = library_config_for(spec_of(gemm(8192, 768, 2048, "y = layer_norm(add(h, b), g, beta)\noutput y\n")));
+  const auto wide =
+      library_config_for(spec_of(gemm(8192, 768, 2048, "y = layer_norm(add(h, b), g, beta)\noutput y\n")));
   ASSERT_TRUE(wide.has_value());
   EXPECT_EQ(config_name(*wide), "lib128_c1x1_mg_l2");
   // Two exchanges (a softmax of a LayerNorm): one pass, in the cluster.
