@@ -8,8 +8,8 @@
 #   scripts/gpu-pass-ab.sh [--rounds R] [--programs a,b] [--odd] VARIANT...
 #   VARIANT: name=KERNEL_DIR[,nvcc flag ...][;cli option ...], e.g.
 #     head=build/ab/kernels-head  mb0=kernels,-DCOMFUSE_PASS_MIN_BLOCKS=0  merged=kernels;--merge;on
-# Logs under $OUT; per program and variant: the graph's median, the passes' time, a device copy of their bytes, and
-# passes ÷ copy (medians over the rounds).
+# Logs under $OUT; per program and variant: the pass's cluster and transport as it ran, the graph's median, the passes'
+# time, a device copy of their bytes, and passes ÷ copy (medians over the rounds).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -87,15 +87,18 @@ done
 
 med() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 echo
-echo "| program | variant | graph us | passes us | copy us | passes ÷ copy |"
-echo "|---|---|---|---|---|---|"
+echo "| program | variant | pass as run | graph us | passes us | copy us | passes ÷ copy |"
+echo "|---|---|---|---|---|---|---|"
 for p in ${programs//,/ }; do
   for n in "${names[@]}"; do
     g="$(cat "$OUT"/logs/bench_${p}_${n}_*.log 2>/dev/null | grep -oE ': median [0-9.]+ us over' | awk '{print $3}' | med)"
     ps="$(cat "$OUT"/logs/bench_${p}_${n}_*.log 2>/dev/null | grep -oE 'passes take ~-?[0-9.]+' | grep -oE -- '-?[0-9.]+$' | med)"
     cp="$(cat "$OUT"/logs/bench_${p}_${n}_*.log 2>/dev/null | grep -oE '[0-9.]+ us as a device copy' | awk '{print $1}' | med)"
     ratio="$(awk -v a="$ps" -v b="$cp" 'BEGIN {if (b > 0) printf "%.3f", a / b; else print "-"}')"
-    echo "| $p | $n | $g | $ps | $cp | $ratio |"
+    # what each variant's pass ran as, from its first log (a variant that silently ran another form shows here)
+    ran="$(grep -ohE 'cluster [0-9]+x[0-9]+(, reduction pairs merged)?, transport [a-z0-9_]+' \
+      "$OUT"/logs/bench_${p}_${n}_1.log 2>/dev/null | head -1 | sed 's/, reduction pairs merged/ mg/; s/, transport/,/')"
+    echo "| $p | $n | ${ran:--} | $g | $ps | $cp | $ratio |"
   done
 done
 echo "gpu-pass-ab: $(( $(date +%s) - t0 )) s; failed checks: $(grep -vc 'rc=0$' "$OUT/checks.txt")"
