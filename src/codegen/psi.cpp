@@ -739,9 +739,8 @@ std::unique_ptr<Psi> tile_input_psi(const FusionSpec& fs, const KernelConfig& cf
 std::unique_ptr<Psi> tile_input_psi_with_stores(const FusionSpec& fs, const KernelConfig& cfg) {
   if (cfg.library) {
     // A split pass copies its one [rows, N] input into SMEM while it finishes the tile before (pass.cuh), in each of
-    // its two copies of the epilogue's SMEM (17 KB a 16-bit node and copy at 64 x 128: one node, so four CTAs fit an
-    // SM).
-    // A one-pass pass has nothing to hide a copy behind: it loads in the epilogue.
+    // its two copies of the epilogue's SMEM: 17 KB a 16-bit node and copy at 64 x 128, so one node, and four CTAs
+    // still fit an SM. A one-pass pass has nothing to hide a copy behind: it loads in the epilogue.
     if (pass_runs_split(fs, cfg) && tile_input_bytes(fs) == 2) {
       auto psi = smem_tile_psi(fs, cfg, TileInputForm::Staged, false);
       if (psi && psi->smem_tile_nodes() == 1) return psi;
