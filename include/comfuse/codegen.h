@@ -79,6 +79,10 @@ bool psi_pass_splits(const FusionSpec& fs);
 // block's tiles to arrive combines them, so no CTA waits for another, and the kernel launches and is planned like
 // an elementwise one (no transport, no cooperative launch, any cluster).
 bool psi_row_output(const FusionSpec& fs);
+
+// Whether `fs`'s row reductions exchange partials between CTAs (a transport, a cooperative launch): every Spec with
+// stages, except one whose reductions only leave the kernel (psi_row_output).
+bool psi_exchanges(const FusionSpec& fs);
 // The per-row outputs such a Spec can store in row parts (SpecOutput::row_parts; ReduceToParts, MergedToParts):
 // {the reduction's output}, {the LayerNorm pair's mean, its mean of squared deviations}, or {}.
 std::vector<int> psi_row_parts_outputs(const FusionSpec& fs);

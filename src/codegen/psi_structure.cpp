@@ -329,6 +329,8 @@ bool psi_row_output(const FusionSpec& fs) {
   return psi_detail::row_output_of(fs) >= 0 || psi_detail::pair_rows_of(fs).first >= 0;
 }
 
+bool psi_exchanges(const FusionSpec& fs) { return fs.num_stages() > 1 && !psi_row_output(fs); }
+
 bool psi_merges(const FusionSpec& fs) {
   const auto m = merged_pairs(fs.stages());
   return std::any_of(m.begin(), m.end(), [](MergeHow h) { return h != MergeHow::None; });
@@ -336,8 +338,7 @@ bool psi_merges(const FusionSpec& fs) {
 
 bool psi_pass_splits(const FusionSpec& fs) {
   const auto st = fs.stages();
-  if (st.size() < 2 || psi_row_output(fs) || st.back()->nodes[st.back()->terminal].kind == SpecKind::Reduction)
-    return false;
+  if (!psi_exchanges(fs) || st.back()->nodes[st.back()->terminal].kind == SpecKind::Reduction) return false;
   // every stage but the last ends in a reduction; the first of a merged pair exchanges nothing
   const auto m = merged_pairs(st);
   int exchanges = 0;

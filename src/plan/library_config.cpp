@@ -2,7 +2,7 @@
 // exchange partials (docs/codegen.md, "The forms of a region").
 #include <string>
 
-#include "comfuse/codegen.h"  // psi_rejects, psi_pass_splits, psi_merges, psi_row_output
+#include "comfuse/codegen.h"  // psi_rejects, psi_exchanges, psi_pass_splits, psi_merges
 #include "comfuse/plan.h"
 
 namespace comfuse {
@@ -14,10 +14,9 @@ std::optional<KernelConfig> library_config_for(const FusionSpec& fs, std::string
   // of 128 (150 registers).
   const int wide_first = fs.gemm.paired() ? 1 : 0;
   const int tiles[2] = {wide_first ? 256 : 128, wide_first ? 128 : 256};
-  const bool exchanges = fs.num_stages() > 1 && !psi_row_output(fs);
   for (int tile_n : tiles) {
     KernelConfig c = library_config(tile_n);
-    if (exchanges) {
+    if (psi_exchanges(fs)) {
       // A pass with one exchange before its last stage runs split, 1-wide through L2 (psi_pass_splits), where its one
       // reduction is not a merged pair or the row is wider than a DSMEM cluster holds; otherwise the row block in one
       // cluster of exactly its column blocks where DSMEM holds it, else L2. Measured on an H100

@@ -128,14 +128,10 @@ bool row_config(const MeasuredRow& f, const FusionSpec& fs, KernelConfig& c) {
   return true;
 }
 
-// Whether fs's row reductions exchange partials between CTAs (a transport, a cooperative launch): every Spec with
-// stages, except one whose reduction only leaves the kernel (psi_row_output).
-bool exchanges(const FusionSpec& fs) { return fs.num_stages() > 1 && !psi_row_output(fs); }
-
 // A measured row of epilogue class `cls` whose config (parsed into c, with the row's tile-input form) can serve
 // `fs`: Psi can read fs's tile inputs in that form (a Spec without any: rows measured with TileLoad only).
 bool eligible(const MeasuredRow& f, const FusionSpec& fs, const std::string& cls, KernelConfig& c) {
-  const bool reduces = exchanges(fs);
+  const bool reduces = psi_exchanges(fs);
   if (f.library || f.epilogue != cls || !row_config(f, fs, c)) return false;
   if (c.tile_input && !psi_can_read_tiles(fs, c, *c.tile_input)) return false;
   if (c.merged && !psi_merges(fs)) return false;   // measured merged; this Spec has no pair to merge
@@ -635,7 +631,7 @@ PlanDecision decide(PlanDecision& d, const FusedEstimate& e, const FusionSpec& f
 // transport, not yet its cluster: fit_transport).
 PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
   PlanDecision d;
-  const bool reduces = exchanges(fs);
+  const bool reduces = psi_exchanges(fs);
   auto decline = [&](std::string why) {
     d.fuse = false;
     d.reason = std::move(why);
@@ -686,7 +682,7 @@ PlanDecision plan_fitted(const FusionSpec& fs, const PlanOptions& opts, const st
   if (d.verdict == Verdict::CannotServe) return d;
   // The kernel choice made whole, once: the caller's transport over the measured one, the cluster it needs, the
   // caller's word on merged pairs. (A region declined as slower still gets a full config: fuse="all" runs it.)
-  if (opts.transport && exchanges(fs)) d.config.transport = *opts.transport;
+  if (opts.transport && psi_exchanges(fs)) d.config.transport = *opts.transport;
   if (std::string why = fit_transport(d.config, fs); !why.empty()) throw PlanError(why);
   if (opts.merge) {
     const bool was = d.config.merged;
@@ -713,7 +709,7 @@ PlanDecision plan_fitted(const FusionSpec& fs, const PlanOptions& opts, const st
     if (!c.tile_input) c.tile_input = TileInputForm::Registers;   // (a name without a form: as a measured row's)
     if (!has_tile_param(fs)) c.tile_input.reset();
     c.merged = c.merged && psi_merges(fs);
-    if (!exchanges(fs)) c.transport = Transport::None;
+    if (!psi_exchanges(fs)) c.transport = Transport::None;
     else if (c.transport == Transport::None) c.transport = d.config.transport;
     if (std::string why = fit_transport(c, fs); !why.empty()) throw PlanError("config " + config_name(c) + ": " + why);
     if (auto why = psi_rejects(fs, c)) throw PlanError("the asked config cannot serve this region: " + *why);
@@ -743,7 +739,7 @@ void choose_form(PlanDecision& d, const FusionSpec& fs, const PlanOptions& opts)
   }
   d.library = library_config_for(fs, &d.library_reason);
   if (d.library && opts.merge) d.library->merged = *opts.merge && psi_merges(fs);   // the caller's word, as above
-  if (d.library && opts.transport && exchanges(fs)) {
+  if (d.library && opts.transport && psi_exchanges(fs)) {
     d.library->transport = *opts.transport;
     if (std::string why = fit_transport(*d.library, fs); !why.empty()) throw PlanError("library form: " + why);
   }
@@ -791,13 +787,13 @@ PlanDecision plan_value_region(const FusionSpec& fs, const PlanOptions& opts, co
   d.library = library_config_for(fs, &d.library_reason);
   std::string transport_note;
   if (d.library && opts.merge) d.library->merged = *opts.merge && psi_merges(fs);
-  if (d.library && opts.transport && exchanges(fs) && *opts.transport != d.library->transport) {
+  if (d.library && opts.transport && psi_exchanges(fs) && *opts.transport != d.library->transport) {
     KernelConfig asked = *d.library;   // the caller's transport where it serves this N, else the planner's, said
     asked.transport = *opts.transport;
     if (std::string why = fit_transport(asked, fs); why.empty()) d.library = asked;
     else transport_note = "; the transport asked for cannot serve it (" + why + "): the planner's";
   }
-  if (std::string why = d.library ? l2_exchange_refusal(fs, *d.library) : ""; exchanges(fs) && !why.empty()) {
+  if (std::string why = d.library ? l2_exchange_refusal(fs, *d.library) : ""; psi_exchanges(fs) && !why.empty()) {
     d.library_reason = why;
     d.library.reset();
   }
