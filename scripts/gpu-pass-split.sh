@@ -44,12 +44,12 @@ if [ -x build/forms/capture_forms ]; then
   done > "$OUT/captures.txt"
 fi
 
-OUT="$OUT/sanitize" timeout 240 scripts/gpu-sanitize-programs.sh --defer-norms off \
+OUT="$OUT/sanitize" timeout 150 scripts/gpu-sanitize-programs.sh --defer-norms off \
   "tests/forms/cf/postnorm512.cf:--form library --transport l2 --merge on" "tests/forms/cf/ln2048.cf:--form library" \
   "tests/forms/cf/softmax2000.cf:--form library" "tests/forms/cf/rms_odd.cf:--form library" > "$OUT/sanitize.txt" 2>&1
 
 if [ $ncu_on = 1 ] && command -v ncu > /dev/null; then
-  timeout 150 ncu --clock-control none --set full --import-source no -k "regex:pass_kernel" --launch-skip 2 \
+  timeout 100 ncu --clock-control none --set full --import-source no -k "regex:pass_kernel" --launch-skip 2 \
     --launch-count 1 -f -o "$OUT/ncu_rmsnorm" "$cli" run examples/rmsnorm.cf --form library --launches 4 \
     > "$OUT/ncu_run.log" 2>&1
   gpu_ncu_summary "$OUT/ncu_rmsnorm" 20 > "$OUT/ncu.txt" 2>&1
