@@ -166,6 +166,10 @@ std::optional<std::string> check_region_configs(const PlanOptions& o, size_t reg
 // C <= 8 column blocks, else L2. nullopt with the reason where Psi cannot render the Spec as a pass.
 std::optional<KernelConfig> library_config_for(const FusionSpec& fs, std::string* why = nullptr);
 
+// Fits c's cluster to its transport for fs: DSMEM puts the row block in one 1 x C cluster (C the next power of two at
+// or above the column blocks), L2 runs without a cluster. Why the transport cannot serve this N, or "".
+std::string fit_transport(KernelConfig& c, const FusionSpec& fs);
+
 // The planner's choice for a region. Throws PlanError where `opts` asks for what cannot serve this region (a DSMEM
 // transport for more column blocks than a cluster holds).
 PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table = measured_table());

@@ -300,10 +300,6 @@ struct PassKernel {
   }
 
   // The split-phase loop (kSplit). ctx_of(u): tile u's context, bound to its iteration's copy of the epilogue SMEM.
-  // Tile u's copies (its D into `staged`, its tile inputs and vectors into copy u % 2 of the epilogue SMEM) are issued
-  // right after tile u - 1's D has been read back, so copies are in flight through both turns: u's during u - 1's
-  // publish and u - 2's finish. (Issued only after the finish, before u's publish, they left the publish with nothing
-  // in flight.) Registers hold one fp32 tile at a time: the carried one during a finish, the published one after.
   // Progress: a finish waits only for the partials of a row block whose tiles every peer published in the same
   // iteration without waiting on any later row block (the one-pass argument of tile_scheduler.cuh, as gemm.cuh's
   // split phase makes it).
@@ -311,7 +307,6 @@ struct PassKernel {
   static CUTE_DEVICE void run_split(Params const& p, SharedStorage& ss, Sched const& sched, CoordTensor const& tCcD,
                                     CtxOf ctx_of) {
     using namespace cute;
-    static_assert(!epi::kHasAsyncStores<Tree>, "a finish's stores leave before the next copies reuse its SMEM");
     TiledMma tiled_mma;
     Tensor carried = partition_fragment_C(tiled_mma, TileShape{});   // the published tile's fp32 values
     int pending = -1;
@@ -322,32 +317,23 @@ struct PassKernel {
       pt.template collect<Tree::kSplitStage>(pc);
       epi::run_stage<Tree::kStage>(pt, carried, tCcD, pc);
     };
-    // Tile u's copies, one committed group (empty past the last tile).
-    auto issue = [&](int u) {
-      if (u < sched.total) {
-        epi::TileCtx c = ctx_of(u);
-        Tree t(p.epi, ss.epi[c.iter % kEpiCopies], c);
-        t.prefetch();
-        issue_staged(ss.staged, p, tCcD, c);
-      }
-      epi::cp_async_commit();
-    };
-    issue(sched.first);
     for (int u = sched.first; u < sched.total; u += sched.stride) {
       epi::TileCtx ctx = ctx_of(u);
+      Tree tree(p.epi, ss.epi[ctx.iter % kEpiCopies], ctx);
+      tree.prefetch();
+      // This tile's D lands in SMEM while the previous tile finishes, so registers hold only the carried tile (loaded
+      // into registers instead, 32 more a thread, it made ptxas spill 260-356 bytes at four CTAs an SM).
+      issue_staged(ss.staged, p, tCcD, ctx);
+      epi::cp_async_commit();
       if (pending >= 0) finish(pending);
-      // Tile u's copies have landed, everyone's; and the finish has read copy (u - 1) % 2 of the epilogue SMEM, so
-      // tile u + 1's copies may go there.
-      epi::cp_async_wait_all();
-      epi::group_barrier(0);
+      epi::cp_async_wait_all();   // each thread reads back only its own copies (the vectors: wait_staged below)
       Loaded loaded;
-      read_staged(loaded, ss.staged);   // each thread its own slots: no barrier before they are written again
+      read_staged(loaded, ss.staged);
       Tensor accum = partition_fragment_C(tiled_mma, TileShape{});
       to_fragment(loaded, accum);
-      issue(u + sched.stride);
-      Tree tree(p.epi, ss.epi[ctx.iter % kEpiCopies], ctx);
       epi::settle(tree);
-      epi::run_stages<Tree>(tree, accum, tCcD, ctx, std::make_integer_sequence<int, Tree::kSplitStage + 1>{});
+      epi::run_publish_stages(tree, accum, tCcD, ctx);
+      epi::group_barrier(0);   // this copy's SMEM is read until here; its next prefetch comes two tiles later
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum); ++i) carried(i) = accum(i);
       pending = u;

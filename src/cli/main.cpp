@@ -47,7 +47,9 @@ const char* kUsage =
     "                                       library form); b2b: back-to-back chains as their kernel accumulates\n"
     "                                       (N1 in chunks of C)\n"
     "  comfuse print FILE.cf [--decomposed] the graph in canonical .cf form (composites expanded with --decomposed)\n"
-    "  comfuse emit FILE.cf -o DIR          the generated CUDA C++ of each fused region (DIR/comfuse_<hash>.cu)\n"
+    "  comfuse emit FILE.cf -o DIR [--transport T]\n"
+    "                                       the generated CUDA C++ of each fused region (DIR/comfuse_<hash>.cu); with\n"
+    "                                       --transport, of the kernel that run / bench launch with it\n"
     "  comfuse run FILE.cf [--inputs DIR] [--outputs DIR] [--check] [--transport T] [--aot DIR] [--seed S]\n"
     "                                       runs the graph's fused kernels on the GPU (JIT-compiled and cached, or\n"
     "                                       from --aot DIR); inputs from DIR/NAME.npy, else fresh random ones;\n"
@@ -319,6 +321,14 @@ int cmd_emit(const Args& a) {
   make_output_dir(dir);
   const bool library = form_arg(a) == "library";
   const PlanOptions asked = config_arg(a);
+  // --transport: the source of the kernel that run / bench / aot launch with it (a library pass runs split, 1-wide,
+  // or in a cluster by its transport), not the default config's.
+  std::optional<Transport> transport;
+  if (const std::string t = a.get("transport"); !t.empty()) {
+    transport = parse_transport(t);
+    if (!transport || *transport == Transport::None)
+      throw UsageError("unknown transport '" + t + "' (l2, dsmem_p2p, dsmem_leader)");
+  }
   if (auto why = check_region_configs(asked, p.regions.size())) throw UsageError("--config: " + *why);
   std::vector<std::optional<PlanDecision>> plans(p.regions.size());   // the config each region renders in
   std::vector<std::string> refused(p.regions.size());
@@ -337,6 +347,10 @@ int cmd_emit(const Args& a) {
         auto lib = library_config_for(p.regions[i].spec, &why);
         if (!lib) throw CodegenError(why);
         cfg = *lib;
+      }
+      if (transport && psi_exchanges(p.regions[i].spec)) {
+        cfg.transport = *transport;
+        if (std::string why = fit_transport(cfg, p.regions[i].spec); !why.empty()) throw CodegenError(why);
       }
       // (a pass keeps the planner's word on its pairs where --merge is not given: merged where it then runs split)
       if (!merge_arg(a).empty() || (!asked.config && !cfg.library)) cfg.merged = merge && psi_merges(p.regions[i].spec);
@@ -758,7 +772,7 @@ int main(int argc, char** argv) {
     if (cmd == "plan")
       return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms", "form", "config", "store-in-ring", "row-parts", "value-regions"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
-    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "parts", "defer-norms", "form", "config", "row-parts", "value-regions"}));
+    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "transport", "parts", "defer-norms", "form", "config", "row-parts", "value-regions"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
       return cmd_run(

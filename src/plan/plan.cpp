@@ -651,9 +651,9 @@ PlanDecision plan_measured(const FusionSpec& fs, const std::vector<MeasuredRow>&
   return decide(d, fused_estimate(d, fs, cls, near, reduces, table), fs, cls, near, reduces);
 }
 
-// The cluster the transport needs: DSMEM puts the row block in one 1 x C cluster, C the next power of two at or
-// above the column blocks; L2 runs without a mainloop cluster (a cooperative launch). Why the transport cannot
-// serve this N, or "".
+}  // namespace
+
+// The cluster the transport needs (plan.h). A cooperative launch for L2: no mainloop cluster.
 std::string fit_transport(KernelConfig& c, const FusionSpec& fs) {
   if (c.transport == Transport::None) return "";
   if (c.transport == Transport::L2) {
@@ -669,8 +669,6 @@ std::string fit_transport(KernelConfig& c, const FusionSpec& fs) {
   while (c.cluster_n < cols) c.cluster_n *= 2;
   return "";
 }
-
-}  // namespace
 
 PlanDecision plan_region(const FusionSpec& fs, const std::vector<MeasuredRow>& table) {
   return plan_region(fs, PlanOptions{}, table);

@@ -116,6 +116,34 @@ TEST(Cli, MergeOnEmitsTheMergedPairs) {
   EXPECT_NE(emitted("postnorm", " --merge on").find("MergedReduce<Merge::CenteredSquares"), std::string::npos);
   EXPECT_EQ(emitted("softmax", "").find("MergedReduce"), std::string::npos);
   EXPECT_EQ(emitted("rmsnorm", " --merge on"), emitted("rmsnorm", ""));   // one reduction: nothing to merge
+  // --transport: the kernel that runs with it. The library pass of rmsnorm runs split through L2 (one 64 x 128 tile a
+  // CTA, its residual staged) and in a 1 x 8 cluster with DSMEM; an unknown transport, or DSMEM past 8 column
+  // blocks, is an error before anything is written.
+  const std::string ex = std::string(COMFUSE_SOURCE_DIR) + "/examples/";
+  auto pass_of = [&](const std::string& file, const std::string& flag) {
+    fs::remove_all(d / "o");
+    CliRun e = run("emit " + file + " -o " + (d / "o").string() + " --form library" + flag);
+    EXPECT_EQ(e.code, 0) << e.out;
+    std::string src;
+    for (const auto& f : fs::directory_iterator(d / "o")) {
+      std::ifstream in(f.path());
+      src.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    return src;
+  };
+  const std::string l2 = pass_of(ex + "rmsnorm.cf", " --transport l2");
+  const std::string p2p = pass_of(ex + "rmsnorm.cf", " --transport dsmem_p2p");
+  EXPECT_NE(l2.find("PassConfig<bf16, 128, 1,"), std::string::npos) << l2.substr(0, 400);
+  EXPECT_NE(l2.find("TileLoadStaged<bf16, 64, 128>"), std::string::npos);
+  EXPECT_NE(p2p.find("PassConfig<bf16, 128, 8,"), std::string::npos) << p2p.substr(0, 400);
+  EXPECT_EQ(p2p.find("TileLoadStaged"), std::string::npos);
+  CliRun bad = run("emit " + ex + "rmsnorm.cf -o " + (d / "o").string() + " --transport dsmem");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("unknown transport 'dsmem'"), std::string::npos) << bad.out;
+  bad = run("emit " + std::string(COMFUSE_SOURCE_DIR) + "/tests/forms/cf/ln2048.cf -o " + (d / "o").string() +
+            " --form library --transport dsmem_p2p");
+  EXPECT_NE(bad.out.find("cannot serve N = 2048"), std::string::npos) << bad.out;
+
   CliRun r = run("emit " + small + "softmax.cf -o " + (d / "o").string() + " --merge yes");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("--merge must be 'on' or 'off', got 'yes'"), std::string::npos) << r.out;

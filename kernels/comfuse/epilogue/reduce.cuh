@@ -320,13 +320,10 @@ struct MergedReduce : Children<Child> {
   // Folds block b's state (first, second) into (a0, a1), the state of blocks 0 .. b-1 (all full tiles).
   CUTE_DEVICE static void fold(float& a0, float& a1, float b0, float b1, int b, TileCtx const& c) {
     if constexpr (How == Merge::CenteredSquares) {
-      // One approximate reciprocal (MUFU.RCP) for both weights, not two IEEE divisions with their slow-path calls:
-      // the weights are off by at most 2 ulp, far inside the statistics' tolerance, and every CTA of a row folds
-      // the same states in the same order, so all get the same bits.
-      const float na = float(b * c.tile_n), nb = float(detail::tile_cols(c, b * c.tile_n));
-      const float r = __fdividef(1.f, na + nb), d = b0 - a0;
-      a0 = a0 + d * (nb * r);
-      a1 = a1 + b1 + d * d * (na * nb * r);
+      const float na = float(b * c.tile_n), nb = float(detail::tile_cols(c, b * c.tile_n)), n = na + nb;
+      const float d = b0 - a0;
+      a0 = a0 + d * (nb / n);
+      a1 = a1 + b1 + d * d * (na * nb / n);
     } else {
       const float m = fmaxf(a0, b0);
       a1 = (a0 == m ? a1 : a1 * ops::Exp{}({}, a0 - m)) + (b0 == m ? b1 : b1 * ops::Exp{}({}, b0 - m));
