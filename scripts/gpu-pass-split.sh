@@ -9,7 +9,7 @@
 # Logs under $OUT; each step's table last.
 #
 #   scripts/gpu-pass-split.sh [--rounds R] [--programs a,b] [--head-kernels DIR] [--no-ncu] [--quick]
-# --quick (for a short device call): the A/B without its --odd checks, then `run --check --launches 3` of the odd-size
+# --quick (for a short run on the device): the A/B without its --odd checks, then `run --check --launches 3` of the odd-size
 # programs whose pass runs split and the captures of rmsnorm; no sanitizer, no profile.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
