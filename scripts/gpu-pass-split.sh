@@ -9,8 +9,8 @@
 # Logs under $OUT; each step's table last.
 #
 #   scripts/gpu-pass-split.sh [--rounds R] [--programs a,b] [--head-kernels DIR] [--no-ncu] [--quick]
-# --quick (for a short run on the device): the A/B without its --odd checks, then `run --check --launches 3` of the odd-size
-# programs whose pass runs split and the captures of rmsnorm; no sanitizer, no profile.
+# --quick (for a short run on the device): the A/B without its --odd checks, then `run --check --launches 3` of the
+# odd-size programs whose pass runs split and the captures of rmsnorm; no sanitizer, no profile.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -35,7 +35,8 @@ variants=("split=kernels;--transport;l2;--merge;on")
 variants+=("cluster=kernels;--transport;dsmem_p2p;--merge;off")
 odd=--odd
 [ $quick = 1 ] && odd=""
-OUT="$OUT/ab" scripts/gpu-pass-ab.sh --rounds "$rounds" --programs "$programs" $odd "${variants[@]}" > "$OUT/ab.txt" 2>&1
+OUT="$OUT/ab" scripts/gpu-pass-ab.sh --rounds "$rounds" --programs "$programs" $odd "${variants[@]}" \
+  > "$OUT/ab.txt" 2>&1
 
 gpu_cli_env gpu-pass-split || exit 1
 export COMFUSE_CACHE_DIR=/tmp/gpu-pass-ab/cache-split   # the A/B's split kernels, compiled

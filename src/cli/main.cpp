@@ -772,7 +772,9 @@ int main(int argc, char** argv) {
     if (cmd == "plan")
       return cmd_plan(parse_args(argc, argv, {"explain"}, {"rows", "defer-norms", "form", "config", "store-in-ring", "row-parts", "value-regions"}));
     if (cmd == "print") return cmd_print(parse_args(argc, argv, {"decomposed"}, {}));
-    if (cmd == "emit") return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "transport", "parts", "defer-norms", "form", "config", "row-parts", "value-regions"}));
+    if (cmd == "emit")
+      return cmd_emit(parse_args(argc, argv, {}, {"o", "rows", "merge", "transport", "parts", "defer-norms", "form", "config",
+                                                  "row-parts", "value-regions"}));
     if (cmd == "interp") return cmd_interp(parse_args(argc, argv, {}, {"inputs", "outputs", "mode", "ctas", "rows", "n1-chunk"}));
     if (cmd == "run")
       return cmd_run(
