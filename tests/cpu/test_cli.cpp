@@ -101,9 +101,9 @@ TEST(Cli, InterpGraphAndSpecModesAgreeOnSmallExamples) {
 TEST(Cli, MergeOnEmitsTheMergedPairs) {
   fs::path d = temp_dir("merge");
   const std::string small = std::string(COMFUSE_SOURCE_DIR) + "/examples/small/";
-  auto emitted = [&](const std::string& ex, const std::string& flag) {
+  auto source_of = [&](const std::string& file, const std::string& flag) {   // the one region's emitted source
     fs::remove_all(d / "o");
-    CliRun r = run("emit " + small + ex + ".cf -o " + (d / "o").string() + flag);
+    CliRun r = run("emit " + file + " -o " + (d / "o").string() + flag);
     EXPECT_EQ(r.code, 0) << r.out;
     std::string src;
     for (const auto& e : fs::directory_iterator(d / "o")) {
@@ -112,6 +112,7 @@ TEST(Cli, MergeOnEmitsTheMergedPairs) {
     }
     return src;
   };
+  auto emitted = [&](const std::string& ex, const std::string& flag) { return source_of(small + ex + ".cf", flag); };
   EXPECT_NE(emitted("softmax", " --merge on").find("MergedReduce<Merge::ShiftedExp"), std::string::npos);
   EXPECT_NE(emitted("postnorm", " --merge on").find("MergedReduce<Merge::CenteredSquares"), std::string::npos);
   EXPECT_EQ(emitted("softmax", "").find("MergedReduce"), std::string::npos);
@@ -120,19 +121,8 @@ TEST(Cli, MergeOnEmitsTheMergedPairs) {
   // CTA, its residual staged) and in a 1 x 8 cluster with DSMEM; an unknown transport, or DSMEM past 8 column
   // blocks, is an error before anything is written.
   const std::string ex = std::string(COMFUSE_SOURCE_DIR) + "/examples/";
-  auto pass_of = [&](const std::string& file, const std::string& flag) {
-    fs::remove_all(d / "o");
-    CliRun e = run("emit " + file + " -o " + (d / "o").string() + " --form library" + flag);
-    EXPECT_EQ(e.code, 0) << e.out;
-    std::string src;
-    for (const auto& f : fs::directory_iterator(d / "o")) {
-      std::ifstream in(f.path());
-      src.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
-    return src;
-  };
-  const std::string l2 = pass_of(ex + "rmsnorm.cf", " --transport l2");
-  const std::string p2p = pass_of(ex + "rmsnorm.cf", " --transport dsmem_p2p");
+  const std::string l2 = source_of(ex + "rmsnorm.cf", " --form library --transport l2");
+  const std::string p2p = source_of(ex + "rmsnorm.cf", " --form library --transport dsmem_p2p");
   EXPECT_NE(l2.find("PassConfig<bf16, 128, 1,"), std::string::npos) << l2.substr(0, 400);
   EXPECT_NE(l2.find("TileLoadStaged<bf16, 64, 128>"), std::string::npos);
   EXPECT_NE(p2p.find("PassConfig<bf16, 128, 8,"), std::string::npos) << p2p.substr(0, 400);
