@@ -118,8 +118,8 @@ TEST(Cli, MergeOnEmitsTheMergedPairs) {
   EXPECT_EQ(emitted("softmax", "").find("MergedReduce"), std::string::npos);
   EXPECT_EQ(emitted("rmsnorm", " --merge on"), emitted("rmsnorm", ""));   // one reduction: nothing to merge
   // --transport: the kernel that runs with it. The library pass of rmsnorm runs split through L2 (one 64 x 128 tile a
-  // CTA, its residual staged) and in a 1 x 8 cluster with DSMEM; an unknown transport, or DSMEM past 8 column
-  // blocks, is an error before anything is written.
+  // CTA, its residual staged) and in a 1 x 8 cluster with DSMEM. An unknown transport is a usage error; DSMEM past 8
+  // column blocks leaves that region not generated, with the reason.
   const std::string ex = std::string(COMFUSE_SOURCE_DIR) + "/examples/";
   const std::string l2 = source_of(ex + "rmsnorm.cf", " --form library --transport l2");
   const std::string p2p = source_of(ex + "rmsnorm.cf", " --form library --transport dsmem_p2p");
