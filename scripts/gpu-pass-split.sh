@@ -8,19 +8,21 @@
 #   4. Nsight Compute of the rmsnorm pass as split (one launch: throughput, occupancy, stalls).
 # Logs under $OUT; each step's table last.
 #
-#   scripts/gpu-pass-split.sh [--rounds R] [--programs a,b] [--head-kernels DIR] [--no-ncu] [--quick]
+#   scripts/gpu-pass-split.sh [--rounds R] [--programs a,b] [--head-kernels DIR] [--variant SPEC]... [--no-ncu] [--quick]
+# --variant SPEC: one more variant of the A/B, as gpu-pass-ab.sh takes it (rowd=kernels,-DCOMFUSE_PASS_D_ROWS=1;--transport;l2).
 # --quick (for a short run on the device): the A/B without its --odd checks, then `run --check --launches 3` of the
 # odd-size programs whose pass runs split and the captures of rmsnorm; no sanitizer, no profile.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/gpu-lib.sh
-rounds=3 programs=postnorm,rmsnorm,softmax head="" ncu_on=1 quick=0
+rounds=3 programs=postnorm,rmsnorm,softmax head="" ncu_on=1 quick=0 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds="$2"; shift ;;
     --programs) programs="$2"; shift ;;
     --head-kernels) head="$2"; shift ;;
+    --variant) extra+=("$2"); shift ;;
     --no-ncu) ncu_on=0 ;;
     --quick) quick=1; ncu_on=0 ;;
     *) echo "gpu-pass-split: unknown option $1" >&2; exit 2 ;;
@@ -32,7 +34,7 @@ OUT="${OUT:-$root/build/gpu-pass-split}"
 mkdir -p "$OUT"
 variants=("split=kernels;--transport;l2;--merge;on")
 [ -n "$head" ] && [ -d "$head" ] && variants+=("head=$head;--transport;l2;--merge;on")
-variants+=("cluster=kernels;--transport;dsmem_p2p;--merge;off")
+variants+=("${extra[@]}" "cluster=kernels;--transport;dsmem_p2p;--merge;off")
 odd=--odd
 [ $quick = 1 ] && odd=""
 OUT="$OUT/ab" scripts/gpu-pass-ab.sh --rounds "$rounds" --programs "$programs" $odd "${variants[@]}" \
