@@ -8,10 +8,13 @@
 #   4. Nsight Compute of the rmsnorm pass as split (one launch: throughput, occupancy, stalls).
 # Logs under $OUT; each step's table last.
 #
-#   scripts/gpu-pass-split.sh [--rounds R] [--programs a,b] [--head-kernels DIR] [--variant SPEC]... [--no-ncu] [--quick]
-# --variant SPEC: one more variant of the A/B, as gpu-pass-ab.sh takes it (rowd=kernels,-DCOMFUSE_PASS_D_ROWS=1;--transport;l2).
+#   scripts/gpu-pass-split.sh [--rounds R] [--programs a,b] [--head-kernels DIR] [--variant SPEC]... [--no-ncu]
+#                             [--quick [--ncu]]
+# --variant SPEC: one more variant of the A/B, as gpu-pass-ab.sh takes it
+#   (rowd=kernels,-DCOMFUSE_PASS_D_ROWS=1;--transport;l2;--merge;on).
 # --quick (for a short run on the device): the A/B without its --odd checks, then `run --check --launches 3` of the
-# odd-size programs whose pass runs split and the captures of rmsnorm; no sanitizer, no profile.
+# odd-size programs whose pass runs split and the captures of rmsnorm; no sanitizer, and no profile unless --ncu
+# follows it.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -25,6 +28,7 @@ while [ $# -gt 0 ]; do
     --variant) extra+=("$2"); shift ;;
     --no-ncu) ncu_on=0 ;;
     --quick) quick=1; ncu_on=0 ;;
+    --ncu) ncu_on=1 ;;
     *) echo "gpu-pass-split: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -52,8 +56,18 @@ if [ $quick = 1 ]; then   # the split pass at partial tiles, N = 2000 / 2048 and
   wait
   timeout 60 build/forms/capture_forms examples/rmsnorm.cf library > "$OUT/capture_rmsnorm_library.log" 2>&1
   echo "capture_rmsnorm_library rc=$?: $(grep -cE '^ok  ' "$OUT/capture_rmsnorm_library.log") ok" >> "$OUT/checks.txt"
+fi
+if [ $ncu_on = 1 ] && command -v ncu > /dev/null; then
+  timeout 100 ncu --clock-control none --set full --import-source no -k "regex:pass_kernel" --launch-skip 2 \
+    --launch-count 1 -f -o "$OUT/ncu_rmsnorm" "$cli" run examples/rmsnorm.cf --form library --launches 4 \
+    > "$OUT/ncu_run.log" 2>&1
+  gpu_ncu_summary "$OUT/ncu_rmsnorm" 20 > "$OUT/ncu.txt" 2>&1
+  rm -f "$OUT/ncu_rmsnorm.ncu-rep"
+fi
+if [ $quick = 1 ]; then
   echo "== checks"; cat "$OUT/checks.txt"
-  echo "== A/B"; tail -12 "$OUT/ab.txt"
+  [ $ncu_on = 1 ] && { echo "== ncu (rmsnorm pass, split)"; head -45 "$OUT/ncu.txt" 2>/dev/null; }
+  echo "== A/B"; tail -14 "$OUT/ab.txt"
   echo "gpu-pass-split: $(( $(date +%s) - t0 )) s"
   exit 0
 fi
@@ -70,14 +84,6 @@ fi
 OUT="$OUT/sanitize" timeout 150 scripts/gpu-sanitize-programs.sh --defer-norms off \
   "tests/forms/cf/postnorm512.cf:--form library --transport l2 --merge on" "tests/forms/cf/ln2048.cf:--form library" \
   "tests/forms/cf/softmax2000.cf:--form library" "tests/forms/cf/rms_odd.cf:--form library" > "$OUT/sanitize.txt" 2>&1
-
-if [ $ncu_on = 1 ] && command -v ncu > /dev/null; then
-  timeout 100 ncu --clock-control none --set full --import-source no -k "regex:pass_kernel" --launch-skip 2 \
-    --launch-count 1 -f -o "$OUT/ncu_rmsnorm" "$cli" run examples/rmsnorm.cf --form library --launches 4 \
-    > "$OUT/ncu_run.log" 2>&1
-  gpu_ncu_summary "$OUT/ncu_rmsnorm" 20 > "$OUT/ncu.txt" 2>&1
-  rm -f "$OUT/ncu_rmsnorm.ncu-rep"
-fi
 
 echo "== captures"; cat "$OUT/captures.txt" 2>/dev/null
 echo "== sanitizer"; tail -8 "$OUT/sanitize.txt"
