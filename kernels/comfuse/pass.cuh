@@ -69,7 +69,14 @@ struct PassConfig {
   static_assert((BiasParam_ >= 0) == (Epilogue_ == LibEpilogue::Bias || Epilogue_ == LibEpilogue::BiasRelu),
                 "a bias parameter exactly where the epilogue adds one");
   static constexpr int kTileM = 64, kGroupTileM = 64;
-  static constexpr int kTileN = TileN_, kMmaTileN = DualB_ ? 2 * TileN_ : TileN_;
+  // COMFUSE_PASS_TILE_N (an nvcc define, for scripts/gpu-pass-ab.sh): a narrower tile for one-GEMM passes, e.g. 64
+  // (32 fp32 values a thread, more CTAs an SM). The ABI entry and the workspace take the tile from here.
+#if defined(COMFUSE_PASS_TILE_N)
+  static constexpr int kTileN = DualB_ || COMFUSE_PASS_TILE_N >= TileN_ ? TileN_ : COMFUSE_PASS_TILE_N;
+#else
+  static constexpr int kTileN = TileN_;
+#endif
+  static constexpr int kMmaTileN = DualB_ ? 2 * kTileN : kTileN;
   static constexpr int kClusterM = 1, kClusterN = ClusterN_;
   static constexpr bool kDualB = DualB_;
   static_assert(kTileN % 32 == 0 && kMmaTileN <= epi::kMaxTileN,
@@ -139,7 +146,7 @@ struct PassKernel {
 #ifdef COMFUSE_PASS_MIN_BLOCKS
   static constexpr int kMinBlocks = COMFUSE_PASS_MIN_BLOCKS;
 #else
-  static constexpr int kMinBlocks = Cfg::kMmaTileN > 128 ? 0 : 4;
+  static constexpr int kMinBlocks = Cfg::kMmaTileN > 128 ? 0 : Cfg::kMmaTileN < 128 ? 5 : 4;
 #endif
   static_assert(!epi::IsDeferred<Tree>::value && epi::RingSlots<Tree>::value == 0,
                 "a pass runs one-pass epilogues that read their tile inputs themselves (no split phase, no tile ring)");
