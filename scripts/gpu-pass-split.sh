@@ -11,7 +11,7 @@
 #   scripts/gpu-pass-split.sh [--rounds R] [--programs a,b] [--head-kernels DIR] [--variant SPEC]... [--no-ncu]
 #                             [--quick [--ncu]]
 # --variant SPEC: one more variant of the A/B, as gpu-pass-ab.sh takes it
-#   (rowd=kernels,-DCOMFUSE_PASS_D_ROWS=1;--transport;l2;--merge;on).
+#   (mb3=kernels,-DCOMFUSE_PASS_MIN_BLOCKS=3;--transport;l2;--merge;on).
 # --quick (for a short run on the device): the A/B without its --odd checks, then `run --check --launches 3` of the
 # odd-size programs whose pass runs split and the captures of rmsnorm; no sanitizer, and no profile unless --ncu
 # follows it.

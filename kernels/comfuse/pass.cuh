@@ -69,14 +69,7 @@ struct PassConfig {
   static_assert((BiasParam_ >= 0) == (Epilogue_ == LibEpilogue::Bias || Epilogue_ == LibEpilogue::BiasRelu),
                 "a bias parameter exactly where the epilogue adds one");
   static constexpr int kTileM = 64, kGroupTileM = 64;
-  // COMFUSE_PASS_TILE_N (an nvcc define, for scripts/gpu-pass-ab.sh): a narrower tile for one-GEMM passes, e.g. 64
-  // (32 fp32 values a thread, more CTAs an SM). The ABI entry and the workspace take the tile from here.
-#if defined(COMFUSE_PASS_TILE_N)
-  static constexpr int kTileN = DualB_ || COMFUSE_PASS_TILE_N >= TileN_ ? TileN_ : COMFUSE_PASS_TILE_N;
-#else
-  static constexpr int kTileN = TileN_;
-#endif
-  static constexpr int kMmaTileN = DualB_ ? 2 * kTileN : kTileN;
+  static constexpr int kTileN = TileN_, kMmaTileN = DualB_ ? 2 * TileN_ : TileN_;
   static constexpr int kClusterM = 1, kClusterN = ClusterN_;
   static constexpr bool kDualB = DualB_;
   static_assert(kTileN % 32 == 0 && kMmaTileN <= epi::kMaxTileN,
@@ -124,16 +117,6 @@ struct PassKernel {
   template <class T>
   struct Splits<T, std::void_t<typename T::RootType>> : epi::SplitPhaseFits<typename T::RootType> {};
   static constexpr bool kSplit = kSplitAsked && kReduces && !kDualB && !kStaged && !kDsmem && Splits<Tree>::value;
-  // A split pass's D in SMEM row by row (COMFUSE_PASS_D_ROWS=1, for scripts/gpu-pass-ab.sh): rows padded by 16
-  // bytes, as TileLoadStaged keeps a tile input, and each fragment read with one 4-byte load, instead of each
-  // thread's own 16-byte blocks read back and quad-transposed (4 shuffles and 12 selects a block); one more group
-  // barrier a tile, as a thread then reads what others copied.
-#ifdef COMFUSE_PASS_D_ROWS
-  static constexpr bool kRowsD = kSplit && COMFUSE_PASS_D_ROWS != 0;
-#else
-  static constexpr bool kRowsD = false;
-#endif
-  static constexpr int kRowPitch = Cfg::kTileN + 8;   // elements of a padded row of D in SMEM (kRowsD)
   static constexpr int kEpiCopies = kSplit ? 2 : 1;   // the finished tile's SMEM and the published one's
   // At most 128 registers a thread, so that four CTAs share an SM (unbounded, ptxas took 136 for postnorm: three).
   // Measured on the H200 (docs/data/pass_variants_2026-12-05.md): 11-20% less pass time on postnorm, softmax and
@@ -146,7 +129,7 @@ struct PassKernel {
 #ifdef COMFUSE_PASS_MIN_BLOCKS
   static constexpr int kMinBlocks = COMFUSE_PASS_MIN_BLOCKS;
 #else
-  static constexpr int kMinBlocks = Cfg::kMmaTileN > 128 ? 0 : Cfg::kMmaTileN < 128 ? 5 : 4;
+  static constexpr int kMinBlocks = Cfg::kMmaTileN > 128 ? 0 : 4;
 #endif
   static_assert(!epi::IsDeferred<Tree>::value && epi::RingSlots<Tree>::value == 0,
                 "a pass runs one-pass epilogues that read their tile inputs themselves (no split phase, no tile ring)");
@@ -157,8 +140,7 @@ struct PassKernel {
   // a warp's copies and reads of one block are 512 contiguous bytes, and each thread reads back only what it copied.
   static constexpr int kBlocks = (kDualB ? 2 : 1) * (Cfg::kTileN / 32) * 2;
   struct NoStaging {};
-  using Staging = std::conditional_t<kRowsD, Element[Cfg::kTileM * kRowPitch],
-                                     std::conditional_t<kStaged || kSplit, uint4[kBlocks * kThreads], NoStaging>>;
+  using Staging = std::conditional_t<kStaged || kSplit, uint4[kBlocks * kThreads], NoStaging>;
   struct SharedStorage {
     alignas(16) typename Tree::SharedStorage epi[kEpiCopies];
     [[no_unique_address]] DsmemStore dsmem;
@@ -236,28 +218,6 @@ struct PassKernel {
       for (int g = 0; g < kGroups; ++g)
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < 2; ++r) l.v[h][g][r] = staged[staged_slot(h, g, r)];
-  }
-
-  // kRowsD: the tile's 16-byte blocks into padded rows (zero-filled past M and N), and each fragment read back.
-  static CUTE_DEVICE void issue_rows(Element* rows, Params const& p, epi::TileCtx const& c) {
-    constexpr int kChunks = Cfg::kTileN / 8;   // 16-byte blocks a row
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < Cfg::kTileM * kChunks / kThreads; ++i) {
-      const int k = i * kThreads + int(threadIdx.x), r = k / kChunks, col = (k % kChunks) * 8;
-      const bool in = c.m0 + r < c.M && c.n0 + col < c.N;
-      epi::cp_async_16(rows + r * kRowPitch + col, in ? p.D + int64_t(c.m0 + r) * p.ldd + (c.n0 + col) : p.D,
-                       in ? 16 : 0);
-    }
-  }
-  template <class CoordTensor, class Acc>
-  static CUTE_DEVICE void rows_to_fragment(Element const* rows, CoordTensor const& tCcD, Acc& acc) {
-    using namespace cute;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(acc); i += 2) {   // elements i and i + 1: two adjacent columns of one row
-      epi::Frag f = epi::Elem<Element>::load2_smem(rows + int(get<0>(tCcD(i))) * kRowPitch + int(get<1>(tCcD(i))));
-      acc(i) = f.x[0];
-      acc(i + 1) = f.x[1];
-    }
   }
 
   // The loaded blocks into the accumulator fragment ((2, 2, kMmaTileN / 8), 1, 1): element c2 + 2 r + 4 j is column
@@ -363,20 +323,14 @@ struct PassKernel {
       tree.prefetch();
       // This tile's D lands in SMEM while the previous tile finishes, so registers hold only the carried tile (loaded
       // into registers instead, 32 more a thread, it made ptxas spill 260-356 bytes at four CTAs an SM).
-      if constexpr (kRowsD) issue_rows(ss.staged, p, ctx);
-      else issue_staged(ss.staged, p, tCcD, ctx);
+      issue_staged(ss.staged, p, tCcD, ctx);
       epi::cp_async_commit();
       if (pending >= 0) finish(pending);
       epi::cp_async_wait_all();   // each thread reads back only its own copies (the vectors: wait_staged below)
+      Loaded loaded;
+      read_staged(loaded, ss.staged);
       Tensor accum = partition_fragment_C(tiled_mma, TileShape{});
-      if constexpr (kRowsD) {
-        epi::group_barrier(0);   // every thread's rows have landed
-        rows_to_fragment(ss.staged, tCcD, accum);
-      } else {
-        Loaded loaded;
-        read_staged(loaded, ss.staged);
-        to_fragment(loaded, accum);
-      }
+      to_fragment(loaded, accum);
       epi::settle(tree);
       epi::run_publish_stages(tree, accum, tCcD, ctx);
       epi::group_barrier(0);   // this copy's SMEM is read until here; its next prefetch comes two tiles later
