@@ -31,7 +31,6 @@ struct TileLoadStaged {
   };
   static constexpr int kVec = 16 / int(sizeof(T));        // elements per 16-byte copy
   static constexpr int kRowsPerPad = TileM == 64 ? 2 : 1;  // rows that share a 16-byte pad (above)
-  static constexpr int kPitch = TileN + kVec;             // a padded row (kRowsPerPad 1), in elements
   struct SharedStorage {
     alignas(16) T data[TileM / kRowsPerPad * (kRowsPerPad * TileN + kVec)];
   };
@@ -54,12 +53,14 @@ struct TileLoadStaged {
   // Before the mainloop: the group's whole tile, 16 bytes per copy, all in flight (zero-filled past M and N).
   CUTE_DEVICE void prefetch() {
     // (constants after inlining: fold away)
-    if (ctx.tile_m > TileM || at(ctx.tile_m - 1, ctx.tile_n, ctx.tile_n) > int(sizeof(SharedStorage) / sizeof(T))) __trap();
+    constexpr int kElems = int(sizeof(SharedStorage) / sizeof(T));
+    if (ctx.tile_m > TileM || at(ctx.tile_m - 1, ctx.tile_n, ctx.tile_n) > kElems) __trap();
     const int chunks_per_row = ctx.tile_n / kVec;
     for (int c = ctx.thread; c < ctx.tile_m * chunks_per_row; c += 128) {
       const int r = c / chunks_per_row, col = (c % chunks_per_row) * kVec;
       const bool in = ctx.m0 + r < ctx.M && ctx.n0 + col < ctx.N;   // N % kVec == 0: all in or all out
-      cp_async_16(smem + at(r, col, ctx.tile_n), in ? ptr + int64_t(ctx.m0 + r) * ld + (ctx.n0 + col) : ptr, in ? 16 : 0);
+      T const* src = in ? ptr + int64_t(ctx.m0 + r) * ld + (ctx.n0 + col) : ptr;
+      cp_async_16(smem + at(r, col, ctx.tile_n), src, in ? 16 : 0);
     }
   }
   template <int S> CUTE_DEVICE Frag visit(FragCtx const& f, Frag const&) {
