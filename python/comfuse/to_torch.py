@@ -103,7 +103,11 @@ def _node_fn(n, f32: bool = False) -> Callable:
         def matmul(a, b):
             a = a.to(dt).transpose(-1, -2) if ta else a.to(dt)
             b = b.to(dt).transpose(-1, -2) if tb else b.to(dt)
-            return (a @ b).to(torch.float32) if f32 else a @ b
+            if f32:
+                # fp32 sums rounded once to dt, as the library GEMM and the interpreters compute; a CPU bf16 matmul
+                # may sum otherwise (on an AVX2 machine one of 960 outputs of a random program rounded differently)
+                return (a.float() @ b.float()).to(dt).to(torch.float32)
+            return a @ b
         return matmul
     if op in _REDUCE:
         f, d, k = _REDUCE[op], n.dim, n.keepdim
